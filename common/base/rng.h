@@ -1,0 +1,30 @@
+/* Seeded random numbers.
+ *
+ * rng_t is xoshiro256** (Blackman & Vigna, 2018) seeded through splitmix64, so a
+ * 64-bit seed gives a full state. rng_mix is a stateless hash of (seed, a, b) for
+ * things that must be a pure function of their coordinates, e.g. the shuffle of
+ * epoch e or the anchors of micro-batch mb: rng_seed(&r, rng_mix(seed, e, mb)).
+ * Same seed, same sequence on every machine (integer-only except rng_uniform /
+ * rng_normal, which are IEEE-exact for the same inputs).
+ */
+#ifndef DL_BASE_RNG_H
+#define DL_BASE_RNG_H
+
+#include <stdint.h>
+
+typedef struct { uint64_t s[4]; } rng_t;
+
+void rng_seed(rng_t *r, uint64_t seed);
+uint64_t rng_u64(rng_t *r);
+/* Uniform in [0, n), unbiased (Lemire's method); n >= 1. */
+uint64_t rng_below(rng_t *r, uint64_t n);
+/* Uniform float in [0, 1) with 24 random bits. */
+float rng_uniform(rng_t *r);
+/* Standard normal (Box-Muller; uses two uniforms per call, discards the second). */
+float rng_normal(rng_t *r);
+/* Stateless 64-bit hash of (seed, a, b) (splitmix64 finaliser chain). */
+uint64_t rng_mix(uint64_t seed, uint64_t a, uint64_t b);
+/* Fisher-Yates shuffle of idx[n] in place. */
+void rng_shuffle_u32(rng_t *r, uint32_t *idx, uint64_t n);
+
+#endif

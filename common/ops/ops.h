@@ -1,0 +1,179 @@
+/* Compute operations: one interface, two backends.
+ *
+ * Model code (target transformer, DFlash drafter) is written once against the
+ * ops_* calls below. An ops_ctx_t picks the backend through its impl table:
+ *   - CPU  (common/ops/cpu/):  fp32 everywhere, OpenBLAS GEMMs, OpenMP threads.
+ *                              The reference implementation.
+ *   - CUDA (common/ops/cuda/): activations and working weights bf16, fp32
+ *                              accumulation, cuBLASLt GEMMs, own kernels.
+ *
+ * Dtype words used below:
+ *   act  = the backend's activation/working-weight dtype: fp32 on CPU, bf16 on CUDA.
+ *   f32  = fp32 on both backends (statistics, gradients of parameters, master
+ *          weights, optimizer moments, losses).
+ *   i32  = int32 on both backends.
+ * All pointers are backend memory (host on CPU, device on CUDA) unless named
+ * *_host. Shapes are row-major, written (rows, cols); letters: T tokens, D
+ * hidden size, H query heads, Hkv key/value heads, hd head dim, F MLP size,
+ * V vocab, Nb blocks, B block size.
+ *
+ * Gradient conventions (llm.c): parameter gradients ACCUMULATE (+=) into f32
+ * buffers; activation gradients are ASSIGNED (=). A NULL gradient pointer means
+ * "not needed" and is skipped.
+ *
+ * Errors: shape arguments are the caller's contract (checked with assert in
+ * debug builds); CUDA errors abort the stage through cuda_check (the supervisor
+ * restarts it). Functions are asynchronous on CUDA (ordered on ctx->stream).
+ */
+#ifndef DL_OPS_OPS_H
+#define DL_OPS_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { OPS_CPU = 0, OPS_CUDA = 1 } ops_backend_t;
+
+typedef struct ops_impl ops_impl_t;
+
+typedef struct ops_ctx {
+    ops_backend_t backend;
+    const ops_impl_t *impl;
+    int device;              /* CUDA device ordinal (CUDA only) */
+    void *stream;            /* cudaStream_t (CUDA only) */
+    void *blas;              /* cublasLtHandle_t (CUDA only) */
+    void *workspace;         /* GEMM workspace (CUDA only) */
+    size_t workspace_bytes;
+    int nthreads;            /* OpenMP threads (CPU); 0 = library default */
+} ops_ctx_t;
+
+/* RoPE frequency parameters (HF `rope_theta`, `rope_scaling`). */
+typedef struct {
+    double theta;            /* base, e.g. 10000 or 1e6 */
+    int llama3;              /* 1 if rope_scaling.rope_type == "llama3" */
+    double factor, low_freq_factor, high_freq_factor;
+    int original_max_position_embeddings;
+} rope_params_t;
+
+/* The backend table. Every entry is required. */
+struct ops_impl {
+    const char *name;
+    /* memory */
+    void *(*malloc_)(const ops_ctx_t *c, size_t bytes);
+    void (*free_)(const ops_ctx_t *c, void *p);
+    void (*memset0)(const ops_ctx_t *c, void *p, size_t bytes);
+    void (*copy)(const ops_ctx_t *c, void *dst, const void *src, size_t bytes); /* same backend */
+    void (*upload)(const ops_ctx_t *c, void *dst, const void *src_host, size_t bytes);
+    void (*download)(const ops_ctx_t *c, void *dst_host, const void *src, size_t bytes);
+    void (*sync)(const ops_ctx_t *c);
+    /* dtype conversion: host f32 -> act on the backend, and back */
+    void (*upload_act)(const ops_ctx_t *c, void *dst_act, const float *src_host, size_t n);
+    void (*download_act)(const ops_ctx_t *c, float *dst_host, const void *src_act, size_t n);
+    void (*act_to_f32)(const ops_ctx_t *c, float *dst, const void *src_act, size_t n);
+    void (*f32_to_act)(const ops_ctx_t *c, void *dst_act, const float *src, size_t n);
+
+    /* out (M,N) act = inp (M,K) act . weight (N,K) act ^T + bias (N) act (bias may be NULL).
+     * Weight layout is torch.nn.Linear's (out_features, in_features). */
+    void (*matmul_forward)(const ops_ctx_t *c, void *out, const void *inp, const void *weight,
+                           const void *bias, int M, int K, int N);
+    /* dinp (M,K) act = dout . weight;  dweight (N,K) f32 += dout^T . inp;
+     * dbias (N) f32 += sum_rows dout. */
+    void (*matmul_backward)(const ops_ctx_t *c, void *dinp, float *dweight, float *dbias,
+                            const void *dout, const void *inp, const void *weight,
+                            int M, int K, int N);
+    /* out (N,C) act = inp * rsqrt(mean(inp^2) + eps) * weight (C) act; rstd (N) f32 saved
+     * (may be NULL). HF LlamaRMSNorm / Qwen3RMSNorm: normalise in fp32, then scale. */
+    void (*rmsnorm_forward)(const ops_ctx_t *c, void *out, float *rstd, const void *inp,
+                            const void *weight, float eps, int N, int C);
+    /* dinp (N,C) act = ...; dweight (C) f32 +=. */
+    void (*rmsnorm_backward)(const ops_ctx_t *c, void *dinp, float *dweight, const void *dout,
+                             const void *inp, const void *weight, const float *rstd, int N, int C);
+    /* In place on x (N, nh, hd) act: HF rotate_half RoPE (first half / second half of
+     * each head), angle = pos[n] * inv_freq[i], pos (N) i32, inv_freq (hd/2) f32. */
+    void (*rope_forward)(const ops_ctx_t *c, void *x, const int32_t *pos, const float *inv_freq,
+                         int N, int nh, int hd);
+    /* In place on dx (N, nh, hd) act: the transpose of rope_forward (rotation by -angle). */
+    void (*rope_backward)(const ops_ctx_t *c, void *dx, const int32_t *pos, const float *inv_freq,
+                          int N, int nh, int hd);
+    /* out (n) act = silu(gate) * up, elementwise. */
+    void (*swiglu_forward)(const ops_ctx_t *c, void *out, const void *gate, const void *up, size_t n);
+    /* dgate, dup (n) act = d/dgate, d/dup of silu(gate)*up times dout. */
+    void (*swiglu_backward)(const ops_ctx_t *c, void *dgate, void *dup, const void *dout,
+                            const void *gate, const void *up, size_t n);
+    /* out (T,C) act = table[ids[t]] with table (V,C) act, ids (T) i32 (caller validated < V). */
+    void (*embedding_forward)(const ops_ctx_t *c, void *out, const int32_t *ids, const void *table,
+                              int T, int C);
+    /* out (n) act = a + b (out may alias a or b). */
+    void (*add)(const ops_ctx_t *c, void *out, const void *a, const void *b, size_t n);
+    /* y (n) act += alpha * x; for residual gradients. */
+    void (*axpy)(const ops_ctx_t *c, void *y, float alpha, const void *x, size_t n);
+
+    /* Causal self-attention over a packed batch of variable-length sequences.
+     * q (T,H,hd), k v (T,Hkv,hd) act, out (T,H,hd) act; cu_seqlens (nseq+1) i32 on the
+     * backend, token t of sequence s attends to tokens [cu[s], t]. GQA: head h uses
+     * kv head h / (H/Hkv). scale = 1/sqrt(hd). No (T,T) matrix is materialised on CUDA. */
+    void (*attention_varlen_forward)(const ops_ctx_t *c, void *out, const void *q, const void *k,
+                                     const void *v, const int32_t *cu_seqlens, int nseq,
+                                     int max_seqlen, int T, int H, int Hkv, int hd);
+
+    /* DFlash block attention (drafter). Nb blocks of B query tokens each.
+     * q (Nb*B,H,hd) act; block keys/values kb vb (Nb*B,Hkv,hd) act; context keys/values
+     * kc vc (Tc,Hkv,hd) act (the target features projected by this layer's k/v_proj).
+     * Block j sees context rows [ctx_start[j], ctx_start[j] + ctx_len[j]) (ctx_len may be
+     * 0) and all B rows of its own block (bidirectional); nothing else.
+     * out (Nb*B,H,hd) act; lse (Nb*B,H) f32 log-sum-exp saved for backward (may be NULL).
+     * ctx_start, ctx_len (Nb) i32. scale = 1/sqrt(hd). */
+    void (*attention_block_forward)(const ops_ctx_t *c, void *out, float *lse, const void *q,
+                                    const void *kb, const void *vb, const void *kc, const void *vc,
+                                    const int32_t *ctx_start, const int32_t *ctx_len,
+                                    int Nb, int B, int Tc, int H, int Hkv, int hd);
+    /* Gradients of attention_block_forward. dq (Nb*B,H,hd), dkb dvb (Nb*B,Hkv,hd),
+     * dkc dvc (Tc,Hkv,hd) act, all ASSIGNED (the op zeroes dkc/dvc first, then sums the
+     * contributions of every block that sees a context row). */
+    void (*attention_block_backward)(const ops_ctx_t *c, void *dq, void *dkb, void *dvb,
+                                     void *dkc, void *dvc, const void *dout, const void *out,
+                                     const float *lse, const void *q, const void *kb,
+                                     const void *vb, const void *kc, const void *vc,
+                                     const int32_t *ctx_start, const int32_t *ctx_len,
+                                     int Nb, int B, int Tc, int H, int Hkv, int hd);
+
+    /* Cross-entropy on one chunk of logits, forward and backward together.
+     * logits (N,V) act, overwritten in place by dlogits = w[n] * grad_scale *
+     * (softmax(logits[n]) - onehot(targets[n])); rows with w[n] == 0 get zeros.
+     * targets (N) i32, w (N) f32 per-row loss weight (DFlash: exp(-(k-1)/gamma) * mask).
+     * loss (N) f32 = w[n] * -log softmax(logits[n])[targets[n]] (ASSIGNED);
+     * correct (N) f32 = 1 if argmax(logits[n]) == targets[n] else 0 (ties: lowest index).
+     * grad_scale: e.g. 1 / (sum of weights of the micro-batch). */
+    void (*xent_forward_backward)(const ops_ctx_t *c, void *logits, float *loss, float *correct,
+                                  const int32_t *targets, const float *w, float grad_scale,
+                                  int N, int V);
+
+    /* out[0] f32 (+)= sum(x^2) over x (n) f32; accumulate=0 assigns. Stays on device. */
+    void (*sumsq)(const ops_ctx_t *c, float *out, const float *x, size_t n, int accumulate);
+    /* AdamW step on one tensor (Loshchilov & Hutter 2019, decoupled weight decay,
+     * bias-corrected moments as torch.optim.AdamW):
+     *   g = grad * s,  s = min(1, max_norm / (sqrt(*norm_sq) + 1e-6)) (clip; max_norm <= 0: s = 1)
+     *   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2
+     *   master -= lr * (m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps) + wd * master)
+     *   work (act) = master (may be NULL on CPU when work == master's storage)
+     * master, grad, m, v (n) f32; norm_sq (1) f32 on the backend (from sumsq); t >= 1. */
+    void (*adamw)(const ops_ctx_t *c, float *master, void *work, const float *grad, float *m,
+                  float *v, size_t n, float lr, float b1, float b2, float eps, float wd, int t,
+                  const float *norm_sq, float max_norm);
+};
+
+/* Backend constructors. ops_cpu_init never fails. ops_cuda_init selects the device,
+ * creates stream, cuBLASLt handle and workspace; returns 0 or DL_ECUDA / DL_ENOTSUP
+ * (CPU-only build). ops_ctx_destroy releases what init created. */
+void ops_cpu_init(ops_ctx_t *c, int nthreads);
+int ops_cuda_init(ops_ctx_t *c, int device);
+void ops_ctx_destroy(ops_ctx_t *c);
+
+/* Bytes of one act element on this backend (4 on CPU, 2 on CUDA). */
+static inline size_t ops_act_bytes(const ops_ctx_t *c) { return c->backend == OPS_CPU ? 4 : 2; }
+
+/* Inverse RoPE frequencies (hd/2) f32 into inv_freq_host, HF convention:
+ * inv_freq[i] = theta^(-2i/hd), then Llama-3 rope_scaling if p->llama3
+ * (transformers modeling_rope_utils._compute_llama3_parameters). */
+void ops_rope_inv_freq(const rope_params_t *p, int hd, float *inv_freq_host);
+
+#endif
