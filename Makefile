@@ -5,8 +5,10 @@
 # Layout rules (so adding a file never needs a Makefile edit):
 #   common/**.c, proto/*.c          -> build/libdraftline.a
 #   common/**/cuda/*.{c,cu}         -> same library, only when CUDA=1
-#   <stage>/*.c                     -> bin/<stage>   (loader, target_worker, ...)
-#   tools/*.c                       -> bin/draftline
+#   <stage>/*.c                     -> $(BIN)/<stage>   (loader, target_worker, ...)
+#   tools/*.c                       -> $(BIN)/draftline
+# BUILD (default build) and BIN (default bin) can be overridden for side-by-side builds;
+# tests find the stage executables through $DL_BIN_DIR (set by `make test`).
 #   tests/{unit,integration}/test_*.c -> build/tests/test_*   (cmocka)
 #   tests/gpu/test_*.c              -> build/tests/gpu_test_* (only when CUDA=1)
 
@@ -14,6 +16,7 @@ CC      ?= cc
 NVCC    ?= nvcc
 CUDA_HOME ?= /usr/local/cuda
 BUILD   ?= build
+BIN     ?= bin
 ifeq ($(origin CUDA),undefined)
   CUDA := $(if $(shell command -v $(NVCC) 2>/dev/null || test -x $(CUDA_HOME)/bin/nvcc && echo y),1,0)
   ifeq ($(CUDA),1)
@@ -54,7 +57,7 @@ LIB_OBJ := $(LIB_C:%.c=$(BUILD)/%.o) $(LIB_CU:%.cu=$(BUILD)/%.cu.o)
 LIB     := $(BUILD)/libdraftline.a
 
 STAGES  := loader target_worker drafter_worker optimizer
-STAGE_BINS := $(foreach s,$(STAGES),$(if $(wildcard $(s)/*.c),bin/$(s)))
+STAGE_BINS := $(foreach s,$(STAGES),$(if $(wildcard $(s)/*.c),$(BIN)/$(s)))
 TOOLS_C := $(sort $(wildcard tools/*.c))
 TOOLS_OBJ := $(TOOLS_C:%.c=$(BUILD)/%.o)
 
@@ -68,7 +71,7 @@ TEST_BINS := $(foreach t,$(UNIT_C),$(BUILD)/tests/$(basename $(notdir $(t)))) \
 .SECONDEXPANSION:
 .SECONDARY:
 .PHONY: all deps deps-check model test test-build demo bench fuzz bundle clean help info
-all: $(LIB) $(STAGE_BINS) $(if $(TOOLS_C),bin/draftline) $(TEST_BINS)
+all: $(LIB) $(STAGE_BINS) $(if $(TOOLS_C),$(BIN)/draftline) $(TEST_BINS)
 
 help:
 	@echo "make            build bin/ and the tests (CUDA=$(CUDA); CUDA=0 forces CPU-only)"
@@ -101,12 +104,12 @@ $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-bin/%: $(LIB) $$(patsubst %.c,$(BUILD)/%.o,$$(wildcard %/*.c))
-	@mkdir -p bin
+$(BIN)/%: $(LIB) $$(patsubst %.c,$(BUILD)/%.o,$$(wildcard %/*.c))
+	@mkdir -p $(BIN)
 	$(CC) $(LDFLAGS) -o $@ $(patsubst %.c,$(BUILD)/%.o,$(wildcard $*/*.c)) $(LIB) $(LDLIBS)
 
-bin/draftline: $(TOOLS_OBJ) $(LIB)
-	@mkdir -p bin
+$(BIN)/draftline: $(TOOLS_OBJ) $(LIB)
+	@mkdir -p $(BIN)
 	$(CC) $(LDFLAGS) -o $@ $(TOOLS_OBJ) $(LIB) $(LDLIBS)
 
 $(BUILD)/tests/test_%: $(BUILD)/tests/unit/test_%.o $(TEST_SUPPORT_OBJ) $(LIB)
@@ -125,13 +128,13 @@ test-build: all
 
 # The README's test command. Runs every test binary with a hard timeout.
 test: deps-check model all
-	@bash tests/run.sh $(BUILD)/tests
+	@DL_BIN_DIR=$(BIN) bash tests/run.sh $(BUILD)/tests
 
 deps-check:
 	@bash scripts/deps.sh --check
 
 demo: deps-check model all
-	@bash scripts/demo.sh
+	@DL_BIN_DIR=$(BIN) bash scripts/demo.sh
 
 bench: all
 	@bash scripts/bench.sh
@@ -143,6 +146,6 @@ bundle: all
 	@bash scripts/bundle.sh
 
 clean:
-	rm -rf $(BUILD) bin bundle
+	rm -rf $(BUILD) $(BIN) bundle
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
