@@ -1,0 +1,81 @@
+/* Prepared dataset cache (.dlc): tokenized samples + loss masks + offset index,
+ * written once by `draftline prepare`, memory-mapped by the loader for O(1)
+ * access to any sample.
+ *
+ * File layout (little-endian):
+ *   [0, 128)        header: dlc_header_t
+ *   ids_off         n_tokens  x int32  token ids, samples back to back
+ *   mask_off        n_tokens  x uint8  loss mask (1 = trained token)
+ *   index_off       (n_samples + 1) x uint64  token offset of each sample
+ *                   (index[i]..index[i+1] are sample i's tokens)
+ * Sections start at 64-byte aligned offsets. Written to "<out>.tmp.<pid>",
+ * fsync'd, renamed over <out>.
+ */
+#ifndef DL_DATA_PREPARE_H
+#define DL_DATA_PREPARE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/data/chat.h"
+#include "common/data/dataset.h"
+#include "common/data/tokenizer.h"
+
+#define DLC_MAGIC "DLCACHE\0"
+#define DLC_VERSION 1u
+
+typedef struct {
+    char magic[8];            /* DLC_MAGIC */
+    uint32_t version;         /* DLC_VERSION */
+    uint32_t header_size;     /* 128 */
+    uint64_t n_samples;
+    uint64_t n_tokens;
+    uint64_t n_assistant;     /* tokens with mask 1 */
+    uint64_t n_skipped;       /* bad records skipped */
+    uint64_t tok_fingerprint; /* tok_fingerprint() of the tokenizer used */
+    uint64_t ids_off, mask_off, index_off; /* byte offsets of the sections */
+    int32_t n_vocab;
+    uint32_t chat_family;     /* chat_family_t */
+    uint32_t max_sample_len;  /* longest sample, tokens */
+    uint8_t reserved[36];
+} dlc_header_t;
+
+typedef struct {
+    const char *data_path;
+    ds_opts_t ds;
+    const chat_template_t *chat;  /* required for chat samples */
+    int n_threads;                /* 0 = all cores (omp_get_max_threads) */
+    uint32_t chunk_records;       /* records per parallel chunk; 0 = 2048 */
+    const char *out_path;
+} prep_opts_t;
+
+typedef struct {
+    uint64_t samples, tokens, assistant_tokens, skipped, bytes_in;
+    uint32_t max_len;
+    double seconds;
+} prep_stats_t;
+
+/* Reads opts->data_path, tokenizes every sample (all threads, order kept) and
+ * writes the cache atomically to opts->out_path. Samples that tokenize to 0
+ * tokens are counted as skipped. Errors: those of the dataset reader and tokenizer, plus DL_EIO. */
+int prep_run(const tok_t *t, const prep_opts_t *opts, prep_stats_t *stats);
+
+/* --- reading ---------------------------------------------------------------- */
+
+typedef struct dlc dlc_t;
+
+/* Maps path read-only and validates header and index (sizes, monotonic index).
+ * DL_EFORMAT naming the field on a bad file. */
+int dlc_open(const char *path, dlc_t **out);
+void dlc_close(dlc_t **c);
+
+const dlc_header_t *dlc_header(const dlc_t *c);
+uint64_t dlc_n_samples(const dlc_t *c);
+uint64_t dlc_n_tokens(const dlc_t *c);
+/* Sample i: ids/mask point into the mapping (valid until dlc_close), *len tokens.
+ * DL_ERANGE if i >= n_samples. */
+int dlc_sample(const dlc_t *c, uint64_t i, const int32_t **ids, const uint8_t **mask, uint32_t *len);
+/* Length of sample i in tokens (0 if out of range). */
+uint32_t dlc_sample_len(const dlc_t *c, uint64_t i);
+
+#endif
