@@ -1,0 +1,340 @@
+/* draftline wire protocol: message definitions (version DL_PROTO_VERSION).
+ *
+ * Every message between stages is one proto_msg_t, encoded by proto/codec.c
+ * into one msgpack array  [type, version, field_1, ..., field_n]  (positional,
+ * fixed arity per type and version; see proto/PROTOCOL.md for the table of
+ * fields, their wire types, ranges, senders and receivers). The payload is one
+ * ZeroMQ frame; routing frames are the bus's business (common/bus).
+ *
+ * Conventions
+ *   - Ids: stage ids are small unsigned integers handed out by the supervisor
+ *     (0..DL_PROTO_MAX_STAGE_ID); target ids and drafter ids are stage ids.
+ *   - mb is the loader's global micro-batch sequence number, step the optimizer
+ *     step it belongs to (DESIGN.md section 5).
+ *   - Byte counts and offsets are in bytes; ts_ns is wall-clock ns since the Unix
+ *     epoch.
+ *   - Fixed-size char arrays hold NUL-terminated UTF-8 (at most *_MAX chars).
+ *   - Array fields are (pointer, count) pairs. When encoding, they point to the
+ *     caller's memory and are only read. After proto_decode they point into one
+ *     block owned by the message, valid until proto_msg_free (ownership below).
+ *   - Enum values start at 1; 0 is never valid on the wire.
+ *
+ * Compatibility: a change to any message's fields bumps DL_PROTO_VERSION; the
+ * decoder refuses any other version (peers of one run are built together).
+ */
+#ifndef DL_PROTO_MSG_H
+#define DL_PROTO_MSG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define DL_PROTO_VERSION 1u
+
+/* ---- limits (all enforced by encoder and decoder) ---- */
+#define DL_PROTO_MAX_BYTES     (16u << 20)  /* whole encoded message, bytes */
+#define DL_PROTO_MAX_OBJECTS   65536u       /* msgpack objects in one message */
+#define DL_PROTO_MAX_DEPTH     8u           /* msgpack nesting depth */
+#define DL_PROTO_MAX_STAGE_ID  65535u
+#define DL_PROTO_MAX_TOKENS    (1u << 21)   /* tokens in one micro-batch */
+#define DL_PROTO_MAX_SEQS      65536u       /* sequences in one micro-batch */
+#define DL_PROTO_MAX_MBS       4096u        /* micro-batches listed in one message */
+#define DL_PROTO_MAX_BLOCK     256u         /* drafter block size B (accuracy floats) */
+#define DL_PROTO_MAX_INTS      4096u        /* control int list */
+#define DL_PROTO_MAX_METRICS   64u          /* (name, value) pairs in one metrics msg */
+#define DL_PROTO_MAX_DIMS      4u           /* tensor rank */
+#define DL_PROTO_MAX_DIM       (1ull << 32) /* one tensor dimension */
+#define DL_PROTO_MAX_FEAT      64u          /* captured target layers n_feat */
+#define DL_PROTO_MAX_COUNT     1024u        /* micro-batches asked in one work request */
+#define DL_PROTO_MAX_OFFSET    (1ull << 48) /* slab offsets, bytes */
+#define DL_PROTO_MAX_SLAB_BYTES (1ull << 40)/* slab / slot / region sizes, bytes */
+#define DL_PROTO_HANDLE_BYTES  64u          /* cudaIpc{Mem,Event}Handle_t size */
+#define DL_PROTO_NAME_MAX      31u          /* metric names, state strings */
+#define DL_PROTO_UUID_MAX      63u          /* "GPU-xxxxxxxx-...", empty on CPU */
+#define DL_PROTO_SHM_NAME_MAX  63u          /* POSIX shm object name "/dl-..." */
+#define DL_PROTO_ARG_MAX       255u         /* control string argument */
+#define DL_PROTO_ERRMSG_MAX    511u         /* error message text */
+
+#define DL_PROTO_MB_NONE   UINT64_MAX  /* "no micro-batch" (slot_release of an unused grant) */
+
+/* ---- message types (wire values are fixed; append only) ---- */
+typedef enum {
+    PROTO_HELLO               = 1,   /* any stage -> supervisor; also stage -> stage on connect */
+    PROTO_HEARTBEAT           = 2,   /* any stage -> supervisor and peers */
+    PROTO_WORK_REQUEST        = 3,   /* target -> loader (credit in micro-batches) */
+    PROTO_MICRO_BATCH         = 4,   /* loader -> target */
+    PROTO_SLAB_EXPORT         = 5,   /* slab owner -> peers that will open it */
+    PROTO_SLOT_GRANT          = 6,   /* drafter -> target (credit in inbox bytes) */
+    PROTO_HIDDEN_STATES_READY = 7,   /* target -> drafter */
+    PROTO_SLOT_RELEASE        = 8,   /* drafter -> target (consumed) or target -> drafter (unused) */
+    PROTO_GRADIENTS_READY     = 9,   /* drafter -> optimizer */
+    PROTO_WEIGHTS_VERSION     = 10,  /* optimizer -> drafters */
+    PROTO_METRICS             = 11,  /* any stage -> supervisor / monitor */
+    PROTO_CONTROL             = 12,  /* supervisor -> stages */
+    PROTO_APPLIED             = 13,  /* optimizer -> loader (and supervisor) */
+    PROTO_ERROR               = 14,  /* any -> any, answer to a refused message */
+    PROTO_TYPE_COUNT_         = 15
+} proto_type_t;
+
+typedef enum {
+    PROTO_ROLE_LOADER = 1, PROTO_ROLE_TARGET = 2, PROTO_ROLE_DRAFTER = 3,
+    PROTO_ROLE_OPTIMIZER = 4, PROTO_ROLE_SUPERVISOR = 5, PROTO_ROLE_MONITOR = 6,
+    PROTO_ROLE_COUNT_ = 7
+} proto_role_t;
+
+/* Stage state, as the monitor needs it: IDLE = waiting for input (starved),
+ * BLOCKED = waiting for credit (back-pressured). */
+typedef enum {
+    PROTO_STATE_STARTING = 1, PROTO_STATE_IDLE = 2, PROTO_STATE_RUNNING = 3,
+    PROTO_STATE_BLOCKED = 4, PROTO_STATE_DRAINING = 5, PROTO_STATE_STOPPING = 6,
+    PROTO_STATE_COUNT_ = 7
+} proto_state_t;
+
+/* Where an inbox slot / slab lives: the receiver's GPU, or pinned host RAM
+ * shared between processes (also the only tier on CPU-only runs). */
+typedef enum { PROTO_TIER_GPU = 1, PROTO_TIER_HOST = 2, PROTO_TIER_COUNT_ = 3 } proto_tier_t;
+
+typedef enum { PROTO_DTYPE_BF16 = 1, PROTO_DTYPE_F16 = 2, PROTO_DTYPE_F32 = 3,
+               PROTO_DTYPE_COUNT_ = 4 } proto_dtype_t;
+
+typedef enum {
+    PROTO_CTL_REBALANCE  = 1,  /* ints: new roles, [stage_id, role, ...]; at step boundary */
+    PROTO_CTL_DRAIN      = 2,  /* finish work in hand, take no more */
+    PROTO_CTL_STOP       = 3,  /* drain then exit 0 */
+    PROTO_CTL_ROUTE      = 4,  /* ints: routing table, pairs [target_id, drafter_id, ...] */
+    PROTO_CTL_MEMBERSHIP = 5,  /* ints: live stage ids; arg: endpoints, one per line */
+    PROTO_CTL_RESUME     = 6,  /* take work again after DRAIN */
+    PROTO_CTL_COUNT_     = 7
+} proto_ctl_op_t;
+
+/* hello.capabilities bits. */
+#define PROTO_CAP_CUDA_IPC  (1ull << 0)  /* can export/open CUDA IPC mem + event handles */
+#define PROTO_CAP_SHM       (1ull << 1)  /* can export/open POSIX shm slabs */
+#define PROTO_CAP_NCCL      (1ull << 2)  /* NCCL point-to-point across hosts */
+#define PROTO_CAP_HOST_TIER (1ull << 3)  /* has / accepts the pinned host inbox tier */
+#define PROTO_CAP_ALL_      ((1ull << 4) - 1)
+
+/* ---- message bodies ---- */
+
+typedef struct {
+    proto_role_t role;
+    uint32_t stage_id;
+    uint64_t incarnation;        /* new value at every (re)start of the stage, never 0 */
+    uint32_t pid;                /* > 0 */
+    uint32_t proto_version;      /* version the sender speaks; must be DL_PROTO_VERSION */
+    uint64_t capabilities;       /* PROTO_CAP_* bits */
+    char gpu_uuid[DL_PROTO_UUID_MAX + 1];  /* "" on CPU */
+} proto_hello_t;
+
+typedef struct {
+    uint32_t stage_id;
+    uint64_t incarnation;
+    uint64_t seq;                /* per-incarnation counter, +1 per heartbeat */
+    proto_state_t state;
+} proto_heartbeat_t;
+
+typedef struct {
+    uint32_t target_id;
+    uint32_t count;              /* micro-batches more the target has room for, 1..DL_PROTO_MAX_COUNT */
+} proto_work_request_t;
+
+/* Packed micro-batch: n_seqs sequences concatenated, tokens (n_tokens,) i32,
+ * seq_lens (n_seqs,) i32 >= 1 with sum == n_tokens, loss_mask (n_tokens,) u8 in
+ * {0,1} (1 = token is a training position). Wire: little-endian bin. */
+typedef struct {
+    uint64_t mb;
+    uint64_t step;
+    uint32_t epoch;
+    uint32_t mb_in_step;         /* 0..mbs_in_step-1 */
+    uint32_t mbs_in_step;        /* micro-batches that make up `step`, >= 1 */
+    uint32_t n_seqs;             /* == count of seq_lens */
+    const int32_t *tokens;   uint32_t n_tokens;      /* (T,) token ids >= 0 */
+    const int32_t *seq_lens; uint32_t n_seq_lens;    /* (n_seqs,) */
+    const uint8_t *loss_mask; uint32_t n_loss_mask;  /* (T,) */
+} proto_micro_batch_t;
+
+/* A slab exported once per owner incarnation; peers open it once and cache it
+ * under (owner_id, incarnation, slab_id). GPU tier: handle = cudaIpcMemHandle_t,
+ * shm_name ""; host tier: shm_name = POSIX shm name, handle empty (len 0). */
+typedef struct {
+    uint32_t owner_id;
+    uint64_t incarnation;
+    uint32_t slab_id;
+    proto_tier_t tier;
+    uint64_t bytes;              /* 1..DL_PROTO_MAX_SLAB_BYTES */
+    uint8_t handle[DL_PROTO_HANDLE_BYTES]; uint32_t handle_len;  /* 0 or 64 */
+    char shm_name[DL_PROTO_SHM_NAME_MAX + 1];
+    char gpu_uuid[DL_PROTO_UUID_MAX + 1];   /* GPU the slab lives on, "" for host */
+} proto_slab_export_t;
+
+/* Credit: the drafter gives target `target_id` the slot [offset, offset+bytes)
+ * of its slab `slab_id`. The target may write one micro-batch's hidden states
+ * there and must answer with hidden_states_ready or slot_release. */
+typedef struct {
+    uint32_t drafter_id;
+    uint32_t target_id;
+    uint32_t slot_id;
+    proto_tier_t tier;
+    uint32_t slab_id;
+    uint64_t offset;
+    uint64_t bytes;              /* >= 1 */
+} proto_slot_grant_t;
+
+/* Hidden states of micro-batch `mb`, written by target `target_id` into slot
+ * `slot_id` (slab_id, offset) of the drafter's inbox. Inside the slot (offsets
+ * relative to `offset`): features at 0, (shape[0]=T, shape[1]=n_feat*D) dtype,
+ * row-major; tokens at tokens_off (T,) i32; seq_lens at seq_lens_off (n_seqs,)
+ * i32; loss_mask at loss_mask_off (T,) u8. Regions lie within [0, bytes) and do
+ * not overlap; the i32 regions are 4-byte aligned. `event` is an interprocess
+ * cudaIpcEventHandle_t recorded after the writes (event_len 0 on CPU, where the
+ * message itself orders the writes). */
+typedef struct {
+    uint32_t target_id;
+    uint32_t drafter_id;
+    uint32_t slab_id;
+    uint32_t slot_id;
+    proto_tier_t tier;
+    uint64_t offset;
+    uint64_t bytes;              /* bytes used in the slot, <= granted bytes */
+    proto_dtype_t dtype;
+    uint32_t ndim;               /* == 2 in version 1 */
+    uint64_t shape[DL_PROTO_MAX_DIMS];
+    uint32_t n_feat;             /* captured layers; shape[1] % n_feat == 0 */
+    uint64_t mb;
+    uint64_t step;
+    uint32_t mb_in_step;
+    uint32_t mbs_in_step;
+    uint32_t n_seqs;             /* 1..T */
+    uint64_t tokens_off, seq_lens_off, loss_mask_off;
+    uint8_t event[DL_PROTO_HANDLE_BYTES]; uint32_t event_len;   /* 0 or 64 */
+    char gpu_uuid[DL_PROTO_UUID_MAX + 1];   /* producer GPU, "" on CPU */
+} proto_hidden_states_ready_t;
+
+typedef struct {
+    uint32_t drafter_id;
+    uint32_t slot_id;
+    uint64_t mb;                 /* DL_PROTO_MB_NONE: returning an unused grant */
+} proto_slot_release_t;
+
+/* Gradients of drafter `drafter_id` for `step`, summed over the listed
+ * micro-batches (strictly increasing mb), computed with weights `weights_version`
+ * (== step - 1 in synchronous mode). loss_sum/weight_sum: sum of weighted CE and
+ * of weights over positions (mean loss = loss_sum / weight_sum); loss_sum may be
+ * NaN/Inf (the optimizer skips and reports the step). acc[k] = accuracy at block
+ * position k, in [0,1]. Gradients: n_params f32 at (slab_id, offset), ordered by
+ * the event. */
+typedef struct {
+    uint32_t drafter_id;
+    uint64_t step;
+    uint64_t weights_version;
+    const uint64_t *mbs; uint32_t n_mbs;        /* 1..DL_PROTO_MAX_MBS */
+    uint64_t n_tokens;                           /* target tokens in these mbs */
+    double loss_sum;
+    double weight_sum;                           /* finite, >= 0 */
+    const float *acc; uint32_t n_acc;            /* (B,), 0..DL_PROTO_MAX_BLOCK */
+    uint32_t slab_id;
+    uint64_t offset;
+    uint64_t bytes;                              /* == 4 * n_params */
+    uint64_t n_params;
+    uint8_t event[DL_PROTO_HANDLE_BYTES]; uint32_t event_len;   /* 0 or 64 */
+} proto_gradients_ready_t;
+
+/* New drafter weights: after `version` optimizer steps, n_params values of
+ * dtype at (slab_id, offset) of the optimizer's weights slab. */
+typedef struct {
+    uint64_t version;
+    uint32_t slab_id;
+    uint64_t offset;
+    uint64_t bytes;              /* == n_params * dtype size */
+    uint64_t n_params;
+    proto_dtype_t dtype;
+    uint8_t event[DL_PROTO_HANDLE_BYTES]; uint32_t event_len;   /* 0 or 64 */
+} proto_weights_version_t;
+
+typedef struct {
+    char name[DL_PROTO_NAME_MAX + 1];   /* [a-z0-9_.], non-empty, e.g. "tokens_per_s" */
+    double value;                        /* any double, NaN/Inf allowed */
+} proto_metric_t;
+
+typedef struct {
+    uint32_t stage_id;
+    proto_role_t role;
+    uint64_t incarnation;
+    uint64_t ts_ns;
+    char state[DL_PROTO_NAME_MAX + 1];  /* e.g. "running", "starved", "blocked" */
+    uint32_t n_metrics;                  /* 0..DL_PROTO_MAX_METRICS */
+    proto_metric_t metrics[DL_PROTO_MAX_METRICS];
+} proto_metrics_t;
+
+typedef struct {
+    proto_ctl_op_t op;
+    uint64_t seq;                /* supervisor's control sequence number */
+    uint64_t step;               /* take effect at this step boundary; 0 = now */
+    const int64_t *ints; uint32_t n_ints;   /* op-specific, see proto_ctl_op_t */
+    char arg[DL_PROTO_ARG_MAX + 1];
+} proto_control_t;
+
+/* The optimizer applied `step` with exactly these micro-batches (strictly
+ * increasing): the loader may forget them (exactly-once ledger). */
+typedef struct {
+    uint64_t step;
+    const uint64_t *mbs; uint32_t n_mbs;    /* 1..DL_PROTO_MAX_MBS */
+} proto_applied_t;
+
+typedef struct {
+    int32_t code;                /* negative dl_err */
+    uint32_t ref_type;           /* proto_type_t of the refused message, 0 if unknown */
+    char message[DL_PROTO_ERRMSG_MAX + 1];
+} proto_error_t;
+
+/* One message. `version` is filled by proto_decode (always DL_PROTO_VERSION on
+ * success); the encoder always writes DL_PROTO_VERSION. */
+typedef struct proto_msg {
+    proto_type_t type;
+    uint32_t version;
+    union {
+        proto_hello_t hello;
+        proto_heartbeat_t heartbeat;
+        proto_work_request_t work_request;
+        proto_micro_batch_t micro_batch;
+        proto_slab_export_t slab_export;
+        proto_slot_grant_t slot_grant;
+        proto_hidden_states_ready_t hidden_states_ready;
+        proto_slot_release_t slot_release;
+        proto_gradients_ready_t gradients_ready;
+        proto_weights_version_t weights_version;
+        proto_metrics_t metrics;
+        proto_control_t control;
+        proto_applied_t applied;
+        proto_error_t error;
+    };
+    void *owned_;                /* decode-owned array storage; freed by proto_msg_free */
+} proto_msg_t;
+
+/* ---- helpers (proto/codec.c) ---- */
+
+/* Names: "hidden_states_ready", "drafter", "running", "gpu", "bf16", "route".
+ * Never NULL; out-of-range values give "?". */
+const char *proto_type_name(proto_type_t t);
+const char *proto_role_name(proto_role_t r);
+const char *proto_state_name(proto_state_t s);
+const char *proto_tier_name(proto_tier_t t);
+const char *proto_dtype_name(proto_dtype_t d);
+const char *proto_ctl_op_name(proto_ctl_op_t op);
+/* Parses a role name ("loader", ...); returns 0 or DL_EINVAL. */
+int proto_role_parse(const char *s, proto_role_t *out);
+/* Bytes per element of dtype (2, 2, 4); 0 for an invalid dtype. */
+size_t proto_dtype_size(proto_dtype_t d);
+
+/* Zeroes *m and sets its type (arrays NULL, strings empty). */
+void proto_msg_init(proto_msg_t *m, proto_type_t type);
+
+/* Checks every field of *m against the ranges above and the cross-field rules
+ * in PROTOCOL.md (the same checks the decoder applies). Returns 0, or
+ * DL_EPROTO with dl_seterr naming "<type>.<field>". */
+int proto_validate(const proto_msg_t *m);
+
+/* Frees the array storage a decoded message owns and nulls its array pointers;
+ * safe on an encoded-only (caller-owned) or already freed message, and on NULL. */
+void proto_msg_free(proto_msg_t *m);
+
+#endif
