@@ -1,0 +1,34 @@
+/* CUDA side of common/mem (compiled only with nvcc present: DL_CUDA builds).
+ * Device memory slabs exported with cudaIpcGetMemHandle, opened by peers with
+ * cudaIpcOpenMemHandle(cudaIpcMemLazyEnablePeerAccess), interprocess events
+ * (cudaEventInterprocess | cudaEventDisableTiming) and page-locking of shared
+ * host memory (cudaHostRegister). Every function returns 0 or DL_ECUDA naming the
+ * call and the CUDA error string. Never called before a stage forks: the
+ * supervisor never initialises CUDA. */
+#ifndef DL_MEM_CUDA_H
+#define DL_MEM_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* cudaMalloc(bytes) on `device`, zero it, export the IPC handle (64 bytes) and the
+ * device's UUID ("GPU-...") into uuid[cap]. */
+int mem_cuda_alloc_export(int device, size_t bytes, void **dptr, uint8_t ipc[64], char *uuid,
+                          size_t cap);
+void mem_cuda_free(void *dptr);
+/* cudaIpcOpenMemHandle on `device`. Counted by the caller (hcache). */
+int mem_cuda_open(int device, const uint8_t ipc[64], void **dptr);
+void mem_cuda_close(void *dptr);
+int mem_cuda_host_register(void *p, size_t bytes);
+void mem_cuda_host_unregister(void *p);
+/* UUID string of `device` ("GPU-xxxxxxxx-xxxx-...") */
+int mem_cuda_uuid(int device, char *uuid, size_t cap);
+
+/* Interprocess event: created once per inbox slot by the owner. */
+int mem_cuda_event_create(void **ev, uint8_t handle[64]);
+int mem_cuda_event_open(const uint8_t handle[64], void **ev);
+void mem_cuda_event_destroy(void *ev);
+int mem_cuda_event_record(void *ev, void *stream);
+int mem_cuda_stream_wait(void *stream, void *ev);
+
+#endif
