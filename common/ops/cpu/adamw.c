@@ -1,0 +1,37 @@
+/* Global grad-norm pieces and the AdamW update (Loshchilov & Hutter 2019), as
+ * torch.optim.AdamW (decoupled decay, bias-corrected moments) preceded by
+ * torch.nn.utils.clip_grad_norm_ scaling. */
+#include <math.h>
+
+#include "common/ops/cpu/cpu.h"
+
+/* out[0] (+)= sum x^2, accumulated in double. */
+void ops_cpu_sumsq(const ops_ctx_t *c, float *out, const float *x, size_t n, int accumulate) {
+    double s = 0.0;
+#pragma omp parallel for num_threads(ops_cpu__threads(c)) schedule(static) reduction(+ : s)
+    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    out[0] = accumulate ? (float)(out[0] + s) : (float)s;
+}
+
+void ops_cpu_adamw(const ops_ctx_t *c, float *master, void *work_, const float *grad, float *m,
+                   float *v, size_t n, float lr, float b1, float b2, float eps, float wd, int t,
+                   const float *norm_sq, float max_norm) {
+    float *work = work_;
+    float s = 1.0f;
+    if (max_norm > 0.0f && norm_sq) {
+        float cl = max_norm / (sqrtf(norm_sq[0]) + 1e-6f);
+        s = cl < 1.0f ? cl : 1.0f;
+    }
+    const double bc1 = 1.0 - pow((double)b1, t), bc2 = 1.0 - pow((double)b2, t);
+    const float step = (float)(lr / bc1), bc2s = (float)sqrt(bc2);
+#pragma omp parallel for num_threads(ops_cpu__threads(c)) schedule(static)
+    for (size_t i = 0; i < n; i++) {
+        float g = grad[i] * s;
+        m[i] = b1 * m[i] + (1.0f - b1) * g;
+        v[i] = b2 * v[i] + (1.0f - b2) * g * g;
+        float p = master[i] * (1.0f - lr * wd);
+        p -= step * m[i] / (sqrtf(v[i]) / bc2s + eps);
+        master[i] = p;
+        if (work && work != master) work[i] = p;
+    }
+}

@@ -1,0 +1,87 @@
+/* Internal declarations of the CPU backend (common/ops/cpu/): one file per
+ * operation, forward and backward side by side; impl.c gathers them into the
+ * ops_cpu_impl table. Signatures are those of ops_impl_t (common/ops/ops.h);
+ * act is fp32 on this backend. Not a public header: model code calls through
+ * ctx->impl. */
+#ifndef DL_OPS_CPU_CPU_H
+#define DL_OPS_CPU_CPU_H
+
+#include <omp.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/ops/ops.h"
+
+/* OpenMP team size for a CPU context: ctx->nthreads, or the library default. */
+static inline int ops_cpu__threads(const ops_ctx_t *c) {
+    return (c && c->nthreads > 0) ? c->nthreads : omp_get_max_threads();
+}
+
+/* memory.c */
+void *ops_cpu_malloc(const ops_ctx_t *c, size_t bytes);
+void ops_cpu_free(const ops_ctx_t *c, void *p);
+void ops_cpu_memset0(const ops_ctx_t *c, void *p, size_t bytes);
+void ops_cpu_copy(const ops_ctx_t *c, void *dst, const void *src, size_t bytes);
+void ops_cpu_upload(const ops_ctx_t *c, void *dst, const void *src_host, size_t bytes);
+void ops_cpu_download(const ops_ctx_t *c, void *dst_host, const void *src, size_t bytes);
+void ops_cpu_sync(const ops_ctx_t *c);
+void ops_cpu_upload_act(const ops_ctx_t *c, void *dst_act, const float *src_host, size_t n);
+void ops_cpu_download_act(const ops_ctx_t *c, float *dst_host, const void *src_act, size_t n);
+void ops_cpu_act_to_f32(const ops_ctx_t *c, float *dst, const void *src_act, size_t n);
+void ops_cpu_f32_to_act(const ops_ctx_t *c, void *dst_act, const float *src, size_t n);
+
+/* matmul.c */
+void ops_cpu_matmul_forward(const ops_ctx_t *c, void *out, const void *inp, const void *weight,
+                            const void *bias, int M, int K, int N);
+void ops_cpu_matmul_backward(const ops_ctx_t *c, void *dinp, float *dweight, float *dbias,
+                             const void *dout, const void *inp, const void *weight,
+                             int M, int K, int N);
+/* rmsnorm.c */
+void ops_cpu_rmsnorm_forward(const ops_ctx_t *c, void *out, float *rstd, const void *inp,
+                             const void *weight, float eps, int N, int C);
+void ops_cpu_rmsnorm_backward(const ops_ctx_t *c, void *dinp, float *dweight, const void *dout,
+                              const void *inp, const void *weight, const float *rstd, int N,
+                              int C);
+/* rope.c */
+void ops_cpu_rope_forward(const ops_ctx_t *c, void *x, const int32_t *pos, const float *inv_freq,
+                          int N, int nh, int hd);
+void ops_cpu_rope_backward(const ops_ctx_t *c, void *dx, const int32_t *pos,
+                           const float *inv_freq, int N, int nh, int hd);
+/* swiglu.c */
+void ops_cpu_swiglu_forward(const ops_ctx_t *c, void *out, const void *gate, const void *up,
+                            size_t n);
+void ops_cpu_swiglu_backward(const ops_ctx_t *c, void *dgate, void *dup, const void *dout,
+                             const void *gate, const void *up, size_t n);
+/* embedding.c */
+void ops_cpu_embedding_forward(const ops_ctx_t *c, void *out, const int32_t *ids,
+                               const void *table, int T, int C);
+/* add.c */
+void ops_cpu_add(const ops_ctx_t *c, void *out, const void *a, const void *b, size_t n);
+void ops_cpu_axpy(const ops_ctx_t *c, void *y, float alpha, const void *x, size_t n);
+/* attention.c */
+void ops_cpu_attention_varlen_forward(const ops_ctx_t *c, void *out, const void *q,
+                                      const void *k, const void *v, const int32_t *cu_seqlens,
+                                      int nseq, int max_seqlen, int T, int H, int Hkv, int hd);
+/* attention_block.c */
+void ops_cpu_attention_block_forward(const ops_ctx_t *c, void *out, float *lse, const void *q,
+                                     const void *kb, const void *vb, const void *kc,
+                                     const void *vc, const int32_t *ctx_start,
+                                     const int32_t *ctx_len, int Nb, int B, int Tc, int H,
+                                     int Hkv, int hd);
+void ops_cpu_attention_block_backward(const ops_ctx_t *c, void *dq, void *dkb, void *dvb,
+                                      void *dkc, void *dvc, const void *dout, const void *out,
+                                      const float *lse, const void *q, const void *kb,
+                                      const void *vb, const void *kc, const void *vc,
+                                      const int32_t *ctx_start, const int32_t *ctx_len, int Nb,
+                                      int B, int Tc, int H, int Hkv, int hd);
+/* xent.c */
+void ops_cpu_xent_forward_backward(const ops_ctx_t *c, void *logits, float *loss, float *correct,
+                                   const int32_t *targets, const float *w, float grad_scale,
+                                   int N, int V);
+/* adamw.c */
+void ops_cpu_sumsq(const ops_ctx_t *c, float *out, const float *x, size_t n, int accumulate);
+void ops_cpu_adamw(const ops_ctx_t *c, float *master, void *work, const float *grad, float *m,
+                   float *v, size_t n, float lr, float b1, float b2, float eps, float wd, int t,
+                   const float *norm_sq, float max_norm);
+
+#endif
