@@ -1,0 +1,1152 @@
+/* draftline wire protocol codec: table-driven msgpack encode / validate / decode.
+ *
+ * Each message type is a table of field descriptors (name, kind, offset in
+ * proto_msg_t, range). One walker encodes, one parses, one validates, so the
+ * encoder and the decoder cannot disagree about a field. Cross-field rules live
+ * in one check function per type. Decoding is two-layered: a byte-level scan
+ * (proto__scan) bounds the msgpack structure (no truncation, no trailing bytes,
+ * object count and depth limits) before msgpack-c builds its object tree, so a
+ * hostile header such as "array of 2^32 elements" costs nothing.
+ */
+#include "proto/codec.h"
+
+#include "common/base/err.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+_Static_assert(sizeof(proto_type_t) == 4 && sizeof(proto_role_t) == 4 &&
+               sizeof(proto_state_t) == 4 && sizeof(proto_tier_t) == 4 &&
+               sizeof(proto_dtype_t) == 4 && sizeof(proto_ctl_op_t) == 4,
+               "enum fields are stored as 4-byte values");
+
+/* ------------------------------------------------------------------ names */
+
+static const char *const TYPE_NAMES[PROTO_TYPE_COUNT_] = {
+    "?", "hello", "heartbeat", "work_request", "micro_batch", "slab_export",
+    "slot_grant", "hidden_states_ready", "slot_release", "gradients_ready",
+    "weights_version", "metrics", "control", "applied", "error",
+};
+static const char *const ROLE_NAMES[PROTO_ROLE_COUNT_] = {
+    "?", "loader", "target", "drafter", "optimizer", "supervisor", "monitor",
+};
+static const char *const STATE_NAMES[PROTO_STATE_COUNT_] = {
+    "?", "starting", "idle", "running", "blocked", "draining", "stopping",
+};
+static const char *const TIER_NAMES[PROTO_TIER_COUNT_] = { "?", "gpu", "host" };
+static const char *const DTYPE_NAMES[PROTO_DTYPE_COUNT_] = { "?", "bf16", "f16", "f32" };
+static const char *const CTL_NAMES[PROTO_CTL_COUNT_] = {
+    "?", "rebalance", "drain", "stop", "route", "membership", "resume",
+};
+
+#define NAME_OF(tab, n, v) ((unsigned)(v) < (unsigned)(n) ? (tab)[(unsigned)(v)] : "?")
+const char *proto_type_name(proto_type_t t) { return NAME_OF(TYPE_NAMES, PROTO_TYPE_COUNT_, t); }
+const char *proto_role_name(proto_role_t r) { return NAME_OF(ROLE_NAMES, PROTO_ROLE_COUNT_, r); }
+const char *proto_state_name(proto_state_t s) { return NAME_OF(STATE_NAMES, PROTO_STATE_COUNT_, s); }
+const char *proto_tier_name(proto_tier_t t) { return NAME_OF(TIER_NAMES, PROTO_TIER_COUNT_, t); }
+const char *proto_dtype_name(proto_dtype_t d) { return NAME_OF(DTYPE_NAMES, PROTO_DTYPE_COUNT_, d); }
+const char *proto_ctl_op_name(proto_ctl_op_t op) { return NAME_OF(CTL_NAMES, PROTO_CTL_COUNT_, op); }
+
+int proto_role_parse(const char *s, proto_role_t *out) {
+    for (int r = 1; r < PROTO_ROLE_COUNT_; r++) {
+        if (s && strcmp(s, ROLE_NAMES[r]) == 0) { *out = (proto_role_t)r; return 0; }
+    }
+    return dl_seterr(DL_EINVAL, "role '%s': expected loader|target|drafter|optimizer|"
+                     "supervisor|monitor", s ? s : "(null)");
+}
+
+size_t proto_dtype_size(proto_dtype_t d) {
+    switch (d) {
+    case PROTO_DTYPE_BF16: case PROTO_DTYPE_F16: return 2;
+    case PROTO_DTYPE_F32: return 4;
+    default: return 0;
+    }
+}
+
+/* ------------------------------------------------------- field tables */
+
+typedef enum {
+    K_U32,      /* uint32_t, wire uint */
+    K_U64,      /* uint64_t, wire uint */
+    K_I32,      /* int32_t, wire int */
+    K_ENUM,     /* 4-byte enum, wire uint */
+    K_F64,      /* double, wire float32|float64 */
+    K_STR,      /* char[max_n+1], wire str */
+    K_OPAQUE,   /* uint8_t[max_n] + uint32_t len at n_off, wire bin (len 0 or max_n) */
+    K_I32BIN,   /* const int32_t * + uint32_t count, wire bin little-endian */
+    K_U8BIN,    /* const uint8_t * + uint32_t count, wire bin */
+    K_U64S,     /* const uint64_t * + uint32_t count, wire array of uint */
+    K_I64S,     /* const int64_t * + uint32_t count, wire array of int */
+    K_F32S,     /* const float * + uint32_t count, wire array of float */
+    K_DIMS,     /* uint64_t[DL_PROTO_MAX_DIMS] + uint32_t ndim at n_off, wire array of uint */
+    K_METRICS,  /* proto_metric_t[] + uint32_t count, wire array of [str, float] */
+} kind_t;
+
+enum { FL_NONFINITE = 1, FL_PRINTABLE = 2 };
+
+typedef struct {
+    const char *name;
+    uint8_t kind, flags;
+    uint32_t off;               /* value, array pointer or inline array */
+    uint32_t n_off;             /* uint32_t count (arrays, opaque len, ndim) */
+    uint32_t min_n, max_n;      /* element count (arrays) or length (str) bounds */
+    uint64_t ulo, uhi;          /* unsigned value / element range */
+    int64_t slo, shi;           /* signed value / element range */
+    double dlo, dhi;            /* float range (finite values) */
+} field_t;
+
+#define OFF(path) ((uint32_t)offsetof(proto_msg_t, path))
+#define F_U32(T, f, lo, hi) { .name = #f, .kind = K_U32, .off = OFF(T.f), .ulo = (lo), .uhi = (hi) }
+#define F_U64(T, f, lo, hi) { .name = #f, .kind = K_U64, .off = OFF(T.f), .ulo = (lo), .uhi = (hi) }
+#define F_I32(T, f, lo, hi) { .name = #f, .kind = K_I32, .off = OFF(T.f), .slo = (lo), .shi = (hi) }
+#define F_ENUM(T, f, count) { .name = #f, .kind = K_ENUM, .off = OFF(T.f), .ulo = 1, .uhi = (count) - 1 }
+#define F_F64(T, f, lo, hi, fl) { .name = #f, .kind = K_F64, .flags = (fl), .off = OFF(T.f), \
+                                  .dlo = (lo), .dhi = (hi) }
+#define F_STR(T, f, minlen, maxlen, fl) { .name = #f, .kind = K_STR, .flags = (fl), .off = OFF(T.f), \
+                                          .min_n = (minlen), .max_n = (maxlen) }
+#define F_OPAQUE(T, f, lenf) { .name = #f, .kind = K_OPAQUE, .off = OFF(T.f), .n_off = OFF(T.lenf), \
+                               .max_n = DL_PROTO_HANDLE_BYTES }
+#define F_ARR(K, T, f, nf, mn, mx) .name = #f, .kind = (K), .off = OFF(T.f), .n_off = OFF(T.nf), \
+                                   .min_n = (mn), .max_n = (mx)
+
+#define UANY UINT64_MAX
+#define U32ANY UINT32_MAX
+#define F_STAGE(T, f) F_U32(T, f, 0, DL_PROTO_MAX_STAGE_ID)
+
+static const field_t F_HELLO[] = {
+    F_ENUM(hello, role, PROTO_ROLE_COUNT_),
+    F_STAGE(hello, stage_id),
+    F_U64(hello, incarnation, 1, UANY),
+    F_U32(hello, pid, 1, U32ANY),
+    F_U32(hello, proto_version, DL_PROTO_VERSION, DL_PROTO_VERSION),
+    F_U64(hello, capabilities, 0, PROTO_CAP_ALL_),
+    F_STR(hello, gpu_uuid, 0, DL_PROTO_UUID_MAX, FL_PRINTABLE),
+};
+static const field_t F_HEARTBEAT[] = {
+    F_STAGE(heartbeat, stage_id),
+    F_U64(heartbeat, incarnation, 1, UANY),
+    F_U64(heartbeat, seq, 0, UANY),
+    F_ENUM(heartbeat, state, PROTO_STATE_COUNT_),
+};
+static const field_t F_WORK_REQUEST[] = {
+    F_STAGE(work_request, target_id),
+    F_U32(work_request, count, 1, DL_PROTO_MAX_COUNT),
+};
+static const field_t F_MICRO_BATCH[] = {
+    F_U64(micro_batch, mb, 0, UANY - 1),
+    F_U64(micro_batch, step, 0, UANY),
+    F_U32(micro_batch, epoch, 0, U32ANY),
+    F_U32(micro_batch, mb_in_step, 0, U32ANY),
+    F_U32(micro_batch, mbs_in_step, 1, U32ANY),
+    F_U32(micro_batch, n_seqs, 1, DL_PROTO_MAX_SEQS),
+    { F_ARR(K_I32BIN, micro_batch, tokens, n_tokens, 1, DL_PROTO_MAX_TOKENS), .slo = 0, .shi = INT32_MAX },
+    { F_ARR(K_I32BIN, micro_batch, seq_lens, n_seq_lens, 1, DL_PROTO_MAX_SEQS),
+      .slo = 1, .shi = DL_PROTO_MAX_TOKENS },
+    { F_ARR(K_U8BIN, micro_batch, loss_mask, n_loss_mask, 1, DL_PROTO_MAX_TOKENS), .ulo = 0, .uhi = 1 },
+};
+static const field_t F_SLAB_EXPORT[] = {
+    F_STAGE(slab_export, owner_id),
+    F_U64(slab_export, incarnation, 1, UANY),
+    F_U32(slab_export, slab_id, 0, U32ANY),
+    F_ENUM(slab_export, tier, PROTO_TIER_COUNT_),
+    F_U64(slab_export, bytes, 1, DL_PROTO_MAX_SLAB_BYTES),
+    F_OPAQUE(slab_export, handle, handle_len),
+    F_STR(slab_export, shm_name, 0, DL_PROTO_SHM_NAME_MAX, FL_PRINTABLE),
+    F_STR(slab_export, gpu_uuid, 0, DL_PROTO_UUID_MAX, FL_PRINTABLE),
+};
+static const field_t F_SLOT_GRANT[] = {
+    F_STAGE(slot_grant, drafter_id),
+    F_STAGE(slot_grant, target_id),
+    F_U32(slot_grant, slot_id, 0, U32ANY),
+    F_ENUM(slot_grant, tier, PROTO_TIER_COUNT_),
+    F_U32(slot_grant, slab_id, 0, U32ANY),
+    F_U64(slot_grant, offset, 0, DL_PROTO_MAX_OFFSET),
+    F_U64(slot_grant, bytes, 1, DL_PROTO_MAX_SLAB_BYTES),
+};
+static const field_t F_HIDDEN_STATES_READY[] = {
+    F_STAGE(hidden_states_ready, target_id),
+    F_STAGE(hidden_states_ready, drafter_id),
+    F_U32(hidden_states_ready, slab_id, 0, U32ANY),
+    F_U32(hidden_states_ready, slot_id, 0, U32ANY),
+    F_ENUM(hidden_states_ready, tier, PROTO_TIER_COUNT_),
+    F_U64(hidden_states_ready, offset, 0, DL_PROTO_MAX_OFFSET),
+    F_U64(hidden_states_ready, bytes, 1, DL_PROTO_MAX_SLAB_BYTES),
+    F_ENUM(hidden_states_ready, dtype, PROTO_DTYPE_COUNT_),
+    { .name = "shape", .kind = K_DIMS, .off = OFF(hidden_states_ready.shape),
+      .n_off = OFF(hidden_states_ready.ndim), .min_n = 2, .max_n = 2, .ulo = 1, .uhi = DL_PROTO_MAX_DIM },
+    F_U32(hidden_states_ready, n_feat, 1, DL_PROTO_MAX_FEAT),
+    F_U64(hidden_states_ready, mb, 0, UANY - 1),
+    F_U64(hidden_states_ready, step, 0, UANY),
+    F_U32(hidden_states_ready, mb_in_step, 0, U32ANY),
+    F_U32(hidden_states_ready, mbs_in_step, 1, U32ANY),
+    F_U32(hidden_states_ready, n_seqs, 1, DL_PROTO_MAX_SEQS),
+    F_U64(hidden_states_ready, tokens_off, 0, DL_PROTO_MAX_SLAB_BYTES),
+    F_U64(hidden_states_ready, seq_lens_off, 0, DL_PROTO_MAX_SLAB_BYTES),
+    F_U64(hidden_states_ready, loss_mask_off, 0, DL_PROTO_MAX_SLAB_BYTES),
+    F_OPAQUE(hidden_states_ready, event, event_len),
+    F_STR(hidden_states_ready, gpu_uuid, 0, DL_PROTO_UUID_MAX, FL_PRINTABLE),
+};
+static const field_t F_SLOT_RELEASE[] = {
+    F_STAGE(slot_release, drafter_id),
+    F_U32(slot_release, slot_id, 0, U32ANY),
+    F_U64(slot_release, mb, 0, UANY),
+};
+static const field_t F_GRADIENTS_READY[] = {
+    F_STAGE(gradients_ready, drafter_id),
+    F_U64(gradients_ready, step, 0, UANY),
+    F_U64(gradients_ready, weights_version, 0, UANY),
+    { F_ARR(K_U64S, gradients_ready, mbs, n_mbs, 1, DL_PROTO_MAX_MBS), .ulo = 0, .uhi = UANY - 1 },
+    F_U64(gradients_ready, n_tokens, 0, UANY),
+    F_F64(gradients_ready, loss_sum, -DBL_MAX, DBL_MAX, FL_NONFINITE),
+    F_F64(gradients_ready, weight_sum, 0.0, DBL_MAX, 0),
+    { F_ARR(K_F32S, gradients_ready, acc, n_acc, 0, DL_PROTO_MAX_BLOCK), .dlo = 0.0, .dhi = 1.0 },
+    F_U32(gradients_ready, slab_id, 0, U32ANY),
+    F_U64(gradients_ready, offset, 0, DL_PROTO_MAX_OFFSET),
+    F_U64(gradients_ready, bytes, 0, DL_PROTO_MAX_SLAB_BYTES),
+    F_U64(gradients_ready, n_params, 0, DL_PROTO_MAX_SLAB_BYTES / 4),
+    F_OPAQUE(gradients_ready, event, event_len),
+};
+static const field_t F_WEIGHTS_VERSION[] = {
+    F_U64(weights_version, version, 0, UANY),
+    F_U32(weights_version, slab_id, 0, U32ANY),
+    F_U64(weights_version, offset, 0, DL_PROTO_MAX_OFFSET),
+    F_U64(weights_version, bytes, 0, DL_PROTO_MAX_SLAB_BYTES),
+    F_U64(weights_version, n_params, 0, DL_PROTO_MAX_SLAB_BYTES / 2),
+    F_ENUM(weights_version, dtype, PROTO_DTYPE_COUNT_),
+    F_OPAQUE(weights_version, event, event_len),
+};
+static const field_t F_METRICS[] = {
+    F_STAGE(metrics, stage_id),
+    F_ENUM(metrics, role, PROTO_ROLE_COUNT_),
+    F_U64(metrics, incarnation, 1, UANY),
+    F_U64(metrics, ts_ns, 0, UANY),
+    F_STR(metrics, state, 0, DL_PROTO_NAME_MAX, FL_PRINTABLE),
+    { .name = "metrics", .kind = K_METRICS, .off = OFF(metrics.metrics), .n_off = OFF(metrics.n_metrics),
+      .min_n = 0, .max_n = DL_PROTO_MAX_METRICS },
+};
+static const field_t F_CONTROL[] = {
+    F_ENUM(control, op, PROTO_CTL_COUNT_),
+    F_U64(control, seq, 0, UANY),
+    F_U64(control, step, 0, UANY),
+    { F_ARR(K_I64S, control, ints, n_ints, 0, DL_PROTO_MAX_INTS), .slo = INT64_MIN, .shi = INT64_MAX },
+    F_STR(control, arg, 0, DL_PROTO_ARG_MAX, 0),
+};
+static const field_t F_APPLIED[] = {
+    F_U64(applied, step, 0, UANY),
+    { F_ARR(K_U64S, applied, mbs, n_mbs, 1, DL_PROTO_MAX_MBS), .ulo = 0, .uhi = UANY - 1 },
+};
+static const field_t F_ERROR[] = {
+    F_I32(error, code, -1000, -1),
+    F_U32(error, ref_type, 0, PROTO_TYPE_COUNT_ - 1),
+    F_STR(error, message, 0, DL_PROTO_ERRMSG_MAX, 0),
+};
+
+typedef int (*check_fn)(const proto_msg_t *m, const char *tn);
+static int check_micro_batch(const proto_msg_t *m, const char *tn);
+static int check_slab_export(const proto_msg_t *m, const char *tn);
+static int check_hidden_states_ready(const proto_msg_t *m, const char *tn);
+static int check_gradients_ready(const proto_msg_t *m, const char *tn);
+static int check_weights_version(const proto_msg_t *m, const char *tn);
+static int check_control(const proto_msg_t *m, const char *tn);
+static int check_applied(const proto_msg_t *m, const char *tn);
+
+typedef struct {
+    const field_t *fields;
+    uint32_t n_fields;
+    check_fn check;
+} msgdef_t;
+
+#define DEF(tab, chk) { tab, (uint32_t)(sizeof(tab) / sizeof(tab[0])), chk }
+static const msgdef_t DEFS[PROTO_TYPE_COUNT_] = {
+    [PROTO_HELLO] = DEF(F_HELLO, NULL),
+    [PROTO_HEARTBEAT] = DEF(F_HEARTBEAT, NULL),
+    [PROTO_WORK_REQUEST] = DEF(F_WORK_REQUEST, NULL),
+    [PROTO_MICRO_BATCH] = DEF(F_MICRO_BATCH, check_micro_batch),
+    [PROTO_SLAB_EXPORT] = DEF(F_SLAB_EXPORT, check_slab_export),
+    [PROTO_SLOT_GRANT] = DEF(F_SLOT_GRANT, NULL),
+    [PROTO_HIDDEN_STATES_READY] = DEF(F_HIDDEN_STATES_READY, check_hidden_states_ready),
+    [PROTO_SLOT_RELEASE] = DEF(F_SLOT_RELEASE, NULL),
+    [PROTO_GRADIENTS_READY] = DEF(F_GRADIENTS_READY, check_gradients_ready),
+    [PROTO_WEIGHTS_VERSION] = DEF(F_WEIGHTS_VERSION, check_weights_version),
+    [PROTO_METRICS] = DEF(F_METRICS, NULL),
+    [PROTO_CONTROL] = DEF(F_CONTROL, check_control),
+    [PROTO_APPLIED] = DEF(F_APPLIED, check_applied),
+    [PROTO_ERROR] = DEF(F_ERROR, NULL),
+};
+
+static const msgdef_t *def_of(uint64_t type) {
+    return (type >= 1 && type < PROTO_TYPE_COUNT_) ? &DEFS[type] : NULL;
+}
+
+/* Typed access to a field of a message through its descriptor (memcpy keeps it
+ * free of aliasing and alignment questions). */
+static uint64_t get_u(const proto_msg_t *m, const field_t *f) {
+    const char *p = (const char *)m + f->off;
+    if (f->kind == K_U64) { uint64_t v; memcpy(&v, p, 8); return v; }
+    uint32_t v; memcpy(&v, p, 4); return v;
+}
+static uint32_t get_n(const proto_msg_t *m, const field_t *f) {
+    uint32_t n; memcpy(&n, (const char *)m + f->n_off, 4); return n;
+}
+static const void *get_ptr(const proto_msg_t *m, const field_t *f) {
+    const void *p; memcpy(&p, (const char *)m + f->off, sizeof p); return p;
+}
+static void *field_addr(proto_msg_t *m, const field_t *f) { return (char *)m + f->off; }
+
+/* ---------------------------------------------------------- validation */
+
+static int check_str(const char *tn, const char *fn, const char *s, uint32_t min_n, uint32_t max_n,
+                     int flags) {
+    size_t n = strnlen(s, (size_t)max_n + 1);
+    if (n > max_n) return dl_seterr(DL_EPROTO, "%s.%s: not NUL-terminated within %u chars", tn, fn, max_n);
+    if (n < min_n) return dl_seterr(DL_EPROTO, "%s.%s: empty", tn, fn);
+    if (flags & FL_PRINTABLE) {
+        for (size_t i = 0; i < n; i++) {
+            unsigned char c = (unsigned char)s[i];
+            if (c < 0x20 || c > 0x7e)
+                return dl_seterr(DL_EPROTO, "%s.%s: byte 0x%02x at %zu is not printable ASCII", tn, fn, c, i);
+        }
+    }
+    return 0;
+}
+
+static int check_double(const char *tn, const char *fn, long idx, double v, const field_t *f) {
+    char where[16] = "";
+    if (idx >= 0) snprintf(where, sizeof where, "[%ld]", idx);
+    if (!isfinite(v)) {
+        if (f->flags & FL_NONFINITE) return 0;
+        return dl_seterr(DL_EPROTO, "%s.%s%s: %g is not finite", tn, fn, where, v);
+    }
+    if (v < f->dlo || v > f->dhi)
+        return dl_seterr(DL_EPROTO, "%s.%s%s: %g out of range [%g, %g]", tn, fn, where, v, f->dlo, f->dhi);
+    return 0;
+}
+
+static int validate_field(const proto_msg_t *m, const field_t *f, const char *tn) {
+    const char *fn = f->name;
+    switch ((kind_t)f->kind) {
+    case K_U32: case K_U64: case K_ENUM: {
+        uint64_t v = get_u(m, f);
+        if (v < f->ulo || v > f->uhi)
+            return dl_seterr(DL_EPROTO, "%s.%s: %llu out of range [%llu, %llu]", tn, fn,
+                             (unsigned long long)v, (unsigned long long)f->ulo, (unsigned long long)f->uhi);
+        return 0;
+    }
+    case K_I32: {
+        int32_t v; memcpy(&v, (const char *)m + f->off, 4);
+        if (v < f->slo || v > f->shi)
+            return dl_seterr(DL_EPROTO, "%s.%s: %d out of range [%lld, %lld]", tn, fn, v,
+                             (long long)f->slo, (long long)f->shi);
+        return 0;
+    }
+    case K_F64: {
+        double v; memcpy(&v, (const char *)m + f->off, 8);
+        return check_double(tn, fn, -1, v, f);
+    }
+    case K_STR:
+        return check_str(tn, fn, (const char *)m + f->off, f->min_n, f->max_n, f->flags);
+    case K_OPAQUE: {
+        uint32_t n = get_n(m, f);
+        if (n != 0 && n != f->max_n)
+            return dl_seterr(DL_EPROTO, "%s.%s: length %u, expected 0 or %u", tn, fn, n, f->max_n);
+        return 0;
+    }
+    case K_DIMS: {
+        uint32_t n = get_n(m, f);
+        if (n < f->min_n || n > f->max_n)
+            return dl_seterr(DL_EPROTO, "%s.%s: %u dims, expected %u..%u", tn, fn, n, f->min_n, f->max_n);
+        const uint64_t *d = (const uint64_t *)((const char *)m + f->off);
+        for (uint32_t i = 0; i < n; i++) {
+            if (d[i] < f->ulo || d[i] > f->uhi)
+                return dl_seterr(DL_EPROTO, "%s.%s[%u]: %llu out of range [%llu, %llu]", tn, fn, i,
+                                 (unsigned long long)d[i], (unsigned long long)f->ulo,
+                                 (unsigned long long)f->uhi);
+        }
+        return 0;
+    }
+    case K_METRICS: {
+        uint32_t n = get_n(m, f);
+        if (n > f->max_n)
+            return dl_seterr(DL_EPROTO, "%s.%s: %u entries, at most %u", tn, fn, n, f->max_n);
+        const proto_metric_t *mt = (const proto_metric_t *)((const char *)m + f->off);
+        for (uint32_t i = 0; i < n; i++) {
+            char fname[32];
+            snprintf(fname, sizeof fname, "metrics[%u].name", i);
+            DL_TRY(check_str(tn, fname, mt[i].name, 1, DL_PROTO_NAME_MAX, FL_PRINTABLE));
+        }
+        return 0;
+    }
+    case K_I32BIN: case K_U8BIN: case K_U64S: case K_I64S: case K_F32S: {
+        uint32_t n = get_n(m, f);
+        const void *p = get_ptr(m, f);
+        if (n < f->min_n || n > f->max_n)
+            return dl_seterr(DL_EPROTO, "%s.%s: %u elements, expected %u..%u", tn, fn, n, f->min_n, f->max_n);
+        if (n > 0 && !p) return dl_seterr(DL_EPROTO, "%s.%s: NULL array of %u elements", tn, fn, n);
+        for (uint32_t i = 0; i < n; i++) {
+            switch ((kind_t)f->kind) {
+            case K_I32BIN: {
+                int32_t v = ((const int32_t *)p)[i];
+                if (v < f->slo || v > f->shi)
+                    return dl_seterr(DL_EPROTO, "%s.%s[%u]: %d out of range [%lld, %lld]", tn, fn, i, v,
+                                     (long long)f->slo, (long long)f->shi);
+                break;
+            }
+            case K_U8BIN: {
+                uint8_t v = ((const uint8_t *)p)[i];
+                if (v < f->ulo || v > f->uhi)
+                    return dl_seterr(DL_EPROTO, "%s.%s[%u]: %u out of range [%llu, %llu]", tn, fn, i, v,
+                                     (unsigned long long)f->ulo, (unsigned long long)f->uhi);
+                break;
+            }
+            case K_U64S: {
+                uint64_t v = ((const uint64_t *)p)[i];
+                if (v < f->ulo || v > f->uhi)
+                    return dl_seterr(DL_EPROTO, "%s.%s[%u]: %llu out of range [%llu, %llu]", tn, fn, i,
+                                     (unsigned long long)v, (unsigned long long)f->ulo,
+                                     (unsigned long long)f->uhi);
+                break;
+            }
+            case K_I64S: {
+                int64_t v = ((const int64_t *)p)[i];
+                if (v < f->slo || v > f->shi)
+                    return dl_seterr(DL_EPROTO, "%s.%s[%u]: %lld out of range [%lld, %lld]", tn, fn, i,
+                                     (long long)v, (long long)f->slo, (long long)f->shi);
+                break;
+            }
+            default:
+                DL_TRY(check_double(tn, fn, i, ((const float *)p)[i], f));
+                break;
+            }
+        }
+        return 0;
+    }
+    }
+    return dl_seterr(DL_EPROTO, "%s.%s: internal: unknown field kind %d", tn, fn, f->kind);
+}
+
+static int check_strictly_increasing(const char *tn, const char *fn, const uint64_t *v, uint32_t n) {
+    for (uint32_t i = 1; i < n; i++) {
+        if (v[i] <= v[i - 1])
+            return dl_seterr(DL_EPROTO, "%s.%s[%u]: %llu not greater than previous %llu (must be strictly "
+                             "increasing)", tn, fn, i, (unsigned long long)v[i], (unsigned long long)v[i - 1]);
+    }
+    return 0;
+}
+
+static int check_micro_batch(const proto_msg_t *m, const char *tn) {
+    const proto_micro_batch_t *b = &m->micro_batch;
+    if (b->mb_in_step >= b->mbs_in_step)
+        return dl_seterr(DL_EPROTO, "%s.mb_in_step: %u not below mbs_in_step %u", tn, b->mb_in_step,
+                         b->mbs_in_step);
+    if (b->n_seq_lens != b->n_seqs)
+        return dl_seterr(DL_EPROTO, "%s.seq_lens: %u entries, n_seqs is %u", tn, b->n_seq_lens, b->n_seqs);
+    if (b->n_loss_mask != b->n_tokens)
+        return dl_seterr(DL_EPROTO, "%s.loss_mask: %u entries, tokens has %u", tn, b->n_loss_mask, b->n_tokens);
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < b->n_seq_lens; i++) sum += (uint64_t)b->seq_lens[i];
+    if (sum != b->n_tokens)
+        return dl_seterr(DL_EPROTO, "%s.seq_lens: sum %llu != tokens length %u", tn, (unsigned long long)sum,
+                         b->n_tokens);
+    return 0;
+}
+
+static int check_slab_export(const proto_msg_t *m, const char *tn) {
+    const proto_slab_export_t *s = &m->slab_export;
+    bool has_handle = s->handle_len != 0, has_shm = s->shm_name[0] != 0;
+    if (has_handle == has_shm)
+        return dl_seterr(DL_EPROTO, "%s.handle: exactly one of handle (CUDA IPC) and shm_name must be set "
+                         "(handle %u bytes, shm_name '%s')", tn, s->handle_len, s->shm_name);
+    return 0;
+}
+
+typedef struct { const char *name; uint64_t lo, hi; } region_t;
+
+static int check_hidden_states_ready(const proto_msg_t *m, const char *tn) {
+    const proto_hidden_states_ready_t *h = &m->hidden_states_ready;
+    uint64_t T = h->shape[0], cols = h->shape[1];
+    if (T > DL_PROTO_MAX_TOKENS)
+        return dl_seterr(DL_EPROTO, "%s.shape[0]: %llu tokens, at most %u", tn, (unsigned long long)T,
+                         DL_PROTO_MAX_TOKENS);
+    if (cols % h->n_feat != 0)
+        return dl_seterr(DL_EPROTO, "%s.shape[1]: %llu not a multiple of n_feat %u", tn,
+                         (unsigned long long)cols, h->n_feat);
+    if (h->n_seqs > T)
+        return dl_seterr(DL_EPROTO, "%s.n_seqs: %u sequences in %llu tokens", tn, h->n_seqs,
+                         (unsigned long long)T);
+    if (h->mb_in_step >= h->mbs_in_step)
+        return dl_seterr(DL_EPROTO, "%s.mb_in_step: %u not below mbs_in_step %u", tn, h->mb_in_step,
+                         h->mbs_in_step);
+    if (h->tokens_off % 4 || h->seq_lens_off % 4)
+        return dl_seterr(DL_EPROTO, "%s.%s: offset %llu not 4-byte aligned", tn,
+                         h->tokens_off % 4 ? "tokens_off" : "seq_lens_off",
+                         (unsigned long long)(h->tokens_off % 4 ? h->tokens_off : h->seq_lens_off));
+    /* All terms are bounded by the field ranges: T <= 2^21, cols <= 2^32,
+     * offsets <= 2^40, so no sum or product below overflows 64 bits. */
+    region_t r[4] = {
+        { "shape", 0, T * cols * proto_dtype_size(h->dtype) },
+        { "tokens_off", h->tokens_off, h->tokens_off + 4 * T },
+        { "seq_lens_off", h->seq_lens_off, h->seq_lens_off + 4ull * h->n_seqs },
+        { "loss_mask_off", h->loss_mask_off, h->loss_mask_off + T },
+    };
+    for (int i = 0; i < 4; i++) {
+        if (r[i].hi > h->bytes)
+            return dl_seterr(DL_EPROTO, "%s.%s: region [%llu, %llu) ends past bytes %llu", tn, r[i].name,
+                             (unsigned long long)r[i].lo, (unsigned long long)r[i].hi,
+                             (unsigned long long)h->bytes);
+        for (int j = 0; j < i; j++) {
+            if (r[i].lo < r[j].hi && r[j].lo < r[i].hi)
+                return dl_seterr(DL_EPROTO, "%s.%s: region [%llu, %llu) overlaps %s [%llu, %llu)", tn, r[i].name,
+                                 (unsigned long long)r[i].lo, (unsigned long long)r[i].hi, r[j].name,
+                                 (unsigned long long)r[j].lo, (unsigned long long)r[j].hi);
+        }
+    }
+    return 0;
+}
+
+static int check_gradients_ready(const proto_msg_t *m, const char *tn) {
+    const proto_gradients_ready_t *g = &m->gradients_ready;
+    DL_TRY(check_strictly_increasing(tn, "mbs", g->mbs, g->n_mbs));
+    if (g->bytes != 4 * g->n_params)
+        return dl_seterr(DL_EPROTO, "%s.bytes: %llu, expected 4 * n_params = %llu", tn,
+                         (unsigned long long)g->bytes, (unsigned long long)(4 * g->n_params));
+    return 0;
+}
+
+static int check_weights_version(const proto_msg_t *m, const char *tn) {
+    const proto_weights_version_t *w = &m->weights_version;
+    uint64_t want = w->n_params * proto_dtype_size(w->dtype);
+    if (w->bytes != want)
+        return dl_seterr(DL_EPROTO, "%s.bytes: %llu, expected n_params * %s size = %llu", tn,
+                         (unsigned long long)w->bytes, proto_dtype_name(w->dtype), (unsigned long long)want);
+    return 0;
+}
+
+static int check_control(const proto_msg_t *m, const char *tn) {
+    const proto_control_t *c = &m->control;
+    switch (c->op) {
+    case PROTO_CTL_ROUTE: case PROTO_CTL_REBALANCE:
+        if (c->n_ints % 2)
+            return dl_seterr(DL_EPROTO, "%s.ints: %s needs pairs, got %u ints", tn, proto_ctl_op_name(c->op),
+                             c->n_ints);
+        for (uint32_t i = 0; i < c->n_ints; i++) {
+            int64_t v = c->ints[i];
+            bool role = c->op == PROTO_CTL_REBALANCE && (i % 2) == 1;
+            int64_t lo = role ? 1 : 0, hi = role ? PROTO_ROLE_COUNT_ - 1 : DL_PROTO_MAX_STAGE_ID;
+            if (v < lo || v > hi)
+                return dl_seterr(DL_EPROTO, "%s.ints[%u]: %lld out of range [%lld, %lld] for %s", tn, i,
+                                 (long long)v, (long long)lo, (long long)hi, proto_ctl_op_name(c->op));
+        }
+        return 0;
+    case PROTO_CTL_MEMBERSHIP:
+        for (uint32_t i = 0; i < c->n_ints; i++) {
+            if (c->ints[i] < 0 || c->ints[i] > DL_PROTO_MAX_STAGE_ID)
+                return dl_seterr(DL_EPROTO, "%s.ints[%u]: stage id %lld out of range [0, %u]", tn, i,
+                                 (long long)c->ints[i], DL_PROTO_MAX_STAGE_ID);
+        }
+        return 0;
+    default:
+        return 0;
+    }
+}
+
+static int check_applied(const proto_msg_t *m, const char *tn) {
+    return check_strictly_increasing(tn, "mbs", m->applied.mbs, m->applied.n_mbs);
+}
+
+int proto_validate(const proto_msg_t *m) {
+    if (!m) return dl_seterr(DL_EINVAL, "proto_validate: NULL message");
+    const msgdef_t *d = def_of((uint64_t)m->type);
+    if (!d) return dl_seterr(DL_EPROTO, "message: unknown type %u", (unsigned)m->type);
+    const char *tn = proto_type_name(m->type);
+    for (uint32_t i = 0; i < d->n_fields; i++) DL_TRY(validate_field(m, &d->fields[i], tn));
+    return d->check ? d->check(m, tn) : 0;
+}
+
+void proto_msg_init(proto_msg_t *m, proto_type_t type) {
+    memset(m, 0, sizeof *m);
+    m->type = type;
+    m->version = DL_PROTO_VERSION;
+    if (type == PROTO_HELLO) m->hello.proto_version = DL_PROTO_VERSION;
+}
+
+void proto_msg_free(proto_msg_t *m) {
+    if (!m || !m->owned_) return;
+    const msgdef_t *d = def_of((uint64_t)m->type);
+    if (d) {
+        for (uint32_t i = 0; i < d->n_fields; i++) {
+            const field_t *f = &d->fields[i];
+            if (f->kind >= K_I32BIN && f->kind <= K_F32S) {
+                void *null = NULL;
+                memcpy(field_addr(m, f), &null, sizeof null);
+                memset((char *)m + f->n_off, 0, 4);
+            }
+        }
+    }
+    free(m->owned_);
+    m->owned_ = NULL;
+}
+
+/* ------------------------------------------------------------ encoding */
+
+typedef struct {
+    msgpack_sbuffer *sb;   /* either append to sb ... */
+    char *buf;             /* ... or write into buf[0..cap) */
+    size_t cap, len;
+    int err;
+} writer_t;
+
+static int writer_cb(void *data, const char *p, size_t n) {
+    writer_t *w = data;
+    if (n == 0) return 0;
+    if (n > DL_PROTO_MAX_BYTES - w->len) { w->err = 1; return -1; }
+    if (w->sb) {
+        if (msgpack_sbuffer_write(w->sb, p, n) != 0) { w->err = 2; return -1; }
+    } else {
+        if (n > w->cap - w->len) { w->err = 3; return -1; }
+        memcpy(w->buf + w->len, p, n);
+    }
+    w->len += n;
+    return 0;
+}
+
+#define PK(expr) do { if ((expr) != 0) return -1; } while (0)
+
+static int pack_bin(msgpack_packer *pk, const void *p, size_t n) {
+    PK(msgpack_pack_bin(pk, n));
+    if (n) PK(msgpack_pack_bin_body(pk, p, n));
+    return 0;
+}
+
+static int pack_str(msgpack_packer *pk, const char *s) {
+    size_t n = strlen(s);
+    PK(msgpack_pack_str(pk, n));
+    if (n) PK(msgpack_pack_str_body(pk, s, n));
+    return 0;
+}
+
+static int pack_field(msgpack_packer *pk, const proto_msg_t *m, const field_t *f) {
+    const char *base = (const char *)m + f->off;
+    uint32_t n = (f->kind >= K_OPAQUE) ? get_n(m, f) : 0;
+    switch ((kind_t)f->kind) {
+    case K_U32: case K_U64: case K_ENUM: return msgpack_pack_uint64(pk, get_u(m, f));
+    case K_I32: { int32_t v; memcpy(&v, base, 4); return msgpack_pack_int64(pk, v); }
+    case K_F64: { double v; memcpy(&v, base, 8); return msgpack_pack_double(pk, v); }
+    case K_STR: return pack_str(pk, base);
+    case K_OPAQUE: return pack_bin(pk, base, n);
+    case K_I32BIN: {
+        const int32_t *p = get_ptr(m, f);
+        PK(msgpack_pack_bin(pk, (size_t)n * 4));
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        if (n) PK(msgpack_pack_bin_body(pk, p, (size_t)n * 4));
+#else
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t le = __builtin_bswap32((uint32_t)p[i]);
+            PK(msgpack_pack_bin_body(pk, &le, 4));
+        }
+#endif
+        return 0;
+    }
+    case K_U8BIN: return pack_bin(pk, get_ptr(m, f), n);
+    case K_U64S: {
+        const uint64_t *p = get_ptr(m, f);
+        PK(msgpack_pack_array(pk, n));
+        for (uint32_t i = 0; i < n; i++) PK(msgpack_pack_uint64(pk, p[i]));
+        return 0;
+    }
+    case K_I64S: {
+        const int64_t *p = get_ptr(m, f);
+        PK(msgpack_pack_array(pk, n));
+        for (uint32_t i = 0; i < n; i++) PK(msgpack_pack_int64(pk, p[i]));
+        return 0;
+    }
+    case K_F32S: {
+        const float *p = get_ptr(m, f);
+        PK(msgpack_pack_array(pk, n));
+        for (uint32_t i = 0; i < n; i++) PK(msgpack_pack_float(pk, p[i]));
+        return 0;
+    }
+    case K_DIMS: {
+        const uint64_t *d = (const uint64_t *)base;
+        PK(msgpack_pack_array(pk, n));
+        for (uint32_t i = 0; i < n; i++) PK(msgpack_pack_uint64(pk, d[i]));
+        return 0;
+    }
+    case K_METRICS: {
+        const proto_metric_t *mt = (const proto_metric_t *)base;
+        PK(msgpack_pack_array(pk, n));
+        for (uint32_t i = 0; i < n; i++) {
+            PK(msgpack_pack_array(pk, 2));
+            PK(pack_str(pk, mt[i].name));
+            PK(msgpack_pack_double(pk, mt[i].value));
+        }
+        return 0;
+    }
+    }
+    return -1;
+}
+
+static int encode_with(const proto_msg_t *m, writer_t *w) {
+    DL_TRY(proto_validate(m));
+    const msgdef_t *d = def_of((uint64_t)m->type);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, w, writer_cb);
+    int rc = msgpack_pack_array(&pk, 2 + d->n_fields);
+    if (!rc) rc = msgpack_pack_uint64(&pk, (uint64_t)m->type);
+    if (!rc) rc = msgpack_pack_uint64(&pk, DL_PROTO_VERSION);
+    for (uint32_t i = 0; !rc && i < d->n_fields; i++) rc = pack_field(&pk, m, &d->fields[i]);
+    if (!rc) return 0;
+    const char *tn = proto_type_name(m->type);
+    switch (w->err) {
+    case 1: return dl_seterr(DL_ERANGE, "%s: encoding exceeds DL_PROTO_MAX_BYTES (%u)", tn, DL_PROTO_MAX_BYTES);
+    case 2: return dl_seterr(DL_ENOMEM, "%s: msgpack buffer allocation failed", tn);
+    case 3: return dl_seterr(DL_ERANGE, "%s: encoding needs more than the buffer's %zu bytes", tn, w->cap);
+    default: return dl_seterr(DL_EPROTO, "%s: msgpack packing failed", tn);
+    }
+}
+
+int proto_encode(const proto_msg_t *m, msgpack_sbuffer *sb) {
+    if (!m || !sb) return dl_seterr(DL_EINVAL, "proto_encode: NULL argument");
+    size_t start = sb->size;
+    writer_t w = { .sb = sb };
+    int rc = encode_with(m, &w);
+    if (rc < 0) sb->size = start;
+    return rc;
+}
+
+int proto_encode_to(const proto_msg_t *m, void *buf, size_t cap, size_t *out_len) {
+    if (!m || (!buf && cap) || !out_len) return dl_seterr(DL_EINVAL, "proto_encode_to: NULL argument");
+    writer_t w = { .buf = buf, .cap = cap };
+    *out_len = 0;
+    DL_TRY(encode_with(m, &w));
+    *out_len = w.len;
+    return 0;
+}
+
+/* ---------------------------------------------------- structure scan */
+
+static uint64_t be_read(const uint8_t *p, size_t n) {
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; i++) v = (v << 8) | p[i];
+    return v;
+}
+
+/* Decodes the msgpack header at p[pos]: header size, payload bytes that follow
+ * it, and the number of child objects (arrays, maps). Returns 0 or DL_EPROTO. */
+static int mp_header(const uint8_t *p, size_t len, size_t pos, size_t *hdr, uint64_t *payload, uint64_t *kids) {
+    uint8_t b = p[pos];
+    size_t lenbytes = 0, extra = 0;   /* bytes of length field, then fixed bytes after it */
+    uint64_t fixed = 0, mul = 0;      /* payload when fixed; kid multiplier for containers */
+    *kids = 0;
+    if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) { *hdr = 1; *payload = 0; return 0; }
+    if (b <= 0x8f) { *hdr = 1; *payload = 0; *kids = 2u * (b & 0x0f); return 0; }
+    if (b <= 0x9f) { *hdr = 1; *payload = 0; *kids = b & 0x0f; return 0; }
+    if (b <= 0xbf) { *hdr = 1; *payload = b & 0x1f; return 0; }
+    switch (b) {
+    case 0xc4: case 0xd9: lenbytes = 1; break;               /* bin8, str8 */
+    case 0xc5: case 0xda: lenbytes = 2; break;               /* bin16, str16 */
+    case 0xc6: case 0xdb: lenbytes = 4; break;               /* bin32, str32 */
+    case 0xc7: lenbytes = 1; extra = 1; break;               /* ext8 (+type byte) */
+    case 0xc8: lenbytes = 2; extra = 1; break;
+    case 0xc9: lenbytes = 4; extra = 1; break;
+    case 0xca: fixed = 4; break;  case 0xcb: fixed = 8; break;
+    case 0xcc: case 0xd0: fixed = 1; break;
+    case 0xcd: case 0xd1: fixed = 2; break;
+    case 0xce: case 0xd2: fixed = 4; break;
+    case 0xcf: case 0xd3: fixed = 8; break;
+    case 0xd4: fixed = 2; break;  case 0xd5: fixed = 3; break;  case 0xd6: fixed = 5; break;
+    case 0xd7: fixed = 9; break;  case 0xd8: fixed = 17; break;  /* fixext: type + data */
+    case 0xdc: lenbytes = 2; mul = 1; break;                  /* array16 */
+    case 0xdd: lenbytes = 4; mul = 1; break;                  /* array32 */
+    case 0xde: lenbytes = 2; mul = 2; break;                  /* map16 */
+    case 0xdf: lenbytes = 4; mul = 2; break;                  /* map32 */
+    default:
+        return dl_seterr(DL_EPROTO, "message: invalid msgpack byte 0x%02x at offset %zu", b, pos);
+    }
+    size_t h = 1 + lenbytes + extra;
+    if (h > len - pos)
+        return dl_seterr(DL_EPROTO, "message: truncated: header at offset %zu needs %zu bytes, %zu left",
+                         pos, h, len - pos);
+    uint64_t n = lenbytes ? be_read(p + pos + 1, lenbytes) : 0;
+    *hdr = h;
+    if (mul) { *payload = 0; *kids = mul * n; }
+    else *payload = lenbytes ? n : fixed;
+    return 0;
+}
+
+/* Walks one msgpack object covering exactly buf[0..len). Bounds the object
+ * count and depth and rejects truncation and trailing bytes, so that msgpack-c
+ * afterwards allocates at most DL_PROTO_MAX_OBJECTS objects. */
+static int proto__scan(const uint8_t *p, size_t len) {
+    uint64_t rem[DL_PROTO_MAX_DEPTH + 1];
+    unsigned depth = 0;
+    size_t pos = 0, objects = 0;
+    rem[0] = 1;
+    for (;;) {
+        while (depth > 0 && rem[depth] == 0) depth--;
+        if (depth == 0 && rem[0] == 0) break;
+        if (pos >= len)
+            return dl_seterr(DL_EPROTO, "message: truncated at byte %zu (%llu more object(s) expected)", pos,
+                             (unsigned long long)rem[depth]);
+        size_t hdr = 0; uint64_t payload = 0, kids = 0;
+        DL_TRY(mp_header(p, len, pos, &hdr, &payload, &kids));
+        if (++objects > DL_PROTO_MAX_OBJECTS)
+            return dl_seterr(DL_EPROTO, "message: more than %u msgpack objects", DL_PROTO_MAX_OBJECTS);
+        rem[depth]--;
+        pos += hdr;
+        if (payload > len - pos)
+            return dl_seterr(DL_EPROTO, "message: truncated: %llu-byte payload at offset %zu, %zu bytes left",
+                             (unsigned long long)payload, pos, len - pos);
+        pos += (size_t)payload;
+        if (kids) {
+            if (kids > len - pos)
+                return dl_seterr(DL_EPROTO, "message: truncated: container of %llu objects at offset %zu, "
+                                 "%zu bytes left", (unsigned long long)kids, pos - hdr, len - pos);
+            if (depth + 1 > DL_PROTO_MAX_DEPTH)
+                return dl_seterr(DL_EPROTO, "message: nested deeper than %u", DL_PROTO_MAX_DEPTH);
+            rem[++depth] = kids;
+        }
+    }
+    if (pos != len)
+        return dl_seterr(DL_EPROTO, "message: %zu trailing bytes after the message (at offset %zu)", len - pos, pos);
+    return 0;
+}
+
+static int rd_u8(const uint8_t *p, size_t len, size_t *pos, uint8_t *v) {
+    if (*pos >= len) return -1;
+    *v = p[(*pos)++];
+    return 0;
+}
+
+/* Reads a msgpack uint at p[*pos] (fixint, uint8..64). */
+static int rd_uint(const uint8_t *p, size_t len, size_t *pos, uint64_t *v) {
+    uint8_t b;
+    if (rd_u8(p, len, pos, &b)) return -1;
+    if (b <= 0x7f) { *v = b; return 0; }
+    size_t n = b == 0xcc ? 1 : b == 0xcd ? 2 : b == 0xce ? 4 : b == 0xcf ? 8 : 0;
+    if (!n || n > len - *pos) return -1;
+    *v = be_read(p + *pos, n);
+    *pos += n;
+    return 0;
+}
+
+int proto_peek(const void *buf, size_t len, uint32_t *type, uint32_t *version) {
+    const uint8_t *p = buf;
+    size_t pos = 0;
+    uint8_t b;
+    uint64_t t, v;
+    if (!buf || rd_u8(p, len, &pos, &b)) return dl_seterr(DL_EPROTO, "message: empty");
+    size_t skip = (b >= 0x90 && b <= 0x9f) ? 0 : b == 0xdc ? 2 : b == 0xdd ? 4 : SIZE_MAX;
+    uint64_t n = (b >= 0x90 && b <= 0x9f) ? (b & 0x0f) : 0;
+    if (skip == SIZE_MAX) return dl_seterr(DL_EPROTO, "message: expected array, got byte 0x%02x", b);
+    if (skip > len - pos) return dl_seterr(DL_EPROTO, "message: truncated envelope");
+    if (skip) { n = be_read(p + pos, skip); pos += skip; }
+    if (n < 2) return dl_seterr(DL_EPROTO, "message: array of %llu elements, need type and version",
+                                (unsigned long long)n);
+    if (rd_uint(p, len, &pos, &t) || rd_uint(p, len, &pos, &v) || t > UINT32_MAX || v > UINT32_MAX)
+        return dl_seterr(DL_EPROTO, "message: envelope type/version are not uint32");
+    if (type) *type = (uint32_t)t;
+    if (version) *version = (uint32_t)v;
+    return 0;
+}
+
+/* ------------------------------------------------------------ decoding */
+
+static const char *otype(const msgpack_object *o) {
+    switch (o->type) {
+    case MSGPACK_OBJECT_NIL: return "nil";
+    case MSGPACK_OBJECT_BOOLEAN: return "bool";
+    case MSGPACK_OBJECT_POSITIVE_INTEGER: return "uint";
+    case MSGPACK_OBJECT_NEGATIVE_INTEGER: return "negative int";
+    case MSGPACK_OBJECT_FLOAT32: return "float32";
+    case MSGPACK_OBJECT_FLOAT64: return "float64";
+    case MSGPACK_OBJECT_STR: return "str";
+    case MSGPACK_OBJECT_ARRAY: return "array";
+    case MSGPACK_OBJECT_MAP: return "map";
+    case MSGPACK_OBJECT_BIN: return "bin";
+    case MSGPACK_OBJECT_EXT: return "ext";
+    }
+    return "?";
+}
+
+/* Decoding context: names the field in errors ("type.field[idx]"). */
+typedef struct {
+    const char *tn, *fn;
+} dctx_t;
+
+static int bad_type(const dctx_t *c, long idx, const char *want, const msgpack_object *o) {
+    if (idx >= 0) return dl_seterr(DL_EPROTO, "%s.%s[%ld]: expected %s, got %s", c->tn, c->fn, idx, want, otype(o));
+    return dl_seterr(DL_EPROTO, "%s.%s: expected %s, got %s", c->tn, c->fn, want, otype(o));
+}
+
+static int obj_uint(const dctx_t *c, long idx, const msgpack_object *o, uint64_t max, uint64_t *v) {
+    if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER) return bad_type(c, idx, "uint", o);
+    if (o->via.u64 > max) {
+        if (idx >= 0)
+            return dl_seterr(DL_EPROTO, "%s.%s[%ld]: %llu does not fit in %llu", c->tn, c->fn, idx,
+                             (unsigned long long)o->via.u64, (unsigned long long)max);
+        return dl_seterr(DL_EPROTO, "%s.%s: %llu does not fit in %llu", c->tn, c->fn,
+                         (unsigned long long)o->via.u64, (unsigned long long)max);
+    }
+    *v = o->via.u64;
+    return 0;
+}
+
+static int obj_int(const dctx_t *c, long idx, const msgpack_object *o, int64_t lo, int64_t hi, int64_t *v) {
+    int64_t x;
+    if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
+        if (o->via.u64 > (uint64_t)INT64_MAX) goto range;
+        x = (int64_t)o->via.u64;
+    } else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+        x = o->via.i64;
+    } else {
+        return bad_type(c, idx, "int", o);
+    }
+    if (x < lo || x > hi) goto range;
+    *v = x;
+    return 0;
+range:
+    if (idx >= 0) return dl_seterr(DL_EPROTO, "%s.%s[%ld]: integer out of range [%lld, %lld]", c->tn, c->fn,
+                                   idx, (long long)lo, (long long)hi);
+    return dl_seterr(DL_EPROTO, "%s.%s: integer out of range [%lld, %lld]", c->tn, c->fn, (long long)lo,
+                     (long long)hi);
+}
+
+static int obj_float(const dctx_t *c, long idx, const msgpack_object *o, double *v) {
+    if (o->type != MSGPACK_OBJECT_FLOAT32 && o->type != MSGPACK_OBJECT_FLOAT64)
+        return bad_type(c, idx, "float", o);
+    *v = o->via.f64;
+    return 0;
+}
+
+static int obj_str(const dctx_t *c, const msgpack_object *o, char *dst, uint32_t max_n) {
+    if (o->type != MSGPACK_OBJECT_STR) return bad_type(c, -1, "str", o);
+    uint32_t n = o->via.str.size;
+    if (n > max_n) return dl_seterr(DL_EPROTO, "%s.%s: string of %u bytes, at most %u", c->tn, c->fn, n, max_n);
+    if (n && memchr(o->via.str.ptr, 0, n))
+        return dl_seterr(DL_EPROTO, "%s.%s: string contains a NUL byte", c->tn, c->fn);
+    if (n) memcpy(dst, o->via.str.ptr, n);
+    dst[n] = 0;
+    return 0;
+}
+
+/* Element count and element size of an array-kind field as it appears on the
+ * wire, or 0 elements when the object's type is wrong (reported later). */
+static size_t wire_array_bytes(const field_t *f, const msgpack_object *o) {
+    switch ((kind_t)f->kind) {
+    case K_I32BIN:
+        if (o->type != MSGPACK_OBJECT_BIN || o->via.bin.size % 4 || o->via.bin.size / 4 > f->max_n) return 0;
+        return o->via.bin.size;
+    case K_U8BIN:
+        if (o->type != MSGPACK_OBJECT_BIN || o->via.bin.size > f->max_n) return 0;
+        return o->via.bin.size;
+    case K_U64S: case K_I64S:
+        if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size > f->max_n) return 0;
+        return (size_t)o->via.array.size * 8;
+    case K_F32S:
+        if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size > f->max_n) return 0;
+        return (size_t)o->via.array.size * 4;
+    default:
+        return 0;
+    }
+}
+
+static void set_array(proto_msg_t *m, const field_t *f, void *p, uint32_t n) {
+    memcpy(field_addr(m, f), &p, sizeof p);
+    memcpy((char *)m + f->n_off, &n, 4);
+}
+
+/* Parses one field from o into m: checks the wire type and that the value fits
+ * its C storage; ranges are left to validate_field. Arrays take their storage
+ * from *arena (sized beforehand by wire_array_bytes). */
+static int parse_field(proto_msg_t *m, const field_t *f, const msgpack_object *o, const char *tn, char **arena) {
+    dctx_t c = { tn, f->name };
+    void *dst = field_addr(m, f);
+    switch ((kind_t)f->kind) {
+    case K_U32: case K_ENUM: {
+        uint64_t v = 0;
+        DL_TRY(obj_uint(&c, -1, o, UINT32_MAX, &v));
+        uint32_t v32 = (uint32_t)v;
+        memcpy(dst, &v32, 4);
+        return 0;
+    }
+    case K_U64: {
+        uint64_t v = 0;
+        DL_TRY(obj_uint(&c, -1, o, UINT64_MAX, &v));
+        memcpy(dst, &v, 8);
+        return 0;
+    }
+    case K_I32: {
+        int64_t v = 0;
+        DL_TRY(obj_int(&c, -1, o, INT32_MIN, INT32_MAX, &v));
+        int32_t v32 = (int32_t)v;
+        memcpy(dst, &v32, 4);
+        return 0;
+    }
+    case K_F64: {
+        double v = 0;
+        DL_TRY(obj_float(&c, -1, o, &v));
+        memcpy(dst, &v, 8);
+        return 0;
+    }
+    case K_STR:
+        return obj_str(&c, o, dst, f->max_n);
+    case K_OPAQUE: {
+        if (o->type != MSGPACK_OBJECT_BIN) return bad_type(&c, -1, "bin", o);
+        uint32_t n = o->via.bin.size;
+        if (n > f->max_n) return dl_seterr(DL_EPROTO, "%s.%s: %u bytes, expected 0 or %u", tn, f->name, n, f->max_n);
+        if (n) memcpy(dst, o->via.bin.ptr, n);
+        memcpy((char *)m + f->n_off, &n, 4);
+        return 0;
+    }
+    case K_I32BIN: {
+        if (o->type != MSGPACK_OBJECT_BIN) return bad_type(&c, -1, "bin", o);
+        uint32_t sz = o->via.bin.size;
+        if (sz % 4) return dl_seterr(DL_EPROTO, "%s.%s: %u bytes, not a multiple of 4 (int32 LE)", tn, f->name, sz);
+        uint32_t n = sz / 4;
+        if (n > f->max_n)
+            return dl_seterr(DL_EPROTO, "%s.%s: %u elements, at most %u", tn, f->name, n, f->max_n);
+        int32_t *a = n ? (int32_t *)*arena : NULL;
+        for (uint32_t i = 0; i < n; i++) {
+            const uint8_t *b = (const uint8_t *)o->via.bin.ptr + 4 * (size_t)i;
+            a[i] = (int32_t)((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24);
+        }
+        *arena += ((size_t)n * 4 + 7) & ~(size_t)7;
+        set_array(m, f, a, n);
+        return 0;
+    }
+    case K_U8BIN: {
+        if (o->type != MSGPACK_OBJECT_BIN) return bad_type(&c, -1, "bin", o);
+        uint32_t n = o->via.bin.size;
+        if (n > f->max_n)
+            return dl_seterr(DL_EPROTO, "%s.%s: %u elements, at most %u", tn, f->name, n, f->max_n);
+        uint8_t *a = n ? (uint8_t *)*arena : NULL;
+        if (n) memcpy(a, o->via.bin.ptr, n);
+        *arena += ((size_t)n + 7) & ~(size_t)7;
+        set_array(m, f, a, n);
+        return 0;
+    }
+    case K_U64S: case K_I64S: case K_F32S: {
+        if (o->type != MSGPACK_OBJECT_ARRAY) return bad_type(&c, -1, "array", o);
+        uint32_t n = o->via.array.size;
+        if (n > f->max_n)
+            return dl_seterr(DL_EPROTO, "%s.%s: %u elements, at most %u", tn, f->name, n, f->max_n);
+        size_t esz = f->kind == K_F32S ? 4 : 8;
+        void *a = n ? *arena : NULL;
+        for (uint32_t i = 0; i < n; i++) {
+            const msgpack_object *e = &o->via.array.ptr[i];
+            if (f->kind == K_U64S) {
+                DL_TRY(obj_uint(&c, i, e, UINT64_MAX, &((uint64_t *)a)[i]));
+            } else if (f->kind == K_I64S) {
+                DL_TRY(obj_int(&c, i, e, INT64_MIN, INT64_MAX, &((int64_t *)a)[i]));
+            } else {
+                double v = 0;
+                DL_TRY(obj_float(&c, i, e, &v));
+                if (isfinite(v) && fabs(v) > FLT_MAX)
+                    return dl_seterr(DL_EPROTO, "%s.%s[%u]: %g does not fit in float32", tn, f->name, i, v);
+                ((float *)a)[i] = (float)v;
+            }
+        }
+        *arena += ((size_t)n * esz + 7) & ~(size_t)7;
+        set_array(m, f, a, n);
+        return 0;
+    }
+    case K_DIMS: {
+        if (o->type != MSGPACK_OBJECT_ARRAY) return bad_type(&c, -1, "array", o);
+        uint32_t n = o->via.array.size;
+        if (n > DL_PROTO_MAX_DIMS)
+            return dl_seterr(DL_EPROTO, "%s.%s: %u dims, at most %u", tn, f->name, n, DL_PROTO_MAX_DIMS);
+        uint64_t *d = dst;
+        for (uint32_t i = 0; i < n; i++) DL_TRY(obj_uint(&c, i, &o->via.array.ptr[i], UINT64_MAX, &d[i]));
+        memcpy((char *)m + f->n_off, &n, 4);
+        return 0;
+    }
+    case K_METRICS: {
+        if (o->type != MSGPACK_OBJECT_ARRAY) return bad_type(&c, -1, "array", o);
+        uint32_t n = o->via.array.size;
+        if (n > f->max_n) return dl_seterr(DL_EPROTO, "%s.%s: %u entries, at most %u", tn, f->name, n, f->max_n);
+        proto_metric_t *mt = dst;
+        for (uint32_t i = 0; i < n; i++) {
+            const msgpack_object *e = &o->via.array.ptr[i];
+            char fname[40];
+            if (e->type != MSGPACK_OBJECT_ARRAY || e->via.array.size != 2) {
+                if (e->type == MSGPACK_OBJECT_ARRAY)
+                    return dl_seterr(DL_EPROTO, "%s.%s[%u]: array of %u, expected [name, value]", tn, f->name,
+                                     i, e->via.array.size);
+                return bad_type(&c, i, "array [name, value]", e);
+            }
+            snprintf(fname, sizeof fname, "%s[%u].name", f->name, i);
+            dctx_t cn = { tn, fname };
+            DL_TRY(obj_str(&cn, &e->via.array.ptr[0], mt[i].name, DL_PROTO_NAME_MAX));
+            snprintf(fname, sizeof fname, "%s[%u].value", f->name, i);
+            DL_TRY(obj_float(&cn, -1, &e->via.array.ptr[1], &mt[i].value));
+        }
+        memcpy((char *)m + f->n_off, &n, 4);
+        return 0;
+    }
+    }
+    return dl_seterr(DL_EPROTO, "%s.%s: internal: unknown field kind %d", tn, f->name, f->kind);
+}
+
+static int decode_object(const msgpack_object *root, proto_msg_t *out) {
+    if (root->type != MSGPACK_OBJECT_ARRAY)
+        return dl_seterr(DL_EPROTO, "message: expected array [type, version, ...], got %s", otype(root));
+    uint32_t n = root->via.array.size;
+    const msgpack_object *el = root->via.array.ptr;
+    if (n < 2)
+        return dl_seterr(DL_EPROTO, "message: array of %u elements, need at least type and version", n);
+    dctx_t c = { "message", "type" };
+    uint64_t type = 0, version = 0;
+    DL_TRY(obj_uint(&c, -1, &el[0], UINT32_MAX, &type));
+    c.fn = "version";
+    DL_TRY(obj_uint(&c, -1, &el[1], UINT32_MAX, &version));
+    if (version != DL_PROTO_VERSION)
+        return dl_seterr(DL_EPROTO, "message: protocol version %llu, this build speaks %u",
+                         (unsigned long long)version, DL_PROTO_VERSION);
+    const msgdef_t *d = def_of(type);
+    if (!d) return dl_seterr(DL_EPROTO, "message: unknown type %llu", (unsigned long long)type);
+    const char *tn = proto_type_name((proto_type_t)type);
+    if (n != 2 + d->n_fields)
+        return dl_seterr(DL_EPROTO, "%s: %u fields, expected %u", tn, n - 2, d->n_fields);
+    out->type = (proto_type_t)type;
+    out->version = (uint32_t)version;
+
+    size_t need = 0;
+    for (uint32_t i = 0; i < d->n_fields; i++)
+        need += (wire_array_bytes(&d->fields[i], &el[2 + i]) + 7) & ~(size_t)7;
+    char *arena = NULL;
+    if (need) {
+        out->owned_ = malloc(need);
+        if (!out->owned_) return dl_seterr(DL_ENOMEM, "%s: %zu bytes for arrays", tn, need);
+        arena = out->owned_;
+    }
+    for (uint32_t i = 0; i < d->n_fields; i++) DL_TRY(parse_field(out, &d->fields[i], &el[2 + i], tn, &arena));
+    return proto_validate(out);
+}
+
+int proto_decode(const void *buf, size_t len, proto_msg_t *out) {
+    if (!out) return dl_seterr(DL_EINVAL, "proto_decode: NULL output");
+    memset(out, 0, sizeof *out);
+    if (!buf || len == 0) return dl_seterr(DL_EPROTO, "message: empty");
+    if (len > DL_PROTO_MAX_BYTES)
+        return dl_seterr(DL_EPROTO, "message: %zu bytes, over the limit of %u", len, DL_PROTO_MAX_BYTES);
+    DL_TRY(proto__scan(buf, len));
+
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    size_t off = 0;
+    msgpack_unpack_return ur = msgpack_unpack_next(&up, buf, len, &off);
+    int rc;
+    if (ur == MSGPACK_UNPACK_NOMEM_ERROR) rc = dl_seterr(DL_ENOMEM, "message: msgpack out of memory");
+    else if (ur != MSGPACK_UNPACK_SUCCESS || off != len)
+        rc = dl_seterr(DL_EPROTO, "message: msgpack parse failed (%d) at offset %zu", (int)ur, off);
+    else rc = decode_object(&up.data, out);
+    msgpack_unpacked_destroy(&up);
+    if (rc < 0) {
+        free(out->owned_);
+        memset(out, 0, sizeof *out);
+    }
+    return rc;
+}
