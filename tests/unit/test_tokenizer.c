@@ -1,0 +1,187 @@
+/* common/data/tokenizer: encodings identical to Hugging Face `tokenizers` 0.23
+ * (tests/fixtures/tokenizer/encodings.json, made by make_fixtures.py) for the
+ * embedded SmolLM2 tokenizer (loaded from the GGUF) and a Qwen3-style
+ * tokenizer.json; decode(encode(x)) == x; error paths. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/base/err.h"
+#include "common/base/paths.h"
+#include "common/data/tokenizer.h"
+
+static const char *fixtures_dir(void) {
+    const char *d = getenv("DL_FIXTURES_DIR");
+    return d ? d : "tests/fixtures";
+}
+
+static cJSON *load_json(const char *rel) {
+    char p[1024];
+    snprintf(p, sizeof p, "%s/%s", fixtures_dir(), rel);
+    FILE *f = fopen(p, "rb");
+    if (!f) fail_msg("cannot open %s", p);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    assert_int_equal(fread(s, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    s[n] = 0;
+    cJSON *j = cJSON_Parse(s);
+    free(s);
+    assert_non_null(j);
+    return j;
+}
+
+/* Every text of the set: ids equal, offsets monotone, decode round-trips. */
+static void check_set(const tok_t *t, const cJSON *rows, int roundtrip) {
+    const cJSON *row;
+    int n = 0;
+    cJSON_ArrayForEach(row, rows) {
+        const char *text = cJSON_GetObjectItem(row, "text")->valuestring;
+        const cJSON *ids = cJSON_GetObjectItem(row, "ids");
+        tok_ids_t v = {.want_offsets = 1};
+        assert_int_equal(tok_encode(t, text, strlen(text), 1, 0, &v), 0);
+        int ne = cJSON_GetArraySize(ids);
+        int ok = (int)v.n == ne;
+        for (int i = 0; ok && i < ne; i++) ok = v.ids[i] == cJSON_GetArrayItem(ids, i)->valueint;
+        if (!ok) {
+            fprintf(stderr, "mismatch on %s\n  want:", text);
+            for (int i = 0; i < ne; i++) fprintf(stderr, " %d", cJSON_GetArrayItem(ids, i)->valueint);
+            fprintf(stderr, "\n  got: ");
+            for (size_t i = 0; i < v.n; i++) fprintf(stderr, " %d", v.ids[i]);
+            fprintf(stderr, "\n");
+        }
+        assert_true(ok);
+        for (size_t i = 1; i < v.n; i++) assert_true(v.offs[i] > v.offs[i - 1]);
+        if (roundtrip) {
+            char *back;
+            size_t bl;
+            assert_int_equal(tok_decode(t, v.ids, v.n, 0, &back, &bl), 0);
+            assert_int_equal(bl, strlen(text));
+            assert_memory_equal(back, text, bl);
+            free(back);
+        }
+        tok_ids_free(&v);
+        n++;
+    }
+    assert_true(n >= 20);
+}
+
+static void test_smollm2_gguf(void **state) {
+    (void)state;
+    char model[4096];
+    assert_int_equal(paths_default_model(model, sizeof model), 0);
+    if (access(model, R_OK) != 0) {
+        fprintf(stderr, "skip: %s absent (run `make model`)\n", model);
+        skip();
+    }
+    tok_t *t = NULL;
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    int rc = tok_load_gguf(model, &t);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    if (rc) fail_msg("%s: %s", dl_strerror(rc), dl_errmsg());
+    fprintf(stderr, "loaded SmolLM2 tokenizer in %.1f ms\n", (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) / 1e6);
+    assert_int_equal(tok_n_vocab(t), 49152);
+    assert_string_equal(tok_pre_name(t), "smollm");
+    assert_int_equal(tok_bos_id(t), 1);
+    assert_int_equal(tok_eos_id(t), 2);
+    assert_int_equal(tok_token_id(t, "<|im_start|>"), 1);
+    assert_true(tok_is_special(t, 2));
+    assert_non_null(tok_chat_template(t));
+    cJSON *j = load_json("tokenizer/encodings.json");
+    check_set(t, cJSON_GetObjectItem(j, "smollm2"), 1);
+    /* parse_special = 0: the special text is plain text, never id 1 */
+    tok_ids_t v = {0};
+    assert_int_equal(tok_encode(t, "<|im_start|>", 12, 0, 0, &v), 0);
+    assert_true(v.n > 1);
+    for (size_t i = 0; i < v.n; i++) assert_int_not_equal(v.ids[i], 1);
+    /* skip_special drops them on decode */
+    int32_t ids[3] = {1, tok_token_id(t, "hi"), 2};
+    assert_true(ids[1] > 2);
+    char *s;
+    size_t n;
+    assert_int_equal(tok_decode(t, ids, 3, 1, &s, &n), 0);
+    assert_string_equal(s, "hi");
+    free(s);
+    ids[0] = 49152;
+    assert_int_equal(tok_decode(t, ids, 3, 0, &s, &n), DL_ERANGE);
+    tok_ids_free(&v);
+    uint64_t fp = tok_fingerprint(t);
+    tok_destroy(&t);
+    assert_null(t);
+    tok_destroy(&t);
+    /* fingerprint is stable across loads */
+    assert_int_equal(tok_load_gguf(model, &t), 0);
+    assert_true(tok_fingerprint(t) == fp);
+    tok_destroy(&t);
+    cJSON_Delete(j);
+}
+
+static void test_qwen3_style_json(void **state) {
+    (void)state;
+    char p[1024];
+    snprintf(p, sizeof p, "%s/tokenizer/qwen3_style", fixtures_dir());
+    tok_t *t = NULL;
+    int rc = tok_load(p, &t);
+    if (rc) fail_msg("%s: %s", dl_strerror(rc), dl_errmsg());
+    assert_string_equal(tok_pre_name(t), "qwen2");
+    assert_int_equal(tok_token_id(t, "<|im_end|>"), 3002);
+    assert_int_equal(tok_eos_id(t), 3002);
+    assert_true(tok_is_special(t, 3002));
+    assert_false(tok_is_special(t, tok_token_id(t, "<think>")));
+    assert_non_null(tok_chat_template(t));
+    cJSON *j = load_json("tokenizer/encodings.json");
+    check_set(t, cJSON_GetObjectItem(j, "qwen3_style"), 1);
+    cJSON_Delete(j);
+    /* a different tokenizer has a different fingerprint */
+    char model[4096];
+    tok_t *g = NULL;
+    if (paths_default_model(model, sizeof model) == 0 && access(model, R_OK) == 0 && tok_load(model, &g) == 0) {
+        assert_true(tok_fingerprint(g) != tok_fingerprint(t));
+        tok_destroy(&g);
+    }
+    tok_destroy(&t);
+}
+
+static void test_errors(void **state) {
+    (void)state;
+    tok_t *t = NULL;
+    assert_int_equal(tok_load("/nonexistent/tokenizer.json", &t), DL_ENOENT);
+    char p[] = "/tmp/dl_tok_bad_XXXXXX";
+    int fd = mkstemp(p);
+    assert_true(fd >= 0);
+    const char bad[] = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a\"]}}";
+    assert_int_equal(write(fd, bad, sizeof bad - 1), (ssize_t)(sizeof bad - 1));
+    close(fd);
+    assert_int_equal(tok_load_json(p, &t), DL_EFORMAT);
+    assert_non_null(strstr(dl_errmsg(), "merges[0]"));
+    FILE *f = fopen(p, "w");
+    fputs("{\"model\": {\"type\": \"Unigram\"}}", f);
+    fclose(f);
+    assert_int_equal(tok_load_json(p, &t), DL_ENOTSUP);
+    f = fopen(p, "w");
+    fputs("{\"model\": ", f);
+    fclose(f);
+    assert_int_equal(tok_load_json(p, &t), DL_EFORMAT);
+    assert_null(t);
+    unlink(p);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_smollm2_gguf),
+        cmocka_unit_test(test_qwen3_style_json),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
