@@ -14,6 +14,7 @@ typedef struct {
 } cmd_t;
 
 int cmd_version(int argc, char **argv);
+int cmd_prepare(int argc, char **argv);
 /* Add new commands here and in the table in tools/draftline.c. */
 
 #endif

@@ -10,6 +10,7 @@
 
 static const cmd_t commands[] = {
     {"version", cmd_version, "print the version"},
+    {"prepare", cmd_prepare, "tokenize a chat dataset into a .dlc cache"},
 };
 
 #define N_COMMANDS ((int)(sizeof commands / sizeof commands[0]))
