@@ -314,7 +314,7 @@ static int check_str(const char *tn, const char *fn, const char *s, uint32_t min
 }
 
 static int check_double(const char *tn, const char *fn, long idx, double v, const field_t *f) {
-    char where[16] = "";
+    char where[24] = "";
     if (idx >= 0) snprintf(where, sizeof where, "[%ld]", idx);
     if (!isfinite(v)) {
         if (f->flags & FL_NONFINITE) return 0;
