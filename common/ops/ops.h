@@ -159,6 +159,14 @@ struct ops_impl {
     void (*adamw)(const ops_ctx_t *c, float *master, void *work, const float *grad, float *m,
                   float *v, size_t n, float lr, float b1, float b2, float eps, float wd, int t,
                   const float *norm_sq, float max_norm);
+
+    /* Strided 2-D copy on the backend (cudaMemcpy2DAsync semantics): `rows` rows of
+     * width_bytes each, src rows dst_pitch/src_pitch bytes apart. Used by the target to
+     * write captured layer outputs into the (T, n_feat*D) feature matrix.
+     * Added last so positional initialisers of older tables stay valid; model code
+     * falls back to per-row copy when NULL. (Model helper; common/ops/cpu/copy2d.c.) */
+    void (*copy2d)(const ops_ctx_t *c, void *dst, size_t dst_pitch, const void *src,
+                   size_t src_pitch, size_t width_bytes, size_t rows);
 };
 
 /* Backend constructors. ops_cpu_init never fails. ops_cuda_init selects the device,

@@ -22,6 +22,9 @@ void *ops_cpu_malloc(const ops_ctx_t *c, size_t bytes);
 void ops_cpu_free(const ops_ctx_t *c, void *p);
 void ops_cpu_memset0(const ops_ctx_t *c, void *p, size_t bytes);
 void ops_cpu_copy(const ops_ctx_t *c, void *dst, const void *src, size_t bytes);
+/* copy2d.c (model helper) */
+void ops_cpu_copy2d(const ops_ctx_t *c, void *dst, size_t dst_pitch, const void *src,
+                    size_t src_pitch, size_t width_bytes, size_t rows);
 void ops_cpu_upload(const ops_ctx_t *c, void *dst, const void *src_host, size_t bytes);
 void ops_cpu_download(const ops_ctx_t *c, void *dst_host, const void *src, size_t bytes);
 void ops_cpu_sync(const ops_ctx_t *c);

@@ -7,6 +7,7 @@ const ops_impl_t ops_cpu_impl = {
     .free_ = ops_cpu_free,
     .memset0 = ops_cpu_memset0,
     .copy = ops_cpu_copy,
+    .copy2d = ops_cpu_copy2d,
     .upload = ops_cpu_upload,
     .download = ops_cpu_download,
     .sync = ops_cpu_sync,
