@@ -1013,7 +1013,7 @@ static int parse_field(proto_msg_t *m, const field_t *f, const msgpack_object *o
             const uint8_t *b = (const uint8_t *)o->via.bin.ptr + 4 * (size_t)i;
             a[i] = (int32_t)((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24);
         }
-        *arena += ((size_t)n * 4 + 7) & ~(size_t)7;
+        if (n) *arena += ((size_t)n * 4 + 7) & ~(size_t)7;
         set_array(m, f, a, n);
         return 0;
     }
@@ -1024,7 +1024,7 @@ static int parse_field(proto_msg_t *m, const field_t *f, const msgpack_object *o
             return dl_seterr(DL_EPROTO, "%s.%s: %u elements, at most %u", tn, f->name, n, f->max_n);
         uint8_t *a = n ? (uint8_t *)*arena : NULL;
         if (n) memcpy(a, o->via.bin.ptr, n);
-        *arena += ((size_t)n + 7) & ~(size_t)7;
+        if (n) *arena += ((size_t)n + 7) & ~(size_t)7;
         set_array(m, f, a, n);
         return 0;
     }
@@ -1049,7 +1049,7 @@ static int parse_field(proto_msg_t *m, const field_t *f, const msgpack_object *o
                 ((float *)a)[i] = (float)v;
             }
         }
-        *arena += ((size_t)n * esz + 7) & ~(size_t)7;
+        if (n) *arena += ((size_t)n * esz + 7) & ~(size_t)7;
         set_array(m, f, a, n);
         return 0;
     }
