@@ -64,7 +64,7 @@ struct bus {
     int has_signals;            /* bit 0: sigint initialised, bit 1: sigterm */
     bus_timer_t *timers;
 
-    int hb_interval_ms, hb_timeout_ms;
+    int hb_interval_ms, hb_timeout_ms, linger_ms;
     size_t outq_max_msgs, outq_max_bytes, max_msg_bytes;
 
     peer_t **peers;             /* ROUTER: known peers; DEALER: peers[0] is the upstream */
@@ -529,11 +529,29 @@ static void on_signal(uv_signal_t *h, int signum) {
 }
 
 static void bus_finish(bus_t *b) {
+    if (b->linger_ms > 0) {
+        /* Best effort: hand what is queued to ZeroMQ, which gets linger_ms to send it. */
+        for (size_t i = 0; i < b->npeers; i++) {
+            peer_t *p = b->peers[i];
+            while (p->qhead && zsend(b, p->id, p->id_len, BUS_T_DATA, p->qhead->data,
+                                     p->qhead->len) == 0) {
+                qmsg_t *q = p->qhead;
+                p->qhead = q->next;
+                p->qmsgs--;
+                b->st.queued_msgs--;
+                b->st.queued_bytes -= q->len;
+                b->st.msgs_out++;
+                b->st.bytes_out += q->len;
+                free(q);
+            }
+            if (!p->qhead) p->qtail = NULL;
+        }
+    }
     while (b->npeers) peer_remove(b, b->npeers - 1);
     free(b->peers);
     b->peers = NULL;
     if (b->sock) {
-        int linger = 0;
+        int linger = b->linger_ms;
         zmq_setsockopt(b->sock, ZMQ_LINGER, &linger, sizeof linger);
         zmq_close(b->sock);
         b->sock = NULL;
@@ -706,8 +724,8 @@ bus_t *bus_new(uv_loop_t *loop, const bus_opts_t *o) {
         dl_seterr(DL_EINVAL, "bus %s: heartbeats need a ROUTER or DEALER bus", name);
         return NULL;
     }
-    if (o->sndhwm < 0 || o->rcvhwm < 0 || o->reconnect_ivl_ms < 0) {
-        dl_seterr(DL_EINVAL, "bus %s: negative hwm or reconnect interval", name);
+    if (o->sndhwm < 0 || o->rcvhwm < 0 || o->reconnect_ivl_ms < 0 || o->linger_ms < 0) {
+        dl_seterr(DL_EINVAL, "bus %s: negative hwm, reconnect interval or linger", name);
         return NULL;
     }
     if (o->identity && (o->kind != BUS_DEALER || !id_valid(o->identity, strlen(o->identity)))) {
@@ -722,6 +740,7 @@ bus_t *bus_new(uv_loop_t *loop, const bus_opts_t *o) {
     snprintf(b->name, sizeof b->name, "%s", name);
     b->hb_interval_ms = o->heartbeat_interval_ms;
     b->hb_timeout_ms = o->heartbeat_timeout_ms;
+    b->linger_ms = o->linger_ms;
     b->outq_max_msgs = o->outq_max_msgs ? o->outq_max_msgs : BUS_OUTQ_MAX_MSGS_DEFAULT;
     b->outq_max_bytes = o->outq_max_bytes ? o->outq_max_bytes : BUS_OUTQ_MAX_BYTES_DEFAULT;
     b->max_msg_bytes = o->max_msg_bytes ? o->max_msg_bytes : BUS_MAX_MSG_BYTES_DEFAULT;

@@ -47,8 +47,9 @@
  *
  * Shutdown: with opts.handle_signals the bus watches SIGINT and SIGTERM (uv_signal_t); on either it
  * calls bus_on_signal's callback, then bus_close(). bus_close stops and closes every handle the
- * bus owns; when their close callbacks have run it closes the socket (ZMQ_LINGER is 0, so unsent
- * messages are discarded and zmq_ctx_term cannot hang) and terminates the bus's own context. The
+ * bus owns; when their close callbacks have run it closes the socket (ZMQ_LINGER is 0 unless
+ * opts.linger_ms says otherwise, so unsent messages are discarded and zmq_ctx_term cannot hang, or
+ * waits at most linger_ms) and terminates the bus's own context. The
  * loop then has nothing left of the bus and uv_run returns once the caller's own handles are gone.
  *
  * Threading: a bus and its callbacks belong to the loop's thread; nothing here is thread-safe.
@@ -93,6 +94,9 @@ typedef struct {
     size_t max_msg_bytes;           /* 0: BUS_MAX_MSG_BYTES_DEFAULT; also ZMQ_MAXMSGSIZE */
     int reconnect_ivl_ms;           /* 0: BUS_RECONNECT_IVL_MS_DEFAULT */
     int handle_signals;             /* nonzero: SIGINT/SIGTERM -> bus_on_signal cb, bus_close */
+    int linger_ms;                  /* at close: 0 (default) discards unsent messages at once; > 0
+                                     * lets them (and a best-effort flush of the bus queues) out
+                                     * for at most this long, which bounds zmq_ctx_term */
 } bus_opts_t;
 
 typedef struct bus bus_t;
