@@ -1,0 +1,651 @@
+/* DFlash drafter: see drafter.h for the architecture, mask and loss. */
+#include "common/model/drafter.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/base/err.h"
+
+/* Tensor order inside one layer of the flat vector (and of the checkpoint). */
+enum {
+    LT_Q, LT_K, LT_V, LT_O, LT_QN, LT_KN, LT_IN, LT_POST, LT_GATE, LT_UP, LT_DOWN, LT_COUNT
+};
+
+typedef struct {
+    /* saved activations of one layer (act unless noted); R block rows, T ctx rows */
+    void *hin;       /* (R,D) layer input (residual stream) */
+    void *xn;        /* (R,D) input_layernorm(hin) */
+    float *rstd_in;  /* (R) */
+    void *qr;        /* (R,H*hd) q_proj(xn), before q_norm */
+    float *q_rstd;   /* (R*H) */
+    void *kbr;       /* (R,Hkv*hd) k_proj(xn), before k_norm */
+    float *kb_rstd;  /* (R*Hkv) */
+    void *vb;        /* (R,Hkv*hd) */
+    void *kcr;       /* (T,Hkv*hd) k_proj(ctx), before k_norm */
+    float *kc_rstd;  /* (T*Hkv) */
+    void *vc;        /* (T,Hkv*hd) */
+    void *att;       /* (R,H*hd) attention output */
+    float *lse;      /* (R*H) */
+    void *h1;        /* (R,D) after the attention residual */
+    void *hn2;       /* (R,D) post_attention_layernorm(h1) */
+    float *rstd_post;/* (R) */
+    void *g, *u;     /* (R,F) gate and up projections */
+} drafter_layer_act_t;
+
+struct drafter {
+    const ops_ctx_t *c;
+    drafter_config_t cfg;
+    const void *embed, *lm_head;  /* (V,D) act, caller's */
+    int max_T, max_Nb, max_R;
+    /* parameters */
+    size_t n_params;
+    int n_tensors;
+    drafter_tensor_t *tensors;
+    float *master, *grad;         /* (n_params) f32 */
+    void *w;                      /* (n_params) act; == master on CPU */
+    /* activations */
+    drafter_layer_act_t *L;
+    void *ctx_fc, *ctx;           /* (T,D) fc output, hidden_norm(fc output) */
+    float *ctx_rstd;              /* (T) */
+    void *hout;                   /* (R,D) last layer output */
+    void *hf;                     /* (R,D) norm(hout) */
+    float *rstd_f;                /* (R) */
+    /* scratch */
+    void *qs, *kbs, *kcs;         /* normed+roped q, kb, kc; reused as d(raw) in backward */
+    void *dq, *dkb, *dvb, *dkc, *dvc, *datt;
+    void *dh, *dt1, *dt2, *dhf;   /* (R,D) */
+    void *dctx, *dct;             /* (T,D) */
+    void *a, *da, *dg, *du;       /* (R,F) */
+    void *logits;                 /* (chunk*B, V) */
+    float *row_loss, *row_correct, *row_w; /* (R) f32 */
+    int32_t *row_target, *row_ids, *row_pos; /* (R) i32 backend */
+    int32_t *ctx_pos, *ctx_start, *ctx_len;  /* (T), (Nb), (Nb) i32 backend */
+    float *inv_freq;              /* (hd/2) f32 backend */
+    /* host staging */
+    int32_t *h_row_target, *h_row_ids, *h_row_pos, *h_ctx_pos, *h_ctx_start, *h_ctx_len;
+    float *h_row_w, *h_row_loss, *h_row_correct;
+    uint8_t *h_row_mask;
+    /* last forward */
+    int T, Nb, fwd_ok;
+    const void *features;
+    double weight_sum;
+};
+
+#define IMPL (d->c->impl)
+
+/* ------------------------------------------------------------------ config */
+
+void drafter_config_defaults(drafter_config_t *cfg) {
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->n_layers = DRAFTER_DEFAULT_LAYERS;
+    cfg->B = DRAFTER_DEFAULT_BLOCK;
+    cfg->mask_token_id = -1;
+    cfg->loss_chunk_blocks = DRAFTER_DEFAULT_LOSS_CHUNK_BLOCKS;
+    cfg->rms_eps = 1e-6f;
+    cfg->rope.theta = 10000.0;
+}
+
+int drafter_default_layer_ids(int L, int n, int *out) {
+    if (n < 1 || n > DRAFTER_MAX_FEAT)
+        return dl_seterr(DL_EINVAL, "drafter layer ids: %d drafter layers (1..%d)", n,
+                         DRAFTER_MAX_FEAT);
+    if (n == 1) {
+        if (L < 1) return dl_seterr(DL_EINVAL, "drafter layer ids: target has %d layers", L);
+        out[0] = L / 2;
+        return 0;
+    }
+    if (L < 4) return dl_seterr(DL_EINVAL, "drafter layer ids: target has %d layers (< 4)", L);
+    double start = 1, span = (double)(L - 3) - start;
+    for (int i = 0; i < n; i++) out[i] = (int)nearbyint(start + i * span / (n - 1));
+    return 0;
+}
+
+float drafter_default_gamma(int B) {
+    if (B < 8) return 0.5f * B;
+    if (B <= 10) return 4.0f + 0.5f * (B - 8);
+    if (B <= 16) return 5.0f + (B - 10) / 3.0f;
+    return 7.0f + (B - 16) / 3.0f;
+}
+
+int drafter_config_finish(drafter_config_t *c) {
+#define REQ(cond, ...) do { if (!(cond)) return dl_seterr(DL_EINVAL, __VA_ARGS__); } while (0)
+    REQ(c->D > 0 && c->H > 0 && c->Hkv > 0 && c->hd > 0 && c->F > 0 && c->V > 0,
+        "drafter config: D %d, H %d, Hkv %d, hd %d, F %d, V %d must be > 0", c->D, c->H, c->Hkv,
+        c->hd, c->F, c->V);
+    REQ(c->H % c->Hkv == 0, "drafter config: H %d not a multiple of Hkv %d", c->H, c->Hkv);
+    REQ(c->hd % 2 == 0, "drafter config: head dim %d is odd (RoPE)", c->hd);
+    REQ(c->n_layers >= 1 && c->n_layers <= DRAFTER_MAX_LAYERS,
+        "drafter config: --drafter-layers %d (1..%d)", c->n_layers, DRAFTER_MAX_LAYERS);
+    REQ(c->B >= 2 && c->B <= DRAFTER_MAX_BLOCK, "drafter config: --block-size %d (2..%d)", c->B,
+        DRAFTER_MAX_BLOCK);
+    REQ(c->mask_token_id >= 0 && c->mask_token_id < c->V,
+        "drafter config: --mask-token-id %d not in [0, V=%d)", c->mask_token_id, c->V);
+    REQ(c->rms_eps > 0, "drafter config: rms_norm_eps %g", c->rms_eps);
+    REQ(c->rope.theta > 0, "drafter config: rope_theta %g", c->rope.theta);
+    if (c->n_feat <= 0) {
+        c->n_feat = c->n_layers;
+        DL_TRY(drafter_default_layer_ids(c->n_target_layers, c->n_feat, c->target_layer_ids));
+    }
+    REQ(c->n_feat <= DRAFTER_MAX_FEAT, "drafter config: %d target layers (max %d)", c->n_feat,
+        DRAFTER_MAX_FEAT);
+    for (int i = 0; i < c->n_feat; i++)
+        REQ(c->target_layer_ids[i] >= 0 &&
+                (c->n_target_layers <= 0 || c->target_layer_ids[i] < c->n_target_layers),
+            "drafter config: --target-layer-ids[%d] = %d not in [0, %d)", i,
+            c->target_layer_ids[i], c->n_target_layers);
+    if (!(c->gamma > 0)) c->gamma = drafter_default_gamma(c->B);
+    if (c->loss_chunk_blocks <= 0) c->loss_chunk_blocks = DRAFTER_DEFAULT_LOSS_CHUNK_BLOCKS;
+    return 0;
+#undef REQ
+}
+
+/* ------------------------------------------------------------- parameters */
+
+static void add_tensor(drafter_t *d, const char *name, int n_dims, int64_t d0, int64_t d1) {
+    drafter_tensor_t *t = &d->tensors[d->n_tensors++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->n_dims = n_dims;
+    t->shape[0] = d0;
+    t->shape[1] = n_dims == 2 ? d1 : 1;
+    t->numel = (size_t)d0 * (n_dims == 2 ? (size_t)d1 : 1);
+    t->offset = d->n_params;
+    d->n_params += t->numel;
+}
+
+static void build_tensors(drafter_t *d) {
+    const drafter_config_t *c = &d->cfg;
+    char nm[64];
+    d->tensors = calloc((size_t)c->n_layers * LT_COUNT + 3, sizeof(drafter_tensor_t));
+    if (!d->tensors) return;
+    for (int l = 0; l < c->n_layers; l++) {
+#define T2(suffix, a, b) snprintf(nm, sizeof nm, "layers.%d." suffix, l), add_tensor(d, nm, 2, a, b)
+#define T1(suffix, a) snprintf(nm, sizeof nm, "layers.%d." suffix, l), add_tensor(d, nm, 1, a, 1)
+        T2("self_attn.q_proj.weight", c->H * c->hd, c->D);
+        T2("self_attn.k_proj.weight", c->Hkv * c->hd, c->D);
+        T2("self_attn.v_proj.weight", c->Hkv * c->hd, c->D);
+        T2("self_attn.o_proj.weight", c->D, c->H * c->hd);
+        T1("self_attn.q_norm.weight", c->hd);
+        T1("self_attn.k_norm.weight", c->hd);
+        T1("input_layernorm.weight", c->D);
+        T1("post_attention_layernorm.weight", c->D);
+        T2("mlp.gate_proj.weight", c->F, c->D);
+        T2("mlp.up_proj.weight", c->F, c->D);
+        T2("mlp.down_proj.weight", c->D, c->F);
+#undef T1
+#undef T2
+    }
+    add_tensor(d, "fc.weight", 2, c->D, (int64_t)c->n_feat * c->D);
+    add_tensor(d, "hidden_norm.weight", 1, c->D, 1);
+    add_tensor(d, "norm.weight", 1, c->D, 1);
+}
+
+static inline int tix_layer(int l, int which) { return l * LT_COUNT + which; }
+static inline int tix_fc(const drafter_t *d) { return d->cfg.n_layers * LT_COUNT; }
+
+/* Working (act) weight and f32 grad of tensor i. */
+static inline void *W(const drafter_t *d, int i) {
+    return (char *)d->w + d->tensors[i].offset * ops_act_bytes(d->c);
+}
+static inline float *G(const drafter_t *d, int i) { return d->grad + d->tensors[i].offset; }
+
+size_t drafter_n_params(const drafter_t *d) { return d->n_params; }
+float *drafter_master(drafter_t *d) { return d->master; }
+float *drafter_grads(drafter_t *d) { return d->grad; }
+void *drafter_weights(drafter_t *d) { return d->w; }
+int drafter_n_tensors(const drafter_t *d) { return d->n_tensors; }
+const drafter_tensor_t *drafter_tensor(const drafter_t *d, int i) {
+    return (i >= 0 && i < d->n_tensors) ? &d->tensors[i] : NULL;
+}
+const drafter_tensor_t *drafter_find_tensor(const drafter_t *d, const char *name) {
+    for (int i = 0; i < d->n_tensors; i++)
+        if (strcmp(d->tensors[i].name, name) == 0) return &d->tensors[i];
+    return NULL;
+}
+const drafter_config_t *drafter_config(const drafter_t *d) { return &d->cfg; }
+
+void drafter_sync_weights(drafter_t *d) {
+    if ((void *)d->master != d->w) IMPL->f32_to_act(d->c, d->w, d->master, d->n_params);
+}
+
+void drafter_zero_grad(drafter_t *d) { IMPL->memset0(d->c, d->grad, d->n_params * sizeof(float)); }
+
+/* ----------------------------------------------------------- construction */
+
+typedef struct { void **slot; size_t bytes; } alloc_req_t;
+
+int drafter_new(const ops_ctx_t *c, const drafter_config_t *cfg_in, const void *embed,
+                const void *lm_head, int max_tokens, int max_blocks, uint64_t seed,
+                drafter_t **out) {
+    *out = NULL;
+    drafter_config_t cfg = *cfg_in;
+    DL_TRY(drafter_config_finish(&cfg));
+    if (max_tokens < 1 || max_blocks < 1)
+        return dl_seterr(DL_EINVAL, "drafter_new: max_tokens %d, max_blocks %d must be >= 1",
+                         max_tokens, max_blocks);
+    if (!embed || !lm_head) return dl_seterr(DL_EINVAL, "drafter_new: embedding/LM head missing");
+    drafter_t *d = calloc(1, sizeof(*d));
+    if (!d) return dl_seterr(DL_ENOMEM, "drafter_new: host struct");
+    d->c = c;
+    d->cfg = cfg;
+    d->embed = embed;
+    d->lm_head = lm_head;
+    d->max_T = max_tokens;
+    d->max_Nb = max_blocks;
+    d->max_R = max_blocks * cfg.B;
+    build_tensors(d);
+    d->L = calloc((size_t)cfg.n_layers, sizeof(drafter_layer_act_t));
+    if (!d->tensors || !d->L) {
+        drafter_destroy(&d);
+        return dl_seterr(DL_ENOMEM, "drafter_new: host tables");
+    }
+    const size_t A = ops_act_bytes(c), R = (size_t)d->max_R, T = (size_t)max_tokens;
+    const size_t D = (size_t)cfg.D, F = (size_t)cfg.F, Q = (size_t)cfg.H * cfg.hd;
+    const size_t KV = (size_t)cfg.Hkv * cfg.hd, chunk_rows = (size_t)cfg.loss_chunk_blocks * cfg.B;
+    /* every backend buffer, allocated below in one loop */
+    alloc_req_t req[64 + 17 * DRAFTER_MAX_LAYERS];
+    int nr = 0;
+#define REQ(ptr, nb_) (req[nr].slot = (void **)&(ptr), req[nr].bytes = (nb_), nr++)
+    REQ(d->master, d->n_params * 4);
+    REQ(d->grad, d->n_params * 4);
+    if (c->backend != OPS_CPU) REQ(d->w, d->n_params * A);
+    for (int l = 0; l < cfg.n_layers; l++) {
+        drafter_layer_act_t *a = &d->L[l];
+        REQ(a->hin, R * D * A); REQ(a->xn, R * D * A); REQ(a->rstd_in, R * 4);
+        REQ(a->qr, R * Q * A); REQ(a->q_rstd, R * cfg.H * 4);
+        REQ(a->kbr, R * KV * A); REQ(a->kb_rstd, R * cfg.Hkv * 4); REQ(a->vb, R * KV * A);
+        REQ(a->kcr, T * KV * A); REQ(a->kc_rstd, T * cfg.Hkv * 4); REQ(a->vc, T * KV * A);
+        REQ(a->att, R * Q * A); REQ(a->lse, R * cfg.H * 4);
+        REQ(a->h1, R * D * A); REQ(a->hn2, R * D * A); REQ(a->rstd_post, R * 4);
+        REQ(a->g, R * F * A); REQ(a->u, R * F * A);
+    }
+    REQ(d->ctx_fc, T * D * A); REQ(d->ctx, T * D * A); REQ(d->ctx_rstd, T * 4);
+    REQ(d->hout, R * D * A); REQ(d->hf, R * D * A); REQ(d->rstd_f, R * 4);
+    REQ(d->qs, R * Q * A); REQ(d->kbs, R * KV * A); REQ(d->kcs, T * KV * A);
+    REQ(d->dq, R * Q * A); REQ(d->dkb, R * KV * A); REQ(d->dvb, R * KV * A);
+    REQ(d->dkc, T * KV * A); REQ(d->dvc, T * KV * A); REQ(d->datt, R * Q * A);
+    REQ(d->dh, R * D * A); REQ(d->dt1, R * D * A); REQ(d->dt2, R * D * A); REQ(d->dhf, R * D * A);
+    REQ(d->dctx, T * D * A); REQ(d->dct, T * D * A);
+    REQ(d->a, R * F * A); REQ(d->da, R * F * A); REQ(d->dg, R * F * A); REQ(d->du, R * F * A);
+    REQ(d->logits, chunk_rows * cfg.V * A);
+    REQ(d->row_loss, R * 4); REQ(d->row_correct, R * 4); REQ(d->row_w, R * 4);
+    REQ(d->row_target, R * 4); REQ(d->row_ids, R * 4); REQ(d->row_pos, R * 4);
+    REQ(d->ctx_pos, T * 4); REQ(d->ctx_start, (size_t)max_blocks * 4);
+    REQ(d->ctx_len, (size_t)max_blocks * 4); REQ(d->inv_freq, (size_t)cfg.hd / 2 * 4);
+#undef REQ
+    size_t total = 0;
+    for (int i = 0; i < nr; i++) {
+        *req[i].slot = IMPL->malloc_(c, req[i].bytes);
+        total += req[i].bytes;
+        if (!*req[i].slot) {
+            drafter_destroy(&d);
+            return dl_seterr(DL_ENOMEM, "drafter_new: %s allocation of %zu bytes failed (%.2f GiB "
+                             "requested so far; lower the token budget or --num-anchors)",
+                             IMPL->name, req[i].bytes, total / 1073741824.0);
+        }
+    }
+    if (c->backend == OPS_CPU) d->w = d->master;
+    /* host staging */
+    d->h_row_target = malloc(R * 4), d->h_row_ids = malloc(R * 4), d->h_row_pos = malloc(R * 4);
+    d->h_ctx_pos = malloc(T * 4), d->h_ctx_start = malloc((size_t)max_blocks * 4);
+    d->h_ctx_len = malloc((size_t)max_blocks * 4), d->h_row_w = malloc(R * 4);
+    d->h_row_loss = malloc(R * 4), d->h_row_correct = malloc(R * 4), d->h_row_mask = malloc(R);
+    float *init = malloc(d->n_params * sizeof(float));
+    float inv[DRAFTER_MAX_BLOCK * 16];
+    if (!d->h_row_target || !d->h_row_ids || !d->h_row_pos || !d->h_ctx_pos || !d->h_ctx_start ||
+        !d->h_ctx_len || !d->h_row_w || !d->h_row_loss || !d->h_row_correct || !d->h_row_mask ||
+        !init || cfg.hd / 2 > (int)(sizeof inv / sizeof inv[0])) {
+        free(init);
+        drafter_destroy(&d);
+        return dl_seterr(DL_ENOMEM, "drafter_new: host staging");
+    }
+    /* init as Qwen3PreTrainedModel._init_weights: Linear N(0, 0.02), RMSNorm 1 */
+    rng_t r;
+    rng_seed(&r, seed);
+    for (int i = 0; i < d->n_tensors; i++) {
+        const drafter_tensor_t *t = &d->tensors[i];
+        float *p = init + t->offset;
+        for (size_t e = 0; e < t->numel; e++) p[e] = t->n_dims == 2 ? 0.02f * rng_normal(&r) : 1.0f;
+    }
+    IMPL->upload(c, d->master, init, d->n_params * 4);
+    free(init);
+    drafter_sync_weights(d);
+    drafter_zero_grad(d);
+    ops_rope_inv_freq(&cfg.rope, cfg.hd, inv);
+    IMPL->upload(c, d->inv_freq, inv, (size_t)cfg.hd / 2 * 4);
+    *out = d;
+    return 0;
+}
+
+void drafter_destroy(drafter_t **dp) {
+    if (!dp || !*dp) return;
+    drafter_t *d = *dp;
+    const ops_ctx_t *c = d->c;
+    if (d->L) {
+        for (int l = 0; l < d->cfg.n_layers; l++) {
+            drafter_layer_act_t *a = &d->L[l];
+            void *ps[] = {a->hin, a->xn, a->rstd_in, a->qr, a->q_rstd, a->kbr, a->kb_rstd, a->vb,
+                          a->kcr, a->kc_rstd, a->vc, a->att, a->lse, a->h1, a->hn2, a->rstd_post,
+                          a->g, a->u};
+            for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
+                if (ps[i]) IMPL->free_(c, ps[i]);
+        }
+    }
+    void *ps[] = {d->master, d->grad, d->w != (void *)d->master ? d->w : NULL, d->ctx_fc, d->ctx,
+                  d->ctx_rstd, d->hout, d->hf, d->rstd_f, d->qs, d->kbs, d->kcs, d->dq, d->dkb,
+                  d->dvb, d->dkc, d->dvc, d->datt, d->dh, d->dt1, d->dt2, d->dhf, d->dctx, d->dct,
+                  d->a, d->da, d->dg, d->du, d->logits, d->row_loss, d->row_correct, d->row_w,
+                  d->row_target, d->row_ids, d->row_pos, d->ctx_pos, d->ctx_start, d->ctx_len,
+                  d->inv_freq};
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
+        if (ps[i]) IMPL->free_(c, ps[i]);
+    free(d->h_row_target), free(d->h_row_ids), free(d->h_row_pos), free(d->h_ctx_pos);
+    free(d->h_ctx_start), free(d->h_ctx_len), free(d->h_row_w), free(d->h_row_loss);
+    free(d->h_row_correct), free(d->h_row_mask);
+    free(d->tensors), free(d->L);
+    free(d);
+    *dp = NULL;
+}
+
+/* ------------------------------------------------------------ batch setup */
+
+/* Validates the batch and builds the per-row / per-block index arrays on the host,
+ * then uploads them. */
+static int prepare_batch(drafter_t *d, const drafter_batch_t *b) {
+    const drafter_config_t *c = &d->cfg;
+    const int B = c->B;
+    if (b->T < 1 || b->T > d->max_T)
+        return dl_seterr(DL_ERANGE, "drafter batch: T %d not in [1, max_tokens %d]", b->T, d->max_T);
+    if (b->n_blocks < 1 || b->n_blocks > d->max_Nb)
+        return dl_seterr(DL_ERANGE, "drafter batch: %d blocks not in [1, max_blocks %d]",
+                         b->n_blocks, d->max_Nb);
+    if (b->nseq < 1 || b->cu_seqlens[0] != 0 || b->cu_seqlens[b->nseq] != b->T)
+        return dl_seterr(DL_EINVAL, "drafter batch: cu_seqlens must run 0..T=%d over %d sequences",
+                         b->T, b->nseq);
+    for (int s = 0; s < b->nseq; s++)
+        if (b->cu_seqlens[s + 1] < b->cu_seqlens[s])
+            return dl_seterr(DL_EINVAL, "drafter batch: cu_seqlens decreases at %d", s);
+    for (int t = 0; t < b->T; t++)
+        if (b->ids[t] < 0 || b->ids[t] >= c->V)
+            return dl_seterr(DL_EINVAL, "drafter batch: token %d id %d not in [0, V=%d)", t,
+                             b->ids[t], c->V);
+    /* context positions */
+    for (int s = 0; s < b->nseq; s++)
+        for (int t = b->cu_seqlens[s]; t < b->cu_seqlens[s + 1]; t++)
+            d->h_ctx_pos[t] = b->pos ? b->pos[t] : t - b->cu_seqlens[s];
+    double wsum = 0.0;
+    for (int j = 0; j < b->n_blocks; j++) {
+        int a = b->anchors[j];
+        if (a < 0 || a >= b->T)
+            return dl_seterr(DL_ERANGE, "drafter batch: anchor %d = %d not in [0, T=%d)", j, a, b->T);
+        int s = 0;  /* binary search: sequence holding a */
+        int lo = 0, hi = b->nseq - 1;
+        while (lo < hi) {
+            int mid = (lo + hi + 1) / 2;
+            if (b->cu_seqlens[mid] <= a) lo = mid; else hi = mid - 1;
+        }
+        s = lo;
+        int s0 = b->cu_seqlens[s], s1 = b->cu_seqlens[s + 1];
+        d->h_ctx_start[j] = s0;
+        d->h_ctx_len[j] = a - s0; /* context rows strictly before the anchor */
+        for (int k = 0; k < B; k++) {
+            int row = j * B + k, t = a + k;
+            d->h_row_ids[row] = k == 0 ? b->ids[a] : c->mask_token_id;
+            d->h_row_pos[row] = d->h_ctx_pos[a] + k;
+            int in = k >= 1 && t < s1;
+            d->h_row_target[row] = in ? b->ids[t] : 0;
+            d->h_row_mask[row] = in && b->loss_mask[t];
+            float w = d->h_row_mask[row] ? (float)exp(-(double)(k - 1) / c->gamma) : 0.0f;
+            d->h_row_w[row] = w;
+            wsum += w;
+        }
+    }
+    const ops_ctx_t *x = d->c;
+    int R = b->n_blocks * B;
+    IMPL->upload(x, d->ctx_pos, d->h_ctx_pos, (size_t)b->T * 4);
+    IMPL->upload(x, d->ctx_start, d->h_ctx_start, (size_t)b->n_blocks * 4);
+    IMPL->upload(x, d->ctx_len, d->h_ctx_len, (size_t)b->n_blocks * 4);
+    IMPL->upload(x, d->row_ids, d->h_row_ids, (size_t)R * 4);
+    IMPL->upload(x, d->row_pos, d->h_row_pos, (size_t)R * 4);
+    IMPL->upload(x, d->row_target, d->h_row_target, (size_t)R * 4);
+    IMPL->upload(x, d->row_w, d->h_row_w, (size_t)R * 4);
+    d->T = b->T;
+    d->Nb = b->n_blocks;
+    d->features = b->features;
+    d->weight_sum = wsum;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ forward */
+
+/* Normalised + roped copies of raw q/k rows (used by attention). */
+static void qk_prepare(drafter_t *d, void *dst, const void *raw, const void *norm_w, int rows,
+                       int nh, const int32_t *pos) {
+    const drafter_config_t *c = &d->cfg;
+    IMPL->rmsnorm_forward(d->c, dst, NULL, raw, norm_w, c->rms_eps, rows * nh, c->hd);
+    IMPL->rope_forward(d->c, dst, pos, d->inv_freq, rows, nh, c->hd);
+}
+
+int drafter_forward(drafter_t *d, const drafter_batch_t *b) {
+    d->fwd_ok = 0;
+    DL_TRY(prepare_batch(d, b));
+    const drafter_config_t *c = &d->cfg;
+    const ops_ctx_t *x = d->c;
+    const int T = d->T, R = d->Nb * c->B, D = c->D, H = c->H, Hkv = c->Hkv, hd = c->hd, F = c->F;
+    const int Q = H * hd, KV = Hkv * hd;
+    const size_t A = ops_act_bytes(x);
+    /* ctx = hidden_norm(fc(features)) */
+    IMPL->matmul_forward(x, d->ctx_fc, b->features, W(d, tix_fc(d)), NULL, T, c->n_feat * D, D);
+    IMPL->rmsnorm_forward(x, d->ctx, d->ctx_rstd, d->ctx_fc, W(d, tix_fc(d) + 1), c->rms_eps, T, D);
+    /* block embeddings: [anchor token, MASK x (B-1)] */
+    void *h = d->L[0].hin;
+    IMPL->embedding_forward(x, h, d->row_ids, d->embed, R, D);
+    for (int l = 0; l < c->n_layers; l++) {
+        drafter_layer_act_t *a = &d->L[l];
+        void *next = l + 1 < c->n_layers ? d->L[l + 1].hin : d->hout;
+        IMPL->rmsnorm_forward(x, a->xn, a->rstd_in, a->hin, W(d, tix_layer(l, LT_IN)), c->rms_eps,
+                              R, D);
+        IMPL->matmul_forward(x, a->qr, a->xn, W(d, tix_layer(l, LT_Q)), NULL, R, D, Q);
+        IMPL->matmul_forward(x, a->kbr, a->xn, W(d, tix_layer(l, LT_K)), NULL, R, D, KV);
+        IMPL->matmul_forward(x, a->vb, a->xn, W(d, tix_layer(l, LT_V)), NULL, R, D, KV);
+        IMPL->matmul_forward(x, a->kcr, d->ctx, W(d, tix_layer(l, LT_K)), NULL, T, D, KV);
+        IMPL->matmul_forward(x, a->vc, d->ctx, W(d, tix_layer(l, LT_V)), NULL, T, D, KV);
+        /* rstds of q/k norms are saved for backward */
+        IMPL->rmsnorm_forward(x, d->qs, a->q_rstd, a->qr, W(d, tix_layer(l, LT_QN)), c->rms_eps,
+                              R * H, hd);
+        IMPL->rope_forward(x, d->qs, d->row_pos, d->inv_freq, R, H, hd);
+        IMPL->rmsnorm_forward(x, d->kbs, a->kb_rstd, a->kbr, W(d, tix_layer(l, LT_KN)), c->rms_eps,
+                              R * Hkv, hd);
+        IMPL->rope_forward(x, d->kbs, d->row_pos, d->inv_freq, R, Hkv, hd);
+        IMPL->rmsnorm_forward(x, d->kcs, a->kc_rstd, a->kcr, W(d, tix_layer(l, LT_KN)), c->rms_eps,
+                              T * Hkv, hd);
+        IMPL->rope_forward(x, d->kcs, d->ctx_pos, d->inv_freq, T, Hkv, hd);
+        IMPL->attention_block_forward(x, a->att, a->lse, d->qs, d->kbs, a->vb, d->kcs, a->vc,
+                                      d->ctx_start, d->ctx_len, d->Nb, c->B, T, H, Hkv, hd);
+        IMPL->matmul_forward(x, a->h1, a->att, W(d, tix_layer(l, LT_O)), NULL, R, Q, D);
+        IMPL->add(x, a->h1, a->h1, a->hin, (size_t)R * D);
+        IMPL->rmsnorm_forward(x, a->hn2, a->rstd_post, a->h1, W(d, tix_layer(l, LT_POST)),
+                              c->rms_eps, R, D);
+        IMPL->matmul_forward(x, a->g, a->hn2, W(d, tix_layer(l, LT_GATE)), NULL, R, D, F);
+        IMPL->matmul_forward(x, a->u, a->hn2, W(d, tix_layer(l, LT_UP)), NULL, R, D, F);
+        IMPL->swiglu_forward(x, d->a, a->g, a->u, (size_t)R * F);
+        IMPL->matmul_forward(x, next, d->a, W(d, tix_layer(l, LT_DOWN)), NULL, R, F, D);
+        IMPL->add(x, next, next, a->h1, (size_t)R * D);
+    }
+    IMPL->rmsnorm_forward(x, d->hf, d->rstd_f, d->hout, W(d, tix_fc(d) + 2), c->rms_eps, R, D);
+    (void)A;
+    d->fwd_ok = 1;
+    return 0;
+}
+
+int drafter_logits(drafter_t *d, int j0, int n, float *out_host) {
+    const drafter_config_t *c = &d->cfg;
+    if (!d->fwd_ok) return dl_seterr(DL_ESTATE, "drafter_logits: no forward pass yet");
+    if (j0 < 0 || n < 1 || j0 + n > d->Nb)
+        return dl_seterr(DL_ERANGE, "drafter_logits: blocks [%d, %d) of %d", j0, j0 + n, d->Nb);
+    const size_t A = ops_act_bytes(d->c);
+    const int chunk = c->loss_chunk_blocks;
+    for (int j = j0; j < j0 + n; j += chunk) {
+        int nb = j + chunk <= j0 + n ? chunk : j0 + n - j, rows = nb * c->B;
+        IMPL->matmul_forward(d->c, d->logits, (char *)d->hf + (size_t)j * c->B * c->D * A,
+                             d->lm_head, NULL, rows, c->D, c->V);
+        IMPL->download_act(d->c, out_host + (size_t)(j - j0) * c->B * c->V, d->logits,
+                           (size_t)rows * c->V);
+    }
+    return 0;
+}
+
+/* ----------------------------------------------------------------- backward */
+
+int drafter_forward_backward(drafter_t *d, const drafter_batch_t *b, float grad_scale,
+                             drafter_stats_t *st) {
+    DL_TRY(drafter_forward(d, b));
+    const drafter_config_t *c = &d->cfg;
+    const ops_ctx_t *x = d->c;
+    const int T = d->T, R = d->Nb * c->B, D = c->D, H = c->H, Hkv = c->Hkv, hd = c->hd, F = c->F;
+    const int Q = H * hd, KV = Hkv * hd, B = c->B;
+    const size_t A = ops_act_bytes(x);
+    float gs = grad_scale > 0 ? grad_scale : (d->weight_sum > 0 ? (float)(1.0 / d->weight_sum) : 0);
+    /* chunked loss: logits of a chunk of blocks, CE forward+backward in place,
+     * then dhf rows = dlogits . lm_head */
+    for (int j = 0; j < d->Nb; j += c->loss_chunk_blocks) {
+        int nb = j + c->loss_chunk_blocks <= d->Nb ? c->loss_chunk_blocks : d->Nb - j;
+        int rows = nb * B;
+        size_t r0 = (size_t)j * B;
+        IMPL->matmul_forward(x, d->logits, (char *)d->hf + r0 * D * A, d->lm_head, NULL, rows, D,
+                             c->V);
+        IMPL->xent_forward_backward(x, d->logits, d->row_loss + r0, d->row_correct + r0,
+                                    d->row_target + r0, d->row_w + r0, gs, rows, c->V);
+        IMPL->matmul_backward(x, (char *)d->dhf + r0 * D * A, NULL, NULL, d->logits,
+                              (char *)d->hf + r0 * D * A, d->lm_head, rows, D, c->V);
+    }
+    /* final norm */
+    IMPL->rmsnorm_backward(x, d->dh, G(d, tix_fc(d) + 2), d->dhf, d->hout, W(d, tix_fc(d) + 2),
+                           d->rstd_f, R, D);
+    IMPL->memset0(x, d->dctx, (size_t)T * D * A);
+    for (int l = c->n_layers - 1; l >= 0; l--) {
+        drafter_layer_act_t *a = &d->L[l];
+        /* MLP: h2 = h1 + down(silu(g) * u) */
+        IMPL->swiglu_forward(x, d->a, a->g, a->u, (size_t)R * F);
+        IMPL->matmul_backward(x, d->da, G(d, tix_layer(l, LT_DOWN)), NULL, d->dh, d->a,
+                              W(d, tix_layer(l, LT_DOWN)), R, F, D);
+        IMPL->swiglu_backward(x, d->dg, d->du, d->da, a->g, a->u, (size_t)R * F);
+        IMPL->matmul_backward(x, d->dt1, G(d, tix_layer(l, LT_GATE)), NULL, d->dg, a->hn2,
+                              W(d, tix_layer(l, LT_GATE)), R, D, F);
+        IMPL->matmul_backward(x, d->dt2, G(d, tix_layer(l, LT_UP)), NULL, d->du, a->hn2,
+                              W(d, tix_layer(l, LT_UP)), R, D, F);
+        IMPL->add(x, d->dt1, d->dt1, d->dt2, (size_t)R * D);
+        IMPL->rmsnorm_backward(x, d->dt2, G(d, tix_layer(l, LT_POST)), d->dt1, a->h1,
+                               W(d, tix_layer(l, LT_POST)), a->rstd_post, R, D);
+        IMPL->add(x, d->dh, d->dh, d->dt2, (size_t)R * D); /* dh = d h1 */
+        /* attention: h1 = hin + o_proj(att) */
+        IMPL->matmul_backward(x, d->datt, G(d, tix_layer(l, LT_O)), NULL, d->dh, a->att,
+                              W(d, tix_layer(l, LT_O)), R, Q, D);
+        qk_prepare(d, d->qs, a->qr, W(d, tix_layer(l, LT_QN)), R, H, d->row_pos);
+        qk_prepare(d, d->kbs, a->kbr, W(d, tix_layer(l, LT_KN)), R, Hkv, d->row_pos);
+        qk_prepare(d, d->kcs, a->kcr, W(d, tix_layer(l, LT_KN)), T, Hkv, d->ctx_pos);
+        IMPL->attention_block_backward(x, d->dq, d->dkb, d->dvb, d->dkc, d->dvc, d->datt, a->att,
+                                       a->lse, d->qs, d->kbs, a->vb, d->kcs, a->vc, d->ctx_start,
+                                       d->ctx_len, d->Nb, B, T, H, Hkv, hd);
+        /* q path -> d xn (dt1) */
+        IMPL->rope_backward(x, d->dq, d->row_pos, d->inv_freq, R, H, hd);
+        IMPL->rmsnorm_backward(x, d->qs, G(d, tix_layer(l, LT_QN)), d->dq, a->qr,
+                               W(d, tix_layer(l, LT_QN)), a->q_rstd, R * H, hd);
+        IMPL->matmul_backward(x, d->dt1, G(d, tix_layer(l, LT_Q)), NULL, d->qs, a->xn,
+                              W(d, tix_layer(l, LT_Q)), R, D, Q);
+        /* block k, v */
+        IMPL->rope_backward(x, d->dkb, d->row_pos, d->inv_freq, R, Hkv, hd);
+        IMPL->rmsnorm_backward(x, d->kbs, G(d, tix_layer(l, LT_KN)), d->dkb, a->kbr,
+                               W(d, tix_layer(l, LT_KN)), a->kb_rstd, R * Hkv, hd);
+        IMPL->matmul_backward(x, d->dt2, G(d, tix_layer(l, LT_K)), NULL, d->kbs, a->xn,
+                              W(d, tix_layer(l, LT_K)), R, D, KV);
+        IMPL->add(x, d->dt1, d->dt1, d->dt2, (size_t)R * D);
+        IMPL->matmul_backward(x, d->dt2, G(d, tix_layer(l, LT_V)), NULL, d->dvb, a->xn,
+                              W(d, tix_layer(l, LT_V)), R, D, KV);
+        IMPL->add(x, d->dt1, d->dt1, d->dt2, (size_t)R * D);
+        IMPL->rmsnorm_backward(x, d->dt2, G(d, tix_layer(l, LT_IN)), d->dt1, a->hin,
+                               W(d, tix_layer(l, LT_IN)), a->rstd_in, R, D);
+        IMPL->add(x, d->dh, d->dh, d->dt2, (size_t)R * D); /* dh = d hin */
+        /* context k, v -> d ctx */
+        IMPL->rope_backward(x, d->dkc, d->ctx_pos, d->inv_freq, T, Hkv, hd);
+        IMPL->rmsnorm_backward(x, d->kcs, G(d, tix_layer(l, LT_KN)), d->dkc, a->kcr,
+                               W(d, tix_layer(l, LT_KN)), a->kc_rstd, T * Hkv, hd);
+        IMPL->matmul_backward(x, d->dct, G(d, tix_layer(l, LT_K)), NULL, d->kcs, d->ctx,
+                              W(d, tix_layer(l, LT_K)), T, D, KV);
+        IMPL->add(x, d->dctx, d->dctx, d->dct, (size_t)T * D);
+        IMPL->matmul_backward(x, d->dct, G(d, tix_layer(l, LT_V)), NULL, d->dvc, d->ctx,
+                              W(d, tix_layer(l, LT_V)), T, D, KV);
+        IMPL->add(x, d->dctx, d->dctx, d->dct, (size_t)T * D);
+    }
+    /* ctx = hidden_norm(fc(features)); features are frozen (no input grad) */
+    IMPL->rmsnorm_backward(x, d->dct, G(d, tix_fc(d) + 1), d->dctx, d->ctx_fc,
+                           W(d, tix_fc(d) + 1), d->ctx_rstd, T, D);
+    IMPL->matmul_backward(x, NULL, G(d, tix_fc(d)), NULL, d->dct, d->features, W(d, tix_fc(d)), T,
+                          c->n_feat * D, D);
+    if (st) {
+        memset(st, 0, sizeof(*st));
+        IMPL->download(x, d->h_row_loss, d->row_loss, (size_t)R * 4);
+        IMPL->download(x, d->h_row_correct, d->row_correct, (size_t)R * 4);
+        st->weight_sum = d->weight_sum;
+        for (int r = 0; r < R; r++) {
+            int k = r % B;
+            st->loss_sum += d->h_row_loss[r];
+            if (d->h_row_mask[r]) {
+                st->count[k] += 1.0;
+                st->correct[k] += d->h_row_correct[r];
+            }
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ anchors */
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+int drafter_sample_anchors(const int32_t *cu, int nseq, const uint8_t *mask, int B,
+                           int max_per_seq, rng_t *rng, int32_t *anchors, int cap) {
+    int n = 0;
+    int maxlen = 0;
+    for (int s = 0; s < nseq; s++)
+        if (cu[s + 1] - cu[s] > maxlen) maxlen = cu[s + 1] - cu[s];
+    int32_t *cand = malloc((size_t)(maxlen > 0 ? maxlen : 1) * sizeof(int32_t));
+    if (!cand) return dl_seterr(DL_ENOMEM, "drafter_sample_anchors: %d candidates", maxlen);
+    for (int s = 0; s < nseq; s++) {
+        int s0 = cu[s], len = cu[s + 1] - cu[s], nc = 0;
+        /* run[t]: assistant tokens in a row starting at t, computed backwards */
+        int run = 0;
+        for (int a = len - 1; a >= 1; a--) {
+            /* run = consecutive mask-1 tokens starting at a+1 */
+            if (a + 1 < len) run = mask[s0 + a + 1] ? run + 1 : 0;
+            if (run >= B - 1) cand[nc++] = a;
+        }
+        if (nc == 0)
+            for (int a = len - 2; a >= 1; a--)
+                if (mask[s0 + a + 1]) cand[nc++] = a;
+        int take = nc < max_per_seq ? nc : max_per_seq;
+        if (n + take > cap) {
+            free(cand);
+            return dl_seterr(DL_ERANGE, "drafter_sample_anchors: more than %d anchors (raise "
+                             "max_blocks or lower --num-anchors)", cap);
+        }
+        /* the candidate list was built from the end: reverse it so the draw does
+         * not depend on the scan direction, then partial Fisher-Yates */
+        for (int i = 0; i < nc / 2; i++) {
+            int32_t t = cand[i]; cand[i] = cand[nc - 1 - i]; cand[nc - 1 - i] = t;
+        }
+        for (int i = 0; i < take; i++) {
+            int k = i + (int)rng_below(rng, (uint64_t)(nc - i));
+            int32_t t = cand[i]; cand[i] = cand[k]; cand[k] = t;
+            anchors[n + i] = s0 + cand[i];
+        }
+        qsort(anchors + n, (size_t)take, sizeof(int32_t), cmp_i32);
+        n += take;
+    }
+    free(cand);
+    return n;
+}

@@ -1,0 +1,178 @@
+/* The DFlash drafter (Chen et al., "DFlash: Block Diffusion for Flash
+ * Speculative Decoding", arXiv 2602.06036; public model code z-lab/dflash
+ * model/dflash.py): forward, backward and the chunked weighted loss, written
+ * once against common/ops (CPU fp32 reference or CUDA bf16).
+ *
+ * Architecture (as DFlashDraftModel): N Qwen3 decoder layers at the target's
+ * hidden size D. Target features (T, n_feat*D) -> ctx = hidden_norm(fc(features))
+ * (T, D), shared by every layer. Layer l, for the block tokens x (R, D):
+ *   xn = input_layernorm(x)
+ *   q = rope(q_norm(q_proj(xn)))                               block rows only
+ *   k = rope(k_norm(k_proj([ctx; xn]))), v = v_proj([ctx; xn]) context rows NOT
+ *                                                              through input_layernorm
+ *   x = x + o_proj(attn(q, k, v)),  x = x + down(silu(gate(n2)) * up(n2)),
+ *   n2 = post_attention_layernorm(x)
+ * then norm, then the target's frozen LM head. Context keys use the positions of
+ * their tokens; block row k of a block anchored at a uses position a + k.
+ *
+ * Blocks and mask (paper sec. 3): a block is [token at the anchor, MASK x (B-1)];
+ * row k predicts the token at anchor + k (row 0: no loss). A block attends
+ * bidirectionally to its own B rows and to the context rows of its sequence
+ * strictly before the anchor; blocks never see each other.
+ *
+ * Loss: sum over rows k >= 1 of w_k * CE(logits, token[anchor + k]), with
+ * w_k = exp(-(k-1)/gamma) * loss_mask[anchor + k] (0 past the sequence end);
+ * the reported loss is loss_sum / weight_sum. Logits are computed in chunks of
+ * blocks (cfg.loss_chunk_blocks) so (rows x V) logits never exist at once.
+ *
+ * Memory: weights and every activation live on the ops backend; buffers are
+ * sized at drafter_new from max_tokens and max_blocks (no allocation per step).
+ * Gradients are f32 and ACCUMULATE across calls until drafter_zero_grad.
+ */
+#ifndef DL_MODEL_DRAFTER_H
+#define DL_MODEL_DRAFTER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/base/rng.h"
+#include "common/ops/ops.h"
+
+#define DRAFTER_MAX_LAYERS 64
+#define DRAFTER_MAX_FEAT 64
+#define DRAFTER_MAX_BLOCK 64
+#define DRAFTER_DEFAULT_LAYERS 5
+#define DRAFTER_DEFAULT_BLOCK 16
+#define DRAFTER_DEFAULT_ANCHORS 512
+#define DRAFTER_DEFAULT_LOSS_CHUNK_BLOCKS 16
+/* SmolLM2 has no reserved mask token; we use <empty_output> (id 16), a special
+ * token of its code-pretraining vocabulary that is not bos/eos/pad/unk (1/2/2/0)
+ * and never appears in chat data, with its (trained) embedding as is. Qwen3
+ * targets use their reserved 151669. */
+#define DRAFTER_MASK_TOKEN_SMOLLM2 16
+#define DRAFTER_MASK_TOKEN_QWEN3 151669
+
+typedef struct {
+    /* from the target (shapes of the drafter's layers are the target's) */
+    int D;                    /* hidden size */
+    int H, Hkv, hd;           /* attention heads, kv heads, head dim */
+    int F;                    /* MLP intermediate size */
+    int V;                    /* vocabulary (embedding / LM head rows) */
+    int n_target_layers;      /* L of the target (for default layer ids) */
+    int max_position_embeddings;
+    float rms_eps;
+    rope_params_t rope;
+    /* drafter */
+    int n_layers;             /* default 5 */
+    int n_feat;               /* len(target_layer_ids); 0 = default (n_layers of them) */
+    int target_layer_ids[DRAFTER_MAX_FEAT];
+    int B;                    /* block size, default 16 */
+    float gamma;              /* loss decay; <= 0 = default for B (drafter_default_gamma) */
+    int mask_token_id;
+    int loss_chunk_blocks;    /* blocks per logits chunk; <= 0 = default 16 */
+} drafter_config_t;
+
+/* Drafter defaults (5 layers, B 16, gamma auto, mask token unset (-1: the
+ * caller picks the target's, e.g. DRAFTER_MASK_TOKEN_QWEN3), loss chunk 16);
+ * the target fields are zeroed for the caller to fill. */
+void drafter_config_defaults(drafter_config_t *cfg);
+
+/* Completes defaults (layer ids, gamma, chunk) and validates every field.
+ * Returns 0 or DL_EINVAL naming the field. */
+int drafter_config_finish(drafter_config_t *cfg);
+
+/* DFlash's build_target_layer_ids (z-lab/dflash): n == 1 -> [L/2]; else
+ * round(1 + i*(L-4)/(n-1)), i = 0..n-1 (Python round: half to even).
+ * Returns 0 or DL_EINVAL (n < 1, L < 4 with n > 1). */
+int drafter_default_layer_ids(int n_target_layers, int n, int *out);
+
+/* Paper's decay for block size B: 16 -> 7, 10 -> 5, 8 -> 4; piecewise linear
+ * between those, B/2 below 8, 7 + (B-16)/3 above 16. */
+float drafter_default_gamma(int B);
+
+/* One micro-batch as the drafter sees it. Host arrays are read on the host;
+ * features are on the backend. */
+typedef struct {
+    int T;                          /* target tokens (packed sequences) */
+    int nseq;
+    const int32_t *cu_seqlens;      /* (nseq+1) host, prefix sums, cu[nseq] == T */
+    const int32_t *ids;             /* (T) host token ids (< V) */
+    const uint8_t *loss_mask;       /* (T) host, 1 = token is trained on (assistant) */
+    const int32_t *pos;             /* (T) host position within the sequence; NULL = t - cu[s] */
+    const void *features;           /* (T, n_feat*D) act on the backend, layer-id order */
+    int n_blocks;
+    const int32_t *anchors;         /* (n_blocks) host, packed index of each block's anchor */
+} drafter_batch_t;
+
+typedef struct {
+    double loss_sum;                       /* sum of w * CE over rows */
+    double weight_sum;                     /* sum of w */
+    double correct[DRAFTER_MAX_BLOCK];     /* [k]: top-1 hits at row k among mask-1 rows */
+    double count[DRAFTER_MAX_BLOCK];       /* [k]: mask-1 rows at row k (k >= 1) */
+} drafter_stats_t;
+
+/* A trainable tensor in the flat parameter vector. */
+typedef struct {
+    char name[64];           /* public DFlash name, e.g. "layers.0.self_attn.q_proj.weight" */
+    int n_dims;              /* 1 or 2 */
+    int64_t shape[2];        /* torch shape (out, in) for Linear */
+    size_t offset, numel;    /* in elements of the flat vector */
+} drafter_tensor_t;
+
+typedef struct drafter drafter_t;
+
+/* New drafter with weights initialised as the public code (Qwen3PreTrainedModel:
+ * Linear ~ N(0, 0.02^2), RMSNorm weights 1) from `seed`.
+ * embed, lm_head: (V, D) act on the backend, frozen, owned by the caller (may be
+ * the same pointer for tied embeddings, and shared with a target in the same
+ * process); they must outlive the drafter. max_tokens: largest T; max_blocks:
+ * largest n_blocks per call. Errors: DL_EINVAL (config), DL_ENOMEM (naming bytes). */
+int drafter_new(const ops_ctx_t *c, const drafter_config_t *cfg, const void *embed,
+                const void *lm_head, int max_tokens, int max_blocks, uint64_t seed,
+                drafter_t **out);
+void drafter_destroy(drafter_t **d);
+
+const drafter_config_t *drafter_config(const drafter_t *d);
+
+/* Forward only (activations kept for drafter_logits). 0 or DL_EINVAL/DL_ERANGE. */
+int drafter_forward(drafter_t *d, const drafter_batch_t *b);
+/* Logits of blocks [j0, j0+n) of the last forward: out_host (n*B, V) f32. */
+int drafter_logits(drafter_t *d, int j0, int n, float *out_host);
+
+/* Forward, chunked loss and backward; parameter grads accumulate (f32) scaled by
+ * grad_scale (<= 0: 1 / weight_sum of this batch, i.e. the mean loss's gradient).
+ * st (may be NULL) receives this batch's sums (assigned). On the CUDA backend this
+ * downloads the per-row loss/correct once per call. */
+int drafter_forward_backward(drafter_t *d, const drafter_batch_t *b, float grad_scale,
+                             drafter_stats_t *st);
+
+void drafter_zero_grad(drafter_t *d);
+
+/* Flat parameter vector: master weights and grads (f32, backend), working
+ * weights (act, backend; the same storage as master on CPU). */
+size_t drafter_n_params(const drafter_t *d);
+float *drafter_master(drafter_t *d);
+float *drafter_grads(drafter_t *d);
+void *drafter_weights(drafter_t *d);
+/* Refreshes the act working weights from master (after an optimizer step on
+ * CUDA; no-op on CPU). */
+void drafter_sync_weights(drafter_t *d);
+int drafter_n_tensors(const drafter_t *d);
+const drafter_tensor_t *drafter_tensor(const drafter_t *d, int i);
+/* By public name; NULL if absent. */
+const drafter_tensor_t *drafter_find_tensor(const drafter_t *d, const char *name);
+
+/* Anchor sampling for one micro-batch (paper sec. 4: random anchors inside the
+ * response). For each sequence s (tokens [cu[s], cu[s+1]), local positions
+ * a = 0..len-1) the candidates are the a with 1 <= a and a + B - 1 <= len - 1 and
+ * loss_mask[a+1 .. a+B-1] all 1 (the whole block to predict is assistant
+ * tokens; a >= 1 so some context exists). A sequence with no such candidate
+ * falls back to the a >= 1 with loss_mask[a+1] == 1 (partial blocks: rows past
+ * the span get weight 0). Up to max_per_seq per sequence are drawn without
+ * replacement (partial Fisher-Yates with rng), then sorted. Output: packed
+ * indices (cu[s] + a) into anchors[cap]. Returns the count, or DL_ERANGE when cap
+ * is too small. Seed rng from rng_mix(seed, epoch, mb) for reproducibility. */
+int drafter_sample_anchors(const int32_t *cu_seqlens, int nseq, const uint8_t *loss_mask, int B,
+                           int max_per_seq, rng_t *rng, int32_t *anchors, int cap);
+
+#endif
