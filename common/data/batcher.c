@@ -19,7 +19,8 @@ struct batcher {
     int64_t plan_epoch;      /* -1: none */
     uint32_t *plan_seg;      /* (n_segs) segment indices in micro-batch order */
     uint32_t *packed;        /* (n_segs) packed order before the micro-batch shuffle */
-    uint64_t *keys;          /* (shuffle_buffer) sort keys */
+    uint64_t *keys;          /* (window) sort keys */
+    uint32_t *mb_fill, *mb_cnt, *mb_of; /* (window) packing scratch */
     uint32_t *plan_off;      /* (plan_n_mb + 1) offsets into plan_seg */
     uint64_t plan_n_mb;
     uint32_t *scratch;       /* (n_segs) */
@@ -46,6 +47,9 @@ void batcher_destroy(batcher_t **bp) {
     free(b->plan_seg);
     free(b->packed);
     free(b->keys);
+    free(b->mb_fill);
+    free(b->mb_cnt);
+    free(b->mb_of);
     free(b->plan_off);
     free(b->scratch);
     free(b->scratch2);
@@ -82,7 +86,11 @@ int batcher_new(const dlc_t *cache, const batcher_opts_t *opts, batcher_t **out)
     b->segs = malloc(nseg * sizeof *b->segs);
     b->plan_seg = malloc(nseg * sizeof *b->plan_seg);
     b->packed = malloc(nseg * sizeof *b->packed);
-    b->keys = malloc((nseg < o.shuffle_buffer ? nseg : o.shuffle_buffer) * sizeof *b->keys);
+    size_t wmax = nseg < o.shuffle_buffer ? nseg : o.shuffle_buffer;
+    b->keys = malloc(wmax * sizeof *b->keys);
+    b->mb_fill = malloc(wmax * sizeof(uint32_t));
+    b->mb_cnt = malloc(wmax * sizeof(uint32_t));
+    b->mb_of = malloc(wmax * sizeof(uint32_t));
     b->plan_off = malloc((nseg + 1) * sizeof *b->plan_off);
     b->scratch = malloc(nseg * sizeof *b->scratch);
     b->scratch2 = malloc((nseg + 1) * sizeof *b->scratch2);
@@ -90,7 +98,7 @@ int batcher_new(const dlc_t *cache, const batcher_opts_t *opts, batcher_t **out)
     b->epoch_start = calloc(b->cap_known, sizeof *b->epoch_start);
     b->out_cap = o.token_budget / 2 + 1; /* every sequence has >= 2 tokens */
     b->out = malloc(b->out_cap * sizeof *b->out);
-    if (!b->segs || !b->plan_seg || !b->packed || !b->keys || !b->plan_off || !b->scratch || !b->scratch2 || !b->epoch_start || !b->out) {
+    if (!b->segs || !b->plan_seg || !b->packed || !b->keys || !b->mb_fill || !b->mb_cnt || !b->mb_of || !b->plan_off || !b->scratch || !b->scratch2 || !b->epoch_start || !b->out) {
         batcher_destroy(&b);
         return dl_seterr(DL_ENOMEM, "batcher: plan for %llu sequences", (unsigned long long)nseg);
     }
@@ -139,25 +147,37 @@ static void build_plan(batcher_t *b, uint32_t e) {
         uint32_t wn = n - w0 < W ? n - w0 : W;
         uint32_t *win = perm + w0;
         sort_by_len(b->segs, win, wn, b->keys);
-        int64_t lo = 0, hi = (int64_t)wn - 1;
-        while (lo <= hi) {
-            off[nmb++] = k;
-            uint32_t tokens = 0;
-            for (;;) {
-                int added = 0;
-                if (lo <= hi && tokens + b->segs[win[hi]].len <= budget) {
-                    tokens += b->segs[win[hi]].len;
-                    seq[k++] = win[hi--];
-                    added = 1;
-                }
-                if (lo <= hi && tokens + b->segs[win[lo]].len <= budget) {
-                    tokens += b->segs[win[lo]].len;
-                    seq[k++] = win[lo++];
-                    added = 1;
-                }
-                if (!added) break;
+        /* striped first-fit decreasing: M = ceil(tokens / budget) micro-batches; the
+         * sequences, longest first, go round-robin to the next micro-batch with room
+         * (a new one when none has), so every micro-batch gets a share of every
+         * length band. */
+        uint64_t wt = 0;
+        for (uint32_t i = 0; i < wn; i++) wt += b->segs[win[i]].len;
+        uint32_t M = (uint32_t)((wt + budget - 1) / budget), cur = 0;
+        if (M == 0) M = 1;
+        uint32_t *fill = b->mb_fill, *cnt = b->mb_cnt, *who = b->mb_of;
+        for (uint32_t j = 0; j < M; j++) fill[j] = cnt[j] = 0;
+        for (int64_t i = (int64_t)wn - 1; i >= 0; i--) {
+            uint32_t len = b->segs[win[i]].len, j = UINT32_MAX;
+            for (uint32_t t = 0; t < M; t++) {
+                uint32_t c = cur + t < M ? cur + t : cur + t - M;
+                if (fill[c] + len <= budget) { j = c; break; }
             }
+            if (j == UINT32_MAX) { j = M++; fill[j] = cnt[j] = 0; }
+            fill[j] += len;
+            cnt[j]++;
+            who[i] = j;
+            cur = j + 1 < M ? j + 1 : 0;
         }
+        /* group by micro-batch (counting sort), longest first inside each */
+        for (uint32_t j = 0; j < M; j++) {
+            off[nmb + j] = k;
+            uint32_t c = cnt[j];
+            cnt[j] = k; /* becomes the write cursor */
+            k += c;
+        }
+        for (int64_t i = (int64_t)wn - 1; i >= 0; i--) seq[cnt[who[i]]++] = win[i];
+        nmb += M;
     }
     off[nmb] = k;
     /* shuffle the micro-batches of the epoch: perm (reused) holds the mb order */

@@ -11,13 +11,15 @@
  *      dropped (nothing to predict);
  *   2. the sequences are shuffled (Fisher-Yates);
  *   3. the shuffled list is cut into windows of shuffle_buffer sequences; each
- *      window is sorted by length and packed two-ended: a micro-batch takes the
- *      longest remaining sequence that fits, then the shortest that fits, and so
- *      on until neither fits, so every micro-batch mixes long and short;
+ *      window is packed by striped first-fit decreasing: M = ceil(window tokens /
+ *      token_budget) micro-batches are opened, the sequences go longest first,
+ *      round-robin, to the next micro-batch with room (a new one when none has),
+ *      so every micro-batch holds a share of every length band (long and short
+ *      mixed; mean fill ~98% of the budget on log-uniform lengths);
  *   4. the epoch's micro-batches are shuffled.
  * Micro-batch numbers run on across epochs: mb -> (epoch, index in epoch) via the
  * epochs' cumulative counts. step = mb / micro_batches_per_step.
- * Cost: O(samples log window) per epoch plan; the plan of the last epoch used is
+ * Cost: O(samples log window) per epoch plan (plus the first-fit scans); the plan of the last epoch used is
  * kept (so sequential access is O(1) per micro-batch).
  *
  * Thread safety: a batcher_t caches plans; use one per thread.
