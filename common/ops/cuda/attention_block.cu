@@ -1,0 +1,531 @@
+// DFlash block attention (arXiv 2602.06036) forward and backward on CUDA,
+// FlashAttention-2 style (Dao 2023) with bf16 tensor cores (mma.sync m16n8k16)
+// and f32 accumulation. Semantics: ops.h attention_block_*.
+//
+// Key index space of block j (as the CPU reference): u in [0, ctx_len[j]) ->
+// context row ctx_start[j] + u, u in [ctx_len[j], ctx_len[j] + B) -> the block's
+// own row j*B + (u - ctx_len[j]). No mask inside that range (bidirectional).
+//
+// Forward: thread block = (block j, kv head); each warp one (query head of the
+// GQA group, 16-query chunk); online softmax over 64-key tiles staged in shared
+// memory (shared by the group's heads); lse (natural log) saved.
+//
+// Backward, deterministic, no atomics (two kernels plus a row-dot pre-pass):
+//   D[i] = rowsum(dO_i * O_i)                                  (attn_block_dot)
+//   dQ: query-major, same grid as the forward: recompute P = exp(S - lse),
+//       dP = dO V^T, dS = P (dP - D), dQ = scale dS K over every visible key.
+//   dK, dV: key-major. One thread block per 64-key tile of the context (per kv
+//       head) or of a block's own rows; each warp owns 16 keys and accumulates
+//       dV = P^T dO and dK = scale dS^T Q in registers over every block (and
+//       every query head of the group) that sees its keys, found by scanning
+//       ctx_start/ctx_len. A context row seen by many blocks is thus summed by a
+//       single owner in a fixed order: no fp32 atomics, reproducible bits. The
+//       price is recomputing S and dP once more than an atomic dQ scheme
+//       (7 instead of 5 tile products).
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common/ops/cuda/attention_common.cuh"
+
+#define AB_BN 64     // keys per tile
+#define AB_WARPS 4   // warps per forward / dQ block
+
+// ------------------------------------------------------------------ forward / dQ
+// Task of warp w in block (j, hk, z): task = z*AB_WARPS + w -> (hg, qc), query
+// head h = hk*group + hg, query rows j*B + qc*16 + r (valid while qc*16 + r < B).
+template <int HDP, bool BWD>
+__global__ void __launch_bounds__(128)
+attn_block_qmajor_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout, const float *lse_in,
+                         const float *Dvec, const bf16 *q, const bf16 *kb, const bf16 *vb,
+                         const bf16 *kc, const bf16 *vc, const int32_t *ctx_start,
+                         const int32_t *ctx_len, int B, int H, int Hkv, int hd, float scale,
+                         int vec) {
+    constexpr int LD = HDP + 8;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int nw = blockDim.x >> 5;
+    bf16 *Ks = (bf16 *)smem_raw, *Vs = Ks + AB_BN * LD, *Qs = Vs + AB_BN * LD;
+    bf16 *dOs = Qs + nw * 16 * LD;  // BWD only
+    const int j = blockIdx.x, hk = blockIdx.y;
+    const int group = H / Hkv, nqc = (B + 15) / 16;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int task = blockIdx.z * AB_WARPS + warp;
+    const bool active = task < group * nqc;
+    const int hg = active ? task / nqc : 0, qc = active ? task % nqc : 0;
+    const int h = hk * group + hg;
+    const int cs = ctx_start[j], cl = ctx_len[j], nk = cl + B;
+    const size_t qstride = (size_t)H * hd, kstride = (size_t)Hkv * hd;
+    const float scale_log2 = scale * ATTN_LOG2E;
+    bf16 *Qw = Qs + warp * 16 * LD, *dOw = dOs + warp * 16 * LD;
+
+    auto qrow_index = [&](int r) -> long {  // global query row or -1
+        int rr = qc * 16 + r;
+        return (active && rr < B) ? (long)j * B + rr : -1;
+    };
+    load_rows<HDP, 16>(Qw, [&](int r) -> const bf16 * {
+        long row = qrow_index(r);
+        return row >= 0 ? q + row * qstride + (size_t)h * hd : nullptr;
+    }, hd, vec, lane, 32);
+    if (BWD)
+        load_rows<HDP, 16>(dOw, [&](int r) -> const bf16 * {
+            long row = qrow_index(r);
+            return row >= 0 ? dout + row * qstride + (size_t)h * hd : nullptr;
+        }, hd, vec, lane, 32);
+    // per-row statistics for rows g and g+8 (BWD): lse in log2 units, D
+    float lse2[2] = {0.0f, 0.0f}, Dr[2] = {0.0f, 0.0f};
+    if (BWD) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            long row = qrow_index(g + 8 * i);
+            lse2[i] = row >= 0 ? lse_in[row * H + h] * ATTN_LOG2E : INFINITY;
+            Dr[i] = row >= 0 ? Dvec[row * H + h] : 0.0f;
+        }
+    }
+
+    float acc[HDP / 8][4];  // O (forward) or dQ (backward)
+#pragma unroll
+    for (int i = 0; i < HDP / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+
+    for (int k0 = 0; k0 < nk; k0 += AB_BN) {
+        __syncthreads();
+        auto krow = [&](int r) -> const bf16 * {
+            int u = k0 + r;
+            if (u < cl) return kc + (size_t)(cs + u) * kstride + (size_t)hk * hd;
+            if (u < nk) return kb + ((size_t)j * B + (u - cl)) * kstride + (size_t)hk * hd;
+            return nullptr;
+        };
+        auto vrow = [&](int r) -> const bf16 * {
+            int u = k0 + r;
+            if (u < cl) return vc + (size_t)(cs + u) * kstride + (size_t)hk * hd;
+            if (u < nk) return vb + ((size_t)j * B + (u - cl)) * kstride + (size_t)hk * hd;
+            return nullptr;
+        };
+        load_rows<HDP, AB_BN>(Ks, krow, hd, vec, tid, blockDim.x);
+        load_rows<HDP, AB_BN>(Vs, vrow, hd, vec, tid, blockDim.x);
+        __syncthreads();
+        if (!active) continue;
+
+        float sc[AB_BN / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < AB_BN / 8; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < HDP / 16; kk++) {
+            uint32_t a[4];
+            frag_a<LD>(a, Qw, 0, kk * 16, g, t);
+#pragma unroll
+            for (int nt = 0; nt < AB_BN / 8; nt++) {
+                uint32_t b[2];
+                frag_b_nk<LD>(b, Ks, nt * 8, kk * 16, g, t);
+                mma_bf16_16816(sc[nt], a, b);
+            }
+        }
+        if (!BWD) {
+            float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+            for (int nt = 0; nt < AB_BN / 8; nt++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int u = k0 + nt * 8 + 2 * t + (e & 1);
+                    sc[nt][e] = u < nk ? sc[nt][e] * scale_log2 : -INFINITY;
+                }
+                mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
+                mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
+            }
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            float mn0 = fmaxf(mrow[0], mx0), mn1 = fmaxf(mrow[1], mx1);
+            float mu0 = mn0 == -INFINITY ? 0.0f : mn0, mu1 = mn1 == -INFINITY ? 0.0f : mn1;
+            float al0 = exp2f(mrow[0] - mu0), al1 = exp2f(mrow[1] - mu1);
+            mrow[0] = mn0;
+            mrow[1] = mn1;
+            float ls0 = 0.0f, ls1 = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < AB_BN / 8; nt++) {
+                sc[nt][0] = exp2f(sc[nt][0] - mu0);
+                sc[nt][1] = exp2f(sc[nt][1] - mu0);
+                sc[nt][2] = exp2f(sc[nt][2] - mu1);
+                sc[nt][3] = exp2f(sc[nt][3] - mu1);
+                ls0 += sc[nt][0] + sc[nt][1];
+                ls1 += sc[nt][2] + sc[nt][3];
+            }
+            lrow[0] = lrow[0] * al0 + ls0;
+            lrow[1] = lrow[1] * al1 + ls1;
+#pragma unroll
+            for (int nt = 0; nt < HDP / 8; nt++) {
+                acc[nt][0] *= al0;
+                acc[nt][1] *= al0;
+                acc[nt][2] *= al1;
+                acc[nt][3] *= al1;
+            }
+#pragma unroll
+            for (int kk = 0; kk < AB_BN / 16; kk++) {
+                uint32_t a[4];
+                c_to_a(a, sc[2 * kk], sc[2 * kk + 1]);
+#pragma unroll
+                for (int nt = 0; nt < HDP / 8; nt++) {
+                    uint32_t b[2];
+                    frag_b_kn<LD>(b, Vs, kk * 16, nt * 8, g, t);
+                    mma_bf16_16816(acc[nt], a, b);
+                }
+            }
+        } else {
+            // P = exp2(S*scale*log2e - lse*log2e), masked keys -> 0
+#pragma unroll
+            for (int nt = 0; nt < AB_BN / 8; nt++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int u = k0 + nt * 8 + 2 * t + (e & 1);
+                    sc[nt][e] = u < nk ? exp2f(sc[nt][e] * scale_log2 - lse2[e >> 1]) : 0.0f;
+                }
+            }
+            float dp[AB_BN / 8][4];
+#pragma unroll
+            for (int nt = 0; nt < AB_BN / 8; nt++) dp[nt][0] = dp[nt][1] = dp[nt][2] = dp[nt][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < HDP / 16; kk++) {
+                uint32_t a[4];
+                frag_a<LD>(a, dOw, 0, kk * 16, g, t);
+#pragma unroll
+                for (int nt = 0; nt < AB_BN / 8; nt++) {
+                    uint32_t b[2];
+                    frag_b_nk<LD>(b, Vs, nt * 8, kk * 16, g, t);
+                    mma_bf16_16816(dp[nt], a, b);
+                }
+            }
+            // dS = P (dP - D), into sc
+#pragma unroll
+            for (int nt = 0; nt < AB_BN / 8; nt++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) sc[nt][e] = sc[nt][e] * (dp[nt][e] - Dr[e >> 1]);
+            }
+#pragma unroll
+            for (int kk = 0; kk < AB_BN / 16; kk++) {
+                uint32_t a[4];
+                c_to_a(a, sc[2 * kk], sc[2 * kk + 1]);
+#pragma unroll
+                for (int nt = 0; nt < HDP / 8; nt++) {
+                    uint32_t b[2];
+                    frag_b_kn<LD>(b, Ks, kk * 16, nt * 8, g, t);
+                    mma_bf16_16816(acc[nt], a, b);
+                }
+            }
+        }
+    }
+    if (!active) return;
+    if (!BWD) {
+        lrow[0] += __shfl_xor_sync(0xffffffffu, lrow[0], 1);
+        lrow[0] += __shfl_xor_sync(0xffffffffu, lrow[0], 2);
+        lrow[1] += __shfl_xor_sync(0xffffffffu, lrow[1], 1);
+        lrow[1] += __shfl_xor_sync(0xffffffffu, lrow[1], 2);
+        if (lse && t == 0) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                long row = qrow_index(g + 8 * i);
+                if (row >= 0) lse[row * H + h] = (mrow[i] + log2f(lrow[i])) * ATTN_LN2;
+            }
+        }
+        if (out) {
+            float inv0 = lrow[0] > 0.0f ? 1.0f / lrow[0] : 0.0f;
+            float inv1 = lrow[1] > 0.0f ? 1.0f / lrow[1] : 0.0f;
+            store_rows<HDP>(acc, inv0, inv1, [&](int r) -> bf16 * {
+                long row = qrow_index(r);
+                return row >= 0 ? out + row * qstride + (size_t)h * hd : nullptr;
+            }, hd, g, t);
+        }
+    } else if (dq) {
+        store_rows<HDP>(acc, scale, scale, [&](int r) -> bf16 * {
+            long row = qrow_index(r);
+            return row >= 0 ? dq + row * qstride + (size_t)h * hd : nullptr;
+        }, hd, g, t);
+    }
+}
+
+// D[row*H + h] = sum_d dout * out (f32); one warp per (row, head).
+__global__ void attn_block_dot_kernel(float *D, const bf16 *dout, const bf16 *out, long rows,
+                                      int hd) {
+    long w = (blockIdx.x * (long)blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    if (w >= rows) return;
+    const bf16 *a = dout + w * hd, *b = out + w * hd;
+    float s = 0.0f;
+    for (int i = lane; i < hd; i += 32) s += __bfloat162float(a[i]) * __bfloat162float(b[i]);
+    s = warp_sum(s);
+    if (lane == 0) D[w] = s;
+}
+
+// ------------------------------------------------------------------ dK, dV (key-major)
+// blockIdx.x < nct: context tile (keys ct*64 .. ct*64+63 of kc/vc); else own tile
+// (block j = (x - nct) / nbt, keys of its own rows starting at ((x - nct) % nbt)*64).
+template <int HDP>
+__global__ void __launch_bounds__(128)
+attn_block_dkv_kernel(bf16 *dkb, bf16 *dvb, bf16 *dkc, bf16 *dvc, const bf16 *dout,
+                      const float *lse_in, const float *Dvec, const bf16 *q, const bf16 *kb,
+                      const bf16 *vb, const bf16 *kc, const bf16 *vc, const int32_t *ctx_start,
+                      const int32_t *ctx_len, int Nb, int B, int Tc, int H, int Hkv, int hd,
+                      float scale, int nct, int nbt, int vec) {
+    constexpr int LD = HDP + 8;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    bf16 *Ks = (bf16 *)smem_raw, *Vs = Ks + 64 * LD, *Qs = Vs + 64 * LD, *dOs = Qs + 16 * LD;
+    float *lse_s = (float *)(dOs + 16 * LD), *D_s = lse_s + 16;
+    int *list = (int *)(D_s + 16);   // 128 block indices
+    int *wcount = list + 128;        // 4 warp counts + total
+    const int hk = blockIdx.y, group = H / Hkv, nqc = (B + 15) / 16;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const size_t qstride = (size_t)H * hd, kstride = (size_t)Hkv * hd;
+    const float scale_log2 = scale * ATTN_LOG2E;
+    const bool is_ctx = (int)blockIdx.x < nct;
+    int key0, own_j = -1;  // first key: context row, or own-block offset
+    if (is_ctx) {
+        key0 = blockIdx.x * 64;
+    } else {
+        int x = blockIdx.x - nct;
+        own_j = x / nbt;
+        key0 = (x % nbt) * 64;
+    }
+    auto kvrow = [&](const bf16 *xc, const bf16 *xb, int r) -> const bf16 * {
+        int kk = key0 + r;
+        if (is_ctx) return kk < Tc ? xc + (size_t)kk * kstride + (size_t)hk * hd : nullptr;
+        return kk < B ? xb + ((size_t)own_j * B + kk) * kstride + (size_t)hk * hd : nullptr;
+    };
+    load_rows<HDP, 64>(Ks, [&](int r) { return kvrow(kc, kb, r); }, hd, vec, tid, blockDim.x);
+    load_rows<HDP, 64>(Vs, [&](int r) { return kvrow(vc, vb, r); }, hd, vec, tid, blockDim.x);
+
+    float dk[HDP / 8][4], dv[HDP / 8][4];
+#pragma unroll
+    for (int i = 0; i < HDP / 8; i++) {
+        dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.0f;
+        dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
+    }
+    const int wk0 = warp * 16;  // this warp's keys within the tile
+    const int my_key_a = key0 + wk0 + g, my_key_b = my_key_a + 8;
+
+    const int nchunks = is_ctx ? (Nb + 127) / 128 : 1;
+    for (int ch = 0; ch < nchunks; ch++) {
+        // ---- build the list of blocks that see any key of this tile
+        int n_list;
+        if (is_ctx) {
+            int jj = ch * 128 + tid;
+            bool f = false;
+            if (jj < Nb) {
+                int cs = ctx_start[jj], cl = ctx_len[jj];
+                f = cl > 0 && cs < key0 + 64 && cs + cl > key0;
+            }
+            unsigned m = __ballot_sync(0xffffffffu, f);
+            __syncthreads();  // list/wcount of the previous chunk fully consumed
+            if (lane == 0) wcount[warp] = __popc(m);
+            __syncthreads();
+            int off = 0;
+            for (int w = 0; w < warp; w++) off += wcount[w];
+            if (f) list[off + __popc(m & ((1u << lane) - 1u))] = jj;
+            n_list = wcount[0] + wcount[1] + wcount[2] + wcount[3];
+            __syncthreads();
+        } else {
+            n_list = 1;
+            if (tid == 0) list[0] = own_j;
+            __syncthreads();
+        }
+        for (int li = 0; li < n_list; li++) {
+            const int j = list[li];
+            int vlo, vhi;  // this block's visible keys, in this tile's key numbering
+            if (is_ctx) {
+                vlo = ctx_start[j];
+                vhi = vlo + ctx_len[j];
+                if (vhi > Tc) vhi = Tc;
+            } else {
+                vlo = 0;
+                vhi = B;
+            }
+            const bool ka = my_key_a >= vlo && my_key_a < vhi;
+            const bool kb_ok = my_key_b >= vlo && my_key_b < vhi;
+            const bool warp_any = __any_sync(0xffffffffu, ka || kb_ok);
+            for (int qc = 0; qc < nqc; qc++) {
+                for (int hg = 0; hg < group; hg++) {
+                    const int h = hk * group + hg;
+                    __syncthreads();  // previous Q/dO consumed
+                    auto qrow = [&](int r) -> long {
+                        int rr = qc * 16 + r;
+                        return rr < B ? (long)j * B + rr : -1;
+                    };
+                    load_rows<HDP, 16>(Qs, [&](int r) -> const bf16 * {
+                        long row = qrow(r);
+                        return row >= 0 ? q + row * qstride + (size_t)h * hd : nullptr;
+                    }, hd, vec, tid, blockDim.x);
+                    load_rows<HDP, 16>(dOs, [&](int r) -> const bf16 * {
+                        long row = qrow(r);
+                        return row >= 0 ? dout + row * qstride + (size_t)h * hd : nullptr;
+                    }, hd, vec, tid, blockDim.x);
+                    if (tid < 16) {
+                        long row = qrow(tid);
+                        lse_s[tid] = row >= 0 ? lse_in[row * H + h] * ATTN_LOG2E : INFINITY;
+                        D_s[tid] = row >= 0 ? Dvec[row * H + h] : 0.0f;
+                    }
+                    __syncthreads();
+                    if (!warp_any) continue;
+                    // S^T (16 keys x 16 queries) = K_w Q^T; dP^T = V_w dO^T
+                    float st[2][4], dpt[2][4];
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) st[nt][e] = dpt[nt][e] = 0.0f;
+#pragma unroll
+                    for (int kk = 0; kk < HDP / 16; kk++) {
+                        uint32_t ak[4], av[4];
+                        frag_a<LD>(ak, Ks, wk0, kk * 16, g, t);
+                        frag_a<LD>(av, Vs, wk0, kk * 16, g, t);
+#pragma unroll
+                        for (int nt = 0; nt < 2; nt++) {
+                            uint32_t b[2];
+                            frag_b_nk<LD>(b, Qs, nt * 8, kk * 16, g, t);
+                            mma_bf16_16816(st[nt], ak, b);
+                            frag_b_nk<LD>(b, dOs, nt * 8, kk * 16, g, t);
+                            mma_bf16_16816(dpt[nt], av, b);
+                        }
+                    }
+                    // P^T and dS^T; element e: key row (e < 2 ? g : g+8), query col nt*8+2t+(e&1)
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++) {
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            int qi = nt * 8 + 2 * t + (e & 1);
+                            bool kv = e < 2 ? ka : kb_ok;
+                            float p = kv ? exp2f(st[nt][e] * scale_log2 - lse_s[qi]) : 0.0f;
+                            st[nt][e] = p;
+                            dpt[nt][e] = p * (dpt[nt][e] - D_s[qi]);
+                        }
+                    }
+                    uint32_t ap[4], ads[4];
+                    c_to_a(ap, st[0], st[1]);
+                    c_to_a(ads, dpt[0], dpt[1]);
+#pragma unroll
+                    for (int nt = 0; nt < HDP / 8; nt++) {
+                        uint32_t b[2];
+                        frag_b_kn<LD>(b, dOs, 0, nt * 8, g, t);
+                        mma_bf16_16816(dv[nt], ap, b);
+                        frag_b_kn<LD>(b, Qs, 0, nt * 8, g, t);
+                        mma_bf16_16816(dk[nt], ads, b);
+                    }
+                }
+            }
+        }
+    }
+    // write (assigned): rows with no visible block get zeros
+    auto dst = [&](bf16 *xc, bf16 *xb, int r) -> bf16 * {
+        int kk = key0 + wk0 + r;
+        if (is_ctx) return (xc && kk < Tc) ? xc + (size_t)kk * kstride + (size_t)hk * hd : nullptr;
+        return (xb && kk < B) ? xb + ((size_t)own_j * B + kk) * kstride + (size_t)hk * hd : nullptr;
+    };
+    store_rows<HDP>(dk, scale, scale, [&](int r) { return dst(dkc, dkb, r); }, hd, g, t);
+    store_rows<HDP>(dv, 1.0f, 1.0f, [&](int r) { return dst(dvc, dvb, r); }, hd, g, t);
+}
+
+// ------------------------------------------------------------------ launchers
+static int vec_ok(int hd, const void *a, const void *b, const void *c2, const void *d,
+                  const void *e) {
+    uintptr_t m = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c2 | (uintptr_t)d | (uintptr_t)e;
+    return hd % 8 == 0 && (m & 15) == 0;
+}
+
+template <int HDP, bool BWD>
+static void launch_qmajor(const ops_ctx_t *c, bf16 *out, float *lse, bf16 *dq, const bf16 *dout,
+                          const float *lse_in, const float *D, const void *q, const void *kb,
+                          const void *vb, const void *kc, const void *vc, const int32_t *cs,
+                          const int32_t *cl, int Nb, int B, int H, int Hkv, int hd) {
+    constexpr int LD = HDP + 8;
+    int ntasks = (H / Hkv) * ((B + 15) / 16);
+    int nw = ntasks < AB_WARPS ? ntasks : AB_WARPS;
+    size_t smem = (size_t)(2 * AB_BN + (BWD ? 2 : 1) * nw * 16) * LD * sizeof(bf16);
+    cuda_check(cudaFuncSetAttribute(attn_block_qmajor_kernel<HDP, BWD>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    dim3 grid(Nb, Hkv, (ntasks + AB_WARPS - 1) / AB_WARPS);
+    int vec = vec_ok(hd, q, kb, vb, kc, vc) && (!BWD || ((uintptr_t)dout & 15) == 0);
+    attn_block_qmajor_kernel<HDP, BWD><<<grid, nw * 32, smem, cuda_stream(c)>>>(
+        out, lse, dq, dout, lse_in, D, (const bf16 *)q, (const bf16 *)kb, (const bf16 *)vb,
+        (const bf16 *)kc, (const bf16 *)vc, cs, cl, B, H, Hkv, hd, 1.0f / sqrtf((float)hd), vec);
+    cuda_check_launch();
+}
+
+template <int HDP>
+static void launch_dkv(const ops_ctx_t *c, bf16 *dkb, bf16 *dvb, bf16 *dkc, bf16 *dvc,
+                       const bf16 *dout, const float *lse, const float *D, const void *q,
+                       const void *kb, const void *vb, const void *kc, const void *vc,
+                       const int32_t *cs, const int32_t *cl, int Nb, int B, int Tc, int H,
+                       int Hkv, int hd) {
+    constexpr int LD = HDP + 8;
+    size_t smem = (size_t)(2 * 64 + 2 * 16) * LD * sizeof(bf16) + 32 * sizeof(float) +
+                  (128 + 8) * sizeof(int);
+    cuda_check(cudaFuncSetAttribute(attn_block_dkv_kernel<HDP>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    int nct = (Tc + 63) / 64, nbt = (B + 63) / 64;
+    long nblocks = (long)nct + (long)Nb * nbt;
+    dim3 grid((unsigned)nblocks, Hkv);
+    int vec = vec_ok(hd, q, kb, vb, kc, vc) && ((uintptr_t)dout & 15) == 0;
+    attn_block_dkv_kernel<HDP><<<grid, 128, smem, cuda_stream(c)>>>(
+        dkb, dvb, dkc, dvc, dout, lse, D, (const bf16 *)q, (const bf16 *)kb, (const bf16 *)vb,
+        (const bf16 *)kc, (const bf16 *)vc, cs, cl, Nb, B, Tc, H, Hkv, hd,
+        1.0f / sqrtf((float)hd), nct, nbt, vec);
+    cuda_check_launch();
+}
+
+static void bad_hd(const char *what, int hd) {
+    fprintf(stderr, "ops cuda %s: head dim %d > 128 not supported\n", what, hd);
+    abort();
+}
+
+#define AB_DISPATCH(hd, what, CALL)                       \
+    switch (attn_hdp(hd)) {                               \
+    case 32: { constexpr int HDP_ = 32; CALL; } break;   \
+    case 64: { constexpr int HDP_ = 64; CALL; } break;   \
+    case 96: { constexpr int HDP_ = 96; CALL; } break;   \
+    case 128: { constexpr int HDP_ = 128; CALL; } break; \
+    default: bad_hd(what, hd);                            \
+    }
+
+void cuda_attention_block_forward(const ops_ctx_t *c, void *out, float *lse, const void *q,
+                                  const void *kb, const void *vb, const void *kc, const void *vc,
+                                  const int32_t *ctx_start, const int32_t *ctx_len, int Nb, int B,
+                                  int Tc, int H, int Hkv, int hd) {
+    (void)Tc;
+    if (Nb <= 0 || B <= 0 || H <= 0) return;
+    AB_DISPATCH(hd, "attention_block_forward",
+                (launch_qmajor<HDP_, false>(c, (bf16 *)out, lse, NULL, NULL, NULL, NULL, q, kb, vb,
+                                            kc, vc, ctx_start, ctx_len, Nb, B, H, Hkv, hd)));
+}
+
+void cuda_attention_block_backward(const ops_ctx_t *c, void *dq, void *dkb, void *dvb, void *dkc,
+                                   void *dvc, const void *dout, const void *out, const float *lse,
+                                   const void *q, const void *kb, const void *vb, const void *kc,
+                                   const void *vc, const int32_t *ctx_start,
+                                   const int32_t *ctx_len, int Nb, int B, int Tc, int H, int Hkv,
+                                   int hd) {
+    if (Nb <= 0 || B <= 0 || H <= 0) {
+        if (Tc > 0 && dkc) cuda_check(cudaMemsetAsync(dkc, 0, (size_t)Tc * Hkv * hd * 2, cuda_stream(c)));
+        if (Tc > 0 && dvc) cuda_check(cudaMemsetAsync(dvc, 0, (size_t)Tc * Hkv * hd * 2, cuda_stream(c)));
+        return;
+    }
+    long rows = (long)Nb * B * H;
+    float *D = (float *)cuda_scratch(c, (size_t)rows * (lse ? 1 : 2) * sizeof(float));
+    if (!lse) {  // recompute the log-sum-exp with the forward kernel (no output)
+        float *lse_tmp = D + rows;
+        AB_DISPATCH(hd, "attention_block_backward",
+                    (launch_qmajor<HDP_, false>(c, NULL, lse_tmp, NULL, NULL, NULL, NULL, q, kb,
+                                                vb, kc, vc, ctx_start, ctx_len, Nb, B, H, Hkv,
+                                                hd)));
+        lse = lse_tmp;
+    }
+    attn_block_dot_kernel<<<(unsigned)((rows * 32 + 255) / 256), 256, 0, cuda_stream(c)>>>(
+        D, (const bf16 *)dout, (const bf16 *)out, rows, hd);
+    cuda_check_launch();
+    if (dq)
+        AB_DISPATCH(hd, "attention_block_backward",
+                    (launch_qmajor<HDP_, true>(c, NULL, NULL, (bf16 *)dq, (const bf16 *)dout, lse,
+                                               D, q, kb, vb, kc, vc, ctx_start, ctx_len, Nb, B, H,
+                                               Hkv, hd)));
+    if (dkb || dvb || dkc || dvc)
+        AB_DISPATCH(hd, "attention_block_backward",
+                    (launch_dkv<HDP_>(c, (bf16 *)dkb, (bf16 *)dvb, (bf16 *)dkc, (bf16 *)dvc,
+                                      (const bf16 *)dout, lse, D, q, kb, vb, kc, vc, ctx_start,
+                                      ctx_len, Nb, B, Tc, H, Hkv, hd)));
+}

@@ -1,0 +1,230 @@
+// Linear layers on CUDA: cuBLASLt bf16 GEMMs with fp32 accumulation.
+//   forward   out (M,N) bf16 = inp (M,K) . W (N,K)^T (+ bias, fused epilogue)
+//   backward  dinp (M,K) bf16 = dout (M,N) . W (N,K)
+//             dW (N,K) f32 += dout^T . inp          (bf16 in, f32 C with beta = 1)
+//             dbias (N) f32 += column sums of dout   (own kernel)
+// Row-major matrices are handed to cuBLASLt as their column-major transposes.
+// One plan per (kind, shape, bias, pointer alignment) is chosen by the
+// heuristic once and cached in the context; the hot path allocates nothing
+// (the workspace is allocated at init). Shapes the heuristic cannot serve (e.g.
+// odd leading dimensions) take a plain tiled fallback kernel.
+#include <string.h>
+
+#include "common/ops/cuda/cuda_common.cuh"
+
+enum { GEMM_FWD = 0, GEMM_DINP = 1, GEMM_DW = 2 };
+
+static int align_class(const void *p) {
+    uintptr_t a = (uintptr_t)p;
+    int al = 256;
+    while (al > 2 && (a % al) != 0) al >>= 1;
+    return al;
+}
+
+void cuda_gemm_plans_destroy(ops_cuda_state *st) {
+    for (int i = 0; i < CUDA_GEMM_PLANS; i++) {
+        cuda_gemm_plan *p = &st->plans[i];
+        if (!p->used) continue;
+        if (p->op) cublasLtMatmulDescDestroy(p->op);
+        if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+        if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+        if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+        memset(p, 0, sizeof(*p));
+    }
+}
+
+// Returns the cached plan, making it on first use; NULL when cuBLASLt has no
+// algorithm for this shape (the caller falls back).
+static cuda_gemm_plan *get_plan(const ops_ctx_t *c, int kind, int M, int K, int N, int bias,
+                                int alA, int alB, int alC) {
+    ops_cuda_state *st = cuda_state(c);
+    int key_bias = bias | (alA << 1) | (alB << 10) | (alC << 19);
+    for (int i = 0; i < CUDA_GEMM_PLANS; i++) {
+        cuda_gemm_plan *p = &st->plans[i];
+        if (p->used && p->kind == kind && p->M == M && p->K == K && p->N == N &&
+            p->bias == key_bias)
+            return p->op ? p : NULL;
+    }
+    cuda_gemm_plan *p = &st->plans[st->next_plan];
+    st->next_plan = (st->next_plan + 1) % CUDA_GEMM_PLANS;
+    if (p->used) {
+        if (p->op) cublasLtMatmulDescDestroy(p->op);
+        if (p->la) cublasLtMatrixLayoutDestroy(p->la);
+        if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
+        if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
+    }
+    memset(p, 0, sizeof(*p));
+    p->used = 1;
+    p->kind = kind;
+    p->M = M;
+    p->K = K;
+    p->N = N;
+    p->bias = key_bias;
+
+    cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+    if (kind == GEMM_FWD) {  // C(N x M) = op(A = W stored K x N)^T . B (inp stored K x M)
+        ta = CUBLAS_OP_T;
+        cublas_check(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, K, N, K));
+        cublas_check(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, K, M, K));
+        cublas_check(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_16BF, N, M, N));
+    } else if (kind == GEMM_DINP) {  // C(K x M) = W (K x N) . dout (N x M)
+        cublas_check(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, K, N, K));
+        cublas_check(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, N, M, N));
+        cublas_check(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_16BF, K, M, K));
+    } else {  // C(K x N) f32 += inp (K x M) . (dout stored N x M)^T
+        tb = CUBLAS_OP_T;
+        cublas_check(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, K, M, K));
+        cublas_check(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, N, M, N));
+        cublas_check(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, K, N, K));
+    }
+    cublas_check(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublas_check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    cublas_check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    if (bias) {
+        cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+        cublas_check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep,
+                                                    sizeof(ep)));
+    }
+    cublasLtMatmulPreference_t pref;
+    cublas_check(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = c->workspace_bytes;
+    uint32_t a32 = (uint32_t)alA, b32 = (uint32_t)alB, c32 = (uint32_t)alC;
+    cublas_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                      &ws, sizeof(ws)));
+    cublas_check(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a32, sizeof(a32)));
+    cublas_check(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &b32, sizeof(b32)));
+    cublas_check(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &c32, sizeof(c32)));
+    cublas_check(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &c32, sizeof(c32)));
+    cublasLtMatmulHeuristicResult_t res;
+    int nres = 0;
+    cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)c->blas, p->op, p->la,
+                                                      p->lb, p->lc, p->lc, pref, 1, &res, &nres);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (s != CUBLAS_STATUS_SUCCESS || nres == 0) {
+        cublasLtMatmulDescDestroy(p->op);  // remembered as "no algorithm": p->op = NULL
+        p->op = NULL;
+        return NULL;
+    }
+    p->algo = res.algo;
+    return p;
+}
+
+// Fallback: C[m][n] (= or +=) sum_k A[m*sam + k*sak] * B[k*sbk + n*sbn] (+ bias[n]),
+// 16x16 tiles, f32 accumulation. Only for shapes cuBLASLt refuses (tests, odd sizes).
+template <typename TC>
+__global__ void gemm_fallback_kernel(TC *C, const bf16 *A, const bf16 *Bm, const bf16 *bias,
+                                     int Mr, int Nc, int Kd, long sam, long sak, long sbk,
+                                     long sbn, int accumulate) {
+    __shared__ float As[16][17], Bs[16][17];
+    int tx = threadIdx.x, ty = threadIdx.y;
+    int m = blockIdx.y * 16 + ty, n = blockIdx.x * 16 + tx;
+    float acc = 0.0f;
+    for (int k0 = 0; k0 < Kd; k0 += 16) {
+        int ka = k0 + tx, kb = k0 + ty;
+        As[ty][tx] = (m < Mr && ka < Kd) ? __bfloat162float(A[m * sam + ka * sak]) : 0.0f;
+        int nb = blockIdx.x * 16 + tx;
+        Bs[ty][tx] = (nb < Nc && kb < Kd) ? __bfloat162float(Bm[kb * sbk + nb * sbn]) : 0.0f;
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < 16; k++) acc += As[ty][k] * Bs[k][tx];
+        __syncthreads();
+    }
+    if (m < Mr && n < Nc) {
+        if (bias) acc += __bfloat162float(bias[n]);
+        long o = (long)m * Nc + n;
+        if (accumulate) acc += (float)C[o];
+        C[o] = (TC)acc;
+    }
+}
+
+static void run_plan(const ops_ctx_t *c, cuda_gemm_plan *p, void *C, const void *A, const void *B,
+                     const void *bias, float beta) {
+    float alpha = 1.0f;
+    if (bias)
+        cublas_check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                    sizeof(bias)));
+    cublas_check(cublasLtMatmul((cublasLtHandle_t)c->blas, p->op, &alpha, A, p->la, B, p->lb,
+                                &beta, C, p->lc, C, p->lc, &p->algo, c->workspace,
+                                c->workspace_bytes, cuda_stream(c)));
+}
+
+void cuda_matmul_forward(const ops_ctx_t *c, void *out, const void *inp, const void *weight,
+                         const void *bias, int M, int K, int N) {
+    if (M <= 0 || N <= 0) return;
+    cudaStream_t s = cuda_stream(c);
+    cuda_gemm_plan *p = K > 0 ? get_plan(c, GEMM_FWD, M, K, N, bias != NULL, align_class(weight),
+                                         align_class(inp), align_class(out))
+                              : NULL;
+    if (p) {
+        run_plan(c, p, out, weight, inp, bias, 0.0f);
+        return;
+    }
+    // out[m][n] = sum_k inp[m][k] W[n][k]
+    dim3 g((N + 15) / 16, (M + 15) / 16), b(16, 16);
+    gemm_fallback_kernel<bf16><<<g, b, 0, s>>>((bf16 *)out, (const bf16 *)inp,
+                                               (const bf16 *)weight, (const bf16 *)bias, M, N,
+                                               K > 0 ? K : 0, K, 1, 1, K, 0);
+    cuda_check_launch();
+}
+
+// dbias[n] += sum_m dout[m][n]: 32 columns x 8 row groups per block.
+__global__ void colsum_kernel(float *dbias, const bf16 *dout, int M, int N) {
+    __shared__ float sh[8][33];
+    int n = blockIdx.x * 32 + threadIdx.x;
+    float s = 0.0f;
+    if (n < N)
+        for (int m = threadIdx.y; m < M; m += 8) s += __bfloat162float(dout[(long)m * N + n]);
+    sh[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y == 0 && n < N) {
+        float t = 0.0f;
+        for (int k = 0; k < 8; k++) t += sh[k][threadIdx.x];
+        dbias[n] += t;
+    }
+}
+
+void cuda_matmul_backward(const ops_ctx_t *c, void *dinp, float *dweight, float *dbias,
+                          const void *dout, const void *inp, const void *weight, int M, int K,
+                          int N) {
+    if (M <= 0 || K <= 0) return;
+    cudaStream_t s = cuda_stream(c);
+    if (dinp) {
+        if (N <= 0) {
+            cuda_check(cudaMemsetAsync(dinp, 0, (size_t)M * K * sizeof(bf16), s));
+        } else {
+            cuda_gemm_plan *p = get_plan(c, GEMM_DINP, M, K, N, 0, align_class(weight),
+                                         align_class(dout), align_class(dinp));
+            if (p) {
+                run_plan(c, p, dinp, weight, dout, NULL, 0.0f);
+            } else {  // dinp[m][k] = sum_n dout[m][n] W[n][k]
+                dim3 g((K + 15) / 16, (M + 15) / 16), b(16, 16);
+                gemm_fallback_kernel<bf16><<<g, b, 0, s>>>((bf16 *)dinp, (const bf16 *)dout,
+                                                           (const bf16 *)weight, NULL, M, K, N, N,
+                                                           1, K, 1, 0);
+                cuda_check_launch();
+            }
+        }
+    }
+    if (N <= 0) return;
+    if (dweight) {
+        cuda_gemm_plan *p = get_plan(c, GEMM_DW, M, K, N, 0, align_class(inp), align_class(dout),
+                                     align_class(dweight));
+        if (p) {
+            run_plan(c, p, dweight, inp, dout, NULL, 1.0f);
+        } else {  // dW[n][k] += sum_m dout[m][n] inp[m][k]
+            dim3 g((K + 15) / 16, (N + 15) / 16), b(16, 16);
+            gemm_fallback_kernel<float><<<g, b, 0, s>>>(dweight, (const bf16 *)dout,
+                                                        (const bf16 *)inp, NULL, N, K, M, 1, N, K,
+                                                        1, 1);
+            cuda_check_launch();
+        }
+    }
+    if (dbias) {
+        colsum_kernel<<<(N + 31) / 32, dim3(32, 8), 0, s>>>(dbias, (const bf16 *)dout, M, N);
+        cuda_check_launch();
+    }
+}

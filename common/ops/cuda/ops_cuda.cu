@@ -1,0 +1,317 @@
+// CUDA backend of common/ops/ops.h: context life cycle, memory, dtype
+// conversions, the small elementwise ops (add, axpy, embedding) and the impl
+// table. act = bf16, statistics and parameter gradients f32.
+//
+// Nothing here runs at load time: CUDA is first touched in ops_cuda_init, so a
+// process may fork() before it (the stages fork workers).
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/ops/cuda/cuda_common.cuh"
+
+extern "C" {
+#include "common/base/log.h"
+}
+
+#define OPS_CUDA_WORKSPACE_BYTES (32u << 20)  // cuBLASLt's advice for Hopper
+
+extern "C" void cuda_check_fail_(const char *what, const char *errstr, const char *file,
+                                 int line) {
+    log_msg(LOG_ERROR, file, line, "CUDA: %s: %s", what, errstr);
+    fprintf(stderr, "%s:%d: CUDA: %s: %s\n", file, line, what, errstr);
+    abort();
+}
+
+void *cuda_scratch(const ops_ctx_t *c, size_t bytes) {
+    ops_cuda_state *st = cuda_state(c);
+    if (bytes <= st->scratch_bytes) return st->scratch;
+    size_t want = bytes + bytes / 4 + 4096;
+    if (st->scratch) cuda_check(cudaFreeAsync(st->scratch, cuda_stream(c)));
+    st->scratch = NULL;
+    cuda_check(cudaMallocAsync(&st->scratch, want, cuda_stream(c)));
+    st->scratch_bytes = want;
+    return st->scratch;
+}
+
+// ---------------------------------------------------------------- memory
+static void *cuda_malloc_(const ops_ctx_t *c, size_t bytes) {
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 256) != cudaSuccess) {
+        cudaGetLastError();  // clear the sticky-free error state
+        dl_seterr(DL_ENOMEM, "cudaMalloc(%zu bytes) on device %d failed", bytes, c->device);
+        return NULL;
+    }
+    return p;
+}
+static void cuda_free_(const ops_ctx_t *c, void *p) {
+    if (!p) return;
+    cuda_check(cudaStreamSynchronize(cuda_stream(c)));  // p may still be in use on the stream
+    cuda_check(cudaFree(p));
+}
+static void cuda_memset0(const ops_ctx_t *c, void *p, size_t bytes) {
+    if (bytes) cuda_check(cudaMemsetAsync(p, 0, bytes, cuda_stream(c)));
+}
+static void cuda_copy(const ops_ctx_t *c, void *dst, const void *src, size_t bytes) {
+    if (bytes && dst != src)
+        cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda_stream(c)));
+}
+// upload/download are synchronous for the host buffer (it may be reused or
+// freed on return, as with memcpy on the CPU backend).
+static void cuda_upload(const ops_ctx_t *c, void *dst, const void *src_host, size_t bytes) {
+    if (!bytes) return;
+    cuda_check(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, cuda_stream(c)));
+    cuda_check(cudaStreamSynchronize(cuda_stream(c)));
+}
+static void cuda_download(const ops_ctx_t *c, void *dst_host, const void *src, size_t bytes) {
+    if (!bytes) return;
+    cuda_check(cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, cuda_stream(c)));
+    cuda_check(cudaStreamSynchronize(cuda_stream(c)));
+}
+static void cuda_sync(const ops_ctx_t *c) { cuda_check(cudaStreamSynchronize(cuda_stream(c))); }
+
+// ---------------------------------------------------------------- conversions
+__global__ void f32_to_bf16_kernel(bf16 *dst, const float *src, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16_rn(src[i]);
+}
+__global__ void bf16_to_f32_kernel(float *dst, const bf16 *src, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        dst[i] = __bfloat162float(src[i]);
+}
+static void cuda_f32_to_act(const ops_ctx_t *c, void *dst, const float *src, size_t n) {
+    if (!n) return;
+    f32_to_bf16_kernel<<<cuda_blocks(n, 256), 256, 0, cuda_stream(c)>>>((bf16 *)dst, src, n);
+    cuda_check_launch();
+}
+static void cuda_act_to_f32(const ops_ctx_t *c, float *dst, const void *src, size_t n) {
+    if (!n) return;
+    bf16_to_f32_kernel<<<cuda_blocks(n, 256), 256, 0, cuda_stream(c)>>>(dst, (const bf16 *)src, n);
+    cuda_check_launch();
+}
+// Host-side round-to-nearest-even f32 -> bf16 (NaN kept quiet).
+static uint16_t host_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static void cuda_upload_act(const ops_ctx_t *c, void *dst, const float *src_host, size_t n) {
+    if (!n) return;
+    uint16_t *tmp = (uint16_t *)malloc(n * 2);
+    if (!tmp) {
+        fprintf(stderr, "ops cuda upload_act: out of host memory (%zu elements)\n", n);
+        abort();
+    }
+    for (size_t i = 0; i < n; i++) tmp[i] = host_f32_to_bf16(src_host[i]);
+    cuda_upload(c, dst, tmp, n * 2);
+    free(tmp);
+}
+static void cuda_download_act(const ops_ctx_t *c, float *dst_host, const void *src, size_t n) {
+    if (!n) return;
+    uint16_t *tmp = (uint16_t *)malloc(n * 2);
+    if (!tmp) {
+        fprintf(stderr, "ops cuda download_act: out of host memory (%zu elements)\n", n);
+        abort();
+    }
+    cuda_download(c, tmp, src, n * 2);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)tmp[i] << 16;
+        memcpy(&dst_host[i], &u, 4);
+    }
+    free(tmp);
+}
+
+// ---------------------------------------------------------------- add, axpy
+// 8 bf16 per 16-byte access when every pointer is 16-byte aligned and n % 8 == 0,
+// else one element per thread.
+static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+__global__ void add_vec_kernel(uint4 *out, const uint4 *a, const uint4 *b, size_t n8) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n8;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint4 x = a[i], y = b[i], r;
+        const __nv_bfloat162 *xp = (const __nv_bfloat162 *)&x, *yp = (const __nv_bfloat162 *)&y;
+        __nv_bfloat162 *rp = (__nv_bfloat162 *)&r;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float2 fx = __bfloat1622float2(xp[k]), fy = __bfloat1622float2(yp[k]);
+            rp[k] = __floats2bfloat162_rn(fx.x + fy.x, fx.y + fy.y);
+        }
+        out[i] = r;
+    }
+}
+__global__ void add_kernel(bf16 *out, const bf16 *a, const bf16 *b, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] = __float2bfloat16_rn(__bfloat162float(a[i]) + __bfloat162float(b[i]));
+}
+static void cuda_add(const ops_ctx_t *c, void *out, const void *a, const void *b, size_t n) {
+    if (!n) return;
+    if (n % 8 == 0 && aligned16(out) && aligned16(a) && aligned16(b))
+        add_vec_kernel<<<cuda_blocks(n / 8, 256), 256, 0, cuda_stream(c)>>>(
+            (uint4 *)out, (const uint4 *)a, (const uint4 *)b, n / 8);
+    else
+        add_kernel<<<cuda_blocks(n, 256), 256, 0, cuda_stream(c)>>>((bf16 *)out, (const bf16 *)a,
+                                                                   (const bf16 *)b, n);
+    cuda_check_launch();
+}
+
+__global__ void axpy_vec_kernel(uint4 *y, float alpha, const uint4 *x, size_t n8) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n8;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint4 xv = x[i], yv = y[i];
+        const __nv_bfloat162 *xp = (const __nv_bfloat162 *)&xv;
+        __nv_bfloat162 *yp = (__nv_bfloat162 *)&yv;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            float2 fx = __bfloat1622float2(xp[k]), fy = __bfloat1622float2(yp[k]);
+            yp[k] = __floats2bfloat162_rn(fy.x + alpha * fx.x, fy.y + alpha * fx.y);
+        }
+        y[i] = yv;
+    }
+}
+__global__ void axpy_kernel(bf16 *y, float alpha, const bf16 *x, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        y[i] = __float2bfloat16_rn(__bfloat162float(y[i]) + alpha * __bfloat162float(x[i]));
+}
+static void cuda_axpy(const ops_ctx_t *c, void *y, float alpha, const void *x, size_t n) {
+    if (!n) return;
+    if (n % 8 == 0 && aligned16(y) && aligned16(x))
+        axpy_vec_kernel<<<cuda_blocks(n / 8, 256), 256, 0, cuda_stream(c)>>>(
+            (uint4 *)y, alpha, (const uint4 *)x, n / 8);
+    else
+        axpy_kernel<<<cuda_blocks(n, 256), 256, 0, cuda_stream(c)>>>((bf16 *)y, alpha,
+                                                                    (const bf16 *)x, n);
+    cuda_check_launch();
+}
+
+// ---------------------------------------------------------------- embedding
+// One block per token row; 16-byte copies when rows are 16-byte aligned.
+__global__ void embedding_kernel(bf16 *out, const int32_t *ids, const bf16 *table, int C,
+                                 int vec) {
+    int t = blockIdx.x;
+    const bf16 *src = table + (size_t)ids[t] * C;
+    bf16 *dst = out + (size_t)t * C;
+    if (vec) {
+        const uint4 *s = (const uint4 *)src;
+        uint4 *d = (uint4 *)dst;
+        for (int i = threadIdx.x; i < C / 8; i += blockDim.x) d[i] = s[i];
+    } else {
+        for (int i = threadIdx.x; i < C; i += blockDim.x) dst[i] = src[i];
+    }
+}
+static void cuda_embedding_forward(const ops_ctx_t *c, void *out, const int32_t *ids,
+                                   const void *table, int T, int C) {
+    if (T <= 0 || C <= 0) return;
+    int vec = C % 8 == 0 && aligned16(out) && aligned16(table);
+    embedding_kernel<<<T, 128, 0, cuda_stream(c)>>>((bf16 *)out, ids, (const bf16 *)table, C, vec);
+    cuda_check_launch();
+}
+
+// ---------------------------------------------------------------- table, life cycle
+static const ops_impl_t cuda_impl_template = {
+    "cuda",
+    cuda_malloc_,
+    cuda_free_,
+    cuda_memset0,
+    cuda_copy,
+    cuda_upload,
+    cuda_download,
+    cuda_sync,
+    cuda_upload_act,
+    cuda_download_act,
+    cuda_act_to_f32,
+    cuda_f32_to_act,
+    cuda_matmul_forward,
+    cuda_matmul_backward,
+    cuda_rmsnorm_forward,
+    cuda_rmsnorm_backward,
+    cuda_rope_forward,
+    cuda_rope_backward,
+    cuda_swiglu_forward,
+    cuda_swiglu_backward,
+    cuda_embedding_forward,
+    cuda_add,
+    cuda_axpy,
+    cuda_attention_varlen_forward,
+    cuda_attention_block_forward,
+    cuda_attention_block_backward,
+    cuda_xent_forward_backward,
+    cuda_sumsq,
+    cuda_adamw,
+};
+
+#define INIT_TRY(call)                                                                     \
+    do {                                                                                   \
+        cudaError_t e_ = (call);                                                           \
+        if (e_ != cudaSuccess) {                                                           \
+            rc = dl_seterr(DL_ECUDA, "ops_cuda_init(device %d): %s: %s", device, #call,    \
+                           cudaGetErrorString(e_));                                        \
+            goto fail;                                                                     \
+        }                                                                                  \
+    } while (0)
+
+extern "C" int ops_cuda_init(ops_ctx_t *c, int device) {
+    int rc = 0, ndev = 0;
+    cudaStream_t stream = NULL;
+    cublasLtHandle_t lt = NULL;
+    void *ws = NULL;
+    ops_cuda_state *st = NULL;
+    memset(c, 0, sizeof(*c));
+    cudaError_t e = cudaGetDeviceCount(&ndev);
+    if (e != cudaSuccess || ndev == 0)
+        return dl_seterr(DL_ECUDA, "ops_cuda_init(device %d): no CUDA device (%s)", device,
+                         e != cudaSuccess ? cudaGetErrorString(e) : "count is 0");
+    if (device < 0 || device >= ndev)
+        return dl_seterr(DL_EINVAL, "ops_cuda_init: device %d out of range [0, %d)", device, ndev);
+    INIT_TRY(cudaSetDevice(device));
+    st = (ops_cuda_state *)calloc(1, sizeof(*st));
+    if (!st) return dl_seterr(DL_ENOMEM, "ops_cuda_init: out of host memory");
+    st->impl = cuda_impl_template;
+    INIT_TRY(cudaDeviceGetAttribute(&st->num_sms, cudaDevAttrMultiProcessorCount, device));
+    INIT_TRY(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    INIT_TRY(cudaMalloc(&ws, OPS_CUDA_WORKSPACE_BYTES));
+    INIT_TRY(cudaMalloc((void **)&st->partials, CUDA_PARTIALS * sizeof(float)));
+    if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) {
+        rc = dl_seterr(DL_ECUDA, "ops_cuda_init(device %d): cublasLtCreate failed", device);
+        goto fail;
+    }
+    c->backend = OPS_CUDA;
+    c->impl = &st->impl;
+    c->device = device;
+    c->stream = stream;
+    c->blas = lt;
+    c->workspace = ws;
+    c->workspace_bytes = OPS_CUDA_WORKSPACE_BYTES;
+    return 0;
+fail:
+    if (ws) cudaFree(ws);
+    if (st && st->partials) cudaFree(st->partials);
+    if (stream) cudaStreamDestroy(stream);
+    free(st);
+    memset(c, 0, sizeof(*c));
+    return rc;
+}
+
+// Called by ops_ctx_destroy (common/ops/ops.c) for CUDA contexts.
+extern "C" void ops_cuda_ctx_destroy(ops_ctx_t *c) {
+    if (!c || c->backend != OPS_CUDA || !c->impl) return;
+    ops_cuda_state *st = cuda_state(c);
+    cudaSetDevice(c->device);
+    if (c->stream) cudaStreamSynchronize(cuda_stream(c));
+    cuda_gemm_plans_destroy(st);
+    if (st->scratch) cudaFreeAsync(st->scratch, cuda_stream(c));
+    if (c->stream) cudaStreamSynchronize(cuda_stream(c));
+    if (st->partials) cudaFree(st->partials);
+    if (c->workspace) cudaFree(c->workspace);
+    if (c->blas) cublasLtDestroy((cublasLtHandle_t)c->blas);
+    if (c->stream) cudaStreamDestroy(cuda_stream(c));
+    free(st);
+    c->impl = NULL;
+    c->stream = c->blas = c->workspace = NULL;
+}

@@ -1,0 +1,453 @@
+/* CUDA backend of common/ops/ops.h held against the CPU backend (the fp32
+ * reference): every op on the same random inputs, odd sizes included.
+ *
+ * Inputs are drawn in f32 and rounded to bf16 before use, so both backends see
+ * identical values; outputs are compared by
+ *     rel = max |cuda - cpu| / max |cpu|
+ * against a tolerance stated per op (bf16 storage of outputs alone gives ~4e-3;
+ * GEMMs and attention add bf16 operands and summation-order differences).
+ * Exits 77 ("SKIP: no CUDA device") where no GPU is present. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/base/rng.h"
+#include "common/ops/ops.h"
+
+static ops_ctx_t g_cpu, g_gpu;
+static rng_t g_rng;
+
+/* ------------------------------------------------------------ helpers */
+static float bf16r(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+    memcpy(&f, &u, 4);
+    return f;
+}
+/* n bf16-representable normals times scale (caller frees). */
+static float *rnd(size_t n, float scale) {
+    float *h = malloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) h[i] = bf16r(rng_normal(&g_rng) * scale);
+    return h;
+}
+/* CPU backend buffer holding h (f32 act). */
+static void *cput(const float *h, size_t n) {
+    void *p = g_cpu.impl->malloc_(&g_cpu, n * sizeof(float));
+    g_cpu.impl->upload(&g_cpu, p, h, n * sizeof(float));
+    return p;
+}
+/* GPU buffers: act (bf16) from f32, or raw bytes (f32 / i32). */
+static void *gput(const float *h, size_t n) {
+    void *p = g_gpu.impl->malloc_(&g_gpu, n * 2);
+    assert_non_null(p);
+    g_gpu.impl->upload_act(&g_gpu, p, h, n);
+    return p;
+}
+static void *gput_raw(const void *h, size_t bytes) {
+    void *p = g_gpu.impl->malloc_(&g_gpu, bytes);
+    assert_non_null(p);
+    g_gpu.impl->upload(&g_gpu, p, h, bytes);
+    return p;
+}
+static float *gget(const void *d, size_t n) {
+    float *h = malloc((n ? n : 1) * sizeof(float));
+    g_gpu.impl->download_act(&g_gpu, h, d, n);
+    return h;
+}
+static float *gget_f32(const void *d, size_t n) {
+    float *h = malloc((n ? n : 1) * sizeof(float));
+    g_gpu.impl->download(&g_gpu, h, d, n * sizeof(float));
+    return h;
+}
+static void gfree(void *p) { g_gpu.impl->free_(&g_gpu, p); }
+static void cfree(void *p) { g_cpu.impl->free_(&g_cpu, p); }
+
+/* Prints and asserts rel = max|got - ref| / max|ref| <= tol; NaN fails. */
+static void check(const char *what, const float *ref, const float *got, size_t n, double tol) {
+    double md = 0.0, mr = 0.0;
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i]) || !isfinite(ref[i])) bad = 1;
+        double d = fabs((double)got[i] - ref[i]);
+        if (d > md) md = d;
+        if (fabs(ref[i]) > mr) mr = fabs(ref[i]);
+    }
+    double rel = mr > 0 ? md / mr : md;
+    printf("  %-44s n=%-8zu max_abs_err=%.3e max|ref|=%.3e rel=%.3e (tol %.0e)%s\n", what, n, md,
+           mr, rel, tol, bad ? " NON-FINITE" : "");
+    fflush(stdout);
+    assert_false(bad);
+    assert_true(rel <= tol);
+}
+
+/* ------------------------------------------------------------ matmul */
+static void run_matmul(int M, int K, int N, int with_bias) {
+    char name[96];
+    float *x = rnd((size_t)M * K, 1.0f), *w = rnd((size_t)N * K, 0.05f);
+    float *b = rnd(N, 0.5f), *dy = rnd((size_t)M * N, 1.0f);
+    float *dw0 = rnd((size_t)N * K, 0.1f), *db0 = rnd(N, 0.1f); /* accumulated onto */
+    /* CPU */
+    float *cx = cput(x, (size_t)M * K), *cw = cput(w, (size_t)N * K), *cb = cput(b, N);
+    float *cy = cput(dy, (size_t)M * N), *cdy = cput(dy, (size_t)M * N);
+    float *cdx = cput(x, (size_t)M * K), *cdw = cput(dw0, (size_t)N * K), *cdb = cput(db0, N);
+    g_cpu.impl->matmul_forward(&g_cpu, cy, cx, cw, with_bias ? cb : NULL, M, K, N);
+    g_cpu.impl->matmul_backward(&g_cpu, cdx, cdw, with_bias ? cdb : NULL, cdy, cx, cw, M, K, N);
+    /* GPU */
+    void *gx = gput(x, (size_t)M * K), *gw = gput(w, (size_t)N * K), *gb = gput(b, N);
+    void *gy = gput(dy, (size_t)M * N), *gdy = gput(dy, (size_t)M * N);
+    void *gdx = gput(x, (size_t)M * K);
+    float *gdw = gput_raw(dw0, (size_t)N * K * 4), *gdb = gput_raw(db0, (size_t)N * 4);
+    g_gpu.impl->matmul_forward(&g_gpu, gy, gx, gw, with_bias ? gb : NULL, M, K, N);
+    g_gpu.impl->matmul_backward(&g_gpu, gdx, gdw, with_bias ? gdb : NULL, gdy, gx, gw, M, K, N);
+    float *hy = gget(gy, (size_t)M * N), *hdx = gget(gdx, (size_t)M * K);
+    float *hdw = gget_f32(gdw, (size_t)N * K), *hdb = gget_f32(gdb, N);
+    snprintf(name, sizeof name, "matmul_forward M=%d K=%d N=%d bias=%d", M, K, N, with_bias);
+    check(name, cy, hy, (size_t)M * N, 2e-2);
+    snprintf(name, sizeof name, "matmul_backward dinp M=%d K=%d N=%d", M, K, N);
+    check(name, cdx, hdx, (size_t)M * K, 2e-2);
+    snprintf(name, sizeof name, "matmul_backward dweight (+=) M=%d K=%d N=%d", M, K, N);
+    check(name, cdw, hdw, (size_t)N * K, 1e-2);
+    if (with_bias) check("matmul_backward dbias (+=)", cdb, hdb, N, 1e-2);
+    free(x); free(w); free(b); free(dy); free(dw0); free(db0);
+    free(hy); free(hdx); free(hdw); free(hdb);
+    cfree(cx); cfree(cw); cfree(cb); cfree(cy); cfree(cdy); cfree(cdx); cfree(cdw); cfree(cdb);
+    gfree(gx); gfree(gw); gfree(gb); gfree(gy); gfree(gdy); gfree(gdx); gfree(gdw); gfree(gdb);
+}
+
+static void test_matmul(void **state) {
+    (void)state;
+    run_matmul(77, 100, 67, 1);     /* odd sizes: fallback or odd-ld cuBLASLt algorithms */
+    run_matmul(256, 512, 384, 1);   /* aligned: cuBLASLt tensor-core path */
+    run_matmul(300, 64, 1000, 0);
+    run_matmul(1, 128, 96, 1);      /* single row (decode) */
+}
+
+/* ------------------------------------------------------------ rmsnorm */
+static void run_rmsnorm(int N, int C) {
+    char name[96];
+    float *x = rnd((size_t)N * C, 2.0f), *w = rnd(C, 1.0f), *dy = rnd((size_t)N * C, 1.0f);
+    float *dw0 = rnd(C, 0.1f);
+    float *cx = cput(x, (size_t)N * C), *cw = cput(w, C), *cy = cput(x, (size_t)N * C);
+    float *crs = cput(x, N), *cdx = cput(x, (size_t)N * C), *cdy = cput(dy, (size_t)N * C);
+    float *cdw = cput(dw0, C);
+    g_cpu.impl->rmsnorm_forward(&g_cpu, cy, crs, cx, cw, 1e-6f, N, C);
+    g_cpu.impl->rmsnorm_backward(&g_cpu, cdx, cdw, cdy, cx, cw, crs, N, C);
+    void *gx = gput(x, (size_t)N * C), *gw = gput(w, C), *gy = gput(x, (size_t)N * C);
+    float *grs = gput_raw(x, (size_t)N * 4), *gdw = gput_raw(dw0, (size_t)C * 4);
+    void *gdx = gput(x, (size_t)N * C), *gdy = gput(dy, (size_t)N * C);
+    g_gpu.impl->rmsnorm_forward(&g_gpu, gy, grs, gx, gw, 1e-6f, N, C);
+    g_gpu.impl->rmsnorm_backward(&g_gpu, gdx, gdw, gdy, gx, gw, grs, N, C);
+    float *hy = gget(gy, (size_t)N * C), *hrs = gget_f32(grs, N);
+    float *hdx = gget(gdx, (size_t)N * C), *hdw = gget_f32(gdw, C);
+    snprintf(name, sizeof name, "rmsnorm_forward N=%d C=%d", N, C);
+    check(name, cy, hy, (size_t)N * C, 1e-2);
+    check("rmsnorm_forward rstd", crs, hrs, N, 1e-5);
+    snprintf(name, sizeof name, "rmsnorm_backward dinp N=%d C=%d", N, C);
+    check(name, cdx, hdx, (size_t)N * C, 1e-2);
+    check("rmsnorm_backward dweight (+=)", cdw, hdw, C, 1e-3);
+    /* dinp aliasing dout (allowed by the CPU contract) */
+    g_gpu.impl->rmsnorm_backward(&g_gpu, gdy, NULL, gdy, gx, gw, grs, N, C);
+    float *hal = gget(gdy, (size_t)N * C);
+    check("rmsnorm_backward dinp aliasing dout", cdx, hal, (size_t)N * C, 1e-2);
+    free(x); free(w); free(dy); free(dw0); free(hy); free(hrs); free(hdx); free(hdw); free(hal);
+    cfree(cx); cfree(cw); cfree(cy); cfree(crs); cfree(cdx); cfree(cdy); cfree(cdw);
+    gfree(gx); gfree(gw); gfree(gy); gfree(grs); gfree(gdw); gfree(gdx); gfree(gdy);
+}
+static void test_rmsnorm(void **state) {
+    (void)state;
+    run_rmsnorm(37, 200);
+    run_rmsnorm(64, 4096);
+    run_rmsnorm(5, 13000); /* dweight partials too large for shared memory */
+}
+
+/* ------------------------------------------------------------ rope */
+static void test_rope(void **state) {
+    (void)state;
+    const int N = 29, nh = 3, hd = 64;
+    size_t n = (size_t)N * nh * hd;
+    rope_params_t rp = {.theta = 1e6};
+    float inv[64];
+    ops_rope_inv_freq(&rp, hd, inv);
+    int32_t pos[29];
+    for (int i = 0; i < N; i++) pos[i] = (int32_t)rng_below(&g_rng, 5000);
+    float *x = rnd(n, 1.0f);
+    float *cx = cput(x, n), *cd = cput(x, n);
+    void *gx = gput(x, n), *gd = gput(x, n);
+    int32_t *gpos = gput_raw(pos, sizeof pos);
+    float *ginv = gput_raw(inv, sizeof(float) * hd / 2);
+    g_cpu.impl->rope_forward(&g_cpu, cx, pos, inv, N, nh, hd);
+    g_cpu.impl->rope_backward(&g_cpu, cd, pos, inv, N, nh, hd);
+    g_gpu.impl->rope_forward(&g_gpu, gx, gpos, ginv, N, nh, hd);
+    g_gpu.impl->rope_backward(&g_gpu, gd, gpos, ginv, N, nh, hd);
+    float *hx = gget(gx, n), *hd_ = gget(gd, n);
+    check("rope_forward N=29 nh=3 hd=64 pos<5000", cx, hx, n, 1e-2);
+    check("rope_backward", cd, hd_, n, 1e-2);
+    free(x); free(hx); free(hd_);
+    cfree(cx); cfree(cd); gfree(gx); gfree(gd); gfree(gpos); gfree(ginv);
+}
+
+/* ------------------------------------------------------------ elementwise */
+static void run_elementwise(size_t n) {
+    char name[96];
+    float *g = rnd(n, 2.0f), *u = rnd(n, 1.0f), *dy = rnd(n, 1.0f);
+    float *cg = cput(g, n), *cu = cput(u, n), *cdy = cput(dy, n), *co = cput(g, n);
+    float *cdg = cput(g, n), *cdu = cput(g, n), *cadd = cput(g, n), *cax = cput(u, n);
+    void *gg = gput(g, n), *gu = gput(u, n), *gdy = gput(dy, n), *go = gput(g, n);
+    void *gdg = gput(g, n), *gdu = gput(g, n), *gadd = gput(g, n), *gax = gput(u, n);
+    g_cpu.impl->swiglu_forward(&g_cpu, co, cg, cu, n);
+    g_cpu.impl->swiglu_backward(&g_cpu, cdg, cdu, cdy, cg, cu, n);
+    g_cpu.impl->add(&g_cpu, cadd, cg, cu, n);
+    g_cpu.impl->axpy(&g_cpu, cax, -0.37f, cdy, n);
+    g_gpu.impl->swiglu_forward(&g_gpu, go, gg, gu, n);
+    g_gpu.impl->swiglu_backward(&g_gpu, gdg, gdu, gdy, gg, gu, n);
+    g_gpu.impl->add(&g_gpu, gadd, gg, gu, n);
+    g_gpu.impl->axpy(&g_gpu, gax, -0.37f, gdy, n);
+    float *ho = gget(go, n), *hdg = gget(gdg, n), *hdu = gget(gdu, n);
+    float *hadd = gget(gadd, n), *hax = gget(gax, n);
+    snprintf(name, sizeof name, "swiglu_forward n=%zu", n);
+    check(name, co, ho, n, 1e-2);
+    check("swiglu_backward dgate", cdg, hdg, n, 1e-2);
+    check("swiglu_backward dup", cdu, hdu, n, 1e-2);
+    check("add", cadd, hadd, n, 1e-2);
+    check("axpy", cax, hax, n, 1e-2);
+    free(g); free(u); free(dy); free(ho); free(hdg); free(hdu); free(hadd); free(hax);
+    cfree(cg); cfree(cu); cfree(cdy); cfree(co); cfree(cdg); cfree(cdu); cfree(cadd); cfree(cax);
+    gfree(gg); gfree(gu); gfree(gdy); gfree(go); gfree(gdg); gfree(gdu); gfree(gadd); gfree(gax);
+}
+static void test_elementwise(void **state) {
+    (void)state;
+    run_elementwise(1003);   /* scalar path */
+    run_elementwise(65536);  /* 16-byte path */
+}
+
+static void test_embedding(void **state) {
+    (void)state;
+    const int V = 50, C = 72, T = 33;
+    float *tab = rnd((size_t)V * C, 1.0f);
+    int32_t ids[33];
+    for (int i = 0; i < T; i++) ids[i] = (int32_t)rng_below(&g_rng, V);
+    float *cout_ = cput(tab, (size_t)T * C), *ctab = cput(tab, (size_t)V * C);
+    void *gout = gput(tab, (size_t)T * C), *gtab = gput(tab, (size_t)V * C);
+    int32_t *gids = gput_raw(ids, sizeof ids);
+    g_cpu.impl->embedding_forward(&g_cpu, cout_, ids, ctab, T, C);
+    g_gpu.impl->embedding_forward(&g_gpu, gout, gids, gtab, T, C);
+    float *h = gget(gout, (size_t)T * C);
+    check("embedding_forward V=50 C=72 T=33 (exact)", cout_, h, (size_t)T * C, 0.0);
+    free(tab); free(h); cfree(cout_); cfree(ctab); gfree(gout); gfree(gtab); gfree(gids);
+}
+
+/* ------------------------------------------------------------ cross-entropy */
+static void run_xent(int N, int V) {
+    char name[96];
+    size_t n = (size_t)N * V;
+    float *lg = rnd(n, 3.0f);
+    int32_t *tg = malloc(N * sizeof(int32_t));
+    float *w = malloc(N * sizeof(float));
+    for (int i = 0; i < N; i++) {
+        tg[i] = (int32_t)rng_below(&g_rng, V);
+        w[i] = (i % 5 == 3) ? 0.0f : expf(-(float)(i % 16) / 7.0f);
+    }
+    /* make a few rows predict their target, so `correct` is not all zeros */
+    for (int i = 0; i < N; i += 3) lg[(size_t)i * V + tg[i]] = 20.0f;
+    float *cl = cput(lg, n), *closs = cput(w, N), *ccor = cput(w, N);
+    void *gl = gput(lg, n);
+    float *gloss = gput_raw(w, N * 4), *gcor = gput_raw(w, N * 4), *gw = gput_raw(w, N * 4);
+    int32_t *gtg = gput_raw(tg, N * 4);
+    g_cpu.impl->xent_forward_backward(&g_cpu, cl, closs, ccor, tg, w, 0.25f, N, V);
+    g_gpu.impl->xent_forward_backward(&g_gpu, gl, gloss, gcor, gtg, gw, 0.25f, N, V);
+    float *hl = gget(gl, n), *hloss = gget_f32(gloss, N), *hcor = gget_f32(gcor, N);
+    snprintf(name, sizeof name, "xent dlogits N=%d V=%d", N, V);
+    check(name, cl, hl, n, 1e-2);
+    check("xent loss", closs, hloss, N, 1e-4);
+    check("xent correct (exact)", ccor, hcor, N, 0.0);
+    free(lg); free(tg); free(w); free(hl); free(hloss); free(hcor);
+    cfree(cl); cfree(closs); cfree(ccor);
+    gfree(gl); gfree(gloss); gfree(gcor); gfree(gw); gfree(gtg);
+}
+static void test_xent(void **state) {
+    (void)state;
+    run_xent(13, 3001);
+    run_xent(20, 151936); /* Qwen3 vocabulary */
+}
+
+/* ------------------------------------------------------------ sumsq + adamw */
+static void test_adamw(void **state) {
+    (void)state;
+    const size_t n = 100003;
+    float *master = rnd(n, 1.0f), *grad = rnd(n, 3.0f), *m = rnd(n, 0.01f), *v = rnd(n, 0.01f);
+    for (size_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
+    float *cmst = cput(master, n), *cm = cput(m, n), *cv = cput(v, n), *cgr = cput(grad, n);
+    float cns[1];
+    float *gmst = gput_raw(master, n * 4), *gm = gput_raw(m, n * 4), *gv = gput_raw(v, n * 4);
+    float *ggr = gput_raw(grad, n * 4), *gns = gput_raw(cns, 4);
+    void *gwork = gput(master, n);
+    /* norm over two "tensors": first half assigned, second accumulated */
+    g_cpu.impl->sumsq(&g_cpu, cns, cgr, n / 2, 0);
+    g_cpu.impl->sumsq(&g_cpu, cns, cgr + n / 2, n - n / 2, 1);
+    g_gpu.impl->sumsq(&g_gpu, gns, ggr, n / 2, 0);
+    g_gpu.impl->sumsq(&g_gpu, gns, ggr + n / 2, n - n / 2, 1);
+    float *hns = gget_f32(gns, 1);
+    check("sumsq (two calls, accumulate)", cns, hns, 1, 1e-5);
+    /* max_norm well below the norm: the clip scale is active */
+    for (int t = 1; t <= 3; t++) {
+        g_cpu.impl->adamw(&g_cpu, cmst, NULL, cgr, cm, cv, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t,
+                          cns, 1.0f);
+        g_gpu.impl->adamw(&g_gpu, gmst, gwork, ggr, gm, gv, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t,
+                          gns, 1.0f);
+    }
+    float *hm = gget_f32(gmst, n), *hmm = gget_f32(gm, n), *hv = gget_f32(gv, n);
+    float *hw = gget(gwork, n);
+    check("adamw master (3 steps, clipped)", cmst, hm, n, 1e-5);
+    check("adamw m", cm, hmm, n, 1e-5);
+    check("adamw v", cv, hv, n, 1e-5);
+    check("adamw work (bf16 copy of master)", cmst, hw, n, 5e-3);
+    free(master); free(grad); free(m); free(v); free(hns); free(hm); free(hmm); free(hv); free(hw);
+    cfree(cmst); cfree(cm); cfree(cv); cfree(cgr);
+    gfree(gmst); gfree(gm); gfree(gv); gfree(ggr); gfree(gns); gfree(gwork);
+}
+
+/* ------------------------------------------------------------ attention (varlen, causal) */
+static void run_varlen(const int *lens, int nseq, int H, int Hkv, int hd) {
+    char name[128];
+    int32_t cu[16];
+    cu[0] = 0;
+    int maxlen = 0;
+    for (int s = 0; s < nseq; s++) {
+        cu[s + 1] = cu[s] + lens[s];
+        if (lens[s] > maxlen) maxlen = lens[s];
+    }
+    int T = cu[nseq];
+    size_t nq = (size_t)T * H * hd, nk = (size_t)T * Hkv * hd;
+    float *q = rnd(nq, 1.0f), *k = rnd(nk, 1.0f), *v = rnd(nk, 1.0f);
+    float *cq = cput(q, nq), *ck = cput(k, nk), *cv = cput(v, nk), *co = cput(q, nq);
+    void *gq = gput(q, nq), *gk = gput(k, nk), *gv = gput(v, nk), *go = gput(q, nq);
+    int32_t *gcu = gput_raw(cu, (size_t)(nseq + 1) * 4);
+    g_cpu.impl->attention_varlen_forward(&g_cpu, co, cq, ck, cv, cu, nseq, maxlen, T, H, Hkv, hd);
+    g_gpu.impl->attention_varlen_forward(&g_gpu, go, gq, gk, gv, gcu, nseq, maxlen, T, H, Hkv, hd);
+    float *ho = gget(go, nq);
+    int off = snprintf(name, sizeof name, "attention_varlen H=%d Hkv=%d hd=%d lens=", H, Hkv, hd);
+    for (int s = 0; s < nseq && off < 110; s++)
+        off += snprintf(name + off, sizeof name - off, "%d%s", lens[s], s + 1 < nseq ? "," : "");
+    check(name, co, ho, nq, 2e-2);
+    free(q); free(k); free(v); free(ho);
+    cfree(cq); cfree(ck); cfree(cv); cfree(co);
+    gfree(gq); gfree(gk); gfree(gv); gfree(go); gfree(gcu);
+}
+static void test_attention_varlen(void **state) {
+    (void)state;
+    const int lens[] = {1, 7, 64, 300};
+    run_varlen(lens, 4, 4, 2, 64);   /* GQA 2:1 */
+    run_varlen(lens, 4, 8, 2, 128);  /* GQA 4:1, Qwen3 head dim */
+    run_varlen(lens, 4, 3, 3, 36);   /* MHA, unaligned head dim (scalar loads) */
+    const int one[] = {300};
+    run_varlen(one, 1, 2, 1, 96);
+    const int lens2[] = {129, 1, 65};
+    run_varlen(lens2, 3, 4, 1, 32);
+}
+
+/* ------------------------------------------------------------ DFlash block attention */
+static void run_block(int Nb, int B, int Tc, int H, int Hkv, int hd) {
+    char name[128];
+    int32_t cs[64], cl[64];
+    for (int j = 0; j < Nb; j++) {
+        /* mix of: empty context, prefixes (as DFlash: [seq start, anchor)), arbitrary windows */
+        int kind = j % 4;
+        if (kind == 0) { cs[j] = 0; cl[j] = 0; }
+        else if (kind == 1) { cs[j] = 0; cl[j] = 1 + (int)rng_below(&g_rng, Tc); }
+        else {
+            cs[j] = (int)rng_below(&g_rng, Tc);
+            cl[j] = 1 + (int)rng_below(&g_rng, Tc - cs[j]);
+        }
+    }
+    size_t nq = (size_t)Nb * B * H * hd, nkb = (size_t)Nb * B * Hkv * hd;
+    size_t nkc = (size_t)Tc * Hkv * hd, nl = (size_t)Nb * B * H;
+    float *q = rnd(nq, 1.0f), *kb = rnd(nkb, 1.0f), *vb = rnd(nkb, 1.0f);
+    float *kc = rnd(nkc, 1.0f), *vc = rnd(nkc, 1.0f), *dout = rnd(nq, 1.0f);
+    /* CPU */
+    float *cq = cput(q, nq), *ckb = cput(kb, nkb), *cvb = cput(vb, nkb), *ckc = cput(kc, nkc);
+    float *cvc = cput(vc, nkc), *cdo = cput(dout, nq), *co = cput(q, nq), *clse = cput(q, nl);
+    float *cdq = cput(q, nq), *cdkb = cput(kb, nkb), *cdvb = cput(kb, nkb);
+    float *cdkc = cput(kc, nkc), *cdvc = cput(kc, nkc);
+    g_cpu.impl->attention_block_forward(&g_cpu, co, clse, cq, ckb, cvb, ckc, cvc, cs, cl, Nb, B,
+                                        Tc, H, Hkv, hd);
+    g_cpu.impl->attention_block_backward(&g_cpu, cdq, cdkb, cdvb, cdkc, cdvc, cdo, co, clse, cq,
+                                         ckb, cvb, ckc, cvc, cs, cl, Nb, B, Tc, H, Hkv, hd);
+    /* GPU (gradients poisoned with random values: they must be assigned) */
+    void *gq = gput(q, nq), *gkb = gput(kb, nkb), *gvb = gput(vb, nkb), *gkc = gput(kc, nkc);
+    void *gvc = gput(vc, nkc), *gdo = gput(dout, nq), *go = gput(q, nq);
+    float *glse = gput_raw(q, nl * 4);
+    void *gdq = gput(q, nq), *gdkb = gput(kb, nkb), *gdvb = gput(vb, nkb);
+    void *gdkc = gput(kc, nkc), *gdvc = gput(vc, nkc);
+    int32_t *gcs = gput_raw(cs, (size_t)Nb * 4), *gcl = gput_raw(cl, (size_t)Nb * 4);
+    g_gpu.impl->attention_block_forward(&g_gpu, go, glse, gq, gkb, gvb, gkc, gvc, gcs, gcl, Nb, B,
+                                        Tc, H, Hkv, hd);
+    g_gpu.impl->attention_block_backward(&g_gpu, gdq, gdkb, gdvb, gdkc, gdvc, gdo, go, glse, gq,
+                                         gkb, gvb, gkc, gvc, gcs, gcl, Nb, B, Tc, H, Hkv, hd);
+    float *ho = gget(go, nq), *hlse = gget_f32(glse, nl), *hdq = gget(gdq, nq);
+    float *hdkb = gget(gdkb, nkb), *hdvb = gget(gdvb, nkb), *hdkc = gget(gdkc, nkc);
+    float *hdvc = gget(gdvc, nkc);
+    snprintf(name, sizeof name, "attention_block_forward Nb=%d B=%d Tc=%d H=%d Hkv=%d hd=%d", Nb,
+             B, Tc, H, Hkv, hd);
+    check(name, co, ho, nq, 2e-2);
+    check("attention_block_forward lse", clse, hlse, nl, 5e-3);
+    check("attention_block_backward dq", cdq, hdq, nq, 3e-2);
+    check("attention_block_backward dkb", cdkb, hdkb, nkb, 3e-2);
+    check("attention_block_backward dvb", cdvb, hdvb, nkb, 3e-2);
+    check("attention_block_backward dkc (summed over blocks)", cdkc, hdkc, nkc, 3e-2);
+    check("attention_block_backward dvc (summed over blocks)", cdvc, hdvc, nkc, 3e-2);
+    /* lse == NULL: recomputed inside, same result */
+    g_gpu.impl->attention_block_backward(&g_gpu, gdq, NULL, NULL, gdkc, NULL, gdo, go, NULL, gq,
+                                         gkb, gvb, gkc, gvc, gcs, gcl, Nb, B, Tc, H, Hkv, hd);
+    float *hdq2 = gget(gdq, nq), *hdkc2 = gget(gdkc, nkc);
+    check("attention_block_backward dq (lse=NULL)", cdq, hdq2, nq, 3e-2);
+    check("attention_block_backward dkc (lse=NULL)", cdkc, hdkc2, nkc, 3e-2);
+    free(q); free(kb); free(vb); free(kc); free(vc); free(dout);
+    free(ho); free(hlse); free(hdq); free(hdkb); free(hdvb); free(hdkc); free(hdvc);
+    free(hdq2); free(hdkc2);
+    cfree(cq); cfree(ckb); cfree(cvb); cfree(ckc); cfree(cvc); cfree(cdo); cfree(co); cfree(clse);
+    cfree(cdq); cfree(cdkb); cfree(cdvb); cfree(cdkc); cfree(cdvc);
+    gfree(gq); gfree(gkb); gfree(gvb); gfree(gkc); gfree(gvc); gfree(gdo); gfree(go); gfree(glse);
+    gfree(gdq); gfree(gdkb); gfree(gdvb); gfree(gdkc); gfree(gdvc); gfree(gcs); gfree(gcl);
+}
+static void test_attention_block(void **state) {
+    (void)state;
+    run_block(9, 16, 150, 4, 2, 64);   /* DFlash B=16, GQA 2:1 */
+    run_block(6, 7, 200, 8, 2, 128);   /* odd block size, GQA 4:1 */
+    run_block(5, 10, 70, 3, 1, 36);    /* unaligned head dim */
+    run_block(3, 40, 300, 2, 2, 32);   /* B > 16: several query chunks per block */
+    run_block(40, 16, 1000, 4, 1, 128); /* many blocks over one long context */
+}
+
+int main(void) {
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("SKIP: no CUDA device\n");
+        return 77;
+    }
+    rng_seed(&g_rng, 20261130);
+    ops_cpu_init(&g_cpu, 0);
+    if (ops_cuda_init(&g_gpu, 0) != 0) {
+        printf("SKIP: no CUDA device (ops_cuda_init failed)\n");
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matmul),          cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_rope),            cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_embedding),       cmocka_unit_test(test_xent),
+        cmocka_unit_test(test_adamw),           cmocka_unit_test(test_attention_varlen),
+        cmocka_unit_test(test_attention_block),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    ops_ctx_destroy(&g_gpu);
+    ops_ctx_destroy(&g_cpu);
+    return rc;
+}
