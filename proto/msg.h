@@ -251,7 +251,7 @@ typedef struct {
 } proto_weights_version_t;
 
 typedef struct {
-    char name[DL_PROTO_NAME_MAX + 1];   /* [a-z0-9_.], non-empty, e.g. "tokens_per_s" */
+    char name[DL_PROTO_NAME_MAX + 1];   /* printable ASCII, non-empty, e.g. "tokens_per_s" */
     double value;                        /* any double, NaN/Inf allowed */
 } proto_metric_t;
 
