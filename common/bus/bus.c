@@ -22,6 +22,7 @@
 #define BUS_ENV_BYTES 4
 #define BUS_PEERS_MAX 1024      /* ROUTER peers tracked; more are dropped (flood guard) */
 #define BUS_RETRY_MS 5          /* queue flush retry while a queue is non-empty */
+#define BUS_BINDS_MAX 8         /* ipc endpoints per bus whose socket files we remove at close */
 
 typedef struct qmsg {
     struct qmsg *next;
@@ -70,6 +71,12 @@ struct bus {
     peer_t **peers;             /* ROUTER: known peers; DEALER: peers[0] is the upstream */
     size_t npeers, cap_peers;
     int connected;              /* DEALER: bus_connect done */
+
+    /* ipc socket files we bound: ZeroMQ 4.3 leaves them behind, so bus_finish unlinks each one
+     * if it is still the same inode (not a file another process has bound since). */
+    struct { char path[sizeof(((struct sockaddr_un *)0)->sun_path)]; dev_t dev; ino_t ino; }
+        binds[BUS_BINDS_MAX];
+    int nbinds;
 
     int closing, closed, free_on_close, in_finish, pending;
     int in_pump;
@@ -132,7 +139,7 @@ static peer_t *peer_add(bus_t *b, const char *id, size_t n) {
     return p;
 }
 
-static void peer_drop_queue(bus_t *b, peer_t *p) {
+static void peer_drop_queue(bus_t *b, peer_t *p, const char *why) {
     size_t n = 0;
     while (p->qhead) {
         qmsg_t *q = p->qhead;
@@ -145,14 +152,15 @@ static void peer_drop_queue(bus_t *b, peer_t *p) {
     p->qtail = NULL;
     p->qmsgs = 0;
     if (n) {
-        b->st.dropped_dead += n;
-        log_warn("bus %s: dropped %zu queued message(s) for peer '%s'", b->name, n, p->id);
+        if (!b->closing) b->st.dropped_dead += n;
+        log_msg(b->closing ? LOG_DEBUG : LOG_WARN, __FILE__, __LINE__,
+                "bus %s: dropped %zu queued message(s) for peer '%s' (%s)", b->name, n, p->id, why);
     }
 }
 
-static void peer_remove(bus_t *b, size_t i) {
+static void peer_remove(bus_t *b, size_t i, const char *why) {
     peer_t *p = b->peers[i];
-    peer_drop_queue(b, p);
+    peer_drop_queue(b, p, why);
     if (p->alive) b->st.peers_alive--;
     b->peers[i] = b->peers[--b->npeers];
     free(p);
@@ -220,7 +228,7 @@ static size_t flush_queues(bus_t *b) {
             sent++;
         }
         /* The peer's pipe is gone (disconnected): what is queued cannot reach it. */
-        if (drop) peer_drop_queue(b, p);
+        if (drop) peer_drop_queue(b, p, "peer disconnected");
         i++;
     }
     if (b->st.queued_msgs == 0 && b->retry_on) {
@@ -510,8 +518,8 @@ again:
         b->st.peers_dead++;
         log_info("bus %s: peer '%s' dead (silent %llu ms, timeout %d ms)", b->name, id,
                  (unsigned long long)silent_ms, b->hb_timeout_ms);
-        if (b->kind == BUS_ROUTER) peer_remove(b, i);
-        else peer_drop_queue(b, p);
+        if (b->kind == BUS_ROUTER) peer_remove(b, i, "peer dead");
+        else peer_drop_queue(b, p, "peer dead");
         if (b->dead_cb) b->dead_cb(b, id, silent_ms, b->dead_arg);
         if (b->closing) return;
         goto again;    /* the callback may have changed the peer table */
@@ -547,7 +555,7 @@ static void bus_finish(bus_t *b) {
             if (!p->qhead) p->qtail = NULL;
         }
     }
-    while (b->npeers) peer_remove(b, b->npeers - 1);
+    while (b->npeers) peer_remove(b, b->npeers - 1, "bus closed");
     free(b->peers);
     b->peers = NULL;
     if (b->sock) {
@@ -562,6 +570,13 @@ static void bus_finish(bus_t *b) {
         while (rc < 0 && errno == EINTR);
         b->ctx = NULL;
     }
+    for (int i = 0; i < b->nbinds; i++) {
+        struct stat st;
+        if (lstat(b->binds[i].path, &st) == 0 && S_ISSOCK(st.st_mode) &&
+            st.st_dev == b->binds[i].dev && st.st_ino == b->binds[i].ino)
+            unlink(b->binds[i].path);
+    }
+    b->nbinds = 0;
     b->closed = 1;
     b->in_finish = 1;
     if (b->close_cb) b->close_cb(b, b->close_arg);
@@ -800,6 +815,15 @@ int bus_bind(bus_t *b, const char *endpoint) {
     if (b->closing) return dl_seterr(DL_ECLOSED, "bus %s: bind after close", b->name);
     if (zmq_bind(b->sock, endpoint) != 0)
         return dl_seterr(DL_EIO, "bus %s: bind %s: %s", b->name, endpoint, zmq_strerror(errno));
+    const char *path = strncmp(endpoint, "ipc://", 6) == 0 ? endpoint + 6 : NULL;
+    struct stat st;
+    if (path && strcmp(path, "*") != 0 && b->nbinds < BUS_BINDS_MAX &&
+        strlen(path) < sizeof b->binds[0].path && lstat(path, &st) == 0) {
+        snprintf(b->binds[b->nbinds].path, sizeof b->binds[0].path, "%s", path);
+        b->binds[b->nbinds].dev = st.st_dev;
+        b->binds[b->nbinds].ino = st.st_ino;
+        b->nbinds++;
+    }
     idle_start(b);
     return 0;
 }

@@ -49,7 +49,8 @@
  * calls bus_on_signal's callback, then bus_close(). bus_close stops and closes every handle the
  * bus owns; when their close callbacks have run it closes the socket (ZMQ_LINGER is 0 unless
  * opts.linger_ms says otherwise, so unsent messages are discarded and zmq_ctx_term cannot hang, or
- * waits at most linger_ms) and terminates the bus's own context. The
+ * waits at most linger_ms) and terminates the bus's own context. It then removes the ipc socket
+ * files it bound (ZeroMQ 4.3 leaves them), each only if it is still the same inode. The
  * loop then has nothing left of the bus and uv_run returns once the caller's own handles are gone.
  *
  * Threading: a bus and its callbacks belong to the loop's thread; nothing here is thread-safe.
@@ -109,7 +110,7 @@ typedef struct {
     uint64_t queued_total;          /* data messages that went through an outgoing queue */
     uint64_t send_eagain;           /* bus_send calls refused with DL_EAGAIN */
     uint64_t dropped_bad;           /* malformed incoming messages dropped */
-    uint64_t dropped_dead;          /* queued messages dropped because their peer died */
+    uint64_t dropped_dead;          /* queued messages dropped: peer dead or disconnected */
     uint64_t peers_dead;            /* peer deaths reported */
     size_t queued_msgs, queued_bytes; /* now in the outgoing queues */
     size_t queued_msgs_max;         /* high-water of queued_msgs since bus_new */
