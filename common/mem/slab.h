@@ -23,7 +23,7 @@ typedef enum { SLAB_HOST = 0, SLAB_CUDA = 1 } slab_kind_t;
 
 #define SLAB_NAME_MAX 64   /* == DL_PROTO_SHM_NAME_MAX + 1 */
 #define SLAB_IPC_BYTES 64   /* sizeof(cudaIpcMemHandle_t) */
-#define SLAB_UUID_MAX 48    /* "GPU-xxxxxxxx-...." or "cpu" */
+#define SLAB_UUID_MAX 64    /* "GPU-xxxxxxxx-..."; "" for host memory */
 
 /* Exported description of a slab; fixed size, copied verbatim into messages. */
 typedef struct {
@@ -36,7 +36,7 @@ typedef struct {
     uint64_t bytes;                /* usable size in bytes */
     char name[SLAB_NAME_MAX];      /* unique name: shm object name, also the cache key */
     uint8_t ipc[SLAB_IPC_BYTES];   /* SLAB_CUDA: cudaIpcMemHandle_t */
-    char gpu_uuid[SLAB_UUID_MAX];  /* SLAB_CUDA: owner's GPU UUID; "cpu" for host */
+    char gpu_uuid[SLAB_UUID_MAX];  /* SLAB_CUDA: owner GPU UUID; "" for host */
 } slab_handle_t;
 
 typedef struct slab slab_t;
