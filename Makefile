@@ -104,7 +104,7 @@ $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-$(BIN)/%: $(LIB) $$(patsubst %.c,$(BUILD)/%.o,$$(wildcard %/*.c))
+$(BIN)/%: $(LIB) $$(addprefix $(BUILD)/,$$(addsuffix .o,$$(basename $$(wildcard $$*/*.c))))
 	@mkdir -p $(BIN)
 	$(CC) $(LDFLAGS) -o $@ $(patsubst %.c,$(BUILD)/%.o,$(wildcard $*/*.c)) $(LIB) $(LDLIBS)
 
@@ -123,6 +123,15 @@ $(BUILD)/tests/test_%: $(BUILD)/tests/integration/test_%.o $(TEST_SUPPORT_OBJ) $
 $(BUILD)/tests/gpu_test_%: $(BUILD)/tests/gpu/test_%.o $(TEST_SUPPORT_OBJ) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(LDFLAGS) -o $@ $< $(TEST_SUPPORT_OBJ) $(LIB) $(LDLIBS) -lcmocka
+
+# bench/*.c -> $(BUILD)/bench/<name> (GPU benchmarks; built by `make bench` and
+# `make bundle`, run by scripts/bench.sh; without CUDA they print SKIP).
+BENCH_C    := $(sort $(wildcard bench/*.c))
+BENCH_BINS := $(foreach b,$(BENCH_C),$(BUILD)/bench/$(basename $(notdir $(b))))
+$(BUILD)/bench/%: $(BUILD)/bench/%.o $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS) -o $@ $< $(LIB) $(LDLIBS)
+bench bundle: $(BENCH_BINS)
 
 test-build: all
 
