@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/base/err.h"
+#include "common/model/target.h"
 
 /* Tensor order inside one layer of the flat vector (and of the checkpoint). */
 enum {
@@ -88,18 +89,10 @@ void drafter_config_defaults(drafter_config_t *cfg) {
 }
 
 int drafter_default_layer_ids(int L, int n, int *out) {
-    if (n < 1 || n > DRAFTER_MAX_FEAT)
-        return dl_seterr(DL_EINVAL, "drafter layer ids: %d drafter layers (1..%d)", n,
+    if (n > DRAFTER_MAX_FEAT)
+        return dl_seterr(DL_EINVAL, "drafter layer ids: %d drafter layers (max %d)", n,
                          DRAFTER_MAX_FEAT);
-    if (n == 1) {
-        if (L < 1) return dl_seterr(DL_EINVAL, "drafter layer ids: target has %d layers", L);
-        out[0] = L / 2;
-        return 0;
-    }
-    if (L < 4) return dl_seterr(DL_EINVAL, "drafter layer ids: target has %d layers (< 4)", L);
-    double start = 1, span = (double)(L - 3) - start;
-    for (int i = 0; i < n; i++) out[i] = (int)nearbyint(start + i * span / (n - 1));
-    return 0;
+    return target_default_layer_ids(L, n, out); /* one source: common/model/target.c */
 }
 
 float drafter_default_gamma(int B) {
@@ -207,6 +200,15 @@ const drafter_config_t *drafter_config(const drafter_t *d) { return &d->cfg; }
 
 void drafter_sync_weights(drafter_t *d) {
     if ((void *)d->master != d->w) IMPL->f32_to_act(d->c, d->w, d->master, d->n_params);
+}
+
+void drafter_download_master(drafter_t *d, float *host) {
+    IMPL->download(d->c, host, d->master, d->n_params * sizeof(float));
+}
+
+void drafter_upload_master(drafter_t *d, const float *host) {
+    IMPL->upload(d->c, d->master, host, d->n_params * sizeof(float));
+    drafter_sync_weights(d);
 }
 
 void drafter_zero_grad(drafter_t *d) { IMPL->memset0(d->c, d->grad, d->n_params * sizeof(float)); }

@@ -82,8 +82,9 @@ void drafter_config_defaults(drafter_config_t *cfg);
 int drafter_config_finish(drafter_config_t *cfg);
 
 /* DFlash's build_target_layer_ids (z-lab/dflash): n == 1 -> [L/2]; else
- * round(1 + i*(L-4)/(n-1)), i = 0..n-1 (Python round: half to even).
- * Returns 0 or DL_EINVAL (n < 1, L < 4 with n > 1). */
+ * round(1 + i*(L-4)/(n-1)), i = 0..n-1 (Python round: half to even); delegates
+ * to target_default_layer_ids. Returns 0 or DL_EINVAL (n < 1 or > DRAFTER_MAX_FEAT,
+ * L < 4 with n > 1). */
 int drafter_default_layer_ids(int n_target_layers, int n, int *out);
 
 /* Paper's decay for block size B: 16 -> 7, 10 -> 5, 8 -> 4; piecewise linear
@@ -157,6 +158,10 @@ void *drafter_weights(drafter_t *d);
 /* Refreshes the act working weights from master (after an optimizer step on
  * CUDA; no-op on CPU). */
 void drafter_sync_weights(drafter_t *d);
+/* Copies master (f32) to/from a host buffer of drafter_n_params floats; upload
+ * also refreshes the working weights. */
+void drafter_download_master(drafter_t *d, float *host);
+void drafter_upload_master(drafter_t *d, const float *host);
 int drafter_n_tensors(const drafter_t *d);
 const drafter_tensor_t *drafter_tensor(const drafter_t *d, int i);
 /* By public name; NULL if absent. */

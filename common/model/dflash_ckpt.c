@@ -1,0 +1,507 @@
+/* DFlash checkpoints: config.json + model.safetensors in the public layout, and
+ * the training state. See dflash_ckpt.h. */
+#include "common/model/dflash_ckpt.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/base/err.h"
+#include "common/model/safetensors.h"
+
+#define DFLASH_STATE_FORMAT 1
+#define DFLASH_PATH_MAX 4096
+
+/* out = dir/name; DL_EINVAL when it does not fit. */
+static int join_path(char *out, const char *dir, const char *name) {
+    int n = snprintf(out, DFLASH_PATH_MAX, "%s/%s", dir, name);
+    if (n < 0 || n >= DFLASH_PATH_MAX)
+        return dl_seterr(DL_EINVAL, "checkpoint path too long: %s/%s", dir, name);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ config */
+
+char *dflash_config_to_json(const drafter_config_t *c) {
+    cJSON *j = cJSON_CreateObject();
+    if (!j) return NULL;
+    cJSON *arch = cJSON_AddArrayToObject(j, "architectures");
+    cJSON_AddItemToArray(arch, cJSON_CreateString("DFlashDraftModel"));
+    cJSON_AddStringToObject(j, "model_type", "qwen3");
+    cJSON_AddNumberToObject(j, "hidden_size", c->D);
+    cJSON_AddNumberToObject(j, "num_hidden_layers", c->n_layers);
+    cJSON_AddNumberToObject(j, "num_attention_heads", c->H);
+    cJSON_AddNumberToObject(j, "num_key_value_heads", c->Hkv);
+    cJSON_AddNumberToObject(j, "head_dim", c->hd);
+    cJSON_AddNumberToObject(j, "intermediate_size", c->F);
+    cJSON_AddNumberToObject(j, "rms_norm_eps", c->rms_eps);
+    cJSON_AddNumberToObject(j, "rope_theta", c->rope.theta);
+    if (c->rope.llama3) {
+        cJSON *rs = cJSON_AddObjectToObject(j, "rope_scaling");
+        cJSON_AddStringToObject(rs, "rope_type", "llama3");
+        cJSON_AddNumberToObject(rs, "factor", c->rope.factor);
+        cJSON_AddNumberToObject(rs, "low_freq_factor", c->rope.low_freq_factor);
+        cJSON_AddNumberToObject(rs, "high_freq_factor", c->rope.high_freq_factor);
+        cJSON_AddNumberToObject(rs, "original_max_position_embeddings",
+                                c->rope.original_max_position_embeddings);
+    } else {
+        cJSON_AddNullToObject(j, "rope_scaling");
+    }
+    cJSON_AddNumberToObject(j, "vocab_size", c->V);
+    cJSON_AddNumberToObject(j, "max_position_embeddings",
+                            c->max_position_embeddings > 0 ? c->max_position_embeddings : 32768);
+    cJSON_AddStringToObject(j, "hidden_act", "silu");
+    cJSON_AddFalseToObject(j, "attention_bias");
+    cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
+    cJSON_AddNumberToObject(j, "initializer_range", 0.02);
+    cJSON_AddFalseToObject(j, "tie_word_embeddings");
+    cJSON_AddFalseToObject(j, "use_sliding_window");
+    cJSON_AddNullToObject(j, "sliding_window");
+    cJSON_AddNumberToObject(j, "max_window_layers", c->n_layers);
+    cJSON *lt = cJSON_AddArrayToObject(j, "layer_types");
+    for (int i = 0; i < c->n_layers; i++) cJSON_AddItemToArray(lt, cJSON_CreateString("full_attention"));
+    cJSON_AddStringToObject(j, "torch_dtype", "bfloat16");
+    cJSON_AddNumberToObject(j, "block_size", c->B);
+    cJSON_AddNumberToObject(j, "num_target_layers", c->n_target_layers);
+    cJSON *df = cJSON_AddObjectToObject(j, "dflash_config");
+    cJSON_AddItemToObject(df, "target_layer_ids", cJSON_CreateIntArray(c->target_layer_ids, c->n_feat));
+    cJSON_AddNumberToObject(df, "mask_token_id", c->mask_token_id);
+    cJSON *dl = cJSON_AddObjectToObject(j, "draftline");
+    cJSON_AddNumberToObject(dl, "gamma", c->gamma);
+    cJSON_AddNumberToObject(dl, "loss_chunk_blocks", c->loss_chunk_blocks);
+    char *s = cJSON_Print(j);
+    cJSON_Delete(j);
+    return s;
+}
+
+static int json_num(const cJSON *o, const char *key, const char *where, int required, double *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) {
+        if (required) return dl_seterr(DL_EFORMAT, "%s: missing field '%s'", where, key);
+        return 1;
+    }
+    if (!cJSON_IsNumber(v)) return dl_seterr(DL_EFORMAT, "%s: field '%s': expected a number", where, key);
+    *out = v->valuedouble;
+    return 0;
+}
+
+static int json_int(const cJSON *o, const char *key, const char *where, int required, int *out) {
+    double v = 0;
+    int rc = json_num(o, key, where, required, &v);
+    if (rc != 0) return rc;
+    if (v != (double)(int)v)
+        return dl_seterr(DL_EFORMAT, "%s: field '%s': expected an integer, got %g", where, key, v);
+    *out = (int)v;
+    return 0;
+}
+
+int dflash_config_from_json(const char *text, const char *where, drafter_config_t *c) {
+    cJSON *j = cJSON_Parse(text);
+    if (!j || !cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return dl_seterr(DL_EFORMAT, "%s: not a JSON object", where);
+    }
+    drafter_config_defaults(c);
+    int rc = 0;
+    double x;
+    const cJSON *df = cJSON_GetObjectItemCaseSensitive(j, "dflash_config");
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(j, "model_type");
+    if (mt && cJSON_IsString(mt) && strcmp(mt->valuestring, "qwen3") != 0) {
+        rc = dl_seterr(DL_ENOTSUP, "%s: model_type '%s' (a DFlash drafter is 'qwen3')", where,
+                       mt->valuestring);
+        goto out;
+    }
+    if (!cJSON_IsObject(df)) {
+        rc = dl_seterr(DL_EFORMAT, "%s: missing object 'dflash_config'", where);
+        goto out;
+    }
+#define TRYF(e) do { rc = (e); if (rc < 0) goto out; } while (0)
+    TRYF(json_int(j, "hidden_size", where, 1, &c->D));
+    TRYF(json_int(j, "num_hidden_layers", where, 1, &c->n_layers));
+    TRYF(json_int(j, "num_attention_heads", where, 1, &c->H));
+    TRYF(json_int(j, "num_key_value_heads", where, 1, &c->Hkv));
+    c->hd = c->H > 0 ? c->D / c->H : 0;
+    TRYF(json_int(j, "head_dim", where, 0, &c->hd));
+    TRYF(json_int(j, "intermediate_size", where, 1, &c->F));
+    TRYF(json_int(j, "vocab_size", where, 1, &c->V));
+    TRYF(json_num(j, "rms_norm_eps", where, 1, &x));
+    c->rms_eps = (float)x;
+    TRYF(json_int(j, "max_position_embeddings", where, 0, &c->max_position_embeddings));
+    TRYF(json_int(j, "num_target_layers", where, 0, &c->n_target_layers));
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(j, "rope_parameters");
+    rc = json_num(j, "rope_theta", where, 0, &x);
+    if (rc < 0) goto out;
+    if (rc == 1 && cJSON_IsObject(rp)) TRYF(json_num(rp, "rope_theta", where, 1, &x));
+    else if (rc == 1) x = 10000.0;
+    c->rope.theta = x;
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
+    if (!cJSON_IsObject(rs) && cJSON_IsObject(rp)) rs = rp;
+    if (cJSON_IsObject(rs)) {
+        const cJSON *ty = cJSON_GetObjectItemCaseSensitive(rs, "rope_type");
+        if (!ty) ty = cJSON_GetObjectItemCaseSensitive(rs, "type");
+        if (ty && cJSON_IsString(ty) && strcmp(ty->valuestring, "llama3") == 0) {
+            c->rope.llama3 = 1;
+            TRYF(json_num(rs, "factor", where, 1, &c->rope.factor));
+            TRYF(json_num(rs, "low_freq_factor", where, 1, &c->rope.low_freq_factor));
+            TRYF(json_num(rs, "high_freq_factor", where, 1, &c->rope.high_freq_factor));
+            TRYF(json_int(rs, "original_max_position_embeddings", where, 1,
+                          &c->rope.original_max_position_embeddings));
+        } else if (ty && cJSON_IsString(ty) && strcmp(ty->valuestring, "default") != 0) {
+            rc = dl_seterr(DL_ENOTSUP, "%s: rope type '%s'", where, ty->valuestring);
+            goto out;
+        }
+    }
+    rc = json_int(j, "block_size", where, 0, &c->B);
+    if (rc < 0) goto out;
+    if (rc == 1) TRYF(json_int(df, "block_size", where, 1, &c->B));
+    TRYF(json_int(df, "mask_token_id", where, 1, &c->mask_token_id));
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(df, "target_layer_ids");
+    if (ids) {
+        if (!cJSON_IsArray(ids) || cJSON_GetArraySize(ids) < 1 ||
+            cJSON_GetArraySize(ids) > DRAFTER_MAX_FEAT) {
+            rc = dl_seterr(DL_EFORMAT, "%s: dflash_config.target_layer_ids: expected 1..%d integers",
+                           where, DRAFTER_MAX_FEAT);
+            goto out;
+        }
+        c->n_feat = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, ids) {
+            if (!cJSON_IsNumber(e)) {
+                rc = dl_seterr(DL_EFORMAT, "%s: dflash_config.target_layer_ids[%d]: not a number",
+                               where, c->n_feat);
+                goto out;
+            }
+            c->target_layer_ids[c->n_feat++] = e->valueint;
+        }
+    }
+    const cJSON *dl = cJSON_GetObjectItemCaseSensitive(j, "draftline");
+    if (cJSON_IsObject(dl)) {
+        if (json_num(dl, "gamma", where, 0, &x) == 0) c->gamma = (float)x;
+        TRYF(json_int(dl, "loss_chunk_blocks", where, 0, &c->loss_chunk_blocks));
+    }
+    rc = drafter_config_finish(c);
+    if (rc < 0) dl_wraperr(rc, "%s", where);
+#undef TRYF
+out:
+    cJSON_Delete(j);
+    return rc < 0 ? rc : 0;
+}
+
+static int read_text(const char *path, char **out) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return dl_seterr(errno == ENOENT ? DL_ENOENT : DL_EIO, "%s: %s", path, strerror(errno));
+    if (fseek(f, 0, SEEK_END) != 0) { fclose(f); return dl_seterr(DL_EIO, "%s: seek", path); }
+    long n = ftell(f);
+    if (n < 0 || n > (64L << 20)) { fclose(f); return dl_seterr(DL_EFORMAT, "%s: size %ld", path, n); }
+    rewind(f);
+    char *buf = malloc((size_t)n + 1);
+    if (!buf) { fclose(f); return dl_seterr(DL_ENOMEM, "%s: %ld bytes", path, n); }
+    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        fclose(f);
+        return dl_seterr(DL_EIO, "%s: short read", path);
+    }
+    buf[n] = 0;
+    fclose(f);
+    *out = buf;
+    return 0;
+}
+
+int dflash_config_load(const char *dir, drafter_config_t *cfg) {
+    char path[DFLASH_PATH_MAX];
+    DL_TRY(join_path(path, dir, "config.json"));
+    char *text;
+    DL_TRY(read_text(path, &text));
+    int rc = dflash_config_from_json(text, path, cfg);
+    free(text);
+    return rc;
+}
+
+/* -------------------------------------------------------------------- save */
+
+static int write_file_sync(const char *path, const void *data, size_t n) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return dl_seterr(DL_EIO, "%s: open: %s", path, strerror(errno));
+    const char *p = data;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            int e = errno;
+            close(fd);
+            return dl_seterr(DL_EIO, "%s: write: %s", path, strerror(e));
+        }
+        p += w, n -= (size_t)w;
+    }
+    if (fsync(fd) != 0 || close(fd) != 0) return dl_seterr(DL_EIO, "%s: fsync: %s", path, strerror(errno));
+    return 0;
+}
+
+static int fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return dl_seterr(DL_EIO, "%s: open dir: %s", dir, strerror(errno));
+    int rc = fsync(fd);
+    close(fd);
+    return rc == 0 ? 0 : dl_seterr(DL_EIO, "%s: fsync dir: %s", dir, strerror(errno));
+}
+
+/* rm -r of a checkpoint directory we wrote (flat: files only). */
+static void remove_flat_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        char path[DFLASH_PATH_MAX];
+        if (join_path(path, dir, e->d_name) == 0) unlink(path);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static void parent_of(const char *path, char *out, size_t cap) {
+    snprintf(out, cap, "%s", path);
+    size_t n = strlen(out);
+    while (n > 1 && out[n - 1] == '/') out[--n] = 0;
+    char *slash = strrchr(out, '/');
+    if (!slash) snprintf(out, cap, ".");
+    else if (slash == out) out[1] = 0;
+    else *slash = 0;
+}
+
+static int save_weights(drafter_t *d, const char *dir, const char *dtype, const float *host) {
+    char path[DFLASH_PATH_MAX];
+    DL_TRY(join_path(path, dir, "model.safetensors"));
+    st_writer_t *w;
+    DL_TRY(st_writer_new(path, &w));
+    int rc = st_writer_meta(w, "format", "pt");
+    for (int i = 0; rc == 0 && i < drafter_n_tensors(d); i++) {
+        const drafter_tensor_t *t = drafter_tensor(d, i);
+        rc = st_writer_add(w, t->name, dtype, t->n_dims, t->shape);
+    }
+    uint16_t *buf = NULL;
+    for (int i = 0; rc == 0 && i < drafter_n_tensors(d); i++) {
+        const drafter_tensor_t *t = drafter_tensor(d, i);
+        const float *src = host + t->offset;
+        if (strcmp(dtype, "F32") == 0) {
+            rc = st_writer_write(w, src, t->numel * 4);
+        } else {
+            uint16_t *nb = realloc(buf, t->numel * 2);
+            if (!nb) { rc = dl_seterr(DL_ENOMEM, "%s: %s", path, t->name); break; }
+            buf = nb;
+            for (size_t e = 0; e < t->numel; e++) buf[e] = st_f32_to_bf16(src[e]);
+            rc = st_writer_write(w, buf, t->numel * 2);
+        }
+    }
+    free(buf);
+    if (rc < 0) {
+        st_writer_abort(&w);
+        return rc;
+    }
+    return st_writer_finish(&w);
+}
+
+static int save_state(const char *dir, const dflash_train_state_t *s) {
+    char path[DFLASH_PATH_MAX];
+    if (s->master && s->m && s->v) {
+        DL_TRY(join_path(path, dir, "training_state.safetensors"));
+        st_writer_t *w;
+        DL_TRY(st_writer_new(path, &w));
+        int64_t shape[1] = {(int64_t)s->n_params};
+        const char *names[3] = {"master", "adam_m", "adam_v"};
+        const float *data[3] = {s->master, s->m, s->v};
+        int rc = 0;
+        for (int i = 0; rc == 0 && i < 3; i++) rc = st_writer_add(w, names[i], "F32", 1, shape);
+        for (int i = 0; rc == 0 && i < 3; i++) rc = st_writer_write(w, data[i], s->n_params * 4);
+        if (rc < 0) {
+            st_writer_abort(&w);
+            return rc;
+        }
+        DL_TRY(st_writer_finish(&w));
+    }
+    cJSON *j = cJSON_CreateObject();
+    char num[32];
+    cJSON_AddNumberToObject(j, "format", DFLASH_STATE_FORMAT);
+    snprintf(num, sizeof num, "%" PRId64, s->step);
+    cJSON_AddStringToObject(j, "step", num);
+    snprintf(num, sizeof num, "%" PRIu64, s->seed);
+    cJSON_AddStringToObject(j, "seed", num);
+    snprintf(num, sizeof num, "%" PRIu64, s->next_mb);
+    cJSON_AddStringToObject(j, "next_mb", num);
+    snprintf(num, sizeof num, "%zu", s->n_params);
+    cJSON_AddStringToObject(j, "n_params", num);
+    cJSON *r = cJSON_AddArrayToObject(j, "rng");
+    for (int i = 0; i < 4; i++) {
+        snprintf(num, sizeof num, "%" PRIu64, s->rng.s[i]);
+        cJSON_AddItemToArray(r, cJSON_CreateString(num));
+    }
+    char *text = cJSON_Print(j);
+    cJSON_Delete(j);
+    if (!text) return dl_seterr(DL_ENOMEM, "training_state.json");
+    int rc = join_path(path, dir, "training_state.json");
+    if (rc == 0) rc = write_file_sync(path, text, strlen(text));
+    free(text);
+    return rc;
+}
+
+int dflash_ckpt_save(drafter_t *d, const char *dir, const char *dtype,
+                     const dflash_train_state_t *state) {
+    if (strcmp(dtype, "BF16") != 0 && strcmp(dtype, "F32") != 0)
+        return dl_seterr(DL_EINVAL, "dflash_ckpt_save: dtype '%s' (BF16 or F32)", dtype);
+    char tmp[DFLASH_PATH_MAX], old[DFLASH_PATH_MAX], parent[DFLASH_PATH_MAX];
+    char path[DFLASH_PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", dir) >= (int)sizeof tmp ||
+        snprintf(old, sizeof old, "%s.old", dir) >= (int)sizeof old)
+        return dl_seterr(DL_EINVAL, "dflash_ckpt_save: path too long");
+    parent_of(dir, parent, sizeof parent);
+    remove_flat_dir(tmp); /* leftovers of a crashed save */
+    if (mkdir(tmp, 0755) != 0) return dl_seterr(DL_EIO, "%s: mkdir: %s", tmp, strerror(errno));
+    size_t n = drafter_n_params(d);
+    float *host = malloc(n * sizeof(float));
+    int rc = 0;
+    if (!host) {
+        rc = dl_seterr(DL_ENOMEM, "dflash_ckpt_save: %zu params", n);
+        goto fail;
+    }
+    drafter_download_master(d, host); /* master weights live on the backend */
+    char *cfg = dflash_config_to_json(drafter_config(d));
+    if (!cfg) {
+        rc = dl_seterr(DL_ENOMEM, "dflash_ckpt_save: config.json");
+        goto fail;
+    }
+    rc = join_path(path, tmp, "config.json");
+    if (rc == 0) rc = write_file_sync(path, cfg, strlen(cfg));
+    free(cfg);
+    if (rc < 0) goto fail;
+    if ((rc = save_weights(d, tmp, dtype, host)) < 0) goto fail;
+    if (state && (rc = save_state(tmp, state)) < 0) goto fail;
+    if ((rc = fsync_dir(tmp)) < 0) goto fail;
+    struct stat sb;
+    int had_old = stat(dir, &sb) == 0;
+    if (had_old) {
+        remove_flat_dir(old);
+        if (rename(dir, old) != 0) {
+            rc = dl_seterr(DL_EIO, "%s -> %s: rename: %s", dir, old, strerror(errno));
+            goto fail;
+        }
+    }
+    if (rename(tmp, dir) != 0) {
+        rc = dl_seterr(DL_EIO, "%s -> %s: rename: %s", tmp, dir, strerror(errno));
+        if (had_old) rename(old, dir);
+        goto fail;
+    }
+    fsync_dir(parent);
+    if (had_old) remove_flat_dir(old);
+    free(host);
+    return 0;
+fail:
+    free(host);
+    remove_flat_dir(tmp);
+    return rc;
+}
+
+/* -------------------------------------------------------------------- load */
+
+int dflash_ckpt_load_weights(drafter_t *d, const char *dir) {
+    char path[DFLASH_PATH_MAX];
+    DL_TRY(join_path(path, dir, "model.safetensors"));
+    safetensors_t *st;
+    DL_TRY(safetensors_open(path, &st));
+    size_t n = drafter_n_params(d);
+    float *host = malloc(n * sizeof(float));
+    int rc = host ? 0 : dl_seterr(DL_ENOMEM, "%s: %zu params", path, n);
+    for (int i = 0; rc == 0 && i < drafter_n_tensors(d); i++) {
+        const drafter_tensor_t *t = drafter_tensor(d, i);
+        const st_tensor_t *s = safetensors_find(st, t->name);
+        if (!s) {
+            rc = dl_seterr(DL_ENOENT, "%s: tensor '%s' missing", path, t->name);
+            break;
+        }
+        int ok = s->n_dims == t->n_dims && s->shape[0] == t->shape[0] &&
+                 (t->n_dims == 1 || s->shape[1] == t->shape[1]);
+        if (!ok) {
+            rc = dl_seterr(DL_EFORMAT, "%s: tensor '%s' has shape [%" PRId64 "%s%" PRId64
+                           "], expected [%" PRId64 ", %" PRId64 "]", path, t->name, s->shape[0],
+                           s->n_dims > 1 ? ", " : "", s->n_dims > 1 ? s->shape[1] : 0,
+                           t->shape[0], t->n_dims > 1 ? t->shape[1] : 0);
+            break;
+        }
+        rc = st_tensor_to_f32(s, host + t->offset);
+        if (rc < 0) dl_wraperr(rc, "%s: %s", path, t->name);
+    }
+    if (rc == 0) drafter_upload_master(d, host);
+    free(host);
+    safetensors_close(&st);
+    return rc;
+}
+
+static int parse_u64(const cJSON *o, const char *key, const char *where, uint64_t *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (v && cJSON_IsString(v)) {
+        char *end;
+        errno = 0;
+        unsigned long long x = strtoull(v->valuestring, &end, 10);
+        if (errno == 0 && *end == 0 && end != v->valuestring) {
+            *out = x;
+            return 0;
+        }
+    }
+    return dl_seterr(DL_EFORMAT, "%s: field '%s': expected a decimal string", where, key);
+}
+
+int dflash_ckpt_load_state(const char *dir, size_t n_params, float *master, float *m, float *v,
+                           dflash_train_state_t *meta) {
+    char path[DFLASH_PATH_MAX];
+    DL_TRY(join_path(path, dir, "training_state.json"));
+    char *text;
+    DL_TRY(read_text(path, &text));
+    cJSON *j = cJSON_Parse(text);
+    free(text);
+    if (!j) return dl_seterr(DL_EFORMAT, "%s: bad JSON", path);
+    memset(meta, 0, sizeof(*meta));
+    uint64_t step = 0, np = 0;
+    int rc = parse_u64(j, "step", path, &step);
+    if (rc == 0) rc = parse_u64(j, "seed", path, &meta->seed);
+    if (rc == 0) rc = parse_u64(j, "next_mb", path, &meta->next_mb);
+    if (rc == 0) rc = parse_u64(j, "n_params", path, &np);
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(j, "rng");
+    if (rc == 0 && (!cJSON_IsArray(r) || cJSON_GetArraySize(r) != 4))
+        rc = dl_seterr(DL_EFORMAT, "%s: field 'rng': expected 4 strings", path);
+    for (int i = 0; rc == 0 && i < 4; i++) {
+        const cJSON *e = cJSON_GetArrayItem(r, i);
+        if (!cJSON_IsString(e)) { rc = dl_seterr(DL_EFORMAT, "%s: rng[%d]", path, i); break; }
+        meta->rng.s[i] = strtoull(e->valuestring, NULL, 10);
+    }
+    cJSON_Delete(j);
+    if (rc < 0) return rc;
+    meta->step = (int64_t)step;
+    meta->n_params = (size_t)np;
+    if (np != n_params)
+        return dl_seterr(DL_EFORMAT, "%s: n_params %" PRIu64 " but the drafter has %zu", path, np,
+                         n_params);
+    if (!master && !m && !v) return 0;
+    DL_TRY(join_path(path, dir, "training_state.safetensors"));
+    safetensors_t *st;
+    DL_TRY(safetensors_open(path, &st));
+    const char *names[3] = {"master", "adam_m", "adam_v"};
+    float *outs[3] = {master, m, v};
+    for (int i = 0; rc == 0 && i < 3; i++) {
+        if (!outs[i]) continue;
+        const st_tensor_t *s = safetensors_find(st, names[i]);
+        if (!s || st_tensor_nelem(s) != n_params || s->dtype != ST_F32) {
+            rc = dl_seterr(DL_EFORMAT, "%s: tensor '%s' missing or not F32 [%zu]", path, names[i],
+                           n_params);
+            break;
+        }
+        rc = st_tensor_to_f32(s, outs[i]);
+    }
+    safetensors_close(&st);
+    return rc;
+}

@@ -1,0 +1,75 @@
+/* DFlash drafter checkpoints in the public layout (z-lab/dflash: the directory
+ * that DFlashDraftModel.from_pretrained loads), plus draftline's training state.
+ *
+ * <dir>/config.json          a Qwen3 config ("model_type": "qwen3", hidden_size,
+ *                            num_hidden_layers, heads, head_dim, intermediate_size,
+ *                            rms_norm_eps, rope_theta (+ rope_scaling), vocab_size,
+ *                            max_position_embeddings, ...) with "architectures":
+ *                            ["DFlashDraftModel"], top-level "block_size" and
+ *                            "num_target_layers", "dflash_config": {"target_layer_ids",
+ *                            "mask_token_id"}; draftline's own knobs under "draftline"
+ *                            ({"gamma", "loss_chunk_blocks"}), ignored by other readers.
+ * <dir>/model.safetensors    layers.N.self_attn.{q,k,v,o}_proj.weight,
+ *                            layers.N.self_attn.{q,k}_norm.weight,
+ *                            layers.N.{input,post_attention}_layernorm.weight,
+ *                            layers.N.mlp.{gate,up,down}_proj.weight, fc.weight,
+ *                            hidden_norm.weight, norm.weight (BF16 or F32); no
+ *                            embedding or LM head (the target's).
+ * <dir>/training_state.safetensors  (optional) F32 1-D "master", "adam_m", "adam_v"
+ *                            over the flat parameter vector (drafter_tensor order)
+ * <dir>/training_state.json  (optional) {"step", "seed", "rng": [4 x u64 as strings],
+ *                            "next_mb", "n_params", "format": 1}
+ *
+ * Atomicity: dflash_ckpt_save writes everything into "<dir>.tmp", fsyncs each
+ * file and the directory, then renames it over <dir> (an existing <dir> is
+ * first renamed to "<dir>.old" and removed after), so a reader sees the old or
+ * the new checkpoint, never a mix.
+ */
+#ifndef DL_MODEL_DFLASH_CKPT_H
+#define DL_MODEL_DFLASH_CKPT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/base/rng.h"
+#include "common/model/drafter.h"
+
+typedef struct {
+    int64_t step;        /* optimizer steps applied */
+    uint64_t seed;       /* run seed */
+    rng_t rng;           /* optimizer-side rng state */
+    uint64_t next_mb;    /* loader cursor: next micro-batch to hand out */
+    const float *master, *m, *v;  /* save: (n_params) f32 host; NULL = skip the tensors */
+    size_t n_params;
+} dflash_train_state_t;
+
+/* config.json text for cfg (malloc'd, caller frees); NULL on allocation failure. */
+char *dflash_config_to_json(const drafter_config_t *cfg);
+
+/* Parses a DFlash config.json text into cfg (drafter_config_finish applied);
+ * `where` names the source in errors. Accepts rope_theta at top level or in
+ * rope_parameters, block_size at top level or in dflash_config; gamma from
+ * "draftline" else the default for the block size. DL_EFORMAT names a missing
+ * or mistyped field; DL_EINVAL a bad value. */
+int dflash_config_from_json(const char *json, const char *where, drafter_config_t *cfg);
+/* Reads <dir>/config.json. */
+int dflash_config_load(const char *dir, drafter_config_t *cfg);
+
+/* Saves d (master weights, converted to dtype "BF16" or "F32") and, when state
+ * is non-NULL, the training state, atomically into dir (see above).
+ * DL_EINVAL (dtype), DL_EIO naming the path. */
+int dflash_ckpt_save(drafter_t *d, const char *dir, const char *dtype,
+                     const dflash_train_state_t *state);
+
+/* Loads <dir>/model.safetensors into d's master weights (then working weights).
+ * Every drafter tensor must be present with its exact shape (DL_ENOENT /
+ * DL_EFORMAT naming it); other tensors are ignored. F32, F16 or BF16. */
+int dflash_ckpt_load_weights(drafter_t *d, const char *dir);
+
+/* Loads the training state: meta fields always; master, m, v into the given
+ * (n_params) f32 host buffers when non-NULL. DL_ENOENT when dir has none,
+ * DL_EFORMAT when n_params differs. */
+int dflash_ckpt_load_state(const char *dir, size_t n_params, float *master, float *m, float *v,
+                           dflash_train_state_t *meta);
+
+#endif

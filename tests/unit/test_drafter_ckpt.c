@@ -1,0 +1,218 @@
+/* DFlash checkpoints (common/model/dflash_ckpt.c): the public layout written
+ * by the PyTorch fixture script (tests/fixtures/drafter/{config.json,
+ * model.safetensors}) loads into the C drafter and reproduces the torch loss;
+ * F32 save/load is bitwise; BF16 save rounds to nearest even; the training
+ * state round-trips; a save over an existing checkpoint replaces it atomically
+ * (no .tmp/.old left); malformed inputs give named errors. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/base/err.h"
+#include "common/model/dflash_ckpt.h"
+#include "common/model/drafter.h"
+#include "common/model/safetensors.h"
+#include "tests/unit/test_ops_fixture.h"
+
+static ops_ctx_t g_ctx;
+static char g_tmp[256];
+
+typedef struct {
+    cJSON *fx;
+    float *embed, *lm_head, *features;
+    int32_t *cu, *ids, *anchors;
+    uint8_t *mask;
+    drafter_batch_t b;
+} batch_fx_t;
+
+static void batch_open(batch_fx_t *t) {
+    t->fx = fx_load("drafter", "fixture");
+    t->embed = fx_f32(t->fx, "embed", NULL);
+    t->lm_head = fx_f32(t->fx, "lm_head", NULL);
+    t->features = fx_f32(t->fx, "features", NULL);
+    t->cu = fx_i32(t->fx, "cu_seqlens", NULL);
+    t->ids = fx_i32(t->fx, "ids", NULL);
+    size_t na, nt;
+    t->anchors = fx_i32(t->fx, "anchors", &na);
+    int32_t *m = fx_i32(t->fx, "loss_mask", &nt);
+    t->mask = malloc(nt);
+    for (size_t i = 0; i < nt; i++) t->mask[i] = (uint8_t)m[i];
+    free(m);
+    t->b = (drafter_batch_t){.T = fx_int(t->fx, "T"), .nseq = fx_int(t->fx, "nseq"),
+                             .cu_seqlens = t->cu, .ids = t->ids, .loss_mask = t->mask,
+                             .features = t->features, .n_blocks = (int)na, .anchors = t->anchors};
+}
+
+static void batch_close(batch_fx_t *t) {
+    free(t->embed), free(t->lm_head), free(t->features), free(t->cu), free(t->ids);
+    free(t->anchors), free(t->mask);
+    cJSON_Delete(t->fx);
+}
+
+static void test_load_public_layout(void **state) {
+    (void)state;
+    drafter_config_t c;
+    assert_int_equal(dflash_config_load("tests/fixtures/drafter", &c), 0);
+    assert_int_equal(c.D, 16), assert_int_equal(c.n_layers, 2), assert_int_equal(c.H, 4);
+    assert_int_equal(c.Hkv, 2), assert_int_equal(c.hd, 8), assert_int_equal(c.F, 24);
+    assert_int_equal(c.V, 37), assert_int_equal(c.B, 4), assert_int_equal(c.mask_token_id, 1);
+    assert_int_equal(c.n_feat, 3), assert_int_equal(c.n_target_layers, 8);
+    assert_int_equal(c.target_layer_ids[0], 1), assert_int_equal(c.target_layer_ids[2], 5);
+    assert_true(c.rope.theta == 10000.0 && !c.rope.llama3 && fabsf(c.rms_eps - 1e-6f) < 1e-12f);
+    assert_true(c.gamma == 2.0f); /* default for B = 4 */
+    batch_fx_t t;
+    batch_open(&t);
+    drafter_t *d;
+    assert_int_equal(drafter_new(&g_ctx, &c, t.embed, t.lm_head, 32, 16, 1, &d), 0);
+    assert_int_equal(dflash_ckpt_load_weights(d, "tests/fixtures/drafter"), 0);
+    const cJSON *params = cJSON_GetObjectItem(t.fx, "params");
+    for (int i = 0; i < drafter_n_tensors(d); i++) {
+        const drafter_tensor_t *ten = drafter_tensor(d, i);
+        float *want = fx_f32(params, ten->name, NULL);
+        assert_memory_equal(drafter_master(d) + ten->offset, want, ten->numel * 4);
+        free(want);
+    }
+    drafter_stats_t st;
+    assert_int_equal(drafter_forward_backward(d, &t.b, 0, &st), 0);
+    assert_true(fabs(st.loss_sum - fx_num(t.fx, "loss_sum")) <= 1e-5 * fx_num(t.fx, "loss_sum"));
+    drafter_destroy(&d);
+    batch_close(&t);
+}
+
+static void test_roundtrip(void **state) {
+    (void)state;
+    drafter_config_t c;
+    assert_int_equal(dflash_config_load("tests/fixtures/drafter", &c), 0);
+    c.gamma = 3.5f; /* draftline knob survives the round trip */
+    c.rope.llama3 = 1, c.rope.factor = 8, c.rope.low_freq_factor = 1, c.rope.high_freq_factor = 4;
+    c.rope.original_max_position_embeddings = 32;
+    batch_fx_t t;
+    batch_open(&t);
+    drafter_t *d, *e;
+    assert_int_equal(drafter_new(&g_ctx, &c, t.embed, t.lm_head, 32, 16, 11, &d), 0);
+    size_t n = drafter_n_params(d);
+    float *m = malloc(n * 4), *v = malloc(n * 4), *m2 = malloc(n * 4), *v2 = malloc(n * 4);
+    float *w2 = malloc(n * 4);
+    rng_t r;
+    rng_seed(&r, 3);
+    for (size_t i = 0; i < n; i++) m[i] = rng_normal(&r), v[i] = rng_uniform(&r);
+    for (size_t i = 0; i < n; i++) drafter_master(d)[i] += 0.1f * rng_normal(&r);
+    drafter_sync_weights(d);
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/ckpt", g_tmp);
+    dflash_train_state_t s = {.step = 17, .seed = 42, .next_mb = 123456789012345ull,
+                              .master = drafter_master(d), .m = m, .v = v, .n_params = n};
+    rng_seed(&s.rng, 77);
+    rng_u64(&s.rng);
+    assert_int_equal(dflash_ckpt_save(d, dir, "F32", &s), 0);
+    /* again, over the existing directory */
+    assert_int_equal(dflash_ckpt_save(d, dir, "F32", &s), 0);
+    char p[400];
+    struct stat sb;
+    snprintf(p, sizeof p, "%s.tmp", dir);
+    assert_int_not_equal(stat(p, &sb), 0);
+    snprintf(p, sizeof p, "%s.old", dir);
+    assert_int_not_equal(stat(p, &sb), 0);
+    drafter_config_t c2;
+    assert_int_equal(dflash_config_load(dir, &c2), 0);
+    assert_true(c2.gamma == 3.5f && c2.rope.llama3 && c2.rope.factor == 8 &&
+                c2.rope.original_max_position_embeddings == 32);
+    assert_int_equal(c2.B, c.B), assert_int_equal(c2.n_feat, c.n_feat);
+    assert_memory_equal(c2.target_layer_ids, c.target_layer_ids, sizeof(int) * (size_t)c.n_feat);
+    assert_int_equal(drafter_new(&g_ctx, &c2, t.embed, t.lm_head, 32, 16, 99, &e), 0);
+    assert_int_equal(dflash_ckpt_load_weights(e, dir), 0);
+    assert_memory_equal(drafter_master(e), drafter_master(d), n * 4);
+    dflash_train_state_t s2;
+    assert_int_equal(dflash_ckpt_load_state(dir, n, w2, m2, v2, &s2), 0);
+    assert_true(s2.step == 17 && s2.seed == 42 && s2.next_mb == 123456789012345ull);
+    assert_memory_equal(&s2.rng, &s.rng, sizeof s.rng);
+    assert_memory_equal(w2, drafter_master(d), n * 4);
+    assert_memory_equal(m2, m, n * 4);
+    assert_memory_equal(v2, v, n * 4);
+    assert_int_equal(dflash_ckpt_load_state(dir, n + 1, NULL, NULL, NULL, &s2), DL_EFORMAT);
+    /* BF16: the file holds bf16 (round to nearest even) */
+    assert_int_equal(dflash_ckpt_save(d, dir, "BF16", NULL), 0);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    safetensors_t *st;
+    assert_int_equal(safetensors_open(p, &st), 0);
+    assert_int_equal(safetensors_find(st, "layers.1.mlp.down_proj.weight")->dtype, ST_BF16);
+    assert_null(safetensors_find(st, "embed_tokens.weight"));
+    assert_int_equal(safetensors_n_tensors(st), (size_t)drafter_n_tensors(d));
+    safetensors_close(&st);
+    assert_int_equal(dflash_ckpt_load_weights(e, dir), 0);
+    for (size_t i = 0; i < n; i++)
+        assert_true(drafter_master(e)[i] == st_bf16_to_f32(st_f32_to_bf16(drafter_master(d)[i])));
+    snprintf(p, sizeof p, "%s/training_state.json", dir);
+    assert_int_not_equal(stat(p, &sb), 0); /* state not requested this time */
+    assert_int_equal(dflash_ckpt_load_state(dir, n, NULL, NULL, NULL, &s2), DL_ENOENT);
+    assert_int_equal(dflash_ckpt_save(d, dir, "F16x", NULL), DL_EINVAL);
+    /* a drafter of another shape cannot load it */
+    drafter_config_t c3 = c2;
+    c3.F = 20;
+    drafter_t *f;
+    assert_int_equal(drafter_new(&g_ctx, &c3, t.embed, t.lm_head, 32, 16, 1, &f), 0);
+    assert_int_equal(dflash_ckpt_load_weights(f, dir), DL_EFORMAT);
+    assert_non_null(strstr(dl_errmsg(), "mlp.gate_proj"));
+    drafter_destroy(&f);
+    drafter_destroy(&d);
+    drafter_destroy(&e);
+    free(m), free(v), free(m2), free(v2), free(w2);
+    batch_close(&t);
+}
+
+static void test_bad_config(void **state) {
+    (void)state;
+    drafter_config_t c;
+    assert_int_equal(dflash_config_from_json("[1]", "x.json", &c), DL_EFORMAT);
+    const char *no_dflash = "{\"model_type\":\"qwen3\",\"hidden_size\":16}";
+    assert_int_equal(dflash_config_from_json(no_dflash, "x.json", &c), DL_EFORMAT);
+    assert_non_null(strstr(dl_errmsg(), "dflash_config"));
+    const char *no_heads =
+        "{\"model_type\":\"qwen3\",\"hidden_size\":16,\"num_hidden_layers\":1,"
+        "\"dflash_config\":{\"mask_token_id\":1}}";
+    assert_int_equal(dflash_config_from_json(no_heads, "x.json", &c), DL_EFORMAT);
+    assert_non_null(strstr(dl_errmsg(), "num_attention_heads"));
+    const char *llama = "{\"model_type\":\"llama\",\"dflash_config\":{}}";
+    assert_int_equal(dflash_config_from_json(llama, "x.json", &c), DL_ENOTSUP);
+    /* the C writer's text parses back */
+    assert_int_equal(dflash_config_load("tests/fixtures/drafter", &c), 0);
+    char *txt = dflash_config_to_json(&c);
+    drafter_config_t c2;
+    assert_int_equal(dflash_config_from_json(txt, "gen", &c2), 0);
+    free(txt);
+    assert_int_equal(c2.D, c.D), assert_int_equal(c2.V, c.V), assert_int_equal(c2.B, c.B);
+    c2.mask_token_id = 99;
+    txt = dflash_config_to_json(&c2);
+    assert_int_equal(dflash_config_from_json(txt, "gen", &c), DL_EINVAL);
+    assert_non_null(strstr(dl_errmsg(), "gen"));
+    free(txt);
+}
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(g_tmp, sizeof g_tmp, "/tmp/dl-ckpt-test-XXXXXX");
+    return mkdtemp(g_tmp) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void) {
+    ops_cpu_init(&g_ctx, 2);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_load_public_layout),
+        cmocka_unit_test(test_roundtrip),
+        cmocka_unit_test(test_bad_config),
+    };
+    int rc = cmocka_run_group_tests(tests, setup, teardown);
+    ops_ctx_destroy(&g_ctx);
+    return rc;
+}
