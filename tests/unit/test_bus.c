@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include "common/base/clock.h"
 #include "common/base/err.h"
@@ -331,6 +332,77 @@ static void test_backpressure(void **state) {
     tmp_remove(&t);
 }
 
+/* The same from the ROUTER side: ZMQ_ROUTER_MANDATORY turns a full pipe into EAGAIN, the bus
+ * queues per peer and flushes in order as the DEALER reads. */
+typedef struct {
+    bus_t *router, *dealer;
+    uint32_t next_send, next_recv;
+    int bad, writable, eagain, started;
+} rbp_t;
+
+static void rbp_pump(rbp_t *c) {
+    while (c->next_send < BP_TOTAL) {
+        uint32_t v[8] = {c->next_send, ~c->next_send};
+        int rc = bus_send(c->router, "rd", v, sizeof v);
+        if (rc == DL_EAGAIN) { c->eagain++; return; }
+        if (rc != 0) { c->bad++; return; }
+        c->next_send++;
+    }
+}
+
+static void rbp_server(bus_t *bus, const char *peer, const void *data, size_t len, void *arg) {
+    rbp_t *c = arg;
+    if (c->started++ == 0) rbp_pump(c);    /* the dealer said hello: now the router knows it */
+}
+
+static void rbp_writable(bus_t *bus, void *arg) {
+    rbp_t *c = arg;
+    c->writable++;
+    rbp_pump(c);
+}
+
+static void rbp_client(bus_t *bus, const char *peer, const void *data, size_t len, void *arg) {
+    rbp_t *c = arg;
+    uint32_t v[8];
+    if (len != sizeof v) { c->bad++; return; }
+    memcpy(v, data, sizeof v);
+    if (v[0] != c->next_recv || v[1] != ~c->next_recv) c->bad++;
+    c->next_recv++;
+    if (c->next_recv == BP_TOTAL) uv_stop(bus_loop(bus));
+}
+
+static void test_router_backpressure(void **state) {
+    (void)state;
+    tmpdir_t t;
+    tmp_make(&t);
+    char ep[BUS_ENDPOINT_MAX];
+    assert_int_equal(bus_endpoint(t.dir, "rbp", ep, sizeof ep), 0);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    rbp_t c = {0};
+    c.router = bus_new(&loop, &(bus_opts_t){.kind = BUS_ROUTER, .sndhwm = 8,
+                                            .outq_max_msgs = BP_QMAX});
+    c.dealer = bus_new(&loop, &(bus_opts_t){.kind = BUS_DEALER, .identity = "rd", .rcvhwm = 8});
+    assert_int_equal(bus_bind(c.router, ep), 0);
+    assert_int_equal(bus_connect(c.dealer, ep), 0);
+    bus_on_message(c.router, rbp_server, &c);
+    bus_on_writable(c.router, rbp_writable, &c);
+    bus_on_message(c.dealer, rbp_client, &c);
+    assert_int_equal(bus_send(c.dealer, NULL, "hello", 5), 0);
+    assert_int_equal(run_for(&loop, 20000), 0);
+    assert_int_equal(c.bad, 0);
+    assert_int_equal(c.next_recv, BP_TOTAL);
+    assert_true(c.eagain >= 1);
+    assert_int_equal(c.writable, c.eagain);
+    bus_stats_t s;
+    bus_stats(c.router, &s);
+    assert_int_equal(s.msgs_out, BP_TOTAL);
+    assert_int_equal(s.queued_msgs, 0);
+    assert_true(s.queued_msgs_max == BP_QMAX);
+    finish_loop(&loop, &c.router, &c.dealer);
+    tmp_remove(&t);
+}
+
 /* ---- errors ------------------------------------------------------------------------------ */
 
 static void test_errors(void **state) {
@@ -367,6 +439,71 @@ static void test_errors(void **state) {
     assert_true(bus_is_closing(r));
     assert_int_equal(bus_send(r, "nobody", "x", 1), DL_ECLOSED);
     finish_loop(&loop, &r, &sub);
+    tmp_remove(&t);
+}
+
+/* ---- malformed input --------------------------------------------------------------------- */
+
+typedef struct { int got; size_t len; char peer[BUS_ID_MAX + 1]; } mf_t;
+
+static void mf_recv(bus_t *bus, const char *peer, const void *data, size_t len, void *arg) {
+    mf_t *m = arg;
+    m->got++;
+    m->len = len;
+    snprintf(m->peer, sizeof m->peer, "%s", peer);
+}
+
+static void raw_send(void *sock, int nframes, const void *const *f, const size_t *n) {
+    for (int i = 0; i < nframes; i++)
+        assert_true(zmq_send(sock, f[i], n[i], i + 1 < nframes ? ZMQ_SNDMORE : 0) >= 0);
+}
+
+static void test_malformed(void **state) {
+    (void)state;
+    tmpdir_t t;
+    tmp_make(&t);
+    char ep[BUS_ENDPOINT_MAX];
+    assert_int_equal(bus_endpoint(t.dir, "mf", ep, sizeof ep), 0);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    bus_t *r = bus_new(&loop, &(bus_opts_t){.kind = BUS_ROUTER});
+    assert_int_equal(bus_bind(r, ep), 0);
+    mf_t m = {0};
+    bus_on_message(r, mf_recv, &m);
+
+    /* Raw ZeroMQ peers that do not speak the bus envelope. */
+    void *ctx = zmq_ctx_new();
+    void *raw = zmq_socket(ctx, ZMQ_DEALER), *anon = zmq_socket(ctx, ZMQ_DEALER);
+    int zero = 0;
+    zmq_setsockopt(raw, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(anon, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(raw, ZMQ_ROUTING_ID, "raw", 3);
+    assert_int_equal(zmq_connect(raw, ep), 0);
+    assert_int_equal(zmq_connect(anon, ep), 0);
+    const unsigned char ok_env[4] = {0xDB, BUS_WIRE_VERSION, BUS_T_DATA, 0};
+    const unsigned char bad_ver[4] = {0xDB, 9, BUS_T_DATA, 0};
+    const unsigned char bad_type[4] = {0xDB, BUS_WIRE_VERSION, 7, 0};
+    const unsigned char hb_env[4] = {0xDB, BUS_WIRE_VERSION, BUS_T_HEARTBEAT, 0};
+    raw_send(raw, 1, (const void *[]){"junk"}, (size_t[]){4});                 /* bad magic */
+    raw_send(raw, 1, (const void *[]){"xy"}, (size_t[]){2});                   /* short env */
+    raw_send(raw, 2, (const void *[]){bad_ver, "p"}, (size_t[]){4, 1});
+    raw_send(raw, 2, (const void *[]){bad_type, "p"}, (size_t[]){4, 1});
+    raw_send(raw, 2, (const void *[]){hb_env, "p"}, (size_t[]){4, 1});         /* hb + payload */
+    raw_send(raw, 4, (const void *[]){ok_env, "p", "q", "r"}, (size_t[]){4, 1, 1, 1});
+    raw_send(anon, 2, (const void *[]){ok_env, "anon"}, (size_t[]){4, 4});      /* binary id */
+    raw_send(raw, 2, (const void *[]){ok_env, "good"}, (size_t[]){4, 4});
+    assert_int_equal(run_for(&loop, 300), 1);
+    bus_stats_t s;
+    bus_stats(r, &s);
+    assert_int_equal(s.dropped_bad, 7);
+    assert_int_equal(m.got, 1);
+    assert_int_equal(m.len, 4);
+    assert_string_equal(m.peer, "raw");
+    assert_int_equal(s.msgs_in, 1);
+    zmq_close(raw);
+    zmq_close(anon);
+    zmq_ctx_term(ctx);
+    finish_loop(&loop, &r, NULL);
     tmp_remove(&t);
 }
 
@@ -541,7 +678,9 @@ int main(void) {
         cmocka_unit_test(test_endpoint),
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_backpressure),
+        cmocka_unit_test(test_router_backpressure),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_pubsub),
         cmocka_unit_test(test_heartbeat_local),
         cmocka_unit_test(test_timers),
