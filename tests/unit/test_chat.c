@@ -1,5 +1,6 @@
 /* common/data/chat: rendered text identical to transformers' apply_chat_template
- * (SmolLM2's GGUF template, ChatML, Llama-3), ids and assistant-only loss masks
+ * (SmolLM2's GGUF template, ChatML, Llama-3 on a Llama-3-style tokenizer), ids
+ * and assistant-only loss masks
  * identical to HF tokenizers + offsets (tests/fixtures/tokenizer/chat.json). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -51,7 +52,10 @@ static void test_fixture_cases(void **state) {
     char model[4096], qdir[1024];
     assert_int_equal(paths_default_model(model, sizeof model), 0);
     snprintf(qdir, sizeof qdir, "%s/tokenizer/qwen3_style", fixtures_dir());
-    tok_t *smol = NULL, *qwen = NULL;
+    char ldir[1024];
+    snprintf(ldir, sizeof ldir, "%s/tokenizer/llama3_style", fixtures_dir());
+    tok_t *smol = NULL, *qwen = NULL, *llama = NULL;
+    assert_int_equal(tok_load(ldir, &llama), 0);
     int have_smol = access(model, R_OK) == 0;
     if (have_smol) assert_int_equal(tok_load(model, &smol), 0);
     assert_int_equal(tok_load(qdir, &qwen), 0);
@@ -64,7 +68,8 @@ static void test_fixture_cases(void **state) {
     assert_int_equal(chat_template_from_tok(qwen, &ct_qwen), 0);
     assert_int_equal(ct_qwen.family, CHAT_CHATML);
     assert_string_equal(ct_qwen.default_system, "");
-    assert_int_equal(chat_template_by_name("llama3", &ct_llama), 0);
+    assert_int_equal(chat_template_from_tok(llama, &ct_llama), 0);
+    assert_int_equal(ct_llama.family, CHAT_LLAMA3);
 
     cJSON *j = load_json("tokenizer/chat.json");
     const cJSON *c;
@@ -75,7 +80,7 @@ static void test_fixture_cases(void **state) {
         const tok_t *t;
         if (!strcmp(name, "smollm2")) { if (!have_smol) continue; ct = &ct_smol; t = smol; }
         else if (!strcmp(name, "qwen3_style")) { ct = &ct_qwen; t = qwen; }
-        else { ct = &ct_llama; t = NULL; }
+        else { ct = &ct_llama; t = llama; }
         const cJSON *ms = cJSON_GetObjectItem(c, "messages");
         int n = cJSON_GetArraySize(ms);
         chat_msg_t msgs[8];
@@ -132,6 +137,7 @@ static void test_fixture_cases(void **state) {
     cJSON_Delete(j);
     tok_destroy(&smol);
     tok_destroy(&qwen);
+    tok_destroy(&llama);
 }
 
 static void test_names(void **state) {

@@ -1,7 +1,7 @@
 /* common/data/tokenizer: encodings identical to Hugging Face `tokenizers` 0.23
  * (tests/fixtures/tokenizer/encodings.json, made by make_fixtures.py) for the
- * embedded SmolLM2 tokenizer (loaded from the GGUF) and a Qwen3-style
- * tokenizer.json; decode(encode(x)) == x; error paths. */
+ * embedded SmolLM2 tokenizer (loaded from the GGUF), a Qwen3-style and a
+ * Llama-3-style (ignore_merges) tokenizer.json; decode(encode(x)) == x; error paths. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -153,6 +153,22 @@ static void test_qwen3_style_json(void **state) {
     tok_destroy(&t);
 }
 
+static void test_llama3_style_json(void **state) {
+    (void)state;
+    char p[1024];
+    snprintf(p, sizeof p, "%s/tokenizer/llama3_style/tokenizer.json", fixtures_dir());
+    tok_t *t = NULL;
+    int rc = tok_load(p, &t);
+    if (rc) fail_msg("%s: %s", dl_strerror(rc), dl_errmsg());
+    assert_string_equal(tok_pre_name(t), "llama3");
+    assert_int_equal(tok_bos_id(t), tok_token_id(t, "<|begin_of_text|>"));
+    assert_true(tok_is_special(t, tok_token_id(t, "<|eot_id|>")));
+    cJSON *j = load_json("tokenizer/encodings.json");
+    check_set(t, cJSON_GetObjectItem(j, "llama3_style"), 1);
+    cJSON_Delete(j);
+    tok_destroy(&t);
+}
+
 static void test_errors(void **state) {
     (void)state;
     tok_t *t = NULL;
@@ -181,6 +197,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_smollm2_gguf),
         cmocka_unit_test(test_qwen3_style_json),
+        cmocka_unit_test(test_llama3_style_json),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
