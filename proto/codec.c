@@ -820,13 +820,17 @@ static int rd_u8(const uint8_t *p, size_t len, size_t *pos, uint8_t *v) {
     return 0;
 }
 
-/* Reads a msgpack uint at p[*pos] (fixint, uint8..64). */
+/* Reads a non-negative msgpack integer at p[*pos]: fixint, uint8..64, or
+ * int8..64 holding a value >= 0 (msgpack-c decodes those as uints too). */
 static int rd_uint(const uint8_t *p, size_t len, size_t *pos, uint64_t *v) {
     uint8_t b;
     if (rd_u8(p, len, pos, &b)) return -1;
     if (b <= 0x7f) { *v = b; return 0; }
-    size_t n = b == 0xcc ? 1 : b == 0xcd ? 2 : b == 0xce ? 4 : b == 0xcf ? 8 : 0;
+    bool is_signed = b >= 0xd0 && b <= 0xd3;
+    size_t n = (b == 0xcc || b == 0xd0) ? 1 : (b == 0xcd || b == 0xd1) ? 2 : (b == 0xce || b == 0xd2) ? 4
+             : (b == 0xcf || b == 0xd3) ? 8 : 0;
     if (!n || n > len - *pos) return -1;
+    if (is_signed && (p[*pos] & 0x80)) return -1;   /* negative */
     *v = be_read(p + *pos, n);
     *pos += n;
     return 0;

@@ -562,6 +562,19 @@ static void test_version_and_type(void **state) {
     expect_reject(b2, l2, "message.version: expected uint, got nil");
     free(b2);
     free(buf);
+    /* any integer encoding of a non-negative value is a uint (msgpack-c decodes
+     * int8..int64 >= 0 as positive integers); peek agrees with decode */
+    static const uint8_t hb_signed[] = { 0x96, 0xd0, 0x02, 0xd1, 0x00, 0x01, 0x05, 0xd3, 0, 0, 0, 0, 0, 0, 0, 9,
+                                         0x64, 0x03 };
+    proto_msg_t d;
+    assert_int_equal(proto_decode(hb_signed, sizeof hb_signed, &d), 0);
+    assert_int_equal(d.heartbeat.incarnation, 9);
+    assert_int_equal(proto_peek(hb_signed, sizeof hb_signed, &pt, &pv), 0);
+    assert_int_equal(pt, PROTO_HEARTBEAT);
+    assert_int_equal(pv, 1);
+    static const uint8_t hb_neg[] = { 0x96, 0x02, 0xd0, 0xff, 0x05, 0x09, 0x64, 0x03 };
+    assert_int_equal(proto_peek(hb_neg, sizeof hb_neg, &pt, &pv), DL_EPROTO);
+    expect_reject(hb_neg, sizeof hb_neg, "message.version: expected uint, got negative int");
     /* wrong arity */
     static const uint8_t short_hb[] = { 0x95, 0x02, 0x01, 0x05, 0x09, 0x64 };
     expect_reject(short_hb, sizeof short_hb, "heartbeat: 3 fields, expected 4");
