@@ -199,6 +199,14 @@ static int queue_below_half(const bus_t *b) {
     return b->st.queued_msgs <= b->outq_max_msgs / 2 && b->st.queued_bytes <= b->outq_max_bytes / 2;
 }
 
+/* Fires bus_writable_cb once after a DL_EAGAIN, when the queues have room again. */
+static void maybe_writable(bus_t *b) {
+    if (b->want_writable && queue_below_half(b) && !b->closing) {
+        b->want_writable = 0;
+        if (b->writable_cb) b->writable_cb(b, b->writable_arg);
+    }
+}
+
 /* Sends queued messages in FIFO order per peer until each queue is empty or ZeroMQ says EAGAIN.
  * Returns the number of messages sent. */
 static size_t flush_queues(bus_t *b) {
@@ -235,10 +243,7 @@ static size_t flush_queues(bus_t *b) {
         uv_timer_stop(&b->retry_timer);
         b->retry_on = 0;
     }
-    if (b->want_writable && queue_below_half(b) && !b->closing) {
-        b->want_writable = 0;
-        if (b->writable_cb) b->writable_cb(b, b->writable_arg);
-    }
+    maybe_writable(b);
     return sent;
 }
 
@@ -521,6 +526,8 @@ again:
         if (b->kind == BUS_ROUTER) peer_remove(b, i, "peer dead");
         else peer_drop_queue(b, p, "peer dead");
         if (b->dead_cb) b->dead_cb(b, id, silent_ms, b->dead_arg);
+        if (b->closing) return;
+        maybe_writable(b);    /* dropping its queue may have made room */
         if (b->closing) return;
         goto again;    /* the callback may have changed the peer table */
     }
