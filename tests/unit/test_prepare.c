@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/base/err.h"
@@ -225,11 +226,45 @@ static void test_bad_lines_and_atomic(void **state) {
     assert_int_equal(dlc_open("/nonexistent.dlc", &c), DL_ENOENT);
 }
 
+/* The `draftline prepare` command end to end (needs $DL_BIN_DIR, set by make test). */
+static void test_cli(void **state) {
+    (void)state;
+    const char *bin = getenv("DL_BIN_DIR");
+    char exe[4200], src[4200], cmd[9000], out[128];
+    snprintf(exe, sizeof exe, "%s/draftline", bin ? bin : "bin");
+    snprintf(src, sizeof src, "%s/sharegpt_sample/dummy_conversation.json", g_data);
+    if (access(exe, X_OK) != 0) { fprintf(stderr, "skip: %s absent\n", exe); skip(); }
+    need(src);
+    snprintf(out, sizeof out, "%s/cli.dlc", g_dir);
+    snprintf(cmd, sizeof cmd, "%s prepare --data %s --format sharegpt --threads 2 --out %s 2>/dev/null", exe, src, out);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    assert_int_equal(pclose(f), 0);
+    assert_non_null(strstr(buf, "samples          500"));
+    assert_non_null(strstr(buf, "skipped lines    0"));
+    assert_non_null(strstr(buf, "MB/s"));
+    dlc_t *c = NULL;
+    assert_int_equal(dlc_open(out, &c), 0);
+    check_expect(c, cJSON_GetObjectItem(g_expect, "sharegpt"));
+    dlc_close(&c);
+    /* usage errors exit 2 */
+    snprintf(cmd, sizeof cmd, "%s prepare --out %s >/dev/null 2>&1", exe, out);
+    assert_int_equal(WEXITSTATUS(system(cmd)), 2);
+    snprintf(cmd, sizeof cmd, "%s prepare --data %s --chat-template vicuna --out %s >/dev/null 2>&1", exe, src, out);
+    assert_int_equal(WEXITSTATUS(system(cmd)), 2);
+    snprintf(cmd, sizeof cmd, "%s prepare --data /nonexistent.jsonl --out %s >/dev/null 2>&1", exe, out);
+    assert_int_equal(WEXITSTATUS(system(cmd)), 1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gsm8k),
         cmocka_unit_test(test_sharegpt),
         cmocka_unit_test(test_bad_lines_and_atomic),
+        cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -169,6 +169,50 @@ static void test_llama3_style_json(void **state) {
     tok_destroy(&t);
 }
 
+/* Arbitrary bytes (invalid UTF-8, NULs, long runs) round-trip and never crash;
+ * a long valid text encodes in one call with offsets strictly increasing. */
+static void test_robust_roundtrip(void **state) {
+    (void)state;
+    char p[1024];
+    snprintf(p, sizeof p, "%s/tokenizer/qwen3_style", fixtures_dir());
+    tok_t *t = NULL;
+    assert_int_equal(tok_load(p, &t), 0);
+    uint64_t x = 88172645463325252ull;
+    char *buf = malloc(1 << 20);
+    for (int round = 0; round < 40; round++) {
+        size_t n = (size_t)(round * 997) % 5000 + 1;
+        for (size_t i = 0; i < n; i++) {
+            x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+            buf[i] = round % 3 == 0 ? (char)(x & 0xff) : round % 3 == 1 ? " \n\t<|im_end|>ab\xc3\xa9"[x % 16] : (char)(0x20 + x % 95);
+        }
+        tok_ids_t v = {0};
+        assert_int_equal(tok_encode(t, buf, n, round & 1, 0, &v), 0);
+        char *back;
+        size_t bl;
+        assert_int_equal(tok_decode(t, v.ids, v.n, 0, &back, &bl), 0);
+        assert_int_equal(bl, n);
+        assert_memory_equal(back, buf, n);
+        free(back);
+        tok_ids_free(&v);
+    }
+    /* 1 MiB of text with long whitespace runs */
+    size_t n = 0;
+    while (n + 64 < (1 << 20)) n += (size_t)snprintf(buf + n, 64, "word%zu %s", n, n % 7 ? "" : "          \n\n\t ");
+    tok_ids_t v = {.want_offsets = 1};
+    assert_int_equal(tok_encode(t, buf, n, 1, 100, &v), 0);
+    assert_int_equal(v.offs[0], 100);
+    for (size_t i = 1; i < v.n; i++) assert_true(v.offs[i] > v.offs[i - 1]);
+    char *back;
+    size_t bl;
+    assert_int_equal(tok_decode(t, v.ids, v.n, 0, &back, &bl), 0);
+    assert_int_equal(bl, n);
+    assert_memory_equal(back, buf, n);
+    free(back);
+    tok_ids_free(&v);
+    free(buf);
+    tok_destroy(&t);
+}
+
 static void test_errors(void **state) {
     (void)state;
     tok_t *t = NULL;
@@ -198,6 +242,7 @@ int main(void) {
         cmocka_unit_test(test_smollm2_gguf),
         cmocka_unit_test(test_qwen3_style_json),
         cmocka_unit_test(test_llama3_style_json),
+        cmocka_unit_test(test_robust_roundtrip),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
