@@ -558,8 +558,8 @@ static void test_pubsub(void **state) {
 
 /* ---- heartbeats in one process ----------------------------------------------------------- */
 
-#define HB_IVL 20
-#define HB_TO 120
+#define HB_IVL 30
+#define HB_TO 300
 
 typedef struct {
     int dead;
@@ -596,26 +596,28 @@ static void test_heartbeat_local(void **state) {
     assert_int_equal(bus_bind(r, ep), 0);
     assert_int_equal(bus_connect(d, ep), 0);
 
-    /* Silent apart from heartbeats for 4 timeouts: nobody is reported dead. */
-    assert_int_equal(run_for(&loop, 4 * HB_TO), 1);
+    /* Silent apart from heartbeats for 3 timeouts: nobody is reported dead. */
+    assert_int_equal(run_for(&loop, 3 * HB_TO), 1);
     assert_int_equal(hr.dead, 0);
     assert_int_equal(hd.dead, 0);
     bus_stats_t s;
     bus_stats(r, &s);
     assert_int_equal(s.peers_alive, 1);
-    assert_true(s.heartbeats_in >= 4 * HB_TO / HB_IVL / 2);
+    assert_true(s.heartbeats_in >= 3 * HB_TO / HB_IVL / 2);
     bus_stats(d, &s);
-    assert_true(s.heartbeats_in >= 4 * HB_TO / HB_IVL / 2);
+    assert_true(s.heartbeats_in >= 3 * HB_TO / HB_IVL / 2);
 
     /* The dealer goes away: reported once, between timeout and timeout + interval after. */
     uint64_t t0 = clock_mono_ns();
     bus_destroy(&d);
-    assert_int_equal(run_for(&loop, 4 * HB_TO), 1);
+    assert_int_equal(run_for(&loop, 3 * HB_TO), 1);
     assert_int_equal(hr.dead, 1);
     assert_string_equal(hr.who, "d1");
     assert_true(hr.silent_ms >= HB_TO);
     uint64_t detect_ms = (hr.at_ns - t0) / 1000000;
-    assert_true(detect_ms <= HB_TO + HB_IVL + 10);  /* +10: the dealer's last beat precedes t0 */
+    /* The strict bound (timeout + interval) is held by test_bus_heartbeat across processes;
+     * here both ends share one loop, so allow for a busy machine. */
+    assert_true(detect_ms <= HB_TO + 2 * HB_IVL + 20);
     bus_stats(r, &s);
     assert_int_equal(s.peers_alive, 0);
     assert_int_equal(s.peers_dead, 1);
@@ -626,7 +628,7 @@ static void test_heartbeat_local(void **state) {
     assert_int_equal(bus_connect(d, ep), 0);
     assert_int_equal(run_for(&loop, 2 * HB_IVL), 1);
     bus_destroy(&r);
-    assert_int_equal(run_for(&loop, 3 * HB_TO), 1);
+    assert_int_equal(run_for(&loop, 2 * HB_TO), 1);
     assert_int_equal(hd.dead, 1);
     assert_string_equal(hd.who, "");
     assert_int_equal(hr.dead, 1);
