@@ -153,7 +153,8 @@ int bus_subscribe(bus_t *bus, const char *prefix);
  * (may be NULL) on a DEALER. Never blocks. Returns 0 when sent or queued;
  * DL_EAGAIN: outgoing queues full (see above), nothing sent, retry after bus_writable_cb;
  * DL_ENOENT: ROUTER peer not connected; DL_ERANGE: len > max_msg_bytes; DL_EINVAL: bad peer id;
- * DL_ECLOSED: bus closing; DL_ENOTSUP: SUB bus; DL_EIO: other ZeroMQ error. */
+ * DL_ECLOSED: bus closing; DL_ENOTSUP: SUB bus; DL_ENOMEM: queue allocation;
+ * DL_EIO: other ZeroMQ error. */
 int bus_send(bus_t *bus, const char *peer, const void *buf, size_t len);
 
 void bus_on_message(bus_t *bus, bus_msg_cb cb, void *arg);
@@ -171,7 +172,8 @@ int bus_is_closing(const bus_t *bus);
 
 /* Timer on the bus's loop, owned by the bus (closed by bus_close). Fires after first_ms, then
  * every repeat_ms (0: once; a fired one-shot timer stays allocated until bus_timer_stop or
- * bus_close). Returns 0 or DL_ECLOSED / DL_ENOMEM. */
+ * bus_close). Returns 0 or DL_ECLOSED / DL_ENOMEM. bus_close frees every timer of the bus: a
+ * bus_timer_t pointer must not be used after bus_close. */
 int bus_timer_start(bus_t *bus, uint64_t first_ms, uint64_t repeat_ms, bus_timer_cb cb, void *arg,
                     bus_timer_t **out);
 /* Stops and frees a timer (from its close callback); nulls *timer_p. NULL: no-op. */
