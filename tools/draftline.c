@@ -11,6 +11,7 @@
 static const cmd_t commands[] = {
     {"version", cmd_version, "print the version"},
     {"prepare", cmd_prepare, "tokenize a chat dataset into a .dlc cache"},
+    {"run", cmd_run, "train a drafter: the multi-process pipeline, supervised"},
 };
 
 #define N_COMMANDS ((int)(sizeof commands / sizeof commands[0]))

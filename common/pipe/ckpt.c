@@ -1,0 +1,171 @@
+/* Checkpoints (see ckpt.h). */
+#include "common/pipe/ckpt.h"
+#include "common/base/err.h"
+#include "common/base/paths.h"
+#include "common/model/safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int write_file(const char *path, const void *a, size_t na, const void *b, size_t nb,
+                      const void *c, size_t nc, const void *d, size_t nd) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return dl_seterr(DL_EIO, "open %s: %s", path, strerror(errno));
+    int ok = (!na || fwrite(a, 1, na, f) == na) && (!nb || fwrite(b, 1, nb, f) == nb) &&
+             (!nc || fwrite(c, 1, nc, f) == nc) && (!nd || fwrite(d, 1, nd, f) == nd);
+    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    if (fclose(f) != 0) ok = 0;
+    if (!ok) return dl_seterr(DL_EIO, "write %s: %s", path, strerror(errno));
+    return 0;
+}
+
+static void fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) { fsync(fd); close(fd); }
+}
+
+static void rm_tree(const char *dir) {
+    static const char *const files[] = {"model.safetensors", "model.safetensors.tmp", "config.json",
+                                        "state.bin", "cursor.bin"};
+    char p[4200];
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
+        unlink(p);
+    }
+    rmdir(dir);
+}
+
+char *ckpt_config_json(const drafter_config_t *c) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON *arch = cJSON_AddArrayToObject(j, "architectures");
+    cJSON_AddItemToArray(arch, cJSON_CreateString("DFlashDraftModel"));
+    cJSON_AddStringToObject(j, "model_type", "qwen3");
+    cJSON_AddNumberToObject(j, "hidden_size", c->D);
+    cJSON_AddNumberToObject(j, "intermediate_size", c->F);
+    cJSON_AddNumberToObject(j, "num_hidden_layers", c->n_layers);
+    cJSON_AddNumberToObject(j, "num_attention_heads", c->H);
+    cJSON_AddNumberToObject(j, "num_key_value_heads", c->Hkv);
+    cJSON_AddNumberToObject(j, "head_dim", c->hd);
+    cJSON_AddNumberToObject(j, "vocab_size", c->V);
+    cJSON_AddNumberToObject(j, "rms_norm_eps", c->rms_eps);
+    cJSON_AddNumberToObject(j, "rope_theta", c->rope.theta);
+    cJSON_AddNumberToObject(j, "max_position_embeddings", c->max_position_embeddings);
+    cJSON_AddNumberToObject(j, "num_target_layers", c->n_target_layers);
+    cJSON_AddNumberToObject(j, "block_size", c->B);
+    cJSON_AddBoolToObject(j, "tie_word_embeddings", 0);
+    cJSON_AddBoolToObject(j, "attention_bias", 0);
+    cJSON_AddStringToObject(j, "hidden_act", "silu");
+    cJSON_AddStringToObject(j, "torch_dtype", "float32");
+    cJSON *dc = cJSON_AddObjectToObject(j, "dflash_config");
+    cJSON *ids = cJSON_AddArrayToObject(dc, "target_layer_ids");
+    for (int i = 0; i < c->n_feat; i++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(c->target_layer_ids[i]));
+    cJSON_AddNumberToObject(dc, "mask_token_id", c->mask_token_id);
+    cJSON_AddNumberToObject(dc, "loss_gamma", c->gamma);
+    char *s = cJSON_Print(j);
+    cJSON_Delete(j);
+    return s;
+}
+
+int ckpt_write(const char *out_dir, const drafter_t *d, const char *config_json,
+               const ckpt_state_hdr_t *hdr, const float *master, const float *m, const float *v,
+               const uint8_t *cursor, char *dir_out, size_t cap) {
+    char root[4096], tmp[4200], fin[4200], p[4300];
+    snprintf(root, sizeof root, "%s/checkpoints", out_dir);
+    DL_TRY(paths_mkdir_p(root, 0755));
+    snprintf(tmp, sizeof tmp, "%s/step_%llu.tmp", root, (unsigned long long)hdr->step);
+    snprintf(fin, sizeof fin, "%s/step_%llu", root, (unsigned long long)hdr->step);
+    rm_tree(tmp);
+    if (mkdir(tmp, 0755) != 0) return dl_seterr(DL_EIO, "mkdir %s: %s", tmp, strerror(errno));
+    /* model.safetensors: the public layout, tensors in drafter order */
+    snprintf(p, sizeof p, "%s/model.safetensors", tmp);
+    st_writer_t *w = NULL;
+    int rc = st_writer_new(p, &w);
+    int nt = drafter_n_tensors(d);
+    for (int i = 0; rc == 0 && i < nt; i++) {
+        const drafter_tensor_t *t = drafter_tensor(d, i);
+        rc = st_writer_add(w, t->name, "F32", t->n_dims, t->shape);
+    }
+    if (rc == 0) rc = st_writer_meta(w, "format", "pt");
+    for (int i = 0; rc == 0 && i < nt; i++) {
+        const drafter_tensor_t *t = drafter_tensor(d, i);
+        rc = st_writer_write(w, master + t->offset, t->numel * sizeof(float));
+    }
+    if (rc == 0) rc = st_writer_finish(&w);
+    else st_writer_abort(&w);
+    if (rc < 0) return dl_wraperr(rc, "checkpoint %s", p);
+    snprintf(p, sizeof p, "%s/config.json", tmp);
+    DL_TRY(write_file(p, config_json, strlen(config_json), "\n", 1, NULL, 0, NULL, 0));
+    size_t pb = hdr->n_params * sizeof(float);
+    snprintf(p, sizeof p, "%s/state.bin", tmp);
+    DL_TRY(write_file(p, hdr, sizeof *hdr, master, pb, m, pb, v, pb));
+    if (cursor) {
+        snprintf(p, sizeof p, "%s/cursor.bin", tmp);
+        DL_TRY(write_file(p, cursor, 40, NULL, 0, NULL, 0, NULL, 0));
+    }
+    fsync_dir(tmp);
+    rm_tree(fin);
+    if (rename(tmp, fin) != 0) return dl_seterr(DL_EIO, "rename %s: %s", tmp, strerror(errno));
+    fsync_dir(root);
+    char latest[4200], ltmp[4300];
+    snprintf(latest, sizeof latest, "%s/latest", root);
+    snprintf(ltmp, sizeof ltmp, "%s/latest.tmp", root);
+    char name[64];
+    int n = snprintf(name, sizeof name, "step_%llu\n", (unsigned long long)hdr->step);
+    DL_TRY(write_file(ltmp, name, (size_t)n, NULL, 0, NULL, 0, NULL, 0));
+    if (rename(ltmp, latest) != 0) return dl_seterr(DL_EIO, "rename %s: %s", ltmp, strerror(errno));
+    fsync_dir(root);
+    if (dir_out) snprintf(dir_out, cap, "%s", fin);
+    return 0;
+}
+
+int ckpt_read(const char *dir, uint64_t expected, ckpt_state_hdr_t *hdr, float *master, float *m,
+              float *v, uint8_t *cursor) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/state.bin", dir);
+    FILE *f = fopen(p, "rb");
+    if (!f) return dl_seterr(DL_ENOENT, "open %s: %s", p, strerror(errno));
+    int rc = 0;
+    if (fread(hdr, sizeof *hdr, 1, f) != 1 || memcmp(hdr->magic, CKPT_MAGIC, 8) != 0 ||
+        hdr->header_bytes != sizeof *hdr)
+        rc = dl_seterr(DL_EFORMAT, "%s: not a draftline training state", p);
+    else if (hdr->n_params != expected)
+        rc = dl_seterr(DL_EFORMAT, "%s: %llu parameters, this drafter has %llu", p,
+                       (unsigned long long)hdr->n_params, (unsigned long long)expected);
+    size_t n = (size_t)expected;
+    if (rc == 0 && (fread(master, 4, n, f) != n || fread(m, 4, n, f) != n || fread(v, 4, n, f) != n))
+        rc = dl_seterr(DL_EFORMAT, "%s: truncated", p);
+    fclose(f);
+    if (rc < 0 || !cursor) return rc;
+    snprintf(p, sizeof p, "%s/cursor.bin", dir);
+    f = fopen(p, "rb");
+    if (!f) return dl_seterr(DL_ENOENT, "open %s: %s", p, strerror(errno));
+    if (fread(cursor, 1, 40, f) != 40) rc = dl_seterr(DL_EFORMAT, "%s: truncated", p);
+    fclose(f);
+    return rc;
+}
+
+int ckpt_resolve(const char *path, char *out, size_t cap) {
+    char p[4200];
+    struct stat s;
+    snprintf(p, sizeof p, "%s/state.bin", path);
+    if (stat(p, &s) == 0) { snprintf(out, cap, "%s", path); return 0; }
+    snprintf(p, sizeof p, "%s/checkpoints/latest", path);
+    FILE *f = fopen(p, "r");
+    if (!f) return dl_seterr(DL_ENOENT, "--resume %s: no state.bin and no checkpoints/latest", path);
+    char name[128] = {0};
+    if (!fgets(name, sizeof name, f)) name[0] = 0;
+    fclose(f);
+    name[strcspn(name, "\r\n")] = 0;
+    if (!name[0] || strchr(name, '/')) return dl_seterr(DL_EFORMAT, "%s: malformed", p);
+    int n = snprintf(out, cap, "%s/checkpoints/%s", path, name);
+    if (n < 0 || (size_t)n >= cap) return dl_seterr(DL_ERANGE, "path too long");
+    snprintf(p, sizeof p, "%s/state.bin", out);
+    if (stat(p, &s) != 0) return dl_seterr(DL_ENOENT, "--resume: %s missing", p);
+    return 0;
+}

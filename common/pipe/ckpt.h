@@ -1,0 +1,61 @@
+/* Training checkpoints of the pipeline (written by the optimizer).
+ *
+ * <out>/checkpoints/step_<N>/   (N = optimizer steps applied)
+ *   model.safetensors   the drafter in the public DFlash layout (tensor names of
+ *                       drafter_tensor(), F32), loadable by `draftline inspect`
+ *   config.json         DFlash drafter config (architectures DFlashDraftModel,
+ *                       Qwen3 fields, block_size, dflash_config.target_layer_ids,
+ *                       mask_token_id)
+ *   state.bin           exact training state: header + master (P f32) + Adam m, v
+ *   cursor.bin          loader cursor (batcher_cursor_encode, 40 bytes): the first
+ *                       micro-batch of step N
+ * Atomic: written into step_<N>.tmp, every file fsync'd, the directory renamed,
+ * then <out>/checkpoints/latest (text "step_<N>") replaced by rename. A crash
+ * leaves either the old or the new checkpoint, never a torn one.
+ */
+#ifndef DL_PIPE_CKPT_H
+#define DL_PIPE_CKPT_H
+
+#include "common/model/drafter.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CKPT_MAGIC "DLSTATE1"
+
+typedef struct {
+    char magic[8];
+    uint32_t version;        /* 1 */
+    uint32_t header_bytes;   /* sizeof(ckpt_state_hdr_t) */
+    uint64_t step;           /* steps applied */
+    uint64_t n_params;
+    uint64_t seed;
+    uint64_t tokens;         /* target tokens trained on so far */
+    uint64_t skipped_steps;  /* NaN/Inf steps skipped */
+    uint64_t mbs_per_step;
+    double lr, warmup_steps, max_steps, wd, clip;  /* schedule, for a check on resume */
+    uint8_t reserved[64];
+} ckpt_state_hdr_t;
+
+/* Writes a checkpoint of drafter layout d (names and shapes) with weights
+ * master (P f32, host), Adam moments m, v (P f32 host) and the loader cursor
+ * (40 bytes, may be NULL). config_json: the drafter's config.json text. Returns 0,
+ * or DL_EIO naming the file; *dir_out (cap bytes, may be NULL) gets the final dir. */
+int ckpt_write(const char *out_dir, const drafter_t *d, const char *config_json,
+               const ckpt_state_hdr_t *hdr, const float *master, const float *m, const float *v,
+               const uint8_t *cursor, char *dir_out, size_t cap);
+
+/* Reads state.bin of checkpoint dir `dir` into hdr and master/m/v (each P f32,
+ * caller-allocated, P == expected_params else DL_EFORMAT), and cursor.bin (40 bytes,
+ * cursor may be NULL). */
+int ckpt_read(const char *dir, uint64_t expected_params, ckpt_state_hdr_t *hdr, float *master,
+              float *m, float *v, uint8_t *cursor);
+
+/* Resolves --resume PATH: a checkpoint dir (has state.bin), or a run dir (its
+ * checkpoints/latest). Writes the checkpoint dir into out. DL_ENOENT if none. */
+int ckpt_resolve(const char *path, char *out, size_t cap);
+
+/* The DFlash config.json text for cfg (malloc'd). */
+char *ckpt_config_json(const drafter_config_t *cfg);
+
+#endif

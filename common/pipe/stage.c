@@ -1,0 +1,203 @@
+/* Stage runtime (see stage.h). */
+#include "common/pipe/stage.h"
+#include "common/base/clock.h"
+#include "common/base/err.h"
+#include "common/base/log.h"
+#include "proto/codec.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+void pipe_stage_name(uint32_t id, char *out, size_t cap) {
+    if (id == PIPE_ID_LOADER) snprintf(out, cap, "loader");
+    else if (id == PIPE_ID_OPTIMIZER) snprintf(out, cap, "optimizer");
+    else if (id >= PIPE_ID_TARGET0) snprintf(out, cap, "target%u", id - PIPE_ID_TARGET0);
+    else if (id >= PIPE_ID_DRAFTER0) snprintf(out, cap, "drafter%u", id - PIPE_ID_DRAFTER0);
+    else snprintf(out, cap, "stage%u", id);
+}
+
+void pipe_drafter_endpoint(int i, char *out, size_t cap) { snprintf(out, cap, "drafter%d", i); }
+
+static void on_sup_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg) {
+    (void)bus;
+    stage_t *st = arg;
+    proto_msg_t m;
+    if (stage_decode(st->name, "supervisor", data, len, &m) < 0) return;
+    (void)peer;
+    if (m.type == PROTO_CONTROL) {
+        if (m.control.op == PROTO_CTL_STOP) {
+            log_info("stop requested by the supervisor");
+            if (!st->stopping) {
+                st->stopping = 1;
+                if (st->stop_cb) st->stop_cb(st, st->stop_arg);
+            }
+        } else if (st->control_cb) {
+            st->control_cb(st, &m.control, st->control_arg);
+        }
+    } else {
+        log_warn("supervisor sent an unexpected %s message", proto_type_name(m.type));
+    }
+    proto_msg_free(&m);
+}
+
+static void on_signal(bus_t *bus, int signum, void *arg) {
+    (void)bus;
+    stage_t *st = arg;
+    log_info("signal %d: stopping", signum);
+    if (!st->stopping) {
+        st->stopping = 1;
+        if (st->stop_cb) st->stop_cb(st, st->stop_arg);
+    }
+}
+
+void stage_metric(proto_metrics_t *m, const char *name, double value) {
+    if (m->n_metrics >= DL_PROTO_MAX_METRICS) return;
+    proto_metric_t *e = &m->metrics[m->n_metrics++];
+    snprintf(e->name, sizeof e->name, "%s", name);
+    e->value = value;
+}
+
+void stage_publish_metrics(stage_t *st) {
+    if (!st->sup || bus_is_closing(st->sup)) return;
+    proto_msg_t m;
+    proto_msg_init(&m, PROTO_METRICS);
+    m.metrics.stage_id = st->stage_id;
+    m.metrics.role = st->role;
+    m.metrics.incarnation = st->incarnation;
+    m.metrics.ts_ns = (uint64_t)(clock_wall_s() * 1e9);
+    snprintf(m.metrics.state, sizeof m.metrics.state, "%s", proto_state_name(st->state));
+    static const char *const phase_names[PHASE_N] = {"wait_input_s", "wait_credit_s", "copy_s",
+                                                     "forward_s", "backward_s", "step_s"};
+    for (int p = 0; p < PHASE_N; p++) stage_metric(&m.metrics, phase_names[p], st->phase_s[p]);
+    double now = clock_mono_s();
+    stage_metric(&m.metrics, "uptime_s", now - st->t_start);
+    stage_metric(&m.metrics, "since_progress_s", now - st->last_progress);
+    if (st->metrics_cb) st->metrics_cb(st, &m.metrics, st->metrics_arg);
+    stage_send(st->sup, NULL, &m);
+}
+
+static void on_metrics_timer(bus_t *bus, void *arg) {
+    (void)bus;
+    stage_publish_metrics(arg);
+}
+
+bus_t *stage_bus(stage_t *st, bus_kind_t kind, const char *endpoint) {
+    char ep[BUS_ENDPOINT_MAX];
+    if (bus_endpoint(st->run_dir, endpoint, ep, sizeof ep) < 0) return NULL;
+    bus_opts_t o = {0};
+    o.kind = kind;
+    o.name = endpoint;
+    o.identity = kind == BUS_DEALER ? st->name : NULL;
+    o.zmq_ctx = st->zctx;
+    o.heartbeat_interval_ms = PIPE_HEARTBEAT_MS;
+    o.heartbeat_timeout_ms = PIPE_DEAD_MS;
+    bus_t *b = bus_new(&st->loop, &o);
+    if (!b) return NULL;
+    int rc = kind == BUS_ROUTER ? bus_bind(b, ep) : bus_connect(b, ep);
+    if (rc < 0) {
+        bus_destroy(&b);
+        return NULL;
+    }
+    return b;
+}
+
+int stage_init(stage_t *st, proto_role_t role, uint32_t stage_id, uint64_t incarnation,
+               const char *name, const char *run_dir, const char *run_id) {
+    memset(st, 0, sizeof *st);
+    snprintf(st->name, sizeof st->name, "%s", name);
+    st->role = role;
+    st->stage_id = stage_id;
+    st->incarnation = incarnation ? incarnation : 1;
+    if (strlen(run_dir) >= sizeof st->run_dir)
+        return dl_seterr(DL_ERANGE, "--run-dir too long (%zu chars, max %zu)", strlen(run_dir),
+                         sizeof st->run_dir - 1);
+    snprintf(st->run_dir, sizeof st->run_dir, "%s", run_dir);
+    snprintf(st->run_id, sizeof st->run_id, "%s", run_id);
+    st->state = PROTO_STATE_STARTING;
+    st->t_start = st->last_progress = clock_mono_s();
+    if (uv_loop_init(&st->loop) != 0) return dl_seterr(DL_EIO, "uv_loop_init failed");
+    st->zctx = zmq_ctx_new();
+    if (!st->zctx) return dl_seterr(DL_EIO, "zmq_ctx_new: %s", zmq_strerror(errno));
+    char ep[BUS_ENDPOINT_MAX];
+    DL_TRY(bus_endpoint(run_dir, "sup", ep, sizeof ep));
+    bus_opts_t o = {0};
+    o.kind = BUS_DEALER;
+    o.name = "supervisor";
+    o.identity = st->name;
+    o.zmq_ctx = st->zctx;
+    o.heartbeat_interval_ms = PIPE_HEARTBEAT_MS;
+    o.heartbeat_timeout_ms = PIPE_DEAD_MS;
+    o.handle_signals = 1;
+    st->sup = bus_new(&st->loop, &o);
+    if (!st->sup) return DL_EIO;
+    DL_TRY(bus_connect(st->sup, ep));
+    bus_on_message(st->sup, on_sup_msg, st);
+    bus_on_signal(st->sup, on_signal, st);
+    proto_msg_t h;
+    proto_msg_init(&h, PROTO_HELLO);
+    h.hello.role = role;
+    h.hello.stage_id = stage_id;
+    h.hello.incarnation = st->incarnation;
+    h.hello.pid = (uint32_t)getpid();
+    h.hello.proto_version = DL_PROTO_VERSION;
+    h.hello.capabilities = PROTO_CAP_SHM | PROTO_CAP_HOST_TIER;
+    DL_TRY(stage_send(st->sup, NULL, &h));
+    DL_TRY(bus_timer_start(st->sup, 1000, 1000, on_metrics_timer, st, &st->metrics_timer));
+    return 0;
+}
+
+void stage_on_metrics(stage_t *st, stage_metrics_cb cb, void *arg) { st->metrics_cb = cb; st->metrics_arg = arg; }
+void stage_on_control(stage_t *st, stage_control_cb cb, void *arg) { st->control_cb = cb; st->control_arg = arg; }
+void stage_on_stop(stage_t *st, stage_stop_cb cb, void *arg) { st->stop_cb = cb; st->stop_arg = arg; }
+
+int stage_send(bus_t *bus, const char *peer, const proto_msg_t *m) {
+    if (!bus || bus_is_closing(bus)) return DL_ECLOSED;
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    int rc = proto_encode(m, &sb);
+    if (rc < 0) {
+        log_error("encode %s: %s", proto_type_name(m->type), dl_errmsg());
+    } else {
+        rc = bus_send(bus, peer, sb.data, sb.size);
+        if (rc < 0)
+            log_warn("send %s to %s on %s: %s", proto_type_name(m->type),
+                     peer && *peer ? peer : "upstream", bus_name(bus), dl_strerror(rc));
+    }
+    msgpack_sbuffer_destroy(&sb);
+    return rc;
+}
+
+int stage_decode(const char *who, const char *peer, const void *data, size_t len,
+                 proto_msg_t *out) {
+    int rc = proto_decode(data, len, out);
+    if (rc < 0) log_warn("%s: malformed message from %s dropped: %s", who, peer && *peer ? peer : "upstream",
+                         dl_errmsg());
+    return rc;
+}
+
+void stage_phase_add(stage_t *st, pipe_phase_t p, double s) { if (s > 0) st->phase_s[p] += s; }
+void stage_progress(stage_t *st) { st->last_progress = clock_mono_s(); }
+
+int stage_run(stage_t *st) {
+    uv_run(&st->loop, UV_RUN_DEFAULT);
+    return 0;
+}
+
+void stage_close(stage_t *st) {
+    if (st->metrics_timer) bus_timer_stop(&st->metrics_timer);
+    if (st->sup && !bus_is_closing(st->sup)) {
+        stage_publish_metrics(st);
+        bus_close(st->sup, NULL, NULL);
+    }
+}
+
+void stage_fini(stage_t *st) {
+    bus_destroy(&st->sup);
+    uv_run(&st->loop, UV_RUN_DEFAULT);
+    uv_loop_close(&st->loop);
+    if (st->zctx) zmq_ctx_term(st->zctx);
+    st->zctx = NULL;
+}

@@ -1,0 +1,111 @@
+/* Stage runtime shared by the four pipeline stages (loader, target_worker,
+ * drafter_worker, optimizer): one libuv loop, one ZeroMQ context, a DEALER to the
+ * supervisor (hello, heartbeats through the bus, control messages, metrics once a
+ * second), proto encode/decode helpers and phase-time accounting.
+ *
+ * Run layout (made by the supervisor, `draftline run`): <run_dir>/sup.sock (the
+ * supervisor's ROUTER), <run_dir>/loader.sock, <run_dir>/optimizer.sock,
+ * <run_dir>/drafter<i>.sock (ROUTERs of the stages that serve others). Stage ids:
+ * loader 1, optimizer 2, drafter i = 100 + i, target i = 200 + i (PIPE_ID_*).
+ */
+#ifndef DL_PIPE_STAGE_H
+#define DL_PIPE_STAGE_H
+
+#include "common/bus/bus.h"
+#include "proto/msg.h"
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#define PIPE_ID_LOADER 1u
+#define PIPE_ID_OPTIMIZER 2u
+#define PIPE_ID_DRAFTER0 100u
+#define PIPE_ID_TARGET0 200u
+#define PIPE_MAX_DRAFTERS 64
+#define PIPE_MAX_TARGETS 64
+
+/* Heartbeats between stages: a peer silent this long is dead. Compute runs on a
+ * worker thread, so the loop answers within milliseconds even mid micro-batch. */
+#define PIPE_HEARTBEAT_MS 200
+#define PIPE_DEAD_MS 3000
+
+/* Phases whose time is published (seconds, cumulative): the monitor's stall
+ * diagnosis reads wait_input (starved) against wait_credit (back-pressured). */
+typedef enum {
+    PHASE_WAIT_INPUT = 0, PHASE_WAIT_CREDIT, PHASE_COPY, PHASE_FORWARD, PHASE_BACKWARD,
+    PHASE_STEP, PHASE_N
+} pipe_phase_t;
+
+typedef struct stage stage_t;
+typedef void (*stage_metrics_cb)(stage_t *st, proto_metrics_t *m, void *arg);
+typedef void (*stage_control_cb)(stage_t *st, const proto_control_t *c, void *arg);
+typedef void (*stage_stop_cb)(stage_t *st, void *arg);
+
+struct stage {
+    char name[32];              /* "loader", "target0", ... (also the DEALER identity) */
+    proto_role_t role;
+    uint32_t stage_id;
+    uint64_t incarnation;
+    char run_dir[200];
+    char run_id[17];
+    char gpu_uuid[64];          /* "" on CPU */
+    uv_loop_t loop;
+    void *zctx;
+    bus_t *sup;                 /* DEALER to <run_dir>/sup.sock */
+    bus_timer_t *metrics_timer;
+    proto_state_t state;
+    double t_start, last_progress;  /* monotonic seconds */
+    double phase_s[PHASE_N];
+    int stopping;               /* set by SIGTERM/SIGINT or CONTROL STOP */
+    stage_metrics_cb metrics_cb; void *metrics_arg;
+    stage_control_cb control_cb; void *control_arg;
+    stage_stop_cb stop_cb; void *stop_arg;
+};
+
+/* Initialises *st (caller-owned storage), the loop, the ZeroMQ context and the
+ * supervisor DEALER; sends HELLO and starts the 1 s metrics timer. run_id:
+ * [A-Za-z0-9_.]{1,16} (slab names). Errors from the bus (DL_EIO, DL_EINVAL). */
+int stage_init(stage_t *st, proto_role_t role, uint32_t stage_id, uint64_t incarnation,
+               const char *name, const char *run_dir, const char *run_id);
+/* Callbacks: metrics fill-in (called once a second before publishing), control
+ * messages from the supervisor, and stop (SIGTERM/SIGINT or CONTROL STOP; the stage
+ * should finish what it must and call stage_close). */
+void stage_on_metrics(stage_t *st, stage_metrics_cb cb, void *arg);
+void stage_on_control(stage_t *st, stage_control_cb cb, void *arg);
+void stage_on_stop(stage_t *st, stage_stop_cb cb, void *arg);
+
+/* A bus on the stage's loop and context with the pipeline's heartbeat settings.
+ * kind BUS_ROUTER binds <run_dir>/<endpoint>.sock; BUS_DEALER connects to it with
+ * identity st->name. NULL with dl_errmsg on failure. */
+bus_t *stage_bus(stage_t *st, bus_kind_t kind, const char *endpoint);
+
+/* Encodes and sends m to peer on bus (peer ignored on a DEALER). Returns bus_send's
+ * code; an encode error is logged and returned (DL_EPROTO). */
+int stage_send(bus_t *bus, const char *peer, const proto_msg_t *m);
+/* Decodes a payload; a malformed one is logged (with the peer) and DL_EPROTO is
+ * returned (never fatal: a stage does not crash on a peer's bad message). */
+int stage_decode(const char *who, const char *peer, const void *data, size_t len,
+                 proto_msg_t *out);
+
+/* Appends (name, value) to m (ignored past DL_PROTO_MAX_METRICS). */
+void stage_metric(proto_metrics_t *m, const char *name, double value);
+void stage_phase_add(stage_t *st, pipe_phase_t p, double seconds);
+void stage_progress(stage_t *st);                 /* "made progress now" */
+/* Sends a metrics message now (also done by the 1 s timer). */
+void stage_publish_metrics(stage_t *st);
+
+/* Runs the loop until every handle is closed. Returns 0. */
+int stage_run(stage_t *st);
+/* Closes the supervisor bus (the stage closes its own buses); the loop ends when all
+ * handles are closed. */
+void stage_close(stage_t *st);
+/* Frees the loop and the ZeroMQ context after stage_run returned. */
+void stage_fini(stage_t *st);
+
+/* Stage id <-> name helpers. */
+void pipe_stage_name(uint32_t stage_id, char *out, size_t cap);
+/* Endpoint name of drafter i: "drafter<i>". */
+void pipe_drafter_endpoint(int i, char *out, size_t cap);
+
+#endif

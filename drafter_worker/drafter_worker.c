@@ -1,0 +1,689 @@
+/* drafter_worker: pipeline stage 3. Owns a byte-bounded inbox (GPU tier of
+ * --inbox-gb on its own GPU; on CPU runs a shared-memory slab standing in for it,
+ * plus the host tier of --host-inbox-gb), grants inbox slots to the targets routed
+ * to it (credit: one outstanding grant per target, each sized for a full
+ * micro-batch), computes the DFlash drafter's forward and backward on each
+ * micro-batch with the weights of the step it belongs to, writes that
+ * micro-batch's gradient (f32) into its shared gradient slab (one slot per
+ * micro-batch index within the step) and sends gradients_ready to the optimizer,
+ * then releases the inbox slot.
+ *
+ * Synchronous math: a micro-batch of step s is computed only with weights version
+ * s (after s optimizer steps); items of the next step wait in the inbox. New
+ * weights are copied from the optimizer's weights slab when weights_version
+ * arrives (never while a micro-batch is being computed). --hs-min-ready K keeps a
+ * pool of K ready items of the current step and picks among them with a seeded
+ * draw (sequence-length mixing); the optimizer sums per-micro-batch gradients in mb
+ * order, so the pick order does not change the result.
+ * A GPU-tier handle whose GPU UUID is not this drafter's is refused loudly
+ * (slab_check_gpu): the drafter never computes on another GPU's memory.
+ */
+#include "common/base/cli.h"
+#include "common/base/clock.h"
+#include "common/base/err.h"
+#include "common/base/log.h"
+#include "common/base/rng.h"
+#include "common/mem/hcache.h"
+#include "common/mem/inbox.h"
+#include "common/mem/slab.h"
+#include "common/model/drafter.h"
+#include "common/model/target.h"
+#include "common/ops/ops.h"
+#include "common/pipe/layout.h"
+#include "common/pipe/model.h"
+#include "common/pipe/stage.h"
+
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DW_MAX_PEERS 64
+#define DW_MAX_SLOTS 1024
+#define SLAB_ID_GPU 1
+#define SLAB_ID_HOST 2
+#define SLAB_ID_GRAD 3
+
+typedef struct {
+    char peer[BUS_ID_MAX + 1];
+    uint32_t target_id;
+    uint64_t incarnation;
+    int alive;
+    int granted;               /* outstanding unused grants */
+} tpeer_t;
+
+typedef struct {
+    int used;
+    uint64_t mb, step;
+    uint32_t mb_in_step;
+    uint32_t slot_id;
+    int peer;                  /* -1 if the target is gone */
+    uint64_t peer_inc;
+    uint32_t T, n_seqs;
+    uint64_t tokens_off, seq_lens_off, loss_mask_off;
+    double t_ready;
+} item_t;
+
+typedef struct {
+    stage_t st;
+    int index;                 /* drafter i; stage id PIPE_ID_DRAFTER0 + i */
+    bus_t *srv;                /* ROUTER: targets */
+    bus_t *opt;                /* DEALER: optimizer */
+    ops_ctx_t ops;
+    target_t *tgt;             /* embedding and LM head only */
+    drafter_t *d;
+    drafter_config_t dcfg;
+    size_t P;
+    uint32_t token_budget, anchors, K, min_ready;
+    uint64_t seed;
+    slab_t *tier[2];           /* inbox tiers */
+    slab_t *grad;              /* K * P f32 */
+    inbox_t *ib;
+    uint64_t slot_bytes;
+    uint32_t slot_owner[DW_MAX_SLOTS]; /* peer index + 1 for granted-unused slots, 0 otherwise */
+    tpeer_t peers[DW_MAX_PEERS];
+    int npeers;
+    item_t *items;             /* ready items (capacity DW_MAX_SLOTS) */
+    /* weights */
+    hcache_t *hc;
+    slab_handle_t wslab;
+    int have_wslab;
+    int64_t version;           /* weights version loaded; -1 none yet */
+    int64_t pending_version;   /* received while busy */
+    uint64_t pending_offset;
+    uint8_t *sent;             /* (K) mbs of the current version already contributed */
+    /* compute */
+    int busy;
+    uv_work_t work;
+    item_t cur;
+    int cur_rc;
+    drafter_stats_t cur_stats;
+    double cur_fb_s, cur_copy_s;
+    int32_t *cu, *anchor_buf;
+    bus_timer_t *pool_timer;
+    int pool_timer_armed;
+    double idle_since;
+    /* metrics */
+    uint64_t computed, dropped, tokens;
+    double t_rate; uint64_t tokens_at; double rate;
+} dw_t;
+
+static void try_compute(dw_t *W);
+static void grant_all(dw_t *W);
+
+static int peer_find(dw_t *W, const char *peer) {
+    for (int i = 0; i < W->npeers; i++) if (!strcmp(W->peers[i].peer, peer)) return i;
+    return -1;
+}
+
+static void export_slab(dw_t *W, bus_t *bus, const char *peer, const slab_t *s, proto_tier_t tier) {
+    const slab_handle_t *h = slab_handle(s);
+    proto_msg_t m;
+    proto_msg_init(&m, PROTO_SLAB_EXPORT);
+    m.slab_export.owner_id = h->owner_id;
+    m.slab_export.incarnation = h->incarnation;
+    m.slab_export.slab_id = h->slab_id;
+    m.slab_export.tier = tier;
+    m.slab_export.bytes = h->bytes;
+    snprintf(m.slab_export.shm_name, sizeof m.slab_export.shm_name, "%s", h->name);
+    snprintf(m.slab_export.gpu_uuid, sizeof m.slab_export.gpu_uuid, "%s", h->gpu_uuid);
+    (void)W;
+    stage_send(bus, peer, &m);
+}
+
+/* Reclaims the unused grants of peer i (its target died or restarted). */
+static void reclaim(dw_t *W, int i) {
+    for (uint32_t s = 0; s < DW_MAX_SLOTS; s++)
+        if (W->slot_owner[s] == (uint32_t)i + 1) {
+            inbox_free(W->ib, s);
+            W->slot_owner[s] = 0;
+        }
+    W->peers[i].granted = 0;
+}
+
+static void grant_all(dw_t *W) {
+    if (W->st.stopping) return;
+    for (int i = 0; i < W->npeers; i++) {
+        tpeer_t *p = &W->peers[i];
+        if (!p->alive || p->granted > 0) continue;
+        inbox_slot_t s;
+        int rc = inbox_alloc(W->ib, W->slot_bytes, 1, &s);
+        if (rc == DL_EAGAIN) return;     /* back-pressure: the target waits for credit */
+        if (rc < 0) { log_rc(rc, "inbox"); return; }
+        W->slot_owner[s.id] = (uint32_t)i + 1;
+        p->granted++;
+        proto_msg_t m;
+        proto_msg_init(&m, PROTO_SLOT_GRANT);
+        m.slot_grant.drafter_id = W->st.stage_id;
+        m.slot_grant.target_id = p->target_id;
+        m.slot_grant.slot_id = s.id;
+        m.slot_grant.tier = PROTO_TIER_HOST; /* CPU run: both tiers are shared host memory */
+        m.slot_grant.slab_id = s.tier == INBOX_GPU ? SLAB_ID_GPU : SLAB_ID_HOST;
+        m.slot_grant.offset = s.offset;
+        m.slot_grant.bytes = s.bytes;
+        if (stage_send(W->srv, p->peer, &m) < 0) {
+            inbox_free(W->ib, s.id);
+            W->slot_owner[s.id] = 0;
+            p->granted--;
+        }
+    }
+}
+
+static void release_item(dw_t *W, const item_t *it) {
+    inbox_free(W->ib, it->slot_id);
+    if (it->peer >= 0 && W->peers[it->peer].alive && W->peers[it->peer].incarnation == it->peer_inc) {
+        proto_msg_t m;
+        proto_msg_init(&m, PROTO_SLOT_RELEASE);
+        m.slot_release.drafter_id = W->st.stage_id;
+        m.slot_release.slot_id = it->slot_id;
+        m.slot_release.mb = it->mb;
+        stage_send(W->srv, W->peers[it->peer].peer, &m);
+    }
+}
+
+static const uint8_t *slot_base(dw_t *W, uint32_t slot_id) {
+    inbox_slot_t s;
+    if (inbox_get(W->ib, slot_id, &s) < 0) return NULL;
+    return (const uint8_t *)slab_ptr(W->tier[s.tier]) + s.offset;
+}
+
+/* ---- compute on the worker thread ---- */
+static void work_cb(uv_work_t *req) {
+    dw_t *W = req->data;
+    item_t *it = &W->cur;
+    const uint8_t *base = slot_base(W, it->slot_id);
+    const int32_t *lens = (const int32_t *)(base + it->seq_lens_off);
+    W->cu[0] = 0;
+    for (uint32_t s = 0; s < it->n_seqs; s++) W->cu[s + 1] = W->cu[s] + lens[s];
+    const uint8_t *mask = base + it->loss_mask_off;
+    rng_t r;
+    rng_seed(&r, rng_mix(W->seed, it->mb, 0xA17C));
+    int nb = drafter_sample_anchors(W->cu, (int)it->n_seqs, mask, W->dcfg.B, (int)W->anchors, &r,
+                                    W->anchor_buf, (int)W->token_budget);
+    if (nb < 0) { W->cur_rc = nb; return; }
+    drafter_batch_t b = {0};
+    b.T = (int)it->T;
+    b.nseq = (int)it->n_seqs;
+    b.cu_seqlens = W->cu;
+    b.ids = (const int32_t *)(base + it->tokens_off);
+    b.loss_mask = mask;
+    b.features = base;
+    b.n_blocks = nb;
+    b.anchors = W->anchor_buf;
+    double t0 = clock_mono_s();
+    drafter_zero_grad(W->d);
+    memset(&W->cur_stats, 0, sizeof W->cur_stats);
+    W->cur_rc = nb > 0 ? drafter_forward_backward(W->d, &b, 1.0f, &W->cur_stats) : 0;
+    double t1 = clock_mono_s();
+    /* nb == 0 (nothing to predict) contributes a zero gradient with zero weight */
+    float *dst = (float *)slab_ptr(W->grad) + (size_t)it->mb_in_step * W->P;
+    memcpy(dst, drafter_grads(W->d), W->P * sizeof(float));
+    W->cur_fb_s = t1 - t0;
+    W->cur_copy_s = clock_mono_s() - t1;
+}
+
+static void load_weights(dw_t *W, int64_t version, uint64_t offset) {
+    void *base;
+    int rc = hcache_get(W->hc, &W->wslab, &base);
+    if (rc < 0) { log_rc(rc, "map the optimizer's weights"); return; }
+    double t0 = clock_mono_s();
+    memcpy(drafter_master(W->d), (const uint8_t *)base + offset, W->P * sizeof(float));
+    drafter_sync_weights(W->d);
+    stage_phase_add(&W->st, PHASE_COPY, clock_mono_s() - t0);
+    W->version = version;
+    memset(W->sent, 0, W->K);
+    /* drop what can no longer be applied */
+    for (int k = 0; k < DW_MAX_SLOTS; k++) {
+        item_t *it = &W->items[k];
+        if (it->used && (int64_t)it->step < version) {
+            release_item(W, it);
+            it->used = 0;
+            W->dropped++;
+        }
+    }
+}
+
+static void after_work_cb(uv_work_t *req, int status) {
+    dw_t *W = req->data;
+    (void)status;
+    item_t *it = &W->cur;
+    W->busy = 0;
+    stage_phase_add(&W->st, PHASE_BACKWARD, W->cur_fb_s);
+    stage_phase_add(&W->st, PHASE_COPY, W->cur_copy_s);
+    if (W->cur_rc < 0) {
+        log_error("micro-batch %llu: drafter forward/backward failed: %s", (unsigned long long)it->mb,
+                  dl_errmsg());
+        exit(1); /* the supervisor restarts the stage; the loader re-issues the work */
+    }
+    const drafter_stats_t *s = &W->cur_stats;
+    proto_msg_t m;
+    proto_msg_init(&m, PROTO_GRADIENTS_READY);
+    proto_gradients_ready_t *g = &m.gradients_ready;
+    float acc[DL_PROTO_MAX_BLOCK] = {0};
+    for (int k = 1; k < W->dcfg.B; k++) acc[k] = s->count[k] > 0 ? (float)(s->correct[k] / s->count[k]) : 0.0f;
+    uint64_t mb = it->mb;
+    g->drafter_id = W->st.stage_id;
+    g->step = it->step;
+    g->weights_version = (uint64_t)W->version;
+    g->mbs = &mb;
+    g->n_mbs = 1;
+    g->n_tokens = it->T;
+    g->loss_sum = s->loss_sum;
+    g->weight_sum = s->weight_sum;
+    g->acc = acc;
+    g->n_acc = (uint32_t)W->dcfg.B;
+    g->slab_id = SLAB_ID_GRAD;
+    g->offset = (uint64_t)it->mb_in_step * W->P * sizeof(float);
+    g->bytes = W->P * sizeof(float);
+    g->n_params = W->P;
+    if (!isfinite(g->weight_sum) || g->weight_sum < 0) g->weight_sum = 0;
+    stage_send(W->opt, NULL, &m);
+    W->sent[it->mb_in_step] = 1;
+    W->computed++;
+    W->tokens += it->T;
+    stage_progress(&W->st);
+    release_item(W, it);
+    if (W->pending_version >= 0) {
+        load_weights(W, W->pending_version, W->pending_offset);
+        W->pending_version = -1;
+    }
+    W->idle_since = clock_mono_s();
+    grant_all(W);
+    try_compute(W);
+}
+
+static void on_pool_timer(bus_t *bus, void *arg) {
+    (void)bus;
+    dw_t *W = arg;
+    W->pool_timer_armed = 0;
+    try_compute(W);
+}
+
+static void try_compute(dw_t *W) {
+    if (W->busy || W->version < 0 || W->st.stopping) {
+        if (!W->busy) W->st.state = PROTO_STATE_IDLE;
+        return;
+    }
+    int cand[DW_MAX_SLOTS], n = 0;
+    double oldest = 1e300;
+    for (int k = 0; k < DW_MAX_SLOTS; k++) {
+        item_t *it = &W->items[k];
+        if (!it->used) continue;
+        if ((int64_t)it->step != W->version) continue;
+        if (W->sent[it->mb_in_step]) {      /* duplicate of a contributed micro-batch */
+            release_item(W, it);
+            it->used = 0;
+            W->dropped++;
+            continue;
+        }
+        cand[n++] = k;
+        if (it->t_ready < oldest) oldest = it->t_ready;
+    }
+    if (n == 0) { W->st.state = PROTO_STATE_IDLE; grant_all(W); return; }
+    /* pool: wait (at most 50 ms after the oldest arrival) for min_ready items */
+    if ((uint32_t)n < W->min_ready && clock_mono_s() - oldest < 0.05) {
+        if (!W->pool_timer_armed) {
+            bus_timer_stop(&W->pool_timer);
+            bus_timer_start(W->srv, 20, 0, on_pool_timer, W, &W->pool_timer);
+            W->pool_timer_armed = 1;
+        }
+        return;
+    }
+    int pick = 0;
+    if (W->min_ready > 1) {
+        rng_t r;
+        rng_seed(&r, rng_mix(W->seed, (uint64_t)W->version, W->computed));
+        pick = (int)rng_below(&r, (uint64_t)n);
+    } else {
+        for (int j = 1; j < n; j++) if (W->items[cand[j]].mb < W->items[cand[pick]].mb) pick = j;
+    }
+    item_t *it = &W->items[cand[pick]];
+    W->cur = *it;
+    it->used = 0;
+    stage_phase_add(&W->st, PHASE_WAIT_INPUT, clock_mono_s() - W->idle_since);
+    W->busy = 1;
+    W->st.state = PROTO_STATE_RUNNING;
+    W->work.data = W;
+    uv_queue_work(&W->st.loop, &W->work, work_cb, after_work_cb);
+}
+
+static void on_hs_ready(dw_t *W, int pi, const proto_hidden_states_ready_t *h) {
+    tpeer_t *p = &W->peers[pi];
+    if (h->slot_id >= DW_MAX_SLOTS || W->slot_owner[h->slot_id] != (uint32_t)pi + 1) {
+        log_warn("%s: hidden_states_ready for slot %u it was not granted: dropped", p->peer, h->slot_id);
+        return;
+    }
+    inbox_slot_t s;
+    inbox_get(W->ib, h->slot_id, &s);
+    uint64_t row = (uint64_t)W->dcfg.n_feat * (uint64_t)W->dcfg.D;
+    pipe_layout_t l = pipe_layout(h->shape[0], h->n_seqs, row, 4);
+    int bad = h->dtype != PROTO_DTYPE_F32 || h->ndim != 2 || h->shape[1] != row ||
+              h->shape[0] > W->token_budget || h->shape[0] < 1 || h->bytes > s.bytes ||
+              h->tokens_off != l.tokens_off || h->seq_lens_off != l.seq_lens_off ||
+              h->loss_mask_off != l.loss_mask_off || l.bytes > s.bytes ||
+              h->mbs_in_step != W->K || h->mb_in_step != h->mb % W->K || h->step != h->mb / W->K;
+    if (bad) {
+        log_warn("%s: hidden_states_ready for micro-batch %llu does not match this drafter "
+                 "(shape %llux%llu, expected rows of %llu f32, K %u): dropped",
+                 p->peer, (unsigned long long)h->mb, (unsigned long long)h->shape[0],
+                 (unsigned long long)h->shape[1], (unsigned long long)row, W->K);
+        inbox_free(W->ib, h->slot_id);
+        W->slot_owner[h->slot_id] = 0;
+        p->granted--;
+        grant_all(W);
+        return;
+    }
+    W->slot_owner[h->slot_id] = 0;
+    p->granted--;
+    int k = 0;
+    while (k < DW_MAX_SLOTS && W->items[k].used) k++;
+    item_t *it = &W->items[k];
+    memset(it, 0, sizeof *it);
+    it->used = 1;
+    it->mb = h->mb;
+    it->step = h->step;
+    it->mb_in_step = h->mb_in_step;
+    it->slot_id = h->slot_id;
+    it->peer = pi;
+    it->peer_inc = p->incarnation;
+    it->T = (uint32_t)h->shape[0];
+    it->n_seqs = h->n_seqs;
+    it->tokens_off = h->tokens_off;
+    it->seq_lens_off = h->seq_lens_off;
+    it->loss_mask_off = h->loss_mask_off;
+    it->t_ready = clock_mono_s();
+    /* the sequence lengths must add up to T (a peer's bad data never reaches the math) */
+    const uint8_t *base = slot_base(W, it->slot_id);
+    const int32_t *lens = (const int32_t *)(base + it->seq_lens_off);
+    const int32_t *ids = (const int32_t *)(base + it->tokens_off);
+    int64_t sum = 0;
+    int ok = 1;
+    for (uint32_t j = 0; j < it->n_seqs; j++) { if (lens[j] < 1) ok = 0; sum += lens[j]; }
+    for (uint32_t t = 0; t < it->T && ok; t++) if (ids[t] < 0 || ids[t] >= W->dcfg.V) ok = 0;
+    if (!ok || sum != it->T) {
+        log_warn("%s: micro-batch %llu has inconsistent sequence lengths or token ids: dropped",
+                 p->peer, (unsigned long long)h->mb);
+        release_item(W, it);
+        it->used = 0;
+        return;
+    }
+    grant_all(W);
+    try_compute(W);
+}
+
+static void on_target_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg) {
+    (void)bus;
+    dw_t *W = arg;
+    proto_msg_t m;
+    if (stage_decode(W->st.name, peer, data, len, &m) < 0) return;
+    int i = peer_find(W, peer);
+    switch (m.type) {
+    case PROTO_HELLO:
+        if (i < 0) {
+            if (W->npeers == DW_MAX_PEERS) break;
+            i = W->npeers++;
+            memset(&W->peers[i], 0, sizeof W->peers[i]);
+            snprintf(W->peers[i].peer, sizeof W->peers[i].peer, "%s", peer);
+        }
+        if (W->peers[i].incarnation && W->peers[i].incarnation != m.hello.incarnation) reclaim(W, i);
+        W->peers[i].target_id = m.hello.stage_id;
+        W->peers[i].incarnation = m.hello.incarnation;
+        W->peers[i].alive = 1;
+        log_info("hello from %s (target %u, incarnation %llu)", peer, m.hello.stage_id,
+                 (unsigned long long)m.hello.incarnation);
+        export_slab(W, W->srv, peer, W->tier[0], PROTO_TIER_HOST);
+        if (W->tier[1]) export_slab(W, W->srv, peer, W->tier[1], PROTO_TIER_HOST);
+        grant_all(W);
+        break;
+    case PROTO_HIDDEN_STATES_READY:
+        if (i >= 0) on_hs_ready(W, i, &m.hidden_states_ready);
+        break;
+    case PROTO_SLOT_RELEASE: /* an unused grant handed back (target re-routed or stopping) */
+        if (i >= 0 && m.slot_release.slot_id < DW_MAX_SLOTS &&
+            W->slot_owner[m.slot_release.slot_id] == (uint32_t)i + 1) {
+            inbox_free(W->ib, m.slot_release.slot_id);
+            W->slot_owner[m.slot_release.slot_id] = 0;
+            W->peers[i].granted--;
+        }
+        break;
+    default:
+        log_warn("unexpected %s from %s", proto_type_name(m.type), peer);
+    }
+    proto_msg_free(&m);
+}
+
+static void on_target_dead(bus_t *bus, const char *peer, uint64_t silent_ms, void *arg) {
+    (void)bus;
+    dw_t *W = arg;
+    int i = peer_find(W, peer);
+    if (i < 0) return;
+    log_warn("%s silent for %llu ms: its unused grants are reclaimed", peer, (unsigned long long)silent_ms);
+    W->peers[i].alive = 0;
+    reclaim(W, i);
+    grant_all(W);
+}
+
+static void on_opt_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg) {
+    (void)bus;
+    dw_t *W = arg;
+    proto_msg_t m;
+    if (stage_decode(W->st.name, "optimizer", data, len, &m) < 0) return;
+    (void)peer;
+    if (m.type == PROTO_SLAB_EXPORT) {
+        memset(&W->wslab, 0, sizeof W->wslab);
+        W->wslab.kind = SLAB_HOST;
+        W->wslab.owner_id = m.slab_export.owner_id;
+        W->wslab.incarnation = m.slab_export.incarnation;
+        W->wslab.slab_id = m.slab_export.slab_id;
+        W->wslab.bytes = m.slab_export.bytes;
+        snprintf(W->wslab.name, sizeof W->wslab.name, "%s", m.slab_export.shm_name);
+        W->have_wslab = 1;
+    } else if (m.type == PROTO_WEIGHTS_VERSION) {
+        const proto_weights_version_t *v = &m.weights_version;
+        if (!W->have_wslab || v->n_params != W->P || v->dtype != PROTO_DTYPE_F32 ||
+            v->slab_id != W->wslab.slab_id || v->offset + v->bytes > W->wslab.bytes) {
+            log_error("weights_version %llu does not match this drafter (%llu params)",
+                      (unsigned long long)v->version, (unsigned long long)v->n_params);
+        } else if ((int64_t)v->version != W->version) {
+            if (W->busy) { W->pending_version = (int64_t)v->version; W->pending_offset = v->offset; }
+            else load_weights(W, (int64_t)v->version, v->offset);
+            try_compute(W);
+        }
+    } else {
+        log_warn("unexpected %s from the optimizer", proto_type_name(m.type));
+    }
+    proto_msg_free(&m);
+}
+
+static void on_metrics(stage_t *st, proto_metrics_t *m, void *arg) {
+    dw_t *W = arg;
+    (void)st;
+    double now = clock_mono_s();
+    if (now - W->t_rate >= 0.5) {
+        W->rate = (double)(W->tokens - W->tokens_at) / (now - W->t_rate);
+        W->t_rate = now;
+        W->tokens_at = W->tokens;
+    }
+    int ready = 0;
+    for (int k = 0; k < DW_MAX_SLOTS; k++) ready += W->items[k].used;
+    stage_metric(m, "tokens_per_s", W->rate);
+    stage_metric(m, "computed", (double)W->computed);
+    stage_metric(m, "dropped", (double)W->dropped);
+    stage_metric(m, "ready", ready);
+    stage_metric(m, "weights_version", (double)W->version);
+    stage_metric(m, "inbox_gpu_bytes", (double)inbox_used(W->ib, INBOX_GPU));
+    stage_metric(m, "inbox_host_bytes", (double)inbox_used(W->ib, INBOX_HOST));
+    stage_metric(m, "inbox_gpu_cap", (double)inbox_cap(W->ib, INBOX_GPU));
+    stage_metric(m, "inbox_host_cap", (double)inbox_cap(W->ib, INBOX_HOST));
+    stage_metric(m, "inbox_high_water", (double)inbox_high_water(W->ib));
+    stage_metric(m, "inbox_slabs_bytes", (double)(slab_bytes(W->tier[0]) + (W->tier[1] ? slab_bytes(W->tier[1]) : 0)));
+    stage_metric(m, "handle_opens", (double)hcache_opens(W->hc));
+}
+
+static void on_stop(stage_t *st, void *arg) {
+    dw_t *W = arg;
+    st->state = PROTO_STATE_STOPPING;
+    if (W->srv) bus_close(W->srv, NULL, NULL);
+    if (W->opt) bus_close(W->opt, NULL, NULL);
+    stage_close(st);
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+        "usage: drafter_worker --run-dir DIR --run-id ID --index I --target-model PATH [options]\n"
+        "Pipeline stage 3: owns an inbox, computes DFlash drafter forward/backward per micro-batch.\n\n"
+        "  --run-dir DIR              sockets directory     --run-id ID   shared-memory name prefix\n"
+        "  --incarnation N            restart count (default 1)\n"
+        "  --index I                  drafter index (stage id 100+I, endpoint drafter<I>.sock)\n"
+        "  --target-model PATH        target checkpoint (GGUF or HF dir): embedding, LM head, shapes\n"
+        "  --drafter-layers N         drafter layers (default 1)\n"
+        "  --block-size B             block size (default 8)\n"
+        "  --num-anchors N            anchors sampled per sequence (default 32)\n"
+        "  --token-budget N           max tokens per micro-batch: inbox slot size (default 1024)\n"
+        "  --micro-batches-per-step K (default 1)\n"
+        "  --inbox-gb X               GPU-tier inbox size, GiB (default 0.25)\n"
+        "  --host-inbox-gb X          host-tier inbox size, GiB (default 0)\n"
+        "  --hs-min-ready K           pool K ready micro-batches, pick one at random (default 1)\n"
+        "  --seed N                   anchor and pick seed (default 0)\n"
+        "  --threads N                OpenMP threads (default: all)\n"
+        "  --log-level L              error|warn|info|debug\n"
+        "  -h, --help                 this help\n");
+}
+
+int main(int argc, char **argv) {
+    log_init("drafter", LOG_INFO);
+    static dw_t W;
+    const char *run_dir = NULL, *run_id = NULL, *model = NULL;
+    int64_t inc = 1, layers = 1, B = 8, v, threads = 0, index = -1;
+    size_t inbox_b = 256u << 20, host_b = 0;
+    W.token_budget = 1024; W.anchors = 32; W.K = 1; W.min_ready = 1;
+    enum { O_RUN = 256, O_ID, O_INC, O_IDX, O_TM, O_DL, O_BS, O_NA, O_TB, O_K, O_IG, O_HG, O_MR, O_SEED, O_TH, O_LL };
+    static const struct option opts[] = {
+        {"run-dir", 1, 0, O_RUN}, {"run-id", 1, 0, O_ID}, {"incarnation", 1, 0, O_INC},
+        {"index", 1, 0, O_IDX}, {"target-model", 1, 0, O_TM}, {"drafter-layers", 1, 0, O_DL},
+        {"block-size", 1, 0, O_BS}, {"num-anchors", 1, 0, O_NA}, {"token-budget", 1, 0, O_TB},
+        {"micro-batches-per-step", 1, 0, O_K}, {"inbox-gb", 1, 0, O_IG}, {"host-inbox-gb", 1, 0, O_HG},
+        {"hs-min-ready", 1, 0, O_MR}, {"seed", 1, 0, O_SEED}, {"threads", 1, 0, O_TH},
+        {"log-level", 1, 0, O_LL}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        int rc = 0;
+        switch (c) {
+        case O_RUN: run_dir = optarg; break;
+        case O_ID: run_id = optarg; break;
+        case O_INC: rc = cli_parse_i64("--incarnation", optarg, 1, INT64_MAX, &inc); break;
+        case O_IDX: rc = cli_parse_i64("--index", optarg, 0, PIPE_MAX_DRAFTERS - 1, &index); break;
+        case O_TM: model = optarg; break;
+        case O_DL: rc = cli_parse_i64("--drafter-layers", optarg, 1, DRAFTER_MAX_LAYERS, &layers); break;
+        case O_BS: rc = cli_parse_i64("--block-size", optarg, 2, DRAFTER_MAX_BLOCK, &B); break;
+        case O_NA: rc = cli_parse_i64("--num-anchors", optarg, 1, 1 << 20, &v); W.anchors = (uint32_t)v; break;
+        case O_TB: rc = cli_parse_i64("--token-budget", optarg, 16, 1 << 21, &v); W.token_budget = (uint32_t)v; break;
+        case O_K: rc = cli_parse_i64("--micro-batches-per-step", optarg, 1, DL_PROTO_MAX_MBS, &v); W.K = (uint32_t)v; break;
+        case O_IG: rc = cli_parse_gb("--inbox-gb", optarg, 0, 4096, &inbox_b); break;
+        case O_HG: rc = cli_parse_gb("--host-inbox-gb", optarg, 0, 4096, &host_b); break;
+        case O_MR: rc = cli_parse_i64("--hs-min-ready", optarg, 1, DW_MAX_SLOTS, &v); W.min_ready = (uint32_t)v; break;
+        case O_SEED: rc = cli_parse_i64("--seed", optarg, 0, INT64_MAX, &v); W.seed = (uint64_t)v; break;
+        case O_TH: rc = cli_parse_i64("--threads", optarg, 0, 1024, &threads); break;
+        case O_LL: { log_level_t l; rc = log_parse_level(optarg, &l); if (!rc) log_set_level(l); break; }
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+        if (rc < 0) { cli_error("drafter_worker", dl_errmsg()); return 2; }
+    }
+    if (!run_dir || !run_id || !model || index < 0) {
+        cli_error("drafter_worker", "--run-dir, --run-id, --index and --target-model are required");
+        return 2;
+    }
+    W.index = (int)index;
+    char name[32];
+    snprintf(name, sizeof name, "drafter%d", W.index);
+    log_init(name, log_get_level());
+    model_config_t mc;
+    int rc = pipe_target_config(model, &mc);
+    if (rc < 0) return log_rc(rc, "target config"), 1;
+    rc = pipe_drafter_config(&mc, (int)layers, 0, (int)B, &W.dcfg);
+    if (rc < 0) return log_rc(rc, "drafter config"), 1;
+    ops_cpu_init(&W.ops, (int)threads);
+    target_opts_t to = {0};
+    to.max_tokens = 1;
+    to.max_seqs = 1;
+    double t0 = clock_mono_s();
+    rc = target_load(model, &W.ops, &to, &W.tgt);
+    if (rc < 0) return log_rc(rc, "load target embedding / LM head"), 1;
+    rc = drafter_new(&W.ops, &W.dcfg, target_embed(W.tgt), target_lm_head(W.tgt), (int)W.token_budget,
+                     (int)W.token_budget, W.seed, &W.d);
+    if (rc < 0) return log_rc(rc, "drafter"), 1;
+    W.P = drafter_n_params(W.d);
+    log_info("target %s loaded for embedding/LM head in %.1f s; drafter %zu parameters",
+             model, clock_mono_s() - t0, W.P);
+    uint64_t row = (uint64_t)W.dcfg.n_feat * (uint64_t)W.dcfg.D;
+    W.slot_bytes = pipe_layout(W.token_budget, W.token_budget, row, 4).bytes;
+    if (W.slot_bytes > inbox_b && W.slot_bytes > host_b) {
+        log_error("--inbox-gb %.3f and --host-inbox-gb %.3f cannot hold one micro-batch of %u tokens "
+                  "(%.3f GiB of hidden states): raise --inbox-gb or lower --token-budget",
+                  inbox_b / 1073741824.0, host_b / 1073741824.0, W.token_budget, W.slot_bytes / 1073741824.0);
+        return 1;
+    }
+    W.sent = calloc(W.K, 1);
+    W.items = calloc(DW_MAX_SLOTS, sizeof *W.items);
+    W.cu = malloc(((size_t)W.token_budget + 2) * 4);
+    W.anchor_buf = malloc((size_t)W.token_budget * 4);
+    if (!W.sent || !W.items || !W.cu || !W.anchor_buf) { log_error("out of memory"); return 1; }
+    W.version = -1;
+    W.pending_version = -1;
+    rc = stage_init(&W.st, PROTO_ROLE_DRAFTER, PIPE_ID_DRAFTER0 + (uint32_t)W.index, (uint64_t)inc, name,
+                    run_dir, run_id);
+    if (rc < 0) return log_rc(rc, "stage init"), 1;
+    uint64_t caps[2] = {inbox_b >= W.slot_bytes ? inbox_b : 0, host_b};
+    /* the slabs are the inbox: exactly the two capacities, nothing else */
+    if (caps[0]) rc = slab_create(&W.tier[0], SLAB_HOST, run_id, name, W.st.stage_id, (uint64_t)inc, SLAB_ID_GPU, "ibg", caps[0], -1, 0);
+    if (rc == 0 && caps[1]) rc = slab_create(&W.tier[1], SLAB_HOST, run_id, name, W.st.stage_id, (uint64_t)inc, SLAB_ID_HOST, "ibh", caps[1], -1, 0);
+    if (rc == 0 && !W.tier[0]) { W.tier[0] = W.tier[1]; W.tier[1] = NULL; caps[0] = caps[1]; caps[1] = 0; }
+    if (rc == 0) rc = slab_create(&W.grad, SLAB_HOST, run_id, name, W.st.stage_id, (uint64_t)inc, SLAB_ID_GRAD, "grad",
+                                  (size_t)W.K * W.P * sizeof(float), -1, 0);
+    if (rc < 0) return log_rc(rc, "inbox slabs"), 1;
+    rc = inbox_new(&W.ib, caps, DW_MAX_SLOTS);
+    if (rc < 0) return log_rc(rc, "inbox"), 1;
+    hcache_new(&W.hc, -1);
+    W.srv = stage_bus(&W.st, BUS_ROUTER, name);
+    W.opt = stage_bus(&W.st, BUS_DEALER, "optimizer");
+    if (!W.srv || !W.opt) return log_rc(DL_EIO, "drafter sockets"), 1;
+    bus_on_message(W.srv, on_target_msg, &W);
+    bus_on_peer_dead(W.srv, on_target_dead, &W);
+    bus_on_message(W.opt, on_opt_msg, &W);
+    stage_on_metrics(&W.st, on_metrics, &W);
+    stage_on_stop(&W.st, on_stop, &W);
+    proto_msg_t h;
+    proto_msg_init(&h, PROTO_HELLO);
+    h.hello.role = PROTO_ROLE_DRAFTER;
+    h.hello.stage_id = W.st.stage_id;
+    h.hello.incarnation = W.st.incarnation;
+    h.hello.pid = (uint32_t)getpid();
+    h.hello.proto_version = DL_PROTO_VERSION;
+    h.hello.capabilities = PROTO_CAP_SHM | PROTO_CAP_HOST_TIER;
+    stage_send(W.opt, NULL, &h);
+    export_slab(&W, W.opt, NULL, W.grad, PROTO_TIER_HOST);
+    W.t_rate = W.idle_since = clock_mono_s();
+    W.st.state = PROTO_STATE_IDLE;
+    log_info("inbox: %llu + %llu bytes, slot %llu bytes (%u tokens x %llu features)",
+             (unsigned long long)caps[0], (unsigned long long)caps[1], (unsigned long long)W.slot_bytes,
+             W.token_budget, (unsigned long long)row);
+    stage_run(&W.st);
+    uint64_t opens = hcache_opens(W.hc);
+    bus_destroy(&W.srv);
+    bus_destroy(&W.opt);
+    stage_fini(&W.st);
+    hcache_destroy(&W.hc);
+    inbox_destroy(&W.ib);
+    slab_destroy(&W.tier[0]);
+    slab_destroy(&W.tier[1]);
+    slab_destroy(&W.grad);
+    drafter_destroy(&W.d);
+    target_destroy(&W.tgt);
+    ops_ctx_destroy(&W.ops);
+    log_info("stopped: %llu micro-batches computed, %llu dropped, %llu handle opens",
+             (unsigned long long)W.computed, (unsigned long long)W.dropped, (unsigned long long)opens);
+    free(W.sent); free(W.items); free(W.cu); free(W.anchor_buf);
+    return 0;
+}

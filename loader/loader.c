@@ -1,0 +1,411 @@
+/* loader: the first pipeline stage. Serves micro-batches from a prepared cache
+ * (.dlc) to targets, only on request (credit), remembers which target holds which
+ * micro-batch, re-issues the work of a target that died (heartbeat timeout, or a
+ * new incarnation saying hello), and forgets a micro-batch only when the optimizer
+ * reports its step applied (exactly-once: the optimizer's ledger drops duplicates
+ * of re-issued work).
+ *
+ * Micro-batch mb is a pure function of (cache, batcher options, seed, mb)
+ * (common/data/batcher.h), so the cursor is just the first micro-batch of the next
+ * unapplied step; --start-step resumes there. The loader issues at most
+ * --lookahead-mbs micro-batches past the current step, which bounds what can pile up
+ * in drafter inboxes while a step is incomplete (the supervisor sizes it from the
+ * inbox so that the current step can always make progress).
+ */
+#include "common/base/cli.h"
+#include "common/base/clock.h"
+#include "common/base/err.h"
+#include "common/base/log.h"
+#include "common/data/batcher.h"
+#include "common/data/prepare.h"
+#include "common/pipe/stage.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LOADER_MAX_PEERS 256
+
+typedef struct {
+    char peer[BUS_ID_MAX + 1];
+    uint32_t target_id;
+    uint64_t incarnation;
+    uint32_t credit;        /* micro-batches the target asked for and has not received */
+    int alive;
+} peer_t;
+
+typedef struct {
+    uint64_t mb;
+    int peer;               /* index into peers, -1 = queued for re-issue */
+    double issued_s;
+} inflight_t;
+
+typedef struct {
+    stage_t st;
+    bus_t *srv;             /* ROUTER: targets and the optimizer */
+    dlc_t *cache;
+    batcher_t *b;
+    batcher_opts_t bo;
+    uint64_t next_mb;       /* next fresh micro-batch */
+    uint64_t end_mb;        /* one past the last micro-batch to issue */
+    uint64_t applied_steps; /* steps the optimizer applied: step A is current */
+    uint64_t lookahead;     /* micro-batches allowed past the current step */
+    peer_t peers[LOADER_MAX_PEERS];
+    int npeers;
+    inflight_t *inflight;   /* unapplied micro-batches handed out or queued again */
+    size_t ninflight, capinflight;
+    /* packing buffers, sized by the token budget */
+    int32_t *ids, *cu, *lens;
+    uint8_t *mask;
+    /* metrics */
+    uint64_t issued, reissued, tokens_out, applied_mbs, dup_applied;
+    double t_last_rate; uint64_t tokens_at_last, mbs_at_last;
+    double rate_tok, rate_mb;
+    int done_logged;
+} loader_t;
+
+static int peer_find(loader_t *L, const char *peer) {
+    for (int i = 0; i < L->npeers; i++)
+        if (!strcmp(L->peers[i].peer, peer)) return i;
+    return -1;
+}
+
+static int peer_get(loader_t *L, const char *peer) {
+    int i = peer_find(L, peer);
+    if (i >= 0) return i;
+    if (L->npeers == LOADER_MAX_PEERS) return -1;
+    i = L->npeers++;
+    memset(&L->peers[i], 0, sizeof L->peers[i]);
+    snprintf(L->peers[i].peer, sizeof L->peers[i].peer, "%s", peer);
+    L->peers[i].alive = 1;
+    return i;
+}
+
+/* All unapplied work held by peer i goes back to the queue (its target died or
+ * restarted: whatever it computed may never reach a drafter). */
+static void requeue_peer(loader_t *L, int i, const char *why) {
+    int n = 0;
+    for (size_t k = 0; k < L->ninflight; k++)
+        if (L->inflight[k].peer == i) { L->inflight[k].peer = -1; n++; }
+    L->peers[i].credit = 0;
+    if (n) log_warn("%s %s: %d micro-batch(es) queued for re-issue", L->peers[i].peer, why, n);
+}
+
+static uint64_t step_limit(const loader_t *L) {
+    uint64_t K = L->bo.micro_batches_per_step;
+    uint64_t lim = (L->applied_steps + 1) * K + L->lookahead;
+    return lim < L->end_mb ? lim : L->end_mb;
+}
+
+static int send_mb(loader_t *L, int pi, uint64_t mb) {
+    batcher_mb_t m;
+    int rc = batcher_get(L->b, mb, &m);
+    if (rc < 0) return log_rc(rc, "batcher_get");
+    DL_TRY(batcher_pack(L->b, &m, L->ids, L->mask, NULL, L->cu));
+    for (uint32_t s = 0; s < m.n_seqs; s++) L->lens[s] = L->cu[s + 1] - L->cu[s];
+    proto_msg_t o;
+    proto_msg_init(&o, PROTO_MICRO_BATCH);
+    proto_micro_batch_t *x = &o.micro_batch;
+    x->mb = mb;
+    x->step = mb / L->bo.micro_batches_per_step;
+    x->epoch = m.epoch;
+    x->mbs_in_step = L->bo.micro_batches_per_step;
+    x->mb_in_step = (uint32_t)(mb % L->bo.micro_batches_per_step);
+    x->n_seqs = m.n_seqs;
+    x->tokens = L->ids; x->n_tokens = m.n_tokens;
+    x->seq_lens = L->lens; x->n_seq_lens = m.n_seqs;
+    x->loss_mask = L->mask; x->n_loss_mask = m.n_tokens;
+    rc = stage_send(L->srv, L->peers[pi].peer, &o);
+    if (rc < 0) return rc;
+    L->issued++;
+    L->tokens_out += m.n_tokens;
+    return 0;
+}
+
+/* Hands out work while some target has credit and some micro-batch may go. */
+static void serve(loader_t *L) {
+    if (L->st.stopping) return;
+    for (int progress = 1; progress;) {
+        progress = 0;
+        for (int i = 0; i < L->npeers; i++) {
+            peer_t *p = &L->peers[i];
+            if (!p->alive || p->credit == 0) continue;
+            /* re-issue first (lowest mb first: it holds up the oldest step) */
+            size_t best = SIZE_MAX;
+            for (size_t k = 0; k < L->ninflight; k++)
+                if (L->inflight[k].peer < 0 &&
+                    (best == SIZE_MAX || L->inflight[k].mb < L->inflight[best].mb))
+                    best = k;
+            if (best != SIZE_MAX) {
+                if (send_mb(L, i, L->inflight[best].mb) == 0) {
+                    L->inflight[best].peer = i;
+                    L->inflight[best].issued_s = clock_mono_s();
+                    p->credit--;
+                    L->reissued++;
+                    log_info("re-issued micro-batch %llu to %s",
+                             (unsigned long long)L->inflight[best].mb, p->peer);
+                    progress = 1;
+                }
+                continue;
+            }
+            if (L->next_mb >= step_limit(L)) continue;
+            if (L->ninflight == L->capinflight) {
+                size_t cap = L->capinflight ? 2 * L->capinflight : 64;
+                inflight_t *n = realloc(L->inflight, cap * sizeof *n);
+                if (!n) { log_error("loader: out of memory"); return; }
+                L->inflight = n;
+                L->capinflight = cap;
+            }
+            if (send_mb(L, i, L->next_mb) == 0) {
+                L->inflight[L->ninflight++] = (inflight_t){L->next_mb, i, clock_mono_s()};
+                L->next_mb++;
+                p->credit--;
+                progress = 1;
+                stage_progress(&L->st);
+            }
+        }
+    }
+    int waiting = 0;
+    for (int i = 0; i < L->npeers; i++) waiting |= L->peers[i].alive && L->peers[i].credit > 0;
+    L->st.state = waiting ? PROTO_STATE_BLOCKED : PROTO_STATE_IDLE;
+    if (L->applied_steps * L->bo.micro_batches_per_step >= L->end_mb && !L->done_logged) {
+        log_info("every micro-batch up to %llu applied", (unsigned long long)L->end_mb);
+        L->done_logged = 1;
+    }
+}
+
+static void on_applied(loader_t *L, const proto_applied_t *a) {
+    for (uint32_t j = 0; j < a->n_mbs; j++) {
+        int found = 0;
+        for (size_t k = 0; k < L->ninflight; k++) {
+            if (L->inflight[k].mb != a->mbs[j]) continue;
+            L->inflight[k] = L->inflight[--L->ninflight];
+            found = 1;
+            break;
+        }
+        if (found) L->applied_mbs++;
+        else L->dup_applied++;
+    }
+    if (a->step + 1 > L->applied_steps) L->applied_steps = a->step + 1;
+    /* Work of older steps can no longer be applied: forget it. */
+    uint64_t first = L->applied_steps * L->bo.micro_batches_per_step;
+    for (size_t k = 0; k < L->ninflight;) {
+        if (L->inflight[k].mb < first) L->inflight[k] = L->inflight[--L->ninflight];
+        else k++;
+    }
+    stage_progress(&L->st);
+    serve(L);
+}
+
+static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg) {
+    (void)bus;
+    loader_t *L = arg;
+    proto_msg_t m;
+    if (stage_decode("loader", peer, data, len, &m) < 0) return;
+    switch (m.type) {
+    case PROTO_HELLO: {
+        int i = peer_get(L, peer);
+        if (i < 0) { log_error("too many peers"); break; }
+        peer_t *p = &L->peers[i];
+        if (m.hello.role == PROTO_ROLE_TARGET) {
+            if (p->incarnation && p->incarnation != m.hello.incarnation)
+                requeue_peer(L, i, "restarted");
+            p->target_id = m.hello.stage_id;
+            p->incarnation = m.hello.incarnation;
+        }
+        p->alive = 1;
+        log_info("hello from %s (%s %u, incarnation %llu)", peer, proto_role_name(m.hello.role),
+                 m.hello.stage_id, (unsigned long long)m.hello.incarnation);
+        break;
+    }
+    case PROTO_WORK_REQUEST: {
+        int i = peer_get(L, peer);
+        if (i < 0) break;
+        L->peers[i].alive = 1;
+        L->peers[i].target_id = m.work_request.target_id;
+        L->peers[i].credit += m.work_request.count;
+        serve(L);
+        break;
+    }
+    case PROTO_APPLIED:
+        on_applied(L, &m.applied);
+        break;
+    default:
+        log_warn("unexpected %s from %s", proto_type_name(m.type), peer);
+    }
+    proto_msg_free(&m);
+}
+
+static void on_dead(bus_t *bus, const char *peer, uint64_t silent_ms, void *arg) {
+    (void)bus;
+    loader_t *L = arg;
+    int i = peer_find(L, peer);
+    if (i < 0) return;
+    L->peers[i].alive = 0;
+    char why[64];
+    snprintf(why, sizeof why, "silent for %llu ms", (unsigned long long)silent_ms);
+    requeue_peer(L, i, why);
+    serve(L);
+}
+
+static void on_control(stage_t *st, const proto_control_t *c, void *arg) {
+    loader_t *L = arg;
+    (void)st;
+    /* MEMBERSHIP from the supervisor: a stage died or restarted. ints: the stage ids
+     * that are gone; their work is re-issued now rather than at heartbeat timeout. */
+    if (c->op == PROTO_CTL_MEMBERSHIP) {
+        for (uint32_t j = 0; j < c->n_ints; j++)
+            for (int i = 0; i < L->npeers; i++)
+                if (L->peers[i].target_id == (uint32_t)c->ints[j] && c->ints[j] >= PIPE_ID_TARGET0) {
+                    L->peers[i].alive = 0;
+                    requeue_peer(L, i, "reported gone by the supervisor");
+                }
+        serve(L);
+    }
+}
+
+static void on_metrics(stage_t *st, proto_metrics_t *m, void *arg) {
+    loader_t *L = arg;
+    (void)st;
+    double now = clock_mono_s(), dt = now - L->t_last_rate;
+    if (dt >= 0.5) {
+        L->rate_tok = (double)(L->tokens_out - L->tokens_at_last) / dt;
+        L->rate_mb = (double)(L->issued - L->mbs_at_last) / dt;
+        L->t_last_rate = now;
+        L->tokens_at_last = L->tokens_out;
+        L->mbs_at_last = L->issued;
+    }
+    stage_metric(m, "mbs_per_s", L->rate_mb);
+    stage_metric(m, "tokens_per_s", L->rate_tok);
+    stage_metric(m, "issued", (double)L->issued);
+    stage_metric(m, "reissued", (double)L->reissued);
+    stage_metric(m, "in_flight", (double)L->ninflight);
+    stage_metric(m, "next_mb", (double)L->next_mb);
+    stage_metric(m, "applied_steps", (double)L->applied_steps);
+    stage_metric(m, "samples_skipped", (double)dlc_header(L->cache)->n_skipped);
+}
+
+static void on_stop(stage_t *st, void *arg) {
+    loader_t *L = arg;
+    st->state = PROTO_STATE_STOPPING;
+    if (L->srv) bus_close(L->srv, NULL, NULL);
+    stage_close(st);
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+        "usage: loader --run-dir DIR --run-id ID --cache FILE.dlc [options]\n"
+        "Pipeline stage 1: serves micro-batches of a prepared cache to targets on request.\n\n"
+        "  --run-dir DIR              run directory (sockets live there; made by `draftline run`)\n"
+        "  --run-id ID                run id ([A-Za-z0-9_.], names shared-memory objects)\n"
+        "  --incarnation N            restart count given by the supervisor (default 1)\n"
+        "  --cache FILE.dlc           prepared dataset (`draftline prepare`)\n"
+        "  --seed N                   shuffle seed (default 0)\n"
+        "  --token-budget N           max tokens per micro-batch (default %u)\n"
+        "  --max-len N                max tokens per sequence (default: token budget)\n"
+        "  --micro-batches-per-step K micro-batches per optimizer step (default 1)\n"
+        "  --epochs N                 epochs over the data (default 1; 0 = unbounded)\n"
+        "  --max-steps N              stop issuing after N steps (default: end of the epochs)\n"
+        "  --start-step N             resume: first step to issue (cursor = N*K)\n"
+        "  --lookahead-mbs N          micro-batches issued past the current step (default K)\n"
+        "  --cursor-out FILE          write the batcher cursor of micro-batch 0 (40 bytes)\n"
+        "  --log-level L              error|warn|info|debug\n"
+        "  -h, --help                 this help\n", BATCHER_TOKEN_BUDGET_CPU);
+}
+
+int main(int argc, char **argv) {
+    log_init("loader", LOG_INFO);
+    static loader_t L;
+    const char *run_dir = NULL, *run_id = NULL, *cache = NULL, *cursor_out = NULL;
+    int64_t inc = 1, max_steps = 0, start_step = 0, lookahead = -1;
+    batcher_opts_default(&L.bo, 0);
+    enum { O_RUN = 256, O_ID, O_INC, O_CACHE, O_SEED, O_TB, O_ML, O_K, O_EP, O_MS, O_SS, O_LA, O_CO, O_LL };
+    static const struct option opts[] = {
+        {"run-dir", 1, 0, O_RUN}, {"run-id", 1, 0, O_ID}, {"incarnation", 1, 0, O_INC},
+        {"cache", 1, 0, O_CACHE}, {"seed", 1, 0, O_SEED}, {"token-budget", 1, 0, O_TB},
+        {"max-len", 1, 0, O_ML}, {"micro-batches-per-step", 1, 0, O_K}, {"epochs", 1, 0, O_EP},
+        {"max-steps", 1, 0, O_MS}, {"start-step", 1, 0, O_SS}, {"lookahead-mbs", 1, 0, O_LA},
+        {"cursor-out", 1, 0, O_CO}, {"log-level", 1, 0, O_LL}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    int c;
+    int64_t v;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        int rc = 0;
+        switch (c) {
+        case O_RUN: run_dir = optarg; break;
+        case O_ID: run_id = optarg; break;
+        case O_INC: rc = cli_parse_i64("--incarnation", optarg, 1, INT64_MAX, &inc); break;
+        case O_CACHE: cache = optarg; break;
+        case O_SEED: rc = cli_parse_i64("--seed", optarg, 0, INT64_MAX, &v); L.bo.seed = (uint64_t)v; break;
+        case O_TB: rc = cli_parse_i64("--token-budget", optarg, 16, 1 << 21, &v); L.bo.token_budget = (uint32_t)v; break;
+        case O_ML: rc = cli_parse_i64("--max-len", optarg, 2, 1 << 21, &v); L.bo.max_len = (uint32_t)v; break;
+        case O_K: rc = cli_parse_i64("--micro-batches-per-step", optarg, 1, 4096, &v); L.bo.micro_batches_per_step = (uint32_t)v; break;
+        case O_EP: rc = cli_parse_i64("--epochs", optarg, 0, 1 << 20, &v); L.bo.epochs = (uint32_t)v; break;
+        case O_MS: rc = cli_parse_i64("--max-steps", optarg, 0, INT64_MAX / 8192, &max_steps); break;
+        case O_SS: rc = cli_parse_i64("--start-step", optarg, 0, INT64_MAX / 8192, &start_step); break;
+        case O_LA: rc = cli_parse_i64("--lookahead-mbs", optarg, 0, 1 << 20, &lookahead); break;
+        case O_CO: cursor_out = optarg; break;
+        case O_LL: { log_level_t l; rc = log_parse_level(optarg, &l); if (!rc) log_set_level(l); break; }
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+        if (rc < 0) { cli_error("loader", dl_errmsg()); return 2; }
+    }
+    if (!run_dir || !run_id || !cache) {
+        cli_error("loader", "--run-dir, --run-id and --cache are required");
+        return 2;
+    }
+    if (L.bo.max_len == 0 || L.bo.max_len > L.bo.token_budget) L.bo.max_len = L.bo.token_budget;
+    int rc = dlc_open(cache, &L.cache);
+    if (rc < 0) return log_rc(rc, "open cache"), 1;
+    rc = batcher_new(L.cache, &L.bo, &L.b);
+    if (rc < 0) return log_rc(rc, "batcher"), 1;
+    uint64_t K = L.bo.micro_batches_per_step;
+    uint64_t total = batcher_total_mbs(L.b);
+    L.end_mb = total ? total / K * K : UINT64_MAX;
+    if (max_steps > 0 && (uint64_t)max_steps * K < L.end_mb) L.end_mb = (uint64_t)max_steps * K;
+    if (L.end_mb == 0) {
+        log_error("the data gives fewer than %llu micro-batches: not one full step", (unsigned long long)K);
+        return 1;
+    }
+    L.applied_steps = (uint64_t)start_step;
+    L.next_mb = (uint64_t)start_step * K;
+    L.lookahead = lookahead >= 0 ? (uint64_t)lookahead : K;
+    if (cursor_out) {
+        batcher_cursor_t cur;
+        batcher_cursor(L.b, 0, &cur);
+        uint8_t buf[BATCHER_CURSOR_BYTES];
+        batcher_cursor_encode(&cur, buf);
+        FILE *f = fopen(cursor_out, "wb");
+        if (!f || fwrite(buf, 1, sizeof buf, f) != sizeof buf || fclose(f) != 0) {
+            log_error("write %s failed", cursor_out);
+            return 1;
+        }
+    }
+    size_t tb = L.bo.token_budget;
+    L.ids = malloc(tb * 4); L.cu = malloc((tb + 2) * 4); L.lens = malloc((tb + 1) * 4); L.mask = malloc(tb);
+    if (!L.ids || !L.cu || !L.lens || !L.mask) { log_error("out of memory"); return 1; }
+    rc = stage_init(&L.st, PROTO_ROLE_LOADER, PIPE_ID_LOADER, (uint64_t)inc, "loader", run_dir, run_id);
+    if (rc < 0) return log_rc(rc, "stage init"), 1;
+    L.srv = stage_bus(&L.st, BUS_ROUTER, "loader");
+    if (!L.srv) return log_rc(DL_EIO, "bind loader endpoint"), 1;
+    bus_on_message(L.srv, on_msg, &L);
+    bus_on_peer_dead(L.srv, on_dead, &L);
+    stage_on_metrics(&L.st, on_metrics, &L);
+    stage_on_control(&L.st, on_control, &L);
+    stage_on_stop(&L.st, on_stop, &L);
+    L.t_last_rate = clock_mono_s();
+    L.st.state = PROTO_STATE_IDLE;
+    log_info("serving %s: %llu micro-batches in total, issuing %llu..%llu, %llu per step, lookahead %llu",
+             cache, (unsigned long long)total, (unsigned long long)L.next_mb,
+             (unsigned long long)L.end_mb, (unsigned long long)K, (unsigned long long)L.lookahead);
+    stage_run(&L.st);
+    bus_destroy(&L.srv);
+    stage_fini(&L.st);
+    batcher_destroy(&L.b);
+    dlc_close(&L.cache);
+    free(L.ids); free(L.cu); free(L.lens); free(L.mask); free(L.inflight);
+    log_info("stopped: issued %llu (%llu re-issued), %llu applied", (unsigned long long)L.issued,
+             (unsigned long long)L.reissued, (unsigned long long)L.applied_mbs);
+    return 0;
+}

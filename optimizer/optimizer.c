@@ -1,0 +1,549 @@
+/* optimizer: the last pipeline stage. Owns the fp32 master weights of the
+ * drafter, the Adam moments, the step counter, the learning-rate schedule and the
+ * ledger of applied micro-batches.
+ *
+ * Each drafter sends one gradients_ready per micro-batch it computed (the
+ * gradient of that micro-batch's summed weighted loss, f32, in the drafter's
+ * shared gradient slab at the slot of its index within the step). Step A is
+ * applied only when every micro-batch A*K .. A*K+K-1 has contributed exactly once;
+ * a second contribution of an mb (re-computation after a crash) or one for a step
+ * already applied is dropped. The step's gradient is the sum over its
+ * micro-batches in mb order (fixed order: bitwise reproducible whatever the
+ * topology and arrival order), divided by the step's total loss weight, so it is
+ * the gradient of the mean weighted loss over all trained positions of the step.
+ * Then: global-norm clipping, AdamW (ops adamw; decoupled weight decay on matrices
+ * only), learning rate with linear warmup and cosine decay to 10% (min_lr), new
+ * weights published into the weights slab (double-buffered by version: version v
+ * lives in half v % 2, so drafters still reading v-1 never see a torn write), and
+ * weights_version sent to every drafter, applied sent to the loader and supervisor.
+ * A step whose loss or gradient norm is NaN/Inf is skipped (weights unchanged,
+ * the micro-batches reported) and counted.
+ * Checkpoints every --save-every steps and at the end (common/pipe/ckpt.h).
+ */
+#include "common/base/cli.h"
+#include "common/base/clock.h"
+#include "common/base/err.h"
+#include "common/base/log.h"
+#include "common/data/batcher.h"
+#include "common/mem/hcache.h"
+#include "common/mem/slab.h"
+#include "common/model/drafter.h"
+#include "common/ops/ops.h"
+#include "common/pipe/ckpt.h"
+#include "common/pipe/model.h"
+#include "common/pipe/stage.h"
+
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define OPT_MAX_PEERS 64
+
+typedef struct {
+    char peer[BUS_ID_MAX + 1];
+    uint32_t drafter_id;
+    uint64_t incarnation;
+    int alive;
+    slab_handle_t grad;        /* its gradient slab (from slab_export) */
+    int have_grad;
+} dpeer_t;
+
+typedef struct {
+    int present;
+    int peer;
+    const float *g;            /* mapped gradient (P f32) */
+    double loss_sum, weight_sum;
+    uint64_t tokens;
+    float acc[DL_PROTO_MAX_BLOCK];
+    uint32_t n_acc;
+} contrib_t;
+
+typedef struct {
+    stage_t st;
+    bus_t *srv;                /* ROUTER: drafters */
+    bus_t *loader;             /* DEALER to the loader */
+    ops_ctx_t ops;
+    drafter_t *layout;         /* parameter layout and names (never runs forward) */
+    drafter_config_t dcfg;
+    char *config_json;
+    size_t P;
+    float *master, *m, *v, *gsum, *norm_sq;
+    slab_t *wslab;             /* 2 * P f32: weights of versions v%2 */
+    hcache_t *hc;
+    dpeer_t peers[OPT_MAX_PEERS];
+    int npeers;
+    /* schedule and state */
+    uint64_t step, max_steps, K, save_every, warmup, seed, tokens, skipped, last_ckpt;
+    double lr, wd, clip, b1, b2, eps;
+    contrib_t *c;              /* (K) contributions of the current step */
+    uint64_t dup_dropped, stale_dropped;
+    const char *out;
+    uint8_t cursor[BATCHER_CURSOR_BYTES];
+    int have_cursor;
+    FILE *steps_log;
+    double t_step0;
+    double last_loss, last_gnorm, last_lr;
+    char last_ckpt_dir[4200];
+} opt_t;
+
+static int peer_find(opt_t *O, const char *peer) {
+    for (int i = 0; i < O->npeers; i++) if (!strcmp(O->peers[i].peer, peer)) return i;
+    return -1;
+}
+
+static float *wbuf(opt_t *O, uint64_t version) {
+    return (float *)slab_ptr(O->wslab) + (version % 2) * O->P;
+}
+
+static void send_weights(opt_t *O, int i) {
+    proto_msg_t m;
+    proto_msg_init(&m, PROTO_WEIGHTS_VERSION);
+    m.weights_version.version = O->step;
+    m.weights_version.slab_id = slab_handle(O->wslab)->slab_id;
+    m.weights_version.offset = (O->step % 2) * O->P * sizeof(float);
+    m.weights_version.bytes = O->P * sizeof(float);
+    m.weights_version.n_params = O->P;
+    m.weights_version.dtype = PROTO_DTYPE_F32;
+    stage_send(O->srv, O->peers[i].peer, &m);
+}
+
+static void export_slab(bus_t *bus, const char *peer, const slab_handle_t *h, proto_tier_t tier) {
+    proto_msg_t m;
+    proto_msg_init(&m, PROTO_SLAB_EXPORT);
+    proto_slab_export_t *e = &m.slab_export;
+    e->owner_id = h->owner_id;
+    e->incarnation = h->incarnation;
+    e->slab_id = h->slab_id;
+    e->tier = tier;
+    e->bytes = h->bytes;
+    snprintf(e->shm_name, sizeof e->shm_name, "%s", h->name);
+    stage_send(bus, peer, &m);
+}
+
+static double lr_at(const opt_t *O, uint64_t step) {
+    if (O->warmup && step < O->warmup) return O->lr * (double)(step + 1) / (double)O->warmup;
+    if (O->max_steps <= O->warmup + 1) return O->lr;
+    double p = (double)(step - O->warmup) / (double)(O->max_steps - O->warmup - 1);
+    if (p > 1) p = 1;
+    const double min_ratio = 0.1;
+    return O->lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + cos(M_PI * p)));
+}
+
+static int checkpoint(opt_t *O) {
+    ckpt_state_hdr_t h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, CKPT_MAGIC, 8);
+    h.version = 1;
+    h.header_bytes = sizeof h;
+    h.step = O->step;
+    h.n_params = O->P;
+    h.seed = O->seed;
+    h.tokens = O->tokens;
+    h.skipped_steps = O->skipped;
+    h.mbs_per_step = O->K;
+    h.lr = O->lr; h.warmup_steps = (double)O->warmup; h.max_steps = (double)O->max_steps;
+    h.wd = O->wd; h.clip = O->clip;
+    uint8_t cur[BATCHER_CURSOR_BYTES];
+    if (O->have_cursor) {
+        batcher_cursor_t c;
+        batcher_cursor_decode(O->cursor, sizeof O->cursor, &c);
+        c.next_mb = O->step * O->K;
+        batcher_cursor_encode(&c, cur);
+    }
+    double t0 = clock_mono_s();
+    int rc = ckpt_write(O->out, O->layout, O->config_json, &h, O->master, O->m, O->v,
+                        O->have_cursor ? cur : NULL, O->last_ckpt_dir, sizeof O->last_ckpt_dir);
+    if (rc < 0) return log_rc(rc, "checkpoint");
+    O->last_ckpt = O->step;
+    log_info("checkpoint step %llu written to %s (%.2f s)", (unsigned long long)O->step,
+             O->last_ckpt_dir, clock_mono_s() - t0);
+    return 0;
+}
+
+static void apply_step(opt_t *O) {
+    double t0 = clock_mono_s();
+    size_t P = O->P;
+    uint64_t K = O->K;
+    double L = 0, W = 0;
+    uint64_t toks = 0;
+    double acc[DL_PROTO_MAX_BLOCK] = {0};
+    uint32_t n_acc = 0;
+    for (uint64_t j = 0; j < K; j++) {
+        L += O->c[j].loss_sum;
+        W += O->c[j].weight_sum;
+        toks += O->c[j].tokens;
+        if (O->c[j].n_acc > n_acc) n_acc = O->c[j].n_acc;
+        for (uint32_t k = 0; k < O->c[j].n_acc; k++) acc[k] += O->c[j].acc[k] * (double)O->c[j].tokens;
+    }
+    /* Fixed-order sum (mb order) per element: bitwise reproducible. */
+    float inv_w = W > 0 ? (float)(1.0 / W) : 0.0f;
+    const contrib_t *c = O->c;
+    float *gs = O->gsum;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < P; i++) {
+        float s = c[0].g[i];
+        for (uint64_t j = 1; j < K; j++) s += c[j].g[i];
+        gs[i] = s * inv_w;
+    }
+    O->ops.impl->sumsq(&O->ops, O->norm_sq, O->gsum, P, 0);
+    double gnorm = sqrt((double)O->norm_sq[0]);
+    double loss = W > 0 ? L / W : NAN;
+    double lr = lr_at(O, O->step);
+    int skip = !isfinite(loss) || !isfinite(gnorm);
+    if (skip) {
+        char list[512];
+        int n = 0;
+        for (uint64_t j = 0; j < K && n < (int)sizeof list - 24; j++)
+            n += snprintf(list + n, sizeof list - (size_t)n, "%s%llu", j ? "," : "",
+                          (unsigned long long)(O->step * K + j));
+        log_warn("step %llu skipped: loss %g, gradient norm %g (NaN/Inf) in micro-batches [%s]",
+                 (unsigned long long)O->step, loss, gnorm, list);
+        O->skipped++;
+    } else {
+        int nt = drafter_n_tensors(O->layout);
+        for (int t = 0; t < nt; t++) {
+            const drafter_tensor_t *x = drafter_tensor(O->layout, t);
+            float wd = x->n_dims == 2 ? (float)O->wd : 0.0f;
+            O->ops.impl->adamw(&O->ops, O->master + x->offset, NULL, O->gsum + x->offset,
+                               O->m + x->offset, O->v + x->offset, x->numel, (float)lr,
+                               (float)O->b1, (float)O->b2, (float)O->eps, wd, (int)(O->step + 1),
+                               O->norm_sq, (float)O->clip);
+        }
+    }
+    uint64_t applied = O->step;
+    uint64_t mbs[DL_PROTO_MAX_MBS];
+    for (uint64_t j = 0; j < K; j++) mbs[j] = applied * K + j;
+    O->step++;
+    O->tokens += toks;
+    memset(O->c, 0, K * sizeof *O->c);
+    memcpy(wbuf(O, O->step), O->master, P * sizeof(float));
+    double dt = clock_mono_s() - t0;
+    stage_phase_add(&O->st, PHASE_STEP, dt);
+    stage_progress(&O->st);
+    O->last_loss = loss; O->last_gnorm = gnorm; O->last_lr = lr;
+    /* new weights to every drafter, then the ledger news */
+    for (int i = 0; i < O->npeers; i++) if (O->peers[i].alive) send_weights(O, i);
+    proto_msg_t a;
+    proto_msg_init(&a, PROTO_APPLIED);
+    a.applied.step = applied;
+    a.applied.mbs = mbs;
+    a.applied.n_mbs = (uint32_t)K;
+    stage_send(O->loader, NULL, &a);
+    stage_send(O->st.sup, NULL, &a);
+    /* per-step metrics: loss and per-position accuracy for the supervisor's progress */
+    double now = clock_mono_s();
+    proto_msg_t mm;
+    proto_msg_init(&mm, PROTO_METRICS);
+    mm.metrics.stage_id = O->st.stage_id;
+    mm.metrics.role = PROTO_ROLE_OPTIMIZER;
+    mm.metrics.incarnation = O->st.incarnation;
+    mm.metrics.ts_ns = (uint64_t)(clock_wall_s() * 1e9);
+    snprintf(mm.metrics.state, sizeof mm.metrics.state, "step");
+    stage_metric(&mm.metrics, "step", (double)applied);
+    stage_metric(&mm.metrics, "loss", loss);
+    stage_metric(&mm.metrics, "grad_norm", gnorm);
+    stage_metric(&mm.metrics, "lr", lr);
+    stage_metric(&mm.metrics, "tokens", (double)O->tokens);
+    stage_metric(&mm.metrics, "skipped", skip);
+    stage_metric(&mm.metrics, "elapsed_s", now - O->t_step0);
+    char name[16];
+    double accm = 0;
+    for (uint32_t k = 1; k < n_acc; k++) {
+        double a_k = toks ? acc[k] / (double)toks : 0;
+        accm += a_k;
+        if (k < 16) { snprintf(name, sizeof name, "acc_%u", k); stage_metric(&mm.metrics, name, a_k); }
+    }
+    stage_metric(&mm.metrics, "acc_mean", n_acc > 1 ? accm / (n_acc - 1) : 0);
+    stage_send(O->st.sup, NULL, &mm);
+    if (O->steps_log) {
+        fprintf(O->steps_log, "{\"step\":%llu,\"loss\":%.9g,\"grad_norm\":%.9g,\"lr\":%.9g,\"tokens\":%llu,"
+                "\"skipped\":%d,\"acc_mean\":%.6f,\"t\":%.3f}\n", (unsigned long long)applied, loss,
+                gnorm, lr, (unsigned long long)O->tokens, skip, n_acc > 1 ? accm / (n_acc - 1) : 0.0,
+                now - O->t_step0);
+        fflush(O->steps_log);
+    }
+    log_info("step %llu applied: loss %.4f, |g| %.3g, lr %.3g, %llu tokens", (unsigned long long)applied,
+             loss, gnorm, lr, (unsigned long long)toks);
+    if ((O->save_every && O->step % O->save_every == 0) || O->step == O->max_steps) checkpoint(O);
+    if (O->step == O->max_steps) log_info("reached --max-steps %llu", (unsigned long long)O->max_steps);
+}
+
+static void on_grads(opt_t *O, int pi, const proto_gradients_ready_t *g) {
+    if (g->step < O->step) { O->stale_dropped++; return; }          /* already applied */
+    if (O->max_steps && g->step >= O->max_steps) { O->stale_dropped++; return; }
+    if (g->step > O->step || g->weights_version != O->step) {
+        log_warn("%s: gradients for step %llu with weights %llu while at step %llu: dropped",
+                 O->peers[pi].peer, (unsigned long long)g->step,
+                 (unsigned long long)g->weights_version, (unsigned long long)O->step);
+        O->stale_dropped++;
+        return;
+    }
+    if (g->n_mbs != 1 || g->n_params != O->P || g->bytes != O->P * 4) {
+        log_warn("%s: gradients_ready with %u micro-batches / %llu params: expected 1 / %zu",
+                 O->peers[pi].peer, g->n_mbs, (unsigned long long)g->n_params, O->P);
+        return;
+    }
+    uint64_t mb = g->mbs[0];
+    if (mb / O->K != g->step) { log_warn("micro-batch %llu is not in step %llu", (unsigned long long)mb, (unsigned long long)g->step); return; }
+    contrib_t *c = &O->c[mb % O->K];
+    if (c->present) { O->dup_dropped++; log_info("duplicate of micro-batch %llu dropped", (unsigned long long)mb); return; }
+    dpeer_t *p = &O->peers[pi];
+    if (!p->have_grad || p->grad.slab_id != g->slab_id || g->offset + g->bytes > p->grad.bytes) {
+        log_warn("%s: gradients in an unknown slab %u / out of range", p->peer, g->slab_id);
+        return;
+    }
+    void *base;
+    int rc = hcache_get(O->hc, &p->grad, &base);
+    if (rc < 0) { log_rc(rc, "map drafter gradients"); return; }
+    c->present = 1;
+    c->peer = pi;
+    c->g = (const float *)((const uint8_t *)base + g->offset);
+    c->loss_sum = g->loss_sum;
+    c->weight_sum = g->weight_sum;
+    c->tokens = g->n_tokens;
+    c->n_acc = g->n_acc;
+    memcpy(c->acc, g->acc, g->n_acc * sizeof(float));
+    for (uint64_t j = 0; j < O->K; j++) if (!O->c[j].present) return;
+    apply_step(O);
+}
+
+static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg) {
+    (void)bus;
+    opt_t *O = arg;
+    proto_msg_t m;
+    if (stage_decode("optimizer", peer, data, len, &m) < 0) return;
+    int i = peer_find(O, peer);
+    switch (m.type) {
+    case PROTO_HELLO:
+        if (i < 0) {
+            if (O->npeers == OPT_MAX_PEERS) break;
+            i = O->npeers++;
+            memset(&O->peers[i], 0, sizeof O->peers[i]);
+            snprintf(O->peers[i].peer, sizeof O->peers[i].peer, "%s", peer);
+        }
+        if (O->peers[i].incarnation != m.hello.incarnation) {
+            hcache_drop_owner(O->hc, m.hello.stage_id);
+            O->peers[i].have_grad = 0;
+            /* its unapplied contributions point into a dead mapping: forget them */
+            for (uint64_t j = 0; j < O->K; j++)
+                if (O->c[j].present && O->c[j].peer == i) O->c[j].present = 0;
+        }
+        O->peers[i].drafter_id = m.hello.stage_id;
+        O->peers[i].incarnation = m.hello.incarnation;
+        O->peers[i].alive = 1;
+        log_info("hello from %s (drafter %u, incarnation %llu)", peer, m.hello.stage_id,
+                 (unsigned long long)m.hello.incarnation);
+        export_slab(O->srv, peer, slab_handle(O->wslab), PROTO_TIER_HOST);
+        send_weights(O, i);
+        break;
+    case PROTO_SLAB_EXPORT:
+        if (i < 0) break;
+        memset(&O->peers[i].grad, 0, sizeof O->peers[i].grad);
+        O->peers[i].grad.kind = SLAB_HOST;
+        O->peers[i].grad.owner_id = m.slab_export.owner_id;
+        O->peers[i].grad.incarnation = m.slab_export.incarnation;
+        O->peers[i].grad.slab_id = m.slab_export.slab_id;
+        O->peers[i].grad.bytes = m.slab_export.bytes;
+        snprintf(O->peers[i].grad.name, sizeof O->peers[i].grad.name, "%s", m.slab_export.shm_name);
+        O->peers[i].have_grad = 1;
+        break;
+    case PROTO_GRADIENTS_READY:
+        if (i >= 0) on_grads(O, i, &m.gradients_ready);
+        break;
+    default:
+        log_warn("unexpected %s from %s", proto_type_name(m.type), peer);
+    }
+    proto_msg_free(&m);
+}
+
+static void on_dead(bus_t *bus, const char *peer, uint64_t silent_ms, void *arg) {
+    (void)bus;
+    opt_t *O = arg;
+    int i = peer_find(O, peer);
+    if (i < 0) return;
+    log_warn("%s silent for %llu ms", peer, (unsigned long long)silent_ms);
+    O->peers[i].alive = 0;
+}
+
+static void on_metrics(stage_t *st, proto_metrics_t *m, void *arg) {
+    opt_t *O = arg;
+    (void)st;
+    stage_metric(m, "step", (double)O->step);
+    stage_metric(m, "loss", O->last_loss);
+    stage_metric(m, "grad_norm", O->last_gnorm);
+    stage_metric(m, "lr", O->last_lr);
+    stage_metric(m, "tokens", (double)O->tokens);
+    stage_metric(m, "skipped_steps", (double)O->skipped);
+    stage_metric(m, "dup_dropped", (double)O->dup_dropped);
+    stage_metric(m, "stale_dropped", (double)O->stale_dropped);
+    stage_metric(m, "handle_opens", (double)hcache_opens(O->hc));
+    int have = 0;
+    for (uint64_t j = 0; j < O->K; j++) have += O->c[j].present;
+    stage_metric(m, "step_contributions", have);
+}
+
+static void on_stop(stage_t *st, void *arg) {
+    opt_t *O = arg;
+    st->state = PROTO_STATE_STOPPING;
+    if (O->step != O->last_ckpt) checkpoint(O);
+    if (O->srv) bus_close(O->srv, NULL, NULL);
+    if (O->loader) bus_close(O->loader, NULL, NULL);
+    stage_close(st);
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+        "usage: optimizer --run-dir DIR --run-id ID --out DIR --target-model PATH [options]\n"
+        "Pipeline stage 4: fp32 master weights, AdamW, exactly-once step ledger, checkpoints.\n\n"
+        "  --run-dir DIR              sockets directory     --run-id ID   shared-memory name prefix\n"
+        "  --incarnation N            restart count (default 1)\n"
+        "  --out DIR                  run output: checkpoints/, steps.jsonl\n"
+        "  --target-model PATH        target checkpoint (GGUF or HF dir): drafter shapes\n"
+        "  --drafter-layers N         drafter layers (default 1)\n"
+        "  --block-size B             block size (default 8)\n"
+        "  --lr X                     peak learning rate (default 1e-3)\n"
+        "  --warmup-steps N           linear warmup steps (default 0)\n"
+        "  --max-steps N              total steps (required; cosine decays over them)\n"
+        "  --micro-batches-per-step K (default 1)\n"
+        "  --weight-decay X           AdamW decoupled weight decay on matrices (default 0)\n"
+        "  --clip X                   global gradient-norm clip (default 1.0; 0 = off)\n"
+        "  --save-every N             checkpoint every N steps (default 0: only at the end)\n"
+        "  --seed N                   drafter initialisation seed (default 0)\n"
+        "  --resume DIR               checkpoint dir (or run dir) to continue from exactly\n"
+        "  --cursor-base FILE         loader cursor of micro-batch 0 (for checkpoints)\n"
+        "  --log-level L              error|warn|info|debug\n"
+        "  -h, --help                 this help\n");
+}
+
+int main(int argc, char **argv) {
+    log_init("optimizer", LOG_INFO);
+    static opt_t O;
+    const char *run_dir = NULL, *run_id = NULL, *model = NULL, *resume = NULL, *cursor_base = NULL;
+    int64_t inc = 1, layers = 1, B = 8, v;
+    O.lr = 1e-3; O.clip = 1.0; O.K = 1; O.b1 = 0.9; O.b2 = 0.999; O.eps = 1e-8;
+    enum { O_RUN = 256, O_ID, O_INC, O_OUT, O_TM, O_DL, O_BS, O_LR, O_WU, O_MS, O_K, O_WD, O_CL, O_SE, O_SEED, O_RES, O_CB, O_LL };
+    static const struct option opts[] = {
+        {"run-dir", 1, 0, O_RUN}, {"run-id", 1, 0, O_ID}, {"incarnation", 1, 0, O_INC},
+        {"out", 1, 0, O_OUT}, {"target-model", 1, 0, O_TM}, {"drafter-layers", 1, 0, O_DL},
+        {"block-size", 1, 0, O_BS}, {"lr", 1, 0, O_LR}, {"warmup-steps", 1, 0, O_WU},
+        {"max-steps", 1, 0, O_MS}, {"micro-batches-per-step", 1, 0, O_K},
+        {"weight-decay", 1, 0, O_WD}, {"clip", 1, 0, O_CL}, {"save-every", 1, 0, O_SE},
+        {"seed", 1, 0, O_SEED}, {"resume", 1, 0, O_RES}, {"cursor-base", 1, 0, O_CB},
+        {"log-level", 1, 0, O_LL}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        int rc = 0;
+        switch (c) {
+        case O_RUN: run_dir = optarg; break;
+        case O_ID: run_id = optarg; break;
+        case O_INC: rc = cli_parse_i64("--incarnation", optarg, 1, INT64_MAX, &inc); break;
+        case O_OUT: O.out = optarg; break;
+        case O_TM: model = optarg; break;
+        case O_DL: rc = cli_parse_i64("--drafter-layers", optarg, 1, DRAFTER_MAX_LAYERS, &layers); break;
+        case O_BS: rc = cli_parse_i64("--block-size", optarg, 2, DRAFTER_MAX_BLOCK, &B); break;
+        case O_LR: rc = cli_parse_f64("--lr", optarg, 0, 10, &O.lr); break;
+        case O_WU: rc = cli_parse_i64("--warmup-steps", optarg, 0, INT64_MAX / 2, &v); O.warmup = (uint64_t)v; break;
+        case O_MS: rc = cli_parse_i64("--max-steps", optarg, 1, INT64_MAX / 8192, &v); O.max_steps = (uint64_t)v; break;
+        case O_K: rc = cli_parse_i64("--micro-batches-per-step", optarg, 1, DL_PROTO_MAX_MBS, &v); O.K = (uint64_t)v; break;
+        case O_WD: rc = cli_parse_f64("--weight-decay", optarg, 0, 10, &O.wd); break;
+        case O_CL: rc = cli_parse_f64("--clip", optarg, 0, 1e9, &O.clip); break;
+        case O_SE: rc = cli_parse_i64("--save-every", optarg, 0, INT64_MAX / 2, &v); O.save_every = (uint64_t)v; break;
+        case O_SEED: rc = cli_parse_i64("--seed", optarg, 0, INT64_MAX, &v); O.seed = (uint64_t)v; break;
+        case O_RES: resume = optarg; break;
+        case O_CB: cursor_base = optarg; break;
+        case O_LL: { log_level_t l; rc = log_parse_level(optarg, &l); if (!rc) log_set_level(l); break; }
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+        if (rc < 0) { cli_error("optimizer", dl_errmsg()); return 2; }
+    }
+    if (!run_dir || !run_id || !O.out || !model || !O.max_steps) {
+        cli_error("optimizer", "--run-dir, --run-id, --out, --target-model and --max-steps are required");
+        return 2;
+    }
+    model_config_t mc;
+    int rc = pipe_target_config(model, &mc);
+    if (rc < 0) return log_rc(rc, "target config"), 1;
+    rc = pipe_drafter_config(&mc, (int)layers, 0, (int)B, &O.dcfg);
+    if (rc < 0) return log_rc(rc, "drafter config"), 1;
+    ops_cpu_init(&O.ops, 0);
+    /* The optimizer only needs the parameter layout, names and the seeded
+     * initialisation; it never runs a forward, so the frozen embedding / LM head
+     * (kept by pointer, read only in forward) are not loaded: a placeholder
+     * pointer that is never dereferenced stands in for them. */
+    static const float no_embedding[1];
+    rc = drafter_new(&O.ops, &O.dcfg, no_embedding, no_embedding, 1, 1, O.seed, &O.layout);
+    if (rc < 0) return log_rc(rc, "drafter layout"), 1;
+    O.config_json = ckpt_config_json(drafter_config(O.layout));
+    O.P = drafter_n_params(O.layout);
+    O.master = malloc(O.P * 4); O.m = calloc(O.P, 4); O.v = calloc(O.P, 4); O.gsum = malloc(O.P * 4);
+    O.norm_sq = malloc(sizeof(float));
+    O.c = calloc(O.K, sizeof *O.c);
+    if (!O.master || !O.m || !O.v || !O.gsum || !O.c || !O.norm_sq) { log_error("out of memory for %zu parameters", O.P); return 1; }
+    memcpy(O.master, drafter_master(O.layout), O.P * 4);
+    if (cursor_base) {
+        FILE *f = fopen(cursor_base, "rb");
+        if (f && fread(O.cursor, 1, sizeof O.cursor, f) == sizeof O.cursor) O.have_cursor = 1;
+        if (f) fclose(f);
+        if (!O.have_cursor) log_warn("--cursor-base %s unreadable: checkpoints carry no cursor", cursor_base);
+    }
+    if (resume) {
+        char dir[4200];
+        ckpt_state_hdr_t h;
+        rc = ckpt_resolve(resume, dir, sizeof dir);
+        if (rc == 0) rc = ckpt_read(dir, O.P, &h, O.master, O.m, O.v, NULL);
+        if (rc < 0) return log_rc(rc, "--resume"), 1;
+        if (h.mbs_per_step != O.K) log_warn("--resume: checkpoint had %llu micro-batches per step, now %llu",
+                                            (unsigned long long)h.mbs_per_step, (unsigned long long)O.K);
+        O.step = O.last_ckpt = h.step;
+        O.tokens = h.tokens;
+        O.skipped = h.skipped_steps;
+        log_info("resumed from %s at step %llu", dir, (unsigned long long)O.step);
+    }
+    char path[4200];
+    snprintf(path, sizeof path, "%s/steps.jsonl", O.out);
+    O.steps_log = fopen(path, "a");
+    rc = stage_init(&O.st, PROTO_ROLE_OPTIMIZER, PIPE_ID_OPTIMIZER, (uint64_t)inc, "optimizer", run_dir, run_id);
+    if (rc < 0) return log_rc(rc, "stage init"), 1;
+    rc = slab_create(&O.wslab, SLAB_HOST, run_id, "optimizer", PIPE_ID_OPTIMIZER, (uint64_t)inc, 1, "wts",
+                     2 * O.P * sizeof(float), -1, 0);
+    if (rc < 0) return log_rc(rc, "weights slab"), 1;
+    memcpy(wbuf(&O, O.step), O.master, O.P * 4);
+    hcache_new(&O.hc, -1);
+    O.srv = stage_bus(&O.st, BUS_ROUTER, "optimizer");
+    O.loader = stage_bus(&O.st, BUS_DEALER, "loader");
+    if (!O.srv || !O.loader) return log_rc(DL_EIO, "optimizer sockets"), 1;
+    bus_on_message(O.srv, on_msg, &O);
+    bus_on_peer_dead(O.srv, on_dead, &O);
+    stage_on_metrics(&O.st, on_metrics, &O);
+    stage_on_stop(&O.st, on_stop, &O);
+    proto_msg_t h;
+    proto_msg_init(&h, PROTO_HELLO);
+    h.hello.role = PROTO_ROLE_OPTIMIZER;
+    h.hello.stage_id = PIPE_ID_OPTIMIZER;
+    h.hello.incarnation = O.st.incarnation;
+    h.hello.pid = (uint32_t)getpid();
+    h.hello.proto_version = DL_PROTO_VERSION;
+    h.hello.capabilities = PROTO_CAP_SHM;
+    stage_send(O.loader, NULL, &h);
+    O.t_step0 = clock_mono_s();
+    O.st.state = PROTO_STATE_IDLE;
+    log_info("drafter: %d layers, block %d, %d features, %zu parameters; step %llu of %llu, %llu micro-batches per step",
+             O.dcfg.n_layers, O.dcfg.B, O.dcfg.n_feat, O.P, (unsigned long long)O.step,
+             (unsigned long long)O.max_steps, (unsigned long long)O.K);
+    stage_run(&O.st);
+    bus_destroy(&O.srv);
+    bus_destroy(&O.loader);
+    stage_fini(&O.st);
+    hcache_destroy(&O.hc);
+    slab_destroy(&O.wslab);
+    if (O.steps_log) fclose(O.steps_log);
+    drafter_destroy(&O.layout);
+    ops_ctx_destroy(&O.ops);
+    free(O.master); free(O.m); free(O.v); free(O.gsum); free(O.c); free(O.norm_sq); free(O.config_json);
+    log_info("stopped at step %llu (%llu duplicates, %llu stale contributions dropped)",
+             (unsigned long long)O.step, (unsigned long long)O.dup_dropped, (unsigned long long)O.stale_dropped);
+    return 0;
+}

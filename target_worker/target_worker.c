@@ -1,0 +1,474 @@
+/* target_worker: pipeline stage 2. Loads the frozen target, asks the loader for
+ * micro-batches (credit: --prefetch outstanding requests), runs the forward
+ * capturing the DFlash feature layers, and writes the features (T, n_feat*D) plus
+ * token ids, sequence lengths and loss mask directly into an inbox slot granted by
+ * the drafter it is routed to (the routing table comes from the supervisor:
+ * control route [target_id, drafter_id, ...]); then sends hidden_states_ready.
+ * It never writes into a drafter it is not routed to: grants of a previous route
+ * are handed back unused. On CPU runs the slot is POSIX shared memory mapped once
+ * per drafter incarnation (handle cache); with CUDA it is the drafter's GPU memory
+ * and an interprocess event orders the writes (GPU phase, not in this file yet).
+ */
+#include "common/base/cli.h"
+#include "common/base/clock.h"
+#include "common/base/err.h"
+#include "common/base/log.h"
+#include "common/mem/hcache.h"
+#include "common/mem/slab.h"
+#include "common/model/target.h"
+#include "common/ops/ops.h"
+#include "common/pipe/layout.h"
+#include "common/pipe/model.h"
+#include "common/pipe/stage.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TW_MAX_QUEUE 8
+#define TW_MAX_GRANTS 16
+
+typedef struct {
+    uint64_t mb, step;
+    uint32_t mb_in_step, mbs_in_step, n_seqs, T;
+    int32_t *tokens, *seq_lens;
+    uint8_t *mask;
+} mb_t;
+
+typedef struct {
+    uint32_t slot_id, slab_id;
+    uint64_t offset, bytes;
+} grant_t;
+
+typedef struct {
+    stage_t st;
+    int index;
+    bus_t *loader;
+    bus_t *drafter;            /* DEALER to the routed drafter */
+    int route;                 /* drafter index, -1 none */
+    uint64_t drafter_inc;
+    ops_ctx_t ops;
+    target_t *t;
+    drafter_config_t dcfg;     /* capture layers and shapes */
+    uint32_t token_budget, prefetch, outstanding;
+    mb_t q[TW_MAX_QUEUE];
+    int qn;
+    grant_t g[TW_MAX_GRANTS];
+    int gn;
+    slab_handle_t slabs[4];    /* the routed drafter's inbox slabs by slab_id (1..3) */
+    int have_slab[4];
+    hcache_t *hc;
+    int busy;
+    uv_work_t work;
+    mb_t cur;
+    grant_t cur_g;
+    uint8_t *cur_base;
+    int cur_rc;
+    double cur_fwd_s, wait_since;
+    int32_t *cu;
+    uint64_t done, tokens;
+    double t_rate; uint64_t tokens_at; double rate;
+} tw_t;
+
+static void pump(tw_t *T);
+
+static void send_hello(tw_t *T, bus_t *b) {
+    proto_msg_t h;
+    proto_msg_init(&h, PROTO_HELLO);
+    h.hello.role = PROTO_ROLE_TARGET;
+    h.hello.stage_id = T->st.stage_id;
+    h.hello.incarnation = T->st.incarnation;
+    h.hello.pid = (uint32_t)getpid();
+    h.hello.proto_version = DL_PROTO_VERSION;
+    h.hello.capabilities = PROTO_CAP_SHM;
+    stage_send(b, NULL, &h);
+}
+
+static void request_work(tw_t *T) {
+    if (T->st.stopping) return;
+    uint32_t want = T->prefetch > T->outstanding + (uint32_t)T->qn + (uint32_t)T->busy
+                        ? T->prefetch - T->outstanding - (uint32_t)T->qn - (uint32_t)T->busy
+                        : 0;
+    if (!want) return;
+    proto_msg_t m;
+    proto_msg_init(&m, PROTO_WORK_REQUEST);
+    m.work_request.target_id = T->st.stage_id;
+    m.work_request.count = want;
+    if (stage_send(T->loader, NULL, &m) == 0) T->outstanding += want;
+}
+
+static void work_cb(uv_work_t *req) {
+    tw_t *T = req->data;
+    mb_t *m = &T->cur;
+    uint64_t row = (uint64_t)T->dcfg.n_feat * (uint64_t)T->dcfg.D;
+    pipe_layout_t l = pipe_layout(m->T, m->n_seqs, row, 4);
+    T->cu[0] = 0;
+    for (uint32_t s = 0; s < m->n_seqs; s++) T->cu[s + 1] = T->cu[s] + m->seq_lens[s];
+    double t0 = clock_mono_s();
+    /* features straight into the drafter's slot: no staging copy */
+    T->cur_rc = target_forward_host(T->t, m->tokens, NULL, T->cu, (int)m->n_seqs, (int)m->T,
+                                    T->cur_base, NULL);
+    memcpy(T->cur_base + l.tokens_off, m->tokens, (size_t)m->T * 4);
+    memcpy(T->cur_base + l.seq_lens_off, m->seq_lens, (size_t)m->n_seqs * 4);
+    memcpy(T->cur_base + l.loss_mask_off, m->mask, m->T);
+    T->cur_fwd_s = clock_mono_s() - t0;
+}
+
+static void mb_free(mb_t *m) {
+    free(m->tokens); free(m->seq_lens); free(m->mask);
+    memset(m, 0, sizeof *m);
+}
+
+static void after_work_cb(uv_work_t *req, int status) {
+    tw_t *T = req->data;
+    (void)status;
+    T->busy = 0;
+    mb_t *m = &T->cur;
+    stage_phase_add(&T->st, PHASE_FORWARD, T->cur_fwd_s);
+    if (T->cur_rc < 0) {
+        log_error("micro-batch %llu: target forward failed: %s", (unsigned long long)m->mb, dl_errmsg());
+        exit(1); /* the loader re-issues the work to another target */
+    }
+    uint64_t row = (uint64_t)T->dcfg.n_feat * (uint64_t)T->dcfg.D;
+    pipe_layout_t l = pipe_layout(m->T, m->n_seqs, row, 4);
+    proto_msg_t o;
+    proto_msg_init(&o, PROTO_HIDDEN_STATES_READY);
+    proto_hidden_states_ready_t *h = &o.hidden_states_ready;
+    h->target_id = T->st.stage_id;
+    h->drafter_id = PIPE_ID_DRAFTER0 + (uint32_t)T->route;
+    h->slab_id = T->cur_g.slab_id;
+    h->slot_id = T->cur_g.slot_id;
+    h->tier = PROTO_TIER_HOST;
+    h->offset = T->cur_g.offset;
+    h->bytes = l.bytes;
+    h->dtype = PROTO_DTYPE_F32;
+    h->ndim = 2;
+    h->shape[0] = m->T;
+    h->shape[1] = row;
+    h->n_feat = (uint32_t)T->dcfg.n_feat;
+    h->mb = m->mb;
+    h->step = m->step;
+    h->mb_in_step = m->mb_in_step;
+    h->mbs_in_step = m->mbs_in_step;
+    h->n_seqs = m->n_seqs;
+    h->tokens_off = l.tokens_off;
+    h->seq_lens_off = l.seq_lens_off;
+    h->loss_mask_off = l.loss_mask_off;
+    stage_send(T->drafter, NULL, &o);
+    T->done++;
+    T->tokens += m->T;
+    stage_progress(&T->st);
+    mb_free(m);
+    T->wait_since = clock_mono_s();
+    request_work(T);
+    pump(T);
+}
+
+/* Starts a forward when a micro-batch and a grant are both in hand. */
+static void pump(tw_t *T) {
+    if (T->busy || T->st.stopping) return;
+    if (T->qn == 0) { T->st.state = PROTO_STATE_IDLE; return; }
+    if (T->gn == 0 || T->route < 0) { T->st.state = PROTO_STATE_BLOCKED; return; }
+    mb_t *m = &T->q[0];
+    uint64_t row = (uint64_t)T->dcfg.n_feat * (uint64_t)T->dcfg.D;
+    pipe_layout_t l = pipe_layout(m->T, m->n_seqs, row, 4);
+    int gi = -1;
+    for (int i = 0; i < T->gn; i++) if (T->g[i].bytes >= l.bytes && T->have_slab[T->g[i].slab_id & 3]) { gi = i; break; }
+    if (gi < 0) { T->st.state = PROTO_STATE_BLOCKED; return; }
+    void *base;
+    int rc = hcache_get(T->hc, &T->slabs[T->g[gi].slab_id & 3], &base);
+    if (rc < 0) { log_rc(rc, "map the drafter's inbox"); return; }
+    if (T->g[gi].offset + l.bytes > T->slabs[T->g[gi].slab_id & 3].bytes) {
+        log_error("grant of slot %u lies outside the drafter's slab", T->g[gi].slot_id);
+        T->g[gi] = T->g[--T->gn];
+        return;
+    }
+    T->cur = *m;
+    memmove(&T->q[0], &T->q[1], (size_t)(T->qn - 1) * sizeof(mb_t));
+    T->qn--;
+    T->cur_g = T->g[gi];
+    T->g[gi] = T->g[--T->gn];
+    T->cur_base = (uint8_t *)base + T->cur_g.offset;
+    double now = clock_mono_s();
+    stage_phase_add(&T->st, PHASE_WAIT_INPUT, now - T->wait_since);
+    T->busy = 1;
+    T->st.state = PROTO_STATE_RUNNING;
+    T->work.data = T;
+    uv_queue_work(&T->st.loop, &T->work, work_cb, after_work_cb);
+}
+
+static void on_loader_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg) {
+    (void)bus; (void)peer;
+    tw_t *T = arg;
+    proto_msg_t m;
+    if (stage_decode(T->st.name, "loader", data, len, &m) < 0) return;
+    if (m.type == PROTO_MICRO_BATCH) {
+        const proto_micro_batch_t *x = &m.micro_batch;
+        if (T->outstanding) T->outstanding--;
+        if (x->n_tokens > T->token_budget || T->qn == TW_MAX_QUEUE) {
+            log_error("micro-batch %llu of %u tokens refused (budget %u, queue %d)",
+                      (unsigned long long)x->mb, x->n_tokens, T->token_budget, T->qn);
+        } else {
+            mb_t *q = &T->q[T->qn];
+            q->mb = x->mb; q->step = x->step; q->mb_in_step = x->mb_in_step;
+            q->mbs_in_step = x->mbs_in_step; q->n_seqs = x->n_seqs; q->T = x->n_tokens;
+            q->tokens = malloc((size_t)x->n_tokens * 4);
+            q->seq_lens = malloc((size_t)x->n_seqs * 4);
+            q->mask = malloc(x->n_tokens);
+            if (q->tokens && q->seq_lens && q->mask) {
+                memcpy(q->tokens, x->tokens, (size_t)x->n_tokens * 4);
+                memcpy(q->seq_lens, x->seq_lens, (size_t)x->n_seqs * 4);
+                memcpy(q->mask, x->loss_mask, x->n_tokens);
+                T->qn++;
+            } else {
+                mb_free(q);
+                log_error("out of memory queueing micro-batch %llu", (unsigned long long)x->mb);
+            }
+        }
+        pump(T);
+    } else {
+        log_warn("unexpected %s from the loader", proto_type_name(m.type));
+    }
+    proto_msg_free(&m);
+}
+
+static void forget_drafter(tw_t *T) {
+    T->gn = 0;
+    memset(T->have_slab, 0, sizeof T->have_slab);
+    if (T->route >= 0) hcache_drop_owner(T->hc, PIPE_ID_DRAFTER0 + (uint32_t)T->route);
+}
+
+static void on_drafter_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg) {
+    (void)bus; (void)peer;
+    tw_t *T = arg;
+    proto_msg_t m;
+    if (stage_decode(T->st.name, "drafter", data, len, &m) < 0) return;
+    uint32_t want = PIPE_ID_DRAFTER0 + (uint32_t)T->route;
+    switch (m.type) {
+    case PROTO_SLAB_EXPORT: {
+        const proto_slab_export_t *e = &m.slab_export;
+        if (e->owner_id != want || e->slab_id < 1 || e->slab_id > 3) {
+            log_warn("slab export from owner %u (routed to %u): ignored", e->owner_id, want);
+            break;
+        }
+        if (e->incarnation != T->drafter_inc) {
+            forget_drafter(T);
+            T->drafter_inc = e->incarnation;
+        }
+        slab_handle_t *h = &T->slabs[e->slab_id];
+        memset(h, 0, sizeof *h);
+        h->kind = e->handle_len ? SLAB_CUDA : SLAB_HOST;
+        h->owner_id = e->owner_id;
+        h->incarnation = e->incarnation;
+        h->slab_id = e->slab_id;
+        h->bytes = e->bytes;
+        snprintf(h->name, sizeof h->name, "%s", e->shm_name);
+        snprintf(h->gpu_uuid, sizeof h->gpu_uuid, "%s", e->gpu_uuid);
+        T->have_slab[e->slab_id] = 1;
+        break;
+    }
+    case PROTO_SLOT_GRANT:
+        if (m.slot_grant.drafter_id != want || m.slot_grant.target_id != T->st.stage_id ||
+            T->gn == TW_MAX_GRANTS) {
+            log_warn("slot grant from drafter %u not for us: ignored", m.slot_grant.drafter_id);
+            break;
+        }
+        T->g[T->gn++] = (grant_t){m.slot_grant.slot_id, m.slot_grant.slab_id, m.slot_grant.offset,
+                                  m.slot_grant.bytes};
+        pump(T);
+        break;
+    case PROTO_SLOT_RELEASE:
+        break; /* consumed: the drafter grants a new slot on its own */
+    default:
+        log_warn("unexpected %s from the drafter", proto_type_name(m.type));
+    }
+    proto_msg_free(&m);
+}
+
+static void on_drafter_new(bus_t *bus, const char *peer, void *arg) {
+    (void)peer;
+    tw_t *T = arg;
+    send_hello(T, bus); /* the drafter came (back): it must know us to grant */
+}
+
+static void on_drafter_dead(bus_t *bus, const char *peer, uint64_t ms, void *arg) {
+    (void)bus; (void)peer;
+    tw_t *T = arg;
+    log_warn("drafter %d silent for %llu ms: its grants are void", T->route, (unsigned long long)ms);
+    forget_drafter(T);
+}
+
+static int set_route(tw_t *T, int d) {
+    if (d == T->route && T->drafter) return 0;
+    if (T->drafter) {
+        /* hand back unused grants of the old route */
+        for (int i = 0; i < T->gn; i++) {
+            proto_msg_t m;
+            proto_msg_init(&m, PROTO_SLOT_RELEASE);
+            m.slot_release.drafter_id = PIPE_ID_DRAFTER0 + (uint32_t)T->route;
+            m.slot_release.slot_id = T->g[i].slot_id;
+            m.slot_release.mb = DL_PROTO_MB_NONE;
+            stage_send(T->drafter, NULL, &m);
+        }
+        forget_drafter(T);
+        bus_destroy(&T->drafter);
+    }
+    T->route = d;
+    T->drafter_inc = 0;
+    char ep[32];
+    pipe_drafter_endpoint(d, ep, sizeof ep);
+    T->drafter = stage_bus(&T->st, BUS_DEALER, ep);
+    if (!T->drafter) return log_rc(DL_EIO, "connect to the routed drafter");
+    bus_on_message(T->drafter, on_drafter_msg, T);
+    bus_on_peer_new(T->drafter, on_drafter_new, T);
+    bus_on_peer_dead(T->drafter, on_drafter_dead, T);
+    send_hello(T, T->drafter);
+    log_info("routed to drafter %d", d);
+    return 0;
+}
+
+static void on_control(stage_t *st, const proto_control_t *c, void *arg) {
+    tw_t *T = arg;
+    if (c->op != PROTO_CTL_ROUTE) return;
+    for (uint32_t i = 0; i + 1 < c->n_ints; i += 2)
+        if ((uint32_t)c->ints[i] == st->stage_id) {
+            int64_t d = c->ints[i + 1] - PIPE_ID_DRAFTER0;
+            if (d < 0 || d >= PIPE_MAX_DRAFTERS) { log_warn("route to stage %lld ignored", (long long)c->ints[i + 1]); return; }
+            if (T->busy && d != T->route) { log_warn("re-route while writing: applied after this micro-batch"); }
+            set_route(T, (int)d);
+            pump(T);
+        }
+}
+
+static void on_metrics(stage_t *st, proto_metrics_t *m, void *arg) {
+    tw_t *T = arg;
+    (void)st;
+    double now = clock_mono_s();
+    if (now - T->t_rate >= 0.5) {
+        T->rate = (double)(T->tokens - T->tokens_at) / (now - T->t_rate);
+        T->t_rate = now;
+        T->tokens_at = T->tokens;
+    }
+    stage_metric(m, "tokens_per_s", T->rate);
+    stage_metric(m, "done", (double)T->done);
+    stage_metric(m, "queued", T->qn);
+    stage_metric(m, "grants", T->gn);
+    stage_metric(m, "route", T->route);
+    stage_metric(m, "handle_opens", (double)hcache_opens(T->hc));
+}
+
+static void on_stop(stage_t *st, void *arg) {
+    tw_t *T = arg;
+    st->state = PROTO_STATE_STOPPING;
+    if (T->loader) bus_close(T->loader, NULL, NULL);
+    if (T->drafter) bus_close(T->drafter, NULL, NULL);
+    stage_close(st);
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+        "usage: target_worker --run-dir DIR --run-id ID --index I --target-model PATH --drafter D [options]\n"
+        "Pipeline stage 2: target forward with hidden-state capture into the routed drafter's inbox.\n\n"
+        "  --run-dir DIR              sockets directory     --run-id ID   shared-memory name prefix\n"
+        "  --incarnation N            restart count (default 1)\n"
+        "  --index I                  target index (stage id 200+I)\n"
+        "  --target-model PATH        target checkpoint (GGUF or HF dir)\n"
+        "  --drafter D                initial route: drafter index (the supervisor may re-route)\n"
+        "  --drafter-layers N         drafter layers: the captured layers follow DFlash's default (default 1)\n"
+        "  --block-size B             (for the drafter config check; default 8)\n"
+        "  --token-budget N           max tokens per micro-batch (default 1024)\n"
+        "  --prefetch N               micro-batches requested ahead (default 1)\n"
+        "  --threads N                OpenMP threads (default: all)\n"
+        "  --log-level L              error|warn|info|debug\n"
+        "  -h, --help                 this help\n");
+}
+
+int main(int argc, char **argv) {
+    log_init("target", LOG_INFO);
+    static tw_t T;
+    const char *run_dir = NULL, *run_id = NULL, *model = NULL;
+    int64_t inc = 1, layers = 1, B = 8, v, threads = 0, index = -1, drafter = -1;
+    T.token_budget = 1024; T.prefetch = 1; T.route = -1;
+    enum { O_RUN = 256, O_ID, O_INC, O_IDX, O_TM, O_DR, O_DL, O_BS, O_TB, O_PF, O_TH, O_LL };
+    static const struct option opts[] = {
+        {"run-dir", 1, 0, O_RUN}, {"run-id", 1, 0, O_ID}, {"incarnation", 1, 0, O_INC},
+        {"index", 1, 0, O_IDX}, {"target-model", 1, 0, O_TM}, {"drafter", 1, 0, O_DR},
+        {"drafter-layers", 1, 0, O_DL}, {"block-size", 1, 0, O_BS}, {"token-budget", 1, 0, O_TB},
+        {"prefetch", 1, 0, O_PF}, {"threads", 1, 0, O_TH}, {"log-level", 1, 0, O_LL},
+        {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    int c;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        int rc = 0;
+        switch (c) {
+        case O_RUN: run_dir = optarg; break;
+        case O_ID: run_id = optarg; break;
+        case O_INC: rc = cli_parse_i64("--incarnation", optarg, 1, INT64_MAX, &inc); break;
+        case O_IDX: rc = cli_parse_i64("--index", optarg, 0, PIPE_MAX_TARGETS - 1, &index); break;
+        case O_TM: model = optarg; break;
+        case O_DR: rc = cli_parse_i64("--drafter", optarg, 0, PIPE_MAX_DRAFTERS - 1, &drafter); break;
+        case O_DL: rc = cli_parse_i64("--drafter-layers", optarg, 1, DRAFTER_MAX_LAYERS, &layers); break;
+        case O_BS: rc = cli_parse_i64("--block-size", optarg, 2, DRAFTER_MAX_BLOCK, &B); break;
+        case O_TB: rc = cli_parse_i64("--token-budget", optarg, 16, 1 << 21, &v); T.token_budget = (uint32_t)v; break;
+        case O_PF: rc = cli_parse_i64("--prefetch", optarg, 1, TW_MAX_QUEUE, &v); T.prefetch = (uint32_t)v; break;
+        case O_TH: rc = cli_parse_i64("--threads", optarg, 0, 1024, &threads); break;
+        case O_LL: { log_level_t l; rc = log_parse_level(optarg, &l); if (!rc) log_set_level(l); break; }
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+        if (rc < 0) { cli_error("target_worker", dl_errmsg()); return 2; }
+    }
+    if (!run_dir || !run_id || !model || index < 0 || drafter < 0) {
+        cli_error("target_worker", "--run-dir, --run-id, --index, --drafter and --target-model are required");
+        return 2;
+    }
+    T.index = (int)index;
+    char name[32];
+    snprintf(name, sizeof name, "target%d", T.index);
+    log_init(name, log_get_level());
+    model_config_t mc;
+    int rc = pipe_target_config(model, &mc);
+    if (rc < 0) return log_rc(rc, "target config"), 1;
+    rc = pipe_drafter_config(&mc, (int)layers, 0, (int)B, &T.dcfg);
+    if (rc < 0) return log_rc(rc, "drafter config"), 1;
+    ops_cpu_init(&T.ops, (int)threads);
+    target_opts_t to = {0};
+    to.max_tokens = (int)T.token_budget;
+    to.max_seqs = (int)T.token_budget;
+    to.n_capture = T.dcfg.n_feat;
+    memcpy(to.capture_ids, T.dcfg.target_layer_ids, sizeof(int) * (size_t)T.dcfg.n_feat);
+    double t0 = clock_mono_s();
+    rc = target_load(model, &T.ops, &to, &T.t);
+    if (rc < 0) return log_rc(rc, "load target"), 1;
+    log_info("target %s loaded in %.1f s (%.0f MB of weights), capturing %d layer(s) from layer %d",
+             model, clock_mono_s() - t0, target_weight_bytes(T.t) / 1e6, T.dcfg.n_feat, T.dcfg.target_layer_ids[0]);
+    T.cu = malloc(((size_t)T.token_budget + 2) * 4);
+    if (!T.cu) return 1;
+    rc = stage_init(&T.st, PROTO_ROLE_TARGET, PIPE_ID_TARGET0 + (uint32_t)T.index, (uint64_t)inc, name, run_dir, run_id);
+    if (rc < 0) return log_rc(rc, "stage init"), 1;
+    hcache_new(&T.hc, -1);
+    T.loader = stage_bus(&T.st, BUS_DEALER, "loader");
+    if (!T.loader) return log_rc(DL_EIO, "connect to the loader"), 1;
+    bus_on_message(T.loader, on_loader_msg, &T);
+    send_hello(&T, T.loader);
+    if (set_route(&T, (int)drafter) < 0) return 1;
+    stage_on_metrics(&T.st, on_metrics, &T);
+    stage_on_control(&T.st, on_control, &T);
+    stage_on_stop(&T.st, on_stop, &T);
+    T.t_rate = T.wait_since = clock_mono_s();
+    T.st.state = PROTO_STATE_IDLE;
+    request_work(&T);
+    stage_run(&T.st);
+    uint64_t opens = hcache_opens(T.hc);
+    bus_destroy(&T.loader);
+    bus_destroy(&T.drafter);
+    stage_fini(&T.st);
+    hcache_destroy(&T.hc);
+    target_destroy(&T.t);
+    ops_ctx_destroy(&T.ops);
+    for (int i = 0; i < T.qn; i++) mb_free(&T.q[i]);
+    free(T.cu);
+    log_info("stopped: %llu micro-batches, %llu tokens, %llu handle opens", (unsigned long long)T.done,
+             (unsigned long long)T.tokens, (unsigned long long)opens);
+    return 0;
+}

@@ -1,0 +1,465 @@
+/* `draftline run`: trains a DFlash drafter with the four-stage pipeline.
+ * Parses flags (and a YAML config with the same keys; flags override), prepares
+ * the dataset into the run directory when it is not a prepared .dlc cache yet,
+ * lays out the run (out dir, sockets 0700, logs/), and hands the stage list to the
+ * supervisor (tools/supervisor.c). */
+#include "common/base/cli.h"
+#include "common/base/err.h"
+#include "common/base/log.h"
+#include "common/base/paths.h"
+#include "common/bus/bus.h"
+#include "common/data/batcher.h"
+#include "common/data/chat.h"
+#include "common/data/prepare.h"
+#include "common/data/tokenizer.h"
+#include "common/pipe/ckpt.h"
+#include "tools/commands.h"
+#include "tools/supervisor.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdarg.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <yaml.h>
+
+typedef struct {
+    char target_model[4096];
+    const char *data, *prompt_field, *response_field, *out, *resume, *device;
+    const char *target_gpus, *drafter_gpus;
+    int targets, drafters, token_budget, max_len, block_size, num_anchors, drafter_layers;
+    double lr, weight_decay, clip;
+    int64_t warmup_steps, max_steps, save_every, seed;
+    int epochs, mbs_per_step, deterministic, hs_min_ready, threads, max_restarts, prefetch;
+    double inbox_gb, host_inbox_gb, progress_s;
+} run_opts_t;
+
+enum {
+    O_TM = 256, O_DATA, O_PF, O_RF, O_TG, O_DG, O_DEV, O_NT, O_ND, O_TB, O_ML, O_BS, O_NA, O_DL,
+    O_LR, O_WU, O_MS, O_EP, O_K, O_SE, O_OUT, O_DET, O_SEED, O_RES, O_IG, O_HG, O_MR, O_CFG,
+    O_WD, O_CL, O_TH, O_RS, O_PS, O_PREF
+};
+
+static const struct option run_options[] = {
+    {"target-model", 1, 0, O_TM}, {"data", 1, 0, O_DATA}, {"prompt-field", 1, 0, O_PF},
+    {"response-field", 1, 0, O_RF}, {"target-gpus", 1, 0, O_TG}, {"drafter-gpus", 1, 0, O_DG},
+    {"device", 1, 0, O_DEV}, {"targets", 1, 0, O_NT}, {"drafters", 1, 0, O_ND},
+    {"token-budget", 1, 0, O_TB}, {"max-len", 1, 0, O_ML}, {"block-size", 1, 0, O_BS},
+    {"num-anchors", 1, 0, O_NA}, {"drafter-layers", 1, 0, O_DL}, {"lr", 1, 0, O_LR},
+    {"warmup-steps", 1, 0, O_WU}, {"max-steps", 1, 0, O_MS}, {"epochs", 1, 0, O_EP},
+    {"micro-batches-per-step", 1, 0, O_K}, {"save-every", 1, 0, O_SE}, {"out", 1, 0, O_OUT},
+    {"deterministic", 0, 0, O_DET}, {"seed", 1, 0, O_SEED}, {"resume", 1, 0, O_RES},
+    {"inbox-gb", 1, 0, O_IG}, {"host-inbox-gb", 1, 0, O_HG}, {"hs-min-ready", 1, 0, O_MR},
+    {"config", 1, 0, O_CFG}, {"weight-decay", 1, 0, O_WD}, {"clip", 1, 0, O_CL},
+    {"threads", 1, 0, O_TH}, {"max-restarts", 1, 0, O_RS}, {"progress-every", 1, 0, O_PS},
+    {"prefetch", 1, 0, O_PREF}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+
+static void run_usage(FILE *f) {
+    fprintf(f,
+        "usage: draftline run --data FILE [options]\n"
+        "Trains a DFlash drafter against a frozen target with the multi-process pipeline\n"
+        "(loader -> targets -> drafters -> optimizer), supervised by this process.\n\n"
+        "model and data\n"
+        "  --target-model PATH        target checkpoint, GGUF or HF dir (default: the embedded\n"
+        "                             SmolLM2-135M-Instruct, `make model`)\n"
+        "  --data FILE                .jsonl / .json / .gz dataset (prepared into <out>/data.dlc),\n"
+        "                             or a prepared .dlc cache (`draftline prepare`)\n"
+        "  --prompt-field F --response-field F   prompt/response datasets (GSM8K: question/answer)\n"
+        "topology\n"
+        "  --device cpu               CPU mode (POSIX shared memory stands in for CUDA IPC)\n"
+        "  --targets N --drafters M   processes in CPU mode (default 1 and 1); target i feeds drafter i%%M\n"
+        "  --target-gpus 0,1 --drafter-gpus 2,3   GPU mode (not in this build yet: use --device cpu)\n"
+        "  --threads N                threads per compute stage (default: cores / (targets+drafters))\n"
+        "training\n"
+        "  --token-budget N           tokens per micro-batch (default 1024)\n"
+        "  --max-len N                tokens per sequence (default: token budget; longer ones truncated)\n"
+        "  --block-size B             DFlash block size (default 8)\n"
+        "  --num-anchors N            anchors sampled per sequence (default 32)\n"
+        "  --drafter-layers N         drafter layers (default 1)\n"
+        "  --lr X                     peak learning rate (default 1e-3), cosine to 10%%\n"
+        "  --warmup-steps N           linear warmup (default 0)\n"
+        "  --weight-decay X --clip X  AdamW decay (default 0), gradient-norm clip (default 1.0)\n"
+        "  --max-steps N | --epochs N steps to train (default: one epoch)\n"
+        "  --micro-batches-per-step K (default 1)\n"
+        "  --seed N                   data order, anchors and initialisation (default 0)\n"
+        "  --deterministic            bitwise-reproducible run (gradients are always summed in\n"
+        "                             micro-batch order; this also pins the thread count to 1)\n"
+        "run\n"
+        "  --out DIR                  run directory: logs/, metrics.jsonl, steps.jsonl, checkpoints/\n"
+        "                             (default runs/run-<time>)\n"
+        "  --save-every N             checkpoint every N steps (default: only at the end)\n"
+        "  --resume DIR               continue exactly from a checkpoint dir or a run dir's latest\n"
+        "  --inbox-gb X               drafter inbox, GPU tier, GiB (default 0.25)\n"
+        "  --host-inbox-gb X          drafter inbox, host tier, GiB (default 0)\n"
+        "  --hs-min-ready K           drafter pool of ready micro-batches (default 1)\n"
+        "  --prefetch N               micro-batches a target requests ahead (default 1)\n"
+        "  --max-restarts N           restarts per stage before the run fails (default 5)\n"
+        "  --progress-every S         seconds between progress lines (default 5)\n"
+        "  --config FILE.yaml         the same keys as the flags (without --); flags override\n"
+        "  -h, --help                 this help\n");
+}
+
+static int set_opt(run_opts_t *o, int code, const char *v) {
+    int64_t x;
+    switch (code) {
+    case O_TM: snprintf(o->target_model, sizeof o->target_model, "%s", v); return 0;
+    case O_DATA: o->data = v; return 0;
+    case O_PF: o->prompt_field = v; return 0;
+    case O_RF: o->response_field = v; return 0;
+    case O_TG: o->target_gpus = v; return 0;
+    case O_DG: o->drafter_gpus = v; return 0;
+    case O_DEV: o->device = v; return 0;
+    case O_NT: return cli_parse_int("--targets", v, 1, 64, &o->targets);
+    case O_ND: return cli_parse_int("--drafters", v, 1, 64, &o->drafters);
+    case O_TB: return cli_parse_int("--token-budget", v, 16, 1 << 21, &o->token_budget);
+    case O_ML: return cli_parse_int("--max-len", v, 2, 1 << 21, &o->max_len);
+    case O_BS: return cli_parse_int("--block-size", v, 2, 64, &o->block_size);
+    case O_NA: return cli_parse_int("--num-anchors", v, 1, 1 << 20, &o->num_anchors);
+    case O_DL: return cli_parse_int("--drafter-layers", v, 1, 64, &o->drafter_layers);
+    case O_LR: return cli_parse_f64("--lr", v, 0, 10, &o->lr);
+    case O_WU: return cli_parse_i64("--warmup-steps", v, 0, INT32_MAX, &o->warmup_steps);
+    case O_MS: return cli_parse_i64("--max-steps", v, 0, INT32_MAX, &o->max_steps);
+    case O_EP: return cli_parse_int("--epochs", v, 1, 1 << 20, &o->epochs);
+    case O_K: return cli_parse_int("--micro-batches-per-step", v, 1, 4096, &o->mbs_per_step);
+    case O_SE: return cli_parse_i64("--save-every", v, 0, INT32_MAX, &o->save_every);
+    case O_OUT: o->out = v; return 0;
+    case O_DET: { int b = 1; if (v && cli_parse_bool("--deterministic", v, &b) < 0) return DL_EINVAL; o->deterministic = b; return 0; }
+    case O_SEED: return cli_parse_i64("--seed", v, 0, INT64_MAX, &o->seed);
+    case O_RES: o->resume = v; return 0;
+    case O_IG: return cli_parse_f64("--inbox-gb", v, 0, 4096, &o->inbox_gb);
+    case O_HG: return cli_parse_f64("--host-inbox-gb", v, 0, 4096, &o->host_inbox_gb);
+    case O_MR: return cli_parse_int("--hs-min-ready", v, 1, 1024, &o->hs_min_ready);
+    case O_WD: return cli_parse_f64("--weight-decay", v, 0, 10, &o->weight_decay);
+    case O_CL: return cli_parse_f64("--clip", v, 0, 1e9, &o->clip);
+    case O_TH: return cli_parse_int("--threads", v, 0, 1024, &o->threads);
+    case O_RS: return cli_parse_int("--max-restarts", v, 0, 1000, &o->max_restarts);
+    case O_PS: return cli_parse_f64("--progress-every", v, 0.2, 3600, &o->progress_s);
+    case O_PREF: return cli_parse_int("--prefetch", v, 1, 8, &o->prefetch);
+    case O_CFG: return 0;
+    }
+    (void)x;
+    return dl_seterr(DL_EINVAL, "unknown option");
+}
+
+/* YAML config: a mapping of flag names (without --) to scalars; a sequence value
+ * (target-gpus: [0, 1]) is joined with commas. Strings are kept for the run. */
+static int load_yaml(run_opts_t *o, const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return dl_seterr(DL_EIO, "--config %s: %s", path, strerror(errno));
+    yaml_parser_t p;
+    yaml_parser_initialize(&p);
+    yaml_parser_set_input_file(&p, f);
+    int rc = 0, depth = 0, in_seq = 0;
+    char key[128] = "", val[1024] = "";
+    int have_key = 0;
+    for (;;) {
+        yaml_event_t e;
+        if (!yaml_parser_parse(&p, &e)) {
+            rc = dl_seterr(DL_EFORMAT, "--config %s:%zu: %s", path, p.problem_mark.line + 1,
+                           p.problem ? p.problem : "YAML error");
+            break;
+        }
+        int done = e.type == YAML_STREAM_END_EVENT;
+        if (e.type == YAML_MAPPING_START_EVENT) {
+            if (++depth > 1) rc = dl_seterr(DL_EFORMAT, "--config %s:%zu: nested mappings are not keys", path, e.start_mark.line + 1);
+        } else if (e.type == YAML_MAPPING_END_EVENT) {
+            depth--;
+        } else if (e.type == YAML_SEQUENCE_START_EVENT) {
+            if (!have_key) rc = dl_seterr(DL_EFORMAT, "--config %s:%zu: a list must be a key's value", path, e.start_mark.line + 1);
+            in_seq = 1;
+            val[0] = 0;
+        } else if (e.type == YAML_SEQUENCE_END_EVENT || e.type == YAML_SCALAR_EVENT) {
+            const char *s = e.type == YAML_SCALAR_EVENT ? (const char *)e.data.scalar.value : NULL;
+            if (s && in_seq) {
+                size_t n = strlen(val);
+                snprintf(val + n, sizeof val - n, "%s%s", n ? "," : "", s);
+            } else if (s && !have_key) {
+                snprintf(key, sizeof key, "%s", s);
+                have_key = 1;
+            } else {
+                if (s) snprintf(val, sizeof val, "%s", s);
+                in_seq = 0;
+                int code = 0;
+                for (const struct option *op = run_options; op->name; op++)
+                    if (!strcmp(op->name, key)) code = op->val;
+                if (!code || code == O_CFG || code == 'h') {
+                    rc = dl_seterr(DL_EINVAL, "--config %s:%zu: unknown key '%s'", path, e.start_mark.line + 1, key);
+                } else {
+                    char *keep = strdup(val);
+                    int r = keep ? set_opt(o, code, keep) : DL_ENOMEM;
+                    if (r < 0) rc = dl_wraperr(r, "--config %s: key '%s'", path, key);
+                }
+                have_key = 0;
+            }
+        }
+        yaml_event_delete(&e);
+        if (done || rc < 0) break;
+    }
+    yaml_parser_delete(&p);
+    fclose(f);
+    return rc;
+}
+
+static int ends_with(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+static int prepare_data(const run_opts_t *o, const char *out_dir, char *cache, size_t cap) {
+    if (ends_with(o->data, ".dlc")) { snprintf(cache, cap, "%s", o->data); return 0; }
+    snprintf(cache, cap, "%s/data.dlc", out_dir);
+    dlc_t *c = NULL;
+    if (dlc_open(cache, &c) == 0) {
+        log_info("using the prepared cache %s (%llu samples)", cache, (unsigned long long)dlc_n_samples(c));
+        dlc_close(&c);
+        return 0;
+    }
+    tok_t *t = NULL;
+    DL_TRY(tok_load(o->target_model, &t));
+    chat_template_t ct;
+    int rc = chat_template_from_tok(t, &ct);
+    if (rc < 0) { tok_destroy(&t); return dl_wraperr(rc, "chat template of %s", o->target_model); }
+    prep_opts_t po;
+    memset(&po, 0, sizeof po);
+    po.data_path = o->data;
+    po.ds.format = DS_AUTO;
+    po.ds.prompt_field = o->prompt_field;
+    po.ds.response_field = o->response_field;
+    po.chat = &ct;
+    po.out_path = cache;
+    prep_stats_t st;
+    printf("preparing %s into %s ...\n", o->data, cache);
+    fflush(stdout);
+    rc = prep_run(t, &po, &st);
+    tok_destroy(&t);
+    if (rc < 0) return dl_wraperr(rc, "prepare %s", o->data);
+    printf("prepared %llu samples, %llu tokens (%llu trained), %llu skipped, in %.1f s\n",
+           (unsigned long long)st.samples, (unsigned long long)st.tokens,
+           (unsigned long long)st.assistant_tokens, (unsigned long long)st.skipped, st.seconds);
+    return 0;
+}
+
+static char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
+static char *fmt(const char *f, ...) {
+    va_list ap;
+    va_start(ap, f);
+    char *s = NULL;
+    if (vasprintf(&s, f, ap) < 0) s = NULL;
+    va_end(ap);
+    return s;
+}
+
+static void add(sup_stage_spec_t *s, char *a) { if (s->argc < SUP_MAX_ARGS) s->argv[s->argc++] = a; }
+
+static int bin_dir(char *out, size_t cap) {
+    const char *e = getenv("DL_BIN_DIR");
+    if (e && *e) { snprintf(out, cap, "%s", e); return 0; }
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return dl_seterr(DL_EIO, "readlink /proc/self/exe: %s", strerror(errno));
+    self[n] = 0;
+    char *slash = strrchr(self, '/');
+    if (slash) *slash = 0;
+    snprintf(out, cap, "%s", self);
+    return 0;
+}
+
+int cmd_run(int argc, char **argv) {
+    static run_opts_t o;
+    memset(&o, 0, sizeof o);
+    o.targets = 1; o.drafters = 1; o.token_budget = 1024; o.block_size = 8; o.num_anchors = 32;
+    o.drafter_layers = 1; o.lr = 1e-3; o.clip = 1.0; o.epochs = 1; o.mbs_per_step = 1;
+    o.inbox_gb = 0.25; o.hs_min_ready = 1; o.max_restarts = 5; o.progress_s = 5; o.prefetch = 1;
+    if (paths_default_model(o.target_model, sizeof o.target_model) < 0) o.target_model[0] = 0;
+    /* the config file first, so flags override it */
+    for (int i = 1; i < argc; i++) {
+        const char *cfg = NULL;
+        if (!strcmp(argv[i], "--config") && i + 1 < argc) cfg = argv[i + 1];
+        else if (!strncmp(argv[i], "--config=", 9)) cfg = argv[i] + 9;
+        if (cfg && load_yaml(&o, cfg) < 0) { cli_error("draftline run", dl_errmsg()); return 2; }
+    }
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "h", run_options, NULL)) != -1) {
+        if (c == 'h') { run_usage(stdout); return 0; }
+        if (c == '?' || c == ':') { run_usage(stderr); return 2; }
+        if (set_opt(&o, c, optarg) < 0) { cli_error("draftline run", dl_errmsg()); return 2; }
+    }
+    if (optind < argc) { fprintf(stderr, "draftline run: unexpected argument '%s'\n", argv[optind]); return 2; }
+    if (o.target_gpus || o.drafter_gpus || (o.device && strcmp(o.device, "cpu") != 0)) {
+        fprintf(stderr, "draftline run: the GPU pipeline (--target-gpus/--drafter-gpus, --device cuda) is "
+                        "not in this build yet; use --device cpu\n");
+        return 2;
+    }
+    if (!o.data) { cli_error("draftline run", "--data is required"); return 2; }
+    if (access(o.target_model, R_OK) != 0) {
+        fprintf(stderr, "draftline run: target model %s not found (run `make model` or pass --target-model)\n",
+                o.target_model);
+        return 2;
+    }
+    if (o.deterministic && o.threads == 0) o.threads = 1;
+    /* run directory */
+    char out[4096];
+    if (o.out) snprintf(out, sizeof out, "%s", o.out);
+    else if (o.resume && ckpt_resolve(o.resume, out, sizeof out) == 0 && strstr(out, "/checkpoints/")) {
+        *strstr(out, "/checkpoints/") = 0;
+    } else {
+        time_t now = time(NULL);
+        struct tm tm;
+        gmtime_r(&now, &tm);
+        strftime(out, sizeof out, "runs/run-%Y%m%d-%H%M%S", &tm);
+    }
+    if (bus_run_dir_create(out) < 0) { fprintf(stderr, "draftline run: --out %s: %s\n", out, dl_errmsg()); return 1; }
+    char logs[4200];
+    snprintf(logs, sizeof logs, "%s/logs", out);
+    if (paths_mkdir_p(logs, 0700) < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 1; }
+    char run_id[17];
+    snprintf(run_id, sizeof run_id, "%08x", (unsigned)(((uint64_t)time(NULL) * 2654435761u) ^ (uint64_t)getpid() * 40503u));
+    char sock[4200];
+    snprintf(sock, sizeof sock, "%s", out);
+    char probe[BUS_ENDPOINT_MAX];
+    if (bus_endpoint(sock, "optimizer", probe, sizeof probe) < 0) {
+        snprintf(sock, sizeof sock, "/tmp/dl-%s", run_id);
+        if (bus_run_dir_create(sock) < 0) { fprintf(stderr, "draftline run: %s: %s\n", sock, dl_errmsg()); return 1; }
+    }
+    /* data */
+    char cache[4200];
+    if (prepare_data(&o, out, cache, sizeof cache) < 0) {
+        fprintf(stderr, "draftline run: %s\n", dl_errmsg());
+        return 1;
+    }
+    /* steps */
+    uint64_t start_step = 0;
+    char resume_dir[4200] = "";
+    if (o.resume) {
+        if (ckpt_resolve(o.resume, resume_dir, sizeof resume_dir) < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 2; }
+        char p[4300];
+        snprintf(p, sizeof p, "%s/state.bin", resume_dir);
+        FILE *f = fopen(p, "rb");
+        ckpt_state_hdr_t h;
+        if (!f || fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, CKPT_MAGIC, 8) != 0) {
+            if (f) fclose(f);
+            fprintf(stderr, "draftline run: --resume %s: unreadable training state\n", resume_dir);
+            return 2;
+        }
+        fclose(f);
+        start_step = h.step;
+    }
+    uint64_t max_steps = (uint64_t)o.max_steps;
+    {
+        dlc_t *dc = NULL;
+        batcher_t *b = NULL;
+        batcher_opts_t bo;
+        batcher_opts_default(&bo, 0);
+        bo.seed = (uint64_t)o.seed;
+        bo.token_budget = (uint32_t)o.token_budget;
+        bo.max_len = o.max_len > 0 && o.max_len < o.token_budget ? (uint32_t)o.max_len : (uint32_t)o.token_budget;
+        bo.micro_batches_per_step = (uint32_t)o.mbs_per_step;
+        bo.epochs = (uint32_t)o.epochs;
+        if (dlc_open(cache, &dc) < 0 || batcher_new(dc, &bo, &b) < 0) {
+            fprintf(stderr, "draftline run: %s: %s\n", cache, dl_errmsg());
+            return 1;
+        }
+        uint64_t all = batcher_total_mbs(b) / (uint64_t)o.mbs_per_step;
+        batcher_destroy(&b);
+        dlc_close(&dc);
+        if (max_steps == 0 || max_steps > all) {
+            if (max_steps > all) log_warn("--max-steps %llu is more than %u epoch(s) give (%llu steps)",
+                                          (unsigned long long)max_steps, o.epochs, (unsigned long long)all);
+            max_steps = all;
+        }
+    }
+    if (max_steps <= start_step) {
+        fprintf(stderr, "draftline run: nothing to do: the checkpoint is at step %llu of %llu\n",
+                (unsigned long long)start_step, (unsigned long long)max_steps);
+        return 2;
+    }
+    static sup_opts_t so;
+    memset(&so, 0, sizeof so);
+    char bdir[4096];
+    if (bin_dir(bdir, sizeof bdir) < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 1; }
+    so.bin_dir = bdir;
+    so.out_dir = out;
+    so.sock_dir = sock;
+    so.run_id = run_id;
+    so.max_steps = max_steps;
+    so.start_step = start_step;
+    so.mbs_per_step = (uint64_t)o.mbs_per_step;
+    so.n_targets = o.targets;
+    so.n_drafters = o.drafters;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    so.threads_per_stage = o.threads > 0 ? o.threads : (int)(cores / (o.targets + o.drafters) > 0 ? cores / (o.targets + o.drafters) : 1);
+    so.max_restarts = o.max_restarts;
+    so.progress_every_s = o.progress_s;
+    char *K = fmt("%d", o.mbs_per_step), *seed = fmt("%lld", (long long)o.seed), *tb = fmt("%d", o.token_budget);
+    char *bs = fmt("%d", o.block_size), *dl = fmt("%d", o.drafter_layers), *ms = fmt("%llu", (unsigned long long)max_steps);
+    char *thr = fmt("%d", so.threads_per_stage);
+    sup_stage_spec_t *s = &so.stages[so.n_stages++];
+    snprintf(s->name, sizeof s->name, "loader");
+    snprintf(s->exe, sizeof s->exe, "loader");
+    s->stage_id = 1;
+    char *cursor_base = fmt("%s/loader.cursor", out);
+    add(s, "--run-dir"); add(s, sock); add(s, "--run-id"); add(s, run_id); add(s, "--cache"); add(s, cache);
+    add(s, "--seed"); add(s, seed); add(s, "--token-budget"); add(s, tb);
+    add(s, "--micro-batches-per-step"); add(s, K); add(s, "--epochs"); add(s, fmt("%d", o.epochs));
+    add(s, "--max-steps"); add(s, ms); add(s, "--start-step"); add(s, fmt("%llu", (unsigned long long)start_step));
+    add(s, "--cursor-out"); add(s, cursor_base);
+    if (o.max_len > 0) { add(s, "--max-len"); add(s, fmt("%d", o.max_len)); }
+    s = &so.stages[so.n_stages++];
+    snprintf(s->name, sizeof s->name, "optimizer");
+    snprintf(s->exe, sizeof s->exe, "optimizer");
+    s->stage_id = 2;
+    add(s, "--run-dir"); add(s, sock); add(s, "--run-id"); add(s, run_id); add(s, "--out"); add(s, out);
+    add(s, "--target-model"); add(s, o.target_model); add(s, "--drafter-layers"); add(s, dl);
+    add(s, "--block-size"); add(s, bs); add(s, "--lr"); add(s, fmt("%.9g", o.lr));
+    add(s, "--warmup-steps"); add(s, fmt("%lld", (long long)o.warmup_steps)); add(s, "--max-steps"); add(s, ms);
+    add(s, "--micro-batches-per-step"); add(s, K); add(s, "--weight-decay"); add(s, fmt("%.9g", o.weight_decay));
+    add(s, "--clip"); add(s, fmt("%.9g", o.clip)); add(s, "--save-every"); add(s, fmt("%lld", (long long)o.save_every));
+    add(s, "--seed"); add(s, seed); add(s, "--cursor-base"); add(s, cursor_base);
+    if (resume_dir[0]) { add(s, "--resume"); add(s, strdup(resume_dir)); }
+    for (int i = 0; i < o.drafters; i++) {
+        s = &so.stages[so.n_stages++];
+        snprintf(s->name, sizeof s->name, "drafter%d", i);
+        snprintf(s->exe, sizeof s->exe, "drafter_worker");
+        s->stage_id = 100 + (uint32_t)i;
+        add(s, "--run-dir"); add(s, sock); add(s, "--run-id"); add(s, run_id); add(s, "--index"); add(s, fmt("%d", i));
+        add(s, "--target-model"); add(s, o.target_model); add(s, "--drafter-layers"); add(s, dl);
+        add(s, "--block-size"); add(s, bs); add(s, "--num-anchors"); add(s, fmt("%d", o.num_anchors));
+        add(s, "--token-budget"); add(s, tb); add(s, "--micro-batches-per-step"); add(s, K);
+        add(s, "--inbox-gb"); add(s, fmt("%.9g", o.inbox_gb)); add(s, "--host-inbox-gb"); add(s, fmt("%.9g", o.host_inbox_gb));
+        add(s, "--hs-min-ready"); add(s, fmt("%d", o.hs_min_ready)); add(s, "--seed"); add(s, seed);
+        add(s, "--threads"); add(s, thr);
+    }
+    for (int i = 0; i < o.targets; i++) {
+        s = &so.stages[so.n_stages++];
+        snprintf(s->name, sizeof s->name, "target%d", i);
+        snprintf(s->exe, sizeof s->exe, "target_worker");
+        s->stage_id = 200 + (uint32_t)i;
+        add(s, "--run-dir"); add(s, sock); add(s, "--run-id"); add(s, run_id); add(s, "--index"); add(s, fmt("%d", i));
+        add(s, "--target-model"); add(s, o.target_model); add(s, "--drafter"); add(s, fmt("%d", i % o.drafters));
+        add(s, "--drafter-layers"); add(s, dl); add(s, "--block-size"); add(s, bs);
+        add(s, "--token-budget"); add(s, tb); add(s, "--threads"); add(s, thr);
+        add(s, "--prefetch"); add(s, fmt("%d", o.prefetch));
+    }
+    printf("draftline run %s: %d target(s), %d drafter(s) on CPU, %d thread(s) each; steps %llu..%llu, "
+           "%d micro-batch(es) of <= %d tokens per step; logs in %s/logs\n",
+           run_id, o.targets, o.drafters, so.threads_per_stage, (unsigned long long)start_step,
+           (unsigned long long)max_steps, o.mbs_per_step, o.token_budget, out);
+    fflush(stdout);
+    sup_summary_t sum;
+    int rc = supervisor_run(&so, &sum);
+    if (strcmp(sock, out) != 0) rmdir(sock);
+    printf("\nsummary: %llu steps%s, loss %.4f (mean of the first %d) -> %.4f (mean of the last %d), "
+           "%.0f target tokens/s over %.0f s, %d restart(s)\n",
+           (unsigned long long)sum.steps, sum.interrupted ? " (interrupted)" : "", sum.loss_first10,
+           sum.n_first, sum.loss_last10, sum.n_last, sum.tokens_per_s, sum.seconds, sum.restarts);
+    printf("checkpoint: %s\n", sum.checkpoint[0] ? sum.checkpoint : "(none)");
+    fflush(stdout);
+    if (rc < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 1; }
+    return 0;
+}

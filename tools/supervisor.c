@@ -1,0 +1,431 @@
+/* Supervisor (see supervisor.h). */
+#include "tools/supervisor.h"
+#include "common/base/clock.h"
+#include "common/base/err.h"
+#include "common/base/log.h"
+#include "common/bus/bus.h"
+#include "common/mem/slab.h"
+#include "common/pipe/stage.h"
+#include "proto/codec.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <uv.h>
+
+#define SUP_LOSS_HIST 100000
+
+typedef struct {
+    const sup_stage_spec_t *spec;
+    pid_t pid;
+    uint64_t incarnation;
+    int restarts;
+    int exited;                 /* not running now */
+    int status;
+    double restart_at;          /* monotonic s; 0 = none scheduled */
+    int helloed;
+    char peer[BUS_ID_MAX + 1];
+    double metrics[8];          /* a few metrics kept for the progress line */
+} sstage_t;
+
+typedef struct {
+    const sup_opts_t *o;
+    sup_summary_t *sum;
+    uv_loop_t loop;
+    bus_t *bus;
+    uv_signal_t sig_int, sig_term, sig_chld;
+    uv_timer_t tick;
+    sstage_t st[SUP_MAX_STAGES];
+    int n;
+    int stopping, failed;
+    double t_stop;
+    FILE *metrics;
+    double t0, t_first_step;
+    double *losses;
+    uint64_t n_losses;
+    uint64_t last_step_seen;
+    int have_step;
+    double last_loss, last_acc_mean, acc[16];
+    int n_acc;
+    double tokens, elapsed, tok_rate, tokens_first, elapsed_first;
+    double last_tokens, last_tokens_t;
+    double last_progress_print;
+} sup_t;
+
+static void spawn(sup_t *S, sstage_t *x) {
+    const sup_opts_t *o = S->o;
+    char log_path[4200];
+    snprintf(log_path, sizeof log_path, "%s/logs/%s.log", o->out_dir, x->spec->name);
+    char exe[4200];
+    snprintf(exe, sizeof exe, "%s/%s", o->bin_dir, x->spec->exe);
+    x->incarnation++;
+    char inc[32];
+    snprintf(inc, sizeof inc, "%llu", (unsigned long long)x->incarnation);
+    pid_t pid = fork();
+    if (pid < 0) {
+        log_error("fork %s: %s", x->spec->name, strerror(errno));
+        x->exited = 1;
+        return;
+    }
+    if (pid == 0) {
+        int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); if (fd > 2) close(fd); }
+        int nfd = open("/dev/null", O_RDONLY);
+        if (nfd >= 0) { dup2(nfd, 0); if (nfd > 0) close(nfd); }
+        /* default signal dispositions and mask for the stage */
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        signal(SIGINT, SIG_DFL); signal(SIGTERM, SIG_DFL); signal(SIGCHLD, SIG_DFL); signal(SIGPIPE, SIG_IGN);
+        char thr[16];
+        snprintf(thr, sizeof thr, "%d", o->threads_per_stage > 0 ? o->threads_per_stage : 1);
+        setenv("OMP_NUM_THREADS", thr, 1);
+        setenv("OPENBLAS_NUM_THREADS", thr, 1);
+        char *argv[SUP_MAX_ARGS + 4];
+        int a = 0;
+        argv[a++] = exe;
+        for (int i = 0; i < x->spec->argc; i++) argv[a++] = x->spec->argv[i];
+        argv[a++] = "--incarnation";
+        argv[a++] = inc;
+        argv[a] = NULL;
+        execv(exe, argv);
+        fprintf(stderr, "exec %s: %s\n", exe, strerror(errno));
+        _exit(127);
+    }
+    x->pid = pid;
+    x->exited = 0;
+    x->helloed = 0;
+    x->restart_at = 0;
+    log_info("started %s (pid %d, incarnation %llu), log %s", x->spec->name, (int)pid,
+             (unsigned long long)x->incarnation, log_path);
+}
+
+static sstage_t *by_id(sup_t *S, uint32_t id) {
+    for (int i = 0; i < S->n; i++) if (S->st[i].spec->stage_id == id) return &S->st[i];
+    return NULL;
+}
+
+static void send_ctl(sup_t *S, sstage_t *x, proto_ctl_op_t op, const int64_t *ints, uint32_t n) {
+    if (!x->helloed || x->exited) return;
+    proto_msg_t m;
+    proto_msg_init(&m, PROTO_CONTROL);
+    m.control.op = op;
+    m.control.ints = ints;
+    m.control.n_ints = n;
+    stage_send(S->bus, x->peer, &m);
+}
+
+static void push_route(sup_t *S, sstage_t *x) {
+    int64_t pair[2];
+    uint32_t t = x->spec->stage_id - PIPE_ID_TARGET0;
+    pair[0] = x->spec->stage_id;
+    pair[1] = PIPE_ID_DRAFTER0 + t % (uint32_t)S->o->n_drafters;
+    send_ctl(S, x, PROTO_CTL_ROUTE, pair, 2);
+}
+
+static void begin_stop(sup_t *S, const char *why) {
+    if (S->stopping) return;
+    S->stopping = 1;
+    S->t_stop = clock_mono_s();
+    log_info("stopping the pipeline: %s", why);
+    for (int i = 0; i < S->n; i++) {
+        sstage_t *x = &S->st[i];
+        x->restart_at = 0;
+        if (!x->exited && x->pid > 0) kill(x->pid, SIGTERM);
+    }
+}
+
+static void json_str(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') fputc('\\', f);
+        if ((unsigned char)*s < 0x20) continue;
+        fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+static void on_metrics(sup_t *S, const char *peer, const proto_metrics_t *m) {
+    if (S->metrics) {
+        fprintf(S->metrics, "{\"ts\":%.3f,\"stage\":", (double)m->ts_ns / 1e9);
+        json_str(S->metrics, peer);
+        fprintf(S->metrics, ",\"stage_id\":%u,\"incarnation\":%llu,\"state\":", m->stage_id,
+                (unsigned long long)m->incarnation);
+        json_str(S->metrics, m->state);
+        for (uint32_t i = 0; i < m->n_metrics; i++) {
+            fputc(',', S->metrics);
+            json_str(S->metrics, m->metrics[i].name);
+            double v = m->metrics[i].value;
+            if (isfinite(v)) fprintf(S->metrics, ":%.9g", v);
+            else fprintf(S->metrics, ":null");
+        }
+        fprintf(S->metrics, "}\n");
+        fflush(S->metrics);
+    }
+    if (m->role != PROTO_ROLE_OPTIMIZER || strcmp(m->state, "step") != 0) return;
+    double step = -1, loss = NAN, acc_mean = 0, tokens = 0, elapsed = 0;
+    S->n_acc = 0;
+    for (uint32_t i = 0; i < m->n_metrics; i++) {
+        const char *n = m->metrics[i].name;
+        double v = m->metrics[i].value;
+        if (!strcmp(n, "step")) step = v;
+        else if (!strcmp(n, "loss")) loss = v;
+        else if (!strcmp(n, "acc_mean")) acc_mean = v;
+        else if (!strcmp(n, "tokens")) tokens = v;
+        else if (!strcmp(n, "elapsed_s")) elapsed = v;
+        else if (!strncmp(n, "acc_", 4) && S->n_acc < 16) S->acc[S->n_acc++] = v;
+    }
+    if (step < 0) return;
+    if (!S->have_step) {
+        S->t_first_step = clock_mono_s();
+        S->tokens_first = tokens;
+        S->elapsed_first = elapsed;
+    }
+    S->have_step = 1;
+    S->last_step_seen = (uint64_t)step;
+    S->last_loss = loss;
+    S->last_acc_mean = acc_mean;
+    S->tokens = tokens;
+    S->elapsed = elapsed;
+    if (S->n_losses < SUP_LOSS_HIST) S->losses[S->n_losses++] = loss;
+}
+
+static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg) {
+    (void)bus;
+    sup_t *S = arg;
+    proto_msg_t m;
+    if (stage_decode("supervisor", peer, data, len, &m) < 0) return;
+    switch (m.type) {
+    case PROTO_HELLO: {
+        sstage_t *x = by_id(S, m.hello.stage_id);
+        if (!x) { log_warn("hello from unknown stage %u (%s)", m.hello.stage_id, peer); break; }
+        x->helloed = 1;
+        snprintf(x->peer, sizeof x->peer, "%s", peer);
+        log_info("%s is up (pid %u, incarnation %llu)", peer, m.hello.pid,
+                 (unsigned long long)m.hello.incarnation);
+        if (m.hello.stage_id >= PIPE_ID_TARGET0) push_route(S, x);
+        if (S->stopping && x->pid > 0) kill(x->pid, SIGTERM);
+        break;
+    }
+    case PROTO_METRICS:
+        on_metrics(S, peer, &m.metrics);
+        break;
+    case PROTO_APPLIED:
+        if (m.applied.step + 1 >= S->o->max_steps) begin_stop(S, "reached --max-steps");
+        break;
+    default:
+        break;
+    }
+    proto_msg_free(&m);
+}
+
+static double mean_range(const double *v, uint64_t a, uint64_t b) {
+    double s = 0;
+    uint64_t n = 0;
+    for (uint64_t i = a; i < b; i++) if (isfinite(v[i])) { s += v[i]; n++; }
+    return n ? s / (double)n : NAN;
+}
+
+static void fmt_dur(double s, char *out, size_t cap) {
+    if (!isfinite(s) || s < 0) { snprintf(out, cap, "?"); return; }
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(out, cap, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+    else if (t >= 60) snprintf(out, cap, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(out, cap, "%lds", t);
+}
+
+static void print_progress(sup_t *S) {
+    double now = clock_mono_s();
+    if (!S->have_step) {
+        int up = 0;
+        for (int i = 0; i < S->n; i++) up += S->st[i].helloed && !S->st[i].exited;
+        printf("[%5.0fs] starting: %d/%d stages up, waiting for the first step\n", now - S->t0, up, S->n);
+        fflush(stdout);
+        return;
+    }
+    uint64_t done = S->last_step_seen + 1 - S->o->start_step;
+    uint64_t left = S->o->max_steps > S->last_step_seen + 1 ? S->o->max_steps - S->last_step_seen - 1 : 0;
+    double dt = now - S->t_first_step;
+    double per_step = done > 1 ? dt / (double)(done - 1) : NAN;
+    if (S->last_tokens_t > 0 && now > S->last_tokens_t) {
+        double r = (S->tokens - S->last_tokens) / (now - S->last_tokens_t);
+        if (r > 0 || S->tok_rate == 0) S->tok_rate = r;
+    }
+    S->last_tokens = S->tokens;
+    S->last_tokens_t = now;
+    char eta[32], accs[128] = "";
+    fmt_dur(per_step * (double)left, eta, sizeof eta);
+    int n = 0;
+    for (int k = 0; k < S->n_acc && k < 4; k++)
+        n += snprintf(accs + n, sizeof accs - (size_t)n, "%s%.2f", k ? " " : "", S->acc[k]);
+    double avg_rate = S->elapsed > S->elapsed_first ? (S->tokens - S->tokens_first) / (S->elapsed - S->elapsed_first) : 0;
+    printf("[%5.0fs] step %llu/%llu  loss %.4f  acc %.3f [pos 1-4: %s]  %.0f tok/s  ETA %s\n", now - S->t0,
+           (unsigned long long)(S->last_step_seen + 1), (unsigned long long)S->o->max_steps, S->last_loss,
+           S->last_acc_mean, accs, avg_rate, eta);
+    fflush(stdout);
+}
+
+static void reap(sup_t *S) {
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        for (int i = 0; i < S->n; i++) {
+            sstage_t *x = &S->st[i];
+            if (x->pid != pid) continue;
+            x->exited = 1;
+            x->status = status;
+            x->pid = -1;
+            int clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+            if (S->stopping) {
+                log_info("%s exited (%s %d)", x->spec->name, WIFEXITED(status) ? "status" : "signal",
+                         WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+                break;
+            }
+            log_warn("%s died (%s %d)", x->spec->name, WIFEXITED(status) ? "status" : "signal",
+                     WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+            (void)clean;
+            if (x->restarts >= S->o->max_restarts) {
+                log_error("%s failed %d times: giving up (see %s/logs/%s.log)", x->spec->name,
+                          x->restarts + 1, S->o->out_dir, x->spec->name);
+                S->failed = 1;
+                begin_stop(S, "a stage keeps failing");
+                break;
+            }
+            double backoff = 0.5 * (double)(1 << (x->restarts < 5 ? x->restarts : 5));
+            x->restarts++;
+            S->sum->restarts++;
+            x->restart_at = clock_mono_s() + backoff;
+            /* the loader re-issues the work of a dead target right away */
+            if (x->spec->stage_id >= PIPE_ID_TARGET0) {
+                int64_t id = x->spec->stage_id;
+                sstage_t *L = by_id(S, PIPE_ID_LOADER);
+                if (L) send_ctl(S, L, PROTO_CTL_MEMBERSHIP, &id, 1);
+            }
+            log_info("restarting %s in %.1f s", x->spec->name, backoff);
+            break;
+        }
+    }
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+    sup_t *S = h->data;
+    if (signum == SIGCHLD) { reap(S); return; }
+    if (S->stopping) {
+        log_warn("second signal: killing every stage");
+        for (int i = 0; i < S->n; i++) if (S->st[i].pid > 0) kill(S->st[i].pid, SIGKILL);
+        return;
+    }
+    S->sum->interrupted = 1;
+    begin_stop(S, signum == SIGINT ? "interrupted (Ctrl-C); stages write a final checkpoint" : "SIGTERM");
+}
+
+static void on_tick(uv_timer_t *t) {
+    sup_t *S = t->data;
+    double now = clock_mono_s();
+    reap(S);
+    for (int i = 0; i < S->n; i++) {
+        sstage_t *x = &S->st[i];
+        if (x->exited && x->restart_at > 0 && now >= x->restart_at && !S->stopping) spawn(S, x);
+    }
+    if (S->stopping) {
+        int alive = 0;
+        for (int i = 0; i < S->n; i++) alive += !S->st[i].exited;
+        if (!alive) {
+            uv_timer_stop(&S->tick);
+            uv_close((uv_handle_t *)&S->tick, NULL);
+            uv_close((uv_handle_t *)&S->sig_int, NULL);
+            uv_close((uv_handle_t *)&S->sig_term, NULL);
+            uv_close((uv_handle_t *)&S->sig_chld, NULL);
+            bus_close(S->bus, NULL, NULL);
+            return;
+        }
+        if (now - S->t_stop > 60) {
+            for (int i = 0; i < S->n; i++)
+                if (S->st[i].pid > 0) { log_warn("%s did not stop in 60 s: SIGKILL", S->st[i].spec->name); kill(S->st[i].pid, SIGKILL); }
+        }
+        return;
+    }
+    if (now - S->last_progress_print >= S->o->progress_every_s) {
+        S->last_progress_print = now;
+        print_progress(S);
+    }
+}
+
+int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
+    static sup_t S;
+    memset(&S, 0, sizeof S);
+    memset(sum, 0, sizeof *sum);
+    S.o = o;
+    S.sum = sum;
+    S.losses = calloc(SUP_LOSS_HIST, sizeof(double));
+    if (!S.losses) return dl_seterr(DL_ENOMEM, "supervisor: out of memory");
+    uv_loop_init(&S.loop);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
+    S.metrics = fopen(path, "a");
+    char ep[BUS_ENDPOINT_MAX];
+    DL_TRY(bus_endpoint(o->sock_dir, "sup", ep, sizeof ep));
+    bus_opts_t bo = {0};
+    bo.kind = BUS_ROUTER;
+    bo.name = "supervisor";
+    bo.heartbeat_interval_ms = PIPE_HEARTBEAT_MS;
+    bo.heartbeat_timeout_ms = PIPE_DEAD_MS;
+    S.bus = bus_new(&S.loop, &bo);
+    if (!S.bus) return DL_EIO;
+    DL_TRY(bus_bind(S.bus, ep));
+    bus_on_message(S.bus, on_msg, &S);
+    /* SIGCHLD, SIGINT, SIGTERM through the loop */
+    uv_signal_init(&S.loop, &S.sig_int); S.sig_int.data = &S;
+    uv_signal_init(&S.loop, &S.sig_term); S.sig_term.data = &S;
+    uv_signal_init(&S.loop, &S.sig_chld); S.sig_chld.data = &S;
+    uv_signal_start(&S.sig_int, on_signal, SIGINT);
+    uv_signal_start(&S.sig_term, on_signal, SIGTERM);
+    uv_signal_start(&S.sig_chld, on_signal, SIGCHLD);
+    uv_timer_init(&S.loop, &S.tick);
+    S.tick.data = &S;
+    S.t0 = clock_mono_s();
+    S.last_progress_print = S.t0;
+    S.n = o->n_stages;
+    for (int i = 0; i < S.n; i++) {
+        S.st[i].spec = &o->stages[i];
+        spawn(&S, &S.st[i]);
+    }
+    uv_timer_start(&S.tick, on_tick, 200, 200);
+    uv_run(&S.loop, UV_RUN_DEFAULT);
+    bus_destroy(&S.bus);
+    uv_run(&S.loop, UV_RUN_DEFAULT);
+    uv_loop_close(&S.loop);
+    if (S.metrics) fclose(S.metrics);
+    int swept = slab_sweep(o->run_id);
+    if (swept > 0) log_warn("removed %d leftover shared-memory object(s) of run %s", swept, o->run_id);
+    sum->steps = S.have_step ? S.last_step_seen + 1 : o->start_step;
+    uint64_t n = S.n_losses;
+    uint64_t k = n < 10 ? n : 10;
+    sum->loss_first10 = mean_range(S.losses, 0, k);
+    sum->loss_last10 = mean_range(S.losses, n - k, n);
+    sum->n_first = sum->n_last = (int)k;
+    sum->tokens = (uint64_t)S.tokens;
+    /* steady state: from the first applied step to the last (model loading excluded) */
+    sum->seconds = S.elapsed - S.elapsed_first;
+    sum->tokens_per_s = sum->seconds > 0 ? (S.tokens - S.tokens_first) / sum->seconds : 0;
+    sum->failed = S.failed;
+    snprintf(path, sizeof path, "%s/checkpoints/latest", o->out_dir);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        char name[128] = {0};
+        if (fgets(name, sizeof name, f)) {
+            name[strcspn(name, "\r\n")] = 0;
+            snprintf(sum->checkpoint, sizeof sum->checkpoint, "%s/checkpoints/%s", o->out_dir, name);
+        }
+        fclose(f);
+    }
+    free(S.losses);
+    return S.failed ? dl_seterr(DL_ESTATE, "a stage failed repeatedly") : 0;
+}

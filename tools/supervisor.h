@@ -1,0 +1,57 @@
+/* The supervisor behind `draftline run`: starts every pipeline stage as its own
+ * process (fork + exec of the stage executables; CUDA is never initialised here,
+ * so nothing CUDA crosses a fork), writes each stage's stdout/stderr to
+ * <out>/logs/<stage>.log, owns the routing table (target i -> drafter i mod M)
+ * and pushes it to targets, collects hellos and metrics (appended to
+ * <out>/metrics.jsonl), prints a progress line every few seconds, restarts a
+ * crashed stage with exponential backoff (the loader re-issues its work), stops
+ * everything at --max-steps or on SIGINT/SIGTERM (stages checkpoint on the way
+ * out), removes leftover shared-memory objects of the run, and prints a summary.
+ */
+#ifndef DL_TOOLS_SUPERVISOR_H
+#define DL_TOOLS_SUPERVISOR_H
+
+#include <stdint.h>
+
+#define SUP_MAX_STAGES 136
+#define SUP_MAX_ARGS 64
+
+typedef struct {
+    char name[32];              /* loader, optimizer, drafter0, target0 ... (log name) */
+    char exe[64];               /* executable name in the bin dir */
+    uint32_t stage_id;
+    char *argv[SUP_MAX_ARGS];   /* without --incarnation (added per start) */
+    int argc;
+} sup_stage_spec_t;
+
+typedef struct {
+    const char *bin_dir;        /* where the stage executables are */
+    const char *out_dir;        /* run output: logs/, metrics.jsonl, checkpoints/ */
+    const char *sock_dir;       /* sockets (short path, 0700) */
+    const char *run_id;
+    uint64_t max_steps, start_step, mbs_per_step;
+    int n_targets, n_drafters;
+    int threads_per_stage;      /* OMP/OpenBLAS threads given to each compute stage */
+    int max_restarts;           /* per stage, then the run fails */
+    double progress_every_s;
+    sup_stage_spec_t stages[SUP_MAX_STAGES];
+    int n_stages;
+} sup_opts_t;
+
+typedef struct {
+    uint64_t steps;             /* last applied step + 1 */
+    double loss_first10, loss_last10;
+    int n_first, n_last;
+    double tokens_per_s, seconds;
+    uint64_t tokens;
+    int restarts;
+    int interrupted;            /* stopped by a signal before max_steps */
+    int failed;
+    char checkpoint[4200];
+} sup_summary_t;
+
+/* Runs the pipeline to the end. Returns 0 (finished or cleanly interrupted) or a
+ * negative dl_err (a stage failed beyond max_restarts, sockets). */
+int supervisor_run(const sup_opts_t *o, sup_summary_t *sum);
+
+#endif
