@@ -88,6 +88,12 @@ void drafter_config_defaults(drafter_config_t *cfg) {
     cfg->rope.theta = 10000.0;
 }
 
+void drafter_config_from_target(drafter_config_t *cfg, const model_config_t *t) {
+    cfg->D = t->D, cfg->H = t->H, cfg->Hkv = t->Hkv, cfg->hd = t->hd, cfg->F = t->F;
+    cfg->V = t->V, cfg->n_target_layers = t->L, cfg->max_position_embeddings = t->max_pos;
+    cfg->rms_eps = t->eps, cfg->rope = t->rope;
+}
+
 int drafter_default_layer_ids(int L, int n, int *out) {
     if (n > DRAFTER_MAX_FEAT)
         return dl_seterr(DL_EINVAL, "drafter layer ids: %d drafter layers (max %d)", n,

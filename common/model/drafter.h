@@ -36,6 +36,7 @@
 #include <stdint.h>
 
 #include "common/base/rng.h"
+#include "common/model/config.h"
 #include "common/ops/ops.h"
 
 #define DRAFTER_MAX_LAYERS 64
@@ -76,6 +77,11 @@ typedef struct {
  * caller picks the target's, e.g. DRAFTER_MASK_TOKEN_QWEN3), loss chunk 16);
  * the target fields are zeroed for the caller to fill. */
 void drafter_config_defaults(drafter_config_t *cfg);
+
+/* Copies the target's shapes into cfg (D, H, Hkv, hd, F, V, L, max positions,
+ * rms eps, RoPE incl. llama3 scaling): the drafter's layers are Qwen3 layers at
+ * the target's sizes, as the public DFlash drafters are. Drafter fields untouched. */
+void drafter_config_from_target(drafter_config_t *cfg, const model_config_t *target);
 
 /* Completes defaults (layer ids, gamma, chunk) and validates every field.
  * Returns 0 or DL_EINVAL naming the field. */

@@ -29,6 +29,7 @@ void ops_cpu_attention_varlen_forward(const ops_ctx_t *c, void *out_, const void
                     for (int u = t0; u <= t; u++) {
                         const float *ku = k + ((long)u * Hkv + hk) * hd;
                         float sc = 0.0f;
+                        _Pragma("omp simd reduction(+ : sc)")
                         for (int i = 0; i < hd; i++) sc += qt[i] * ku[i];
                         sc *= scale;
                         p[u - t0] = sc;
@@ -45,6 +46,7 @@ void ops_cpu_attention_varlen_forward(const ops_ctx_t *c, void *out_, const void
                     for (int u = t0; u <= t; u++) {
                         const float *vu = v + ((long)u * Hkv + hk) * hd;
                         float pu = p[u - t0] * inv;
+                        _Pragma("omp simd")
                         for (int i = 0; i < hd; i++) ot[i] += pu * vu[i];
                     }
                 }

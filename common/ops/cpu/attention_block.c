@@ -54,6 +54,7 @@ void ops_cpu_attention_block_forward(const ops_ctx_t *c, void *out_, float *lse,
                         for (int u = 0; u < nk; u++) {
                             const float *ku = attn_block__row(kc, kb, u, cl, cs, j, B, Hkv, hk, hd);
                             float sc = 0.0f;
+                            _Pragma("omp simd reduction(+ : sc)")
                             for (int i = 0; i < hd; i++) sc += qr[i] * ku[i];
                             sc *= scale;
                             p[u] = sc;
@@ -71,6 +72,7 @@ void ops_cpu_attention_block_forward(const ops_ctx_t *c, void *out_, float *lse,
                         for (int u = 0; u < nk; u++) {
                             const float *vu = attn_block__row(vc, vb, u, cl, cs, j, B, Hkv, hk, hd);
                             float pu = p[u] * inv;
+                            _Pragma("omp simd")
                             for (int i = 0; i < hd; i++) orow[i] += pu * vu[i];
                         }
                     }
@@ -126,6 +128,7 @@ void ops_cpu_attention_block_backward(const ops_ctx_t *c, void *dq_, void *dkb_,
                         for (int u = 0; u < nk; u++) {
                             const float *ku = attn_block__row(kc, kb, u, cl, cs, j, B, Hkv, hk, hd);
                             float sc = 0.0f;
+                            _Pragma("omp simd reduction(+ : sc)")
                             for (int i = 0; i < hd; i++) sc += qr[i] * ku[i];
                             p[u] = sc * scale;
                             if (p[u] > mx) mx = p[u];
@@ -144,6 +147,7 @@ void ops_cpu_attention_block_backward(const ops_ctx_t *c, void *dq_, void *dkb_,
                             p[u] = expf(p[u] - l);
                             const float *vu = attn_block__row(vc, vb, u, cl, cs, j, B, Hkv, hk, hd);
                             float d = 0.0f;
+                            _Pragma("omp simd reduction(+ : d)")
                             for (int i = 0; i < hd; i++) d += dor[i] * vu[i];
                             dp[u] = p[u] * (d - di) * scale; /* dS * scale */
                         }
@@ -160,10 +164,18 @@ void ops_cpu_attention_block_backward(const ops_ctx_t *c, void *dq_, void *dkb_,
                                 dku = dkb ? dkb + off : NULL;
                                 dvu = dvb ? dvb + off : NULL;
                             }
-                            for (int i = 0; i < hd; i++) {
-                                if (dqr) dqr[i] += dp[u] * ku[i];
-                                if (dku) dku[i] += dp[u] * qr[i];
-                                if (dvu) dvu[i] += p[u] * dor[i];
+                            const float dpu = dp[u], pu = p[u];
+                            if (dqr) {
+                                _Pragma("omp simd")
+                                for (int i = 0; i < hd; i++) dqr[i] += dpu * ku[i];
+                            }
+                            if (dku) {
+                                _Pragma("omp simd")
+                                for (int i = 0; i < hd; i++) dku[i] += dpu * qr[i];
+                            }
+                            if (dvu) {
+                                _Pragma("omp simd")
+                                for (int i = 0; i < hd; i++) dvu[i] += pu * dor[i];
                             }
                         }
                     }
