@@ -4,7 +4,9 @@
 // with f32 accumulation.
 //
 // One thread block = 64 query rows of one (sequence, head); 4 warps, 16 rows
-// each. Q, K and V tiles live in shared memory (padded rows); the scores,
+// each. Q, K and V tiles live in shared memory (padded rows; K/V double-
+// buffered, the next tile fetched by cp.async during the current one's math;
+// fragments read with ldmatrix); the scores,
 // probabilities and the output accumulator stay in registers. Query tiles are
 // enumerated last-first so the longest causal rows start first. GQA: head h
 // reads kv head h / (H/Hkv). hd <= 128 (padded to 32/64/96/128).
@@ -24,7 +26,10 @@ attn_varlen_fwd_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v,
                        int vec) {
     constexpr int LD = HDP + 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16 *Qs = (bf16 *)smem_raw, *Ks = Qs + AV_BM * LD, *Vs = Ks + AV_BN * LD;
+    // Q tile, then two stages of (K tile, V tile): the next tile is fetched by
+    // cp.async while the current one is used.
+    bf16 *Qs = (bf16 *)smem_raw;
+    bf16 *KV = Qs + AV_BM * LD;
     const int s = blockIdx.y, h = blockIdx.z;
     const int seq0 = cu[s], L = cu[s + 1] - seq0;
     const int q0 = (ntiles - 1 - (int)blockIdx.x) * AV_BM;
@@ -32,35 +37,50 @@ attn_varlen_fwd_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v,
     const int hk = h / (H / Hkv);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const size_t qstride = (size_t)H * hd, kstride = (size_t)Hkv * hd;
+    const bf16 *kbase = k + (size_t)seq0 * kstride + (size_t)hk * hd;
+    const bf16 *vbase = v + (size_t)seq0 * kstride + (size_t)hk * hd;
+    const int kv_end = min(L, q0 + AV_BM);
+    const int ntile = (kv_end + AV_BN - 1) / AV_BN;
 
-    load_rows<HDP, AV_BM>(
-        Qs, [&](int r) -> const bf16 * {
-            return q0 + r < L ? q + (size_t)(seq0 + q0 + r) * qstride + (size_t)h * hd : nullptr;
-        }, hd, vec, tid, blockDim.x);
-    __syncthreads();
+    auto issue = [&](int it) {
+        const int k0 = it * AV_BN;
+        bf16 *Ks = KV + (it & 1) * 2 * AV_BN * LD, *Vs = Ks + AV_BN * LD;
+        load_rows_async<HDP, AV_BN>(Ks, [&](int r) -> const bf16 * {
+            return k0 + r < L ? kbase + (size_t)(k0 + r) * kstride : nullptr;
+        }, hd, vec, tid, blockDim.x, k);
+        load_rows_async<HDP, AV_BN>(Vs, [&](int r) -> const bf16 * {
+            return k0 + r < L ? vbase + (size_t)(k0 + r) * kstride : nullptr;
+        }, hd, vec, tid, blockDim.x, k);
+    };
+    load_rows_async<HDP, AV_BM>(Qs, [&](int r) -> const bf16 * {
+        return q0 + r < L ? q + (size_t)(seq0 + q0 + r) * qstride + (size_t)h * hd : nullptr;
+    }, hd, vec, tid, blockDim.x, q);
+    issue(0);
+    cp_async_commit();
+
     const int r0 = warp * 16;
     uint32_t qf[HDP / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < HDP / 16; kk++) frag_a<LD>(qf[kk], Qs, r0, kk * 16, g, t);
-
     float o[HDP / 8][4];
 #pragma unroll
     for (int i = 0; i < HDP / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
     const int qa = q0 + r0 + g, qb = qa + 8;  // positions within the sequence
-    const int kv_end = min(L, q0 + AV_BM);
 
-    for (int k0 = 0; k0 < kv_end; k0 += AV_BN) {
-        __syncthreads();  // the previous tile is consumed
-        auto krow = [&](int r) -> const bf16 * {
-            return k0 + r < L ? k + (size_t)(seq0 + k0 + r) * kstride + (size_t)hk * hd : nullptr;
-        };
-        auto vrow = [&](int r) -> const bf16 * {
-            return k0 + r < L ? v + (size_t)(seq0 + k0 + r) * kstride + (size_t)hk * hd : nullptr;
-        };
-        load_rows<HDP, AV_BN>(Ks, krow, hd, vec, tid, blockDim.x);
-        load_rows<HDP, AV_BN>(Vs, vrow, hd, vec, tid, blockDim.x);
+    for (int it = 0; it < ntile; it++) {
+        if (it + 1 < ntile) {
+            issue(it + 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
         __syncthreads();
+        if (it == 0) {
+#pragma unroll
+            for (int kk = 0; kk < HDP / 16; kk++) ldsm_a<LD>(qf[kk], Qs, r0, kk * 16, lane);
+        }
+        const int k0 = it * AV_BN;
+        const bf16 *Ks = KV + (it & 1) * 2 * AV_BN * LD, *Vs = Ks + AV_BN * LD;
 
         float sc[AV_BN / 8][4];
 #pragma unroll
@@ -68,22 +88,26 @@ attn_varlen_fwd_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v,
 #pragma unroll
         for (int kk = 0; kk < HDP / 16; kk++) {
 #pragma unroll
-            for (int nt = 0; nt < AV_BN / 8; nt++) {
-                uint32_t b[2];
-                frag_b_nk<LD>(b, Ks, nt * 8, kk * 16, g, t);
-                mma_bf16_16816(sc[nt], qf[kk], b);
+            for (int nt = 0; nt < AV_BN / 8; nt += 2) {
+                uint32_t b0[2], b1[2];
+                ldsm_b_nk<LD>(b0, b1, Ks, nt * 8, kk * 16, lane);
+                mma_bf16_16816(sc[nt], qf[kk], b0);
+                mma_bf16_16816(sc[nt + 1], qf[kk], b1);
             }
         }
         // scale (log2 domain) and mask: key > query (causal) or key outside the sequence
+        const bool need_mask = k0 + AV_BN - 1 > q0 + r0 || k0 + AV_BN > L;
         float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < AV_BN / 8; nt++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                int key = k0 + nt * 8 + 2 * t + (e & 1);
-                int qr = e < 2 ? qa : qb;
                 float val = sc[nt][e] * scale_log2;
-                if (key > qr || key >= L) val = -INFINITY;
+                if (need_mask) {
+                    int key = k0 + nt * 8 + 2 * t + (e & 1);
+                    int qr = e < 2 ? qa : qb;
+                    if (key > qr || key >= L) val = -INFINITY;
+                }
                 sc[nt][e] = val;
             }
             mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
@@ -122,12 +146,14 @@ attn_varlen_fwd_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v,
             uint32_t a[4];
             c_to_a(a, sc[2 * kk], sc[2 * kk + 1]);
 #pragma unroll
-            for (int nt = 0; nt < HDP / 8; nt++) {
-                uint32_t b[2];
-                frag_b_kn<LD>(b, Vs, kk * 16, nt * 8, g, t);
-                mma_bf16_16816(o[nt], a, b);
+            for (int nt = 0; nt < HDP / 8; nt += 2) {
+                uint32_t b0[2], b1[2];
+                ldsm_b_kn<LD>(b0, b1, Vs, kk * 16, nt * 8, lane);
+                mma_bf16_16816(o[nt], a, b0);
+                mma_bf16_16816(o[nt + 1], a, b1);
             }
         }
+        __syncthreads();  // this stage is refilled two iterations on
     }
     lrow[0] += __shfl_xor_sync(0xffffffffu, lrow[0], 1);
     lrow[0] += __shfl_xor_sync(0xffffffffu, lrow[0], 2);
@@ -146,7 +172,7 @@ static void launch_varlen(const ops_ctx_t *c, void *out, const void *q, const vo
                           const void *v, const int32_t *cu, int nseq, int max_seqlen, int H,
                           int Hkv, int hd) {
     constexpr int LD = HDP + 8;
-    size_t smem = (size_t)(AV_BM + 2 * AV_BN) * LD * sizeof(bf16);
+    size_t smem = (size_t)(AV_BM + 4 * AV_BN) * LD * sizeof(bf16);
     cuda_check(cudaFuncSetAttribute(attn_varlen_fwd_kernel<HDP>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int ntiles = (max_seqlen + AV_BM - 1) / AV_BM;

@@ -34,6 +34,7 @@
 // ------------------------------------------------------------------ forward / dQ
 // Task of warp w in block (j, hk, z): task = z*AB_WARPS + w -> (hg, qc), query
 // head h = hk*group + hg, query rows j*B + qc*16 + r (valid while qc*16 + r < B).
+// K/V tiles are double-buffered (cp.async prefetch of the next tile).
 template <int HDP, bool BWD>
 __global__ void __launch_bounds__(128)
 attn_block_qmajor_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout, const float *lse_in,
@@ -44,8 +45,9 @@ attn_block_qmajor_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout, cons
     constexpr int LD = HDP + 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int nw = blockDim.x >> 5;
-    bf16 *Ks = (bf16 *)smem_raw, *Vs = Ks + AB_BN * LD, *Qs = Vs + AB_BN * LD;
-    bf16 *dOs = Qs + nw * 16 * LD;  // BWD only
+    bf16 *KV = (bf16 *)smem_raw;                 // 2 stages x (K tile, V tile)
+    bf16 *Qs = KV + 4 * AB_BN * LD;              // nw x 16 rows
+    bf16 *dOs = Qs + nw * 16 * LD;               // BWD only
     const int j = blockIdx.x, hk = blockIdx.y;
     const int group = H / Hkv, nqc = (B + 15) / 16;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -54,6 +56,7 @@ attn_block_qmajor_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout, cons
     const int hg = active ? task / nqc : 0, qc = active ? task % nqc : 0;
     const int h = hk * group + hg;
     const int cs = ctx_start[j], cl = ctx_len[j], nk = cl + B;
+    const int ntile = (nk + AB_BN - 1) / AB_BN;
     const size_t qstride = (size_t)H * hd, kstride = (size_t)Hkv * hd;
     const float scale_log2 = scale * ATTN_LOG2E;
     bf16 *Qw = Qs + warp * 16 * LD, *dOw = dOs + warp * 16 * LD;
@@ -62,15 +65,34 @@ attn_block_qmajor_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout, cons
         int rr = qc * 16 + r;
         return (active && rr < B) ? (long)j * B + rr : -1;
     };
-    load_rows<HDP, 16>(Qw, [&](int r) -> const bf16 * {
+    auto issue = [&](int it) {
+        const int k0 = it * AB_BN;
+        bf16 *Ks = KV + (it & 1) * 2 * AB_BN * LD, *Vs = Ks + AB_BN * LD;
+        load_rows_async<HDP, AB_BN>(Ks, [&](int r) -> const bf16 * {
+            int u = k0 + r;
+            if (u < cl) return kc + (size_t)(cs + u) * kstride + (size_t)hk * hd;
+            if (u < nk) return kb + ((size_t)j * B + (u - cl)) * kstride + (size_t)hk * hd;
+            return nullptr;
+        }, hd, vec, tid, blockDim.x, q);
+        load_rows_async<HDP, AB_BN>(Vs, [&](int r) -> const bf16 * {
+            int u = k0 + r;
+            if (u < cl) return vc + (size_t)(cs + u) * kstride + (size_t)hk * hd;
+            if (u < nk) return vb + ((size_t)j * B + (u - cl)) * kstride + (size_t)hk * hd;
+            return nullptr;
+        }, hd, vec, tid, blockDim.x, q);
+    };
+    load_rows_async<HDP, 16>(Qw, [&](int r) -> const bf16 * {
         long row = qrow_index(r);
         return row >= 0 ? q + row * qstride + (size_t)h * hd : nullptr;
-    }, hd, vec, lane, 32);
+    }, hd, vec, lane, 32, q);
     if (BWD)
-        load_rows<HDP, 16>(dOw, [&](int r) -> const bf16 * {
+        load_rows_async<HDP, 16>(dOw, [&](int r) -> const bf16 * {
             long row = qrow_index(r);
             return row >= 0 ? dout + row * qstride + (size_t)h * hd : nullptr;
-        }, hd, vec, lane, 32);
+        }, hd, vec, lane, 32, q);
+    issue(0);
+    cp_async_commit();
+
     // per-row statistics for rows g and g+8 (BWD): lse in log2 units, D
     float lse2[2] = {0.0f, 0.0f}, Dr[2] = {0.0f, 0.0f};
     if (BWD) {
@@ -81,138 +103,144 @@ attn_block_qmajor_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout, cons
             Dr[i] = row >= 0 ? Dvec[row * H + h] : 0.0f;
         }
     }
-
-    float acc[HDP / 8][4];  // O (forward) or dQ (backward)
+    uint32_t qf[BWD ? 1 : HDP / 16][4];  // forward: Q fragments stay in registers
+    float acc[HDP / 8][4];               // O (forward) or dQ (backward)
 #pragma unroll
     for (int i = 0; i < HDP / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
 
-    for (int k0 = 0; k0 < nk; k0 += AB_BN) {
-        __syncthreads();
-        auto krow = [&](int r) -> const bf16 * {
-            int u = k0 + r;
-            if (u < cl) return kc + (size_t)(cs + u) * kstride + (size_t)hk * hd;
-            if (u < nk) return kb + ((size_t)j * B + (u - cl)) * kstride + (size_t)hk * hd;
-            return nullptr;
-        };
-        auto vrow = [&](int r) -> const bf16 * {
-            int u = k0 + r;
-            if (u < cl) return vc + (size_t)(cs + u) * kstride + (size_t)hk * hd;
-            if (u < nk) return vb + ((size_t)j * B + (u - cl)) * kstride + (size_t)hk * hd;
-            return nullptr;
-        };
-        load_rows<HDP, AB_BN>(Ks, krow, hd, vec, tid, blockDim.x);
-        load_rows<HDP, AB_BN>(Vs, vrow, hd, vec, tid, blockDim.x);
-        __syncthreads();
-        if (!active) continue;
-
-        float sc[AB_BN / 8][4];
-#pragma unroll
-        for (int nt = 0; nt < AB_BN / 8; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < HDP / 16; kk++) {
-            uint32_t a[4];
-            frag_a<LD>(a, Qw, 0, kk * 16, g, t);
-#pragma unroll
-            for (int nt = 0; nt < AB_BN / 8; nt++) {
-                uint32_t b[2];
-                frag_b_nk<LD>(b, Ks, nt * 8, kk * 16, g, t);
-                mma_bf16_16816(sc[nt], a, b);
-            }
-        }
-        if (!BWD) {
-            float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-            for (int nt = 0; nt < AB_BN / 8; nt++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int u = k0 + nt * 8 + 2 * t + (e & 1);
-                    sc[nt][e] = u < nk ? sc[nt][e] * scale_log2 : -INFINITY;
-                }
-                mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
-                mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
-            }
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-            float mn0 = fmaxf(mrow[0], mx0), mn1 = fmaxf(mrow[1], mx1);
-            float mu0 = mn0 == -INFINITY ? 0.0f : mn0, mu1 = mn1 == -INFINITY ? 0.0f : mn1;
-            float al0 = exp2f(mrow[0] - mu0), al1 = exp2f(mrow[1] - mu1);
-            mrow[0] = mn0;
-            mrow[1] = mn1;
-            float ls0 = 0.0f, ls1 = 0.0f;
-#pragma unroll
-            for (int nt = 0; nt < AB_BN / 8; nt++) {
-                sc[nt][0] = exp2f(sc[nt][0] - mu0);
-                sc[nt][1] = exp2f(sc[nt][1] - mu0);
-                sc[nt][2] = exp2f(sc[nt][2] - mu1);
-                sc[nt][3] = exp2f(sc[nt][3] - mu1);
-                ls0 += sc[nt][0] + sc[nt][1];
-                ls1 += sc[nt][2] + sc[nt][3];
-            }
-            lrow[0] = lrow[0] * al0 + ls0;
-            lrow[1] = lrow[1] * al1 + ls1;
-#pragma unroll
-            for (int nt = 0; nt < HDP / 8; nt++) {
-                acc[nt][0] *= al0;
-                acc[nt][1] *= al0;
-                acc[nt][2] *= al1;
-                acc[nt][3] *= al1;
-            }
-#pragma unroll
-            for (int kk = 0; kk < AB_BN / 16; kk++) {
-                uint32_t a[4];
-                c_to_a(a, sc[2 * kk], sc[2 * kk + 1]);
-#pragma unroll
-                for (int nt = 0; nt < HDP / 8; nt++) {
-                    uint32_t b[2];
-                    frag_b_kn<LD>(b, Vs, kk * 16, nt * 8, g, t);
-                    mma_bf16_16816(acc[nt], a, b);
-                }
-            }
+    for (int it = 0; it < ntile; it++) {
+        if (it + 1 < ntile) {
+            issue(it + 1);
+            cp_async_commit();
+            cp_async_wait<1>();
         } else {
-            // P = exp2(S*scale*log2e - lse*log2e), masked keys -> 0
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        const int k0 = it * AB_BN;
+        const bf16 *Ks = KV + (it & 1) * 2 * AB_BN * LD, *Vs = Ks + AB_BN * LD;
+        if (active) {
+            if (!BWD && it == 0) {
 #pragma unroll
-            for (int nt = 0; nt < AB_BN / 8; nt++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int u = k0 + nt * 8 + 2 * t + (e & 1);
-                    sc[nt][e] = u < nk ? exp2f(sc[nt][e] * scale_log2 - lse2[e >> 1]) : 0.0f;
-                }
+                for (int kk = 0; kk < (BWD ? 1 : HDP / 16); kk++)
+                    ldsm_a<LD>(qf[kk], Qw, 0, kk * 16, lane);
             }
-            float dp[AB_BN / 8][4];
+            float sc[AB_BN / 8][4];
 #pragma unroll
-            for (int nt = 0; nt < AB_BN / 8; nt++) dp[nt][0] = dp[nt][1] = dp[nt][2] = dp[nt][3] = 0.0f;
+            for (int nt = 0; nt < AB_BN / 8; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
 #pragma unroll
             for (int kk = 0; kk < HDP / 16; kk++) {
                 uint32_t a[4];
-                frag_a<LD>(a, dOw, 0, kk * 16, g, t);
+                if (BWD) ldsm_a<LD>(a, Qw, 0, kk * 16, lane);
 #pragma unroll
-                for (int nt = 0; nt < AB_BN / 8; nt++) {
-                    uint32_t b[2];
-                    frag_b_nk<LD>(b, Vs, nt * 8, kk * 16, g, t);
-                    mma_bf16_16816(dp[nt], a, b);
+                for (int nt = 0; nt < AB_BN / 8; nt += 2) {
+                    uint32_t b0[2], b1[2];
+                    ldsm_b_nk<LD>(b0, b1, Ks, nt * 8, kk * 16, lane);
+                    mma_bf16_16816(sc[nt], BWD ? a : qf[BWD ? 0 : kk], b0);
+                    mma_bf16_16816(sc[nt + 1], BWD ? a : qf[BWD ? 0 : kk], b1);
                 }
             }
-            // dS = P (dP - D), into sc
+            const bool need_mask = k0 + AB_BN > nk;
+            if (!BWD) {
+                float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-            for (int nt = 0; nt < AB_BN / 8; nt++) {
+                for (int nt = 0; nt < AB_BN / 8; nt++) {
 #pragma unroll
-                for (int e = 0; e < 4; e++) sc[nt][e] = sc[nt][e] * (dp[nt][e] - Dr[e >> 1]);
-            }
+                    for (int e = 0; e < 4; e++) {
+                        int u = k0 + nt * 8 + 2 * t + (e & 1);
+                        sc[nt][e] = (!need_mask || u < nk) ? sc[nt][e] * scale_log2 : -INFINITY;
+                    }
+                    mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
+                    mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
+                }
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+                float mn0 = fmaxf(mrow[0], mx0), mn1 = fmaxf(mrow[1], mx1);
+                float mu0 = mn0 == -INFINITY ? 0.0f : mn0, mu1 = mn1 == -INFINITY ? 0.0f : mn1;
+                float al0 = exp2f(mrow[0] - mu0), al1 = exp2f(mrow[1] - mu1);
+                mrow[0] = mn0;
+                mrow[1] = mn1;
+                float ls0 = 0.0f, ls1 = 0.0f;
 #pragma unroll
-            for (int kk = 0; kk < AB_BN / 16; kk++) {
-                uint32_t a[4];
-                c_to_a(a, sc[2 * kk], sc[2 * kk + 1]);
+                for (int nt = 0; nt < AB_BN / 8; nt++) {
+                    sc[nt][0] = exp2f(sc[nt][0] - mu0);
+                    sc[nt][1] = exp2f(sc[nt][1] - mu0);
+                    sc[nt][2] = exp2f(sc[nt][2] - mu1);
+                    sc[nt][3] = exp2f(sc[nt][3] - mu1);
+                    ls0 += sc[nt][0] + sc[nt][1];
+                    ls1 += sc[nt][2] + sc[nt][3];
+                }
+                lrow[0] = lrow[0] * al0 + ls0;
+                lrow[1] = lrow[1] * al1 + ls1;
 #pragma unroll
                 for (int nt = 0; nt < HDP / 8; nt++) {
-                    uint32_t b[2];
-                    frag_b_kn<LD>(b, Ks, kk * 16, nt * 8, g, t);
-                    mma_bf16_16816(acc[nt], a, b);
+                    acc[nt][0] *= al0;
+                    acc[nt][1] *= al0;
+                    acc[nt][2] *= al1;
+                    acc[nt][3] *= al1;
+                }
+#pragma unroll
+                for (int kk = 0; kk < AB_BN / 16; kk++) {
+                    uint32_t a[4];
+                    c_to_a(a, sc[2 * kk], sc[2 * kk + 1]);
+#pragma unroll
+                    for (int nt = 0; nt < HDP / 8; nt += 2) {
+                        uint32_t b0[2], b1[2];
+                        ldsm_b_kn<LD>(b0, b1, Vs, kk * 16, nt * 8, lane);
+                        mma_bf16_16816(acc[nt], a, b0);
+                        mma_bf16_16816(acc[nt + 1], a, b1);
+                    }
+                }
+            } else {
+                // P = exp2(S*scale*log2e - lse*log2e), masked keys -> 0
+#pragma unroll
+                for (int nt = 0; nt < AB_BN / 8; nt++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int u = k0 + nt * 8 + 2 * t + (e & 1);
+                        sc[nt][e] = (!need_mask || u < nk)
+                                        ? exp2f(sc[nt][e] * scale_log2 - lse2[e >> 1]) : 0.0f;
+                    }
+                }
+                float dp[AB_BN / 8][4];
+#pragma unroll
+                for (int nt = 0; nt < AB_BN / 8; nt++) dp[nt][0] = dp[nt][1] = dp[nt][2] = dp[nt][3] = 0.0f;
+#pragma unroll
+                for (int kk = 0; kk < HDP / 16; kk++) {
+                    uint32_t a[4];
+                    ldsm_a<LD>(a, dOw, 0, kk * 16, lane);
+#pragma unroll
+                    for (int nt = 0; nt < AB_BN / 8; nt += 2) {
+                        uint32_t b0[2], b1[2];
+                        ldsm_b_nk<LD>(b0, b1, Vs, nt * 8, kk * 16, lane);
+                        mma_bf16_16816(dp[nt], a, b0);
+                        mma_bf16_16816(dp[nt + 1], a, b1);
+                    }
+                }
+                // dS = P (dP - D), into sc
+#pragma unroll
+                for (int nt = 0; nt < AB_BN / 8; nt++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) sc[nt][e] = sc[nt][e] * (dp[nt][e] - Dr[e >> 1]);
+                }
+#pragma unroll
+                for (int kk = 0; kk < AB_BN / 16; kk++) {
+                    uint32_t a[4];
+                    c_to_a(a, sc[2 * kk], sc[2 * kk + 1]);
+#pragma unroll
+                    for (int nt = 0; nt < HDP / 8; nt += 2) {
+                        uint32_t b0[2], b1[2];
+                        ldsm_b_kn<LD>(b0, b1, Ks, kk * 16, nt * 8, lane);
+                        mma_bf16_16816(acc[nt], a, b0);
+                        mma_bf16_16816(acc[nt + 1], a, b1);
+                    }
                 }
             }
         }
+        __syncthreads();  // this stage is refilled two iterations on
     }
     if (!active) return;
     if (!BWD) {
@@ -259,6 +287,10 @@ __global__ void attn_block_dot_kernel(float *D, const bf16 *dout, const bf16 *ou
 // ------------------------------------------------------------------ dK, dV (key-major)
 // blockIdx.x < nct: context tile (keys ct*64 .. ct*64+63 of kc/vc); else own tile
 // (block j = (x - nct) / nbt, keys of its own rows starting at ((x - nct) % nbt)*64).
+// Work items: (listed block j, 16-query chunk qc, batch of up to AB_GH query
+// heads of the group); each item's Q, dO, lse and D are staged in shared memory,
+// double-buffered (the next item is fetched while the current one is used).
+#define AB_GH 4
 template <int HDP>
 __global__ void __launch_bounds__(128)
 attn_block_dkv_kernel(bf16 *dkb, bf16 *dvb, bf16 *dkc, bf16 *dvc, const bf16 *dout,
@@ -267,12 +299,15 @@ attn_block_dkv_kernel(bf16 *dkb, bf16 *dvb, bf16 *dkc, bf16 *dvc, const bf16 *do
                       const int32_t *ctx_len, int Nb, int B, int Tc, int H, int Hkv, int hd,
                       float scale, int nct, int nbt, int vec) {
     constexpr int LD = HDP + 8;
+    constexpr int QROWS = AB_GH * 16;
+    constexpr int STAGE_ELEMS = 2 * QROWS * LD + 2 * QROWS * 2;  // Q, dO (bf16) + lse, D (f32)
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16 *Ks = (bf16 *)smem_raw, *Vs = Ks + 64 * LD, *Qs = Vs + 64 * LD, *dOs = Qs + 16 * LD;
-    float *lse_s = (float *)(dOs + 16 * LD), *D_s = lse_s + 16;
-    int *list = (int *)(D_s + 16);   // 128 block indices
-    int *wcount = list + 128;        // 4 warp counts + total
+    bf16 *Ks = (bf16 *)smem_raw, *Vs = Ks + 64 * LD;
+    bf16 *stage_base = Vs + 64 * LD;
+    int *list = (int *)(stage_base + 2 * STAGE_ELEMS);  // 128 block indices
+    int *wcount = list + 128;                           // 4 warp counts
     const int hk = blockIdx.y, group = H / Hkv, nqc = (B + 15) / 16;
+    const int nhb = (group + AB_GH - 1) / AB_GH;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const size_t qstride = (size_t)H * hd, kstride = (size_t)Hkv * hd;
     const float scale_log2 = scale * ATTN_LOG2E;
@@ -290,8 +325,9 @@ attn_block_dkv_kernel(bf16 *dkb, bf16 *dvb, bf16 *dkc, bf16 *dvc, const bf16 *do
         if (is_ctx) return kk < Tc ? xc + (size_t)kk * kstride + (size_t)hk * hd : nullptr;
         return kk < B ? xb + ((size_t)own_j * B + kk) * kstride + (size_t)hk * hd : nullptr;
     };
-    load_rows<HDP, 64>(Ks, [&](int r) { return kvrow(kc, kb, r); }, hd, vec, tid, blockDim.x);
-    load_rows<HDP, 64>(Vs, [&](int r) { return kvrow(vc, vb, r); }, hd, vec, tid, blockDim.x);
+    load_rows_async<HDP, 64>(Ks, [&](int r) { return kvrow(kc, kb, r); }, hd, vec, tid, blockDim.x, q);
+    load_rows_async<HDP, 64>(Vs, [&](int r) { return kvrow(vc, vb, r); }, hd, vec, tid, blockDim.x, q);
+    cp_async_commit();
 
     float dk[HDP / 8][4], dv[HDP / 8][4];
 #pragma unroll
@@ -302,9 +338,41 @@ attn_block_dkv_kernel(bf16 *dkb, bf16 *dvb, bf16 *dkc, bf16 *dvc, const bf16 *do
     const int wk0 = warp * 16;  // this warp's keys within the tile
     const int my_key_a = key0 + wk0 + g, my_key_b = my_key_a + 8;
 
+    // stage layout: Q rows (QROWS x LD), dO rows, lse (QROWS f32), D (QROWS f32)
+    auto stQ = [&](int st) { return stage_base + st * STAGE_ELEMS; };
+    auto stO = [&](int st) { return stage_base + st * STAGE_ELEMS + QROWS * LD; };
+    auto stL = [&](int st) { return (float *)(stage_base + st * STAGE_ELEMS + 2 * QROWS * LD); };
+    auto stD = [&](int st) { return stL(st) + QROWS; };
+    auto issue = [&](int item, int st) {
+        int li = item / (nqc * nhb), rem = item % (nqc * nhb);
+        int qc = rem / nhb, hb = rem % nhb;
+        int j = list[li];
+        auto qrow = [&](int r, int *hh) -> long {  // r in [0, QROWS): head batch slot r/16
+            int hl = r >> 4, rr = qc * 16 + (r & 15), hgi = hb * AB_GH + hl;
+            *hh = hk * group + hgi;
+            return (rr < B && hgi < group) ? (long)j * B + rr : -1;
+        };
+        load_rows_async<HDP, QROWS>(stQ(st), [&](int r) -> const bf16 * {
+            int h;
+            long row = qrow(r, &h);
+            return row >= 0 ? q + row * qstride + (size_t)h * hd : nullptr;
+        }, hd, vec, tid, blockDim.x, q);
+        load_rows_async<HDP, QROWS>(stO(st), [&](int r) -> const bf16 * {
+            int h;
+            long row = qrow(r, &h);
+            return row >= 0 ? dout + row * qstride + (size_t)h * hd : nullptr;
+        }, hd, vec, tid, blockDim.x, q);
+        for (int r = tid; r < QROWS; r += blockDim.x) {
+            int h;
+            long row = qrow(r, &h);
+            stL(st)[r] = row >= 0 ? lse_in[row * H + h] * ATTN_LOG2E : INFINITY;
+            stD(st)[r] = row >= 0 ? Dvec[row * H + h] : 0.0f;
+        }
+    };
+
     const int nchunks = is_ctx ? (Nb + 127) / 128 : 1;
     for (int ch = 0; ch < nchunks; ch++) {
-        // ---- build the list of blocks that see any key of this tile
+        // ---- the blocks that see any key of this tile
         int n_list;
         if (is_ctx) {
             int jj = ch * 128 + tid;
@@ -327,7 +395,22 @@ attn_block_dkv_kernel(bf16 *dkb, bf16 *dvb, bf16 *dkc, bf16 *dvc, const bf16 *do
             if (tid == 0) list[0] = own_j;
             __syncthreads();
         }
-        for (int li = 0; li < n_list; li++) {
+        const int n_items = n_list * nqc * nhb;
+        if (n_items > 0) {
+            issue(0, 0);
+            cp_async_commit();
+        }
+        for (int it = 0; it < n_items; it++) {
+            if (it + 1 < n_items) {
+                issue(it + 1, (it + 1) & 1);
+                cp_async_commit();
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
+            const int st = it & 1;
+            const int li = it / (nqc * nhb), hb = (it % (nqc * nhb)) % nhb;
             const int j = list[li];
             int vlo, vhi;  // this block's visible keys, in this tile's key numbering
             if (is_ctx) {
@@ -340,77 +423,58 @@ attn_block_dkv_kernel(bf16 *dkb, bf16 *dvb, bf16 *dkc, bf16 *dvc, const bf16 *do
             }
             const bool ka = my_key_a >= vlo && my_key_a < vhi;
             const bool kb_ok = my_key_b >= vlo && my_key_b < vhi;
-            const bool warp_any = __any_sync(0xffffffffu, ka || kb_ok);
-            for (int qc = 0; qc < nqc; qc++) {
-                for (int hg = 0; hg < group; hg++) {
-                    const int h = hk * group + hg;
-                    __syncthreads();  // previous Q/dO consumed
-                    auto qrow = [&](int r) -> long {
-                        int rr = qc * 16 + r;
-                        return rr < B ? (long)j * B + rr : -1;
-                    };
-                    load_rows<HDP, 16>(Qs, [&](int r) -> const bf16 * {
-                        long row = qrow(r);
-                        return row >= 0 ? q + row * qstride + (size_t)h * hd : nullptr;
-                    }, hd, vec, tid, blockDim.x);
-                    load_rows<HDP, 16>(dOs, [&](int r) -> const bf16 * {
-                        long row = qrow(r);
-                        return row >= 0 ? dout + row * qstride + (size_t)h * hd : nullptr;
-                    }, hd, vec, tid, blockDim.x);
-                    if (tid < 16) {
-                        long row = qrow(tid);
-                        lse_s[tid] = row >= 0 ? lse_in[row * H + h] * ATTN_LOG2E : INFINITY;
-                        D_s[tid] = row >= 0 ? Dvec[row * H + h] : 0.0f;
-                    }
-                    __syncthreads();
-                    if (!warp_any) continue;
+            if (__any_sync(0xffffffffu, ka || kb_ok)) {
+                const bf16 *Qb = stQ(st), *Ob = stO(st);
+                const float *Lb = stL(st), *Db = stD(st);
+                for (int hl = 0; hl < AB_GH && hb * AB_GH + hl < group; hl++) {
+                    const bf16 *Qh = Qb + hl * 16 * LD, *Oh = Ob + hl * 16 * LD;
                     // S^T (16 keys x 16 queries) = K_w Q^T; dP^T = V_w dO^T
-                    float st[2][4], dpt[2][4];
-#pragma unroll
-                    for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) st[nt][e] = dpt[nt][e] = 0.0f;
+                    float s0[4] = {0, 0, 0, 0}, s1[4] = {0, 0, 0, 0};
+                    float p0[4] = {0, 0, 0, 0}, p1[4] = {0, 0, 0, 0};
 #pragma unroll
                     for (int kk = 0; kk < HDP / 16; kk++) {
-                        uint32_t ak[4], av[4];
-                        frag_a<LD>(ak, Ks, wk0, kk * 16, g, t);
-                        frag_a<LD>(av, Vs, wk0, kk * 16, g, t);
-#pragma unroll
-                        for (int nt = 0; nt < 2; nt++) {
-                            uint32_t b[2];
-                            frag_b_nk<LD>(b, Qs, nt * 8, kk * 16, g, t);
-                            mma_bf16_16816(st[nt], ak, b);
-                            frag_b_nk<LD>(b, dOs, nt * 8, kk * 16, g, t);
-                            mma_bf16_16816(dpt[nt], av, b);
-                        }
+                        uint32_t ak[4], av[4], b0[2], b1[2];
+                        ldsm_a<LD>(ak, Ks, wk0, kk * 16, lane);
+                        ldsm_a<LD>(av, Vs, wk0, kk * 16, lane);
+                        ldsm_b_nk<LD>(b0, b1, Qh, 0, kk * 16, lane);
+                        mma_bf16_16816(s0, ak, b0);
+                        mma_bf16_16816(s1, ak, b1);
+                        ldsm_b_nk<LD>(b0, b1, Oh, 0, kk * 16, lane);
+                        mma_bf16_16816(p0, av, b0);
+                        mma_bf16_16816(p1, av, b1);
                     }
                     // P^T and dS^T; element e: key row (e < 2 ? g : g+8), query col nt*8+2t+(e&1)
+                    const float *Lh = Lb + hl * 16, *Dh = Db + hl * 16;
 #pragma unroll
-                    for (int nt = 0; nt < 2; nt++) {
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            int qi = nt * 8 + 2 * t + (e & 1);
-                            bool kv = e < 2 ? ka : kb_ok;
-                            float p = kv ? exp2f(st[nt][e] * scale_log2 - lse_s[qi]) : 0.0f;
-                            st[nt][e] = p;
-                            dpt[nt][e] = p * (dpt[nt][e] - D_s[qi]);
-                        }
+                    for (int e = 0; e < 4; e++) {
+                        int qi0 = 2 * t + (e & 1), qi1 = 8 + qi0;
+                        bool kv = e < 2 ? ka : kb_ok;
+                        float pa = kv ? exp2f(s0[e] * scale_log2 - Lh[qi0]) : 0.0f;
+                        float pb = kv ? exp2f(s1[e] * scale_log2 - Lh[qi1]) : 0.0f;
+                        s0[e] = pa;
+                        s1[e] = pb;
+                        p0[e] = pa * (p0[e] - Dh[qi0]);
+                        p1[e] = pb * (p1[e] - Dh[qi1]);
                     }
                     uint32_t ap[4], ads[4];
-                    c_to_a(ap, st[0], st[1]);
-                    c_to_a(ads, dpt[0], dpt[1]);
+                    c_to_a(ap, s0, s1);
+                    c_to_a(ads, p0, p1);
 #pragma unroll
-                    for (int nt = 0; nt < HDP / 8; nt++) {
-                        uint32_t b[2];
-                        frag_b_kn<LD>(b, dOs, 0, nt * 8, g, t);
-                        mma_bf16_16816(dv[nt], ap, b);
-                        frag_b_kn<LD>(b, Qs, 0, nt * 8, g, t);
-                        mma_bf16_16816(dk[nt], ads, b);
+                    for (int nt = 0; nt < HDP / 8; nt += 2) {
+                        uint32_t b0[2], b1[2];
+                        ldsm_b_kn<LD>(b0, b1, Oh, 0, nt * 8, lane);
+                        mma_bf16_16816(dv[nt], ap, b0);
+                        mma_bf16_16816(dv[nt + 1], ap, b1);
+                        ldsm_b_kn<LD>(b0, b1, Qh, 0, nt * 8, lane);
+                        mma_bf16_16816(dk[nt], ads, b0);
+                        mma_bf16_16816(dk[nt + 1], ads, b1);
                     }
                 }
             }
+            __syncthreads();  // this stage is refilled two items on
         }
     }
+    cp_async_wait<0>();  // (tiles seen by no block: the K/V group is still drained)
     // write (assigned): rows with no visible block get zeros
     auto dst = [&](bf16 *xc, bf16 *xb, int r) -> bf16 * {
         int kk = key0 + wk0 + r;
@@ -436,7 +500,7 @@ static void launch_qmajor(const ops_ctx_t *c, bf16 *out, float *lse, bf16 *dq, c
     constexpr int LD = HDP + 8;
     int ntasks = (H / Hkv) * ((B + 15) / 16);
     int nw = ntasks < AB_WARPS ? ntasks : AB_WARPS;
-    size_t smem = (size_t)(2 * AB_BN + (BWD ? 2 : 1) * nw * 16) * LD * sizeof(bf16);
+    size_t smem = (size_t)(4 * AB_BN + (BWD ? 2 : 1) * nw * 16) * LD * sizeof(bf16);
     cuda_check(cudaFuncSetAttribute(attn_block_qmajor_kernel<HDP, BWD>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     dim3 grid(Nb, Hkv, (ntasks + AB_WARPS - 1) / AB_WARPS);
@@ -454,7 +518,8 @@ static void launch_dkv(const ops_ctx_t *c, bf16 *dkb, bf16 *dvb, bf16 *dkc, bf16
                        const int32_t *cs, const int32_t *cl, int Nb, int B, int Tc, int H,
                        int Hkv, int hd) {
     constexpr int LD = HDP + 8;
-    size_t smem = (size_t)(2 * 64 + 2 * 16) * LD * sizeof(bf16) + 32 * sizeof(float) +
+    constexpr int QROWS = AB_GH * 16;
+    size_t smem = ((size_t)2 * 64 * LD + 2 * (2 * QROWS * LD + 2 * QROWS * 2)) * sizeof(bf16) +
                   (128 + 8) * sizeof(int);
     cuda_check(cudaFuncSetAttribute(attn_block_dkv_kernel<HDP>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));

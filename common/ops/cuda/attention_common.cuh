@@ -70,6 +70,58 @@ __device__ __forceinline__ void c_to_a(uint32_t a[4], const float c0[4], const f
     a[3] = pack_bf16(c1[2], c1[3]);
 }
 
+// ---- ldmatrix fragment loads (one instruction serves two mma operands) ----
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const bf16 *p) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const bf16 *p) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+// A fragment (rows r0..r0+15, k0..k0+15), same result as frag_a.
+template <int LD>
+__device__ __forceinline__ void ldsm_a(uint32_t a[4], const bf16 *s, int r0, int k0, int lane) {
+    int mi = lane >> 3;
+    ldsm_x4(a, s + (r0 + (lane & 7) + (mi & 1) * 8) * LD + k0 + (mi >> 1) * 8);
+}
+// B fragments with B[k][n] = s[n][k] for n tiles n0..n0+7 (b0) and n0+8..n0+15 (b1),
+// k0..k0+15; same results as frag_b_nk at n0 and n0+8.
+template <int LD>
+__device__ __forceinline__ void ldsm_b_nk(uint32_t b0[2], uint32_t b1[2], const bf16 *s, int n0,
+                                          int k0, int lane) {
+    int mi = lane >> 3;
+    uint32_t r[4];
+    ldsm_x4(r, s + (n0 + (lane & 7) + (mi >> 1) * 8) * LD + k0 + (mi & 1) * 8);
+    b0[0] = r[0]; b0[1] = r[1]; b1[0] = r[2]; b1[1] = r[3];
+}
+// B fragments with B[k][n] = s[k][n], k0..k0+15, n tiles n0 (b0) and n0+8 (b1);
+// same results as frag_b_kn at n0 and n0+8.
+template <int LD>
+__device__ __forceinline__ void ldsm_b_kn(uint32_t b0[2], uint32_t b1[2], const bf16 *s, int k0,
+                                          int n0, int lane) {
+    int mi = lane >> 3;
+    uint32_t r[4];
+    ldsm_x4_t(r, s + (k0 + (lane & 7) + (mi & 1) * 8) * LD + n0 + (mi >> 1) * 8);
+    b0[0] = r[0]; b0[1] = r[1]; b1[0] = r[2]; b1[1] = r[3];
+}
+
+// ---- cp.async (global -> shared without registers; zero-fill when !valid) ----
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool valid) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(smem);
+    int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(a), "l"(gmem), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
 // Copies ROWS rows of hd elements into a tile (ROWS x LD), zero-filling columns
 // >= hd and rows whose pointer is NULL. rowptr(r) gives the source row. Threads
 // tid0, tid0+nthr, ... take part. vec: 16-byte copies (hd % 8 == 0, aligned).
@@ -122,4 +174,24 @@ static inline int attn_hdp(int hd) {
     if (hd <= 96) return 96;
     if (hd <= 128) return 128;
     return 0;
+}
+
+// As load_rows, but with cp.async when vec (the copy completes at the next
+// cp_async_wait + barrier); `safe` is any valid global address (used, never
+// read, for zero-filled chunks). Without vec it falls back to plain stores.
+template <int HDP, int ROWS, typename RowFn>
+__device__ __forceinline__ void load_rows_async(bf16 *dst, RowFn rowptr, int hd, bool vec,
+                                                int tid0, int nthr, const bf16 *safe) {
+    constexpr int LD = HDP + 8;
+    if (vec) {
+        constexpr int CH = HDP / 8;
+        for (int idx = tid0; idx < ROWS * CH; idx += nthr) {
+            int r = idx / CH, ch = idx % CH;
+            const bf16 *src = rowptr(r);
+            bool ok = src && ch * 8 < hd;
+            cp_async16(dst + r * LD + ch * 8, ok ? src + ch * 8 : safe, ok);
+        }
+    } else {
+        load_rows<HDP, ROWS>(dst, rowptr, hd, false, tid0, nthr);
+    }
 }

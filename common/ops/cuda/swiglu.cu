@@ -54,9 +54,36 @@ __global__ void swiglu_bwd(bf16 *dgate, bf16 *dup, const bf16 *dout, const bf16 
     }
 }
 
+__global__ void swiglu_bwd_vec(uint4 *dgate, uint4 *dup, const uint4 *dout, const uint4 *gate,
+                               const uint4 *up, size_t n8) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n8;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint4 gv = gate[i], uv = up[i], dv = dout[i], rg, ru;
+        const bf16 *gp = (const bf16 *)&gv, *upp = (const bf16 *)&uv, *dp = (const bf16 *)&dv;
+        bf16 *rgp = (bf16 *)&rg, *rup = (bf16 *)&ru;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            float g = __bfloat162float(gp[k]), u = __bfloat162float(upp[k]);
+            float d = __bfloat162float(dp[k]), s = sigm(g);
+            rgp[k] = __float2bfloat16_rn(d * u * s * (1.0f + g * (1.0f - s)));
+            rup[k] = __float2bfloat16_rn(d * g * s);
+        }
+        if (dgate) dgate[i] = rg;
+        if (dup) dup[i] = ru;
+    }
+}
+
 void cuda_swiglu_backward(const ops_ctx_t *c, void *dgate, void *dup, const void *dout,
                           const void *gate, const void *up, size_t n) {
     if (!n || (!dgate && !dup)) return;
+    if (n % 8 == 0 && al16(dout) && al16(gate) && al16(up) && (!dgate || al16(dgate)) &&
+        (!dup || al16(dup))) {
+        swiglu_bwd_vec<<<cuda_blocks(n / 8, 256), 256, 0, cuda_stream(c)>>>(
+            (uint4 *)dgate, (uint4 *)dup, (const uint4 *)dout, (const uint4 *)gate,
+            (const uint4 *)up, n / 8);
+        cuda_check_launch();
+        return;
+    }
     swiglu_bwd<<<cuda_blocks(n, 256), 256, 0, cuda_stream(c)>>>(
         (bf16 *)dgate, (bf16 *)dup, (const bf16 *)dout, (const bf16 *)gate, (const bf16 *)up, n);
     cuda_check_launch();
