@@ -15,6 +15,9 @@ typedef struct {
 
 int cmd_version(int argc, char **argv);
 int cmd_prepare(int argc, char **argv);
+int cmd_generate(int argc, char **argv);
+int cmd_inspect(int argc, char **argv);
+int cmd_mkmodel(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 /* Add new commands here and in the table in tools/draftline.c. */
 

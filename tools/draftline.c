@@ -12,6 +12,9 @@ static const cmd_t commands[] = {
     {"version", cmd_version, "print the version"},
     {"prepare", cmd_prepare, "tokenize a chat dataset into a .dlc cache"},
     {"run", cmd_run, "train a drafter: the multi-process pipeline, supervised"},
+    {"generate", cmd_generate, "generate text from the target (KV cache, greedy or sampling)"},
+    {"inspect", cmd_inspect, "print a checkpoint's architecture, shapes, dtypes, parameter count"},
+    {"mkmodel", cmd_mkmodel, "write a random-weight model dir with a real model's shapes"},
 };
 
 #define N_COMMANDS ((int)(sizeof commands / sizeof commands[0]))

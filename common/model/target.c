@@ -77,6 +77,7 @@ int target_default_layer_ids(int L, int n, int *out) {
 
 const model_config_t *target_config(const target_t *t) { return &t->cfg; }
 const target_opts_t *target_opts(const target_t *t) { return &t->opts; }
+const ops_ctx_t *target_ops(const target_t *t) { return t->c; }
 const void *target_embed(const target_t *t) { return t->embed; }
 const void *target_lm_head(const target_t *t) { return t->lm_head; }
 size_t target_weight_bytes(const target_t *t) { return t->weight_bytes; }

@@ -57,6 +57,8 @@ void target_destroy(target_t **t);
 
 const model_config_t *target_config(const target_t *t);
 const target_opts_t *target_opts(const target_t *t);
+/* The backend the target runs on (borrowed at target_load). */
+const ops_ctx_t *target_ops(const target_t *t);
 /* Frozen embedding table and LM head, (V, D) act on the backend, owned by the
  * target (the same pointer when tied); for the drafter. */
 const void *target_embed(const target_t *t);

@@ -1,0 +1,164 @@
+/* draftline inspect: what a checkpoint holds (GGUF file, HF model dir, or any dir of
+ * safetensors + config.json such as a DFlash drafter checkpoint). */
+#include "tools/commands.h"
+
+#include "common/base/err.h"
+#include "common/base/log.h"
+#include "common/model/config.h"
+#include "common/model/gguf.h"
+#include "common/model/safetensors.h"
+
+#include <cjson/cJSON.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static void inspect_usage(FILE *f) {
+    fprintf(f,
+            "usage: draftline inspect PATH [--tensors]\n\n"
+            "Prints a checkpoint's architecture, shapes, dtypes and parameter count.\n"
+            "PATH: a .gguf file, a Hugging Face model directory (config.json + safetensors,\n"
+            "sharded or not), a .safetensors file, or a drafter checkpoint directory.\n\n"
+            "  --tensors   list every tensor (default: the first 12 and the dtype totals)\n");
+}
+
+static void print_config(const model_config_t *m) {
+    printf("family        %s (%s)\n", model_family_name(m->family), m->arch);
+    printf("layers        L=%d  hidden D=%d  heads H=%d  kv heads Hkv=%d  head dim hd=%d\n", m->L,
+           m->D, m->H, m->Hkv, m->hd);
+    printf("mlp           F=%d  vocab V=%d  rms eps %g\n", m->F, m->V, m->eps);
+    printf("rope          theta %g", m->rope.theta);
+    if (m->rope.llama3)
+        printf("  llama3 scaling (factor %g, low %g, high %g, original max pos %d)", m->rope.factor,
+               m->rope.low_freq_factor, m->rope.high_freq_factor, m->rope.original_max_position_embeddings);
+    printf("\n");
+    printf("features      %s embeddings%s%s%s%s\n", m->tie_embeddings ? "tied" : "untied",
+           m->attn_bias ? ", q/k/v bias" : "", m->o_bias ? ", o bias" : "",
+           m->mlp_bias ? ", mlp bias" : "", m->qk_norm ? ", q/k norm" : "");
+    printf("max positions %d   bos %d   eos", m->max_pos, m->bos_id);
+    for (int i = 0; i < m->n_eos; i++) printf(" %d", m->eos_ids[i]);
+    printf("\nparameters    %.3f M (from the config)\n", model_config_n_params(m) / 1e6);
+}
+
+static int inspect_gguf(const char *path, int all) {
+    gguf_t *g = NULL;
+    int rc = gguf_open(path, &g);
+    if (rc < 0) return log_rc(rc, "inspect"), 1;
+    printf("format        GGUF v%u, %llu metadata entries, %llu tensors\n", gguf_version(g),
+           (unsigned long long)gguf_n_kv(g), (unsigned long long)gguf_n_tensors(g));
+    gguf_str_t s;
+    if (gguf_get_str(g, "general.name", &s) == 0) printf("name          %.*s\n", (int)s.len, s.data);
+    model_config_t m;
+    if ((rc = model_config_from_gguf(g, &m)) == 0) print_config(&m);
+    else printf("config        not a supported target: %s\n", dl_errmsg());
+    uint64_t per_type[64] = {0}, total = 0, bytes = 0;
+    for (uint64_t i = 0; i < gguf_n_tensors(g); i++) {
+        const gguf_tensor_t *t = gguf_tensor_at(g, i);
+        uint64_t n = gguf_tensor_nelem(t);
+        total += n;
+        bytes += t->nbytes;
+        if ((unsigned)t->type < 64) per_type[t->type] += n;
+        if (all || i < 12) {
+            printf("  %-40.*s %-6s [", (int)t->name.len, t->name.data, ggml_type_name(t->type));
+            for (uint32_t d = 0; d < t->n_dims; d++) printf(d ? ", %llu" : "%llu", (unsigned long long)t->ne[d]);
+            printf("]\n");
+        } else if (i == 12) printf("  ... (--tensors lists all)\n");
+    }
+    printf("dtypes       ");
+    for (int i = 0; i < 64; i++)
+        if (per_type[i]) printf(" %s %.3f M", ggml_type_name((ggml_type_t)i), per_type[i] / 1e6);
+    printf("\nparameters    %.3f M in the file (%.1f MB)\n", total / 1e6, bytes / 1e6);
+    gguf_close(&g);
+    return 0;
+}
+
+static int inspect_safetensors(const char *path, int is_dir, int all) {
+    if (is_dir) {
+        char cp[PATH_MAX];
+        snprintf(cp, sizeof cp, "%s/config.json", path);
+        model_config_t m;
+        int rc = model_config_from_hf_dir(path, &m);
+        if (rc == 0) print_config(&m);
+        else {
+            /* not a target: show the config's top-level scalars (e.g. a drafter's) */
+            printf("config        %s\n", dl_errmsg());
+            FILE *f = fopen(cp, "rb");
+            if (f) {
+                char buf[1 << 16];
+                size_t n = fread(buf, 1, sizeof buf - 1, f);
+                fclose(f);
+                buf[n] = 0;
+                cJSON *r = cJSON_Parse(buf);
+                cJSON *e;
+                if (r) cJSON_ArrayForEach(e, r) {
+                    char *v = cJSON_PrintUnformatted(e);
+                    if (v && strlen(v) < 100) printf("  %-32s %s\n", e->string, v);
+                    free(v);
+                }
+                cJSON_Delete(r);
+            }
+        }
+    }
+    safetensors_t *st = NULL;
+    int rc = safetensors_open(path, &st);
+    if (rc < 0) return log_rc(rc, "inspect"), 1;
+    size_t n = safetensors_n_tensors(st);
+    printf("format        safetensors, %zu tensors\n", n);
+    struct { char name[12]; uint64_t n; } dt[16];
+    int ndt = 0;
+    uint64_t total = 0, bytes = 0;
+    for (size_t i = 0; i < n; i++) {
+        const st_tensor_t *t = safetensors_tensor_at(st, i);
+        uint64_t k = st_tensor_nelem(t);
+        total += k;
+        bytes += t->nbytes;
+        int j = 0;
+        while (j < ndt && strcmp(dt[j].name, t->dtype_name)) j++;
+        if (j == ndt && ndt < 16) { snprintf(dt[ndt].name, sizeof dt[ndt].name, "%s", t->dtype_name); dt[ndt++].n = 0; }
+        if (j < 16) dt[j].n += k;
+        if (all || i < 12) {
+            printf("  %-48s %-5s (", t->name, t->dtype_name);
+            for (int d = 0; d < t->n_dims; d++) printf(d ? ", %lld" : "%lld", (long long)t->shape[d]);
+            printf(")\n");
+        } else if (i == 12) printf("  ... (--tensors lists all)\n");
+    }
+    printf("dtypes       ");
+    for (int j = 0; j < ndt; j++) printf(" %s %.3f M", dt[j].name, dt[j].n / 1e6);
+    printf("\nparameters    %.3f M in the files (%.1f MB)\n", total / 1e6, bytes / 1e6);
+    safetensors_close(&st);
+    return 0;
+}
+
+int cmd_inspect(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"tensors", no_argument, 0, 't'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int c, all = 0;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 't': all = 1; break;
+        case 'h': inspect_usage(stdout); return 0;
+        default: inspect_usage(stderr); return 2;
+        }
+    }
+    if (optind != argc - 1) { inspect_usage(stderr); return 2; }
+    const char *path = argv[optind];
+    struct stat sb;
+    if (stat(path, &sb) < 0) {
+        fprintf(stderr, "inspect: %s: no such file or directory\n", path);
+        return 1;
+    }
+    printf("path          %s\n", path);
+    if (S_ISDIR(sb.st_mode)) return inspect_safetensors(path, 1, all);
+    FILE *f = fopen(path, "rb");
+    char magic[4] = {0};
+    if (f) {
+        if (fread(magic, 1, 4, f) != 4) memset(magic, 0, 4);
+        fclose(f);
+    }
+    if (!memcmp(magic, "GGUF", 4)) return inspect_gguf(path, all);
+    return inspect_safetensors(path, 0, all);
+}
