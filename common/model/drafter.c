@@ -252,7 +252,7 @@ int drafter_new(const ops_ctx_t *c, const drafter_config_t *cfg_in, const void *
     const size_t D = (size_t)cfg.D, F = (size_t)cfg.F, Q = (size_t)cfg.H * cfg.hd;
     const size_t KV = (size_t)cfg.Hkv * cfg.hd, chunk_rows = (size_t)cfg.loss_chunk_blocks * cfg.B;
     /* every backend buffer, allocated below in one loop */
-    alloc_req_t req[64 + 17 * DRAFTER_MAX_LAYERS];
+    alloc_req_t req[64 + 20 * DRAFTER_MAX_LAYERS]; /* 39 global + 18 per layer */
     int nr = 0;
 #define REQ(ptr, nb_) (req[nr].slot = (void **)&(ptr), req[nr].bytes = (nb_), nr++)
     REQ(d->master, d->n_params * 4);
@@ -300,7 +300,7 @@ int drafter_new(const ops_ctx_t *c, const drafter_config_t *cfg_in, const void *
     d->h_ctx_len = malloc((size_t)max_blocks * 4), d->h_row_w = malloc(R * 4);
     d->h_row_loss = malloc(R * 4), d->h_row_correct = malloc(R * 4), d->h_row_mask = malloc(R);
     float *init = malloc(d->n_params * sizeof(float));
-    float inv[DRAFTER_MAX_BLOCK * 16];
+    float inv[1024]; /* hd/2 inverse frequencies */
     if (!d->h_row_target || !d->h_row_ids || !d->h_row_pos || !d->h_ctx_pos || !d->h_ctx_start ||
         !d->h_ctx_len || !d->h_row_w || !d->h_row_loss || !d->h_row_correct || !d->h_row_mask ||
         !init || cfg.hd / 2 > (int)(sizeof inv / sizeof inv[0])) {

@@ -132,9 +132,9 @@ static void test_rmsnorm(void **state) {
     rng_seed(&r, 2);
     rn_st s = {.N = 5, .C = 24};
     s.x = rnd(&r, 120, 1), s.w = rnd(&r, 24, 1), s.r = rnd(&r, 120, 1), s.out = malloc(120 * 4);
-    float *gx = malloc(120 * 4), *gw = calloc(24, 4);
-    OPS->rmsnorm_forward(&g_ctx, s.out, rstd, s.x, s.w, 1e-6f, 5, 24);
-    OPS->rmsnorm_backward(&g_ctx, gx, gw, s.r, s.x, s.w, rstd, 5, 24);
+    float *gx = malloc(120 * 4), *gw = calloc(24, 4), rstd5[5];
+    OPS->rmsnorm_forward(&g_ctx, s.out, rstd5, s.x, s.w, 1e-6f, 5, 24);
+    OPS->rmsnorm_backward(&g_ctx, gx, gw, s.r, s.x, s.w, rstd5, 5, 24);
     fd_check("rmsnorm fd dinp", rn_f, &s, s.x, gx, 120, 1e-2f);
     fd_check("rmsnorm fd dweight", rn_f, &s, s.w, gw, 24, 1e-2f);
     free(s.x), free(s.w), free(s.r), free(s.out), free(gx), free(gw), free(alias);
