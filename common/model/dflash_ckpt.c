@@ -62,6 +62,8 @@ char *dflash_config_to_json(const drafter_config_t *c) {
     cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
     cJSON_AddNumberToObject(j, "initializer_range", 0.02);
     cJSON_AddFalseToObject(j, "tie_word_embeddings");
+    /* the newer z-lab loader makes a layer causal unless is_causal is false */
+    cJSON_AddFalseToObject(j, "is_causal");
     cJSON_AddFalseToObject(j, "use_sliding_window");
     cJSON_AddNullToObject(j, "sliding_window");
     cJSON_AddNumberToObject(j, "max_window_layers", c->n_layers);
@@ -73,6 +75,7 @@ char *dflash_config_to_json(const drafter_config_t *c) {
     cJSON *df = cJSON_AddObjectToObject(j, "dflash_config");
     cJSON_AddItemToObject(df, "target_layer_ids", cJSON_CreateIntArray(c->target_layer_ids, c->n_feat));
     cJSON_AddNumberToObject(df, "mask_token_id", c->mask_token_id);
+    cJSON_AddNumberToObject(df, "block_size", c->B); /* read from here first by newer loaders */
     cJSON *dl = cJSON_AddObjectToObject(j, "draftline");
     cJSON_AddNumberToObject(dl, "gamma", c->gamma);
     cJSON_AddNumberToObject(dl, "loss_chunk_blocks", c->loss_chunk_blocks);

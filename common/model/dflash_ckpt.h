@@ -5,9 +5,9 @@
  *                            num_hidden_layers, heads, head_dim, intermediate_size,
  *                            rms_norm_eps, rope_theta (+ rope_scaling), vocab_size,
  *                            max_position_embeddings, ...) with "architectures":
- *                            ["DFlashDraftModel"], top-level "block_size" and
- *                            "num_target_layers", "dflash_config": {"target_layer_ids",
- *                            "mask_token_id"}; draftline's own knobs under "draftline"
+ *                            ["DFlashDraftModel"], "is_causal": false, top-level
+ *                            "block_size" and "num_target_layers", "dflash_config":
+ *                            {"target_layer_ids", "mask_token_id", "block_size"}; draftline's own knobs under "draftline"
  *                            ({"gamma", "loss_chunk_blocks"}), ignored by other readers.
  * <dir>/model.safetensors    layers.N.self_attn.{q,k,v,o}_proj.weight,
  *                            layers.N.self_attn.{q,k}_norm.weight,
