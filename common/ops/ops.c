@@ -30,14 +30,16 @@ int ops_cuda_init(ops_ctx_t *c, int device) {
 }
 #endif
 
-/* The CUDA backend (common/ops/cuda/) releases what ops_cuda_init created in
- * ops_cuda_ctx_destroy. Weak so that CPU-only builds, and CUDA builds where the
- * backend does not define it, still link. */
-void ops_cuda_ctx_destroy(ops_ctx_t *c) __attribute__((weak));
+#ifdef DL_CUDA
+/* Releases what ops_cuda_init created (common/ops/cuda/ops_cuda.cu). */
+void ops_cuda_ctx_destroy(ops_ctx_t *c);
+#endif
 
 void ops_ctx_destroy(ops_ctx_t *c) {
     if (!c) return;
-    if (c->backend == OPS_CUDA && ops_cuda_ctx_destroy) ops_cuda_ctx_destroy(c);
+#ifdef DL_CUDA
+    if (c->backend == OPS_CUDA && c->impl) ops_cuda_ctx_destroy(c);
+#endif
     memset(c, 0, sizeof(*c));
 }
 
