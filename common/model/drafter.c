@@ -608,6 +608,22 @@ int drafter_forward_backward(drafter_t *d, const drafter_batch_t *b, float grad_
     return 0;
 }
 
+/* ------------------------------------------------------------------- FLOPs */
+
+double drafter_step_flops(const drafter_config_t *c, int T, int n_blocks, double sum_ctx_len) {
+    const double D = c->D, Q = (double)c->H * c->hd, KV = (double)c->Hkv * c->hd, F = c->F;
+    const double B = c->B, R = (double)n_blocks * B, L = c->n_layers;
+    /* forward multiply-adds per block row and layer: q, k, v, o, gate, up, down */
+    double row_layer = D * Q + 2 * D * KV + Q * D + 3 * D * F;
+    /* attention per layer: QK^T and PV over every visible key, all heads */
+    double attn_layer = 2.0 * c->H * c->hd * B * (sum_ctx_len + (double)n_blocks * B);
+    double ctx_layer = (double)T * 2 * D * KV; /* context k/v projections */
+    double trained = L * (R * row_layer + attn_layer + ctx_layer);
+    double fc = (double)T * c->n_feat * D * D;
+    double head = R * D * c->V;
+    return 2.0 * (3.0 * trained + 2.0 * fc + 2.0 * head);
+}
+
 /* ------------------------------------------------------------------ anchors */
 
 static int cmp_i32(const void *a, const void *b) {

@@ -173,6 +173,16 @@ const drafter_tensor_t *drafter_tensor(const drafter_t *d, int i);
 /* By public name; NULL if absent. */
 const drafter_tensor_t *drafter_find_tensor(const drafter_t *d, const char *name);
 
+/* Useful FLOPs of one drafter_forward_backward (for MFU), counted as 2 per
+ * multiply-add of the forward matmuls, times 3 for forward + backward of
+ * trained layers (activation and weight grads), times 2 where only one grad
+ * exists: fc (features are frozen: weight grad only) and the LM head (frozen:
+ * activation grad only). Attention counts the visible keys exactly:
+ * sum_ctx_len = sum over blocks of their context rows (ctx_len), B own rows
+ * each. Recomputation is not counted. R = n_blocks * B rows; all B rows of a
+ * block go through the LM head. */
+double drafter_step_flops(const drafter_config_t *cfg, int T, int n_blocks, double sum_ctx_len);
+
 /* Anchor sampling for one micro-batch (paper sec. 4: random anchors inside the
  * response). For each sequence s (tokens [cu[s], cu[s+1]), local positions
  * a = 0..len-1) the candidates are the a with 1 <= a and a + B - 1 <= len - 1 and

@@ -361,6 +361,15 @@ static void test_defaults(void **state) {
     tiny_config(&c);
     c.Hkv = 3;
     assert_int_equal(drafter_config_finish(&c), DL_EINVAL);
+    /* FLOPs: 1 layer, D 2, H 1, Hkv 1, hd 2, F 3, V 5, 1 feature, B 2, T 4, 1 block with 3
+     * context rows: per row q 4 + k,v 8 + o 4 + mlp 18 = 34 MACs, R = 2 -> 68;
+     * attention 2*1*2*2*(3+2) = 40; ctx k,v 4*8 = 32; trained 140 MACs x 3;
+     * fc 4*1*2*2 = 16 x 2; head 2*2*5 = 20 x 2 -> 2 * (420 + 32 + 40) = 984 */
+    drafter_config_t fc;
+    drafter_config_defaults(&fc);
+    fc.D = 2, fc.H = 1, fc.Hkv = 1, fc.hd = 2, fc.F = 3, fc.V = 5, fc.n_layers = 1;
+    fc.n_feat = 1, fc.B = 2;
+    assert_true(drafter_step_flops(&fc, 4, 1, 3.0) == 984.0);
     /* batch validation */
     tiny_t t;
     tiny_open(&t, 0);
