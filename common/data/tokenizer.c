@@ -4,6 +4,7 @@
 #include "common/data/tokenizer.h"
 
 #include "common/base/err.h"
+#include "common/data/nfc.h"
 #include "common/model/gguf.h"
 
 #include <cjson/cJSON.h>
@@ -74,6 +75,7 @@ struct tok {
     char *rx_src[TOK_MAX_STAGES];
     int n_rx;
     int ignore_merges;
+    int nfc;                  /* normalizer NFC (Qwen2/3) */
     int32_t bos, eos, pad;
     char *chat_template;
     char pre_name[16];
@@ -299,6 +301,7 @@ static int builder_finish(builder_t *b) {
         }
     for (int i = 0; i < t->n_rx; i++) h = fnv1a(t->rx_src[i], strlen(t->rx_src[i]) + 1, h);
     h = fnv1a(&t->ignore_merges, sizeof t->ignore_merges, h);
+    h = fnv1a(&t->nfc, sizeof t->nfc, h);
     t->fingerprint = h;
     return 0;
 }
@@ -312,7 +315,10 @@ static int set_pre(builder_t *b, const char *name) {
         t->ignore_merges = 1; /* llama.cpp: LLAMA3 pre sets ignore_merges like the HF json */
         return builder_add_regex(b, RX_LLAMA3);
     }
-    if (!strcmp(name, "qwen2")) return builder_add_regex(b, RX_QWEN2);
+    if (!strcmp(name, "qwen2")) {
+        t->nfc = 1; /* as Qwen2/3's tokenizer.json (llama.cpp does not normalize) */
+        return builder_add_regex(b, RX_QWEN2);
+    }
     if (!strcmp(name, "smollm")) {
         DL_TRY(builder_add_regex(b, RX_DIGIT));
         return builder_add_regex(b, RX_GPT2);
@@ -492,6 +498,7 @@ static int json_load(const char *path, const cJSON *root, tok_t **out) {
             rc = dl_seterr(DL_ENOTSUP, "%s: normalizer '%s'", path, cJSON_IsString(nt) ? nt->valuestring : "?");
             goto fail;
         }
+        t->nfc = 1;
     }
     const cJSON *pt = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
     if (!pt || cJSON_IsNull(pt)) { rc = dl_seterr(DL_ENOTSUP, "%s: no pre_tokenizer (not byte-level BPE)", path); goto fail; }
@@ -859,7 +866,20 @@ static int split_stage(enc_t *e, int k, const char *s, size_t n, uint32_t off) {
 static int encode_plain(enc_t *e, const char *s, size_t n, uint32_t off) {
     if (n == 0) return 0;
     if (!utf8_valid(s, n)) return bpe_piece(e, s, n, off); /* regex needs valid UTF-8 */
-    return split_stage(e, 0, s, n, off);
+    if (!e->t->nfc) return split_stage(e, 0, s, n, off);
+    char *ns;
+    size_t nn;
+    uint32_t *map = NULL;
+    int rc = nfc_normalize(s, n, &ns, &nn, e->out->want_offsets ? &map : NULL);
+    if (rc < 0) return rc;
+    if (!ns) return split_stage(e, 0, s, n, off);
+    size_t first = e->out->n;
+    rc = split_stage(e, 0, ns, nn, 0);
+    if (rc == 0 && map) /* offsets back to the caller's (unnormalized) text */
+        for (size_t i = first; i < e->out->n; i++) e->out->offs[i] = off + map[e->out->offs[i]];
+    free(ns);
+    free(map);
+    return rc;
 }
 
 int tok_encode(const tok_t *t, const char *text, size_t len, int parse_special, uint32_t base_off,

@@ -14,8 +14,9 @@
  *      a piece that is itself in the vocab is emitted directly.
  * Decode concatenates each id's raw bytes (added tokens: their literal text).
  *
- * Normalizers: "NFC" (Qwen2/3) is recorded but not applied: encode is exact for
- * NFC-normalized input, which is what real datasets hold. Other normalizers give
+ * Normalizers: "NFC" (Qwen2/3; also applied for GGUF pre "qwen2", as HF does)
+ * is applied to the text between added tokens (nfc.c, tables from Unicode 14);
+ * offsets point into the caller's unnormalized text. Other normalizers give
  * DL_ENOTSUP at load.
  *
  * Thread safety: a loaded tok_t is read-only; tok_encode/tok_decode may run on

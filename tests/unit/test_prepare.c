@@ -231,7 +231,8 @@ static void test_cli(void **state) {
     (void)state;
     const char *bin = getenv("DL_BIN_DIR");
     char exe[4200], src[4200], cmd[9000], out[128];
-    snprintf(exe, sizeof exe, "%s/draftline", bin ? bin : "bin");
+    if (!bin) { fprintf(stderr, "skip: DL_BIN_DIR not set (make test sets it)\n"); skip(); }
+    snprintf(exe, sizeof exe, "%s/draftline", bin);
     snprintf(src, sizeof src, "%s/sharegpt_sample/dummy_conversation.json", g_data);
     if (access(exe, X_OK) != 0) { fprintf(stderr, "skip: %s absent\n", exe); skip(); }
     need(src);
