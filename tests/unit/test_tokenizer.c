@@ -16,6 +16,7 @@
 
 #include "common/base/err.h"
 #include "common/base/paths.h"
+#include "common/data/nfc.h"
 #include "common/data/tokenizer.h"
 
 static const char *fixtures_dir(void) {
@@ -221,6 +222,39 @@ static void test_robust_roundtrip(void **state) {
     tok_destroy(&t);
 }
 
+/* nfc_normalize vs Python unicodedata.normalize("NFC") on 300 random strings of
+ * combining marks (all classes), Hangul jamo, singletons and exclusions. */
+static void test_nfc(void **state) {
+    (void)state;
+    cJSON *j = load_json("tokenizer/nfc.json");
+    const cJSON *c;
+    int n = 0, changed = 0;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "cases")) {
+        const char *in = cJSON_GetArrayItem(c, 0)->valuestring, *want = cJSON_GetArrayItem(c, 1)->valuestring;
+        char *out;
+        size_t on;
+        uint32_t *map;
+        size_t inl = strlen(in);
+        assert_int_equal(nfc_normalize(in, inl, &out, &on, &map), 0);
+        const char *got = out ? out : in;
+        if (strcmp(got, want)) fail_msg("case %d: NFC mismatch", n);
+        if (out) {
+            changed++;
+            assert_int_equal(on, strlen(want));
+            assert_int_equal(map[on], inl);
+            for (size_t k = 0; k < on; k++) assert_true(map[k] <= map[k + 1] && map[k] < inl);
+        } else {
+            assert_string_equal(in, want);
+        }
+        free(out);
+        free(map);
+        n++;
+    }
+    assert_int_equal(n, 300);
+    assert_true(changed > 100);
+    cJSON_Delete(j);
+}
+
 static void test_errors(void **state) {
     (void)state;
     tok_t *t = NULL;
@@ -251,6 +285,7 @@ int main(void) {
         cmocka_unit_test(test_qwen3_style_json),
         cmocka_unit_test(test_llama3_style_json),
         cmocka_unit_test(test_robust_roundtrip),
+        cmocka_unit_test(test_nfc),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
