@@ -51,6 +51,7 @@ typedef struct {
     uint64_t incarnation;
     int alive;
     int granted;               /* outstanding unused grants */
+    double declined_at;        /* last time it handed a grant back unused */
 } tpeer_t;
 
 typedef struct {
@@ -101,7 +102,8 @@ typedef struct {
     drafter_stats_t cur_stats;
     double cur_fb_s, cur_copy_s;
     int32_t *cu, *anchor_buf;
-    bus_timer_t *pool_timer;
+    bus_timer_t *pool_timer, *grant_timer;
+    int rr;                    /* round-robin start for grants */
     int pool_timer_armed;
     double idle_since;
     /* metrics */
@@ -142,11 +144,17 @@ static void reclaim(dw_t *W, int i) {
     W->peers[i].granted = 0;
 }
 
+/* One outstanding grant per target, round robin; a target that just handed a
+ * grant back unused (it had no work) is passed over for a while so the room goes
+ * to one that has work (the grant timer retries). */
 static void grant_all(dw_t *W) {
-    if (W->st.stopping) return;
-    for (int i = 0; i < W->npeers; i++) {
+    if (W->st.stopping || W->npeers == 0) return;
+    double now = clock_mono_s();
+    for (int n = 0; n < W->npeers; n++) {
+        int i = (W->rr + n) % W->npeers;
         tpeer_t *p = &W->peers[i];
-        if (!p->alive || p->granted > 0) continue;
+        if (!p->alive || p->granted > 0 || now - p->declined_at < 0.3) continue;
+        W->rr = (i + 1) % W->npeers;
         inbox_slot_t s;
         int rc = inbox_alloc(W->ib, W->slot_bytes, 1, &s);
         if (rc == DL_EAGAIN) return;     /* back-pressure: the target waits for credit */
@@ -445,6 +453,8 @@ static void on_target_msg(bus_t *bus, const char *peer, const void *data, size_t
             inbox_free(W->ib, m.slot_release.slot_id);
             W->slot_owner[m.slot_release.slot_id] = 0;
             W->peers[i].granted--;
+            W->peers[i].declined_at = clock_mono_s();
+            grant_all(W);
         }
         break;
     default:
@@ -494,6 +504,11 @@ static void on_opt_msg(bus_t *bus, const char *peer, const void *data, size_t le
         log_warn("unexpected %s from the optimizer", proto_type_name(m.type));
     }
     proto_msg_free(&m);
+}
+
+static void on_grant_timer(bus_t *bus, void *arg) {
+    (void)bus;
+    grant_all(arg);
 }
 
 static void on_metrics(stage_t *st, proto_metrics_t *m, void *arg) {
@@ -665,6 +680,7 @@ int main(int argc, char **argv) {
     stage_send(W.opt, NULL, &h);
     export_slab(&W, W.opt, NULL, W.grad, PROTO_TIER_HOST);
     W.t_rate = W.idle_since = clock_mono_s();
+    bus_timer_start(W.srv, 100, 100, on_grant_timer, &W, &W.grant_timer);
     W.st.state = PROTO_STATE_IDLE;
     log_info("inbox: %llu + %llu bytes, slot %llu bytes (%u tokens x %llu features)",
              (unsigned long long)caps[0], (unsigned long long)caps[1], (unsigned long long)W.slot_bytes,

@@ -65,7 +65,8 @@ typedef struct {
     grant_t cur_g;
     uint8_t *cur_base;
     int cur_rc;
-    double cur_fwd_s, wait_since;
+    double cur_fwd_s, wait_since, idle_grant_since;
+    bus_timer_t *idle_timer;
     int32_t *cu;
     uint64_t done, tokens;
     double t_rate; uint64_t tokens_at; double rate;
@@ -328,6 +329,29 @@ static int set_route(tw_t *T, int d) {
     return 0;
 }
 
+/* A grant held while this target has no work blocks other targets of the same
+ * drafter when its inbox has fewer slots than targets: hand it back after
+ * PIPE_IDLE_GRANT_S without work (protocol: slot_release with mb = MB_NONE). */
+#define PIPE_IDLE_GRANT_S 0.2
+static void on_idle_timer(bus_t *bus, void *arg) {
+    (void)bus;
+    tw_t *T = arg;
+    double now = clock_mono_s();
+    if (T->gn == 0 || T->qn > 0 || T->busy || !T->drafter) { T->idle_grant_since = now; return; }
+    if (now - T->idle_grant_since < PIPE_IDLE_GRANT_S) return;
+    for (int i = 0; i < T->gn; i++) {
+        proto_msg_t m;
+        proto_msg_init(&m, PROTO_SLOT_RELEASE);
+        m.slot_release.drafter_id = PIPE_ID_DRAFTER0 + (uint32_t)T->route;
+        m.slot_release.slot_id = T->g[i].slot_id;
+        m.slot_release.mb = DL_PROTO_MB_NONE;
+        stage_send(T->drafter, NULL, &m);
+    }
+    log_debug("handed back %d idle grant(s)", T->gn);
+    T->gn = 0;
+    T->idle_grant_since = now;
+}
+
 static void on_control(stage_t *st, const proto_control_t *c, void *arg) {
     tw_t *T = arg;
     if (c->op != PROTO_CTL_ROUTE) return;
@@ -458,6 +482,8 @@ int main(int argc, char **argv) {
     T.t_rate = T.wait_since = clock_mono_s();
     T.st.state = PROTO_STATE_IDLE;
     request_work(&T);
+    T.idle_grant_since = clock_mono_s();
+    bus_timer_start(T.loader, 50, 50, on_idle_timer, &T, &T.idle_timer);
     stage_run(&T.st);
     uint64_t opens = hcache_opens(T.hc);
     bus_destroy(&T.loader);

@@ -13,6 +13,8 @@
 #include "common/data/prepare.h"
 #include "common/data/tokenizer.h"
 #include "common/pipe/ckpt.h"
+#include "common/pipe/layout.h"
+#include "common/pipe/model.h"
 #include "tools/commands.h"
 #include "tools/supervisor.h"
 
@@ -379,6 +381,34 @@ int cmd_run(int argc, char **argv) {
                 (unsigned long long)start_step, (unsigned long long)max_steps);
         return 2;
     }
+    /* Inbox slots per drafter (each sized for a full micro-batch) bound how far the
+     * loader may run ahead of the current step: items of the next step wait in the
+     * inbox until the step is applied, and every routed target may hold one grant, so
+     * lookahead <= slots - targets per drafter keeps room for the current step. */
+    int lookahead;
+    {
+        model_config_t mc;
+        drafter_config_t dc;
+        if (pipe_target_config(o.target_model, &mc) < 0 ||
+            pipe_drafter_config(&mc, o.drafter_layers, 0, o.block_size, &dc) < 0) {
+            fprintf(stderr, "draftline run: %s: %s\n", o.target_model, dl_errmsg());
+            return 1;
+        }
+        uint64_t slot = pipe_layout((uint64_t)o.token_budget, (uint64_t)o.token_budget,
+                                    (uint64_t)dc.n_feat * (uint64_t)dc.D, 4).bytes;
+        uint64_t gpu = (uint64_t)(o.inbox_gb * 1073741824.0) / 256 * 256;
+        uint64_t host = (uint64_t)(o.host_inbox_gb * 1073741824.0) / 256 * 256;
+        int64_t slots = (int64_t)(gpu / slot + host / slot);
+        if (slots < 1) {
+            fprintf(stderr, "draftline run: --inbox-gb %g + --host-inbox-gb %g cannot hold one micro-batch "
+                            "of %d tokens (%.4f GiB of hidden states): raise --inbox-gb or lower --token-budget\n",
+                    o.inbox_gb, o.host_inbox_gb, o.token_budget, (double)slot / 1073741824.0);
+            return 2;
+        }
+        int64_t tpd = (o.targets + o.drafters - 1) / o.drafters;
+        int64_t la = slots - tpd;
+        lookahead = (int)(la < 0 ? 0 : la > o.mbs_per_step ? o.mbs_per_step : la);
+    }
     static sup_opts_t so;
     memset(&so, 0, sizeof so);
     char bdir[4096];
@@ -408,7 +438,7 @@ int cmd_run(int argc, char **argv) {
     add(s, "--seed"); add(s, seed); add(s, "--token-budget"); add(s, tb);
     add(s, "--micro-batches-per-step"); add(s, K); add(s, "--epochs"); add(s, fmt("%d", o.epochs));
     add(s, "--max-steps"); add(s, ms); add(s, "--start-step"); add(s, fmt("%llu", (unsigned long long)start_step));
-    add(s, "--cursor-out"); add(s, cursor_base);
+    add(s, "--cursor-out"); add(s, cursor_base); add(s, "--lookahead-mbs"); add(s, fmt("%d", lookahead));
     if (o.max_len > 0) { add(s, "--max-len"); add(s, fmt("%d", o.max_len)); }
     s = &so.stages[so.n_stages++];
     snprintf(s->name, sizeof s->name, "optimizer");
@@ -447,15 +477,15 @@ int cmd_run(int argc, char **argv) {
         add(s, "--prefetch"); add(s, fmt("%d", o.prefetch));
     }
     printf("draftline run %s: %d target(s), %d drafter(s) on CPU, %d thread(s) each; steps %llu..%llu, "
-           "%d micro-batch(es) of <= %d tokens per step; logs in %s/logs\n",
+           "%d micro-batch(es) of <= %d tokens per step, lookahead %d; logs in %s/logs\n",
            run_id, o.targets, o.drafters, so.threads_per_stage, (unsigned long long)start_step,
-           (unsigned long long)max_steps, o.mbs_per_step, o.token_budget, out);
+           (unsigned long long)max_steps, o.mbs_per_step, o.token_budget, lookahead, out);
     fflush(stdout);
     sup_summary_t sum;
     int rc = supervisor_run(&so, &sum);
     if (strcmp(sock, out) != 0) rmdir(sock);
     printf("\nsummary: %llu steps%s, loss %.4f (mean of the first %d) -> %.4f (mean of the last %d), "
-           "%.0f target tokens/s over %.0f s, %d restart(s)\n",
+           "%.0f target tokens/s over %.1f s, %d restart(s)\n",
            (unsigned long long)sum.steps, sum.interrupted ? " (interrupted)" : "", sum.loss_first10,
            sum.n_first, sum.loss_last10, sum.n_last, sum.tokens_per_s, sum.seconds, sum.restarts);
     printf("checkpoint: %s\n", sum.checkpoint[0] ? sum.checkpoint : "(none)");

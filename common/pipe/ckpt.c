@@ -33,7 +33,7 @@ static void fsync_dir(const char *dir) {
 static void rm_tree(const char *dir) {
     static const char *const files[] = {"model.safetensors", "model.safetensors.tmp", "config.json",
                                         "state.bin", "cursor.bin"};
-    char p[4200];
+    char p[4400];
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         snprintf(p, sizeof p, "%s/%s", dir, files[i]);
         unlink(p);
