@@ -544,6 +544,14 @@ int target_kv_slots(const target_kv_t *kv) { return kv->n_slots; }
 int target_forward_kv(target_t *t, target_kv_t *kv, const int32_t *slot, const int32_t *start,
                       const int32_t *cu, int nseq, const int32_t *ids, int T, void *last_hidden,
                       void *hidden) {
+    return target_forward_kv_feat(t, kv, slot, start, cu, nseq, ids, T, last_hidden, hidden, NULL);
+}
+
+int target_forward_kv_feat(target_t *t, target_kv_t *kv, const int32_t *slot, const int32_t *start,
+                           const int32_t *cu, int nseq, const int32_t *ids, int T,
+                           void *last_hidden, void *hidden, void *feat) {
+    if (feat && t->opts.n_capture == 0)
+        return dl_seterr(DL_EINVAL, "target_forward_kv: feat given but no capture layers configured");
     if (kv->t != t) return dl_seterr(DL_EINVAL, "target_forward_kv: cache belongs to another target");
     if (T < 1 || T > t->opts.max_tokens || nseq < 1 || nseq > t->opts.max_seqs)
         return dl_seterr(DL_ERANGE, "target_forward_kv: T %d (max %d), nseq %d (max %d)", T,
@@ -581,7 +589,7 @@ int target_forward_kv(target_t *t, target_kv_t *kv, const int32_t *slot, const i
     }
     attn_mode_t am = {.cu = t->d_cu, .nseq = nseq, .max_seqlen = max_seqlen, .kv = kv,
                       .slot_h = slot, .start_h = start, .cu_h = cu, .use_block = use_block};
-    run_layers(t, t->d_ids, t->d_pos, T, t->cfg.L, &am, NULL);
+    run_layers(t, t->d_ids, t->d_pos, T, t->cfg.L, &am, feat);
     const model_config_t *m = &t->cfg;
     if (hidden) o->rmsnorm_forward(c, hidden, NULL, t->x, t->final_norm, m->eps, T, m->D);
     if (last_hidden) {

@@ -110,4 +110,12 @@ int target_forward_kv(target_t *t, target_kv_t *kv, const int32_t *slot, const i
                       const int32_t *cu, int nseq, const int32_t *ids, int T, void *last_hidden,
                       void *hidden);
 
+/* target_forward_kv that also writes the captured layers' outputs of the new
+ * tokens into feat (T, n_capture*D) act (as target_forward; NULL = none): the
+ * speculative decoder's prefill and verify steps feed the drafter from it
+ * (common/model/specdec.c). DL_EINVAL when feat is given without capture layers. */
+int target_forward_kv_feat(target_t *t, target_kv_t *kv, const int32_t *slot, const int32_t *start,
+                           const int32_t *cu, int nseq, const int32_t *ids, int T,
+                           void *last_hidden, void *hidden, void *feat);
+
 #endif
