@@ -16,6 +16,9 @@
 
 #include "common/base/rng.h"
 #include "common/ops/ops.h"
+#ifdef DL_CUDA
+#include "common/ops/cuda/ops_cuda.h"
+#endif
 
 #ifndef DL_CUDA
 int main(void) {
@@ -212,6 +215,14 @@ static void bench_attention_varlen(int quick) {
     int32_t *dcu = dev_raw(cu, (size_t)(nseq + 1) * 4);
     float ms;
     char name[128];
+    for (int variant = 1; variant <= 3; variant++) {
+        TIME_MS(ms, 2, quick ? 3 : 10,
+                ops_cuda_attention_varlen_forward_variant(&C, variant, o, q, k, v, dcu, nseq, maxl,
+                                                          T, H, Hkv, hd));
+        snprintf(name, sizeof name, "attention varlen kernel v%d T=%d (%d seqs 128..4096)", variant,
+                 T, nseq);
+        report(name, ms, 4.0 * hd * H * pairs, 0);
+    }
     TIME_MS(ms, 2, quick ? 3 : 10,
             C.impl->attention_varlen_forward(&C, o, q, k, v, dcu, nseq, maxl, T, H, Hkv, hd));
     snprintf(name, sizeof name, "attention varlen causal fwd T=%d (%d seqs 128..4096) H=32/8", T, nseq);
@@ -261,6 +272,14 @@ static void bench_attention_block(int quick) {
             C.impl->attention_block_backward(&C, dq, dkb, dvb, dkc, dvc, dout, o, lse, q, kb, vb,
                                              kc, vc, dcs, dcl, Nb, B, Tc, H, Hkv, hd));
     report("block attention bwd (useful FLOPs = 2.5 x fwd)", ms, 2.5 * fwd_fl, 0);
+    TIME_MS(ms, 1, 3,
+            C.impl->attention_block_backward(&C, dq, NULL, NULL, NULL, NULL, dout, o, lse, q, kb, vb,
+                                             kc, vc, dcs, dcl, Nb, B, Tc, H, Hkv, hd));
+    report("  of which dQ pass (recomputes S, dP: 1.5 x fwd FLOPs)", ms, 1.5 * fwd_fl, 0);
+    TIME_MS(ms, 1, 3,
+            C.impl->attention_block_backward(&C, NULL, dkb, dvb, dkc, dvc, dout, o, lse, q, kb, vb,
+                                             kc, vc, dcs, dcl, Nb, B, Tc, H, Hkv, hd));
+    report("  of which dK/dV pass (2 x fwd FLOPs)", ms, 2.0 * fwd_fl, 0);
     free(cs); free(cl);
     void *bufs[] = {q, kb, vb, kc, vc, dout, o, dq, dkb, dvb, dkc, dvc, lse, dcs, dcl};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) C.impl->free_(&C, bufs[i]);

@@ -79,5 +79,9 @@ unset _b _p
 ENV
 n_lib=$(ls "$OUT/lib" | wc -l)
 echo "bundle: ${#progs[@]} programs, $n_lib libraries, $(du -sh "$OUT" | cut -f1) in $OUT"
+if [ "$(du -sm "$OUT" | cut -f1)" -gt 60 ]; then
+  echo "bundle: warning: over 60 MiB; the GPU run tool carries at most 64 MiB with the tree:" \
+       "narrow it with BUNDLE_FILTER (e.g. BUNDLE_FILTER='gpu_test|bench_')" >&2
+fi
 ls "$OUT/lib" | tr '\n' ' '; echo
 [ $missing -eq 0 ]

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "common/base/rng.h"
+#include "common/ops/cuda/ops_cuda.h"
 #include "common/ops/ops.h"
 
 static ops_ctx_t g_cpu, g_gpu;
@@ -334,13 +335,23 @@ static void run_varlen(const int *lens, int nseq, int H, int Hkv, int hd) {
     void *gq = gput(q, nq), *gk = gput(k, nk), *gv = gput(v, nk), *go = gput(q, nq);
     int32_t *gcu = gput_raw(cu, (size_t)(nseq + 1) * 4);
     g_cpu.impl->attention_varlen_forward(&g_cpu, co, cq, ck, cv, cu, nseq, maxlen, T, H, Hkv, hd);
-    g_gpu.impl->attention_varlen_forward(&g_gpu, go, gq, gk, gv, gcu, nseq, maxlen, T, H, Hkv, hd);
-    float *ho = gget(go, nq);
-    int off = snprintf(name, sizeof name, "attention_varlen H=%d Hkv=%d hd=%d lens=", H, Hkv, hd);
-    for (int s = 0; s < nseq && off < 110; s++)
-        off += snprintf(name + off, sizeof name - off, "%d%s", lens[s], s + 1 < nseq ? "," : "");
-    check(name, co, ho, nq, 2e-2);
-    free(q); free(k); free(v); free(ho);
+    for (int variant = 0; variant <= 3; variant++) { /* 0: the ops table's; 1..3: each kernel */
+        g_gpu.impl->upload_act(&g_gpu, go, q, nq); /* poison: every element must be written */
+        if (variant == 0)
+            g_gpu.impl->attention_varlen_forward(&g_gpu, go, gq, gk, gv, gcu, nseq, maxlen, T, H,
+                                                 Hkv, hd);
+        else
+            ops_cuda_attention_varlen_forward_variant(&g_gpu, variant, go, gq, gk, gv, gcu, nseq,
+                                                      maxlen, T, H, Hkv, hd);
+        float *ho = gget(go, nq);
+        int off = snprintf(name, sizeof name, "attention_varlen v%d H=%d Hkv=%d hd=%d lens=",
+                           variant, H, Hkv, hd);
+        for (int s = 0; s < nseq && off < 110; s++)
+            off += snprintf(name + off, sizeof name - off, "%d%s", lens[s], s + 1 < nseq ? "," : "");
+        check(name, co, ho, nq, 2e-2);
+        free(ho);
+    }
+    free(q); free(k); free(v);
     cfree(cq); cfree(ck); cfree(cv); cfree(co);
     gfree(gq); gfree(gk); gfree(gv); gfree(go); gfree(gcu);
 }

@@ -195,3 +195,59 @@ __device__ __forceinline__ void load_rows_async(bf16 *dst, RowFn rowptr, int hd,
         load_rows<HDP, ROWS>(dst, rowptr, hd, false, tid0, nthr);
     }
 }
+
+// One online-softmax step (FlashAttention-2) for a warp's 16 x BN score tile sc
+// (C fragments, raw Q.K^T): scales to the log2 domain, masks key > query (causal;
+// pass INT_MAX as queries for none) and key >= L, updates the running max mrow
+// and (per-thread partial) sum lrow of rows g and g+8, rescales o, and leaves
+// the unnormalised probabilities in sc.
+template <int BN, int HDP>
+__device__ __forceinline__ void online_softmax_tile(float (*sc)[4], float *mrow, float *lrow,
+                                                    float (*o)[4], int k0, int qa, int qb, int L,
+                                                    bool need_mask, float scale_log2, int t) {
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; nt++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float val = sc[nt][e] * scale_log2;
+            if (need_mask) {
+                int key = k0 + nt * 8 + 2 * t + (e & 1);
+                int qr = e < 2 ? qa : qb;
+                if (key > qr || key >= L) val = -INFINITY;
+            }
+            sc[nt][e] = val;
+        }
+        mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
+        mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    float mn0 = fmaxf(mrow[0], mx0), mn1 = fmaxf(mrow[1], mx1);
+    float mu0 = mn0 == -INFINITY ? 0.0f : mn0, mu1 = mn1 == -INFINITY ? 0.0f : mn1;
+    float al0 = exp2f(mrow[0] - mu0), al1 = exp2f(mrow[1] - mu1);
+    mrow[0] = mn0;
+    mrow[1] = mn1;
+    float ls0 = 0.0f, ls1 = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < BN / 8; nt++) {
+        sc[nt][0] = exp2f(sc[nt][0] - mu0);
+        sc[nt][1] = exp2f(sc[nt][1] - mu0);
+        sc[nt][2] = exp2f(sc[nt][2] - mu1);
+        sc[nt][3] = exp2f(sc[nt][3] - mu1);
+        ls0 += sc[nt][0] + sc[nt][1];
+        ls1 += sc[nt][2] + sc[nt][3];
+    }
+    lrow[0] = lrow[0] * al0 + ls0;
+    lrow[1] = lrow[1] * al1 + ls1;
+#pragma unroll
+    for (int nt = 0; nt < HDP / 8; nt++) {
+        o[nt][0] *= al0;
+        o[nt][1] *= al0;
+        o[nt][2] *= al1;
+        o[nt][3] *= al1;
+    }
+}
+
