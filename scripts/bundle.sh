@@ -6,8 +6,8 @@
 #   bundle/tests  <- $BUILD/tests/*    (same rpath; run with bundle/env.sh sourced)
 #   bundle/bench  <- $BUILD/bench/*    (if built)
 #   bundle/lib    <- every shared library they load except the C/C++ runtime
-#                    (libc, libm, libpthread, libdl, librt, libstdc++, libgcc_s,
-#                    the loader) and the NVIDIA driver (libcuda, libnvidia-*).
+#                    (glibc's libc, libm, libpthread, libdl, librt, libresolv, ...;
+#                    libstdc++, libgcc_s, the loader) and the NVIDIA driver (libcuda, libnvidia-*).
 # The CUDA toolkit libraries (cudart, cuBLAS, cuBLASLt, NCCL; cuBLASLt alone is
 # ~500 MiB) are NOT copied by default: the GPU machines carry CUDA 13. Set
 # BUNDLE_CUDA=1 to copy the small ones (cudart) anyway.
@@ -43,7 +43,7 @@ copy_progs "$BUILD/bench" "$OUT/bench"
 cp -p "$ROOT/tests/run.sh" "$OUT/tests/run.sh" 2>/dev/null || true
 [ ${#progs[@]} -gt 0 ] || { echo "bundle: nothing built in $BIN, $BUILD/tests (run make first)" >&2; exit 1; }
 
-skip_re='^(linux-vdso|ld-linux|libc\.so|libm\.so|libmvec|libpthread|libdl\.so|librt\.so|libstdc\+\+|libgcc_s|libcuda\.so|libnvidia-)'
+skip_re='^(linux-vdso|ld-linux|libc\.so|libm\.so|libmvec|libpthread|libdl\.so|librt\.so|libresolv|libnsl|libnss_|libutil|libanl|libstdc\+\+|libgcc_s|libcuda\.so|libnvidia-)'
 cuda_re='^(libcudart|libcublas|libcublasLt|libnccl|libnvJitLink|libnvrtc|libcusparse|libcufft|libcurand)\.'
 declare -A seen=()
 missing=0
