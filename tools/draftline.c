@@ -12,6 +12,8 @@ static const cmd_t commands[] = {
     {"version", cmd_version, "print the version"},
     {"prepare", cmd_prepare, "tokenize a chat dataset into a .dlc cache"},
     {"run", cmd_run, "train a drafter: the multi-process pipeline, supervised"},
+    {"monitor", cmd_monitor, "attach to a run: stage throughput, stall diagnosis, bottleneck"},
+    {"plot", cmd_plot, "draw a run's loss, accuracy and tokens/s to a PNG"},
     {"generate", cmd_generate, "generate text from the target (KV cache, greedy or sampling)"},
     {"inspect", cmd_inspect, "print a checkpoint's architecture, shapes, dtypes, parameter count"},
     {"mkmodel", cmd_mkmodel, "write a random-weight model dir with a real model's shapes"},

@@ -1,0 +1,129 @@
+/* Stall diagnosis and bottleneck analysis: pure functions of a stage's recent
+ * metrics (no clocks, no files), so they are tested on synthetic streams.
+ *
+ * Per stage, over a window of its samples (default the last 10 s):
+ *   share_in     = d(wait_input_s) / dt      time waiting for input
+ *   share_credit = d(wait_credit_s) / dt     time waiting for credit (slot grants,
+ *                                            work requests downstream)
+ *   share_busy   = d(copy_s + forward_s + backward_s + step_s) / dt
+ * Stages add a phase's time when the phase ends, so the part of the window not yet
+ * accounted (1 - the three shares) is the phase the stage is in now, which its
+ * state says: idle -> waiting for input (the loader: for work requests, i.e.
+ * credit), blocked -> waiting for credit, running -> busy. Shares are clamped to
+ * [0, 1].
+ *
+ * Diagnosis (DESIGN.md section 6):
+ *   stopping/starting state             -> STOPPED / STARTING
+ *   no sample for silent_s              -> SILENT (process hung or gone)
+ *   no progress for stall_s:
+ *     waiting for input now or share_in >= wait_share          -> STARVED
+ *     waiting for credit now or share_credit >= wait_share     -> BACKPRESSURED
+ *     neither                                                  -> STUCK
+ *   progressing: share_in >= wait_share -> STARVED, share_credit >= wait_share ->
+ *     BACKPRESSURED, else OK.
+ */
+#ifndef DL_MONITOR_DIAG_H
+#define DL_MONITOR_DIAG_H
+
+#include "common/monitor/run.h"
+
+typedef enum {
+    MON_DIAG_UNKNOWN = 0,       /* fewer than 2 samples */
+    MON_DIAG_OK,
+    MON_DIAG_STARVED,
+    MON_DIAG_BACKPRESSURED,
+    MON_DIAG_STUCK,
+    MON_DIAG_SILENT,
+    MON_DIAG_STARTING,
+    MON_DIAG_STOPPED,
+    MON_DIAG_COUNT_
+} mon_diag_kind_t;
+
+/* "unknown", "ok", "starved", "back-pressured", "stuck", "silent", "starting", "stopped". */
+const char *mon_diag_name(mon_diag_kind_t k);
+
+typedef struct {
+    double stall_s;             /* no progress for this long = stalled (default 60) */
+    double wait_share;          /* a wait share at least this is "waiting" (default 0.5) */
+    double window_s;            /* history window for the shares (default 10) */
+    double silent_s;            /* no metrics for max(silent_s, stall_s) = silent (default 10) */
+} mon_diag_opts_t;
+
+void mon_diag_opts_default(mon_diag_opts_t *o);
+
+/* What the diagnosis reads of one stage (built by mon_stage_view, or by hand in tests). */
+typedef struct {
+    const char *name;
+    mon_role_t role;
+    char state[MON_STATE_MAX];  /* latest state */
+    double dt;                  /* window length, s (0: fewer than 2 samples) */
+    double d_wait_input, d_wait_credit, d_busy;     /* seconds inside the window */
+    double since_progress_s;    /* at `now` (latest since_progress_s + now - its ts); NaN unknown */
+    double staleness_s;         /* now - latest sample ts */
+    double tokens_per_s;        /* latest; NaN unknown */
+    double inbox_used, inbox_cap;          /* drafters: GPU + host tier bytes; NaN unknown */
+    double inbox_gpu_used, inbox_gpu_cap, inbox_host_used, inbox_host_cap;
+    double queued;              /* targets: work items queued; NaN unknown */
+} mon_stage_view_t;
+
+typedef struct {
+    mon_diag_kind_t kind;
+    double share_in, share_credit, share_busy;     /* after attributing the open phase */
+    char why[160];              /* one line, e.g. "no progress for 75 s while running" */
+} mon_diag_t;
+
+/* Fills *v from a stage's history as seen at wall time `now` (s). window_s: the
+ * oldest sample used is the oldest one with ts >= newest ts - window_s (at least the
+ * previous sample). */
+void mon_stage_view(const mon_stage_t *s, double now, double window_s, mon_stage_view_t *v);
+
+/* The diagnosis of one stage (rules above). Pure. */
+void mon_diagnose(const mon_stage_view_t *v, const mon_diag_opts_t *o, mon_diag_t *out);
+
+/* Topology the suggestion is phrased in. From <run>/run.json when the supervisor
+ * writes one (keys: device "cpu"|"cuda", targets, drafters, target_gpus [..],
+ * drafter_gpus [..], max_steps), else counted from the stages seen (CPU phrasing). */
+typedef struct {
+    int gpu_mode;
+    int n_targets, n_drafters;
+    int target_gpus[64], n_target_gpus;
+    int drafter_gpus[64], n_drafter_gpus;
+    uint64_t max_steps;         /* 0 = unknown */
+} mon_topo_t;
+
+/* Reads <dir>/run.json into *t (fields it lacks are left as they are); when that gives
+ * no max_steps, takes it from the optimizer's "step S of M" line in
+ * <dir>/logs/optimizer.log. Returns 0, DL_ENOENT (no run.json) or DL_EFORMAT. */
+int mon_topo_read(const char *dir, mon_topo_t *t);
+/* Counts targets/drafters from the stages of a run (when run.json gave none). */
+void mon_topo_from_run(const mon_run_t *run, mon_topo_t *t);
+
+typedef struct {
+    mon_role_t kind;            /* MON_ROLE_UNKNOWN: no clear bottleneck / not enough data */
+    double busy[MON_ROLE_COUNT_], wait_in[MON_ROLE_COUNT_], wait_credit[MON_ROLE_COUNT_];
+    double inbox_fill;          /* drafters' (used / capacity), NaN unknown */
+    char text[256];             /* "targets are the bottleneck: move one GPU from drafters to targets (...)" */
+} mon_bottleneck_t;
+
+/* Which stage kind limits throughput, from the mean shares per role and the drafters'
+ * inbox fill:
+ *   targets   drafters starved (share_in >= 0.3 or inbox fill < 0.25) while targets
+ *             are busy (>= 0.5) and not themselves starved;
+ *   drafters  targets back-pressured (share_credit >= 0.3) or inbox fill >= 0.75, while
+ *             drafters are busy (>= 0.5);
+ *   optimizer optimizer busy >= 0.5 (synchronous step: everyone waits for it);
+ *   loader    targets and drafters both starved (share_in >= 0.5);
+ *   otherwise the busiest role if its busy share >= 0.75, else none.
+ * The suggestion moves one process (CPU: --targets/--drafters) or one GPU (GPU mode,
+ * with the explicit lists when the topology has them). Stages in STOPPED, STARTING,
+ * UNKNOWN or SILENT are left out of the means. Pure. */
+void mon_bottleneck(const mon_stage_view_t *views, const mon_diag_t *diags, int n,
+                    const mon_topo_t *topo, const char *run_dir, mon_bottleneck_t *out);
+
+/* Seconds left to max_steps from the pace of the last (up to) 20 steps (by their t,
+ * else ts). NaN when unknown (max_steps 0, fewer than 2 steps). */
+double mon_eta_s(const mon_run_t *run, uint64_t max_steps);
+/* Target tokens/s over the last (up to) 20 steps; NaN when unknown. */
+double mon_tokens_per_s(const mon_run_t *run);
+
+#endif

@@ -1,0 +1,174 @@
+/* Text snapshot of a run (see report.h). */
+#include "common/monitor/report.h"
+#include "common/base/err.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    char *p;
+    size_t len, cap;
+    int oom;
+} out_t;
+
+static void put(out_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(out_t *b, const char *fmt, ...) {
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        size_t room = b->cap - b->len;
+        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? room : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) { b->oom = 1; return; }
+        if (b->p && (size_t)n < room) { b->len += (size_t)n; return; }
+        size_t cap = b->cap ? b->cap * 2 : 4096;
+        while (cap < b->len + (size_t)n + 1) cap *= 2;
+        char *q = realloc(b->p, cap);
+        if (!q) { b->oom = 1; return; }
+        b->p = q;
+        b->cap = cap;
+    }
+}
+
+static void fmt_bytes(double v, char *out, size_t cap) {
+    if (!isfinite(v)) { snprintf(out, cap, "n/a"); return; }
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (v >= 1024 && i < 4) { v /= 1024; i++; }
+    if (i == 0) snprintf(out, cap, "%.0f B", v);
+    else snprintf(out, cap, "%.1f %s", v, u[i]);
+}
+
+static void fmt_dur(double s, char *out, size_t cap) {
+    if (!isfinite(s) || s < 0) { snprintf(out, cap, "?"); return; }
+    long t = (long)(s + 0.5);
+    if (t >= 86400) snprintf(out, cap, "%ldd%02ldh", t / 86400, (t / 3600) % 24);
+    else if (t >= 3600) snprintf(out, cap, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+    else if (t >= 60) snprintf(out, cap, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(out, cap, "%lds", t);
+}
+
+static void fmt_pct(double x, char *out, size_t cap) {
+    if (!isfinite(x)) snprintf(out, cap, "-");
+    else snprintf(out, cap, "%.0f%%", 100 * x);
+}
+
+double mon_report_now(const mon_run_t *run, double wall, double live_s) {
+    if (run->last_ts <= 0) return wall;
+    return wall - run->last_ts <= live_s ? wall : run->last_ts;
+}
+
+int mon_report(const mon_run_t *run, const mon_report_opts_t *o, char **text) {
+    out_t b = {0};
+    int n = run->n_stages;
+    mon_stage_view_t *views = calloc((size_t)n + 1, sizeof *views);
+    mon_diag_t *diags = calloc((size_t)n + 1, sizeof *diags);
+    if (!views || !diags) { free(views); free(diags); return dl_seterr(DL_ENOMEM, "monitor: out of memory"); }
+    for (int i = 0; i < n; i++) {
+        mon_stage_view(run->stages[i], o->now, o->diag.window_s, &views[i]);
+        mon_diagnose(&views[i], &o->diag, &diags[i]);
+    }
+    char d1[32], d2[32], d3[32], d4[32];
+    /* header */
+    if (run->last_ts <= 0) {
+        put(&b, "run %s: no metrics yet (%llu lines)\n", run->dir[0] ? run->dir : "-",
+            (unsigned long long)run->lines);
+    } else {
+        double ago = o->wall - run->last_ts;
+        fmt_dur(ago, d1, sizeof d1);
+        put(&b, "run %s: %d stages, last metrics %s ago%s\n", run->dir[0] ? run->dir : "-", n, d1,
+            o->now < o->wall - 1e-9 ? " (not live: shown as of its last metrics)" : " (live)");
+    }
+    if (run->bad_lines)
+        put(&b, "warning: %llu malformed line(s) skipped (last: %s)\n", (unsigned long long)run->bad_lines,
+            run->last_error);
+    /* training */
+    const mon_step_t *st = mon_run_last_step(run);
+    if (st) {
+        double eta = mon_eta_s(run, o->topo.max_steps);
+        double tps = mon_tokens_per_s(run);
+        fmt_dur(eta, d1, sizeof d1);
+        char steps[64];
+        if (o->topo.max_steps) snprintf(steps, sizeof steps, "%llu/%llu", (unsigned long long)(st->step + 1),
+                                        (unsigned long long)o->topo.max_steps);
+        else snprintf(steps, sizeof steps, "%llu", (unsigned long long)(st->step + 1));
+        put(&b, "training: step %s  loss %.4f  acc %.3f  %.0f tok/s  ETA %s\n", steps, st->loss,
+            st->acc_mean, isfinite(tps) ? tps : 0.0, o->topo.max_steps ? d1 : "? (max steps unknown)");
+        if (st->n_acc > 1) {
+            put(&b, "accuracy by position:");
+            for (int k = 1; k < st->n_acc; k++)
+                if (isfinite(st->acc[k])) put(&b, " %d:%.3f", k, st->acc[k]);
+            put(&b, "\n");
+        }
+    } else {
+        put(&b, "training: no step applied yet\n");
+    }
+    mon_topo_t topo = o->topo;
+    mon_topo_from_run(run, &topo);
+    mon_bottleneck_t bn;
+    mon_bottleneck(views, diags, n, &topo, run->dir, &bn);
+    put(&b, "bottleneck: %s\n", bn.text);
+    /* stages */
+    put(&b, "\n%-12s %-9s %3s %-9s %9s %5s %7s %7s %9s  %s\n", "STAGE", "ROLE", "INC", "STATE", "TOK/S",
+        "BUSY", "WAIT-IN", "WAIT-CR", "NO-PROGR", "DIAGNOSIS");
+    for (int i = 0; i < n; i++) {
+        const mon_stage_t *s = run->stages[i];
+        const mon_stage_view_t *v = &views[i];
+        const mon_diag_t *d = &diags[i];
+        int have = v->dt > 0;
+        fmt_pct(have ? d->share_busy : NAN, d1, sizeof d1);
+        fmt_pct(have ? d->share_in : NAN, d2, sizeof d2);
+        fmt_pct(have ? d->share_credit : NAN, d3, sizeof d3);
+        fmt_dur(v->since_progress_s, d4, sizeof d4);
+        char tps[32];
+        if (isfinite(v->tokens_per_s)) snprintf(tps, sizeof tps, "%.1f", v->tokens_per_s);
+        else snprintf(tps, sizeof tps, "-");
+        put(&b, "%-12s %-9s %3llu %-9s %9s %5s %7s %7s %9s  %s: %s\n", s->name, mon_role_name(s->role),
+            (unsigned long long)s->incarnation, v->state, tps, d1, d2, d3, d4, mon_diag_name(d->kind), d->why);
+    }
+    /* inboxes */
+    int any = 0;
+    for (int i = 0; i < n; i++) {
+        const mon_stage_view_t *v = &views[i];
+        if (v->role != MON_ROLE_DRAFTER || !isfinite(v->inbox_used)) continue;
+        if (!any) put(&b, "\n%-12s %-26s %-26s %6s\n", "INBOX", "GPU TIER (used / cap)", "HOST TIER (used / cap)", "FILL");
+        any = 1;
+        char g[80], h[80];
+        fmt_bytes(v->inbox_gpu_used, d1, sizeof d1);
+        fmt_bytes(v->inbox_gpu_cap, d2, sizeof d2);
+        snprintf(g, sizeof g, "%s / %s", d1, d2);
+        fmt_bytes(v->inbox_host_used, d1, sizeof d1);
+        fmt_bytes(v->inbox_host_cap, d2, sizeof d2);
+        snprintf(h, sizeof h, "%s / %s", d1, d2);
+        char fill[16];
+        if (v->inbox_cap > 0) snprintf(fill, sizeof fill, "%.1f%%", 100 * v->inbox_used / v->inbox_cap);
+        else snprintf(fill, sizeof fill, "-");
+        put(&b, "%-12s %-26s %-26s %6s\n", v->name, g, h, fill);
+    }
+    if (!any) put(&b, "\nINBOX        n/a (no drafter has published inbox bytes yet)\n");
+    /* GPUs */
+    if (!o->gpus) {
+        put(&b, "\nGPU          n/a%s%s%s\n", o->nvml_why ? " (" : "", o->nvml_why ? o->nvml_why : "",
+            o->nvml_why ? ")" : "");
+    } else {
+        put(&b, "\n%-4s %-28s %5s %24s\n", "GPU", "NAME", "UTIL", "MEMORY (used / total)");
+        for (int g = 0; g < o->n_gpus; g++) {
+            const mon_gpu_t *x = &o->gpus[g];
+            fmt_bytes((double)x->mem_used, d1, sizeof d1);
+            fmt_bytes((double)x->mem_total, d2, sizeof d2);
+            char m[80];
+            snprintf(m, sizeof m, "%s / %s", d1, d2);
+            put(&b, "%-4d %-28.28s %4u%% %24s\n", x->index, x->name, x->util_gpu_pct, m);
+        }
+    }
+    free(views);
+    free(diags);
+    if (b.oom) { free(b.p); return dl_seterr(DL_ENOMEM, "monitor: out of memory"); }
+    if (!b.p) put(&b, "%s", "");
+    *text = b.p;
+    return 0;
+}
