@@ -112,8 +112,18 @@ int32_t gen_sample(float *logits, int V, float temperature, float top_p, rng_t *
     for (int i = 0; i < V; i++) p[i] = (float)(p[i] / sum);
     int n = V;
     if (top_p < 1.0f) {
-        n = 0;
-        for (int i = 0; i < V; i++) idx[n++] = i;
+        /* Only tokens with p >= tau can be in the nucleus once the mass of {p >= tau}
+         * reaches top_p (the nucleus takes tokens in decreasing p), so sort just those;
+         * lower tau until that holds (tau = 0 takes everything). */
+        float tau = p[best] * 1e-3f;
+        for (;;) {
+            double mass = 0;
+            n = 0;
+            for (int i = 0; i < V; i++)
+                if (p[i] >= tau) { idx[n++] = i; mass += p[i]; }
+            if (mass >= top_p || tau == 0.0f) break;
+            tau = tau > 1e-30f ? tau * 1e-3f : 0.0f;
+        }
         qsort_r(idx, (size_t)n, sizeof *idx, cmp_desc, p);
         double cum = 0;
         int k = 0;
