@@ -67,7 +67,6 @@ typedef struct {
     ops_ctx_t ops;
     drafter_t *layout;         /* parameter layout and names (never runs forward) */
     drafter_config_t dcfg;
-    char *config_json;
     size_t P;
     float *master, *m, *v, *gsum, *norm_sq;
     slab_t *wslab;             /* 2 * P f32: weights of versions v%2 */
@@ -153,8 +152,8 @@ static int checkpoint(opt_t *O) {
         batcher_cursor_encode(&c, cur);
     }
     double t0 = clock_mono_s();
-    int rc = ckpt_write(O->out, O->layout, O->config_json, &h, O->master, O->m, O->v,
-                        O->have_cursor ? cur : NULL, O->last_ckpt_dir, sizeof O->last_ckpt_dir);
+    int rc = ckpt_write(O->out, O->layout, &h, O->master, O->m, O->v, O->have_cursor ? cur : NULL,
+                        O->last_ckpt_dir, sizeof O->last_ckpt_dir);
     if (rc < 0) return log_rc(rc, "checkpoint");
     O->last_ckpt = O->step;
     log_info("checkpoint step %llu written to %s (%.2f s)", (unsigned long long)O->step,
@@ -476,7 +475,6 @@ int main(int argc, char **argv) {
     static const float no_embedding[1];
     rc = drafter_new(&O.ops, &O.dcfg, no_embedding, no_embedding, 1, 1, O.seed, &O.layout);
     if (rc < 0) return log_rc(rc, "drafter layout"), 1;
-    O.config_json = ckpt_config_json(drafter_config(O.layout));
     O.P = drafter_n_params(O.layout);
     O.master = malloc(O.P * 4); O.m = calloc(O.P, 4); O.v = calloc(O.P, 4); O.gsum = malloc(O.P * 4);
     O.norm_sq = malloc(sizeof(float));
@@ -542,7 +540,7 @@ int main(int argc, char **argv) {
     if (O.steps_log) fclose(O.steps_log);
     drafter_destroy(&O.layout);
     ops_ctx_destroy(&O.ops);
-    free(O.master); free(O.m); free(O.v); free(O.gsum); free(O.c); free(O.norm_sq); free(O.config_json);
+    free(O.master); free(O.m); free(O.v); free(O.gsum); free(O.c); free(O.norm_sq);
     log_info("stopped at step %llu (%llu duplicates, %llu stale contributions dropped)",
              (unsigned long long)O.step, (unsigned long long)O.dup_dropped, (unsigned long long)O.stale_dropped);
     return 0;

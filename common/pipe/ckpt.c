@@ -2,9 +2,8 @@
 #include "common/pipe/ckpt.h"
 #include "common/base/err.h"
 #include "common/base/paths.h"
-#include "common/model/safetensors.h"
+#include "common/model/dflash_ckpt.h"
 
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -32,7 +31,7 @@ static void fsync_dir(const char *dir) {
 
 static void rm_tree(const char *dir) {
     static const char *const files[] = {"model.safetensors", "model.safetensors.tmp", "config.json",
-                                        "state.bin", "cursor.bin"};
+                                        "config.json.tmp", "state.bin", "cursor.bin"};
     char p[4400];
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         snprintf(p, sizeof p, "%s/%s", dir, files[i]);
@@ -41,66 +40,20 @@ static void rm_tree(const char *dir) {
     rmdir(dir);
 }
 
-char *ckpt_config_json(const drafter_config_t *c) {
-    cJSON *j = cJSON_CreateObject();
-    cJSON *arch = cJSON_AddArrayToObject(j, "architectures");
-    cJSON_AddItemToArray(arch, cJSON_CreateString("DFlashDraftModel"));
-    cJSON_AddStringToObject(j, "model_type", "qwen3");
-    cJSON_AddNumberToObject(j, "hidden_size", c->D);
-    cJSON_AddNumberToObject(j, "intermediate_size", c->F);
-    cJSON_AddNumberToObject(j, "num_hidden_layers", c->n_layers);
-    cJSON_AddNumberToObject(j, "num_attention_heads", c->H);
-    cJSON_AddNumberToObject(j, "num_key_value_heads", c->Hkv);
-    cJSON_AddNumberToObject(j, "head_dim", c->hd);
-    cJSON_AddNumberToObject(j, "vocab_size", c->V);
-    cJSON_AddNumberToObject(j, "rms_norm_eps", c->rms_eps);
-    cJSON_AddNumberToObject(j, "rope_theta", c->rope.theta);
-    cJSON_AddNumberToObject(j, "max_position_embeddings", c->max_position_embeddings);
-    cJSON_AddNumberToObject(j, "num_target_layers", c->n_target_layers);
-    cJSON_AddNumberToObject(j, "block_size", c->B);
-    cJSON_AddBoolToObject(j, "tie_word_embeddings", 0);
-    cJSON_AddBoolToObject(j, "attention_bias", 0);
-    cJSON_AddStringToObject(j, "hidden_act", "silu");
-    cJSON_AddStringToObject(j, "torch_dtype", "float32");
-    cJSON *dc = cJSON_AddObjectToObject(j, "dflash_config");
-    cJSON *ids = cJSON_AddArrayToObject(dc, "target_layer_ids");
-    for (int i = 0; i < c->n_feat; i++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(c->target_layer_ids[i]));
-    cJSON_AddNumberToObject(dc, "mask_token_id", c->mask_token_id);
-    cJSON_AddNumberToObject(dc, "loss_gamma", c->gamma);
-    char *s = cJSON_Print(j);
-    cJSON_Delete(j);
-    return s;
-}
-
-int ckpt_write(const char *out_dir, const drafter_t *d, const char *config_json,
-               const ckpt_state_hdr_t *hdr, const float *master, const float *m, const float *v,
-               const uint8_t *cursor, char *dir_out, size_t cap) {
+int ckpt_write(const char *out_dir, drafter_t *d, const ckpt_state_hdr_t *hdr,
+               const float *master, const float *m, const float *v, const uint8_t *cursor,
+               char *dir_out, size_t cap) {
     char root[4096], tmp[4200], fin[4200], p[4300];
     snprintf(root, sizeof root, "%s/checkpoints", out_dir);
     DL_TRY(paths_mkdir_p(root, 0755));
     snprintf(tmp, sizeof tmp, "%s/step_%llu.tmp", root, (unsigned long long)hdr->step);
     snprintf(fin, sizeof fin, "%s/step_%llu", root, (unsigned long long)hdr->step);
     rm_tree(tmp);
-    if (mkdir(tmp, 0755) != 0) return dl_seterr(DL_EIO, "mkdir %s: %s", tmp, strerror(errno));
-    /* model.safetensors: the public layout, tensors in drafter order */
-    snprintf(p, sizeof p, "%s/model.safetensors", tmp);
-    st_writer_t *w = NULL;
-    int rc = st_writer_new(p, &w);
-    int nt = drafter_n_tensors(d);
-    for (int i = 0; rc == 0 && i < nt; i++) {
-        const drafter_tensor_t *t = drafter_tensor(d, i);
-        rc = st_writer_add(w, t->name, "F32", t->n_dims, t->shape);
-    }
-    if (rc == 0) rc = st_writer_meta(w, "format", "pt");
-    for (int i = 0; rc == 0 && i < nt; i++) {
-        const drafter_tensor_t *t = drafter_tensor(d, i);
-        rc = st_writer_write(w, master + t->offset, t->numel * sizeof(float));
-    }
-    if (rc == 0) rc = st_writer_finish(&w);
-    else st_writer_abort(&w);
-    if (rc < 0) return dl_wraperr(rc, "checkpoint %s", p);
-    snprintf(p, sizeof p, "%s/config.json", tmp);
-    DL_TRY(write_file(p, config_json, strlen(config_json), "\n", 1, NULL, 0, NULL, 0));
+    /* the public part: config.json + model.safetensors, written by dflash_ckpt into tmp */
+    memcpy(drafter_master(d), master, hdr->n_params * sizeof(float));
+    drafter_sync_weights(d);
+    int rc = dflash_ckpt_save(d, tmp, "F32", NULL);
+    if (rc < 0) return dl_wraperr(rc, "checkpoint %s", tmp);
     size_t pb = hdr->n_params * sizeof(float);
     snprintf(p, sizeof p, "%s/state.bin", tmp);
     DL_TRY(write_file(p, hdr, sizeof *hdr, master, pb, m, pb, v, pb));

@@ -1,11 +1,9 @@
 /* Training checkpoints of the pipeline (written by the optimizer).
  *
  * <out>/checkpoints/step_<N>/   (N = optimizer steps applied)
- *   model.safetensors   the drafter in the public DFlash layout (tensor names of
- *                       drafter_tensor(), F32), loadable by `draftline inspect`
- *   config.json         DFlash drafter config (architectures DFlashDraftModel,
- *                       Qwen3 fields, block_size, dflash_config.target_layer_ids,
- *                       mask_token_id)
+ *   model.safetensors   the drafter in the public DFlash layout, F32, and
+ *   config.json         its config, both written by dflash_ckpt_save
+ *                       (common/model/dflash_ckpt.h): what DFlashDraftModel loads
  *   state.bin           exact training state: header + master (P f32) + Adam m, v
  *   cursor.bin          loader cursor (batcher_cursor_encode, 40 bytes): the first
  *                       micro-batch of step N
@@ -37,13 +35,13 @@ typedef struct {
     uint8_t reserved[64];
 } ckpt_state_hdr_t;
 
-/* Writes a checkpoint of drafter layout d (names and shapes) with weights
- * master (P f32, host), Adam moments m, v (P f32 host) and the loader cursor
- * (40 bytes, may be NULL). config_json: the drafter's config.json text. Returns 0,
- * or DL_EIO naming the file; *dir_out (cap bytes, may be NULL) gets the final dir. */
-int ckpt_write(const char *out_dir, const drafter_t *d, const char *config_json,
-               const ckpt_state_hdr_t *hdr, const float *master, const float *m, const float *v,
-               const uint8_t *cursor, char *dir_out, size_t cap);
+/* Writes a checkpoint of drafter d with weights master (P f32, host; copied into
+ * d's master vector, which on CPU is host memory), Adam moments m, v (P f32 host)
+ * and the loader cursor (40 bytes, may be NULL). Returns 0, or DL_EIO naming the
+ * file; *dir_out (cap bytes, may be NULL) gets the final dir. */
+int ckpt_write(const char *out_dir, drafter_t *d, const ckpt_state_hdr_t *hdr,
+               const float *master, const float *m, const float *v, const uint8_t *cursor,
+               char *dir_out, size_t cap);
 
 /* Reads state.bin of checkpoint dir `dir` into hdr and master/m/v (each P f32,
  * caller-allocated, P == expected_params else DL_EFORMAT), and cursor.bin (40 bytes,
@@ -54,8 +52,5 @@ int ckpt_read(const char *dir, uint64_t expected_params, ckpt_state_hdr_t *hdr, 
 /* Resolves --resume PATH: a checkpoint dir (has state.bin), or a run dir (its
  * checkpoints/latest). Writes the checkpoint dir into out. DL_ENOENT if none. */
 int ckpt_resolve(const char *path, char *out, size_t cap);
-
-/* The DFlash config.json text for cfg (malloc'd). */
-char *ckpt_config_json(const drafter_config_t *cfg);
 
 #endif
