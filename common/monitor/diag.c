@@ -297,6 +297,15 @@ void mon_bottleneck(const mon_stage_view_t *views, const mon_diag_t *diags, int 
         }
     out->inbox_fill = cap > 0 ? used / cap : NAN;
     const int T = MON_ROLE_TARGET, D = MON_ROLE_DRAFTER, O = MON_ROLE_OPTIMIZER;
+    /* a stuck or silent stage holds everyone up: name it before any rebalance */
+    for (int i = 0; i < n; i++) {
+        if (diags[i].kind != MON_DIAG_STUCK && diags[i].kind != MON_DIAG_SILENT) continue;
+        out->kind = views[i].role;
+        fmt(out->text, sizeof out->text, "%s is %s (%s): the pipeline waits on it; see %s/logs/%s.log",
+            views[i].name ? views[i].name : "a stage", mon_diag_name(diags[i].kind), diags[i].why,
+            run_dir && *run_dir ? run_dir : "DIR", views[i].name ? views[i].name : "STAGE");
+        return;
+    }
     if (!cnt[T] || !cnt[D]) {
         out->kind = MON_ROLE_UNKNOWN;
         fmt(out->text, sizeof out->text, "not enough data yet (targets and drafters need two samples each)");

@@ -105,8 +105,9 @@ typedef struct {
     char text[256];             /* "targets are the bottleneck: move one GPU from drafters to targets (...)" */
 } mon_bottleneck_t;
 
-/* Which stage kind limits throughput, from the mean shares per role and the drafters'
- * inbox fill:
+/* Which stage kind limits throughput. A STUCK or SILENT stage comes first (the text
+ * names it and its log). Else from the mean shares per role and the drafters' inbox
+ * fill:
  *   targets   drafters starved (share_in >= 0.3 or inbox fill < 0.25) while targets
  *             are busy (>= 0.5) and not themselves starved;
  *   drafters  targets back-pressured (share_credit >= 0.3) or inbox fill >= 0.75, while

@@ -39,7 +39,13 @@ static void sb_printf(sbuf_t *b, const char *fmt, ...) {
 static void sb_value(sbuf_t *b, double v) {
     if (isnan(v)) sb_printf(b, " NaN\n");
     else if (isinf(v)) sb_printf(b, v > 0 ? " +Inf\n" : " -Inf\n");
-    else sb_printf(b, " %.17g\n", v);
+    else {
+        /* shortest of %.15g / %.17g that reads back exactly */
+        char t[40];
+        snprintf(t, sizeof t, "%.15g", v);
+        if (strtod(t, NULL) != v) snprintf(t, sizeof t, "%.17g", v);
+        sb_printf(b, " %s\n", t);
+    }
 }
 
 /* label value: backslash, double quote and newline escaped (exposition format) */
@@ -78,7 +84,7 @@ static int is_phase(const char *n) {
 static void prom_name(const char *raw, char *out, size_t cap) {
     char base[MON_NAME_MAX + 16];
     size_t L = strlen(raw);
-    if (L >= 2 && !strcmp(raw + L - 2, "_s")) snprintf(base, sizeof base, "%.*seconds", (int)(L - 1), raw);
+    if (L >= 2 && !strcmp(raw + L - 2, "_s")) snprintf(base, sizeof base, "%.*sseconds", (int)(L - 1), raw);
     else snprintf(base, sizeof base, "%s", raw);
     if (is_phase(raw)) {
         char tmp[MON_NAME_MAX + 24];

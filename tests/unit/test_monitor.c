@@ -1,0 +1,672 @@
+/* common/monitor: tail -F semantics, metrics/steps parsing (a real run's files), the
+ * stall diagnosis and bottleneck on synthetic metric streams, ETA, Prometheus text
+ * (every line checked against the exposition grammar), the PNG plot, NVML absence.
+ * Fixtures: tests/fixtures/monitor/make_fixtures.py (run_cpu/ is cut from a real CPU
+ * run of the pipeline, stall/ is synthetic in the supervisor's line format).
+ * Run from the repo root. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/base/err.h"
+#include "common/monitor/diag.h"
+#include "common/monitor/nvml.h"
+#include "common/monitor/plot.h"
+#include "common/monitor/prom.h"
+#include "common/monitor/report.h"
+#include "common/monitor/run.h"
+#include "common/monitor/tail.h"
+
+/* ------------------------------------------------------------------ helpers */
+
+static char tmpdir[256];
+
+static int setup_tmp(void **state) {
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/dl-test-monitor-XXXXXX");
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown_tmp(void **state) {
+    (void)state;
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void write_file(const char *path, const char *mode, const char *text) {
+    FILE *f = fopen(path, mode);
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+typedef struct {
+    char lines[16][128];
+    int n;
+} got_t;
+
+static void on_line(const char *line, size_t len, void *arg) {
+    got_t *g = arg;
+    assert_int_equal(strlen(line), len);
+    if (g->n < 16) snprintf(g->lines[g->n++], 128, "%s", line);
+}
+
+/* A synthetic stage stream. Phase counters cumulative like common/pipe/stage.c. */
+typedef struct {
+    double t, wait_in, wait_cr, busy, last_prog;
+    double inbox, inbox_cap;
+    const char *state;
+} synth_t;
+
+static void feed(mon_run_t *run, const char *name, uint32_t id, uint64_t inc, const synth_t *s) {
+    const char *names[] = {"wait_input_s", "wait_credit_s", "copy_s", "forward_s", "backward_s", "step_s",
+                           "uptime_s", "since_progress_s", "tokens_per_s", "inbox_gpu_bytes", "inbox_gpu_cap",
+                           "inbox_host_bytes", "inbox_host_cap"};
+    double v[] = {s->wait_in, s->wait_cr, 0, s->busy, 0, 0, s->t, s->t - s->last_prog, 100,
+                  s->inbox, s->inbox_cap, 0, 0};
+    int n = id >= 100 && id < 200 ? 13 : 9;
+    assert_int_equal(mon_run_ingest_metrics(run, 1e9 + s->t, name, id, inc, s->state, names, v, n), 0);
+}
+
+static mon_diag_t diag_of(mon_run_t *run, const char *name, double now, const mon_diag_opts_t *o) {
+    mon_stage_view_t v;
+    mon_diag_t d;
+    mon_stage_view(mon_run_stage(run, name), now, o->window_s, &v);
+    mon_diagnose(&v, o, &d);
+    return d;
+}
+
+static mon_diag_opts_t opts(double stall_s) {
+    mon_diag_opts_t o;
+    mon_diag_opts_default(&o);
+    o.stall_s = stall_s;
+    return o;
+}
+
+/* -------------------------------------------------------------------- tail */
+
+static void test_tail_partial_truncate_rotate(void **state) {
+    (void)state;
+    char p[400], p2[400];
+    snprintf(p, sizeof p, "%s/m.jsonl", tmpdir);
+    snprintf(p2, sizeof p2, "%s/m.jsonl.1", tmpdir);
+    mon_tail_t *t = mon_tail_new(p);
+    got_t g = {0};
+    assert_int_equal(mon_tail_poll(t, on_line, &g), 0);        /* missing file: nothing */
+    write_file(p, "w", "a1\nb2\r\npart");
+    assert_int_equal(mon_tail_poll(t, on_line, &g), 2);
+    assert_string_equal(g.lines[0], "a1");
+    assert_string_equal(g.lines[1], "b2");                     /* CRLF stripped */
+    assert_int_equal(mon_tail_poll(t, on_line, &g), 0);        /* partial line held */
+    write_file(p, "a", "ial\n");
+    assert_int_equal(mon_tail_poll(t, on_line, &g), 1);
+    assert_string_equal(g.lines[2], "partial");
+    /* truncation: starts over */
+    write_file(p, "w", "c\n");
+    assert_int_equal(mon_tail_poll(t, on_line, &g), 1);
+    assert_string_equal(g.lines[3], "c");
+    assert_int_equal(mon_tail_resets(t), 1);
+    /* rotation: old file read to its end, then the new one from its start */
+    write_file(p, "a", "d\n");
+    assert_int_equal(rename(p, p2), 0);
+    write_file(p, "w", "e\n");
+    assert_int_equal(mon_tail_poll(t, on_line, &g), 2);
+    assert_string_equal(g.lines[4], "d");
+    assert_string_equal(g.lines[5], "e");
+    assert_int_equal(mon_tail_resets(t), 2);
+    /* an over-long line is skipped, the next one delivered */
+    FILE *f = fopen(p, "a");
+    for (size_t i = 0; i < MON_TAIL_LINE_MAX + 10; i++) fputc('x', f);
+    fputs("\nf\n", f);
+    fclose(f);
+    assert_int_equal(mon_tail_poll(t, on_line, &g), 1);
+    assert_string_equal(g.lines[6], "f");
+    assert_int_equal(mon_tail_skipped(t), 1);
+    mon_tail_destroy(&t);
+    assert_null(t);
+}
+
+/* ----------------------------------------------------------------- parsing */
+
+static void test_parse_real_run(void **state) {
+    (void)state;
+    mon_run_t *run = mon_run_open("tests/fixtures/monitor/run_cpu");
+    assert_non_null(run);
+    int n = mon_run_poll(run);
+    assert_true(n > 0);
+    assert_int_equal(run->bad_lines, 0);                       /* every line parses */
+    /* stages of the run: loader, optimizer, 2 targets, 1 drafter */
+    assert_int_equal(run->n_stages, 5);
+    assert_int_equal(mon_run_stage(run, "drafter0")->role, MON_ROLE_DRAFTER);
+    assert_int_equal(mon_run_stage(run, "target1")->role, MON_ROLE_TARGET);
+    assert_int_equal(mon_run_stage(run, "loader")->role, MON_ROLE_LOADER);
+    /* the step table equals steps.jsonl read back with sscanf */
+    FILE *f = fopen("tests/fixtures/monitor/run_cpu/steps.jsonl", "r");
+    assert_non_null(f);
+    char line[1024];
+    int steps = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long k, tok;
+        double loss;
+        assert_int_equal(sscanf(line, "{\"step\":%llu,\"loss\":%lf,", &k, &loss), 2);
+        assert_non_null(strstr(line, "\"tokens\":"));
+        assert_int_equal(sscanf(strstr(line, "\"tokens\":"), "\"tokens\":%llu", &tok), 1);
+        assert_true(k < run->n_steps);
+        assert_true(run->steps[k].have & 1);
+        assert_true(run->steps[k].have & 2);                  /* also in metrics.jsonl */
+        assert_true(fabs(run->steps[k].loss - loss) <= 1e-12 * fabs(loss));
+        assert_true(run->steps[k].tokens == (double)tok);
+        assert_true(run->steps[k].n_acc >= 2);
+        steps++;
+    }
+    fclose(f);
+    assert_int_equal(steps, 7);
+    /* the drafter's newest sample: the file's last drafter0 line */
+    const mon_stage_t *d = mon_run_stage(run, "drafter0");
+    assert_true(mon_stage_get(d, 0, "inbox_gpu_cap") == 268435456.0);
+    assert_true(isnan(mon_stage_get(d, 0, "no_such_metric")));
+    /* a malformed line is counted, the picture unchanged */
+    int ns = run->n_stages;
+    assert_int_equal(mon_run_ingest_metrics_line(run, "{\"ts\":1,", 8), DL_EFORMAT);
+    assert_int_equal(mon_run_ingest_metrics_line(run, "{\"ts\":1,\"stage\":3}", 19), DL_EFORMAT);
+    assert_int_equal(mon_run_ingest_steps_line(run, "{\"step\":-1}", 11), DL_EFORMAT);
+    assert_int_equal(run->bad_lines, 3);
+    assert_int_equal(run->n_stages, ns);
+    /* max_steps comes from the optimizer's log line ("step 0 of 12") */
+    mon_topo_t topo = {0};
+    assert_int_equal(mon_topo_read("tests/fixtures/monitor/run_cpu", &topo), DL_ENOENT);
+    assert_int_equal(topo.max_steps, 12);
+    mon_run_destroy(&run);
+    assert_null(run);
+}
+
+static void test_incarnation_resets_history(void **state) {
+    (void)state;
+    mon_run_t *run = mon_run_new();
+    synth_t s = {.state = "running"};
+    for (int t = 1; t <= 5; t++) { s.t = t; s.busy += 0.9; s.wait_in += 0.1; s.last_prog = t; feed(run, "target0", 200, 1, &s); }
+    /* restarted: counters from zero again; no negative shares, history restarts */
+    synth_t r = {.state = "running", .t = 6};
+    feed(run, "target0", 200, 2, &r);
+    const mon_stage_t *st = mon_run_stage(run, "target0");
+    assert_int_equal(st->count, 1);
+    assert_int_equal(st->incarnations_seen, 2);
+    r.t = 7; r.busy = 0.8; r.wait_in = 0.2; r.last_prog = 7;
+    feed(run, "target0", 200, 2, &r);
+    mon_diag_opts_t o = opts(60);
+    mon_diag_t d = diag_of(run, "target0", 1e9 + 7, &o);
+    assert_int_equal(d.kind, MON_DIAG_OK);
+    assert_true(fabs(d.share_busy - 0.8) < 1e-9);
+    assert_true(fabs(d.share_in - 0.2) < 1e-9);
+    mon_run_destroy(&run);
+}
+
+/* --------------------------------------------------------------- diagnosis */
+
+/* A stage that computes (busy 90%) until t0 and then stays "running" without progress
+ * is reported stuck exactly once stall_s has passed, never before; before that it is
+ * ok. */
+static void test_stuck_within_stall_s(void **state) {
+    (void)state;
+    for (int trial = 0; trial < 3; trial++) {
+        double stall = (double[]){5, 12, 30}[trial];
+        mon_diag_opts_t o = opts(stall);
+        mon_run_t *run = mon_run_new();
+        synth_t s = {.state = "running"};
+        const int t0 = 20;
+        int first_stuck = -1;
+        for (int t = 1; t <= 80; t++) {
+            s.t = t;
+            if (t <= t0) { s.busy += 0.9; s.wait_in += 0.1; s.last_prog = t; }
+            feed(run, "drafter0", 100, 1, &s);
+            mon_diag_t d = diag_of(run, "drafter0", 1e9 + t, &o);
+            if (t >= 2 && first_stuck < 0) {
+                if (d.kind == MON_DIAG_STUCK) first_stuck = t;
+                else assert_int_equal(d.kind, MON_DIAG_OK);
+            }
+        }
+        assert_int_equal(first_stuck, t0 + (int)stall);
+        mon_run_destroy(&run);
+    }
+}
+
+/* Between samples: since_progress grows with the wall clock (now - ts), so a stage
+ * whose metrics stopped at t is stuck at t + (stall - its since_progress), and once
+ * silent_s passes without metrics it is silent. */
+static void test_stuck_between_samples_and_silent(void **state) {
+    (void)state;
+    mon_diag_opts_t o = opts(10);
+    o.silent_s = 15;
+    mon_run_t *run = mon_run_new();
+    synth_t s = {.state = "running"};
+    for (int t = 1; t <= 6; t++) { s.t = t; s.busy += 1; s.last_prog = t <= 3 ? t : 3; feed(run, "target0", 200, 1, &s); }
+    assert_int_equal(diag_of(run, "target0", 1e9 + 6, &o).kind, MON_DIAG_OK);
+    assert_int_equal(diag_of(run, "target0", 1e9 + 12.9, &o).kind, MON_DIAG_OK);     /* 9.9 s */
+    assert_int_equal(diag_of(run, "target0", 1e9 + 13.0, &o).kind, MON_DIAG_STUCK);  /* 10 s */
+    assert_int_equal(diag_of(run, "target0", 1e9 + 21.0, &o).kind, MON_DIAG_SILENT); /* 15 s quiet */
+    mon_run_destroy(&run);
+}
+
+/* A drafter whose inbox is empty and that waits on input: starved, not stuck, however
+ * long it waits (its wait is still open, so its counters do not move). */
+static void test_starved_not_stuck(void **state) {
+    (void)state;
+    mon_diag_opts_t o = opts(10);
+    mon_run_t *run = mon_run_new();
+    synth_t s = {.state = "running", .inbox_cap = 1 << 28};
+    for (int t = 1; t <= 60; t++) {
+        s.t = t;
+        if (t <= 5) { s.busy += 0.7; s.wait_in += 0.3; s.last_prog = t; s.inbox = 1 << 20; s.state = "running"; }
+        else { s.state = "idle"; s.inbox = 0; }
+        feed(run, "drafter0", 100, 1, &s);
+        if (t < 2) continue;
+        mon_diag_t d = diag_of(run, "drafter0", 1e9 + t, &o);
+        assert_int_not_equal(d.kind, MON_DIAG_STUCK);
+        if (t >= 8) assert_int_equal(d.kind, MON_DIAG_STARVED);
+        if (t >= 10) assert_true(d.share_in > 0.6);
+        if (t >= 16) assert_non_null(strstr(d.why, "waiting for input"));
+    }
+    mon_run_destroy(&run);
+}
+
+static void test_backpressured_and_shares(void **state) {
+    (void)state;
+    mon_diag_opts_t o = opts(10);
+    mon_run_t *run = mon_run_new();
+    /* a target without a slot grant: blocked, its wait for credit counted at each grant */
+    synth_t a = {.state = "blocked"}, b = {.state = "running"}, c = {.state = "running"};
+    for (int t = 1; t <= 30; t++) {
+        a.t = b.t = c.t = t;
+        a.wait_cr += 0.7; a.busy += 0.3; a.last_prog = t;          /* progressing, mostly waiting */
+        b.wait_in += 0.3; b.busy += 0.7; b.last_prog = t;          /* 30% waiting: fine */
+        c.wait_in += 0.75; c.busy += 0.25; c.last_prog = t;        /* 75% waiting for input */
+        feed(run, "target0", 200, 1, &a);
+        feed(run, "target1", 201, 1, &b);
+        feed(run, "target2", 202, 1, &c);
+    }
+    mon_diag_t d = diag_of(run, "target0", 1e9 + 30, &o);
+    assert_int_equal(d.kind, MON_DIAG_BACKPRESSURED);
+    assert_true(fabs(d.share_credit - 0.7) < 1e-9);
+    d = diag_of(run, "target1", 1e9 + 30, &o);
+    assert_int_equal(d.kind, MON_DIAG_OK);
+    assert_true(fabs(d.share_busy - 0.7) < 1e-9);
+    d = diag_of(run, "target2", 1e9 + 30, &o);
+    assert_int_equal(d.kind, MON_DIAG_STARVED);
+    /* stalled while blocked: back-pressured, not stuck */
+    synth_t e = {.state = "blocked"};
+    for (int t = 1; t <= 30; t++) { e.t = t; feed(run, "target3", 203, 1, &e); }
+    d = diag_of(run, "target3", 1e9 + 30, &o);
+    assert_int_equal(d.kind, MON_DIAG_BACKPRESSURED);
+    assert_non_null(strstr(d.why, "waiting for credit"));
+    /* the loader's idle is waiting for work requests: credit */
+    mon_stage_view_t v = {.name = "loader", .role = MON_ROLE_LOADER, .state = "idle", .dt = 10,
+                          .since_progress_s = 100};
+    mon_diagnose(&v, &o, &d);
+    assert_int_equal(d.kind, MON_DIAG_BACKPRESSURED);
+    /* stopping / starting */
+    mon_stage_view_t w = {.name = "x", .role = MON_ROLE_DRAFTER, .state = "stopping", .since_progress_s = 500};
+    mon_diagnose(&w, &o, &d);
+    assert_int_equal(d.kind, MON_DIAG_STOPPED);
+    snprintf(w.state, sizeof w.state, "starting");
+    mon_diagnose(&w, &o, &d);
+    assert_int_equal(d.kind, MON_DIAG_STARTING);
+    mon_run_destroy(&run);
+}
+
+/* -------------------------------------------------------------- bottleneck */
+
+typedef struct {
+    mon_stage_view_t v[8];
+    mon_diag_t d[8];
+    int n;
+} fleet_t;
+
+static void add(fleet_t *f, const char *name, mon_role_t role, const char *state, double in, double cr,
+                double busy, double inbox_fill) {
+    mon_diag_opts_t o = opts(60);
+    mon_stage_view_t *v = &f->v[f->n];
+    memset(v, 0, sizeof *v);
+    v->name = name;
+    v->role = role;
+    snprintf(v->state, sizeof v->state, "%s", state);
+    v->dt = 10;
+    v->d_wait_input = 10 * in;
+    v->d_wait_credit = 10 * cr;
+    v->d_busy = 10 * busy;
+    v->since_progress_s = 0.5;
+    v->inbox_used = isnan(inbox_fill) ? NAN : inbox_fill * 1e9;
+    v->inbox_cap = isnan(inbox_fill) ? NAN : 1e9;
+    mon_diagnose(v, &o, &f->d[f->n]);
+    f->n++;
+}
+
+static void test_bottleneck(void **state) {
+    (void)state;
+    mon_topo_t cpu = {.n_targets = 2, .n_drafters = 2};
+    mon_topo_t gpu = {.gpu_mode = 1, .n_targets = 2, .n_drafters = 2, .target_gpus = {0, 1},
+                      .n_target_gpus = 2, .drafter_gpus = {2, 3}, .n_drafter_gpus = 2};
+    mon_bottleneck_t b;
+    /* targets busy, drafters starved with empty inboxes */
+    fleet_t f = {0};
+    add(&f, "target0", MON_ROLE_TARGET, "running", 0.05, 0, 0.95, NAN);
+    add(&f, "target1", MON_ROLE_TARGET, "running", 0.05, 0, 0.95, NAN);
+    add(&f, "drafter0", MON_ROLE_DRAFTER, "idle", 0.6, 0, 0.4, 0.02);
+    add(&f, "drafter1", MON_ROLE_DRAFTER, "idle", 0.6, 0, 0.4, 0.0);
+    add(&f, "optimizer", MON_ROLE_OPTIMIZER, "idle", 0.95, 0, 0.05, NAN);
+    mon_bottleneck(f.v, f.d, f.n, &cpu, "R", &b);
+    assert_int_equal(b.kind, MON_ROLE_TARGET);
+    assert_non_null(strstr(b.text, "targets are the bottleneck"));
+    assert_non_null(strstr(b.text, "--targets 3 --drafters 1"));
+    mon_bottleneck(f.v, f.d, f.n, &gpu, "R", &b);
+    assert_non_null(strstr(b.text, "move one GPU from drafters to targets"));
+    assert_non_null(strstr(b.text, "--target-gpus 0,1,3 --drafter-gpus 2"));
+    assert_true(fabs(b.inbox_fill - 0.01) < 1e-9);
+    /* drafters busy, targets blocked on credit, inboxes full */
+    fleet_t g = {0};
+    add(&g, "target0", MON_ROLE_TARGET, "blocked", 0, 0.6, 0.4, NAN);
+    add(&g, "target1", MON_ROLE_TARGET, "blocked", 0, 0.5, 0.5, NAN);
+    add(&g, "drafter0", MON_ROLE_DRAFTER, "running", 0.02, 0, 0.98, 0.9);
+    add(&g, "drafter1", MON_ROLE_DRAFTER, "running", 0.02, 0, 0.98, 0.95);
+    mon_bottleneck(g.v, g.d, g.n, &cpu, "R", &b);
+    assert_int_equal(b.kind, MON_ROLE_DRAFTER);
+    assert_non_null(strstr(b.text, "--targets 1 --drafters 3"));
+    mon_bottleneck(g.v, g.d, g.n, &gpu, "R", &b);
+    assert_non_null(strstr(b.text, "--target-gpus 0 --drafter-gpus 2,3,1"));
+    /* one GPU each: no GPU to move */
+    mon_topo_t gpu1 = {.gpu_mode = 1, .n_targets = 1, .n_drafters = 1, .target_gpus = {0},
+                       .n_target_gpus = 1, .drafter_gpus = {1}, .n_drafter_gpus = 1};
+    mon_bottleneck(g.v, g.d, g.n, &gpu1, "R", &b);
+    assert_non_null(strstr(b.text, "another GPU"));
+    /* the optimizer's synchronous step dominates */
+    fleet_t h = {0};
+    add(&h, "target0", MON_ROLE_TARGET, "blocked", 0, 0.5, 0.5, NAN);
+    add(&h, "drafter0", MON_ROLE_DRAFTER, "idle", 0.6, 0, 0.4, 0.1);
+    add(&h, "optimizer", MON_ROLE_OPTIMIZER, "idle", 0.2, 0, 0.8, NAN);
+    mon_bottleneck(h.v, h.d, h.n, &cpu, "R", &b);
+    assert_int_equal(b.kind, MON_ROLE_OPTIMIZER);
+    /* everyone starved: the loader */
+    fleet_t l = {0};
+    add(&l, "target0", MON_ROLE_TARGET, "idle", 0.8, 0, 0.2, NAN);
+    add(&l, "drafter0", MON_ROLE_DRAFTER, "idle", 0.8, 0, 0.2, 0.0);
+    mon_bottleneck(l.v, l.d, l.n, &cpu, "R", &b);
+    assert_int_equal(b.kind, MON_ROLE_LOADER);
+    /* balanced, moderately busy: no clear bottleneck */
+    fleet_t m = {0};
+    add(&m, "target0", MON_ROLE_TARGET, "running", 0.35, 0, 0.65, NAN);
+    add(&m, "drafter0", MON_ROLE_DRAFTER, "running", 0.25, 0.1, 0.65, 0.4);
+    mon_bottleneck(m.v, m.d, m.n, &cpu, "R", &b);
+    assert_int_equal(b.kind, MON_ROLE_UNKNOWN);
+    assert_non_null(strstr(b.text, "no clear bottleneck"));
+    /* a stuck stage is named first */
+    fleet_t s = g;
+    s.v[2].since_progress_s = 100;
+    mon_diag_opts_t o = opts(60);
+    mon_diagnose(&s.v[2], &o, &s.d[2]);
+    assert_int_equal(s.d[2].kind, MON_DIAG_STUCK);
+    mon_bottleneck(s.v, s.d, s.n, &cpu, "R", &b);
+    assert_int_equal(b.kind, MON_ROLE_DRAFTER);
+    assert_non_null(strstr(b.text, "drafter0 is stuck"));
+    assert_non_null(strstr(b.text, "R/logs/drafter0.log"));
+}
+
+/* The synthetic stall fixture end to end through the snapshot text. */
+static void test_report_stall_fixture(void **state) {
+    (void)state;
+    mon_run_t *run = mon_run_open("tests/fixtures/monitor/stall");
+    assert_non_null(run);
+    assert_true(mon_run_poll(run) > 0);
+    assert_int_equal(run->bad_lines, 0);
+    mon_report_opts_t ro = {0};
+    ro.wall = run->last_ts + 3600;                  /* a finished run: judged at its end */
+    ro.now = mon_report_now(run, ro.wall, 10);
+    assert_true(ro.now == run->last_ts);
+    mon_diag_opts_default(&ro.diag);
+    ro.diag.stall_s = 20;
+    assert_int_equal(mon_topo_read("tests/fixtures/monitor/stall", &ro.topo), 0);
+    assert_int_equal(ro.topo.max_steps, 100);
+    char *text = NULL;
+    assert_int_equal(mon_report(run, &ro, &text), 0);
+    const struct { const char *stage, *diag; } want[] = {
+        {"drafter0", "stuck:"}, {"drafter1", "starved:"}, {"target0", "back-pressured:"},
+        {"target1", "starved:"}, {"optimizer", "starved:"}};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        const char *l = strstr(text, want[i].stage);
+        while (l && l[-1] != '\n') l = strstr(l + 1, want[i].stage);   /* the stage row */
+        assert_non_null(l);
+        const char *e = strchr(l, '\n');
+        char row[256];
+        snprintf(row, sizeof row, "%.*s", (int)(e - l), l);
+        if (!strstr(row, want[i].diag)) fail_msg("%s: expected %s in '%s'", want[i].stage, want[i].diag, row);
+    }
+    assert_non_null(strstr(text, "bottleneck: drafter0 is stuck"));
+    assert_non_null(strstr(text, "step 10/100"));
+    assert_non_null(strstr(text, "ETA 1m30s"));              /* 90 steps left at 1 s/step */
+    assert_non_null(strstr(text, "90.0%"));                  /* drafter0's inbox fill */
+    assert_non_null(strstr(text, "GPU          n/a"));
+    free(text);
+    /* with a longer stall-s nothing is stuck yet: drafter0 is busy */
+    ro.diag.stall_s = 60;
+    assert_int_equal(mon_report(run, &ro, &text), 0);
+    assert_null(strstr(text, "stuck:"));
+    free(text);
+    /* ETA / tokens/s: 512 tokens per 1 s step */
+    assert_true(fabs(mon_tokens_per_s(run) - 512) < 1e-6);
+    assert_true(fabs(mon_eta_s(run, 100) - 90) < 1e-6);
+    assert_true(isnan(mon_eta_s(run, 0)));
+    mon_run_destroy(&run);
+}
+
+/* -------------------------------------------------------------- Prometheus */
+
+static int valid_name(const char *s, size_t n) {
+    if (!n) return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == ':' ||
+                 (i > 0 && c >= '0' && c <= '9');
+        if (!ok) return 0;
+    }
+    return 1;
+}
+
+/* Checks every line against the text exposition format 0.0.4; returns the number of
+ * samples, or fails. Families: TYPE before samples, once; names valid; labels
+ * name="escaped value"; value a float, NaN or +-Inf. */
+static int check_exposition(const char *text) {
+    char typed[512][96];
+    int n_typed = 0, samples = 0;
+    for (const char *l = text; *l;) {
+        const char *e = strchr(l, '\n');
+        if (!e) fail_msg("last line without a newline");
+        size_t L = (size_t)(e - l);
+        char line[1024];
+        assert_true(L < sizeof line);
+        memcpy(line, l, L);
+        line[L] = 0;
+        if (!strncmp(line, "# HELP ", 7)) {
+            char *sp = strchr(line + 7, ' ');
+            assert_non_null(sp);
+            assert_true(valid_name(line + 7, (size_t)(sp - line - 7)));
+        } else if (!strncmp(line, "# TYPE ", 7)) {
+            char name[128], type[32];
+            assert_int_equal(sscanf(line + 7, "%127s %31s", name, type), 2);
+            assert_true(valid_name(name, strlen(name)));
+            assert_true(!strcmp(type, "gauge") || !strcmp(type, "counter"));
+            for (int i = 0; i < n_typed; i++)
+                if (!strcmp(typed[i], name)) fail_msg("TYPE %s twice", name);
+            assert_true(n_typed < 512);
+            snprintf(typed[n_typed++], 96, "%s", name);
+        } else {
+            const char *p = line;
+            while (*p && *p != '{' && *p != ' ') p++;
+            assert_true(valid_name(line, (size_t)(p - line)));
+            char name[128];
+            snprintf(name, sizeof name, "%.*s", (int)(p - line), line);
+            int found = 0;
+            for (int i = 0; i < n_typed; i++) found |= !strcmp(typed[i], name);
+            if (!found) fail_msg("sample %s before its TYPE", name);
+            if (*p == '{') {
+                p++;
+                while (*p != '}') {
+                    const char *k = p;
+                    while (*p && *p != '=') p++;
+                    assert_true(valid_name(k, (size_t)(p - k)));
+                    assert_true(p[0] == '=' && p[1] == '"');
+                    p += 2;
+                    while (*p && *p != '"') {
+                        if (*p == '\\') { assert_true(p[1] == '\\' || p[1] == '"' || p[1] == 'n'); p++; }
+                        p++;
+                    }
+                    assert_true(*p == '"');
+                    p++;
+                    if (*p == ',') p++;
+                    else assert_true(*p == '}');
+                }
+                p++;
+            }
+            assert_true(*p == ' ');
+            p++;
+            if (strcmp(p, "NaN") && strcmp(p, "+Inf") && strcmp(p, "-Inf")) {
+                char *end;
+                strtod(p, &end);
+                if (*end || end == p) fail_msg("bad value in '%s'", line);
+            }
+            samples++;
+        }
+        l = e + 1;
+    }
+    return samples;
+}
+
+/* Value of the sample line starting with prefix (not a HELP/TYPE line). */
+static double sample_value(const char *text, const char *prefix) {
+    for (const char *l = text; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : NULL)
+        if (!strncmp(l, prefix, strlen(prefix))) return strtod(l + strlen(prefix), NULL);
+    return NAN;
+}
+
+static void test_prom_render(void **state) {
+    (void)state;
+    mon_run_t *run = mon_run_open("tests/fixtures/monitor/stall");
+    assert_non_null(run);
+    mon_run_poll(run);
+    mon_diag_opts_t o = opts(20);
+    char *text = NULL;
+    size_t len = 0;
+    assert_int_equal(mon_prom_render(run, run->last_ts, &o, NULL, &text, &len), 0);
+    assert_int_equal(strlen(text), len);
+    int samples = check_exposition(text);
+    assert_true(samples > 60);
+    /* values as in the file: drafter1 waited 10 x 0.3 s for input before t = 10 s */
+    assert_true(fabs(sample_value(text, "draftline_wait_input_seconds_total{stage=\"drafter1\",role=\"drafter\"} ") - 3.0) < 1e-9);
+    assert_true(sample_value(text, "draftline_inbox_gpu_cap{stage=\"drafter0\",role=\"drafter\"} ") == 268435456.0);
+    assert_true(sample_value(text, "draftline_stage_diagnosis{stage=\"drafter0\",role=\"drafter\",diagnosis=\"stuck\"} ") == 1);
+    assert_true(sample_value(text, "draftline_stage_diagnosis{stage=\"drafter1\",role=\"drafter\",diagnosis=\"starved\"} ") == 1);
+    assert_true(sample_value(text, "draftline_train_step ") == 9);
+    assert_true(sample_value(text, "draftline_train_tokens_total ") == 5120);
+    assert_non_null(strstr(text, "# TYPE draftline_wait_input_seconds_total counter"));
+    assert_non_null(strstr(text, "# TYPE draftline_since_progress_seconds gauge"));
+    assert_non_null(strstr(text, "draftline_train_accuracy{position=\"7\"} "));
+    assert_non_null(strstr(text, "draftline_bottleneck{role=\"drafter\"} 1"));
+    free(text);
+    /* names sanitised, label values escaped, non-finite values spelled as the format */
+    mon_run_t *r2 = mon_run_new();
+    const char *names[] = {"tok/s", "9lives", "inf"};
+    double vals[] = {NAN, 1, INFINITY};
+    assert_int_equal(mon_run_ingest_metrics(r2, 5, "we\"ird\\x", 100, 1, "running", names, vals, 3), 0);
+    assert_int_equal(mon_prom_render(r2, 5, NULL, NULL, &text, &len), 0);
+    check_exposition(text);
+    assert_non_null(strstr(text, "draftline_tok_s{stage=\"we\\\"ird\\\\x\",role=\"drafter\"} NaN"));
+    assert_non_null(strstr(text, "draftline_9lives{"));
+    assert_non_null(strstr(text, "draftline_inf{stage=\"we\\\"ird\\\\x\",role=\"drafter\"} +Inf"));
+    free(text);
+    char out[64];
+    mon_prom_sanitize("", "9a-b.c", out, sizeof out);
+    assert_string_equal(out, "_9a_b_c");
+    mon_run_destroy(&r2);
+    mon_run_destroy(&run);
+}
+
+/* -------------------------------------------------------------- plot, NVML */
+
+static void test_plot_png(void **state) {
+    (void)state;
+    mon_run_t *run = mon_run_open("tests/fixtures/monitor/run_cpu");
+    assert_non_null(run);
+    mon_run_poll(run);
+    char p[400];
+    snprintf(p, sizeof p, "%s/plot.png", tmpdir);
+    mon_plot_opts_t po = {.width = 900, .height = 1000};
+    assert_int_equal(mon_plot_png(run, p, &po), 0);        /* cairo reported success */
+    FILE *f = fopen(p, "rb");
+    assert_non_null(f);
+    unsigned char h[24];
+    assert_int_equal(fread(h, 1, 24, f), 24);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fclose(f);
+    static const unsigned char sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    assert_memory_equal(h, sig, 8);
+    assert_memory_equal(h + 12, "IHDR", 4);
+    unsigned w = (unsigned)h[16] << 24 | h[17] << 16 | h[18] << 8 | h[19];
+    unsigned hh = (unsigned)h[20] << 24 | h[21] << 16 | h[22] << 8 | h[23];
+    assert_int_equal(w, 900);
+    assert_int_equal(hh, 1000);
+    assert_true(size > 20000);                  /* drawn, not blank (a blank PNG is ~3 KB) */
+    char tmp[420];
+    snprintf(tmp, sizeof tmp, "%s.tmp", p);
+    assert_int_not_equal(access(tmp, F_OK), 0);
+    /* no steps: a clear error; an unwritable path: cairo's error */
+    mon_run_t *empty = mon_run_new();
+    assert_int_equal(mon_plot_png(empty, p, NULL), DL_ENOENT);
+    assert_int_equal(mon_plot_png(run, "/nonexistent-dir/x.png", NULL), DL_EIO);
+    assert_non_null(strstr(dl_errmsg(), "cairo"));
+    mon_run_destroy(&empty);
+    mon_run_destroy(&run);
+}
+
+static void test_nvml_absent(void **state) {
+    (void)state;
+    mon_nvml_t *n = mon_nvml_open("/nonexistent/libnvidia-ml.so.1");
+    assert_null(n);
+    assert_non_null(strstr(dl_errmsg(), "not loadable"));
+    assert_int_equal(mon_nvml_count(NULL), 0);
+    mon_gpu_t g;
+    assert_int_equal(mon_nvml_query(NULL, 0, &g), DL_ERANGE);
+    mon_nvml_close(&n);
+    /* the real library when present (GPU machines): counts and figures are sane */
+    n = mon_nvml_open(NULL);
+    if (n) {
+        for (int i = 0; i < mon_nvml_count(n); i++) {
+            assert_int_equal(mon_nvml_query(n, i, &g), 0);
+            assert_true(g.mem_total > 0 && g.mem_used <= g.mem_total && g.util_gpu_pct <= 100);
+        }
+        mon_nvml_close(&n);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_tail_partial_truncate_rotate, setup_tmp, teardown_tmp),
+        cmocka_unit_test(test_parse_real_run),
+        cmocka_unit_test(test_incarnation_resets_history),
+        cmocka_unit_test(test_stuck_within_stall_s),
+        cmocka_unit_test(test_stuck_between_samples_and_silent),
+        cmocka_unit_test(test_starved_not_stuck),
+        cmocka_unit_test(test_backpressured_and_shares),
+        cmocka_unit_test(test_bottleneck),
+        cmocka_unit_test(test_report_stall_fixture),
+        cmocka_unit_test(test_prom_render),
+        cmocka_unit_test_setup_teardown(test_plot_png, setup_tmp, teardown_tmp),
+        cmocka_unit_test(test_nvml_absent),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
