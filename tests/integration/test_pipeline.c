@@ -11,7 +11,9 @@
  *  - --resume from step 2 reproduces the uninterrupted run's step 4 bitwise;
  *  - 3 targets feeding 1 drafter keep the drafter inbox within --inbox-gb +
  *    --host-inbox-gb (metrics), and (gradients summed in micro-batch order) give the
- *    same weights as the 1-1 run, bitwise.
+ *    same weights as the 1-1 run, bitwise;
+ *  - a YAML config; a target killed with SIGKILL mid-run is restarted and the run
+ *    ends with the undisturbed run's weights, bitwise.
  * Each run has a hard timeout; the run's process group is killed and reaped. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -188,6 +190,33 @@ static int run_child(void *arg, int report_fd) {
     return 127;
 }
 
+/* When set, run_pipeline kills this stage with SIGKILL once the run has applied
+ * kill_after_steps steps (the supervisor must restart it). */
+static const char *kill_stage;
+static int kill_after_steps;
+
+static int count_lines(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    int n = 0, c;
+    while ((c = fgetc(f)) != EOF) n += c == '\n';
+    fclose(f);
+    return n;
+}
+
+static pid_t stage_pid(const char *log, const char *stage) {
+    FILE *f = fopen(log, "r");
+    char line[2048], pat[64];
+    pid_t pid = 0;
+    snprintf(pat, sizeof pat, "started %s (pid ", stage);
+    while (f && fgets(line, sizeof line, f)) {
+        char *p = strstr(line, pat);
+        if (p) pid = (pid_t)atoi(p + strlen(pat));
+    }
+    if (f) fclose(f);
+    return pid;
+}
+
 /* Runs `draftline run` with the common tiny settings plus extra args; returns the
  * exit code; run_id (17 bytes) gets the run id printed by the supervisor. */
 static int run_pipeline(const char *out, const char *run_id_out_path, char *run_id, int timeout_s, ...) {
@@ -212,7 +241,21 @@ static int run_pipeline(const char *out, const char *run_id_out_path, char *run_
     proc_t p;
     assert_int_equal(proc_spawn(&p, "draftline run", run_child, &a), 0);
     int code = -1;
-    int rc = proc_wait(&p, timeout_s * 1000, &code);
+    int rc;
+    if (kill_stage) {
+        char steps[500];
+        snprintf(steps, sizeof steps, "%s/steps.jsonl", out);
+        int waited = 0;
+        while (count_lines(steps) < kill_after_steps && waited < timeout_s * 1000) {
+            usleep(20000);
+            waited += 20;
+        }
+        pid_t victim = stage_pid(run_id_out_path, kill_stage);
+        assert_true(victim > 0);
+        assert_int_equal(kill(victim, SIGKILL), 0);
+        kill_stage = NULL;
+    }
+    rc = proc_wait(&p, timeout_s * 1000, &code);
     /* nothing of the run's process group may be left */
     int left = kill(-p.pid, 0) == 0;
     proc_kill(&p);
@@ -430,12 +473,45 @@ static void test_three_targets_one_drafter_inbox_bound(void **state) {
     assert_true(same_file(a, b));
 }
 
+/* A YAML config with the same keys as the flags; a target killed with SIGKILL
+ * mid-run is restarted by the supervisor, its micro-batches re-issued, and the run
+ * ends with the same weights as the undisturbed run, bitwise. */
+static void test_config_file_and_target_crash(void **state) {
+    (void)state;
+    char cfg[400], out[400], log[400], id[17], a[600], b[600];
+    snprintf(cfg, sizeof cfg, "%s/run.yaml", root);
+    FILE *f = fopen(cfg, "w");
+    assert_non_null(f);
+    fprintf(f, "# same keys as the flags\nmax-steps: 30\nsave-every: 0\ndeterministic: true\n"
+               "targets: 2\nprefetch: 2\n");
+    fclose(f);
+    snprintf(out, sizeof out, "%s/u", root);
+    snprintf(log, sizeof log, "%s/u.out", root);
+    assert_int_equal(run_pipeline(out, log, id, 120, "--config", cfg, NULL), 0);
+    snprintf(out, sizeof out, "%s/k", root);
+    snprintf(log, sizeof log, "%s/k.out", root);
+    kill_stage = "target1";
+    kill_after_steps = 10;
+    assert_int_equal(run_pipeline(out, log, id, 120, "--config", cfg, NULL), 0);
+    assert_int_equal(count_lines(log) > 0, 1);
+    size_t len;
+    char *txt = slurp(log, &len);
+    assert_non_null(strstr(txt, "target1 died (signal 9)"));
+    assert_non_null(strstr(txt, "30 steps"));
+    assert_non_null(strstr(txt, "1 restart(s)"));
+    free(txt);
+    snprintf(a, sizeof a, "%s/u/checkpoints/step_30/state.bin", root);
+    snprintf(b, sizeof b, "%s/k/checkpoints/step_30/state.bin", root);
+    assert_true(same_file(a, b));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_short_run_checkpoint_loads_back),
         cmocka_unit_test(test_deterministic_twice_bitwise),
         cmocka_unit_test(test_resume_reproduces_next_steps),
         cmocka_unit_test(test_three_targets_one_drafter_inbox_bound),
+        cmocka_unit_test(test_config_file_and_target_crash),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
