@@ -275,6 +275,7 @@ struct prom_conn {
     size_t req_len;
     char *resp;
     int closing, answered;
+    int handles;                /* tcp + timer not yet closed */
     prom_conn_t *next;
 };
 
@@ -286,7 +287,7 @@ static void on_handle_closed(uv_handle_t *h) {
     prom_conn_t *c = h->data;
     prom_server_t *s = c->srv;
     s->open_handles--;
-    if (h == (uv_handle_t *)&c->timer) {        /* the timer closes last */
+    if (--c->handles == 0) {                    /* libuv gives no order between the two */
         free(c->resp);
         free(c);
     }
@@ -392,6 +393,7 @@ static void on_connection(uv_stream_t *server, int status) {
     uv_tcp_init(s->loop, &c->tcp);
     uv_timer_init(s->loop, &c->timer);
     c->tcp.data = c->timer.data = c;
+    c->handles = 2;
     s->open_handles += 2;
     c->next = s->conns;
     s->conns = c;
