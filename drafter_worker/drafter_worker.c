@@ -364,6 +364,11 @@ static void on_hs_ready(dw_t *W, int pi, const proto_hidden_states_ready_t *h) {
     }
     inbox_slot_t s;
     inbox_get(W->ib, h->slot_id, &s);
+    /* never compute on another GPU's memory (host tiers always pass) */
+    if (slab_check_gpu(slab_handle(W->tier[s.tier]), W->st.gpu_uuid) < 0) {
+        log_error("refusing micro-batch %llu: %s", (unsigned long long)h->mb, dl_errmsg());
+        exit(1);
+    }
     uint64_t row = (uint64_t)W->dcfg.n_feat * (uint64_t)W->dcfg.D;
     pipe_layout_t l = pipe_layout(h->shape[0], h->n_seqs, row, 4);
     int bad = h->dtype != PROTO_DTYPE_F32 || h->ndim != 2 || h->shape[1] != row ||

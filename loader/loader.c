@@ -256,6 +256,16 @@ static void on_control(stage_t *st, const proto_control_t *c, void *arg) {
      * that are gone; their work is re-issued now rather than at heartbeat timeout. */
     if (c->op == PROTO_CTL_MEMBERSHIP) {
         for (uint32_t j = 0; j < c->n_ints; j++)
+            if (c->ints[j] >= PIPE_ID_DRAFTER0 && c->ints[j] < PIPE_ID_TARGET0) {
+                /* a drafter died: what its inbox held is lost; re-issue every unapplied
+                 * micro-batch (duplicates are dropped by the drafters and the ledger) */
+                size_t n = 0;
+                for (size_t k = 0; k < L->ninflight; k++)
+                    if (L->inflight[k].peer >= 0) { L->inflight[k].peer = -1; n++; }
+                log_warn("drafter %lld gone: %zu unapplied micro-batch(es) queued for re-issue",
+                         (long long)(c->ints[j] - PIPE_ID_DRAFTER0), n);
+            }
+        for (uint32_t j = 0; j < c->n_ints; j++)
             for (int i = 0; i < L->npeers; i++)
                 if (L->peers[i].target_id == (uint32_t)c->ints[j] && c->ints[j] >= PIPE_ID_TARGET0) {
                     L->peers[i].alive = 0;

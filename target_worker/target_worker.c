@@ -301,7 +301,10 @@ static void on_drafter_dead(bus_t *bus, const char *peer, uint64_t ms, void *arg
 }
 
 static int set_route(tw_t *T, int d) {
-    if (d == T->route && T->drafter) return 0;
+    if (d == T->route && T->drafter) {
+        send_hello(T, T->drafter); /* the drafter may have restarted: it must know us */
+        return 0;
+    }
     if (T->drafter) {
         /* hand back unused grants of the old route */
         for (int i = 0; i < T->gn; i++) {

@@ -211,6 +211,11 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
         log_info("%s is up (pid %u, incarnation %llu)", peer, m.hello.pid,
                  (unsigned long long)m.hello.incarnation);
         if (m.hello.stage_id >= PIPE_ID_TARGET0) push_route(S, x);
+        /* a restarted drafter must hear from its targets again: re-push their routes */
+        if (m.hello.stage_id >= PIPE_ID_DRAFTER0 && m.hello.stage_id < PIPE_ID_TARGET0 &&
+            m.hello.incarnation > 1)
+            for (int i = 0; i < S->n; i++)
+                if (S->st[i].spec->stage_id >= PIPE_ID_TARGET0) push_route(S, &S->st[i]);
         if (S->stopping && x->pid > 0) kill(x->pid, SIGTERM);
         break;
     }
@@ -302,8 +307,10 @@ static void reap(sup_t *S) {
             x->restarts++;
             S->sum->restarts++;
             x->restart_at = clock_mono_s() + backoff;
-            /* the loader re-issues the work of a dead target right away */
-            if (x->spec->stage_id >= PIPE_ID_TARGET0) {
+            /* the loader re-issues the work of a dead target right away; a dead
+             * drafter loses what its inbox held, so all unapplied work goes again
+             * (the ledger drops the duplicates) */
+            if (x->spec->stage_id >= PIPE_ID_DRAFTER0) {
                 int64_t id = x->spec->stage_id;
                 sstage_t *L = by_id(S, PIPE_ID_LOADER);
                 if (L) send_ctl(S, L, PROTO_CTL_MEMBERSHIP, &id, 1);
@@ -317,6 +324,8 @@ static void reap(sup_t *S) {
 static void on_signal(uv_signal_t *h, int signum) {
     sup_t *S = h->data;
     if (signum == SIGCHLD) { reap(S); return; }
+    /* the same Ctrl-C can arrive twice (e.g. through timeout(1)): only a later one kills */
+    if (S->stopping && clock_mono_s() - S->t_stop < 2.0) return;
     if (S->stopping) {
         log_warn("second signal: killing every stage");
         for (int i = 0; i < S->n; i++) if (S->st[i].pid > 0) kill(S->st[i].pid, SIGKILL);

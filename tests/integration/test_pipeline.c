@@ -273,7 +273,11 @@ static int run_pipeline(const char *out, const char *run_id_out_path, char *run_
         snprintf(cmd, sizeof cmd, "tail -n 30 %s; tail -n 20 %s/logs/*.log", run_id_out_path, out);
         if (system(cmd) != 0) {}
     }
-    if (run_id[0]) assert_int_equal(slab_count(run_id), 0);
+    if (run_id[0]) {
+        int shm_left = slab_count(run_id);
+        slab_sweep(run_id); /* clean even when the assertion fails */
+        assert_int_equal(shm_left, 0);
+    }
     return code;
 }
 
@@ -385,6 +389,23 @@ static void test_short_run_checkpoint_loads_back(void **state) {
     free(master); free(m); free(v);
     drafter_destroy(&d);
     ops_ctx_destroy(&ops);
+    /* no handle opened in the hot loop: one open per peer slab for the whole run
+     * (target: the drafter's inbox tier; drafter: the weights; optimizer: the grads) */
+    snprintf(p, sizeof p, "%s/metrics.jsonl", out);
+    txt = slurp(p, &len);
+    assert_non_null(txt);
+    double opens[3] = {0, 0, 0};
+    const char *who[3] = {"target0", "drafter0", "optimizer"};
+    for (char *l = strtok(txt, "\n"); l; l = strtok(NULL, "\n")) {
+        cJSON *x = cJSON_Parse(l);
+        assert_non_null(x);
+        const cJSON *st = cJSON_GetObjectItem(x, "stage"), *ho = cJSON_GetObjectItem(x, "handle_opens");
+        for (int k = 0; k < 3; k++)
+            if (ho && !strcmp(st->valuestring, who[k]) && ho->valuedouble > opens[k]) opens[k] = ho->valuedouble;
+        cJSON_Delete(x);
+    }
+    free(txt);
+    for (int k = 0; k < 3; k++) assert_true(opens[k] == 1.0);
 }
 
 static void test_deterministic_twice_bitwise(void **state) {
@@ -473,9 +494,9 @@ static void test_three_targets_one_drafter_inbox_bound(void **state) {
     assert_true(same_file(a, b));
 }
 
-/* A YAML config with the same keys as the flags; a target killed with SIGKILL
- * mid-run is restarted by the supervisor, its micro-batches re-issued, and the run
- * ends with the same weights as the undisturbed run, bitwise. */
+/* A YAML config with the same keys as the flags; a target, then a drafter, killed
+ * with SIGKILL mid-run is restarted by the supervisor, the lost micro-batches are
+ * re-issued, and the run ends with the same weights as the undisturbed run, bitwise. */
 static void test_config_file_and_target_crash(void **state) {
     (void)state;
     char cfg[400], out[400], log[400], id[17], a[600], b[600];
@@ -502,6 +523,18 @@ static void test_config_file_and_target_crash(void **state) {
     free(txt);
     snprintf(a, sizeof a, "%s/u/checkpoints/step_30/state.bin", root);
     snprintf(b, sizeof b, "%s/k/checkpoints/step_30/state.bin", root);
+    assert_true(same_file(a, b));
+    /* the drafter dies: what its inbox held is re-issued; same weights again */
+    snprintf(out, sizeof out, "%s/kd", root);
+    snprintf(log, sizeof log, "%s/kd.out", root);
+    kill_stage = "drafter0";
+    kill_after_steps = 10;
+    assert_int_equal(run_pipeline(out, log, id, 120, "--config", cfg, NULL), 0);
+    txt = slurp(log, &len);
+    assert_non_null(strstr(txt, "drafter0 died (signal 9)"));
+    assert_non_null(strstr(txt, "1 restart(s)"));
+    free(txt);
+    snprintf(b, sizeof b, "%s/kd/checkpoints/step_30/state.bin", root);
     assert_true(same_file(a, b));
 }
 
