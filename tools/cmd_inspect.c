@@ -84,7 +84,7 @@ static int inspect_safetensors(const char *path, int is_dir, int all) {
         if (rc == 0) print_config(&m);
         else {
             /* not a target: show the config's top-level scalars (e.g. a drafter's) */
-            printf("config        %s\n", dl_errmsg());
+            printf("config        not a target model (%s); top-level fields:\n", dl_errmsg());
             FILE *f = fopen(cp, "rb");
             if (f) {
                 char buf[1 << 16];

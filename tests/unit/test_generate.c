@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/base/err.h"
@@ -277,6 +278,35 @@ static void test_smollm2_paris(void **s) {
     smol_teardown(&sm);
 }
 
+/* The same through the command line: `draftline generate` (DL_BIN_DIR, default bin/). */
+static void test_cli_generate(void **s) {
+    (void)s;
+    char model[1024];
+    assert_int_equal(paths_default_model(model, sizeof model), 0);
+    if (access(model, R_OK) != 0) skip();
+    const char *bin = getenv("DL_BIN_DIR");
+    char exe[1024], cmd[1400];
+    snprintf(exe, sizeof exe, "%s/draftline", bin ? bin : "bin");
+    if (access(exe, X_OK) != 0) {
+        fprintf(stderr, "skip: %s not built\n", exe);
+        skip();
+    }
+    snprintf(cmd, sizeof cmd, "timeout 300 '%s' generate --prompt 'What is the capital of France?' "
+             "--max-new-tokens 24 2>/dev/null", exe);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    char out[4096];
+    size_t n = fread(out, 1, sizeof out - 1, f);
+    out[n] = 0;
+    int st = pclose(f);
+    printf("  draftline generate: \"%s\"\n", out);
+    assert_int_equal(st, 0);
+    assert_non_null(strstr(out, "Paris"));
+    /* usage errors exit 2 */
+    snprintf(cmd, sizeof cmd, "'%s' generate --max-new-tokens 0 --prompt x >/dev/null 2>&1", exe);
+    assert_int_equal(WEXITSTATUS(system(cmd)), 2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sampling),
@@ -284,6 +314,7 @@ int main(void) {
         cmocka_unit_test(test_incremental_qwen3),
         cmocka_unit_test(test_incremental_qwen2),
         cmocka_unit_test(test_smollm2_paris),
+        cmocka_unit_test(test_cli_generate),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char model[1024];
