@@ -286,6 +286,10 @@ static void after_work_cb(uv_work_t *req, int status) {
     g->bytes = W->P * sizeof(float);
     g->n_params = W->P;
     if (!isfinite(g->weight_sum) || g->weight_sum < 0) g->weight_sum = 0;
+    /* test hook: DL_TEST_NAN_MB=<mb> poisons that micro-batch's loss (the optimizer
+     * must skip its step and report it) */
+    const char *nan_mb = getenv("DL_TEST_NAN_MB");
+    if (nan_mb && strtoull(nan_mb, NULL, 10) == it->mb) g->loss_sum = NAN;
     stage_send(W->opt, NULL, &m);
     W->sent[it->mb_in_step] = 1;
     W->computed++;

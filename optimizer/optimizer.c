@@ -257,9 +257,12 @@ static void apply_step(opt_t *O) {
     stage_metric(&mm.metrics, "acc_mean", n_acc > 1 ? accm / (n_acc - 1) : 0);
     stage_send(O->st.sup, NULL, &mm);
     if (O->steps_log) {
-        fprintf(O->steps_log, "{\"step\":%llu,\"loss\":%.9g,\"grad_norm\":%.9g,\"lr\":%.9g,\"tokens\":%llu,"
-                "\"skipped\":%d,\"acc_mean\":%.6f,\"t\":%.3f}\n", (unsigned long long)applied, loss,
-                gnorm, lr, (unsigned long long)O->tokens, skip, n_acc > 1 ? accm / (n_acc - 1) : 0.0,
+        char ls[32], gs[32]; /* JSON has no NaN: null */
+        snprintf(ls, sizeof ls, isfinite(loss) ? "%.9g" : "null", loss);
+        snprintf(gs, sizeof gs, isfinite(gnorm) ? "%.9g" : "null", gnorm);
+        fprintf(O->steps_log, "{\"step\":%llu,\"loss\":%s,\"grad_norm\":%s,\"lr\":%.9g,\"tokens\":%llu,"
+                "\"skipped\":%d,\"acc_mean\":%.6f,\"t\":%.3f}\n", (unsigned long long)applied, ls, gs,
+                lr, (unsigned long long)O->tokens, skip, n_acc > 1 ? accm / (n_acc - 1) : 0.0,
                 now - O->t_step0);
         fflush(O->steps_log);
     }

@@ -538,6 +538,46 @@ static void test_config_file_and_target_crash(void **state) {
     assert_true(same_file(a, b));
 }
 
+/* A NaN loss in micro-batch 4 (step 2; test hook DL_TEST_NAN_MB in the drafter):
+ * the optimizer skips step 2, reports it, and leaves weights and moments unchanged;
+ * training goes on. */
+static void test_nan_step_skipped(void **state) {
+    (void)state;
+    char out[400], log[400], id[17], a[600], b[600];
+    snprintf(out, sizeof out, "%s/n", root);
+    snprintf(log, sizeof log, "%s/n.out", root);
+    setenv("DL_TEST_NAN_MB", "4", 1);
+    int code = run_pipeline(out, log, id, 120, "--max-steps", "4", "--save-every", "1", "--deterministic", NULL);
+    unsetenv("DL_TEST_NAN_MB");
+    assert_int_equal(code, 0);
+    snprintf(a, sizeof a, "%s/n/steps.jsonl", root);
+    size_t len;
+    char *txt = slurp(a, &len);
+    assert_non_null(strstr(txt, "{\"step\":2,\"loss\":null"));
+    char *s2 = strstr(txt, "{\"step\":2,");
+    assert_non_null(strstr(s2, "\"skipped\":1"));
+    char *s3 = strstr(txt, "{\"step\":3,");
+    assert_non_null(s3);
+    assert_non_null(strstr(s3, "\"skipped\":0"));
+    free(txt);
+    snprintf(a, sizeof a, "%s/n/logs/optimizer.log", root);
+    txt = slurp(a, &len);
+    assert_non_null(strstr(txt, "step 2 skipped"));
+    assert_non_null(strstr(txt, "micro-batches [4,5]"));
+    free(txt);
+    snprintf(a, sizeof a, "%s/n/checkpoints/step_2/state.bin", root);
+    snprintf(b, sizeof b, "%s/n/checkpoints/step_3/state.bin", root);
+    size_t na, nb;
+    char *x = slurp(a, &na), *y = slurp(b, &nb);
+    assert_int_equal(na, nb);
+    size_t hdr = sizeof(ckpt_state_hdr_t);
+    assert_memory_equal(x + hdr, y + hdr, na - hdr); /* master, m, v unchanged */
+    free(x);
+    free(y);
+    snprintf(b, sizeof b, "%s/n/checkpoints/step_4/state.bin", root);
+    assert_false(same_file(a, b)); /* step 3 trained again */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_short_run_checkpoint_loads_back),
@@ -545,6 +585,7 @@ int main(void) {
         cmocka_unit_test(test_resume_reproduces_next_steps),
         cmocka_unit_test(test_three_targets_one_drafter_inbox_bound),
         cmocka_unit_test(test_config_file_and_target_crash),
+        cmocka_unit_test(test_nan_step_skipped),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
