@@ -124,6 +124,7 @@ void mon_diagnose(const mon_stage_view_t *v, const mon_diag_opts_t *o, mon_diag_
         return;
     }
     int stalled = isfinite(v->since_progress_s) && v->since_progress_s >= o->stall_s;
+    out->stalled = stalled;
     int have = v->dt > 0;
     int waits_in = now == NOW_INPUT || (have && out->share_in >= o->wait_share);
     int waits_cr = now == NOW_CREDIT || (have && out->share_credit >= o->wait_share);
@@ -304,6 +305,21 @@ void mon_bottleneck(const mon_stage_view_t *views, const mon_diag_t *diags, int 
         fmt(out->text, sizeof out->text, "%s is %s (%s): the pipeline waits on it; see %s/logs/%s.log",
             views[i].name ? views[i].name : "a stage", mon_diag_name(diags[i].kind), diags[i].why,
             run_dir && *run_dir ? run_dir : "DIR", views[i].name ? views[i].name : "STAGE");
+        return;
+    }
+    int live = 0, waiting = 0;
+    for (int i = 0; i < n; i++) {
+        if (!counts(diags[i].kind)) continue;
+        live++;
+        waiting += diags[i].stalled &&
+                   (diags[i].kind == MON_DIAG_STARVED || diags[i].kind == MON_DIAG_BACKPRESSURED);
+    }
+    if (live >= 2 && waiting == live) {
+        out->kind = MON_ROLE_UNKNOWN;
+        fmt(out->text, sizeof out->text,
+            "the pipeline is stalled: every stage has waited for input or credit without progress; "
+            "work or a credit was lost (after a restart?): see %s/logs/",
+            run_dir && *run_dir ? run_dir : "DIR");
         return;
     }
     if (!cnt[T] || !cnt[D]) {

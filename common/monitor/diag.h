@@ -69,6 +69,7 @@ typedef struct {
 typedef struct {
     mon_diag_kind_t kind;
     double share_in, share_credit, share_busy;     /* after attributing the open phase */
+    int stalled;                /* no progress for stall_s (any kind) */
     char why[160];              /* one line, e.g. "no progress for 75 s while running" */
 } mon_diag_t;
 
@@ -106,7 +107,9 @@ typedef struct {
 } mon_bottleneck_t;
 
 /* Which stage kind limits throughput. A STUCK or SILENT stage comes first (the text
- * names it and its log). Else from the mean shares per role and the drafters' inbox
+ * names it and its log); then a pipeline where every live stage has been waiting
+ * (starved or back-pressured) for stall_s: nobody works, so work or a credit was lost
+ * (kind UNKNOWN, text "the pipeline is stalled ..."). Else from the mean shares per role and the drafters' inbox
  * fill:
  *   targets   drafters starved (share_in >= 0.3 or inbox fill < 0.25) while targets
  *             are busy (>= 0.5) and not themselves starved;

@@ -217,7 +217,7 @@ int mon_prom_render(const mon_run_t *run, double now, const mon_diag_opts_t *dop
             family(&b, "draftline_train_accuracy", "gauge", "Top-1 accuracy at block position k, latest step.");
             for (int k = 1; k < st->n_acc; k++) {
                 if (isnan(st->acc[k])) continue;
-                char pos[8];
+                char pos[16];
                 snprintf(pos, sizeof pos, "%d", k);
                 sb_printf(&b, "draftline_train_accuracy{");
                 sb_label(&b, "position", pos, 1);

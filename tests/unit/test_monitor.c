@@ -406,6 +406,23 @@ static void test_bottleneck(void **state) {
     mon_bottleneck(m.v, m.d, m.n, &cpu, "R", &b);
     assert_int_equal(b.kind, MON_ROLE_UNKNOWN);
     assert_non_null(strstr(b.text, "no clear bottleneck"));
+    /* everyone waiting without progress: a stalled pipeline, not a bottleneck */
+    fleet_t z = {0};
+    add(&z, "loader", MON_ROLE_LOADER, "blocked", 0, 1, 0, NAN);
+    add(&z, "target0", MON_ROLE_TARGET, "idle", 1, 0, 0, NAN);
+    add(&z, "drafter0", MON_ROLE_DRAFTER, "idle", 1, 0, 0, 0.0);
+    add(&z, "optimizer", MON_ROLE_OPTIMIZER, "idle", 1, 0, 0, NAN);
+    mon_bottleneck(z.v, z.d, z.n, &cpu, "R", &b);
+    assert_int_equal(b.kind, MON_ROLE_LOADER);          /* still progressing: the loader */
+    for (int i = 0; i < z.n; i++) {
+        mon_diag_opts_t o60 = opts(60);
+        z.v[i].since_progress_s = 61;
+        mon_diagnose(&z.v[i], &o60, &z.d[i]);
+        assert_true(z.d[i].stalled);
+    }
+    mon_bottleneck(z.v, z.d, z.n, &cpu, "R", &b);
+    assert_int_equal(b.kind, MON_ROLE_UNKNOWN);
+    assert_non_null(strstr(b.text, "the pipeline is stalled"));
     /* a stuck stage is named first */
     fleet_t s = g;
     s.v[2].since_progress_s = 100;
