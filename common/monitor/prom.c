@@ -1,5 +1,6 @@
 /* Prometheus text rendering and a minimal HTTP/1.0 /metrics server (see prom.h). */
 #include "common/monitor/prom.h"
+#include "common/base/clock.h"
 #include "common/base/err.h"
 
 #include <math.h>
@@ -243,6 +244,13 @@ int mon_prom_render(const mon_run_t *run, double now, const mon_diag_opts_t *dop
     *text = b.p;
     *len = b.len;
     return 0;
+}
+
+int mon_prom_render_run(void *arg, char **text, size_t *len) {
+    const mon_run_t *run = arg;
+    mon_topo_t topo = {0};
+    if (run->dir[0]) mon_topo_read(run->dir, &topo);
+    return mon_prom_render(run, clock_wall_s(), NULL, &topo, text, len);
 }
 
 /* ---------------------------------------------------------------- HTTP server */

@@ -33,6 +33,16 @@
 int mon_prom_render(const mon_run_t *run, double now, const mon_diag_opts_t *diag,
                     const mon_topo_t *topo, char **text, size_t *len);
 
+/* A ready prom_render_cb for a mon_run_t (arg): renders it at the wall clock with
+ * the default diagnosis options and the topology counted from the run (plus
+ * <run->dir>/run.json when run->dir is set). The supervisor's whole integration:
+ *   S->mon = mon_run_new();                                      (start-up)
+ *   S->prom = prom_server_new(&S->loop, port, mon_prom_render_run, S->mon);
+ *   mon_run_ingest_proto(S->mon, peer, &msg.metrics);            (on every METRICS)
+ *   prom_server_destroy(&S->prom);                               (with the other handles)
+ *   mon_run_destroy(&S->mon);                                    (after the last uv_run) */
+int mon_prom_render_run(void *arg, char **text, size_t *len);
+
 /* Writes a Prometheus metric name for `name` into out (cap bytes): prefix + name with
  * bytes outside [a-zA-Z0-9_] replaced by '_' (a leading digit gets a '_'). */
 void mon_prom_sanitize(const char *prefix, const char *name, char *out, size_t cap);

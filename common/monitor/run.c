@@ -224,6 +224,18 @@ int mon_run_ingest_metrics(mon_run_t *run, double ts, const char *stage, uint32_
     return 0;
 }
 
+int mon_run_ingest_proto(mon_run_t *run, const char *peer, const proto_metrics_t *m) {
+    const char *names[DL_PROTO_MAX_METRICS];
+    double values[DL_PROTO_MAX_METRICS];
+    int n = 0;
+    for (uint32_t i = 0; i < m->n_metrics && i < DL_PROTO_MAX_METRICS; i++, n++) {
+        names[n] = m->metrics[i].name;
+        values[n] = m->metrics[i].value;
+    }
+    return mon_run_ingest_metrics(run, (double)m->ts_ns / 1e9, peer, m->stage_id, m->incarnation,
+                                  m->state, names, values, n);
+}
+
 int mon_run_ingest_metrics_line(mon_run_t *run, const char *line, size_t len) {
     run->lines++;
     while (len && (line[len - 1] == ' ' || line[len - 1] == '\t')) len--;

@@ -22,6 +22,8 @@
 #ifndef DL_MONITOR_RUN_H
 #define DL_MONITOR_RUN_H
 
+#include "proto/msg.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -116,6 +118,11 @@ int mon_run_ingest_steps_line(mon_run_t *run, const char *line, size_t len);
 int mon_run_ingest_metrics(mon_run_t *run, double ts, const char *stage, uint32_t stage_id,
                            uint64_t incarnation, const char *state, const char *const *names,
                            const double *values, int n);
+
+/* The supervisor's path: one decoded METRICS message from stage `peer` (its bus
+ * identity, e.g. "drafter0"), exactly as on_metrics writes it to metrics.jsonl
+ * (ts = ts_ns / 1e9). Returns mon_run_ingest_metrics's code. */
+int mon_run_ingest_proto(mon_run_t *run, const char *peer, const proto_metrics_t *m);
 
 /* Stage lookup; NULL if never seen. */
 mon_stage_t *mon_run_stage(const mon_run_t *run, const char *name);

@@ -526,6 +526,47 @@ static void test_prom_render(void **state) {
     mon_run_destroy(&run);
 }
 
+/* The supervisor's path (a decoded METRICS message) gives the same picture as the line
+ * on_metrics writes for it. */
+static void test_ingest_proto_equals_line(void **state) {
+    (void)state;
+    proto_metrics_t m;
+    memset(&m, 0, sizeof m);
+    m.stage_id = 101;
+    m.role = PROTO_ROLE_DRAFTER;
+    m.incarnation = 3;
+    m.ts_ns = 1796075638500000000ull;      /* exact in a double, so ts_ns / 1e9 == the line's ts */
+    snprintf(m.state, sizeof m.state, "running");
+    const char *names[] = {"wait_input_s", "backward_s", "since_progress_s", "inbox_gpu_bytes", "loss"};
+    double vals[] = {2.00463011, 11.3907473, 0.04022066, 1184256, NAN};
+    for (int i = 0; i < 5; i++) {
+        snprintf(m.metrics[i].name, sizeof m.metrics[i].name, "%s", names[i]);
+        m.metrics[i].value = vals[i];
+    }
+    m.n_metrics = 5;
+    mon_run_t *a = mon_run_new(), *b = mon_run_new();
+    assert_int_equal(mon_run_ingest_proto(a, "drafter1", &m), 0);
+    const char *line = "{\"ts\":1796075638.500,\"stage\":\"drafter1\",\"stage_id\":101,\"incarnation\":3,"
+                       "\"state\":\"running\",\"wait_input_s\":2.00463011,\"backward_s\":11.3907473,"
+                       "\"since_progress_s\":0.04022066,\"inbox_gpu_bytes\":1184256,\"loss\":null}";
+    assert_int_equal(mon_run_ingest_metrics_line(b, line, strlen(line)), 0);
+    char *ta = NULL, *tb = NULL;
+    size_t la, lb;
+    double now = 1796075639.0;
+    assert_int_equal(mon_prom_render(a, now, NULL, NULL, &ta, &la), 0);
+    assert_int_equal(mon_prom_render(b, now, NULL, NULL, &tb, &lb), 0);
+    assert_string_equal(ta, tb);
+    assert_true(sample_value(ta, "draftline_stage_incarnation{stage=\"drafter1\",role=\"drafter\"} ") == 3);
+    free(ta);
+    free(tb);
+    /* the ready-made render callback */
+    assert_int_equal(mon_prom_render_run(a, &ta, &la), 0);
+    assert_true(check_exposition(ta) > 5);
+    free(ta);
+    mon_run_destroy(&a);
+    mon_run_destroy(&b);
+}
+
 /* -------------------------------------------------------------- plot, NVML */
 
 static void test_plot_png(void **state) {
@@ -596,6 +637,7 @@ int main(void) {
         cmocka_unit_test(test_bottleneck),
         cmocka_unit_test(test_report_stall_fixture),
         cmocka_unit_test(test_prom_render),
+        cmocka_unit_test(test_ingest_proto_equals_line),
         cmocka_unit_test_setup_teardown(test_plot_png, setup_tmp, teardown_tmp),
         cmocka_unit_test(test_nvml_absent),
     };
