@@ -47,9 +47,25 @@ static void text_at(cairo_t *cr, double x, double y, const char *s, double ax, d
     cairo_show_text(cr, s);
 }
 
+/* Widest legend label of the panels (13 px sans), so every panel gets the same plot
+ * width and the x axes line up. */
+static double legend_width(cairo_t *cr, const panel_t *P, int np) {
+    cairo_select_font_face(cr, "sans-serif", CAIRO_FONT_SLANT_NORMAL, CAIRO_FONT_WEIGHT_NORMAL);
+    cairo_set_font_size(cr, 13);
+    double lw = 0;
+    for (int i = 0; i < np; i++)
+        for (int k = 0; k < P[i].ns; k++) {
+            cairo_text_extents_t e;
+            cairo_text_extents(cr, P[i].s[k].label, &e);
+            lw = fmax(lw, e.x_advance);
+        }
+    return lw;
+}
+
+/* lw: legend label width; the legend sits right of the plot area, never on the data. */
 static void draw_panel(cairo_t *cr, const panel_t *p, const double *xs, int n, double x0, double y0,
-                       double w, double h) {
-    const double ml = 90, mr = 30, mt = 36, mb = 52;
+                       double w, double h, double lw) {
+    const double ml = 90, mr = lw + 64, mt = 36, mb = 52;
     double px = x0 + ml, py = y0 + mt, pw = w - ml - mr, ph = h - mt - mb;
     /* data ranges */
     double xmin = INFINITY, xmax = -INFINITY, ymin = INFINITY, ymax = -INFINITY;
@@ -165,14 +181,8 @@ static void draw_panel(cairo_t *cr, const panel_t *p, const double *xs, int n, d
         cairo_stroke(cr);
     }
     cairo_restore(cr);
-    /* legend, top right */
-    double lw = 0;
-    for (int k = 0; k < p->ns; k++) {
-        cairo_text_extents_t e;
-        cairo_text_extents(cr, p->s[k].label, &e);
-        lw = fmax(lw, e.x_advance);
-    }
-    double bx = px + pw - lw - 50, by = py + 8, bh = 20.0 * p->ns + 8;
+    /* legend, right of the plot area */
+    double bx = px + pw + 12, by = py, bh = 20.0 * p->ns + 8;
     cairo_set_source_rgba(cr, 1, 1, 1, 0.85);
     cairo_rectangle(cr, bx, by, lw + 42, bh);
     cairo_fill_preserve(cr);
@@ -205,7 +215,7 @@ static void ema_of(const double *y, double *out, int n, double a) {
 }
 
 int mon_plot_png(const mon_run_t *run, const char *path, const mon_plot_opts_t *o) {
-    mon_plot_opts_t d = {1200, 1350, NULL, 0.9};
+    mon_plot_opts_t d = {1200, 1350, NULL, 0};
     if (o) {
         if (o->width) d.width = o->width;
         if (o->height) d.height = o->height;
@@ -218,6 +228,8 @@ int mon_plot_png(const mon_run_t *run, const char *path, const mon_plot_opts_t *
     for (uint64_t i = 0; i < run->n_steps; i++) n += run->steps[i].have != 0;
     if (n == 0) return dl_seterr(DL_ENOENT, "plot: no applied step in %s (steps.jsonl / metrics.jsonl)",
                                  run->dir[0] ? run->dir : "the run");
+    if (!(d.ema > 0 && d.ema < 1))              /* about n/5 points of memory, within [0.5, 0.95] */
+        d.ema = fmin(0.95, fmax(0.5, 1 - 5.0 / n));
     enum { X, LOSS, LOSS_E, ACCM, A1, A2, A3, AL, TPS, TPS_E, NCOL };
     double *buf = malloc(sizeof(double) * (size_t)n * NCOL);
     if (!buf) return dl_seterr(DL_ENOMEM, "plot: out of memory");
@@ -287,7 +299,8 @@ int mon_plot_png(const mon_run_t *run, const char *path, const mon_plot_opts_t *
     cairo_set_font_size(cr, 19);
     text_at(cr, d.width / 2.0, 12, title, 0.5, 0);
     double top = 44, ph = (d.height - top) / 3.0;
-    for (int k = 0; k < 3; k++) draw_panel(cr, &P[k], col[X], n, 0, top + k * ph, d.width, ph);
+    double lw = legend_width(cr, P, 3);
+    for (int k = 0; k < 3; k++) draw_panel(cr, &P[k], col[X], n, 0, top + k * ph, d.width, ph, lw);
     cairo_status_t cs = cairo_status(cr);
     cairo_destroy(cr);
     int rc = 0;

@@ -9,7 +9,8 @@
 typedef struct {
     int width, height;          /* pixels (default 1200 x 1350) */
     const char *title;          /* NULL: "draftline run <dir>" */
-    double ema;                 /* smoothing of the bold lines, 0..1 (default 0.9) */
+    double ema;                 /* smoothing of the bold lines, 0..1 (default: 1 - 5/steps,
+                                   clamped to [0.5, 0.95]) */
 } mon_plot_opts_t;
 
 /* Series drawn (from run->steps, which merges steps.jsonl and the optimizer's step
