@@ -21,6 +21,8 @@ int cmd_mkmodel(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_monitor(int argc, char **argv);
 int cmd_plot(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_regen(int argc, char **argv);
 /* Add new commands here and in the table in tools/draftline.c. */
 
 #endif

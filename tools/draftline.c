@@ -17,6 +17,8 @@ static const cmd_t commands[] = {
     {"generate", cmd_generate, "generate text from the target (KV cache, greedy or sampling)"},
     {"inspect", cmd_inspect, "print a checkpoint's architecture, shapes, dtypes, parameter count"},
     {"mkmodel", cmd_mkmodel, "write a random-weight model dir with a real model's shapes"},
+    {"eval", cmd_eval, "speculative decoding with a drafter: tau, speedup, greedy check"},
+    {"regen", cmd_regen, "regenerate a dataset's assistant turns with the target (resumable)"},
 };
 
 #define N_COMMANDS ((int)(sizeof commands / sizeof commands[0]))

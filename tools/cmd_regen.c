@@ -1,0 +1,363 @@
+/* draftline regen: regenerates the assistant turns of a chat dataset (or answers
+ * a prompt-only set such as GSM8K questions) with the target, as the DFlash
+ * recipe trains on the target's own responses. Output: OpenAI-style jsonl
+ * {"messages":[{"role":"user",...},{"role":"assistant",...},...]} that
+ * `draftline run --data` trains on.
+ *
+ * Samples are the prompts of common/data/prompts.h whose first turn fits
+ * (prompt tokens <= --max-ctx - --max-new-tokens), in file order. Each is
+ * written as one line, flushed as written. Resumable: on start the complete
+ * lines of OUT are counted (a partial last line, from a kill, is truncated
+ * away) and that many samples are skipped; resuming needs the same --data,
+ * --max-ctx and --max-new-tokens (they decide which samples exist).
+ * Multi-turn conversations are regenerated turn by turn, each turn seeing the
+ * regenerated earlier replies; a conversation whose next turn no longer fits
+ * ends there. */
+#include "tools/commands.h"
+
+#include "common/base/cli.h"
+#include "common/base/clock.h"
+#include "common/base/err.h"
+#include "common/base/log.h"
+#include "common/base/paths.h"
+#include "common/base/rng.h"
+#include "common/data/chat.h"
+#include "common/data/prompts.h"
+#include "common/data/tokenizer.h"
+#include "common/model/generate.h"
+#include "common/model/target.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define REGEN_MAX_BATCH 256
+
+static void regen_usage(FILE *f) {
+    fprintf(f,
+            "usage: draftline regen --data IN --out OUT [options]\n\n"
+            "Regenerates the assistant turns of a chat dataset with the target (batched\n"
+            "decoding) into OpenAI-style jsonl; resumes where OUT ends.\n\n"
+            "  --target-model PATH    .gguf or HF model dir (default: the embedded SmolLM2)\n"
+            "  --data IN              OpenAI/ShareGPT jsonl, or prompt-only sets (GSM8K\n"
+            "                         question, HumanEval prompt, MT-Bench turns)\n"
+            "  --out OUT              output jsonl (appended to; complete lines are kept)\n"
+            "  --max-new-tokens N     per assistant turn (default 512)\n"
+            "  --max-ctx N            tokens per conversation (default 2048)\n"
+            "  --temperature T        0 = greedy (default)   --top-p P (default 1)\n"
+            "  --seed S               sampling seed (default 0)\n"
+            "  --batch K              sequences decoded together (default 8, max %d)\n"
+            "  --limit N              stop after N samples in OUT (default: all)\n"
+            "  --device cpu|cuda      (default cpu)    --gpu N   CUDA device (default 0)\n"
+            "  --threads N            CPU threads (default: all cores)\n",
+            REGEN_MAX_BATCH);
+}
+
+/* Counts the complete lines of path and truncates a partial last line away.
+ * Creates the file when missing. Returns the count or <0. */
+static int64_t resume_prepare(const char *path) {
+    int fd = open(path, O_RDWR | O_CREAT, 0644);
+    if (fd < 0) return dl_seterr(DL_EIO, "--out %s: %s", path, strerror(errno));
+    char buf[1 << 16];
+    int64_t lines = 0;
+    off_t pos = 0, end_of_last = 0;
+    for (;;) {
+        ssize_t n = read(fd, buf, sizeof buf);
+        if (n < 0) {
+            close(fd);
+            return dl_seterr(DL_EIO, "--out %s: read: %s", path, strerror(errno));
+        }
+        if (n == 0) break;
+        for (ssize_t i = 0; i < n; i++)
+            if (buf[i] == '\n') {
+                lines++;
+                end_of_last = pos + i + 1;
+            }
+        pos += n;
+    }
+    if (pos != end_of_last) {
+        log_warn("%s: dropping a partial last line (%lld bytes) left by an interrupted run", path,
+                 (long long)(pos - end_of_last));
+        if (ftruncate(fd, end_of_last) != 0 || fsync(fd) != 0) {
+            close(fd);
+            return dl_seterr(DL_EIO, "--out %s: truncate: %s", path, strerror(errno));
+        }
+    }
+    close(fd);
+    return lines;
+}
+
+/* Copy of s[0..n) with invalid UTF-8 replaced by U+FFFD (JSON must be UTF-8;
+ * a reply cut at max tokens may end inside a character). */
+static char *utf8_clean(const char *s, size_t n) {
+    char *o = malloc(3 * n + 1), *w = o;
+    if (!o) return NULL;
+    const unsigned char *p = (const unsigned char *)s, *e = p + n;
+    while (p < e) {
+        unsigned c = *p;
+        int len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+        int ok = len > 0 && p + len <= e;
+        for (int k = 1; ok && k < len; k++) ok = (p[k] & 0xC0) == 0x80;
+        if (ok && len == 2) ok = c >= 0xC2;
+        if (ok && len == 3) {
+            unsigned cp = ((c & 15u) << 12) | ((p[1] & 63u) << 6) | (p[2] & 63u);
+            ok = cp >= 0x800 && (cp < 0xD800 || cp > 0xDFFF);
+        }
+        if (ok && len == 4) {
+            unsigned cp = ((c & 7u) << 18) | ((p[1] & 63u) << 12) | ((p[2] & 63u) << 6) | (p[3] & 63u);
+            ok = cp >= 0x10000 && cp <= 0x10FFFF;
+        }
+        if (ok) {
+            memcpy(w, p, (size_t)len);
+            w += len;
+            p += len;
+        } else {
+            memcpy(w, "\xEF\xBF\xBD", 3);
+            w += 3;
+            p++;
+        }
+    }
+    *w = 0;
+    return o;
+}
+
+typedef struct {
+    prompt_t p;
+    int n_turns;        /* user turns to regenerate */
+    int n_done;         /* replies generated */
+    char **replies;     /* (n_turns) */
+} sample_t;
+
+static void sample_free(sample_t *s) {
+    for (int i = 0; i < s->n_done; i++) free(s->replies[i]);
+    free(s->replies);
+    prompt_free(&s->p);
+    memset(s, 0, sizeof *s);
+}
+
+/* One JSON line (with '\n') for s; malloc'd. */
+static char *sample_line(const sample_t *s) {
+    cJSON *root = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(root, "messages");
+    if (!root || !msgs) { cJSON_Delete(root); return NULL; }
+    int u = s->p.has_system ? 1 : 0;
+    if (s->p.has_system) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", "system");
+        cJSON_AddStringToObject(m, "content", s->p.msgs[0].content);
+        cJSON_AddItemToArray(msgs, m);
+    }
+    for (int t = 0; t < s->n_done; t++) {
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", "user");
+        cJSON_AddStringToObject(m, "content", s->p.msgs[u + t].content);
+        cJSON_AddItemToArray(msgs, m);
+        m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", "assistant");
+        cJSON_AddStringToObject(m, "content", s->replies[t]);
+        cJSON_AddItemToArray(msgs, m);
+    }
+    char *txt = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!txt) return NULL;
+    size_t n = strlen(txt);
+    char *line = realloc(txt, n + 2);
+    if (!line) { free(txt); return NULL; }
+    line[n] = '\n';
+    line[n + 1] = 0;
+    return line;
+}
+
+int cmd_regen(int argc, char **argv) {
+    enum { O_TM = 256, O_DATA, O_OUT, O_MNT, O_CTX, O_TEMP, O_TOPP, O_SEED, O_BATCH, O_LIMIT,
+           O_DEV, O_GPU, O_THR, O_HELP };
+    static const struct option opts[] = {
+        {"target-model", 1, 0, O_TM}, {"data", 1, 0, O_DATA}, {"out", 1, 0, O_OUT},
+        {"max-new-tokens", 1, 0, O_MNT}, {"max-ctx", 1, 0, O_CTX}, {"temperature", 1, 0, O_TEMP},
+        {"top-p", 1, 0, O_TOPP}, {"seed", 1, 0, O_SEED}, {"batch", 1, 0, O_BATCH},
+        {"limit", 1, 0, O_LIMIT}, {"device", 1, 0, O_DEV}, {"gpu", 1, 0, O_GPU},
+        {"threads", 1, 0, O_THR}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
+    char model[4096] = "";
+    const char *data = NULL, *out_path = NULL, *device = "cpu";
+    int max_new = 512, max_ctx = 2048, batch = 8, gpu = 0, threads = 0, c;
+    double temp = 0, top_p = 1;
+    int64_t seed = 0, limit = INT64_MAX;
+    optind = 1;
+#define FLAG(call) do { if ((call) < 0) { cli_error("regen", dl_errmsg()); return 2; } } while (0)
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case O_TM: snprintf(model, sizeof model, "%s", optarg); break;
+        case O_DATA: data = optarg; break;
+        case O_OUT: out_path = optarg; break;
+        case O_MNT: FLAG(cli_parse_int("--max-new-tokens", optarg, 1, 1 << 16, &max_new)); break;
+        case O_CTX: FLAG(cli_parse_int("--max-ctx", optarg, 16, 1 << 20, &max_ctx)); break;
+        case O_TEMP: FLAG(cli_parse_f64("--temperature", optarg, 0, 100, &temp)); break;
+        case O_TOPP: FLAG(cli_parse_f64("--top-p", optarg, 1e-6, 1, &top_p)); break;
+        case O_SEED: FLAG(cli_parse_i64("--seed", optarg, 0, INT64_MAX, &seed)); break;
+        case O_BATCH: FLAG(cli_parse_int("--batch", optarg, 1, REGEN_MAX_BATCH, &batch)); break;
+        case O_LIMIT: FLAG(cli_parse_i64("--limit", optarg, 0, INT64_MAX, &limit)); break;
+        case O_DEV: device = optarg; break;
+        case O_GPU: FLAG(cli_parse_int("--gpu", optarg, 0, 1023, &gpu)); break;
+        case O_THR: FLAG(cli_parse_int("--threads", optarg, 1, 1024, &threads)); break;
+        case 'h': case O_HELP: regen_usage(stdout); return 0;
+        default: regen_usage(stderr); return 2;
+        }
+    }
+#undef FLAG
+    if (optind < argc) { fprintf(stderr, "regen: unexpected argument '%s'\n", argv[optind]); return 2; }
+    if (!data || !out_path) { cli_error("regen", "--data and --out are required"); return 2; }
+    if (max_new >= max_ctx) { cli_error("regen", "--max-new-tokens must be below --max-ctx"); return 2; }
+    if (strcmp(device, "cpu") && strcmp(device, "cuda")) { cli_error("regen", "--device: expected cpu or cuda"); return 2; }
+    if (!model[0] && paths_default_model(model, sizeof model) < 0) return log_rc(DL_ERANGE, "default model path"), 1;
+
+    int64_t have = resume_prepare(out_path);
+    if (have < 0) return log_rc((int)have, "regen"), 1;
+    if (have >= limit) {
+        log_info("%s already holds %lld samples (--limit %lld): nothing to do", out_path, (long long)have, (long long)limit);
+        return 0;
+    }
+    int rc, ret = 1;
+    ops_ctx_t ops;
+    if (!strcmp(device, "cuda")) {
+        if ((rc = ops_cuda_init(&ops, gpu)) < 0) return log_rc(rc, "--device cuda"), 1;
+    } else {
+        ops_cpu_init(&ops, threads);
+    }
+    tok_t *tok = NULL;
+    target_t *t = NULL;
+    generator_t *g = NULL;
+    prompt_reader_t *rd = NULL;
+    FILE *out = NULL;
+    sample_t *sb = calloc((size_t)batch, sizeof *sb);
+    tok_ids_t *ids = calloc((size_t)batch, sizeof *ids);
+    int32_t **gen = calloc((size_t)batch, sizeof *gen);
+    int *gen_len = calloc((size_t)batch, sizeof *gen_len), *lens = calloc((size_t)batch, sizeof *lens);
+    const int32_t **pp = calloc((size_t)batch, sizeof *pp);
+    int *who = calloc((size_t)batch, sizeof *who);
+    int nb = 0;
+    if (!sb || !ids || !gen || !gen_len || !lens || !pp || !who) { log_rc(DL_ENOMEM, "regen"); goto done; }
+    if ((rc = tok_load(model, &tok)) < 0) { log_rc(rc, "tokenizer"); goto done; }
+    chat_template_t ct;
+    if ((rc = chat_template_from_tok(tok, &ct)) < 0) { log_rc(rc, "chat template"); goto done; }
+    if ((rc = prompt_reader_open(data, &rd)) < 0) { log_rc(rc, "--data"); goto done; }
+    int budget = max_ctx > batch ? max_ctx : batch;
+    target_opts_t to = {.max_tokens = budget, .max_seqs = batch};
+    if ((rc = target_load(model, &ops, &to, &t)) < 0) { log_rc(rc, "loading the target"); goto done; }
+    if ((rc = generator_new(t, batch, max_ctx, &g)) < 0) { log_rc(rc, "generator"); goto done; }
+    gen_params_t gp;
+    gen_params_default(t, &gp);
+    gp.max_new_tokens = max_new;
+    gp.temperature = (float)temp;
+    gp.top_p = (float)top_p;
+    int32_t eos = tok_eos_id(tok);
+    if (eos >= 0 && gp.n_stop < GEN_MAX_STOP) gp.stop_ids[gp.n_stop++] = eos;
+    out = fopen(out_path, "a");
+    if (!out) { log_rc(dl_seterr(DL_EIO, "--out %s: %s", out_path, strerror(errno)), "regen"); goto done; }
+    if (have) log_info("resuming: %s holds %lld samples; skipping as many prompts of %s", out_path, (long long)have, data);
+
+    int64_t index = 0, written = have, gen_tokens = 0, skipped_long = 0;
+    double t0 = clock_mono_s();
+    int eof = 0;
+    while (!eof && written < limit) {
+        /* fill a batch with samples whose first turn fits; skip the already written ones */
+        nb = 0;
+        while (nb < batch && written + nb < limit) {
+            sample_t *s = &sb[nb];
+            rc = prompt_reader_next(rd, &s->p);
+            if (rc < 0) { log_rc(rc, "--data"); goto done; }
+            if (rc == 0) { eof = 1; break; }
+            tok_ids_t tmp = {0};
+            if ((rc = prompt_encode(&s->p, 1, NULL, &ct, tok, &tmp)) < 0) { tok_ids_free(&tmp); log_rc(rc, "tokenizing"); goto done; }
+            int fits = (int)tmp.n <= max_ctx - max_new;
+            tok_ids_free(&tmp);
+            if (!fits) {
+                skipped_long++;
+                log_warn("%s:%llu: first turn longer than --max-ctx - --max-new-tokens = %d tokens (skipped)",
+                         data, (unsigned long long)s->p.line, max_ctx - max_new);
+                prompt_free(&s->p);
+                continue;
+            }
+            if (index++ < have) { prompt_free(&s->p); continue; }
+            s->n_turns = prompt_n_turns(&s->p);
+            s->replies = calloc((size_t)s->n_turns, sizeof *s->replies);
+            if (!s->replies) { log_rc(DL_ENOMEM, "regen"); goto done; }
+            nb++;
+        }
+        if (!nb) break;
+        /* turn by turn: every sample still going gets its next reply */
+        for (int round = 0;; round++) {
+            int n = 0;
+            for (int i = 0; i < nb; i++) {
+                sample_t *s = &sb[i];
+                if (s->n_done != round || round >= s->n_turns) continue;
+                ids[n].n = 0;
+                if ((rc = prompt_encode(&s->p, round + 1, (const char *const *)s->replies, &ct, tok, &ids[n])) < 0) {
+                    log_rc(rc, "tokenizing");
+                    goto done;
+                }
+                if ((int)ids[n].n > max_ctx - max_new) { s->n_turns = round; continue; } /* ends here */
+                pp[n] = ids[n].ids;
+                lens[n] = (int)ids[n].n;
+                who[n++] = i;
+            }
+            if (!n) break;
+            gp.seed = rng_mix((uint64_t)seed, (uint64_t)(written), (uint64_t)round);
+            if ((rc = generator_run(g, &gp, n, pp, lens, gen, gen_len, NULL, NULL, NULL)) < 0) {
+                log_rc(rc, "generate");
+                goto done;
+            }
+            for (int j = 0; j < n; j++) {
+                sample_t *s = &sb[who[j]];
+                char *txt = NULL;
+                size_t tl = 0;
+                gen_tokens += gen_len[j];
+                rc = tok_decode(tok, gen[j], (size_t)gen_len[j], 1, &txt, &tl);
+                free(gen[j]);
+                gen[j] = NULL;
+                if (rc < 0) { log_rc(rc, "decode"); goto done; }
+                s->replies[s->n_done] = utf8_clean(txt, tl);
+                free(txt);
+                if (!s->replies[s->n_done]) { log_rc(DL_ENOMEM, "regen"); goto done; }
+                s->n_done++;
+            }
+        }
+        for (int i = 0; i < nb; i++) {
+            char *line = sample_line(&sb[i]);
+            if (!line) { log_rc(DL_ENOMEM, "regen"); goto done; }
+            size_t ln = strlen(line);
+            /* one write per line, flushed: a kill leaves whole lines (or one partial last line) */
+            int bad = fwrite(line, 1, ln, out) != ln || fflush(out) != 0;
+            free(line);
+            if (bad) { log_rc(dl_seterr(DL_EIO, "--out %s: write: %s", out_path, strerror(errno)), "regen"); goto done; }
+            written++;
+            sample_free(&sb[i]);
+        }
+        nb = 0;
+        double el = clock_mono_s() - t0;
+        log_info("regen: %lld samples in %s (%lld this run, %.2f samples/s, %.1f generated tok/s)",
+                 (long long)written, out_path, (long long)(written - have), (written - have) / (el + 1e-9),
+                 gen_tokens / (el + 1e-9));
+    }
+    if (fsync(fileno(out)) != 0) log_warn("--out %s: fsync: %s", out_path, strerror(errno));
+    log_info("regen done: %lld samples in %s (%lld written now in %.1f s; %lld prompts skipped as too long, %llu bad records)",
+             (long long)written, out_path, (long long)(written - have), clock_mono_s() - t0,
+             (long long)skipped_long, (unsigned long long)prompt_reader_skipped(rd));
+    ret = 0;
+done:
+    if (out) fclose(out);
+    for (int i = 0; sb && i < batch; i++) sample_free(&sb[i]);
+    for (int i = 0; ids && i < batch; i++) tok_ids_free(&ids[i]);
+    for (int i = 0; gen && i < batch; i++) free(gen[i]);
+    free(sb), free(ids), free(gen), free(gen_len), free(lens), free(pp), free(who);
+    prompt_reader_close(&rd);
+    generator_destroy(&g);
+    target_destroy(&t);
+    tok_destroy(&tok);
+    ops_ctx_destroy(&ops);
+    return ret;
+}
