@@ -322,6 +322,12 @@ static void try_compute(dw_t *W) {
     for (int k = 0; k < DW_MAX_SLOTS; k++) {
         item_t *it = &W->items[k];
         if (!it->used) continue;
+        if ((int64_t)it->step < W->version) {   /* its step is applied already */
+            release_item(W, it);
+            it->used = 0;
+            W->dropped++;
+            continue;
+        }
         if ((int64_t)it->step != W->version) continue;
         if (W->sent[it->mb_in_step]) {      /* duplicate of a contributed micro-batch */
             release_item(W, it);
@@ -455,6 +461,9 @@ static void on_target_msg(bus_t *bus, const char *peer, const void *data, size_t
         break;
     case PROTO_HIDDEN_STATES_READY:
         if (i >= 0) on_hs_ready(W, i, &m.hidden_states_ready);
+        else log_warn("%s: hidden_states_ready before hello (written for an earlier incarnation of "
+                      "this drafter?): micro-batch %llu dropped", peer,
+                      (unsigned long long)m.hidden_states_ready.mb);
         break;
     case PROTO_SLOT_RELEASE: /* an unused grant handed back (target re-routed or stopping) */
         if (i >= 0 && m.slot_release.slot_id < DW_MAX_SLOTS &&

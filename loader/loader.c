@@ -63,6 +63,9 @@ typedef struct {
     double t_last_rate; uint64_t tokens_at_last, mbs_at_last;
     double rate_tok, rate_mb;
     int done_logged;
+    /* stall watchdog: re-issue the current step's work when no step was applied for a while */
+    double t_applied, step_ema, t_stall_reissue;
+    bus_timer_t *watchdog;
 } loader_t;
 
 static int peer_find(loader_t *L, const char *peer) {
@@ -187,7 +190,14 @@ static void on_applied(loader_t *L, const proto_applied_t *a) {
         if (found) L->applied_mbs++;
         else L->dup_applied++;
     }
-    if (a->step + 1 > L->applied_steps) L->applied_steps = a->step + 1;
+    if (a->step + 1 > L->applied_steps) {
+        double now = clock_mono_s();
+        double dt = now - L->t_applied;
+        /* the first interval includes start-up: it only arms the watchdog */
+        L->step_ema = L->step_ema > 0 ? 0.8 * L->step_ema + 0.2 * dt : 1e-3;
+        L->t_applied = now;
+        L->applied_steps = a->step + 1;
+    }
     /* Work of older steps can no longer be applied: forget it. */
     uint64_t first = L->applied_steps * L->bo.micro_batches_per_step;
     for (size_t k = 0; k < L->ninflight;) {
@@ -235,6 +245,37 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
         log_warn("unexpected %s from %s", proto_type_name(m.type), peer);
     }
     proto_msg_free(&m);
+}
+
+/* Liveness safety net: work can be lost in ways nobody reports (hidden states
+ * written into the slab of a drafter that died just before, a message to a peer that
+ * restarted). When no step has been applied for max(LOADER_STALL_MIN_S, 5 x the
+ * recent step time), the current step's unapplied micro-batches go out again; the
+ * ledger drops whatever turns out to be a duplicate, and a duplicate is computed from
+ * the same data with the same weights, so the math is unchanged. */
+#define LOADER_STALL_MIN_S 2.0
+static void on_watchdog(bus_t *bus, void *arg) {
+    (void)bus;
+    loader_t *L = arg;
+    /* armed from the first applied step on: start-up (model loading) is not a stall */
+    if (L->st.stopping || L->ninflight == 0 || L->step_ema <= 0) return;
+    double now = clock_mono_s();
+    double limit = 5 * L->step_ema > LOADER_STALL_MIN_S ? 5 * L->step_ema : LOADER_STALL_MIN_S;
+    double since = now - (L->t_applied > L->t_stall_reissue ? L->t_applied : L->t_stall_reissue);
+    if (since < limit) return;
+    uint64_t K = L->bo.micro_batches_per_step, lo = L->applied_steps * K, hi = lo + K;
+    size_t n = 0;
+    for (size_t k = 0; k < L->ninflight; k++)
+        if (L->inflight[k].mb >= lo && L->inflight[k].mb < hi && L->inflight[k].peer >= 0) {
+            L->inflight[k].peer = -1;
+            n++;
+        }
+    L->t_stall_reissue = now;
+    if (n) {
+        log_warn("step %llu: nothing applied for %.1f s: its %zu unapplied micro-batch(es) go out again",
+                 (unsigned long long)L->applied_steps, since, n);
+        serve(L);
+    }
 }
 
 static void on_dead(bus_t *bus, const char *peer, uint64_t silent_ms, void *arg) {
@@ -320,6 +361,8 @@ static void usage(FILE *f) {
         "  --start-step N             resume: first step to issue (cursor = N*K)\n"
         "  --lookahead-mbs N          micro-batches issued past the current step (default K)\n"
         "  --cursor-out FILE          write the batcher cursor of micro-batch 0 (40 bytes)\n"
+        "  --cursor-in FILE           resume from a checkpoint's cursor.bin: checked against this cache\n"
+        "                             and these options, then the first step to issue (overrides --start-step)\n"
         "  --log-level L              error|warn|info|debug\n"
         "  -h, --help                 this help\n", BATCHER_TOKEN_BUDGET_CPU);
 }
@@ -327,16 +370,16 @@ static void usage(FILE *f) {
 int main(int argc, char **argv) {
     log_init("loader", LOG_INFO);
     static loader_t L;
-    const char *run_dir = NULL, *run_id = NULL, *cache = NULL, *cursor_out = NULL;
+    const char *run_dir = NULL, *run_id = NULL, *cache = NULL, *cursor_out = NULL, *cursor_in = NULL;
     int64_t inc = 1, max_steps = 0, start_step = 0, lookahead = -1;
     batcher_opts_default(&L.bo, 0);
-    enum { O_RUN = 256, O_ID, O_INC, O_CACHE, O_SEED, O_TB, O_ML, O_K, O_EP, O_MS, O_SS, O_LA, O_CO, O_LL };
+    enum { O_RUN = 256, O_ID, O_INC, O_CACHE, O_SEED, O_TB, O_ML, O_K, O_EP, O_MS, O_SS, O_LA, O_CO, O_CI, O_LL };
     static const struct option opts[] = {
         {"run-dir", 1, 0, O_RUN}, {"run-id", 1, 0, O_ID}, {"incarnation", 1, 0, O_INC},
         {"cache", 1, 0, O_CACHE}, {"seed", 1, 0, O_SEED}, {"token-budget", 1, 0, O_TB},
         {"max-len", 1, 0, O_ML}, {"micro-batches-per-step", 1, 0, O_K}, {"epochs", 1, 0, O_EP},
         {"max-steps", 1, 0, O_MS}, {"start-step", 1, 0, O_SS}, {"lookahead-mbs", 1, 0, O_LA},
-        {"cursor-out", 1, 0, O_CO}, {"log-level", 1, 0, O_LL}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"cursor-out", 1, 0, O_CO}, {"cursor-in", 1, 0, O_CI}, {"log-level", 1, 0, O_LL}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     int64_t v;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -355,6 +398,7 @@ int main(int argc, char **argv) {
         case O_SS: rc = cli_parse_i64("--start-step", optarg, 0, INT64_MAX / 8192, &start_step); break;
         case O_LA: rc = cli_parse_i64("--lookahead-mbs", optarg, 0, 1 << 20, &lookahead); break;
         case O_CO: cursor_out = optarg; break;
+        case O_CI: cursor_in = optarg; break;
         case O_LL: { log_level_t l; rc = log_parse_level(optarg, &l); if (!rc) log_set_level(l); break; }
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -377,6 +421,20 @@ int main(int argc, char **argv) {
     if (L.end_mb == 0) {
         log_error("the data gives fewer than %llu micro-batches: not one full step", (unsigned long long)K);
         return 1;
+    }
+    if (cursor_in) {
+        uint8_t buf[BATCHER_CURSOR_BYTES];
+        batcher_cursor_t cur;
+        FILE *f = fopen(cursor_in, "rb");
+        size_t got = f ? fread(buf, 1, sizeof buf, f) : 0;
+        if (f) fclose(f);
+        rc = got == sizeof buf ? batcher_cursor_decode(buf, got, &cur) : dl_seterr(DL_EIO, "%s: unreadable", cursor_in);
+        if (rc == 0) rc = batcher_restore(L.b, &cur);
+        if (rc < 0) return log_rc(rc, "--cursor-in"), 1;
+        if (cur.next_mb % K) { log_error("--cursor-in: micro-batch %llu is not at a step boundary", (unsigned long long)cur.next_mb); return 1; }
+        start_step = (int64_t)(cur.next_mb / K);
+        log_info("cursor %s: resuming at micro-batch %llu (step %lld)", cursor_in,
+                 (unsigned long long)cur.next_mb, (long long)start_step);
     }
     L.applied_steps = (uint64_t)start_step;
     L.next_mb = (uint64_t)start_step * K;
@@ -404,7 +462,8 @@ int main(int argc, char **argv) {
     stage_on_metrics(&L.st, on_metrics, &L);
     stage_on_control(&L.st, on_control, &L);
     stage_on_stop(&L.st, on_stop, &L);
-    L.t_last_rate = clock_mono_s();
+    L.t_last_rate = L.t_applied = clock_mono_s();
+    bus_timer_start(L.srv, 500, 500, on_watchdog, &L, &L.watchdog);
     L.st.state = PROTO_STATE_IDLE;
     log_info("serving %s: %llu micro-batches in total, issuing %llu..%llu, %llu per step, lookahead %llu",
              cache, (unsigned long long)total, (unsigned long long)L.next_mb,

@@ -368,6 +368,19 @@ int cmd_run(int argc, char **argv) {
             return 1;
         }
         uint64_t all = batcher_total_mbs(b) / (uint64_t)o.mbs_per_step;
+        /* the cursor of micro-batch 0 (cache fingerprint, options) for the optimizer's
+         * checkpoints; written before any stage starts */
+        batcher_cursor_t cur;
+        batcher_cursor(b, 0, &cur);
+        uint8_t cb[BATCHER_CURSOR_BYTES];
+        batcher_cursor_encode(&cur, cb);
+        char cpath[4300];
+        snprintf(cpath, sizeof cpath, "%s/loader.cursor", out);
+        FILE *cf = fopen(cpath, "wb");
+        if (!cf || fwrite(cb, 1, sizeof cb, cf) != sizeof cb || fclose(cf) != 0) {
+            fprintf(stderr, "draftline run: write %s failed\n", cpath);
+            return 1;
+        }
         batcher_destroy(&b);
         dlc_close(&dc);
         if (max_steps == 0 || max_steps > all) {
@@ -438,7 +451,11 @@ int cmd_run(int argc, char **argv) {
     add(s, "--seed"); add(s, seed); add(s, "--token-budget"); add(s, tb);
     add(s, "--micro-batches-per-step"); add(s, K); add(s, "--epochs"); add(s, fmt("%d", o.epochs));
     add(s, "--max-steps"); add(s, ms); add(s, "--start-step"); add(s, fmt("%llu", (unsigned long long)start_step));
-    add(s, "--cursor-out"); add(s, cursor_base); add(s, "--lookahead-mbs"); add(s, fmt("%d", lookahead));
+    add(s, "--lookahead-mbs"); add(s, fmt("%d", lookahead));
+    if (resume_dir[0]) {
+        char *cin = fmt("%s/cursor.bin", resume_dir);
+        if (cin && access(cin, R_OK) == 0) { add(s, "--cursor-in"); add(s, cin); }
+    }
     if (o.max_len > 0) { add(s, "--max-len"); add(s, fmt("%d", o.max_len)); }
     s = &so.stages[so.n_stages++];
     snprintf(s->name, sizeof s->name, "optimizer");

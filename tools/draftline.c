@@ -12,6 +12,8 @@ static const cmd_t commands[] = {
     {"version", cmd_version, "print the version"},
     {"prepare", cmd_prepare, "tokenize a chat dataset into a .dlc cache"},
     {"run", cmd_run, "train a drafter: the multi-process pipeline, supervised"},
+    {"status", cmd_status, "a run's topology, routes and stage states (--run DIR)"},
+    {"stop", cmd_stop, "stop a run cleanly, with a final checkpoint (--run DIR)"},
     {"monitor", cmd_monitor, "attach to a run: stage throughput, stall diagnosis, bottleneck"},
     {"plot", cmd_plot, "draw a run's loss, accuracy and tokens/s to a PNG"},
     {"generate", cmd_generate, "generate text from the target (KV cache, greedy or sampling)"},

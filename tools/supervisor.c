@@ -8,6 +8,8 @@
 #include "common/pipe/stage.h"
 #include "proto/codec.h"
 
+#include <cjson/cJSON.h>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -44,7 +46,7 @@ typedef struct {
     uv_timer_t tick;
     sstage_t st[SUP_MAX_STAGES];
     int n;
-    int stopping, failed;
+    int stopping, failed, done;
     double t_stop;
     FILE *metrics;
     double t0, t_first_step;
@@ -58,6 +60,58 @@ typedef struct {
     double last_tokens, last_tokens_t;
     double last_progress_print;
 } sup_t;
+
+/* <out>/run.json: the run's topology for `draftline status/stop` and the monitor
+ * (device, targets, drafters, max_steps, the supervisor's pid, every stage with
+ * pid, incarnation, restarts and state, the routing table). Replaced atomically. */
+static void write_run_json(sup_t *S) {
+    const sup_opts_t *o = S->o;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "run_id", o->run_id);
+    cJSON_AddStringToObject(j, "device", "cpu");
+    cJSON_AddNumberToObject(j, "targets", o->n_targets);
+    cJSON_AddNumberToObject(j, "drafters", o->n_drafters);
+    cJSON_AddItemToObject(j, "target_gpus", cJSON_CreateArray());
+    cJSON_AddItemToObject(j, "drafter_gpus", cJSON_CreateArray());
+    cJSON_AddNumberToObject(j, "max_steps", (double)o->max_steps);
+    cJSON_AddNumberToObject(j, "start_step", (double)o->start_step);
+    cJSON_AddNumberToObject(j, "micro_batches_per_step", (double)o->mbs_per_step);
+    cJSON_AddNumberToObject(j, "supervisor_pid", (double)getpid());
+    cJSON_AddStringToObject(j, "sock_dir", o->sock_dir);
+    cJSON_AddStringToObject(j, "state", S->done ? "stopped" : S->stopping ? "stopping" : "running");
+    cJSON *st = cJSON_AddArrayToObject(j, "stages");
+    for (int i = 0; i < S->n; i++) {
+        const sstage_t *x = &S->st[i];
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "name", x->spec->name);
+        cJSON_AddNumberToObject(e, "stage_id", x->spec->stage_id);
+        cJSON_AddNumberToObject(e, "pid", x->exited ? 0 : x->pid);
+        cJSON_AddNumberToObject(e, "incarnation", (double)x->incarnation);
+        cJSON_AddNumberToObject(e, "restarts", x->restarts);
+        cJSON_AddStringToObject(e, "process", !x->exited ? "running" : x->restart_at > 0 ? "restarting" : "exited");
+        cJSON_AddItemToArray(st, e);
+    }
+    cJSON *rt = cJSON_AddArrayToObject(j, "routes");
+    for (int t = 0; t < o->n_targets; t++) {
+        cJSON *pr = cJSON_CreateArray();
+        cJSON_AddItemToArray(pr, cJSON_CreateNumber(PIPE_ID_TARGET0 + t));
+        cJSON_AddItemToArray(pr, cJSON_CreateNumber(PIPE_ID_DRAFTER0 + t % o->n_drafters));
+        cJSON_AddItemToArray(rt, pr);
+    }
+    char *txt = cJSON_Print(j);
+    cJSON_Delete(j);
+    if (!txt) return;
+    char p[4200], tmp[4300];
+    snprintf(p, sizeof p, "%s/run.json", o->out_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", p);
+    FILE *f = fopen(tmp, "w");
+    if (f) {
+        fputs(txt, f);
+        fputc('\n', f);
+        if (fclose(f) == 0) rename(tmp, p);
+    }
+    free(txt);
+}
 
 static void spawn(sup_t *S, sstage_t *x) {
     const sup_opts_t *o = S->o;
@@ -105,6 +159,7 @@ static void spawn(sup_t *S, sstage_t *x) {
     x->restart_at = 0;
     log_info("started %s (pid %d, incarnation %llu), log %s", x->spec->name, (int)pid,
              (unsigned long long)x->incarnation, log_path);
+    write_run_json(S);
 }
 
 static sstage_t *by_id(sup_t *S, uint32_t id) {
@@ -135,6 +190,7 @@ static void begin_stop(sup_t *S, const char *why) {
     S->stopping = 1;
     S->t_stop = clock_mono_s();
     log_info("stopping the pipeline: %s", why);
+    write_run_json(S);
     for (int i = 0; i < S->n; i++) {
         sstage_t *x = &S->st[i];
         x->restart_at = 0;
@@ -287,6 +343,7 @@ static void reap(sup_t *S) {
             x->exited = 1;
             x->status = status;
             x->pid = -1;
+            write_run_json(S);
             int clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
             if (S->stopping) {
                 log_info("%s exited (%s %d)", x->spec->name, WIFEXITED(status) ? "status" : "signal",
@@ -316,6 +373,7 @@ static void reap(sup_t *S) {
                 if (L) send_ctl(S, L, PROTO_CTL_MEMBERSHIP, &id, 1);
             }
             log_info("restarting %s in %.1f s", x->spec->name, backoff);
+            write_run_json(S);
             break;
         }
     }
@@ -402,14 +460,14 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     S.t0 = clock_mono_s();
     S.last_progress_print = S.t0;
     S.n = o->n_stages;
-    for (int i = 0; i < S.n; i++) {
-        S.st[i].spec = &o->stages[i];
-        spawn(&S, &S.st[i]);
-    }
+    for (int i = 0; i < S.n; i++) S.st[i].spec = &o->stages[i];
+    for (int i = 0; i < S.n; i++) spawn(&S, &S.st[i]);
     uv_timer_start(&S.tick, on_tick, 200, 200);
     uv_run(&S.loop, UV_RUN_DEFAULT);
     bus_destroy(&S.bus);
     uv_run(&S.loop, UV_RUN_DEFAULT);
+    S.done = 1;
+    write_run_json(&S);
     uv_loop_close(&S.loop);
     if (S.metrics) fclose(S.metrics);
     int swept = slab_sweep(o->run_id);

@@ -579,6 +579,75 @@ static void test_nan_step_skipped(void **state) {
     assert_false(same_file(a, b)); /* step 3 trained again */
 }
 
+/* Runs a `draftline` command, its output into path; returns the exit code. */
+static int run_tool(const char *path, char *const args[]) {
+    static run_args_t a;
+    memset(&a, 0, sizeof a);
+    static char exe[1100];
+    snprintf(exe, sizeof exe, "%s/draftline", bin);
+    a.argv[0] = exe;
+    int n = 1;
+    for (int i = 0; args[i]; i++) a.argv[n++] = args[i];
+    a.argv[n] = NULL;
+    snprintf(a.log, sizeof a.log, "%s", path);
+    proc_t p;
+    assert_int_equal(proc_spawn(&p, "draftline", run_child, &a), 0);
+    int code = -1;
+    assert_int_equal(proc_wait(&p, 60000, &code), 0);
+    proc_kill(&p);
+    return code;
+}
+
+/* `draftline status` on a live run shows its topology and stages; `draftline stop`
+ * stops it cleanly (final checkpoint, exit 0, nothing left). */
+static void test_status_and_stop(void **state) {
+    (void)state;
+    static run_args_t a;
+    memset(&a, 0, sizeof a);
+    char exe[1100], out[400], p[600];
+    snprintf(exe, sizeof exe, "%s/draftline", bin);
+    snprintf(out, sizeof out, "%s/st", root);
+    char *argv[] = {exe, "run", "--target-model", model_dir, "--data", cache, "--token-budget", "256",
+                    "--block-size", "4", "--num-anchors", "8", "--targets", "2", "--max-steps", "280",
+                    "--out", out, NULL};
+    for (int i = 0; argv[i]; i++) a.argv[i] = argv[i];
+    snprintf(a.log, sizeof a.log, "%s/st.out", root);
+    proc_t run;
+    assert_int_equal(proc_spawn(&run, "draftline run", run_child, &a), 0);
+    snprintf(p, sizeof p, "%s/steps.jsonl", out);
+    for (int i = 0; i < 3000 && count_lines(p) < 5; i++) usleep(10000);
+    assert_true(count_lines(p) >= 5);
+    char log[600];
+    snprintf(log, sizeof log, "%s/status.out", root);
+    char *sargs[] = {"status", "--run", out, NULL};
+    assert_int_equal(run_tool(log, sargs), 0);
+    size_t len;
+    char *txt = slurp(log, &len);
+    assert_non_null(strstr(txt, "(running, supervisor pid"));
+    assert_non_null(strstr(txt, "target0 -> drafter0  target1 -> drafter0"));
+    assert_non_null(strstr(txt, "drafter0   running"));
+    assert_non_null(strstr(txt, "optimizer  running"));
+    free(txt);
+    snprintf(log, sizeof log, "%s/stop.out", root);
+    char *kargs[] = {"stop", "--run", out, "--wait", "30", NULL};
+    assert_int_equal(run_tool(log, kargs), 0);
+    int code = -1;
+    assert_int_equal(proc_wait(&run, 30000, &code), 0);
+    int left = kill(-run.pid, 0) == 0;
+    proc_kill(&run);
+    assert_int_equal(code, 0);
+    assert_false(left);
+    txt = slurp(a.log, &len);
+    assert_non_null(strstr(txt, "(interrupted)"));
+    free(txt);
+    char dir[4200];
+    assert_int_equal(ckpt_resolve(out, dir, sizeof dir), 0);
+    snprintf(p, sizeof p, "%s/run.json", out);
+    txt = slurp(p, &len);
+    assert_non_null(strstr(txt, "\"state\":\t\"stopped\""));
+    free(txt);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_short_run_checkpoint_loads_back),
@@ -587,6 +656,7 @@ int main(void) {
         cmocka_unit_test(test_three_targets_one_drafter_inbox_bound),
         cmocka_unit_test(test_config_file_and_target_crash),
         cmocka_unit_test(test_nan_step_skipped),
+        cmocka_unit_test(test_status_and_stop),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
