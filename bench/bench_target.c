@@ -1,0 +1,231 @@
+/* GPU benchmark of the target forward (common/model/target.c on the CUDA backend).
+ *
+ * Usage: bench_target --model DIR [--tokens 65536] [--reps 5] [--capture 5]
+ *   DIR: an HF model dir, e.g. made by `draftline mkmodel --config qwen3-8b --out DIR`.
+ *
+ * Measures, in one run:
+ *   1. the bf16 GEMM peak of this GPU (cuBLASLt via matmul_forward, 8192^3, random
+ *      data), the denominator of MFU;
+ *   2. target_forward over a packed micro-batch of --tokens tokens (default 65,536),
+ *      random ids, two batches: 8 x 4096 (T/4096 sequences of 4096), and mixed lengths
+ *      (uniform 128..4096, seeded, summing to T), each in two modes:
+ *        capture: the DFlash use: outputs of --capture layers (default ids
+ *                 [1, 9, 17, 25, 33] for 36 layers) into (T, 5*D); the layers after
+ *                 the last captured one are skipped (34 of 36 layers run);
+ *        full:    the same capture plus every layer and the final norm (36 layers;
+ *                 what a Hugging Face base-model forward computes; no LM head).
+ * FLOPs (useful, per forward) = sum over the layers that run of
+ *      2 * T * P_layer + 4 * hd * H * sum_s L_s (L_s + 1) / 2
+ * with P_layer = D*(H*hd + 2*Hkv*hd) + H*hd*D + 3*D*F the layer's matmul parameters
+ * (norms and biases negligible), i.e. 2 * params * tokens + causal attention
+ * (QK^T and PV over the visible keys). MFU = FLOPs / time / measured GEMM peak.
+ * Times: median of --reps CUDA-event-timed forwards after one warm-up.
+ * Prints "SKIP: ..." and exits 0 without CUDA or without --model. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/base/err.h"
+#include "common/base/rng.h"
+#include "common/model/config.h"
+#include "common/model/target.h"
+#include "common/ops/ops.h"
+
+#ifndef DL_CUDA
+int main(void) {
+    printf("SKIP: bench_target: built without CUDA\n");
+    return 0;
+}
+#else
+#include <cuda_runtime_api.h>
+
+static ops_ctx_t C;
+
+static int cmpf(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static void *rand_act(size_t n, uint64_t seed) {
+    const size_t chunk = 1u << 24;
+    float *h = malloc(chunk * sizeof(float));
+    void *d = C.impl->malloc_(&C, n * 2);
+    if (!d || !h) { fprintf(stderr, "bench_target: out of memory\n"); exit(1); }
+    uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
+    for (size_t off = 0; off < n; off += chunk) {
+        size_t m = n - off < chunk ? n - off : chunk;
+        for (size_t i = 0; i < m; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            h[i] = (float)(s >> 40) * (2.0f / 16777216.0f) - 1.0f;
+        }
+        C.impl->upload_act(&C, (char *)d + off * 2, h, m);
+    }
+    free(h);
+    return d;
+}
+
+static double gemm_peak(void) {
+    const int n = 8192;
+    void *a = rand_act((size_t)n * n, 1), *b = rand_act((size_t)n * n, 2);
+    void *c = C.impl->malloc_(&C, (size_t)n * n * 2);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    float t[20];
+    for (int i = 0; i < 5; i++) C.impl->matmul_forward(&C, c, a, b, NULL, n, n, n);
+    for (int i = 0; i < 20; i++) {
+        cudaEventRecord(e0, (cudaStream_t)C.stream);
+        C.impl->matmul_forward(&C, c, a, b, NULL, n, n, n);
+        cudaEventRecord(e1, (cudaStream_t)C.stream);
+        cudaEventSynchronize(e1);
+        cudaEventElapsedTime(&t[i], e0, e1);
+    }
+    qsort(t, 20, sizeof(float), cmpf);
+    double tf = 2.0 * n * n * (double)n / (t[10] * 1e-3) / 1e12;
+    printf("GEMM peak (bf16, cuBLASLt, 8192^3, random data): %.3f ms = %.1f TFLOP/s\n", t[10], tf);
+    C.impl->free_(&C, a); C.impl->free_(&C, b); C.impl->free_(&C, c);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return tf;
+}
+
+static double layer_params(const model_config_t *m) {
+    double D = m->D, Q = (double)m->H * m->hd, KV = (double)m->Hkv * m->hd, F = m->F;
+    return D * (Q + 2 * KV) + Q * D + 3 * D * F;
+}
+
+int main(int argc, char **argv) {
+    const char *model = NULL;
+    int T = 65536, reps = 5, ncap = 5;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
+        else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) T = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--capture") && i + 1 < argc) ncap = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--quick")) reps = 2;
+    }
+    if (reps < 1 || reps > 50) reps = 5;
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        printf("SKIP: bench_target: no CUDA device\n");
+        return 0;
+    }
+    if (!model) {
+        printf("SKIP: bench_target: no --model (make one: draftline mkmodel --config qwen3-8b --out DIR;"
+               " DL_BENCH_MODEL=DIR make bench)\n");
+        return 0;
+    }
+    if (ops_cuda_init(&C, 0) != 0) {
+        printf("SKIP: bench_target: ops_cuda_init: %s\n", dl_errmsg());
+        return 0;
+    }
+    struct cudaDeviceProp prop;
+    cudaGetDeviceProperties(&prop, 0);
+    printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    double peak = gemm_peak();
+
+    model_config_t cfg;
+    if (model_config_from_hf_dir(model, &cfg)) { fprintf(stderr, "bench_target: %s\n", dl_errmsg()); return 1; }
+    target_opts_t o = {.max_tokens = T, .max_seqs = T / 128 + 1, .n_capture = ncap};
+    if (target_default_layer_ids(cfg.L, ncap, o.capture_ids)) { fprintf(stderr, "%s\n", dl_errmsg()); return 1; }
+    target_t *t = NULL;
+    if (target_load(model, &C, &o, &t)) { fprintf(stderr, "bench_target: %s\n", dl_errmsg()); return 1; }
+    const model_config_t *m = target_config(t);
+    printf("model %s: L %d, D %d, H %d/%d, hd %d, F %d, V %d; %.2f GB of weights; capture [", model,
+           m->L, m->D, m->H, m->Hkv, m->hd, m->F, m->V, target_weight_bytes(t) / 1e9);
+    int last = 0;
+    for (int i = 0; i < ncap; i++) {
+        printf("%s%d", i ? ", " : "", o.capture_ids[i]);
+        if (o.capture_ids[i] > last) last = o.capture_ids[i];
+    }
+    printf("]\n");
+
+    int32_t *ids = malloc((size_t)T * 4), *cu = malloc(((size_t)T / 128 + 2) * 4);
+    rng_t r;
+    rng_seed(&r, 20261130);
+    for (int i = 0; i < T; i++) ids[i] = (int32_t)rng_below(&r, (uint64_t)m->V);
+    size_t ab = 2;
+    void *feat = C.impl->malloc_(&C, (size_t)T * ncap * m->D * ab);
+    void *hid = C.impl->malloc_(&C, (size_t)T * m->D * ab);
+    int32_t *d_ids = C.impl->malloc_(&C, (size_t)T * 4), *d_pos = C.impl->malloc_(&C, (size_t)T * 4);
+    int32_t *d_cu = C.impl->malloc_(&C, ((size_t)T / 128 + 2) * 4), *pos = malloc((size_t)T * 4);
+    if (!feat || !hid || !d_ids || !d_pos || !d_cu) { fprintf(stderr, "bench_target: out of memory\n"); return 1; }
+    C.impl->upload(&C, d_ids, ids, (size_t)T * 4);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    double lp = layer_params(m);
+    printf("%-8s %-8s %5s %6s %9s %11s %9s %7s\n", "batch", "mode", "seqs", "layers", "ms", "tokens/s",
+           "TFLOP/s", "MFU");
+    for (int batch = 0; batch < 2; batch++) {
+        int nseq = 0;
+        cu[0] = 0;
+        if (batch == 0) {
+            for (int s = 0; s < T / 4096; s++, nseq++) cu[nseq + 1] = cu[nseq] + 4096;
+            if (cu[nseq] < T) { cu[nseq + 1] = T; nseq++; }
+        } else {
+            rng_t rl;
+            rng_seed(&rl, 7);
+            while (cu[nseq] < T) {
+                int len = 128 + (int)rng_below(&rl, 4096 - 128 + 1), left = T - cu[nseq];
+                if (left - len < 128) len = left; /* last one takes the rest (<= 4095 + 128) */
+                if (len > 4096) { len = left / 2; }
+                cu[nseq + 1] = cu[nseq] + len;
+                nseq++;
+            }
+        }
+        int maxlen = 0;
+        double attn_pairs = 0;
+        for (int s = 0; s < nseq; s++) {
+            int n = cu[s + 1] - cu[s];
+            if (n > maxlen) maxlen = n;
+            attn_pairs += (double)n * (n + 1) / 2;
+            for (int i = 0; i < n; i++) pos[cu[s] + i] = i;
+        }
+        if (batch == 1) {
+            printf("mixed lengths:");
+            for (int s = 0; s < nseq; s++) printf("%s%d", s ? "," : " ", cu[s + 1] - cu[s]);
+            printf("\n");
+        }
+        C.impl->upload(&C, d_cu, cu, ((size_t)nseq + 1) * 4);
+        C.impl->upload(&C, d_pos, pos, (size_t)T * 4);
+        for (int mode = 0; mode < 2; mode++) {
+            int nl = mode == 0 ? last + 1 : m->L;
+            void *h = mode == 0 ? NULL : hid;
+            double fl = nl * (2.0 * T * lp + 4.0 * m->hd * m->H * attn_pairs);
+            float ts[64];
+            if (target_forward(t, d_ids, d_pos, d_cu, nseq, maxlen, T, feat, h)) {
+                fprintf(stderr, "bench_target: %s\n", dl_errmsg());
+                return 1;
+            }
+            for (int i = 0; i < reps; i++) {
+                cudaEventRecord(e0, (cudaStream_t)C.stream);
+                target_forward(t, d_ids, d_pos, d_cu, nseq, maxlen, T, feat, h);
+                cudaEventRecord(e1, (cudaStream_t)C.stream);
+                cudaEventSynchronize(e1);
+                cudaEventElapsedTime(&ts[i], e0, e1);
+            }
+            cudaError_t err = cudaGetLastError();
+            if (err != cudaSuccess) { fprintf(stderr, "CUDA: %s\n", cudaGetErrorString(err)); return 1; }
+            qsort(ts, (size_t)reps, sizeof(float), cmpf);
+            double ms = ts[reps / 2], tf = fl / (ms * 1e-3) / 1e12;
+            printf("%-8s %-8s %5d %6d %9.2f %11.0f %9.1f %6.1f%%\n", batch == 0 ? "8x4096" : "mixed",
+                   mode == 0 ? "capture" : "full", nseq, nl, ms, T / (ms * 1e-3), tf, 100 * tf / peak);
+            fflush(stdout);
+        }
+    }
+    size_t fr, tot;
+    cudaMemGetInfo(&fr, &tot);
+    printf("device memory in use: %.1f GiB of %.1f GiB\n", (tot - fr) / 1073741824.0, tot / 1073741824.0);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    C.impl->free_(&C, feat); C.impl->free_(&C, hid); C.impl->free_(&C, d_ids);
+    C.impl->free_(&C, d_pos); C.impl->free_(&C, d_cu);
+    free(ids), free(cu), free(pos);
+    target_destroy(&t);
+    ops_ctx_destroy(&C);
+    return 0;
+}
+#endif
