@@ -6,7 +6,9 @@
  *  - a deliberately right drafter (a hook proposing the target's own greedy
  *    continuation): same output, tau == B except where the output ends;
  *  - a deliberately wrong drafter (every weight zero): same output, tau <= 1.1;
- *  - specdec_eval reports the greedy check as matched and its tau / histogram add up.
+ *  - specdec_eval reports the greedy check as matched and its tau / histogram add up;
+ *  - specdec_eval_checkpoint (training-time eval) on a saved checkpoint and a jsonl
+ *    prompt file, and `draftline eval --drafter zero --json` end to end.
  * Exit 77 (skip) when the model file is absent (`make model`). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,6 +25,7 @@
 #include "common/base/paths.h"
 #include "common/data/chat.h"
 #include "common/data/tokenizer.h"
+#include "common/model/dflash_ckpt.h"
 #include "common/model/generate.h"
 #include "common/model/specdec.h"
 #include "common/model/target.h"
@@ -223,12 +226,58 @@ static void test_eval_report(void **state) {
     free(js);
 }
 
+/* A prompt file in the MT-Bench layout with the test prompts. */
+static void write_prompts(const char *path) {
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (int i = 0; i < NP; i++) fprintf(f, "{\"question_id\": %d, \"turns\": [\"%s\", \"More.\"]}\n", i, k_prompts[i]);
+    fclose(f);
+}
+
+static void test_eval_checkpoint(void **state) {
+    fx_t *x = *state;
+    char dir[] = "/tmp/dl-test-specdec-XXXXXX", ck[128], pr[128], model[1024];
+    assert_non_null(mkdtemp(dir));
+    snprintf(ck, sizeof ck, "%s/ckpt", dir);
+    snprintf(pr, sizeof pr, "%s/prompts.jsonl", dir);
+    write_prompts(pr);
+    assert_int_equal(dflash_ckpt_save(x->d, ck, "F32", NULL), 0);
+    assert_int_equal(paths_default_model(model, sizeof model), 0);
+    specdec_eval_opts_t eo;
+    specdec_eval_opts_default(&eo);
+    eo.max_new_tokens = 8;
+    specdec_eval_result_t r;
+    if (specdec_eval_checkpoint(model, ck, pr, 2, -1, 1, &eo, &r)) fail_msg("%s", dl_errmsg());
+    assert_int_equal(r.n_prompts, 2);
+    assert_int_equal(r.n_matched, 2);
+    assert_true(r.tau >= 1.0 && r.spec.steps > 0);
+    /* the command line, with the deliberately wrong drafter */
+    const char *b = getenv("DL_BIN_DIR");
+    char cmd[2048], js[160];
+    snprintf(js, sizeof js, "%s/out.json", dir);
+    snprintf(cmd, sizeof cmd, "%s/draftline eval --drafter zero --data %s --num-prompts 2 "
+             "--max-new-tokens 8 --threads 1 --json %s > /dev/null 2>&1", b ? b : "bin", pr, js);
+    assert_int_equal(system(cmd), 0);
+    FILE *f = fopen(js, "r");
+    assert_non_null(f);
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    assert_non_null(strstr(buf, "\"prompts\":2"));
+    assert_non_null(strstr(buf, "\"greedy_matched\":2"));
+    assert_non_null(strstr(buf, "\"tau\":1,"));  /* zero drafter: nothing accepted */
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_drafter),
         cmocka_unit_test(test_oracle_drafter),
         cmocka_unit_test(test_zero_drafter),
         cmocka_unit_test(test_eval_report),
+        cmocka_unit_test(test_eval_checkpoint),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
