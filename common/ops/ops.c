@@ -18,8 +18,9 @@ void ops_cpu_init(ops_ctx_t *c, int nthreads) {
     c->impl = &ops_cpu_impl;
     c->device = -1;
     c->nthreads = nthreads > 0 ? nthreads : 0;
-    /* OpenBLAS keeps one process-wide pool; our OpenMP loops use c->nthreads. */
-    if (nthreads > 0) openblas_set_num_threads(nthreads);
+    /* OpenBLAS runs single-threaded: matmul.c splits each GEMM across our OpenMP team
+     * (one thread pool; two oversubscribe the cores, see matmul.c). */
+    openblas_set_num_threads(1);
 }
 
 #ifndef DL_CUDA
