@@ -432,8 +432,9 @@ int main(int argc, char **argv) {
         if (rc == 0) rc = batcher_restore(L.b, &cur);
         if (rc < 0) return log_rc(rc, "--cursor-in"), 1;
         if (cur.next_mb % K) { log_error("--cursor-in: micro-batch %llu is not at a step boundary", (unsigned long long)cur.next_mb); return 1; }
-        start_step = (int64_t)(cur.next_mb / K);
-        log_info("cursor %s: resuming at micro-batch %llu (step %lld)", cursor_in,
+        /* a restart after the checkpoint passes a later --start-step: the later wins */
+        if ((int64_t)(cur.next_mb / K) > start_step) start_step = (int64_t)(cur.next_mb / K);
+        log_info("cursor %s (micro-batch %llu) matches the cache; starting at step %lld", cursor_in,
                  (unsigned long long)cur.next_mb, (long long)start_step);
     }
     L.applied_steps = (uint64_t)start_step;

@@ -358,6 +358,12 @@ static void on_idle_timer(bus_t *bus, void *arg) {
 static void on_control(stage_t *st, const proto_control_t *c, void *arg) {
     tw_t *T = arg;
     if (c->op != PROTO_CTL_ROUTE) return;
+    /* a route push follows a restart of the loader or a drafter: introduce ourselves
+     * again and renew the work credit (a new loader knows none; extra credit only
+     * prefetches a little more) */
+    send_hello(T, T->loader);
+    T->outstanding = 0;
+    request_work(T);
     for (uint32_t i = 0; i + 1 < c->n_ints; i += 2)
         if ((uint32_t)c->ints[i] == st->stage_id) {
             int64_t d = c->ints[i + 1] - PIPE_ID_DRAFTER0;

@@ -53,6 +53,7 @@ typedef struct {
     double *losses;
     uint64_t n_losses;
     uint64_t last_step_seen;
+    int64_t last_applied;       /* last step the optimizer reported applied; -1 none */
     int have_step;
     double last_loss, last_acc_mean, acc[16];
     int n_acc;
@@ -142,12 +143,19 @@ static void spawn(sup_t *S, sstage_t *x) {
         snprintf(thr, sizeof thr, "%d", o->threads_per_stage > 0 ? o->threads_per_stage : 1);
         setenv("OMP_NUM_THREADS", thr, 1);
         setenv("OPENBLAS_NUM_THREADS", thr, 1);
-        char *argv[SUP_MAX_ARGS + 4];
+        char *argv[SUP_MAX_ARGS + 6];
         int a = 0;
         argv[a++] = exe;
         for (int i = 0; i < x->spec->argc; i++) argv[a++] = x->spec->argv[i];
         argv[a++] = "--incarnation";
         argv[a++] = inc;
+        /* a restarted loader resumes after the last applied step (later flags win) */
+        char start[32];
+        if (x->spec->stage_id == PIPE_ID_LOADER && x->incarnation > 1 && S->last_applied >= 0) {
+            snprintf(start, sizeof start, "%lld", (long long)S->last_applied + 1);
+            argv[a++] = "--start-step";
+            argv[a++] = start;
+        }
         argv[a] = NULL;
         execv(exe, argv);
         fprintf(stderr, "exec %s: %s\n", exe, strerror(errno));
@@ -267,9 +275,10 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
         log_info("%s is up (pid %u, incarnation %llu)", peer, m.hello.pid,
                  (unsigned long long)m.hello.incarnation);
         if (m.hello.stage_id >= PIPE_ID_TARGET0) push_route(S, x);
-        /* a restarted drafter must hear from its targets again: re-push their routes */
-        if (m.hello.stage_id >= PIPE_ID_DRAFTER0 && m.hello.stage_id < PIPE_ID_TARGET0 &&
-            m.hello.incarnation > 1)
+        /* a restarted drafter or loader must hear from the targets again: re-push their
+         * routes (a target re-introduces itself to its drafter and the loader) */
+        if (((m.hello.stage_id >= PIPE_ID_DRAFTER0 && m.hello.stage_id < PIPE_ID_TARGET0) ||
+             m.hello.stage_id == PIPE_ID_LOADER) && m.hello.incarnation > 1)
             for (int i = 0; i < S->n; i++)
                 if (S->st[i].spec->stage_id >= PIPE_ID_TARGET0) push_route(S, &S->st[i]);
         if (S->stopping && x->pid > 0) kill(x->pid, SIGTERM);
@@ -279,6 +288,7 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
         on_metrics(S, peer, &m.metrics);
         break;
     case PROTO_APPLIED:
+        if ((int64_t)m.applied.step > S->last_applied) S->last_applied = (int64_t)m.applied.step;
         if (m.applied.step + 1 >= S->o->max_steps) begin_stop(S, "reached --max-steps");
         break;
     default:
@@ -353,6 +363,15 @@ static void reap(sup_t *S) {
             log_warn("%s died (%s %d)", x->spec->name, WIFEXITED(status) ? "status" : "signal",
                      WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
             (void)clean;
+            if (x->spec->stage_id == PIPE_ID_OPTIMIZER) {
+                /* its state since the last checkpoint is gone: a restart from scratch would
+                 * disagree with the loader, so the run stops and says how to continue */
+                log_error("the optimizer died (see %s/logs/optimizer.log); continue the run with "
+                          "`draftline run ... --resume %s`", S->o->out_dir, S->o->out_dir);
+                S->failed = 1;
+                begin_stop(S, "the optimizer died");
+                break;
+            }
             if (x->restarts >= S->o->max_restarts) {
                 log_error("%s failed %d times: giving up (see %s/logs/%s.log)", x->spec->name,
                           x->restarts + 1, S->o->out_dir, x->spec->name);
@@ -432,6 +451,7 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     S.o = o;
     S.sum = sum;
     S.losses = calloc(SUP_LOSS_HIST, sizeof(double));
+    S.last_applied = (int64_t)o->start_step - 1;
     if (!S.losses) return dl_seterr(DL_ENOMEM, "supervisor: out of memory");
     uv_loop_init(&S.loop);
     char path[4200];

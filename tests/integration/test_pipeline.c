@@ -495,9 +495,10 @@ static void test_three_targets_one_drafter_inbox_bound(void **state) {
     assert_true(same_file(a, b));
 }
 
-/* A YAML config with the same keys as the flags; a target, then a drafter, killed
- * with SIGKILL mid-run is restarted by the supervisor, the lost micro-batches are
- * re-issued, and the run ends with the same weights as the undisturbed run, bitwise. */
+/* A YAML config with the same keys as the flags; a target, then a drafter, then the
+ * loader, killed with SIGKILL mid-run, is restarted by the supervisor, the lost
+ * micro-batches are re-issued, and each run ends with the same weights as the
+ * undisturbed run, bitwise. */
 static void test_config_file_and_target_crash(void **state) {
     (void)state;
     char cfg[400], out[400], log[400], id[17], a[600], b[600];
@@ -536,6 +537,18 @@ static void test_config_file_and_target_crash(void **state) {
     assert_non_null(strstr(txt, "1 restart(s)"));
     free(txt);
     snprintf(b, sizeof b, "%s/kd/checkpoints/step_30/state.bin", root);
+    assert_true(same_file(a, b));
+    /* the loader dies: restarted after the last applied step, targets renew their credit */
+    snprintf(out, sizeof out, "%s/kl", root);
+    snprintf(log, sizeof log, "%s/kl.out", root);
+    kill_stage = "loader";
+    kill_after_steps = 10;
+    assert_int_equal(run_pipeline(out, log, id, 120, "--config", cfg, NULL), 0);
+    txt = slurp(log, &len);
+    assert_non_null(strstr(txt, "loader died (signal 9)"));
+    assert_non_null(strstr(txt, "1 restart(s)"));
+    free(txt);
+    snprintf(b, sizeof b, "%s/kl/checkpoints/step_30/state.bin", root);
     assert_true(same_file(a, b));
 }
 
