@@ -518,7 +518,12 @@ static inline float rd_f16(const uint8_t *p) {
 
 /* Each element: fp32 products/sums in gguf/quants.py's order; no fused multiply-add,
  * so the result is bit-identical to numpy's. */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#define NO_FMA
+#else
 #define NO_FMA __attribute__((optimize("fp-contract=off")))
+#endif
 
 NO_FMA static void deq_q4_0(const uint8_t *b, float *y) {   /* 18 bytes: f16 d, u8 qs[16] */
     float d = rd_f16(b);

@@ -216,7 +216,7 @@ static int read_text(const char *path, char **out, size_t *len) {
 }
 
 static int open_index(safetensors_t *st, const char *index_path) {
-    char *txt;
+    char *txt = NULL;
     DL_TRY(read_text(index_path, &txt, NULL));
     cJSON *root = cJSON_Parse(txt);
     free(txt);
@@ -238,7 +238,10 @@ static int open_index(safetensors_t *st, const char *index_path) {
             break;
         }
         char p[PATH_MAX];
-        snprintf(p, sizeof p, "%s/%s", dir, e->valuestring);
+        if (snprintf(p, sizeof p, "%s/%s", dir, e->valuestring) >= (int)sizeof p) {
+            rc = dl_seterr(DL_ERANGE, "%s: shard path too long", index_path);
+            break;
+        }
         if ((rc = add_file(st, p)) < 0) break;
     }
     /* every tensor named in the index must be present in its shard */
