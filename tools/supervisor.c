@@ -514,5 +514,5 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
         fclose(f);
     }
     free(S.losses);
-    return S.failed ? dl_seterr(DL_ESTATE, "a stage failed repeatedly") : 0;
+    return S.failed ? dl_seterr(DL_ESTATE, "the run failed (a stage died beyond its restarts, or the optimizer died; see above and %s/logs)", o->out_dir) : 0;
 }
