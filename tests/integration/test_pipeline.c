@@ -29,6 +29,7 @@
 #include "common/data/tokenizer.h"
 #include "common/mem/slab.h"
 #include "common/model/config.h"
+#include "common/model/dflash_ckpt.h"
 #include "common/model/drafter.h"
 #include "common/model/safetensors.h"
 #include "common/pipe/ckpt.h"
@@ -378,6 +379,18 @@ static void test_short_run_checkpoint_loads_back(void **state) {
         free(buf);
     }
     safetensors_close(&st);
+    /* and the project's DFlash loader takes it: config and weights */
+    drafter_config_t lc;
+    assert_int_equal(dflash_config_load(dir, &lc), 0);
+    assert_int_equal(lc.B, 4);
+    assert_int_equal(lc.n_layers, 1);
+    assert_int_equal(lc.D, 64);
+    drafter_t *d2;
+    assert_int_equal(drafter_new(&ops, &lc, no_embed, no_embed, 1, 1, 99, &d2), 0);
+    assert_int_equal(drafter_n_params(d2), P);
+    assert_int_equal(dflash_ckpt_load_weights(d2, dir), 0);
+    assert_memory_equal(drafter_master(d2), master, P * 4);
+    drafter_destroy(&d2);
     snprintf(p, sizeof p, "%s/config.json", dir);
     txt = slurp(p, &len);
     cJSON *j = cJSON_Parse(txt);
