@@ -56,6 +56,15 @@ static void cuda_copy(const ops_ctx_t *c, void *dst, const void *src, size_t byt
     if (bytes && dst != src)
         cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda_stream(c)));
 }
+// Strided 2-D copy (ops.h copy2d): one cudaMemcpy2DAsync, not one copy per row
+// (the target writes each captured layer's (T, D) output into a column block of
+// the (T, n*D) feature matrix: 65,536 rows per layer at a 64k-token batch).
+static void cuda_copy2d(const ops_ctx_t *c, void *dst, size_t dst_pitch, const void *src,
+                        size_t src_pitch, size_t width_bytes, size_t rows) {
+    if (!rows || !width_bytes) return;
+    cuda_check(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, width_bytes, rows,
+                                 cudaMemcpyDeviceToDevice, cuda_stream(c)));
+}
 // upload/download are synchronous for the host buffer (it may be reused or
 // freed on return, as with memcpy on the CPU backend).
 static void cuda_upload(const ops_ctx_t *c, void *dst, const void *src_host, size_t bytes) {
@@ -244,6 +253,7 @@ static const ops_impl_t cuda_impl_template = {
     cuda_xent_forward_backward,
     cuda_sumsq,
     cuda_adamw,
+    cuda_copy2d,
 };
 
 #define INIT_TRY(call)                                                                     \
