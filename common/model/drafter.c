@@ -17,7 +17,6 @@ enum {
 typedef struct {
     /* saved activations of one layer (act unless noted); R block rows, T ctx rows */
     void *hin;       /* (R,D) layer input (residual stream) */
-    void *xn;        /* (R,D) input_layernorm(hin) */
     float *rstd_in;  /* (R) */
     void *qr;        /* (R,H*hd) q_proj(xn), before q_norm */
     float *q_rstd;   /* (R*H) */
@@ -30,9 +29,12 @@ typedef struct {
     void *att;       /* (R,H*hd) attention output */
     float *lse;      /* (R*H) */
     void *h1;        /* (R,D) after the attention residual */
-    void *hn2;       /* (R,D) post_attention_layernorm(h1) */
     float *rstd_post;/* (R) */
-    void *g, *u;     /* (R,F) gate and up projections */
+    void *g;         /* (R,F) gate projection */
+    /* Not kept per layer (memory: 2 (R,D) + 1 (R,F) per layer, 12 GiB for the
+     * Qwen3-8B drafter at 65,536 rows): input_layernorm(hin),
+     * post_attention_layernorm(h1) and the up projection; the backward recomputes
+     * them (two RMSNorms and one GEMM per layer) into the shared xs / us. */
 } drafter_layer_act_t;
 
 struct drafter {
@@ -54,11 +56,15 @@ struct drafter {
     void *hf;                     /* (R,D) norm(hout) */
     float *rstd_f;                /* (R) */
     /* scratch */
+    void *xs;                     /* (R,D) input_layernorm / post_attention_layernorm output
+                                     of the layer at hand (forward; recomputed in backward) */
+    void *us;                     /* (R,F) up projection of the layer at hand (likewise) */
     void *qs, *kbs, *kcs;         /* normed+roped q, kb, kc; reused as d(raw) in backward */
     void *dq, *dkb, *dvb, *dkc, *dvc, *datt;
     void *dh, *dt1, *dt2, *dhf;   /* (R,D) */
     void *dctx, *dct;             /* (T,D) */
-    void *a, *da, *dg, *du;       /* (R,F) */
+    void *a, *da;                 /* (R,F) swiglu output and its grad; in backward also
+                                     d gate (in a) and d up (in da, in place) */
     void *logits;                 /* (chunk*B, V) */
     float *row_loss, *row_correct, *row_w; /* (R) f32 */
     int32_t *row_target, *row_ids, *row_pos; /* (R) i32 backend */
@@ -260,22 +266,23 @@ int drafter_new(const ops_ctx_t *c, const drafter_config_t *cfg_in, const void *
     if (c->backend != OPS_CPU) REQ(d->w, d->n_params * A);
     for (int l = 0; l < cfg.n_layers; l++) {
         drafter_layer_act_t *a = &d->L[l];
-        REQ(a->hin, R * D * A); REQ(a->xn, R * D * A); REQ(a->rstd_in, R * 4);
+        REQ(a->hin, R * D * A); REQ(a->rstd_in, R * 4);
         REQ(a->qr, R * Q * A); REQ(a->q_rstd, R * cfg.H * 4);
         REQ(a->kbr, R * KV * A); REQ(a->kb_rstd, R * cfg.Hkv * 4); REQ(a->vb, R * KV * A);
         REQ(a->kcr, T * KV * A); REQ(a->kc_rstd, T * cfg.Hkv * 4); REQ(a->vc, T * KV * A);
         REQ(a->att, R * Q * A); REQ(a->lse, R * cfg.H * 4);
-        REQ(a->h1, R * D * A); REQ(a->hn2, R * D * A); REQ(a->rstd_post, R * 4);
-        REQ(a->g, R * F * A); REQ(a->u, R * F * A);
+        REQ(a->h1, R * D * A); REQ(a->rstd_post, R * 4);
+        REQ(a->g, R * F * A);
     }
     REQ(d->ctx_fc, T * D * A); REQ(d->ctx, T * D * A); REQ(d->ctx_rstd, T * 4);
     REQ(d->hout, R * D * A); REQ(d->hf, R * D * A); REQ(d->rstd_f, R * 4);
+    REQ(d->xs, R * D * A); REQ(d->us, R * F * A);
     REQ(d->qs, R * Q * A); REQ(d->kbs, R * KV * A); REQ(d->kcs, T * KV * A);
     REQ(d->dq, R * Q * A); REQ(d->dkb, R * KV * A); REQ(d->dvb, R * KV * A);
     REQ(d->dkc, T * KV * A); REQ(d->dvc, T * KV * A); REQ(d->datt, R * Q * A);
     REQ(d->dh, R * D * A); REQ(d->dt1, R * D * A); REQ(d->dt2, R * D * A); REQ(d->dhf, R * D * A);
     REQ(d->dctx, T * D * A); REQ(d->dct, T * D * A);
-    REQ(d->a, R * F * A); REQ(d->da, R * F * A); REQ(d->dg, R * F * A); REQ(d->du, R * F * A);
+    REQ(d->a, R * F * A); REQ(d->da, R * F * A);
     REQ(d->logits, chunk_rows * cfg.V * A);
     REQ(d->row_loss, R * 4); REQ(d->row_correct, R * 4); REQ(d->row_w, R * 4);
     REQ(d->row_target, R * 4); REQ(d->row_ids, R * 4); REQ(d->row_pos, R * 4);
@@ -333,17 +340,16 @@ void drafter_destroy(drafter_t **dp) {
     if (d->L) {
         for (int l = 0; l < d->cfg.n_layers; l++) {
             drafter_layer_act_t *a = &d->L[l];
-            void *ps[] = {a->hin, a->xn, a->rstd_in, a->qr, a->q_rstd, a->kbr, a->kb_rstd, a->vb,
-                          a->kcr, a->kc_rstd, a->vc, a->att, a->lse, a->h1, a->hn2, a->rstd_post,
-                          a->g, a->u};
+            void *ps[] = {a->hin, a->rstd_in, a->qr, a->q_rstd, a->kbr, a->kb_rstd, a->vb,
+                          a->kcr, a->kc_rstd, a->vc, a->att, a->lse, a->h1, a->rstd_post, a->g};
             for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
                 if (ps[i]) IMPL->free_(c, ps[i]);
         }
     }
     void *ps[] = {d->master, d->grad, d->w != (void *)d->master ? d->w : NULL, d->ctx_fc, d->ctx,
-                  d->ctx_rstd, d->hout, d->hf, d->rstd_f, d->qs, d->kbs, d->kcs, d->dq, d->dkb,
-                  d->dvb, d->dkc, d->dvc, d->datt, d->dh, d->dt1, d->dt2, d->dhf, d->dctx, d->dct,
-                  d->a, d->da, d->dg, d->du, d->logits, d->row_loss, d->row_correct, d->row_w,
+                  d->ctx_rstd, d->hout, d->hf, d->rstd_f, d->xs, d->us, d->qs, d->kbs, d->kcs,
+                  d->dq, d->dkb, d->dvb, d->dkc, d->dvc, d->datt, d->dh, d->dt1, d->dt2, d->dhf,
+                  d->dctx, d->dct, d->a, d->da, d->logits, d->row_loss, d->row_correct, d->row_w,
                   d->row_target, d->row_ids, d->row_pos, d->ctx_pos, d->ctx_start, d->ctx_len,
                   d->inv_freq};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
@@ -452,11 +458,11 @@ int drafter_forward(drafter_t *d, const drafter_batch_t *b) {
     for (int l = 0; l < c->n_layers; l++) {
         drafter_layer_act_t *a = &d->L[l];
         void *next = l + 1 < c->n_layers ? d->L[l + 1].hin : d->hout;
-        IMPL->rmsnorm_forward(x, a->xn, a->rstd_in, a->hin, W(d, tix_layer(l, LT_IN)), c->rms_eps,
+        IMPL->rmsnorm_forward(x, d->xs, a->rstd_in, a->hin, W(d, tix_layer(l, LT_IN)), c->rms_eps,
                               R, D);
-        IMPL->matmul_forward(x, a->qr, a->xn, W(d, tix_layer(l, LT_Q)), NULL, R, D, Q);
-        IMPL->matmul_forward(x, a->kbr, a->xn, W(d, tix_layer(l, LT_K)), NULL, R, D, KV);
-        IMPL->matmul_forward(x, a->vb, a->xn, W(d, tix_layer(l, LT_V)), NULL, R, D, KV);
+        IMPL->matmul_forward(x, a->qr, d->xs, W(d, tix_layer(l, LT_Q)), NULL, R, D, Q);
+        IMPL->matmul_forward(x, a->kbr, d->xs, W(d, tix_layer(l, LT_K)), NULL, R, D, KV);
+        IMPL->matmul_forward(x, a->vb, d->xs, W(d, tix_layer(l, LT_V)), NULL, R, D, KV);
         IMPL->matmul_forward(x, a->kcr, d->ctx, W(d, tix_layer(l, LT_K)), NULL, T, D, KV);
         IMPL->matmul_forward(x, a->vc, d->ctx, W(d, tix_layer(l, LT_V)), NULL, T, D, KV);
         /* rstds of q/k norms are saved for backward */
@@ -473,11 +479,11 @@ int drafter_forward(drafter_t *d, const drafter_batch_t *b) {
                                       d->ctx_start, d->ctx_len, d->Nb, c->B, T, H, Hkv, hd);
         IMPL->matmul_forward(x, a->h1, a->att, W(d, tix_layer(l, LT_O)), NULL, R, Q, D);
         IMPL->add(x, a->h1, a->h1, a->hin, (size_t)R * D);
-        IMPL->rmsnorm_forward(x, a->hn2, a->rstd_post, a->h1, W(d, tix_layer(l, LT_POST)),
+        IMPL->rmsnorm_forward(x, d->xs, a->rstd_post, a->h1, W(d, tix_layer(l, LT_POST)),
                               c->rms_eps, R, D);
-        IMPL->matmul_forward(x, a->g, a->hn2, W(d, tix_layer(l, LT_GATE)), NULL, R, D, F);
-        IMPL->matmul_forward(x, a->u, a->hn2, W(d, tix_layer(l, LT_UP)), NULL, R, D, F);
-        IMPL->swiglu_forward(x, d->a, a->g, a->u, (size_t)R * F);
+        IMPL->matmul_forward(x, a->g, d->xs, W(d, tix_layer(l, LT_GATE)), NULL, R, D, F);
+        IMPL->matmul_forward(x, d->us, d->xs, W(d, tix_layer(l, LT_UP)), NULL, R, D, F);
+        IMPL->swiglu_forward(x, d->a, a->g, d->us, (size_t)R * F);
         IMPL->matmul_forward(x, next, d->a, W(d, tix_layer(l, LT_DOWN)), NULL, R, F, D);
         IMPL->add(x, next, next, a->h1, (size_t)R * D);
     }
@@ -534,19 +540,27 @@ int drafter_forward_backward(drafter_t *d, const drafter_batch_t *b, float grad_
     IMPL->memset0(x, d->dctx, (size_t)T * D * A);
     for (int l = c->n_layers - 1; l >= 0; l--) {
         drafter_layer_act_t *a = &d->L[l];
-        /* MLP: h2 = h1 + down(silu(g) * u) */
-        IMPL->swiglu_forward(x, d->a, a->g, a->u, (size_t)R * F);
+        /* MLP: h2 = h1 + down(silu(g) * u); recompute n2 = post_attention_layernorm(h1)
+         * (rstd as saved) and u = up(n2), the same kernels on the same inputs as the
+         * forward, so the same values */
+        IMPL->rmsnorm_forward(x, d->xs, NULL, a->h1, W(d, tix_layer(l, LT_POST)), c->rms_eps, R,
+                              D);
+        IMPL->matmul_forward(x, d->us, d->xs, W(d, tix_layer(l, LT_UP)), NULL, R, D, F);
+        IMPL->swiglu_forward(x, d->a, a->g, d->us, (size_t)R * F);
         IMPL->matmul_backward(x, d->da, G(d, tix_layer(l, LT_DOWN)), NULL, d->dh, d->a,
                               W(d, tix_layer(l, LT_DOWN)), R, F, D);
-        IMPL->swiglu_backward(x, d->dg, d->du, d->da, a->g, a->u, (size_t)R * F);
-        IMPL->matmul_backward(x, d->dt1, G(d, tix_layer(l, LT_GATE)), NULL, d->dg, a->hn2,
+        /* d gate -> a (no longer needed), d up -> da in place (elementwise) */
+        IMPL->swiglu_backward(x, d->a, d->da, d->da, a->g, d->us, (size_t)R * F);
+        IMPL->matmul_backward(x, d->dt1, G(d, tix_layer(l, LT_GATE)), NULL, d->a, d->xs,
                               W(d, tix_layer(l, LT_GATE)), R, D, F);
-        IMPL->matmul_backward(x, d->dt2, G(d, tix_layer(l, LT_UP)), NULL, d->du, a->hn2,
+        IMPL->matmul_backward(x, d->dt2, G(d, tix_layer(l, LT_UP)), NULL, d->da, d->xs,
                               W(d, tix_layer(l, LT_UP)), R, D, F);
         IMPL->add(x, d->dt1, d->dt1, d->dt2, (size_t)R * D);
         IMPL->rmsnorm_backward(x, d->dt2, G(d, tix_layer(l, LT_POST)), d->dt1, a->h1,
                                W(d, tix_layer(l, LT_POST)), a->rstd_post, R, D);
         IMPL->add(x, d->dh, d->dh, d->dt2, (size_t)R * D); /* dh = d h1 */
+        /* recompute xn = input_layernorm(hin) for the q/k/v weight grads */
+        IMPL->rmsnorm_forward(x, d->xs, NULL, a->hin, W(d, tix_layer(l, LT_IN)), c->rms_eps, R, D);
         /* attention: h1 = hin + o_proj(att) */
         IMPL->matmul_backward(x, d->datt, G(d, tix_layer(l, LT_O)), NULL, d->dh, a->att,
                               W(d, tix_layer(l, LT_O)), R, Q, D);
@@ -560,16 +574,16 @@ int drafter_forward_backward(drafter_t *d, const drafter_batch_t *b, float grad_
         IMPL->rope_backward(x, d->dq, d->row_pos, d->inv_freq, R, H, hd);
         IMPL->rmsnorm_backward(x, d->qs, G(d, tix_layer(l, LT_QN)), d->dq, a->qr,
                                W(d, tix_layer(l, LT_QN)), a->q_rstd, R * H, hd);
-        IMPL->matmul_backward(x, d->dt1, G(d, tix_layer(l, LT_Q)), NULL, d->qs, a->xn,
+        IMPL->matmul_backward(x, d->dt1, G(d, tix_layer(l, LT_Q)), NULL, d->qs, d->xs,
                               W(d, tix_layer(l, LT_Q)), R, D, Q);
         /* block k, v */
         IMPL->rope_backward(x, d->dkb, d->row_pos, d->inv_freq, R, Hkv, hd);
         IMPL->rmsnorm_backward(x, d->kbs, G(d, tix_layer(l, LT_KN)), d->dkb, a->kbr,
                                W(d, tix_layer(l, LT_KN)), a->kb_rstd, R * Hkv, hd);
-        IMPL->matmul_backward(x, d->dt2, G(d, tix_layer(l, LT_K)), NULL, d->kbs, a->xn,
+        IMPL->matmul_backward(x, d->dt2, G(d, tix_layer(l, LT_K)), NULL, d->kbs, d->xs,
                               W(d, tix_layer(l, LT_K)), R, D, KV);
         IMPL->add(x, d->dt1, d->dt1, d->dt2, (size_t)R * D);
-        IMPL->matmul_backward(x, d->dt2, G(d, tix_layer(l, LT_V)), NULL, d->dvb, a->xn,
+        IMPL->matmul_backward(x, d->dt2, G(d, tix_layer(l, LT_V)), NULL, d->dvb, d->xs,
                               W(d, tix_layer(l, LT_V)), R, D, KV);
         IMPL->add(x, d->dt1, d->dt1, d->dt2, (size_t)R * D);
         IMPL->rmsnorm_backward(x, d->dt2, G(d, tix_layer(l, LT_IN)), d->dt1, a->hin,
