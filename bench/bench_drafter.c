@@ -1,7 +1,7 @@
 /* GPU benchmark of DFlash drafter training (common/model/drafter.c on CUDA).
  *
  * Usage: bench_drafter [--model DIR] [--seqs 8] [--seqlen 4096] [--anchors 512]
- *                      [--layers 5] [--reps 5]
+ *                      [--layers 5] [--reps 5] [--loss-chunk BLOCKS (default: the drafter's, 16)]
  *   The drafter's shapes come from the target's config.json (--model, e.g. a dir made
  *   by `draftline mkmodel --config qwen3-8b`), or the qwen3-8b preset without it
  *   (D 4096, H 32/8, hd 128, F 12288, V 151,936, 36 target layers).
@@ -94,7 +94,7 @@ static double gemm_peak(void) {
 
 int main(int argc, char **argv) {
     const char *model = NULL;
-    int nseq = 8, seqlen = 4096, nanch = 512, layers = 5, reps = 5;
+    int nseq = 8, seqlen = 4096, nanch = 512, layers = 5, reps = 5, chunk = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--seqs") && i + 1 < argc) nseq = atoi(argv[++i]);
@@ -102,6 +102,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--anchors") && i + 1 < argc) nanch = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--loss-chunk") && i + 1 < argc) chunk = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) reps = 2;
     }
     if (reps < 1 || reps > 50) reps = 5;
@@ -126,11 +127,13 @@ int main(int argc, char **argv) {
     drafter_config_defaults(&cfg);
     drafter_config_from_target(&cfg, &tc);
     cfg.n_layers = layers;
+    if (chunk > 0) cfg.loss_chunk_blocks = chunk;
     cfg.mask_token_id = tc.V > DRAFTER_MASK_TOKEN_QWEN3 ? DRAFTER_MASK_TOKEN_QWEN3 : tc.V - 1;
     if (drafter_config_finish(&cfg)) { fprintf(stderr, "bench_drafter: %s\n", dl_errmsg()); return 1; }
     int T = nseq * seqlen, maxb = nseq * nanch;
-    printf("drafter: %d layers, D %d, H %d/%d, hd %d, F %d, V %d, B %d, features of target layers [",
-           cfg.n_layers, cfg.D, cfg.H, cfg.Hkv, cfg.hd, cfg.F, cfg.V, cfg.B);
+    printf("drafter: %d layers, D %d, H %d/%d, hd %d, F %d, V %d, B %d, loss chunk %d blocks, "
+           "features of target layers [", cfg.n_layers, cfg.D, cfg.H, cfg.Hkv, cfg.hd, cfg.F, cfg.V,
+           cfg.B, cfg.loss_chunk_blocks);
     for (int i = 0; i < cfg.n_feat; i++) printf("%s%d", i ? ", " : "", cfg.target_layer_ids[i]);
     printf("]\nbatch: %d x %d target tokens, %d anchors each\n", nseq, seqlen, nanch);
 

@@ -5,7 +5,7 @@ attn_implementation="sdpa", on the same GPU and the same batches, reporting toke
 MFU with the same FLOP count, so draftline's speed can be reported as a ratio.
 
 Batches (T = --tokens, default 65,536 tokens):
-  8x4096: input_ids (T/4096, 4096), no padding (sdpa's causal path).
+  16x4096: input_ids (T/4096, 4096) (16 x 4096 at 65,536), no padding (sdpa's causal path).
   mixed:  --lengths (comma-separated; bench_target prints its mixed batch's lengths on a
           "mixed lengths:" line, so both run the very same batch), else lengths drawn
           uniform in 128..4096 by numpy with a fixed seed summing to T; right-padded to the
@@ -105,8 +105,8 @@ def main():
     T = args.tokens
     g = torch.Generator(device="cuda").manual_seed(1)
     rows = []
-    for name in ("8x4096", "mixed"):
-        if name == "8x4096":
+    for name in (f"{T // 4096}x4096", "mixed"):
+        if name != "mixed":
             lens = [4096] * (T // 4096)
         elif args.lengths:
             lens = [int(x) for x in args.lengths.split(",") if x]

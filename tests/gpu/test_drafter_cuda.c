@@ -207,6 +207,7 @@ static void test_medium_random(void **s) {
     c->rope.theta = 1e6;
     c->n_layers = 3;  /* n_feat defaults to 3 */
     c->mask_token_id = 999, c->loss_chunk_blocks = 5;
+    assert_int_equal(drafter_config_finish(c), 0); /* n_feat 3, default layer ids */
     rng_t r;
     rng_seed(&r, 20261130);
     int lens[3] = {300, 80, 211};
