@@ -401,6 +401,11 @@ static void on_hs_ready(dw_t *W, int pi, const proto_hidden_states_ready_t *h) {
     p->granted--;
     int k = 0;
     while (k < DW_MAX_SLOTS && W->items[k].used) k++;
+    if (k == DW_MAX_SLOTS) { /* cannot happen: one item per live slot, at most DW_MAX_SLOTS */
+        log_error("ready list full");
+        inbox_free(W->ib, h->slot_id);
+        return;
+    }
     item_t *it = &W->items[k];
     memset(it, 0, sizeof *it);
     it->used = 1;

@@ -66,6 +66,7 @@ typedef struct {
     uint8_t *cur_base;
     int cur_rc;
     double cur_fwd_s, wait_since, idle_grant_since;
+    double blocked_since;      /* a micro-batch in hand, no usable grant: waiting for credit */
     bus_timer_t *idle_timer;
     int32_t *cu;
     uint64_t done, tokens;
@@ -170,13 +171,21 @@ static void after_work_cb(uv_work_t *req, int status) {
 static void pump(tw_t *T) {
     if (T->busy || T->st.stopping) return;
     if (T->qn == 0) { T->st.state = PROTO_STATE_IDLE; return; }
-    if (T->gn == 0 || T->route < 0) { T->st.state = PROTO_STATE_BLOCKED; return; }
+    if (T->gn == 0 || T->route < 0) {
+        T->st.state = PROTO_STATE_BLOCKED;
+        if (T->blocked_since == 0) T->blocked_since = clock_mono_s();
+        return;
+    }
     mb_t *m = &T->q[0];
     uint64_t row = (uint64_t)T->dcfg.n_feat * (uint64_t)T->dcfg.D;
     pipe_layout_t l = pipe_layout(m->T, m->n_seqs, row, 4);
     int gi = -1;
     for (int i = 0; i < T->gn; i++) if (T->g[i].bytes >= l.bytes && T->have_slab[T->g[i].slab_id & 3]) { gi = i; break; }
-    if (gi < 0) { T->st.state = PROTO_STATE_BLOCKED; return; }
+    if (gi < 0) {
+        T->st.state = PROTO_STATE_BLOCKED;
+        if (T->blocked_since == 0) T->blocked_since = clock_mono_s();
+        return;
+    }
     void *base;
     int rc = hcache_get(T->hc, &T->slabs[T->g[gi].slab_id & 3], &base);
     if (rc < 0) { log_rc(rc, "map the drafter's inbox"); return; }
@@ -192,7 +201,12 @@ static void pump(tw_t *T) {
     T->g[gi] = T->g[--T->gn];
     T->cur_base = (uint8_t *)base + T->cur_g.offset;
     double now = clock_mono_s();
-    stage_phase_add(&T->st, PHASE_WAIT_INPUT, now - T->wait_since);
+    /* idle since the last micro-batch = waiting for input, then (with one in hand)
+     * waiting for credit from the drafter */
+    double credit = T->blocked_since > 0 ? now - T->blocked_since : 0;
+    stage_phase_add(&T->st, PHASE_WAIT_CREDIT, credit);
+    stage_phase_add(&T->st, PHASE_WAIT_INPUT, now - T->wait_since - credit);
+    T->blocked_since = 0;
     T->busy = 1;
     T->st.state = PROTO_STATE_RUNNING;
     T->work.data = T;
