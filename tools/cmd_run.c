@@ -316,6 +316,16 @@ int cmd_run(int argc, char **argv) {
         gmtime_r(&now, &tm);
         strftime(out, sizeof out, "runs/run-%Y%m%d-%H%M%S", &tm);
     }
+    {
+        /* a fresh run never mixes its steps and metrics into an older run's files */
+        char prev[4200];
+        snprintf(prev, sizeof prev, "%s/steps.jsonl", out);
+        if (!o.resume && access(prev, F_OK) == 0) {
+            fprintf(stderr, "draftline run: --out %s holds a previous run (steps.jsonl): choose another "
+                            "--out, or continue it with --resume %s\n", out, out);
+            return 2;
+        }
+    }
     if (bus_run_dir_create(out) < 0) { fprintf(stderr, "draftline run: --out %s: %s\n", out, dl_errmsg()); return 1; }
     char logs[4200];
     snprintf(logs, sizeof logs, "%s/logs", out);
@@ -427,6 +437,16 @@ int cmd_run(int argc, char **argv) {
     char bdir[4096];
     if (bin_dir(bdir, sizeof bdir) < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 1; }
     so.bin_dir = bdir;
+    static const char *const exes[] = {"loader", "optimizer", "drafter_worker", "target_worker"};
+    for (int i = 0; i < 4; i++) {
+        char e[4200];
+        snprintf(e, sizeof e, "%s/%s", bdir, exes[i]);
+        if (access(e, X_OK) != 0) {
+            fprintf(stderr, "draftline run: stage executable %s not found (build with `make`, or set "
+                            "DL_BIN_DIR)\n", e);
+            return 1;
+        }
+    }
     so.out_dir = out;
     so.sock_dir = sock;
     so.run_id = run_id;
