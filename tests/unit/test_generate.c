@@ -240,6 +240,29 @@ static void test_smollm2_paris(void **s) {
     assert_non_null(strstr(text, "Paris"));
     free(text);
 
+    /* greedy consistency: one full forward over prompt + generated tokens predicts each
+     * generated token (argmax at the previous position), as the KV-cache decode did */
+    {
+        int P = (int)ids.n, n = ol[0], T = P + n - 1, V = target_config(sm.t)->V, D = target_config(sm.t)->D;
+        int32_t *all = malloc((size_t)T * 4), cu[2] = {0, T};
+        memcpy(all, ids.ids, (size_t)P * 4);
+        memcpy(all + P, out[0], (size_t)(n - 1) * 4);
+        void *h = sm.c.impl->malloc_(&sm.c, (size_t)T * D * 4), *lg = sm.c.impl->malloc_(&sm.c, (size_t)n * V * 4);
+        assert_int_equal(target_forward_host(sm.t, all, NULL, cu, 1, T, NULL, h), 0);
+        target_logits(sm.t, lg, (char *)h + (size_t)(P - 1) * D * 4, n);
+        float *l = malloc((size_t)n * V * 4);
+        sm.c.impl->download_act(&sm.c, l, lg, (size_t)n * V);
+        for (int j = 0; j < n; j++) {
+            int best = 0;
+            for (int v = 1; v < V; v++) if (l[(size_t)j * V + v] > l[(size_t)j * V + best]) best = v;
+            assert_int_equal(best, out[0][j]);
+        }
+        free(l);
+        free(all);
+        sm.c.impl->free_(&sm.c, h);
+        sm.c.impl->free_(&sm.c, lg);
+    }
+
     /* batched greedy = each prompt alone */
     const char *qs[3] = {"What is the capital of France?", "Name a primary color.",
                          "Write the number seven in digits."};
