@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define DW_MAX_PEERS 64
 #define DW_MAX_SLOTS 1024
@@ -109,6 +110,8 @@ typedef struct {
     /* metrics */
     uint64_t computed, dropped, tokens;
     double t_rate; uint64_t tokens_at; double rate;
+    int64_t stall_after;       /* --test-stall-after-mbs: hang before micro-batch N+1 (-1 off) */
+    uint64_t started;          /* micro-batches whose compute began (worker thread) */
 } dw_t;
 
 static void try_compute(dw_t *W);
@@ -201,6 +204,14 @@ static void work_cb(uv_work_t *req) {
     dw_t *W = req->data;
     item_t *it = &W->cur;
     const uint8_t *base = slot_base(W, it->slot_id);
+    /* test hook (--test-stall-after-mbs N): after N micro-batches the compute hangs
+     * (heartbeats and metrics go on, state "running", no progress): what the
+     * monitor must call stuck. A stop request ends the hang. */
+    if (W->stall_after >= 0 && W->started++ >= (uint64_t)W->stall_after) {
+        if (W->started == (uint64_t)W->stall_after + 1)
+            log_warn("--test-stall-after-mbs %lld: hanging on purpose", (long long)W->stall_after);
+        while (!__atomic_load_n(&W->st.stopping, __ATOMIC_RELAXED)) usleep(100000);
+    }
     const int32_t *lens = (const int32_t *)(base + it->seq_lens_off);
     W->cu[0] = 0;
     for (uint32_t s = 0; s < it->n_seqs; s++) W->cu[s + 1] = W->cu[s] + lens[s];
@@ -586,6 +597,7 @@ static void usage(FILE *f) {
         "  --seed N                   anchor and pick seed (default 0)\n"
         "  --threads N                OpenMP threads (default: all)\n"
         "  --log-level L              error|warn|info|debug\n"
+        "  --test-stall-after-mbs N   test hook: hang (busy, no progress) before micro-batch N+1\n"
         "  -h, --help                 this help\n");
 }
 
@@ -596,14 +608,15 @@ int main(int argc, char **argv) {
     int64_t inc = 1, layers = 1, B = 8, v, threads = 0, index = -1;
     size_t inbox_b = 256u << 20, host_b = 0;
     W.token_budget = 1024; W.anchors = 32; W.K = 1; W.min_ready = 1;
-    enum { O_RUN = 256, O_ID, O_INC, O_IDX, O_TM, O_DL, O_BS, O_NA, O_TB, O_K, O_IG, O_HG, O_MR, O_SEED, O_TH, O_LL };
+    enum { O_RUN = 256, O_ID, O_INC, O_IDX, O_TM, O_DL, O_BS, O_NA, O_TB, O_K, O_IG, O_HG, O_MR, O_SEED, O_TH, O_LL, O_STALL };
     static const struct option opts[] = {
         {"run-dir", 1, 0, O_RUN}, {"run-id", 1, 0, O_ID}, {"incarnation", 1, 0, O_INC},
         {"index", 1, 0, O_IDX}, {"target-model", 1, 0, O_TM}, {"drafter-layers", 1, 0, O_DL},
         {"block-size", 1, 0, O_BS}, {"num-anchors", 1, 0, O_NA}, {"token-budget", 1, 0, O_TB},
         {"micro-batches-per-step", 1, 0, O_K}, {"inbox-gb", 1, 0, O_IG}, {"host-inbox-gb", 1, 0, O_HG},
         {"hs-min-ready", 1, 0, O_MR}, {"seed", 1, 0, O_SEED}, {"threads", 1, 0, O_TH},
-        {"log-level", 1, 0, O_LL}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"log-level", 1, 0, O_LL}, {"test-stall-after-mbs", 1, 0, O_STALL}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    W.stall_after = -1;
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         int rc = 0;
@@ -624,6 +637,7 @@ int main(int argc, char **argv) {
         case O_SEED: rc = cli_parse_i64("--seed", optarg, 0, INT64_MAX, &v); W.seed = (uint64_t)v; break;
         case O_TH: rc = cli_parse_i64("--threads", optarg, 0, 1024, &threads); break;
         case O_LL: { log_level_t l; rc = log_parse_level(optarg, &l); if (!rc) log_set_level(l); break; }
+        case O_STALL: rc = cli_parse_i64("--test-stall-after-mbs", optarg, 0, INT64_MAX, &W.stall_after); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

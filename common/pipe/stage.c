@@ -75,6 +75,7 @@ void stage_publish_metrics(stage_t *st) {
     double now = clock_mono_s();
     stage_metric(&m.metrics, "uptime_s", now - st->t_start);
     stage_metric(&m.metrics, "since_progress_s", now - st->last_progress);
+    stage_metric(&m.metrics, "gpu_index", st->gpu_index);
     if (st->metrics_cb) st->metrics_cb(st, &m.metrics, st->metrics_arg);
     stage_send(st->sup, NULL, &m);
 }
@@ -111,6 +112,7 @@ int stage_init(stage_t *st, proto_role_t role, uint32_t stage_id, uint64_t incar
     st->role = role;
     st->stage_id = stage_id;
     st->incarnation = incarnation ? incarnation : 1;
+    st->gpu_index = -1;
     if (strlen(run_dir) >= sizeof st->run_dir)
         return dl_seterr(DL_ERANGE, "--run-dir too long (%zu chars, max %zu)", strlen(run_dir),
                          sizeof st->run_dir - 1);

@@ -50,6 +50,7 @@ struct stage {
     char run_dir[200];
     char run_id[17];
     char gpu_uuid[64];          /* "" on CPU */
+    int gpu_index;              /* CUDA device ordinal of the stage; -1 on CPU (published as gpu_index) */
     uv_loop_t loop;
     void *zctx;
     bus_t *sup;                 /* DEALER to <run_dir>/sup.sock */
