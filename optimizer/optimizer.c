@@ -38,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define OPT_MAX_PEERS 64
 
@@ -360,6 +361,37 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
     proto_msg_free(&m);
 }
 
+/* A resumed optimizer (an operator's --resume, or the supervisor restarting a dead
+ * optimizer from its last checkpoint) undoes every step from `step` on: their lines
+ * leave steps.jsonl (rewritten to a .tmp and renamed), so the log is the ledger of
+ * the weights' actual history, each step once. Lines that do not parse are kept. */
+static void steps_log_rewind(const char *path, uint64_t step) {
+    FILE *in = fopen(path, "r");
+    if (!in) return;
+    char tmp[4300];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *out = fopen(tmp, "w");
+    if (!out) { fclose(in); return; }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    uint64_t dropped = 0;
+    while ((n = getline(&line, &cap, in)) > 0) {
+        unsigned long long s;
+        if (line[n - 1] != '\n') { dropped++; continue; }  /* torn last line of a killed writer */
+        if (sscanf(line, "{\"step\":%llu", &s) == 1 && s >= step) { dropped++; continue; }
+        fputs(line, out);
+    }
+    free(line);
+    fclose(in);
+    if (fclose(out) == 0 && rename(tmp, path) == 0) {
+        if (dropped) log_info("steps.jsonl: %llu line(s) of undone steps (>= %llu) removed",
+                              (unsigned long long)dropped, (unsigned long long)step);
+    } else {
+        unlink(tmp);
+    }
+}
+
 static void on_dead(bus_t *bus, const char *peer, uint64_t silent_ms, void *arg) {
     (void)bus;
     opt_t *O = arg;
@@ -505,6 +537,7 @@ int main(int argc, char **argv) {
     }
     char path[4200];
     snprintf(path, sizeof path, "%s/steps.jsonl", O.out);
+    if (resume) steps_log_rewind(path, O.step);
     O.steps_log = fopen(path, "a");
     rc = stage_init(&O.st, PROTO_ROLE_OPTIMIZER, PIPE_ID_OPTIMIZER, (uint64_t)inc, "optimizer", run_dir, run_id);
     if (rc < 0) return log_rc(rc, "stage init"), 1;
