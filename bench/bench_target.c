@@ -1,6 +1,6 @@
 /* GPU benchmark of the target forward (common/model/target.c on the CUDA backend).
  *
- * Usage: bench_target --model DIR [--tokens 65536] [--reps 5] [--capture 5]
+ * Usage: bench_target --model DIR [--tokens 65536] [--reps 5] [--capture 5] [--profile]
  *   DIR: an HF model dir, e.g. made by `draftline mkmodel --config qwen3-8b --out DIR`.
  *
  * Measures, in one run:
@@ -20,6 +20,9 @@
  * (norms and biases negligible), i.e. 2 * params * tokens + causal attention
  * (QK^T and PV over the visible keys). MFU = FLOPs / time / measured GEMM peak.
  * Times: median of --reps CUDA-event-timed forwards after one warm-up.
+ * --profile: afterwards, the ops of one decoder layer as target.c's layer_forward
+ * issues them (random weights of the model's shapes, the mixed batch), each timed
+ * alone (median of --reps), with its share of the layer: where a layer's time goes.
  * Prints "SKIP: ..." and exits 0 without CUDA or without --model. */
 #include <math.h>
 #include <stdint.h>
@@ -91,6 +94,95 @@ static double gemm_peak(void) {
     return tf;
 }
 
+/* Median ms of reps runs of STMT (after one warm-up), CUDA events on C's stream. */
+#define PROF(label, STMT)                                                                 \
+    do {                                                                                  \
+        float t_[64];                                                                     \
+        STMT;                                                                             \
+        for (int r_ = 0; r_ < reps; r_++) {                                               \
+            cudaEventRecord(e0, (cudaStream_t)C.stream);                                  \
+            STMT;                                                                         \
+            cudaEventRecord(e1, (cudaStream_t)C.stream);                                  \
+            cudaEventSynchronize(e1);                                                     \
+            cudaEventElapsedTime(&t_[r_], e0, e1);                                        \
+        }                                                                                 \
+        qsort(t_, (size_t)reps, sizeof(float), cmpf);                                     \
+        names[n] = (label);                                                               \
+        ms[n++] = t_[reps / 2];                                                           \
+    } while (0)
+
+/* One decoder layer's ops at T tokens (same order and shapes as layer_forward in
+ * common/model/target.c, MLP in chunks of mlp_chunk rows), each timed alone. */
+static void profile_layer(const model_config_t *m, int T, int mlp_chunk, const int32_t *d_pos,
+                          const int32_t *d_cu, int nseq, int maxlen, void *feat, int ncap,
+                          int reps) {
+    const ops_impl_t *o = C.impl;
+    int D = m->D, H = m->H, Hkv = m->Hkv, hd = m->hd, F = m->F, qd = H * hd, kd = Hkv * hd;
+    size_t t = (size_t)T;
+    void *x = rand_act(t * D, 11), *xn = rand_act(t * D, 12), *q = rand_act(t * qd, 13);
+    void *k = rand_act(t * kd, 14), *v = rand_act(t * kd, 15), *att = rand_act(t * qd, 16);
+    void *g = rand_act((size_t)mlp_chunk * F, 17), *u = rand_act((size_t)mlp_chunk * F, 18);
+    void *hm = rand_act((size_t)mlp_chunk * F, 19);
+    void *wn = rand_act((size_t)D, 20), *whd = rand_act((size_t)hd, 21);
+    void *wq = rand_act((size_t)qd * D, 22), *wk = rand_act((size_t)kd * D, 23);
+    void *wv = rand_act((size_t)kd * D, 24), *wo = rand_act((size_t)D * qd, 25);
+    void *wg = rand_act((size_t)F * D, 26), *wu = rand_act((size_t)F * D, 27);
+    void *wd = rand_act((size_t)D * F, 28);
+    float *inv = C.impl->malloc_(&C, (size_t)hd / 2 * 4), *invh = malloc((size_t)hd / 2 * 4);
+    ops_rope_inv_freq(&m->rope, hd, invh);
+    C.impl->upload(&C, inv, invh, (size_t)hd / 2 * 4);
+    free(invh);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    const char *names[32];
+    float ms[32];
+    int n = 0;
+    size_t rowb = (size_t)D * 2;
+    PROF("input rmsnorm", o->rmsnorm_forward(&C, xn, NULL, x, wn, m->eps, T, D));
+    PROF("q_proj", o->matmul_forward(&C, q, xn, wq, NULL, T, D, qd));
+    PROF("k_proj", o->matmul_forward(&C, k, xn, wk, NULL, T, D, kd));
+    PROF("v_proj", o->matmul_forward(&C, v, xn, wv, NULL, T, D, kd));
+    PROF("q_norm + k_norm", (o->rmsnorm_forward(&C, att, NULL, q, whd, m->eps, T * H, hd),
+                             o->rmsnorm_forward(&C, k, NULL, k, whd, m->eps, T * Hkv, hd)));
+    PROF("rope q + k", (o->rope_forward(&C, q, d_pos, inv, T, H, hd),
+                        o->rope_forward(&C, k, d_pos, inv, T, Hkv, hd)));
+    PROF("attention varlen", o->attention_varlen_forward(&C, att, q, k, v, d_cu, nseq, maxlen, T, H,
+                                                         Hkv, hd));
+    PROF("o_proj", o->matmul_forward(&C, xn, att, wo, NULL, T, qd, D));
+    PROF("residual add x2", (o->add(&C, x, x, xn, t * D), o->add(&C, x, x, xn, t * D)));
+    PROF("post rmsnorm", o->rmsnorm_forward(&C, xn, NULL, x, wn, m->eps, T, D));
+    PROF("gate_proj (chunks)", for (int r0 = 0; r0 < T; r0 += mlp_chunk)
+             o->matmul_forward(&C, g, (char *)xn + (size_t)r0 * rowb, wg, NULL,
+                               T - r0 < mlp_chunk ? T - r0 : mlp_chunk, D, F));
+    PROF("up_proj (chunks)", for (int r0 = 0; r0 < T; r0 += mlp_chunk)
+             o->matmul_forward(&C, u, (char *)xn + (size_t)r0 * rowb, wu, NULL,
+                               T - r0 < mlp_chunk ? T - r0 : mlp_chunk, D, F));
+    PROF("swiglu (chunks)", for (int r0 = 0; r0 < T; r0 += mlp_chunk)
+             o->swiglu_forward(&C, hm, g, u, (size_t)(T - r0 < mlp_chunk ? T - r0 : mlp_chunk) * F));
+    PROF("down_proj (chunks)", for (int r0 = 0; r0 < T; r0 += mlp_chunk)
+             o->matmul_forward(&C, (char *)xn + (size_t)r0 * rowb, hm, wd, NULL,
+                               T - r0 < mlp_chunk ? T - r0 : mlp_chunk, F, D));
+    /* the same gate GEMM unchunked (M = T): does the 16k-row chunking cost speed? */
+    void *gbig = C.impl->malloc_(&C, t * F * 2);
+    if (gbig) {
+        PROF("gate_proj (M = T, reference)", o->matmul_forward(&C, gbig, xn, wg, NULL, T, D, F));
+        C.impl->free_(&C, gbig);
+    }
+    if (o->copy2d)
+        PROF("capture copy (one layer)", o->copy2d(&C, feat, (size_t)ncap * rowb, x, rowb, rowb, t));
+    double tot = 0;  /* the layer: every op but the unchunked reference and the copy */
+    for (int i = 0; i < n; i++)
+        if (strncmp(names[i], "gate_proj (M", 12) && strncmp(names[i], "capture", 7)) tot += ms[i];
+    printf("profile: one layer's ops at T = %d (MLP chunk %d rows), each timed alone:\n", T, mlp_chunk);
+    for (int i = 0; i < n; i++) printf("  %-26s %8.3f ms  %5.1f%%\n", names[i], ms[i], 100 * ms[i] / tot);
+    printf("  %-26s %8.3f ms (layer ops; shares are of this)\n", "sum", tot);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    void *bufs[] = {x, xn, q, k, v, att, g, u, hm, wn, whd, wq, wk, wv, wo, wg, wu, wd, inv};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) C.impl->free_(&C, bufs[i]);
+}
+
 static double layer_params(const model_config_t *m) {
     double D = m->D, Q = (double)m->H * m->hd, KV = (double)m->Hkv * m->hd, F = m->F;
     return D * (Q + 2 * KV) + Q * D + 3 * D * F;
@@ -98,13 +190,14 @@ static double layer_params(const model_config_t *m) {
 
 int main(int argc, char **argv) {
     const char *model = NULL;
-    int T = 65536, reps = 5, ncap = 5;
+    int T = 65536, reps = 5, ncap = 5, profile = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) T = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--capture") && i + 1 < argc) ncap = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) reps = 2;
+        else if (!strcmp(argv[i], "--profile")) profile = 1;
     }
     if (reps < 1 || reps > 50) reps = 5;
     int ndev = 0;
@@ -159,6 +252,7 @@ int main(int argc, char **argv) {
     double lp = layer_params(m);
     printf("%-8s %-8s %5s %6s %9s %11s %9s %7s\n", "batch", "mode", "seqs", "layers", "ms", "tokens/s",
            "TFLOP/s", "MFU");
+    int prof_nseq = 0, prof_maxlen = 0;
     for (int batch = 0; batch < 2; batch++) {
         int nseq = 0;
         cu[0] = 0;
@@ -191,6 +285,7 @@ int main(int argc, char **argv) {
         }
         C.impl->upload(&C, d_cu, cu, ((size_t)nseq + 1) * 4);
         C.impl->upload(&C, d_pos, pos, (size_t)T * 4);
+        prof_nseq = nseq, prof_maxlen = maxlen;
         for (int mode = 0; mode < 2; mode++) {
             int nl = mode == 0 ? last + 1 : m->L;
             void *h = mode == 0 ? NULL : hid;
@@ -221,6 +316,8 @@ int main(int argc, char **argv) {
     }
     size_t fr, tot;
     cudaMemGetInfo(&fr, &tot);
+    if (profile) /* 16384: TARGET_MLP_CHUNK of common/model/target.c */
+        profile_layer(m, T, T < 16384 ? T : 16384, d_pos, d_cu, prof_nseq, prof_maxlen, feat, ncap, reps);
     printf("device memory in use: %.1f GiB of %.1f GiB\n", (tot - fr) / 1073741824.0, tot / 1073741824.0);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
