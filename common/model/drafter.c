@@ -31,8 +31,8 @@ typedef struct {
     void *h1;        /* (R,D) after the attention residual */
     float *rstd_post;/* (R) */
     void *g;         /* (R,F) gate projection */
-    /* Not kept per layer (memory: 2 (R,D) + 1 (R,F) per layer, 12 GiB for the
-     * Qwen3-8B drafter at 65,536 rows): input_layernorm(hin),
+    /* Not kept per layer (memory: 2 (R,D) + 1 (R,F) per layer, 2.5 GiB a layer for
+     * the Qwen3-8B drafter at 65,536 rows): input_layernorm(hin),
      * post_attention_layernorm(h1) and the up projection; the backward recomputes
      * them (two RMSNorms and one GEMM per layer) into the shared xs / us. */
 } drafter_layer_act_t;
