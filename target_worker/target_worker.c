@@ -71,9 +71,11 @@ typedef struct {
     int32_t *cu;
     uint64_t done, tokens;
     double t_rate; uint64_t tokens_at; double rate;
+    int next_route;            /* re-route asked for mid-forward: applied after it (-1 none) */
 } tw_t;
 
 static void pump(tw_t *T);
+static int set_route(tw_t *T, int d);
 
 static void send_hello(tw_t *T, bus_t *b) {
     proto_msg_t h;
@@ -163,6 +165,11 @@ static void after_work_cb(uv_work_t *req, int status) {
     stage_progress(&T->st);
     mb_free(m);
     T->wait_since = clock_mono_s();
+    if (T->next_route >= 0) {
+        int d = T->next_route;
+        T->next_route = -1;
+        set_route(T, d);
+    }
     request_work(T);
     pump(T);
 }
@@ -382,7 +389,14 @@ static void on_control(stage_t *st, const proto_control_t *c, void *arg) {
         if ((uint32_t)c->ints[i] == st->stage_id) {
             int64_t d = c->ints[i + 1] - PIPE_ID_DRAFTER0;
             if (d < 0 || d >= PIPE_MAX_DRAFTERS) { log_warn("route to stage %lld ignored", (long long)c->ints[i + 1]); return; }
-            if (T->busy && d != T->route) { log_warn("re-route while writing: applied after this micro-batch"); }
+            if (T->busy && d != T->route) {
+                /* the forward is writing into the old drafter's slot (mapped): the
+                 * switch (which unmaps it) waits until that micro-batch is handed over */
+                log_info("re-route to drafter %lld while writing: applied after this micro-batch", (long long)d);
+                T->next_route = (int)d;
+                return;
+            }
+            T->next_route = -1;
             set_route(T, (int)d);
             pump(T);
         }
@@ -434,6 +448,7 @@ static void usage(FILE *f) {
 int main(int argc, char **argv) {
     log_init("target", LOG_INFO);
     static tw_t T;
+    T.next_route = -1;
     const char *run_dir = NULL, *run_id = NULL, *model = NULL;
     int64_t inc = 1, layers = 1, B = 8, v, threads = 0, index = -1, drafter = -1;
     T.token_budget = 1024; T.prefetch = 1; T.route = -1;
