@@ -17,6 +17,18 @@
  * order, so the pick order does not change the result.
  * A GPU-tier handle whose GPU UUID is not this drafter's is refused loudly
  * (slab_check_gpu): the drafter never computes on another GPU's memory.
+ *
+ * GPU mode (--gpu N, CUDA builds): the GPU tier is one cudaMalloc on GPU N
+ * exported once with cudaIpcGetMemHandle, the host tier a page-locked
+ * shared-memory slab; features are bf16. Each hidden_states_ready carries the
+ * producer's interprocess event: the drafter opens it once per (target,
+ * incarnation, handle) and caches it (event_opens), makes its streams wait on it
+ * (cudaStreamWaitEvent, no host or device-wide wait), copies the slot's small
+ * token-id / length / mask region to host (a side stream waited on alone) and
+ * reads the features in place on its own GPU. A host-tier item's features are
+ * copied to a device staging buffer first. Gradients go to the optimizer's host
+ * memory (one device-to-host copy per micro-batch into the pinned gradient slab)
+ * and new weights come back by one host-to-device copy.
  */
 #include "common/base/cli.h"
 #include "common/base/clock.h"
@@ -24,6 +36,9 @@
 #include "common/base/log.h"
 #include "common/base/rng.h"
 #include "common/mem/hcache.h"
+#ifdef DL_CUDA
+#include "common/mem/cuda/mem_cuda.h"
+#endif
 #include "common/mem/inbox.h"
 #include "common/mem/slab.h"
 #include "common/model/drafter.h"
@@ -45,6 +60,7 @@
 #define SLAB_ID_GPU 1
 #define SLAB_ID_HOST 2
 #define SLAB_ID_GRAD 3
+#define DW_MAX_EVENTS 256
 
 typedef struct {
     char peer[BUS_ID_MAX + 1];
@@ -65,7 +81,15 @@ typedef struct {
     uint32_t T, n_seqs;
     uint64_t tokens_off, seq_lens_off, loss_mask_off;
     double t_ready;
+    void *ev;                  /* GPU mode: the producer's event (cached, not owned) */
 } item_t;
+
+typedef struct {
+    int peer;
+    uint64_t inc;
+    uint8_t h[64];
+    void *ev;
+} evc_t;
 
 typedef struct {
     stage_t st;
@@ -112,6 +136,16 @@ typedef struct {
     double t_rate; uint64_t tokens_at; double rate;
     int64_t stall_after;       /* --test-stall-after-mbs: hang before micro-batch N+1 (-1 off) */
     uint64_t started;          /* micro-batches whose compute began (worker thread) */
+    /* GPU mode (--gpu N >= 0) */
+    int gpu;
+    size_t elem;               /* feature element bytes: 4 (f32) or 2 (bf16) */
+    uint8_t *meta[DW_MAX_SLOTS]; /* host copy of a GPU slot's ids/lengths/mask (lazy) */
+    size_t meta_bytes;
+    void *side;                /* stream for the metadata copies */
+    evc_t evc[DW_MAX_EVENTS];
+    int nevc;
+    uint64_t event_opens;
+    void *staging;             /* device: features of a host-tier item */
 } dw_t;
 
 static void try_compute(dw_t *W);
@@ -133,6 +167,11 @@ static void export_slab(dw_t *W, bus_t *bus, const char *peer, const slab_t *s, 
     m.slab_export.bytes = h->bytes;
     snprintf(m.slab_export.shm_name, sizeof m.slab_export.shm_name, "%s", h->name);
     snprintf(m.slab_export.gpu_uuid, sizeof m.slab_export.gpu_uuid, "%s", h->gpu_uuid);
+    if (h->kind == SLAB_CUDA) {
+        m.slab_export.tier = PROTO_TIER_GPU;
+        memcpy(m.slab_export.handle, h->ipc, SLAB_IPC_BYTES);
+        m.slab_export.handle_len = SLAB_IPC_BYTES;
+    }
     (void)W;
     stage_send(bus, peer, &m);
 }
@@ -169,7 +208,8 @@ static void grant_all(dw_t *W) {
         m.slot_grant.drafter_id = W->st.stage_id;
         m.slot_grant.target_id = p->target_id;
         m.slot_grant.slot_id = s.id;
-        m.slot_grant.tier = PROTO_TIER_HOST; /* CPU run: both tiers are shared host memory */
+        /* CPU run: both tiers are shared host memory */
+        m.slot_grant.tier = W->gpu >= 0 && s.tier == INBOX_GPU ? PROTO_TIER_GPU : PROTO_TIER_HOST;
         m.slot_grant.slab_id = s.tier == INBOX_GPU ? SLAB_ID_GPU : SLAB_ID_HOST;
         m.slot_grant.offset = s.offset;
         m.slot_grant.bytes = s.bytes;
@@ -199,6 +239,13 @@ static const uint8_t *slot_base(dw_t *W, uint32_t slot_id) {
     return (const uint8_t *)slab_ptr(W->tier[s.tier]) + s.offset;
 }
 
+/* Host pointer to byte `off` (>= tokens_off) of item it's slot: the slot itself on
+ * CPU runs, the host copy of its metadata region in GPU mode. */
+static const uint8_t *host_at(dw_t *W, const item_t *it, uint64_t off) {
+    if (W->gpu >= 0) return W->meta[it->slot_id] + (off - it->tokens_off);
+    return slot_base(W, it->slot_id) + off;
+}
+
 /* ---- compute on the worker thread ---- */
 static void work_cb(uv_work_t *req) {
     dw_t *W = req->data;
@@ -212,10 +259,27 @@ static void work_cb(uv_work_t *req) {
             log_warn("--test-stall-after-mbs %lld: hanging on purpose", (long long)W->stall_after);
         while (!__atomic_load_n(&W->st.stopping, __ATOMIC_RELAXED)) usleep(100000);
     }
-    const int32_t *lens = (const int32_t *)(base + it->seq_lens_off);
+    const void *features = base;
+    const int32_t *lens = (const int32_t *)host_at(W, it, it->seq_lens_off);
     W->cu[0] = 0;
     for (uint32_t s = 0; s < it->n_seqs; s++) W->cu[s + 1] = W->cu[s] + lens[s];
-    const uint8_t *mask = base + it->loss_mask_off;
+    const uint8_t *mask = host_at(W, it, it->loss_mask_off);
+#ifdef DL_CUDA
+    if (W->gpu >= 0) {
+        int rc = mem_cuda_set_device(W->gpu);   /* per thread: this is a libuv worker */
+        /* producer -> consumer ordering on the GPU: our stream waits for the
+         * target's writes (no host wait) */
+        if (rc == 0) rc = mem_cuda_stream_wait(W->ops.stream, it->ev);
+        inbox_slot_t sl;
+        inbox_get(W->ib, it->slot_id, &sl);
+        if (rc == 0 && slab_handle(W->tier[sl.tier])->kind == SLAB_HOST) {
+            rc = mem_cuda_memcpy_async(W->staging, base, (size_t)it->T * W->dcfg.n_feat * W->dcfg.D * W->elem,
+                                       W->ops.stream);
+            features = W->staging;
+        }
+        if (rc < 0) { W->cur_rc = rc; return; }
+    }
+#endif
     rng_t r;
     rng_seed(&r, rng_mix(W->seed, it->mb, 0xA17C));
     int nb = drafter_sample_anchors(W->cu, (int)it->n_seqs, mask, W->dcfg.B, (int)W->anchors, &r,
@@ -225,9 +289,9 @@ static void work_cb(uv_work_t *req) {
     b.T = (int)it->T;
     b.nseq = (int)it->n_seqs;
     b.cu_seqlens = W->cu;
-    b.ids = (const int32_t *)(base + it->tokens_off);
+    b.ids = (const int32_t *)host_at(W, it, it->tokens_off);
     b.loss_mask = mask;
-    b.features = base;
+    b.features = features;
     b.n_blocks = nb;
     b.anchors = W->anchor_buf;
     double t0 = clock_mono_s();
@@ -237,7 +301,7 @@ static void work_cb(uv_work_t *req) {
     double t1 = clock_mono_s();
     /* nb == 0 (nothing to predict) contributes a zero gradient with zero weight */
     float *dst = (float *)slab_ptr(W->grad) + (size_t)it->mb_in_step * W->P;
-    memcpy(dst, drafter_grads(W->d), W->P * sizeof(float));
+    W->ops.impl->download(&W->ops, dst, drafter_grads(W->d), W->P * sizeof(float));
     W->cur_fb_s = t1 - t0;
     W->cur_copy_s = clock_mono_s() - t1;
 }
@@ -247,8 +311,7 @@ static void load_weights(dw_t *W, int64_t version, uint64_t offset) {
     int rc = hcache_get(W->hc, &W->wslab, &base);
     if (rc < 0) { log_rc(rc, "map the optimizer's weights"); return; }
     double t0 = clock_mono_s();
-    memcpy(drafter_master(W->d), (const uint8_t *)base + offset, W->P * sizeof(float));
-    drafter_sync_weights(W->d);
+    drafter_upload_master(W->d, (const float *)((const uint8_t *)base + offset));
     stage_phase_add(&W->st, PHASE_COPY, clock_mono_s() - t0);
     W->version = version;
     memset(W->sent, 0, W->K);
@@ -391,8 +454,9 @@ static void on_hs_ready(dw_t *W, int pi, const proto_hidden_states_ready_t *h) {
         exit(1);
     }
     uint64_t row = (uint64_t)W->dcfg.n_feat * (uint64_t)W->dcfg.D;
-    pipe_layout_t l = pipe_layout(h->shape[0], h->n_seqs, row, 4);
-    int bad = h->dtype != PROTO_DTYPE_F32 || h->ndim != 2 || h->shape[1] != row ||
+    pipe_layout_t l = pipe_layout(h->shape[0], h->n_seqs, row, W->elem);
+    proto_dtype_t want = W->gpu >= 0 ? PROTO_DTYPE_BF16 : PROTO_DTYPE_F32;
+    int bad = h->dtype != want || h->ndim != 2 || (W->gpu >= 0 && h->event_len != 64) || h->shape[1] != row ||
               h->shape[0] > W->token_budget || h->shape[0] < 1 || h->bytes > s.bytes ||
               h->tokens_off != l.tokens_off || h->seq_lens_off != l.seq_lens_off ||
               h->loss_mask_off != l.loss_mask_off || l.bytes > s.bytes ||
@@ -432,10 +496,42 @@ static void on_hs_ready(dw_t *W, int pi, const proto_hidden_states_ready_t *h) {
     it->seq_lens_off = h->seq_lens_off;
     it->loss_mask_off = h->loss_mask_off;
     it->t_ready = clock_mono_s();
+#ifdef DL_CUDA
+    if (W->gpu >= 0) {
+        /* the producer's event: opened once per (target, incarnation, handle) */
+        int e = 0;
+        while (e < W->nevc && !(W->evc[e].peer == pi && W->evc[e].inc == p->incarnation &&
+                                !memcmp(W->evc[e].h, h->event, 64))) e++;
+        int rc = 0;
+        if (e == W->nevc) {
+            if (W->nevc == DW_MAX_EVENTS) rc = dl_seterr(DL_ENOMEM, "event cache full");
+            else rc = mem_cuda_event_open(h->event, &W->evc[e].ev);
+            if (rc == 0) {
+                W->evc[e].peer = pi; W->evc[e].inc = p->incarnation;
+                memcpy(W->evc[e].h, h->event, 64);
+                W->nevc++;
+                W->event_opens++;
+            }
+        }
+        /* the slot's ids / lengths / mask to host, ordered after the target's writes */
+        if (rc == 0 && !W->meta[h->slot_id] && !(W->meta[h->slot_id] = malloc(W->meta_bytes)))
+            rc = dl_seterr(DL_ENOMEM, "metadata buffer");
+        uint64_t mb_bytes = l.bytes - l.tokens_off;
+        if (rc == 0 && mb_bytes > W->meta_bytes) rc = dl_seterr(DL_ERANGE, "metadata larger than a full micro-batch's");
+        if (rc == 0) rc = mem_cuda_stream_wait(W->side, W->evc[e].ev);
+        if (rc == 0) rc = mem_cuda_memcpy_async(W->meta[h->slot_id], slot_base(W, h->slot_id) + l.tokens_off,
+                                                mb_bytes, W->side);
+        if (rc == 0) rc = mem_cuda_stream_sync(W->side);   /* the side stream only */
+        if (rc < 0) {
+            log_error("micro-batch %llu: %s", (unsigned long long)h->mb, dl_errmsg());
+            exit(1);
+        }
+        it->ev = W->evc[e].ev;
+    }
+#endif
     /* the sequence lengths must add up to T (a peer's bad data never reaches the math) */
-    const uint8_t *base = slot_base(W, it->slot_id);
-    const int32_t *lens = (const int32_t *)(base + it->seq_lens_off);
-    const int32_t *ids = (const int32_t *)(base + it->tokens_off);
+    const int32_t *lens = (const int32_t *)host_at(W, it, it->seq_lens_off);
+    const int32_t *ids = (const int32_t *)host_at(W, it, it->tokens_off);
     int64_t sum = 0;
     int ok = 1;
     for (uint32_t j = 0; j < it->n_seqs; j++) { if (lens[j] < 1) ok = 0; sum += lens[j]; }
@@ -471,6 +567,15 @@ static void on_target_msg(bus_t *bus, const char *peer, const void *data, size_t
         W->peers[i].alive = 1;
         log_info("hello from %s (target %u, incarnation %llu)", peer, m.hello.stage_id,
                  (unsigned long long)m.hello.incarnation);
+#ifdef DL_CUDA
+        /* events of an earlier incarnation of this target are dead */
+        for (int e = 0; e < W->nevc;) {
+            if (W->evc[e].peer == i && W->evc[e].inc != m.hello.incarnation) {
+                mem_cuda_event_destroy(W->evc[e].ev);
+                W->evc[e] = W->evc[--W->nevc];
+            } else e++;
+        }
+#endif
         export_slab(W, W->srv, peer, W->tier[0], PROTO_TIER_HOST);
         if (W->tier[1]) export_slab(W, W->srv, peer, W->tier[1], PROTO_TIER_HOST);
         grant_all(W);
@@ -568,6 +673,7 @@ static void on_metrics(stage_t *st, proto_metrics_t *m, void *arg) {
     stage_metric(m, "inbox_high_water", (double)inbox_high_water(W->ib));
     stage_metric(m, "inbox_slabs_bytes", (double)(slab_bytes(W->tier[0]) + (W->tier[1] ? slab_bytes(W->tier[1]) : 0)));
     stage_metric(m, "handle_opens", (double)hcache_opens(W->hc));
+    stage_metric(m, "event_opens", (double)W->event_opens);
 }
 
 static void on_stop(stage_t *st, void *arg) {
@@ -596,6 +702,7 @@ static void usage(FILE *f) {
         "  --hs-min-ready K           pool K ready micro-batches, pick one at random (default 1)\n"
         "  --seed N                   anchor and pick seed (default 0)\n"
         "  --threads N                OpenMP threads (default: all)\n"
+        "  --gpu N                    run on CUDA device N, GPU-tier inbox there (CUDA builds)\n"
         "  --log-level L              error|warn|info|debug\n"
         "  --test-stall-after-mbs N   test hook: hang (busy, no progress) before micro-batch N+1\n"
         "  -h, --help                 this help\n");
@@ -605,17 +712,18 @@ int main(int argc, char **argv) {
     log_init("drafter", LOG_INFO);
     static dw_t W;
     const char *run_dir = NULL, *run_id = NULL, *model = NULL;
-    int64_t inc = 1, layers = 1, B = 8, v, threads = 0, index = -1;
+    int64_t inc = 1, layers = 1, B = 8, v, threads = 0, index = -1, gpu = -1;
     size_t inbox_b = 256u << 20, host_b = 0;
     W.token_budget = 1024; W.anchors = 32; W.K = 1; W.min_ready = 1;
-    enum { O_RUN = 256, O_ID, O_INC, O_IDX, O_TM, O_DL, O_BS, O_NA, O_TB, O_K, O_IG, O_HG, O_MR, O_SEED, O_TH, O_LL, O_STALL };
+    enum { O_RUN = 256, O_ID, O_INC, O_IDX, O_TM, O_DL, O_BS, O_NA, O_TB, O_K, O_IG, O_HG, O_MR, O_SEED, O_TH, O_LL, O_STALL, O_GPU };
     static const struct option opts[] = {
         {"run-dir", 1, 0, O_RUN}, {"run-id", 1, 0, O_ID}, {"incarnation", 1, 0, O_INC},
         {"index", 1, 0, O_IDX}, {"target-model", 1, 0, O_TM}, {"drafter-layers", 1, 0, O_DL},
         {"block-size", 1, 0, O_BS}, {"num-anchors", 1, 0, O_NA}, {"token-budget", 1, 0, O_TB},
         {"micro-batches-per-step", 1, 0, O_K}, {"inbox-gb", 1, 0, O_IG}, {"host-inbox-gb", 1, 0, O_HG},
         {"hs-min-ready", 1, 0, O_MR}, {"seed", 1, 0, O_SEED}, {"threads", 1, 0, O_TH},
-        {"log-level", 1, 0, O_LL}, {"test-stall-after-mbs", 1, 0, O_STALL}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"log-level", 1, 0, O_LL}, {"test-stall-after-mbs", 1, 0, O_STALL}, {"gpu", 1, 0, O_GPU},
+        {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     W.stall_after = -1;
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -636,6 +744,7 @@ int main(int argc, char **argv) {
         case O_MR: rc = cli_parse_i64("--hs-min-ready", optarg, 1, DW_MAX_SLOTS, &v); W.min_ready = (uint32_t)v; break;
         case O_SEED: rc = cli_parse_i64("--seed", optarg, 0, INT64_MAX, &v); W.seed = (uint64_t)v; break;
         case O_TH: rc = cli_parse_i64("--threads", optarg, 0, 1024, &threads); break;
+        case O_GPU: rc = cli_parse_i64("--gpu", optarg, 0, 1023, &gpu); break;
         case O_LL: { log_level_t l; rc = log_parse_level(optarg, &l); if (!rc) log_set_level(l); break; }
         case O_STALL: rc = cli_parse_i64("--test-stall-after-mbs", optarg, 0, INT64_MAX, &W.stall_after); break;
         case 'h': usage(stdout); return 0;
@@ -656,7 +765,22 @@ int main(int argc, char **argv) {
     if (rc < 0) return log_rc(rc, "target config"), 1;
     rc = pipe_drafter_config(&mc, (int)layers, 0, (int)B, &W.dcfg);
     if (rc < 0) return log_rc(rc, "drafter config"), 1;
-    ops_cpu_init(&W.ops, (int)threads);
+    W.gpu = (int)gpu;
+    W.elem = 4;
+    if (W.gpu >= 0) {
+#ifdef DL_CUDA
+        /* CUDA is initialised here, after exec: nothing CUDA crossed the fork */
+        rc = ops_cuda_init(&W.ops, W.gpu);
+        if (rc == 0) rc = mem_cuda_stream_new(W.gpu, &W.side);
+        if (rc < 0) return log_rc(rc, "CUDA device (--gpu)"), 1;
+        W.elem = ops_act_bytes(&W.ops);
+#else
+        log_error("--gpu %d: this build has no CUDA", W.gpu);
+        return 2;
+#endif
+    } else {
+        ops_cpu_init(&W.ops, (int)threads);
+    }
     target_opts_t to = {0};
     to.max_tokens = 1;
     to.max_seqs = 1;
@@ -670,7 +794,11 @@ int main(int argc, char **argv) {
     log_info("target %s loaded for embedding/LM head in %.1f s; drafter %zu parameters",
              model, clock_mono_s() - t0, W.P);
     uint64_t row = (uint64_t)W.dcfg.n_feat * (uint64_t)W.dcfg.D;
-    W.slot_bytes = pipe_layout(W.token_budget, W.token_budget, row, 4).bytes;
+    {
+        pipe_layout_t fl = pipe_layout(W.token_budget, W.token_budget, row, W.elem);
+        W.slot_bytes = fl.bytes;
+        W.meta_bytes = fl.bytes - fl.tokens_off;
+    }
     if (W.slot_bytes > inbox_b && W.slot_bytes > host_b) {
         log_error("--inbox-gb %.3f and --host-inbox-gb %.3f cannot hold one micro-batch of %u tokens "
                   "(%.3f GiB of hidden states): raise --inbox-gb or lower --token-budget",
@@ -689,11 +817,27 @@ int main(int argc, char **argv) {
     if (rc < 0) return log_rc(rc, "stage init"), 1;
     uint64_t caps[2] = {inbox_b >= W.slot_bytes ? inbox_b : 0, host_b};
     /* the slabs are the inbox: exactly the two capacities, nothing else */
-    if (caps[0]) rc = slab_create(&W.tier[0], SLAB_HOST, run_id, name, W.st.stage_id, (uint64_t)inc, SLAB_ID_GPU, "ibg", caps[0], -1, 0);
-    if (rc == 0 && caps[1]) rc = slab_create(&W.tier[1], SLAB_HOST, run_id, name, W.st.stage_id, (uint64_t)inc, SLAB_ID_HOST, "ibh", caps[1], -1, 0);
+    int on_gpu = W.gpu >= 0;
+#ifdef DL_CUDA
+    if (on_gpu) {
+        W.st.gpu_index = W.gpu;
+        rc = mem_cuda_uuid(W.gpu, W.st.gpu_uuid, sizeof W.st.gpu_uuid);
+    }
+#endif
+    if (rc == 0 && caps[0])
+        rc = slab_create(&W.tier[0], on_gpu ? SLAB_CUDA : SLAB_HOST, run_id, name, W.st.stage_id, (uint64_t)inc,
+                         SLAB_ID_GPU, "ibg", caps[0], W.gpu, 0);
+    if (rc == 0 && caps[1]) rc = slab_create(&W.tier[1], SLAB_HOST, run_id, name, W.st.stage_id, (uint64_t)inc, SLAB_ID_HOST, "ibh", caps[1], -1, on_gpu);
     if (rc == 0 && !W.tier[0]) { W.tier[0] = W.tier[1]; W.tier[1] = NULL; caps[0] = caps[1]; caps[1] = 0; }
     if (rc == 0) rc = slab_create(&W.grad, SLAB_HOST, run_id, name, W.st.stage_id, (uint64_t)inc, SLAB_ID_GRAD, "grad",
-                                  (size_t)W.K * W.P * sizeof(float), -1, 0);
+                                  (size_t)W.K * W.P * sizeof(float), -1, on_gpu);
+    if (rc == 0 && on_gpu && (caps[1] || slab_handle(W.tier[0])->kind == SLAB_HOST)) {
+        /* host-tier items are copied here before the math (compute memory, not inbox) */
+        W.staging = W.ops.impl->malloc_(&W.ops, (size_t)W.token_budget * row * W.elem);
+        if (!W.staging) rc = DL_ENOMEM;
+    }
+    if (rc == 0 && on_gpu)
+        log_info("on GPU %d (%s): GPU-tier inbox exported by CUDA IPC", W.gpu, W.st.gpu_uuid);
     if (rc < 0) return log_rc(rc, "inbox slabs"), 1;
     rc = inbox_new(&W.ib, caps, DW_MAX_SLOTS);
     if (rc < 0) return log_rc(rc, "inbox"), 1;
@@ -732,11 +876,18 @@ int main(int argc, char **argv) {
     slab_destroy(&W.tier[0]);
     slab_destroy(&W.tier[1]);
     slab_destroy(&W.grad);
+#ifdef DL_CUDA
+    for (int e = 0; e < W.nevc; e++) mem_cuda_event_destroy(W.evc[e].ev);
+    if (W.staging) W.ops.impl->free_(&W.ops, W.staging);
+    mem_cuda_stream_destroy(W.side);
+#endif
+    for (int k = 0; k < DW_MAX_SLOTS; k++) free(W.meta[k]);
     drafter_destroy(&W.d);
     target_destroy(&W.tgt);
     ops_ctx_destroy(&W.ops);
-    log_info("stopped: %llu micro-batches computed, %llu dropped, %llu handle opens",
-             (unsigned long long)W.computed, (unsigned long long)W.dropped, (unsigned long long)opens);
+    log_info("stopped: %llu micro-batches computed, %llu dropped, %llu handle opens, %llu event opens",
+             (unsigned long long)W.computed, (unsigned long long)W.dropped, (unsigned long long)opens,
+             (unsigned long long)W.event_opens);
     free(W.sent); free(W.items); free(W.cu); free(W.anchor_buf);
     return 0;
 }

@@ -6,14 +6,26 @@
  * control route [target_id, drafter_id, ...]); then sends hidden_states_ready.
  * It never writes into a drafter it is not routed to: grants of a previous route
  * are handed back unused. On CPU runs the slot is POSIX shared memory mapped once
- * per drafter incarnation (handle cache); with CUDA it is the drafter's GPU memory
- * and an interprocess event orders the writes (GPU phase, not in this file yet).
+ * per drafter incarnation (handle cache). With --gpu N (CUDA builds) the target
+ * runs on GPU N and the slot is the drafter's GPU memory, opened once per drafter
+ * incarnation with cudaIpcOpenMemHandle (hcache) and written by device copies
+ * (the capture's cudaMemcpy2DAsync into the mapped pointer: a peer copy over
+ * NVLink/PCIe when the drafter is on another GPU); the features are bf16. After
+ * the writes an interprocess event (created once, at start-up, on this GPU; a
+ * pool of TW_N_EVENTS) is recorded on the target's stream and its handle goes
+ * with hidden_states_ready: the drafter waits on it on its own stream. The
+ * worker thread then waits for this target's stream only (never device-wide).
+ * A host-tier grant (the drafter's pinned host inbox) is written through a
+ * device scratch buffer and one device-to-host copy.
  */
 #include "common/base/cli.h"
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
 #include "common/mem/hcache.h"
+#ifdef DL_CUDA
+#include "common/mem/cuda/mem_cuda.h"
+#endif
 #include "common/mem/slab.h"
 #include "common/model/target.h"
 #include "common/ops/ops.h"
@@ -28,6 +40,7 @@
 
 #define TW_MAX_QUEUE 8
 #define TW_MAX_GRANTS 16
+#define TW_N_EVENTS 4
 
 typedef struct {
     uint64_t mb, step;
@@ -72,6 +85,14 @@ typedef struct {
     uint64_t done, tokens;
     double t_rate; uint64_t tokens_at; double rate;
     int next_route;            /* re-route asked for mid-forward: applied after it (-1 none) */
+    /* GPU mode (--gpu N >= 0) */
+    int gpu;
+    size_t elem;               /* feature element bytes: 4 (f32, CPU) or 2 (bf16, CUDA) */
+    void *ev[TW_N_EVENTS];     /* interprocess events, created once */
+    uint8_t evh[TW_N_EVENTS][64];
+    int ev_next, cur_ev;
+    void *scratch;             /* device (slot bytes): features for a host-tier grant */
+    size_t scratch_bytes;
 } tw_t;
 
 static void pump(tw_t *T);
@@ -106,10 +127,36 @@ static void work_cb(uv_work_t *req) {
     tw_t *T = req->data;
     mb_t *m = &T->cur;
     uint64_t row = (uint64_t)T->dcfg.n_feat * (uint64_t)T->dcfg.D;
-    pipe_layout_t l = pipe_layout(m->T, m->n_seqs, row, 4);
+    pipe_layout_t l = pipe_layout(m->T, m->n_seqs, row, T->elem);
     T->cu[0] = 0;
     for (uint32_t s = 0; s < m->n_seqs; s++) T->cu[s + 1] = T->cu[s] + m->seq_lens[s];
     double t0 = clock_mono_s();
+#ifdef DL_CUDA
+    if (T->gpu >= 0) {
+        /* features by device copies straight into the drafter's GPU slot (peer
+         * memory when it is on another GPU), or via scratch into its host tier */
+        int host = T->cur_g.slab_id != 1;
+        void *stream = T->ops.stream;
+        int rc = mem_cuda_set_device(T->gpu);   /* per thread: this is a libuv worker */
+        if (rc == 0 && host && !T->scratch) {
+            T->scratch = T->ops.impl->malloc_(&T->ops, T->scratch_bytes);
+            if (!T->scratch) rc = dl_seterr(DL_ENOMEM, "device scratch of %zu bytes", T->scratch_bytes);
+        }
+        void *feat = host ? T->scratch : T->cur_base;
+        if (rc == 0) rc = target_forward_host(T->t, m->tokens, NULL, T->cu, (int)m->n_seqs, (int)m->T, feat, NULL);
+        if (rc == 0 && host) rc = mem_cuda_memcpy_async(T->cur_base, T->scratch, (size_t)m->T * row * T->elem, stream);
+        if (rc == 0) rc = mem_cuda_memcpy_async(T->cur_base + l.tokens_off, m->tokens, (size_t)m->T * 4, stream);
+        if (rc == 0) rc = mem_cuda_memcpy_async(T->cur_base + l.seq_lens_off, m->seq_lens, (size_t)m->n_seqs * 4, stream);
+        if (rc == 0) rc = mem_cuda_memcpy_async(T->cur_base + l.loss_mask_off, m->mask, m->T, stream);
+        T->cur_ev = T->ev_next;
+        T->ev_next = (T->ev_next + 1) % TW_N_EVENTS;
+        if (rc == 0) rc = mem_cuda_event_record(T->ev[T->cur_ev], stream);
+        if (rc == 0) rc = mem_cuda_stream_sync(stream);   /* this stream only */
+        T->cur_rc = rc;
+        T->cur_fwd_s = clock_mono_s() - t0;
+        return;
+    }
+#endif
     /* features straight into the drafter's slot: no staging copy */
     T->cur_rc = target_forward_host(T->t, m->tokens, NULL, T->cu, (int)m->n_seqs, (int)m->T,
                                     T->cur_base, NULL);
@@ -135,7 +182,7 @@ static void after_work_cb(uv_work_t *req, int status) {
         exit(1); /* the loader re-issues the work to another target */
     }
     uint64_t row = (uint64_t)T->dcfg.n_feat * (uint64_t)T->dcfg.D;
-    pipe_layout_t l = pipe_layout(m->T, m->n_seqs, row, 4);
+    pipe_layout_t l = pipe_layout(m->T, m->n_seqs, row, T->elem);
     proto_msg_t o;
     proto_msg_init(&o, PROTO_HIDDEN_STATES_READY);
     proto_hidden_states_ready_t *h = &o.hidden_states_ready;
@@ -143,10 +190,15 @@ static void after_work_cb(uv_work_t *req, int status) {
     h->drafter_id = PIPE_ID_DRAFTER0 + (uint32_t)T->route;
     h->slab_id = T->cur_g.slab_id;
     h->slot_id = T->cur_g.slot_id;
-    h->tier = PROTO_TIER_HOST;
+    h->tier = T->slabs[T->cur_g.slab_id & 3].kind == SLAB_CUDA ? PROTO_TIER_GPU : PROTO_TIER_HOST;
     h->offset = T->cur_g.offset;
     h->bytes = l.bytes;
-    h->dtype = PROTO_DTYPE_F32;
+    h->dtype = T->gpu >= 0 ? PROTO_DTYPE_BF16 : PROTO_DTYPE_F32;
+    if (T->gpu >= 0) {
+        memcpy(h->event, T->evh[T->cur_ev], 64);
+        h->event_len = 64;
+        snprintf(h->gpu_uuid, sizeof h->gpu_uuid, "%s", T->st.gpu_uuid);
+    }
     h->ndim = 2;
     h->shape[0] = m->T;
     h->shape[1] = row;
@@ -185,7 +237,7 @@ static void pump(tw_t *T) {
     }
     mb_t *m = &T->q[0];
     uint64_t row = (uint64_t)T->dcfg.n_feat * (uint64_t)T->dcfg.D;
-    pipe_layout_t l = pipe_layout(m->T, m->n_seqs, row, 4);
+    pipe_layout_t l = pipe_layout(m->T, m->n_seqs, row, T->elem);
     int gi = -1;
     for (int i = 0; i < T->gn; i++) if (T->g[i].bytes >= l.bytes && T->have_slab[T->g[i].slab_id & 3]) { gi = i; break; }
     if (gi < 0) {
@@ -287,6 +339,11 @@ static void on_drafter_msg(bus_t *bus, const char *peer, const void *data, size_
         h->bytes = e->bytes;
         snprintf(h->name, sizeof h->name, "%s", e->shm_name);
         snprintf(h->gpu_uuid, sizeof h->gpu_uuid, "%s", e->gpu_uuid);
+        if (e->handle_len == SLAB_IPC_BYTES) memcpy(h->ipc, e->handle, SLAB_IPC_BYTES);
+        if (h->kind == SLAB_CUDA && T->gpu < 0) {
+            log_error("drafter %u exports GPU memory but this target runs on CPU (start it with --gpu)", e->owner_id);
+            break;
+        }
         T->have_slab[e->slab_id] = 1;
         break;
     }
@@ -441,6 +498,7 @@ static void usage(FILE *f) {
         "  --token-budget N           max tokens per micro-batch (default 1024)\n"
         "  --prefetch N               micro-batches requested ahead (default 1)\n"
         "  --threads N                OpenMP threads (default: all)\n"
+        "  --gpu N                    run on CUDA device N (CUDA builds; default: CPU)\n"
         "  --log-level L              error|warn|info|debug\n"
         "  -h, --help                 this help\n");
 }
@@ -450,15 +508,15 @@ int main(int argc, char **argv) {
     static tw_t T;
     T.next_route = -1;
     const char *run_dir = NULL, *run_id = NULL, *model = NULL;
-    int64_t inc = 1, layers = 1, B = 8, v, threads = 0, index = -1, drafter = -1;
+    int64_t inc = 1, layers = 1, B = 8, v, threads = 0, index = -1, drafter = -1, gpu = -1;
     T.token_budget = 1024; T.prefetch = 1; T.route = -1;
-    enum { O_RUN = 256, O_ID, O_INC, O_IDX, O_TM, O_DR, O_DL, O_BS, O_TB, O_PF, O_TH, O_LL };
+    enum { O_RUN = 256, O_ID, O_INC, O_IDX, O_TM, O_DR, O_DL, O_BS, O_TB, O_PF, O_TH, O_LL, O_GPU };
     static const struct option opts[] = {
         {"run-dir", 1, 0, O_RUN}, {"run-id", 1, 0, O_ID}, {"incarnation", 1, 0, O_INC},
         {"index", 1, 0, O_IDX}, {"target-model", 1, 0, O_TM}, {"drafter", 1, 0, O_DR},
         {"drafter-layers", 1, 0, O_DL}, {"block-size", 1, 0, O_BS}, {"token-budget", 1, 0, O_TB},
         {"prefetch", 1, 0, O_PF}, {"threads", 1, 0, O_TH}, {"log-level", 1, 0, O_LL},
-        {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"gpu", 1, 0, O_GPU}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         int rc = 0;
@@ -474,6 +532,7 @@ int main(int argc, char **argv) {
         case O_TB: rc = cli_parse_i64("--token-budget", optarg, 16, 1 << 21, &v); T.token_budget = (uint32_t)v; break;
         case O_PF: rc = cli_parse_i64("--prefetch", optarg, 1, TW_MAX_QUEUE, &v); T.prefetch = (uint32_t)v; break;
         case O_TH: rc = cli_parse_i64("--threads", optarg, 0, 1024, &threads); break;
+        case O_GPU: rc = cli_parse_i64("--gpu", optarg, 0, 1023, &gpu); break;
         case O_LL: { log_level_t l; rc = log_parse_level(optarg, &l); if (!rc) log_set_level(l); break; }
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -493,7 +552,23 @@ int main(int argc, char **argv) {
     if (rc < 0) return log_rc(rc, "target config"), 1;
     rc = pipe_drafter_config(&mc, (int)layers, 0, (int)B, &T.dcfg);
     if (rc < 0) return log_rc(rc, "drafter config"), 1;
-    ops_cpu_init(&T.ops, (int)threads);
+    T.gpu = (int)gpu;
+    T.elem = 4;
+    if (T.gpu >= 0) {
+#ifdef DL_CUDA
+        /* CUDA is initialised here, after exec: nothing CUDA crossed the fork */
+        rc = ops_cuda_init(&T.ops, T.gpu);
+        if (rc < 0) return log_rc(rc, "CUDA device (--gpu)"), 1;
+        T.elem = ops_act_bytes(&T.ops);
+        for (int i = 0; i < TW_N_EVENTS && rc == 0; i++) rc = mem_cuda_event_create(&T.ev[i], T.evh[i]);
+        if (rc < 0) return log_rc(rc, "interprocess events"), 1;
+#else
+        log_error("--gpu %d: this build has no CUDA", T.gpu);
+        return 2;
+#endif
+    } else {
+        ops_cpu_init(&T.ops, (int)threads);
+    }
     target_opts_t to = {0};
     to.max_tokens = (int)T.token_budget;
     to.max_seqs = (int)T.token_budget;
@@ -508,7 +583,16 @@ int main(int argc, char **argv) {
     if (!T.cu) return 1;
     rc = stage_init(&T.st, PROTO_ROLE_TARGET, PIPE_ID_TARGET0 + (uint32_t)T.index, (uint64_t)inc, name, run_dir, run_id);
     if (rc < 0) return log_rc(rc, "stage init"), 1;
-    hcache_new(&T.hc, -1);
+    hcache_new(&T.hc, T.gpu);
+#ifdef DL_CUDA
+    if (T.gpu >= 0) {
+        rc = mem_cuda_uuid(T.gpu, T.st.gpu_uuid, sizeof T.st.gpu_uuid);
+        T.scratch_bytes = (size_t)T.token_budget * T.dcfg.n_feat * T.dcfg.D * T.elem;
+        if (rc < 0) return log_rc(rc, "GPU UUID"), 1;
+        T.st.gpu_index = T.gpu;
+        log_info("on GPU %d (%s)", T.gpu, T.st.gpu_uuid);
+    }
+#endif
     T.loader = stage_bus(&T.st, BUS_DEALER, "loader");
     if (!T.loader) return log_rc(DL_EIO, "connect to the loader"), 1;
     bus_on_message(T.loader, on_loader_msg, &T);
@@ -528,6 +612,10 @@ int main(int argc, char **argv) {
     bus_destroy(&T.drafter);
     stage_fini(&T.st);
     hcache_destroy(&T.hc);
+#ifdef DL_CUDA
+    for (int i = 0; i < TW_N_EVENTS; i++) mem_cuda_event_destroy(T.ev[i]);
+    if (T.scratch) T.ops.impl->free_(&T.ops, T.scratch);
+#endif
     target_destroy(&T.t);
     ops_ctx_destroy(&T.ops);
     for (int i = 0; i < T.qn; i++) mb_free(&T.q[i]);

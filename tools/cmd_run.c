@@ -15,6 +15,7 @@
 #include "common/pipe/ckpt.h"
 #include "common/pipe/layout.h"
 #include "common/pipe/model.h"
+#include "common/pipe/stage.h"
 #include "tools/commands.h"
 #include "tools/supervisor.h"
 
@@ -75,7 +76,9 @@ static void run_usage(FILE *f) {
         "topology\n"
         "  --device cpu               CPU mode (POSIX shared memory stands in for CUDA IPC)\n"
         "  --targets N --drafters M   processes in CPU mode (default 1 and 1); target i feeds drafter i%%M\n"
-        "  --target-gpus 0,1 --drafter-gpus 2,3   GPU mode (not in this build yet: use --device cpu)\n"
+        "  --target-gpus 0,1 --drafter-gpus 2,3   GPU mode (CUDA builds): one target process per\n"
+        "                             entry (repeat a GPU to share it: 0,0,0), one drafter per entry;\n"
+        "                             hidden states go into the drafter's GPU by CUDA IPC\n"
         "  --threads N                threads per compute stage (default: cores / (targets+drafters))\n"
         "training\n"
         "  --token-budget N           tokens per micro-batch (default 1024)\n"
@@ -212,6 +215,23 @@ static int ends_with(const char *s, const char *suf) {
     return a >= b && !strcmp(s + a - b, suf);
 }
 
+/* "0,0,1" -> out[] = {0, 0, 1}; returns the count (>= 1) or -1 (malformed, an
+ * ordinal outside 0..1023, more than cap entries). */
+static int parse_gpu_list(const char *s, int *out, int cap) {
+    int n = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v > 1023 || n == cap) return -1;
+        out[n++] = (int)v;
+        if (*end == ',') p = end + 1;
+        else if (*end == 0) p = end;
+        else return -1;
+    }
+    return n > 0 ? n : -1;
+}
+
 static int prepare_data(const run_opts_t *o, const char *out_dir, char *cache, size_t cap) {
     if (ends_with(o->data, ".dlc")) { snprintf(cache, cap, "%s", o->data); return 0; }
     snprintf(cache, cap, "%s/data.dlc", out_dir);
@@ -293,11 +313,26 @@ int cmd_run(int argc, char **argv) {
         if (set_opt(&o, c, optarg) < 0) { cli_error("draftline run", dl_errmsg()); return 2; }
     }
     if (optind < argc) { fprintf(stderr, "draftline run: unexpected argument '%s'\n", argv[optind]); return 2; }
+    /* GPU mode: one target process per --target-gpus entry, one drafter per
+     * --drafter-gpus entry; each stage selects its GPU itself after exec (--gpu N):
+     * CUDA is never initialised here, before the forks. */
+    int tgpu[PIPE_MAX_TARGETS], dgpu[PIPE_MAX_DRAFTERS], ngt = 0, ngd = 0;
     if (o.target_gpus || o.drafter_gpus || (o.device && strcmp(o.device, "cpu") != 0)) {
-        fprintf(stderr, "draftline run: the GPU pipeline (--target-gpus/--drafter-gpus, --device cuda) is "
-                        "not in this build yet; use --device cpu\n");
+        ngt = o.target_gpus ? parse_gpu_list(o.target_gpus, tgpu, PIPE_MAX_TARGETS) : -1;
+        ngd = o.drafter_gpus ? parse_gpu_list(o.drafter_gpus, dgpu, PIPE_MAX_DRAFTERS) : -1;
+        if (ngt < 1 || ngd < 1) {
+            fprintf(stderr, "draftline run: GPU mode needs --target-gpus and --drafter-gpus, lists of CUDA "
+                            "device ordinals such as 0,0,1 (one process per entry)\n");
+            return 2;
+        }
+#ifndef DL_CUDA
+        fprintf(stderr, "draftline run: this build has no CUDA (built with CUDA=0): use --device cpu\n");
         return 2;
+#endif
+        o.targets = ngt;
+        o.drafters = ngd;
     }
+    int gpu_mode = ngt > 0;
     if (!o.data) { cli_error("draftline run", "--data is required"); return 2; }
     if (access(o.target_model, R_OK) != 0) {
         fprintf(stderr, "draftline run: target model %s not found (run `make model` or pass --target-model)\n",
@@ -418,7 +453,7 @@ int cmd_run(int argc, char **argv) {
             return 1;
         }
         uint64_t slot = pipe_layout((uint64_t)o.token_budget, (uint64_t)o.token_budget,
-                                    (uint64_t)dc.n_feat * (uint64_t)dc.D, 4).bytes;
+                                    (uint64_t)dc.n_feat * (uint64_t)dc.D, gpu_mode ? 2 : 4).bytes;
         uint64_t gpu = (uint64_t)(o.inbox_gb * 1073741824.0) / 256 * 256;
         uint64_t host = (uint64_t)(o.host_inbox_gb * 1073741824.0) / 256 * 256;
         int64_t slots = (int64_t)(gpu / slot + host / slot);
@@ -457,6 +492,7 @@ int cmd_run(int argc, char **argv) {
     so.n_drafters = o.drafters;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     so.threads_per_stage = o.threads > 0 ? o.threads : (int)(cores / (o.targets + o.drafters) > 0 ? cores / (o.targets + o.drafters) : 1);
+    if (gpu_mode && o.threads == 0) so.threads_per_stage = 2;   /* the GPU does the math */
     so.max_restarts = o.max_restarts;
     so.progress_every_s = o.progress_s;
     char *K = fmt("%d", o.mbs_per_step), *seed = fmt("%lld", (long long)o.seed), *tb = fmt("%d", o.token_budget);
@@ -501,6 +537,7 @@ int cmd_run(int argc, char **argv) {
         add(s, "--inbox-gb"); add(s, fmt("%.9g", o.inbox_gb)); add(s, "--host-inbox-gb"); add(s, fmt("%.9g", o.host_inbox_gb));
         add(s, "--hs-min-ready"); add(s, fmt("%d", o.hs_min_ready)); add(s, "--seed"); add(s, seed);
         add(s, "--threads"); add(s, thr);
+        if (gpu_mode) { add(s, "--gpu"); add(s, fmt("%d", dgpu[i])); }
     }
     for (int i = 0; i < o.targets; i++) {
         s = &so.stages[so.n_stages++];
@@ -512,10 +549,18 @@ int cmd_run(int argc, char **argv) {
         add(s, "--drafter-layers"); add(s, dl); add(s, "--block-size"); add(s, bs);
         add(s, "--token-budget"); add(s, tb); add(s, "--threads"); add(s, thr);
         add(s, "--prefetch"); add(s, fmt("%d", o.prefetch));
+        if (gpu_mode) { add(s, "--gpu"); add(s, fmt("%d", tgpu[i])); }
     }
-    printf("draftline run %s: %d target(s), %d drafter(s) on CPU, %d thread(s) each; steps %llu..%llu, "
+    if (gpu_mode) {
+        printf("GPU mode: target GPUs");
+        for (int i = 0; i < ngt; i++) printf("%s%d", i ? "," : " ", tgpu[i]);
+        printf(", drafter GPUs");
+        for (int i = 0; i < ngd; i++) printf("%s%d", i ? "," : " ", dgpu[i]);
+        printf("\n");
+    }
+    printf("draftline run %s: %d target(s), %d drafter(s) on %s, %d thread(s) each; steps %llu..%llu, "
            "%d micro-batch(es) of <= %d tokens per step, lookahead %d; logs in %s/logs\n",
-           run_id, o.targets, o.drafters, so.threads_per_stage, (unsigned long long)start_step,
+           run_id, o.targets, o.drafters, gpu_mode ? "GPU" : "CPU", so.threads_per_stage, (unsigned long long)start_step,
            (unsigned long long)max_steps, o.mbs_per_step, o.token_budget, lookahead, out);
     fflush(stdout);
     sup_summary_t sum;

@@ -85,3 +85,28 @@ int mem_cuda_stream_wait(void *stream, void *ev) {
     CU(cudaStreamWaitEvent((cudaStream_t)stream, (cudaEvent_t)ev, 0));
     return 0;
 }
+
+int mem_cuda_memcpy_async(void *dst, const void *src, size_t bytes, void *stream) {
+    CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream));
+    return 0;
+}
+
+int mem_cuda_stream_sync(void *stream) {
+    CU(cudaStreamSynchronize((cudaStream_t)stream));
+    return 0;
+}
+
+int mem_cuda_stream_new(int device, void **stream) {
+    CU(cudaSetDevice(device));
+    cudaStream_t s;
+    CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    *stream = s;
+    return 0;
+}
+
+void mem_cuda_stream_destroy(void *stream) { if (stream) cudaStreamDestroy((cudaStream_t)stream); }
+
+int mem_cuda_set_device(int device) {
+    CU(cudaSetDevice(device));
+    return 0;
+}

@@ -31,4 +31,19 @@ void mem_cuda_event_destroy(void *ev);
 int mem_cuda_event_record(void *ev, void *stream);
 int mem_cuda_stream_wait(void *stream, void *ev);
 
+/* cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream): the direction is
+ * inferred from the pointers (UVA), so it covers device->peer device (an
+ * IPC-mapped slab on another GPU: NVLink/PCIe copy), host->device and
+ * device->host; pageable host memory is staged by the driver. */
+int mem_cuda_memcpy_async(void *dst, const void *src, size_t bytes, void *stream);
+/* cudaStreamSynchronize(stream): waits for this stream only (never device-wide). */
+int mem_cuda_stream_sync(void *stream);
+/* A non-blocking stream on `device` (cudaStreamNonBlocking); destroy with
+ * mem_cuda_stream_destroy. */
+int mem_cuda_stream_new(int device, void **stream);
+void mem_cuda_stream_destroy(void *stream);
+/* cudaSetDevice(device) for the calling thread (the current device is per thread:
+ * a stage's libuv worker thread calls this before its first CUDA work). */
+int mem_cuda_set_device(int device);
+
 #endif
