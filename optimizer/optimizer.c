@@ -401,6 +401,21 @@ static void on_dead(bus_t *bus, const char *peer, uint64_t silent_ms, void *arg)
     O->peers[i].alive = 0;
 }
 
+/* MEMBERSHIP from the supervisor: drafters retired by a rebalance (ints: stage ids).
+ * They get no more weights; contributions they made stay (their gradient slab is
+ * still mapped here, and the sum is in micro-batch order whoever computed it). */
+static void on_control(stage_t *st, const proto_control_t *c, void *arg) {
+    opt_t *O = arg;
+    (void)st;
+    if (c->op != PROTO_CTL_MEMBERSHIP) return;
+    for (uint32_t j = 0; j < c->n_ints; j++)
+        for (int i = 0; i < O->npeers; i++)
+            if (O->peers[i].drafter_id == (uint32_t)c->ints[j] && O->peers[i].alive) {
+                O->peers[i].alive = 0;
+                log_info("%s left the membership", O->peers[i].peer);
+            }
+}
+
 static void on_metrics(stage_t *st, proto_metrics_t *m, void *arg) {
     opt_t *O = arg;
     (void)st;
@@ -537,7 +552,7 @@ int main(int argc, char **argv) {
     }
     char path[4200];
     snprintf(path, sizeof path, "%s/steps.jsonl", O.out);
-    if (resume) steps_log_rewind(path, O.step);
+    if (resume || inc > 1) steps_log_rewind(path, O.step);
     O.steps_log = fopen(path, "a");
     rc = stage_init(&O.st, PROTO_ROLE_OPTIMIZER, PIPE_ID_OPTIMIZER, (uint64_t)inc, "optimizer", run_dir, run_id);
     if (rc < 0) return log_rc(rc, "stage init"), 1;
@@ -552,6 +567,7 @@ int main(int argc, char **argv) {
     bus_on_message(O.srv, on_msg, &O);
     bus_on_peer_dead(O.srv, on_dead, &O);
     stage_on_metrics(&O.st, on_metrics, &O);
+    stage_on_control(&O.st, on_control, &O);
     stage_on_stop(&O.st, on_stop, &O);
     proto_msg_t h;
     proto_msg_init(&h, PROTO_HELLO);

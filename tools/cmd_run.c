@@ -40,12 +40,13 @@ typedef struct {
     int64_t warmup_steps, max_steps, save_every, seed;
     int epochs, mbs_per_step, deterministic, hs_min_ready, threads, max_restarts, prefetch;
     double inbox_gb, host_inbox_gb, progress_s;
+    int metrics_port, test_stall_after_mbs;
 } run_opts_t;
 
 enum {
     O_TM = 256, O_DATA, O_PF, O_RF, O_TG, O_DG, O_DEV, O_NT, O_ND, O_TB, O_ML, O_BS, O_NA, O_DL,
     O_LR, O_WU, O_MS, O_EP, O_K, O_SE, O_OUT, O_DET, O_SEED, O_RES, O_IG, O_HG, O_MR, O_CFG,
-    O_WD, O_CL, O_TH, O_RS, O_PS, O_PREF
+    O_WD, O_CL, O_TH, O_RS, O_PS, O_PREF, O_MP, O_TSTALL
 };
 
 static const struct option run_options[] = {
@@ -60,7 +61,8 @@ static const struct option run_options[] = {
     {"inbox-gb", 1, 0, O_IG}, {"host-inbox-gb", 1, 0, O_HG}, {"hs-min-ready", 1, 0, O_MR},
     {"config", 1, 0, O_CFG}, {"weight-decay", 1, 0, O_WD}, {"clip", 1, 0, O_CL},
     {"threads", 1, 0, O_TH}, {"max-restarts", 1, 0, O_RS}, {"progress-every", 1, 0, O_PS},
-    {"prefetch", 1, 0, O_PREF}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    {"prefetch", 1, 0, O_PREF}, {"metrics-port", 1, 0, O_MP},
+    {"test-stall-after-mbs", 1, 0, O_TSTALL}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
 
 static void run_usage(FILE *f) {
     fprintf(f,
@@ -105,6 +107,10 @@ static void run_usage(FILE *f) {
         "  --prefetch N               micro-batches a target requests ahead (default 1)\n"
         "  --max-restarts N           restarts per stage before the run fails (default 5)\n"
         "  --progress-every S         seconds between progress lines (default 5)\n"
+        "  --metrics-port P           serve the metrics in the Prometheus text format on\n"
+        "                             0.0.0.0:P/metrics (0: any free port, see run.json; default off)\n"
+        "  --test-stall-after-mbs N   test hook: drafter0 hangs after N micro-batches (monitor test)\n"
+        "live changes: `draftline rebalance --run DIR --targets N --drafters M`, `draftline status`\n"
         "  --config FILE.yaml         the same keys as the flags (without --); flags override\n"
         "  -h, --help                 this help\n");
 }
@@ -145,6 +151,8 @@ static int set_opt(run_opts_t *o, int code, const char *v) {
     case O_RS: return cli_parse_int("--max-restarts", v, 0, 1000, &o->max_restarts);
     case O_PS: return cli_parse_f64("--progress-every", v, 0.2, 3600, &o->progress_s);
     case O_PREF: return cli_parse_int("--prefetch", v, 1, 8, &o->prefetch);
+    case O_MP: return cli_parse_int("--metrics-port", v, 0, 65535, &o->metrics_port);
+    case O_TSTALL: return cli_parse_int("--test-stall-after-mbs", v, 0, INT32_MAX, &o->test_stall_after_mbs);
     case O_CFG: return 0;
     }
     (void)x;
@@ -297,6 +305,7 @@ int cmd_run(int argc, char **argv) {
     o.targets = 1; o.drafters = 1; o.token_budget = 1024; o.block_size = 8; o.num_anchors = 32;
     o.drafter_layers = 1; o.lr = 1e-3; o.clip = 1.0; o.epochs = 1; o.mbs_per_step = 1;
     o.inbox_gb = 0.25; o.hs_min_ready = 1; o.max_restarts = 5; o.progress_s = 5; o.prefetch = 1;
+    o.metrics_port = -1; o.test_stall_after_mbs = -1;
     if (paths_default_model(o.target_model, sizeof o.target_model) < 0) o.target_model[0] = 0;
     /* the config file first, so flags override it */
     for (int i = 1; i < argc; i++) {
@@ -443,7 +452,7 @@ int cmd_run(int argc, char **argv) {
      * loader may run ahead of the current step: items of the next step wait in the
      * inbox until the step is applied, and every routed target may hold one grant, so
      * lookahead <= slots - targets per drafter keeps room for the current step. */
-    int lookahead;
+    int lookahead, inbox_slots;
     {
         model_config_t mc;
         drafter_config_t dc;
@@ -463,6 +472,7 @@ int cmd_run(int argc, char **argv) {
                     o.inbox_gb, o.host_inbox_gb, o.token_budget, (double)slot / 1073741824.0);
             return 2;
         }
+        inbox_slots = (int)(slots > INT32_MAX ? INT32_MAX : slots);
         int64_t tpd = (o.targets + o.drafters - 1) / o.drafters;
         int64_t la = slots - tpd;
         lookahead = (int)(la < 0 ? 0 : la > o.mbs_per_step ? o.mbs_per_step : la);
@@ -495,6 +505,9 @@ int cmd_run(int argc, char **argv) {
     if (gpu_mode && o.threads == 0) so.threads_per_stage = 2;   /* the GPU does the math */
     so.max_restarts = o.max_restarts;
     so.progress_every_s = o.progress_s;
+    so.metrics_port = o.metrics_port;
+    so.inbox_slots = inbox_slots;
+    so.lookahead = lookahead;
     char *K = fmt("%d", o.mbs_per_step), *seed = fmt("%lld", (long long)o.seed), *tb = fmt("%d", o.token_budget);
     char *bs = fmt("%d", o.block_size), *dl = fmt("%d", o.drafter_layers), *ms = fmt("%llu", (unsigned long long)max_steps);
     char *thr = fmt("%d", so.threads_per_stage);
@@ -538,6 +551,7 @@ int cmd_run(int argc, char **argv) {
         add(s, "--hs-min-ready"); add(s, fmt("%d", o.hs_min_ready)); add(s, "--seed"); add(s, seed);
         add(s, "--threads"); add(s, thr);
         if (gpu_mode) { add(s, "--gpu"); add(s, fmt("%d", dgpu[i])); }
+        if (i == 0 && o.test_stall_after_mbs >= 0) { add(s, "--test-stall-after-mbs"); add(s, fmt("%d", o.test_stall_after_mbs)); }
     }
     for (int i = 0; i < o.targets; i++) {
         s = &so.stages[so.n_stages++];

@@ -21,6 +21,7 @@ int cmd_mkmodel(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_status(int argc, char **argv);
 int cmd_stop(int argc, char **argv);
+int cmd_rebalance(int argc, char **argv);
 int cmd_monitor(int argc, char **argv);
 int cmd_plot(int argc, char **argv);
 int cmd_eval(int argc, char **argv);

@@ -14,6 +14,7 @@ static const cmd_t commands[] = {
     {"run", cmd_run, "train a drafter: the multi-process pipeline, supervised"},
     {"status", cmd_status, "a run's topology, routes and stage states (--run DIR)"},
     {"stop", cmd_stop, "stop a run cleanly, with a final checkpoint (--run DIR)"},
+    {"rebalance", cmd_rebalance, "change a running job's targets/drafters split (--run DIR --targets N --drafters M)"},
     {"monitor", cmd_monitor, "attach to a run: stage throughput, stall diagnosis, bottleneck"},
     {"plot", cmd_plot, "draw a run's loss, accuracy and tokens/s to a PNG"},
     {"generate", cmd_generate, "generate text from the target (KV cache, greedy or sampling)"},

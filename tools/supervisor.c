@@ -5,6 +5,9 @@
 #include "common/base/log.h"
 #include "common/bus/bus.h"
 #include "common/mem/slab.h"
+#include "common/monitor/prom.h"
+#include "common/monitor/run.h"
+#include "common/pipe/ckpt.h"
 #include "common/pipe/stage.h"
 #include "proto/codec.h"
 
@@ -35,6 +38,13 @@ typedef struct {
     int helloed;
     char peer[BUS_ID_MAX + 1];
     double metrics[8];          /* a few metrics kept for the progress line */
+    int active;                 /* part of the current topology (started, not retired) */
+    int retiring;               /* rebalance: draining, then stopped; never restarted */
+    int planned;                /* killed by the supervisor to re-sync: restart at once */
+    int fails;                  /* consecutive short-lived incarnations (backoff exponent) */
+    double t_spawn, retire_t0;
+    int64_t retire_after;       /* a drafter retires once a step > this was applied */
+    double inbox_bytes;         /* drafter: latest inbox_gpu_bytes + inbox_host_bytes */
 } sstage_t;
 
 typedef struct {
@@ -60,7 +70,34 @@ typedef struct {
     double tokens, elapsed, tok_rate, tokens_first, elapsed_first;
     double last_tokens, last_tokens_t;
     double last_progress_print;
+    /* live topology (rebalance) */
+    int nt, nd;
+    sup_stage_spec_t xspec[SUP_MAX_STAGES];   /* specs of stages added by a rebalance */
+    int nx;
+    struct {
+        char id[64];
+        int running;
+        double t0, seconds;
+        int from_t, from_d, to_t, to_d;
+        char status[16], message[256];
+    } rb;
+    char resume_ckpt[4200];     /* the optimizer restarts from here ("" = its first args) */
+    int opt_recoveries;
+    double t_opt_died, last_recovery_s;
+    /* metrics relay */
+    bus_t *pub;
+    mon_run_t *mon;
+    prom_server_t *prom;
+    int prom_port;
 } sup_t;
+
+static int is_target(const sstage_t *x) { return x->spec->stage_id >= PIPE_ID_TARGET0; }
+static int is_drafter(const sstage_t *x) {
+    return x->spec->stage_id >= PIPE_ID_DRAFTER0 && x->spec->stage_id < PIPE_ID_TARGET0;
+}
+static int route_of(const sup_t *S, uint32_t target_id) {
+    return (int)((target_id - PIPE_ID_TARGET0) % (uint32_t)S->nd);
+}
 
 /* <out>/run.json: the run's topology for `draftline status/stop` and the monitor
  * (device, targets, drafters, max_steps, the supervisor's pid, every stage with
@@ -70,8 +107,8 @@ static void write_run_json(sup_t *S) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "run_id", o->run_id);
     cJSON_AddStringToObject(j, "device", "cpu");
-    cJSON_AddNumberToObject(j, "targets", o->n_targets);
-    cJSON_AddNumberToObject(j, "drafters", o->n_drafters);
+    cJSON_AddNumberToObject(j, "targets", S->nt);
+    cJSON_AddNumberToObject(j, "drafters", S->nd);
     cJSON_AddItemToObject(j, "target_gpus", cJSON_CreateArray());
     cJSON_AddItemToObject(j, "drafter_gpus", cJSON_CreateArray());
     cJSON_AddNumberToObject(j, "max_steps", (double)o->max_steps);
@@ -79,24 +116,42 @@ static void write_run_json(sup_t *S) {
     cJSON_AddNumberToObject(j, "micro_batches_per_step", (double)o->mbs_per_step);
     cJSON_AddNumberToObject(j, "supervisor_pid", (double)getpid());
     cJSON_AddStringToObject(j, "sock_dir", o->sock_dir);
-    cJSON_AddStringToObject(j, "state", S->done ? "stopped" : S->stopping ? "stopping" : "running");
+    cJSON_AddStringToObject(j, "state", S->done ? "stopped" : S->stopping ? "stopping" : S->rb.running ? "rebalancing" : "running");
+    cJSON_AddNumberToObject(j, "metrics_port", S->prom ? S->prom_port : -1);
+    {
+        char ep[BUS_ENDPOINT_MAX] = "";
+        if (S->pub) bus_endpoint(o->sock_dir, "metrics", ep, sizeof ep);
+        cJSON_AddStringToObject(j, "metrics_endpoint", ep);
+    }
+    cJSON_AddNumberToObject(j, "optimizer_recoveries", S->opt_recoveries);
+    if (S->rb.id[0]) {
+        cJSON *r = cJSON_AddObjectToObject(j, "rebalance");
+        cJSON_AddStringToObject(r, "id", S->rb.id);
+        cJSON_AddStringToObject(r, "status", S->rb.status);
+        cJSON_AddStringToObject(r, "message", S->rb.message);
+        cJSON_AddNumberToObject(r, "seconds", S->rb.seconds);
+    }
     cJSON *st = cJSON_AddArrayToObject(j, "stages");
     for (int i = 0; i < S->n; i++) {
         const sstage_t *x = &S->st[i];
+        if (!x->active && x->exited && x->incarnation == 0) continue;
         cJSON *e = cJSON_CreateObject();
         cJSON_AddStringToObject(e, "name", x->spec->name);
         cJSON_AddNumberToObject(e, "stage_id", x->spec->stage_id);
         cJSON_AddNumberToObject(e, "pid", x->exited ? 0 : x->pid);
         cJSON_AddNumberToObject(e, "incarnation", (double)x->incarnation);
         cJSON_AddNumberToObject(e, "restarts", x->restarts);
-        cJSON_AddStringToObject(e, "process", !x->exited ? "running" : x->restart_at > 0 ? "restarting" : "exited");
+        cJSON_AddStringToObject(e, "process", !x->active && x->exited ? "retired" : x->retiring ? "draining"
+                                : !x->exited ? "running" : x->restart_at > 0 ? "restarting" : "exited");
         cJSON_AddItemToArray(st, e);
     }
     cJSON *rt = cJSON_AddArrayToObject(j, "routes");
-    for (int t = 0; t < o->n_targets; t++) {
+    for (int i = 0; i < S->n; i++) {
+        const sstage_t *x = &S->st[i];
+        if (!is_target(x) || !x->active || x->retiring) continue;
         cJSON *pr = cJSON_CreateArray();
-        cJSON_AddItemToArray(pr, cJSON_CreateNumber(PIPE_ID_TARGET0 + t));
-        cJSON_AddItemToArray(pr, cJSON_CreateNumber(PIPE_ID_DRAFTER0 + t % o->n_drafters));
+        cJSON_AddItemToArray(pr, cJSON_CreateNumber(x->spec->stage_id));
+        cJSON_AddItemToArray(pr, cJSON_CreateNumber(PIPE_ID_DRAFTER0 + route_of(S, x->spec->stage_id)));
         cJSON_AddItemToArray(rt, pr);
     }
     char *txt = cJSON_Print(j);
@@ -156,6 +211,11 @@ static void spawn(sup_t *S, sstage_t *x) {
             argv[a++] = "--start-step";
             argv[a++] = start;
         }
+        /* a restarted optimizer resumes from the run's last checkpoint */
+        if (x->spec->stage_id == PIPE_ID_OPTIMIZER && x->incarnation > 1 && S->resume_ckpt[0]) {
+            argv[a++] = "--resume";
+            argv[a++] = S->resume_ckpt;
+        }
         argv[a] = NULL;
         execv(exe, argv);
         fprintf(stderr, "exec %s: %s\n", exe, strerror(errno));
@@ -165,6 +225,8 @@ static void spawn(sup_t *S, sstage_t *x) {
     x->exited = 0;
     x->helloed = 0;
     x->restart_at = 0;
+    x->active = 1;
+    x->t_spawn = clock_mono_s();
     log_info("started %s (pid %d, incarnation %llu), log %s", x->spec->name, (int)pid,
              (unsigned long long)x->incarnation, log_path);
     write_run_json(S);
@@ -189,7 +251,8 @@ static void push_route(sup_t *S, sstage_t *x) {
     int64_t pair[2];
     uint32_t t = x->spec->stage_id - PIPE_ID_TARGET0;
     pair[0] = x->spec->stage_id;
-    pair[1] = PIPE_ID_DRAFTER0 + t % (uint32_t)S->o->n_drafters;
+    (void)t;
+    pair[1] = PIPE_ID_DRAFTER0 + (uint32_t)route_of(S, x->spec->stage_id);
     send_ctl(S, x, PROTO_CTL_ROUTE, pair, 2);
 }
 
@@ -198,6 +261,12 @@ static void begin_stop(sup_t *S, const char *why) {
     S->stopping = 1;
     S->t_stop = clock_mono_s();
     log_info("stopping the pipeline: %s", why);
+    if (S->rb.running) {
+        S->rb.running = 0;
+        snprintf(S->rb.status, sizeof S->rb.status, "rejected");
+        snprintf(S->rb.message, sizeof S->rb.message, "the run stopped during the rebalance");
+    }
+    prom_server_destroy(&S->prom);
     write_run_json(S);
     for (int i = 0; i < S->n; i++) {
         sstage_t *x = &S->st[i];
@@ -217,6 +286,16 @@ static void json_str(FILE *f, const char *s) {
 }
 
 static void on_metrics(sup_t *S, const char *peer, const proto_metrics_t *m) {
+    if (S->mon) mon_run_ingest_proto(S->mon, peer, m);
+    if (m->role == PROTO_ROLE_DRAFTER) {
+        sstage_t *x = NULL;
+        for (int i = 0; i < S->n; i++) if (S->st[i].spec->stage_id == m->stage_id) x = &S->st[i];
+        double b = 0;
+        for (uint32_t i = 0; i < m->n_metrics; i++)
+            if (!strcmp(m->metrics[i].name, "inbox_gpu_bytes") || !strcmp(m->metrics[i].name, "inbox_host_bytes"))
+                b += m->metrics[i].value;
+        if (x) x->inbox_bytes = b;
+    }
     if (S->metrics) {
         fprintf(S->metrics, "{\"ts\":%.3f,\"stage\":", (double)m->ts_ns / 1e9);
         json_str(S->metrics, peer);
@@ -247,6 +326,12 @@ static void on_metrics(sup_t *S, const char *peer, const proto_metrics_t *m) {
         else if (!strncmp(n, "acc_", 4) && S->n_acc < 16) S->acc[S->n_acc++] = v;
     }
     if (step < 0) return;
+    if (S->t_opt_died > 0) {
+        /* first step of a restarted optimizer: the recovery is over */
+        S->last_recovery_s = clock_mono_s() - S->t_opt_died;
+        S->t_opt_died = 0;
+        log_info("optimizer recovery: first step %.0f applied %.2f s after its death", step, S->last_recovery_s);
+    }
     if (!S->have_step) {
         S->t_first_step = clock_mono_s();
         S->tokens_first = tokens;
@@ -275,6 +360,12 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
         log_info("%s is up (pid %u, incarnation %llu)", peer, m.hello.pid,
                  (unsigned long long)m.hello.incarnation);
         if (m.hello.stage_id >= PIPE_ID_TARGET0) push_route(S, x);
+        /* a drafter started by a rebalance: the targets routed to it may move now */
+        if (is_drafter(x) && m.hello.incarnation == 1)
+            for (int i = 0; i < S->n; i++)
+                if (is_target(&S->st[i]) && S->st[i].active && !S->st[i].retiring &&
+                    route_of(S, S->st[i].spec->stage_id) == (int)(x->spec->stage_id - PIPE_ID_DRAFTER0))
+                    push_route(S, &S->st[i]);
         /* a restarted drafter or loader must hear from the targets again: re-push their
          * routes (a target re-introduces itself to its drafter and the loader) */
         if (((m.hello.stage_id >= PIPE_ID_DRAFTER0 && m.hello.stage_id < PIPE_ID_TARGET0) ||
@@ -286,6 +377,7 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
     }
     case PROTO_METRICS:
         on_metrics(S, peer, &m.metrics);
+        if (S->pub) bus_send(S->pub, peer, data, len); /* the relay: one PUB, topic = stage */
         break;
     case PROTO_APPLIED:
         if ((int64_t)m.applied.step > S->last_applied) S->last_applied = (int64_t)m.applied.step;
@@ -360,17 +452,67 @@ static void reap(sup_t *S) {
                          WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
                 break;
             }
+            (void)clean;
+            if (x->retiring || !x->active) {
+                /* rebalance: a retired stage is gone for good; its work goes again */
+                log_info("%s retired (%s %d)", x->spec->name, WIFEXITED(status) ? "status" : "signal",
+                         WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+                x->retiring = 0;
+                x->active = 0;
+                int64_t id = x->spec->stage_id;
+                sstage_t *L = by_id(S, PIPE_ID_LOADER);
+                if (L) send_ctl(S, L, PROTO_CTL_MEMBERSHIP, &id, 1);
+                sstage_t *O = by_id(S, PIPE_ID_OPTIMIZER);
+                if (O && is_drafter(x)) send_ctl(S, O, PROTO_CTL_MEMBERSHIP, &id, 1);
+                write_run_json(S);
+                break;
+            }
+            if (x->planned) {
+                /* killed by the supervisor to re-sync with a restarted optimizer */
+                x->planned = 0;
+                x->restart_at = clock_mono_s();
+                write_run_json(S);
+                break;
+            }
             log_warn("%s died (%s %d)", x->spec->name, WIFEXITED(status) ? "status" : "signal",
                      WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-            (void)clean;
-            if (x->spec->stage_id == PIPE_ID_OPTIMIZER) {
-                /* its state since the last checkpoint is gone: a restart from scratch would
-                 * disagree with the loader, so the run stops and says how to continue */
-                log_error("the optimizer died (see %s/logs/optimizer.log); continue the run with "
-                          "`draftline run ... --resume %s`", S->o->out_dir, S->o->out_dir);
-                S->failed = 1;
-                begin_stop(S, "the optimizer died");
-                break;
+            if (clock_mono_s() - x->t_spawn > 10) x->fails = 0;  /* it had been healthy */
+            if (x->restarts < S->o->max_restarts && x->spec->stage_id == PIPE_ID_OPTIMIZER) {
+                /* The optimizer's state since its last checkpoint is gone: it restarts
+                 * from that checkpoint, and the loader and drafters (whose steps ran
+                 * ahead of it) are restarted with it: the loader from the checkpoint's
+                 * step, the drafters with its weights. Work after the checkpoint is
+                 * recomputed (bitwise the same); targets keep running. */
+                char dir[4200];
+                uint64_t ck = S->o->start_step;
+                S->resume_ckpt[0] = 0;
+                if (ckpt_resolve(S->o->out_dir, dir, sizeof dir) == 0) {
+                    char sp[4300];
+                    snprintf(sp, sizeof sp, "%s/state.bin", dir);
+                    FILE *f = fopen(sp, "rb");
+                    ckpt_state_hdr_t h;
+                    if (f && fread(&h, sizeof h, 1, f) == 1 && !memcmp(h.magic, CKPT_MAGIC, 8) &&
+                        h.step >= S->o->start_step) {
+                        ck = h.step;
+                        snprintf(S->resume_ckpt, sizeof S->resume_ckpt, "%s", dir);
+                    }
+                    if (f) fclose(f);
+                }
+                S->last_applied = (int64_t)ck - 1;
+                uint64_t keep = ck - S->o->start_step;
+                if (S->n_losses > keep) S->n_losses = keep;
+                S->opt_recoveries++;
+                S->t_opt_died = clock_mono_s();
+                log_warn("the optimizer died: restarting it from %s (step %llu); the loader and the "
+                         "drafters restart with it", S->resume_ckpt[0] ? S->resume_ckpt : "its initial state",
+                         (unsigned long long)ck);
+                for (int k = 0; k < S->n; k++) {
+                    sstage_t *y = &S->st[k];
+                    if (y == x || !y->active || y->retiring) continue;
+                    if (y->spec->stage_id != PIPE_ID_LOADER && !is_drafter(y)) continue;
+                    if (!y->exited && y->pid > 0) { y->planned = 1; kill(y->pid, SIGKILL); }
+                    else if (y->restart_at > 0) y->restart_at = clock_mono_s();
+                }
             }
             if (x->restarts >= S->o->max_restarts) {
                 log_error("%s failed %d times: giving up (see %s/logs/%s.log)", x->spec->name,
@@ -379,7 +521,8 @@ static void reap(sup_t *S) {
                 begin_stop(S, "a stage keeps failing");
                 break;
             }
-            double backoff = 0.5 * (double)(1 << (x->restarts < 5 ? x->restarts : 5));
+            double backoff = 0.5 * (double)(1 << (x->fails < 5 ? x->fails : 5));
+            x->fails++;
             x->restarts++;
             S->sum->restarts++;
             x->restart_at = clock_mono_s() + backoff;
@@ -395,6 +538,184 @@ static void reap(sup_t *S) {
             write_run_json(S);
             break;
         }
+    }
+}
+
+/* ---- live rebalance (see supervisor.h and docs/ARCHITECTURE.md) ---- */
+
+static void rb_write_result(sup_t *S) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "id", S->rb.id);
+    cJSON_AddStringToObject(j, "status", S->rb.status);
+    cJSON_AddStringToObject(j, "message", S->rb.message);
+    cJSON_AddNumberToObject(j, "seconds", S->rb.seconds);
+    cJSON_AddNumberToObject(j, "targets", S->nt);
+    cJSON_AddNumberToObject(j, "drafters", S->nd);
+    char *txt = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    if (!txt) return;
+    char p[4200], tmp[4300];
+    snprintf(p, sizeof p, "%s/" SUP_REBALANCE_RESULT, S->o->out_dir);
+    snprintf(tmp, sizeof tmp, "%s.tmp", p);
+    FILE *f = fopen(tmp, "w");
+    if (f) {
+        fprintf(f, "%s\n", txt);
+        if (fclose(f) == 0) rename(tmp, p);
+    }
+    free(txt);
+    write_run_json(S);
+}
+
+/* The stage slot of target/drafter idx: an existing one, or a new one whose spec is
+ * target0's/drafter0's with --index (and a target's --drafter) replaced. */
+static sstage_t *rb_slot(sup_t *S, int target, int idx) {
+    uint32_t id = (target ? PIPE_ID_TARGET0 : PIPE_ID_DRAFTER0) + (uint32_t)idx;
+    sstage_t *x = by_id(S, id);
+    if (x) return x;
+    sstage_t *tpl = by_id(S, target ? PIPE_ID_TARGET0 : PIPE_ID_DRAFTER0);
+    if (!tpl || S->n >= SUP_MAX_STAGES || S->nx >= SUP_MAX_STAGES) return NULL;
+    sup_stage_spec_t *sp = &S->xspec[S->nx++];
+    *sp = *tpl->spec;
+    snprintf(sp->name, sizeof sp->name, "%s%d", target ? "target" : "drafter", idx);
+    sp->stage_id = id;
+    for (int a = 0; a + 1 < sp->argc; a++) {
+        char v[16];
+        if (!strcmp(sp->argv[a], "--index")) snprintf(v, sizeof v, "%d", idx);
+        else if (!strcmp(sp->argv[a], "--drafter")) snprintf(v, sizeof v, "%d", route_of(S, id));
+        else continue;
+        char *d = strdup(v);   /* lives as long as the run (a few bytes per added stage) */
+        if (d) sp->argv[a + 1] = d;
+    }
+    x = &S->st[S->n++];
+    memset(x, 0, sizeof *x);
+    x->spec = sp;
+    x->exited = 1;
+    x->pid = -1;
+    return x;
+}
+
+static void rb_reject(sup_t *S, const char *id, const char *msg) {
+    snprintf(S->rb.id, sizeof S->rb.id, "%s", id);
+    snprintf(S->rb.status, sizeof S->rb.status, "rejected");
+    snprintf(S->rb.message, sizeof S->rb.message, "%s", msg);
+    S->rb.seconds = 0;
+    log_warn("rebalance %s rejected: %s", id, msg);
+    rb_write_result(S);
+}
+
+static void rb_poll(sup_t *S) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/" SUP_REBALANCE_REQUEST, S->o->out_dir);
+    FILE *f = fopen(p, "rb");
+    if (!f) return;
+    char buf[4096];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    unlink(p);
+    buf[n] = 0;
+    cJSON *j = cJSON_Parse(buf);
+    const cJSON *jid = j ? cJSON_GetObjectItemCaseSensitive(j, "id") : NULL;
+    const cJSON *jt = j ? cJSON_GetObjectItemCaseSensitive(j, "targets") : NULL;
+    const cJSON *jd = j ? cJSON_GetObjectItemCaseSensitive(j, "drafters") : NULL;
+    const cJSON *jtg = j ? cJSON_GetObjectItemCaseSensitive(j, "target_gpus") : NULL;
+    const cJSON *jdg = j ? cJSON_GetObjectItemCaseSensitive(j, "drafter_gpus") : NULL;
+    char id[64];
+    snprintf(id, sizeof id, "%s", cJSON_IsString(jid) ? jid->valuestring : "?");
+    char msg[256];
+    int N = cJSON_IsNumber(jt) ? jt->valueint : -1, M = cJSON_IsNumber(jd) ? jd->valueint : -1;
+    if (!j) rb_reject(S, id, "malformed request");
+    else if (S->stopping) rb_reject(S, id, "the run is stopping");
+    else if (S->rb.running) rb_reject(S, id, "a rebalance is already running");
+    else if ((cJSON_IsString(jtg) && jtg->valuestring[0]) || (cJSON_IsString(jdg) && jdg->valuestring[0]))
+        rb_reject(S, id, "--target-gpus/--drafter-gpus: this run is in CPU mode (use --targets/--drafters)");
+    else if (N < 1 || N > PIPE_MAX_TARGETS || M < 1 || M > PIPE_MAX_DRAFTERS)
+        rb_reject(S, id, "targets and drafters must be 1..64");
+    else if (S->o->lookahead > 0 && S->o->inbox_slots - (N + M - 1) / M < S->o->lookahead) {
+        snprintf(msg, sizeof msg, "%d targets per drafter leave less than the loader's lookahead (%d) of a "
+                 "drafter's %d inbox slots: the pipeline could deadlock (start the run with a larger --inbox-gb)",
+                 (N + M - 1) / M, S->o->lookahead, S->o->inbox_slots);
+        rb_reject(S, id, msg);
+    } else if (N == S->nt && M == S->nd) {
+        snprintf(S->rb.id, sizeof S->rb.id, "%s", id);
+        snprintf(S->rb.status, sizeof S->rb.status, "done");
+        snprintf(S->rb.message, sizeof S->rb.message, "already %d target(s), %d drafter(s)", N, M);
+        S->rb.seconds = 0;
+        rb_write_result(S);
+    } else {
+        snprintf(S->rb.id, sizeof S->rb.id, "%s", id);
+        S->rb.running = 1;
+        S->rb.t0 = clock_mono_s();
+        S->rb.from_t = S->nt; S->rb.from_d = S->nd; S->rb.to_t = N; S->rb.to_d = M;
+        snprintf(S->rb.status, sizeof S->rb.status, "running");
+        snprintf(S->rb.message, sizeof S->rb.message, "%d+%d -> %d+%d", S->nt, S->nd, N, M);
+        log_info("rebalance %s: %d target(s) + %d drafter(s) -> %d + %d", id, S->nt, S->nd, N, M);
+        S->nt = N;
+        S->nd = M;
+        int ok = 1;
+        for (int i = 0; i < PIPE_MAX_TARGETS && ok; i++) {
+            sstage_t *x = by_id(S, PIPE_ID_TARGET0 + (uint32_t)i);
+            if (i >= N && x && x->active && !x->retiring) {
+                x->retiring = 1;    /* the loader re-issues what it held when it is gone */
+                if (!x->exited && x->pid > 0) kill(x->pid, SIGTERM);
+                else x->active = 0, x->retiring = 0, x->restart_at = 0;
+            }
+        }
+        for (int i = 0; i < PIPE_MAX_DRAFTERS; i++) {
+            sstage_t *x = by_id(S, PIPE_ID_DRAFTER0 + (uint32_t)i);
+            if (i >= M && x && x->active && !x->retiring) {
+                x->retiring = 1;    /* drains, then SIGTERM (rb_tick) */
+                x->retire_t0 = clock_mono_s();
+                x->retire_after = S->last_applied;
+                if (x->exited) x->active = 0, x->retiring = 0, x->restart_at = 0;
+            }
+        }
+        for (int i = 0; i < M && ok; i++) {
+            sstage_t *x = rb_slot(S, 0, i);
+            if (!x) ok = 0;
+            else if (!x->active) spawn(S, x);
+        }
+        for (int i = 0; i < S->n; i++)   /* re-route the targets that stay */
+            if (is_target(&S->st[i]) && S->st[i].active && !S->st[i].retiring) push_route(S, &S->st[i]);
+        for (int i = 0; i < N && ok; i++) {
+            sstage_t *x = rb_slot(S, 1, i);
+            if (!x) ok = 0;
+            else if (!x->active) spawn(S, x);
+        }
+        if (!ok) log_error("rebalance %s: no room for more stages", id);
+        rb_write_result(S);
+    }
+    cJSON_Delete(j);
+}
+
+static void rb_tick(sup_t *S) {
+    if (!S->rb.running) return;
+    double now = clock_mono_s();
+    int pending = 0;
+    for (int i = 0; i < S->n; i++) {
+        sstage_t *x = &S->st[i];
+        if (x->retiring) {
+            pending++;
+            /* a retiring drafter is fed no more (targets re-routed); it stops once a
+             * step was applied after the re-route and its inbox is empty, or after 15 s
+             * (what it still held is re-issued by the loader) */
+            if (is_drafter(x) && x->retire_t0 > 0 && !x->exited && x->pid > 0 &&
+                ((S->last_applied > x->retire_after && x->inbox_bytes == 0) || now - x->retire_t0 > 15)) {
+                log_info("%s drained: stopping it", x->spec->name);
+                kill(x->pid, SIGTERM);
+                x->retire_t0 = -1;
+            }
+        } else if (x->active && (x->exited || !x->helloed)) {
+            pending++;
+        }
+    }
+    if (!pending) {
+        S->rb.running = 0;
+        S->rb.seconds = now - S->rb.t0;
+        snprintf(S->rb.status, sizeof S->rb.status, "done");
+        snprintf(S->rb.message, sizeof S->rb.message, "%d+%d -> %d+%d in %.2f s", S->rb.from_t, S->rb.from_d,
+                 S->rb.to_t, S->rb.to_d, S->rb.seconds);
+        log_info("rebalance %s done: %s", S->rb.id, S->rb.message);
+        rb_write_result(S);
     }
 }
 
@@ -418,7 +739,7 @@ static void on_tick(uv_timer_t *t) {
     reap(S);
     for (int i = 0; i < S->n; i++) {
         sstage_t *x = &S->st[i];
-        if (x->exited && x->restart_at > 0 && now >= x->restart_at && !S->stopping) spawn(S, x);
+        if (x->exited && x->restart_at > 0 && now >= x->restart_at && !S->stopping && x->active) spawn(S, x);
     }
     if (S->stopping) {
         int alive = 0;
@@ -430,6 +751,7 @@ static void on_tick(uv_timer_t *t) {
             uv_close((uv_handle_t *)&S->sig_term, NULL);
             uv_close((uv_handle_t *)&S->sig_chld, NULL);
             bus_close(S->bus, NULL, NULL);
+            if (S->pub) bus_close(S->pub, NULL, NULL);
             return;
         }
         if (now - S->t_stop > 60) {
@@ -438,6 +760,8 @@ static void on_tick(uv_timer_t *t) {
         }
         return;
     }
+    rb_poll(S);
+    rb_tick(S);
     if (now - S->last_progress_print >= S->o->progress_every_s) {
         S->last_progress_print = now;
         print_progress(S);
@@ -468,6 +792,25 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     if (!S.bus) return DL_EIO;
     DL_TRY(bus_bind(S.bus, ep));
     bus_on_message(S.bus, on_msg, &S);
+    S.nt = o->n_targets;
+    S.nd = o->n_drafters;
+    S.mon = mon_run_new();
+    /* the metrics relay: every stage's METRICS payload on one PUB (topic = stage name) */
+    if (bus_endpoint(o->sock_dir, "metrics", ep, sizeof ep) == 0) {
+        bus_opts_t po = {0};
+        po.kind = BUS_PUB;
+        po.name = "metrics";
+        S.pub = bus_new(&S.loop, &po);
+        if (S.pub && bus_bind(S.pub, ep) < 0) { log_warn("metrics relay %s: %s", ep, dl_errmsg()); bus_destroy(&S.pub); }
+    }
+    if (o->metrics_port >= 0 && S.mon) {
+        S.prom = prom_server_new(&S.loop, o->metrics_port, mon_prom_render_run, S.mon);
+        if (!S.prom) log_warn("--metrics-port %d: %s (no Prometheus endpoint)", o->metrics_port, dl_errmsg());
+        else {
+            S.prom_port = prom_server_port(S.prom);
+            log_info("Prometheus metrics on http://0.0.0.0:%d/metrics", S.prom_port);
+        }
+    }
     /* SIGCHLD, SIGINT, SIGTERM through the loop */
     uv_signal_init(&S.loop, &S.sig_int); S.sig_int.data = &S;
     uv_signal_init(&S.loop, &S.sig_term); S.sig_term.data = &S;
@@ -485,7 +828,10 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     uv_timer_start(&S.tick, on_tick, 200, 200);
     uv_run(&S.loop, UV_RUN_DEFAULT);
     bus_destroy(&S.bus);
+    bus_destroy(&S.pub);
+    prom_server_destroy(&S.prom);
     uv_run(&S.loop, UV_RUN_DEFAULT);
+    mon_run_destroy(&S.mon);
     S.done = 1;
     write_run_json(&S);
     uv_loop_close(&S.loop);

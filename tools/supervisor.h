@@ -34,6 +34,9 @@ typedef struct {
     int threads_per_stage;      /* OMP/OpenBLAS threads given to each compute stage */
     int max_restarts;           /* per stage, then the run fails */
     double progress_every_s;
+    int metrics_port;           /* Prometheus text format on 0.0.0.0:port (0: ephemeral; -1: off) */
+    int inbox_slots;            /* full micro-batch slots per drafter inbox (rebalance check) */
+    int lookahead;              /* the loader's --lookahead-mbs (rebalance check) */
     sup_stage_spec_t stages[SUP_MAX_STAGES];
     int n_stages;
 } sup_opts_t;
@@ -49,6 +52,14 @@ typedef struct {
     int failed;
     char checkpoint[4200];
 } sup_summary_t;
+
+/* Live rebalance (CPU mode): `draftline rebalance` writes <out>/rebalance.request
+ * (JSON {"id", "targets", "drafters"[, "target_gpus", "drafter_gpus"]}, by rename);
+ * the supervisor picks it up within 0.2 s, answers in <out>/rebalance.result (JSON
+ * {"id", "status": "running"|"done"|"rejected", "message", "seconds"}) and keeps
+ * run.json current. See docs/ARCHITECTURE.md (pipeline, rebalance). */
+#define SUP_REBALANCE_REQUEST "rebalance.request"
+#define SUP_REBALANCE_RESULT "rebalance.result"
 
 /* Runs the pipeline to the end. Returns 0 (finished or cleanly interrupted) or a
  * negative dl_err (a stage failed beyond max_restarts, sockets). */
