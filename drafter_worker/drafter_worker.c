@@ -146,6 +146,7 @@ typedef struct {
     int nevc;
     uint64_t event_opens;
     void *staging;             /* device: features of a host-tier item */
+    uint32_t max_blocks;       /* drafter blocks per micro-batch: token budget (CPU), <= 4096 (GPU) */
 } dw_t;
 
 static void try_compute(dw_t *W);
@@ -282,8 +283,17 @@ static void work_cb(uv_work_t *req) {
 #endif
     rng_t r;
     rng_seed(&r, rng_mix(W->seed, it->mb, 0xA17C));
-    int nb = drafter_sample_anchors(W->cu, (int)it->n_seqs, mask, W->dcfg.B, (int)W->anchors, &r,
-                                    W->anchor_buf, (int)W->token_budget);
+    /* at most max_blocks blocks (GPU: activation memory); over it, fewer anchors per
+     * sequence (halved until it fits; CPU runs never hit this: max_blocks = budget) */
+    int per = (int)W->anchors;
+    int nb = drafter_sample_anchors(W->cu, (int)it->n_seqs, mask, W->dcfg.B, per, &r, W->anchor_buf,
+                                    (int)W->max_blocks);
+    while (nb == DL_ERANGE && per > 1) {
+        per /= 2;
+        rng_seed(&r, rng_mix(W->seed, it->mb, 0xA17C));
+        nb = drafter_sample_anchors(W->cu, (int)it->n_seqs, mask, W->dcfg.B, per, &r, W->anchor_buf,
+                                    (int)W->max_blocks);
+    }
     if (nb < 0) { W->cur_rc = nb; return; }
     drafter_batch_t b = {0};
     b.T = (int)it->T;
@@ -663,6 +673,7 @@ static void on_metrics(stage_t *st, proto_metrics_t *m, void *arg) {
     for (int k = 0; k < DW_MAX_SLOTS; k++) ready += W->items[k].used;
     stage_metric(m, "tokens_per_s", W->rate);
     stage_metric(m, "computed", (double)W->computed);
+    stage_metric(m, "tokens", (double)W->tokens);
     stage_metric(m, "dropped", (double)W->dropped);
     stage_metric(m, "ready", ready);
     stage_metric(m, "weights_version", (double)W->version);
@@ -787,8 +798,11 @@ int main(int argc, char **argv) {
     double t0 = clock_mono_s();
     rc = target_load(model, &W.ops, &to, &W.tgt);
     if (rc < 0) return log_rc(rc, "load target embedding / LM head"), 1;
+    /* GPU: activations are sized by blocks x block size; 4096 blocks is the
+     * reference workload's (8 sequences x 512 anchors) */
+    W.max_blocks = W.gpu >= 0 && W.token_budget > 4096 ? 4096 : W.token_budget;
     rc = drafter_new(&W.ops, &W.dcfg, target_embed(W.tgt), target_lm_head(W.tgt), (int)W.token_budget,
-                     (int)W.token_budget, W.seed, &W.d);
+                     (int)W.max_blocks, W.seed, &W.d);
     if (rc < 0) return log_rc(rc, "drafter"), 1;
     W.P = drafter_n_params(W.d);
     log_info("target %s loaded for embedding/LM head in %.1f s; drafter %zu parameters",

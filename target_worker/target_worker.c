@@ -470,6 +470,7 @@ static void on_metrics(stage_t *st, proto_metrics_t *m, void *arg) {
     }
     stage_metric(m, "tokens_per_s", T->rate);
     stage_metric(m, "done", (double)T->done);
+    stage_metric(m, "tokens", (double)T->tokens);
     stage_metric(m, "queued", T->qn);
     stage_metric(m, "grants", T->gn);
     stage_metric(m, "route", T->route);

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# GPU pipeline runs of `draftline run` (issue 6), as made on the device machines.
+#
+# usage (repo root on the GPU machine, with the bundle unpacked in bundle/ and a
+# prepared cache at $DATA):  bash scripts/gpu_pipeline.sh small|big
+#   small: random-weight tiny-qwen3 and qwen3-0.6b (draftline mkmodel), 1 GPU
+#          (target and drafter on GPU 0) and, when 2 GPUs are present, 2 GPUs
+#          (target on 0, drafter on 1), then the memory bound: 3 target
+#          processes sharing GPU 0 feeding 1 drafter on GPU 1 (GPU 0 alone on a
+#          1-GPU machine) with a small --inbox-gb + --host-inbox-gb.
+#   big:   a Qwen3-8B-shaped random target with a 5-layer drafter, 2 GPUs then 1.
+# Each run: nvidia-smi sampling (utilization.gpu every 0.5 s) during the run, then
+# scripts/gpu_pipeline_report.py (tokens/s, standalone stage rates, efficiency,
+# waits, handle opens, inbox high water vs the bound, GPU busy %), one JSON line
+# per run in $OUT/report.jsonl; the logs are packed into $OUT/logs.tgz.
+set -u
+cd "$(dirname "$0")/.."
+. bundle/env.sh
+export NCCL_NVLS_ENABLE=0
+OUT=${OUT:-/tmp/gp-out}; W=${W:-/tmp/gp}; DATA=${DATA:-gpucarry/gsm8k.dlc}
+mkdir -p "$OUT" "$W"
+DL=bundle/bin/draftline
+NGPU=$(nvidia-smi -L | wc -l)
+nvidia-smi -L
+FAILED=0
+
+mk() { [ -f "$W/$1/config.json" ] || $DL mkmodel --config "$1" --out "$W/$1" > "$W/mk-$1.log" 2>&1; }
+
+one() {  # label target-gpus drafter-gpus model timeout [run flags...]
+    local label=$1 tg=$2 dg=$3 model=$4 tmo=$5
+    shift 5
+    nvidia-smi --query-gpu=timestamp,index,utilization.gpu --format=csv,noheader,nounits -lms 500 \
+        > "$W/$label.smi" 2>/dev/null &
+    local smi=$!
+    echo "== $label: draftline run --target-model $model --target-gpus $tg --drafter-gpus $dg $*"
+    timeout "$tmo" $DL run --target-model "$W/$model" --data "$DATA" --target-gpus "$tg" \
+        --drafter-gpus "$dg" --out "$W/$label" --progress-every 5 "$@" > "$W/$label.out" 2>&1
+    local rc=$?
+    kill $smi 2>/dev/null; wait $smi 2>/dev/null
+    grep -E "^summary|^checkpoint|GPU mode" "$W/$label.out"
+    python3 scripts/gpu_pipeline_report.py "$W/$label" "$W/$label.smi" "$label" | tee -a "$OUT/report.jsonl"
+    local rrc=${PIPESTATUS[0]}
+    if [ $rc != 0 ] || [ $rrc != 0 ]; then
+        FAILED=1
+        echo "!! $label: run rc=$rc report rc=$rrc"
+        tail -n 15 "$W/$label.out"
+        for f in "$W/$label"/logs/*.log; do echo "--- $f"; grep -E "ERROR|error|WARN" "$f" | head -5; tail -n 3 "$f"; done
+    fi
+    return $rc
+}
+
+pack() { (cd "$W" && tar czf "$OUT/logs.tgz" --exclude='*.safetensors' --exclude='*.bin' --exclude='data.dlc' \
+          ./*.out ./*.smi ./*/logs ./*/metrics.jsonl ./*/steps.jsonl 2>/dev/null); }
+trap pack EXIT
+
+case "${1:-small}" in
+small)
+    mk tiny-qwen3; mk qwen3-0.6b
+    one tiny_1gpu 0 0 tiny-qwen3 60 --token-budget 4096 --block-size 16 --num-anchors 16 \
+        --micro-batches-per-step 2 --max-steps 20 --inbox-gb 0.25 || exit 1
+    [ "$NGPU" -ge 2 ] && { one tiny_2gpu 0 1 tiny-qwen3 60 --token-budget 4096 --block-size 16 \
+        --num-anchors 16 --micro-batches-per-step 2 --max-steps 20 --inbox-gb 0.25 || exit 1; }
+    Q="--token-budget 16384 --block-size 16 --num-anchors 32 --drafter-layers 1 --micro-batches-per-step 4"
+    one q06_1gpu 0 0 qwen3-0.6b 90 $Q --max-steps 30 --inbox-gb 2
+    [ "$NGPU" -ge 2 ] && one q06_2gpu 0 1 qwen3-0.6b 90 $Q --max-steps 30 --inbox-gb 2
+    D=0; [ "$NGPU" -ge 2 ] && D=1
+    # memory bound: 3 targets -> 1 drafter; 2 GPU slots (0.07 GiB) + 1 host slot (0.04 GiB) of 32 MiB
+    one q06_bound 0,0,0 $D qwen3-0.6b 90 $Q --max-steps 15 --inbox-gb 0.07 --host-inbox-gb 0.04
+    ;;
+big)
+    mk qwen3-8b
+    B="--token-budget 32768 --block-size 16 --num-anchors 64 --drafter-layers 5 --micro-batches-per-step 2 --threads 8"
+    [ "$NGPU" -ge 2 ] && one q8b_2gpu 0 1 qwen3-8b 200 $B --max-steps 8 --inbox-gb 6
+    one q8b_1gpu 0 0 qwen3-8b 200 $B --max-steps 8 --inbox-gb 6
+    ;;
+esac
+echo "FAILED=$FAILED"

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Summarises one `draftline run` on GPUs (scripts/gpu_pipeline.sh).
+
+usage: gpu_pipeline_report.py RUN_DIR SMI_CSV LABEL [--inbox-cap-bytes N]
+
+Reads RUN_DIR/metrics.jsonl (one line per stage per second, cumulative phase
+times), RUN_DIR/steps.jsonl and SMI_CSV (nvidia-smi --query-gpu=timestamp,index,
+utilization.gpu -lms 500) and prints one JSON object:
+  tokens_per_s_e2e   target tokens of applied steps / wall time between the first
+                     and the last applied step (steady state: from step 2 on)
+  target_standalone  sum over target processes of tokens / forward_s (compute only)
+  drafter_standalone sum over drafters of tokens / backward_s (fwd+bwd only)
+  efficiency         e2e / min(standalone rates)
+  waits              per stage: wait_input_s, wait_credit_s, copy_s, forward_s,
+                     backward_s, step_s and uptime_s at the end
+  handle_opens       per stage: the count at the end, and the count when the stage
+                     had done 4 micro-batches (warm-up): equal = no open after warm-up
+  inbox              drafter high water vs --inbox-gb + --host-inbox-gb (bytes)
+  gpu_busy           mean utilization.gpu per GPU over the steady window
+Exits 1 when the inbox bound or the handle-open check fails.
+"""
+import json
+import sys
+from datetime import datetime
+
+
+def main():
+    run, smi, label = sys.argv[1], sys.argv[2], sys.argv[3]
+    recs = [json.loads(l) for l in open(f"{run}/metrics.jsonl") if l.strip()]
+    steps = [json.loads(l) for l in open(f"{run}/steps.jsonl") if l.strip()]
+    last, warm = {}, {}
+    nt = len({r.get("stage") for r in recs if str(r.get("stage")).startswith("target")})
+    for r in recs:
+        s = r.get("stage")
+        last[s] = r
+        # warm-up: a target has used each of its 4 events once; a drafter has seen
+        # 4 micro-batches of every target (+4)
+        done = r.get("done", r.get("computed", 0)) or 0
+        need = 4 * nt + 4 if str(s).startswith("drafter") else 4
+        if done >= need and s not in warm:
+            warm[s] = r
+    out = {"label": label, "steps": len(steps)}
+    # e2e tokens/s over applied steps (wall clock of the optimizer's step records)
+    # steps.jsonl: tokens is cumulative, t seconds since the first step's start
+    ok = True
+    if len(steps) >= 4:
+        s0, s1 = steps[1], steps[-1]
+        out["tokens_per_s_e2e"] = round((s1["tokens"] - s0["tokens"]) / (s1["t"] - s0["t"]), 1)
+        out["steady_window_s"] = round(s1["t"] - s0["t"], 2)
+        out["loss_first_last"] = [steps[0]["loss"], steps[-1]["loss"]]
+    tgt = drf = 0.0
+    waits, opens = {}, {}
+    for s, r in sorted(last.items()):
+        if s is None:
+            continue
+        waits[s] = {k: round(r[k], 2) for k in ("wait_input_s", "wait_credit_s", "copy_s", "forward_s",
+                                               "backward_s", "step_s", "uptime_s") if k in r}
+        o = {k: r[k] for k in ("handle_opens", "event_opens") if k in r}
+        if s in warm:
+            o["at_warmup"] = {k: warm[s][k] for k in ("handle_opens", "event_opens") if k in warm[s]}
+            for k in o["at_warmup"]:
+                if o["at_warmup"][k] != r.get(k):
+                    ok = False
+                    o["OPENED_AFTER_WARMUP"] = True
+        opens[s] = o
+        if s.startswith("target") and r.get("forward_s"):
+            # tokens of this target: tokens_per_s is a rate; done * mean tokens unknown,
+            # so use the drafter's count below when absent
+            if "tokens" in r:
+                tgt += r["tokens"] / r["forward_s"]
+        if s.startswith("drafter") and r.get("backward_s") and "tokens" in r:
+            drf += r["tokens"] / r["backward_s"]
+        if s.startswith("drafter"):
+            cap = (r.get("inbox_gpu_cap", 0) or 0) + (r.get("inbox_host_cap", 0) or 0)
+            out.setdefault("inbox", {})[s] = {"high_water": r.get("inbox_high_water"),
+                                              "gpu_cap": r.get("inbox_gpu_cap"),
+                                              "host_cap": r.get("inbox_host_cap"),
+                                              "slabs_bytes": r.get("inbox_slabs_bytes")}
+            if r.get("inbox_high_water", 0) > cap or (r.get("inbox_slabs_bytes") or 0) > cap:
+                ok = False
+                out["inbox"][s]["BOUND_VIOLATED"] = True
+    out["target_standalone"] = round(tgt, 1) if tgt else None
+    out["drafter_standalone"] = round(drf, 1) if drf else None
+    if tgt and drf and "tokens_per_s_e2e" in out:
+        out["efficiency"] = round(out["tokens_per_s_e2e"] / min(tgt, drf), 3)
+    out["waits"] = waits
+    out["opens"] = opens
+    # GPU busy over the steady window (second applied step .. last)
+    busy = {}
+    try:
+        # wall-clock window: optimizer metrics from its first counted tokens to the end
+        opt = [r for r in recs if r.get("stage") == "optimizer" and (r.get("tokens") or 0) > 0]
+        t0, t1 = (opt[0]["ts"], opt[-1]["ts"]) if len(opt) >= 2 else (None, None)
+        for line in open(smi):
+            p = [x.strip() for x in line.split(",")]
+            if len(p) < 3:
+                continue
+            try:
+                t = datetime.strptime(p[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+                g, u = int(p[1]), float(p[2])
+            except ValueError:
+                continue
+            if t0 is not None and not (t0 <= t <= t1):
+                continue
+            busy.setdefault(g, []).append(u)
+    except OSError:
+        pass
+    out["gpu_busy_pct"] = {g: round(sum(v) / len(v), 1) for g, v in busy.items() if v}
+    out["checks_ok"] = ok
+    print(json.dumps(out))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
