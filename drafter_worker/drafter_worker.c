@@ -170,6 +170,7 @@ static void export_slab(dw_t *W, bus_t *bus, const char *peer, const slab_t *s, 
     snprintf(m.slab_export.gpu_uuid, sizeof m.slab_export.gpu_uuid, "%s", h->gpu_uuid);
     if (h->kind == SLAB_CUDA) {
         m.slab_export.tier = PROTO_TIER_GPU;
+        m.slab_export.shm_name[0] = 0;   /* the wire form: a handle or a name, not both */
         memcpy(m.slab_export.handle, h->ipc, SLAB_IPC_BYTES);
         m.slab_export.handle_len = SLAB_IPC_BYTES;
     }

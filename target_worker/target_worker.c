@@ -339,7 +339,13 @@ static void on_drafter_msg(bus_t *bus, const char *peer, const void *data, size_
         h->bytes = e->bytes;
         snprintf(h->name, sizeof h->name, "%s", e->shm_name);
         snprintf(h->gpu_uuid, sizeof h->gpu_uuid, "%s", e->gpu_uuid);
-        if (e->handle_len == SLAB_IPC_BYTES) memcpy(h->ipc, e->handle, SLAB_IPC_BYTES);
+        if (e->handle_len == SLAB_IPC_BYTES) {
+            memcpy(h->ipc, e->handle, SLAB_IPC_BYTES);
+            /* a CUDA slab has no shm name on the wire: the cache key is made from
+             * (owner, incarnation, slab id) */
+            snprintf(h->name, sizeof h->name, "/dl-ipc-%u-%llu-%u", e->owner_id,
+                     (unsigned long long)e->incarnation, e->slab_id);
+        }
         if (h->kind == SLAB_CUDA && T->gpu < 0) {
             log_error("drafter %u exports GPU memory but this target runs on CPU (start it with --gpu)", e->owner_id);
             break;
