@@ -70,8 +70,11 @@ small)
 big)
     mk qwen3-8b
     B="--token-budget 32768 --block-size 16 --num-anchors 64 --drafter-layers 5 --micro-batches-per-step 2 --threads 8"
-    [ "$NGPU" -ge 2 ] && one q8b_2gpu 0 1 qwen3-8b 200 $B --max-steps 8 --inbox-gb 6
-    one q8b_1gpu 0 0 qwen3-8b 200 $B --max-steps 8 --inbox-gb 6
+    # BIG_RUNS: which of 2gpu / 1gpu to make (default both; a 1-GPU machine skips 2gpu)
+    for r in ${BIG_RUNS:-2gpu 1gpu}; do
+        if [ $r = 2gpu ] && [ "$NGPU" -ge 2 ]; then one q8b_2gpu 0 1 qwen3-8b ${BIG_TIMEOUT:-200} $B --max-steps 6 --inbox-gb 6; fi
+        if [ $r = 1gpu ]; then one q8b_1gpu 0 0 qwen3-8b ${BIG_TIMEOUT:-200} $B --max-steps 6 --inbox-gb 6; fi
+    done
     ;;
 esac
 echo "FAILED=$FAILED"
