@@ -464,6 +464,10 @@ int main(int argc, char **argv) {
     stage_on_control(&L.st, on_control, &L);
     stage_on_stop(&L.st, on_stop, &L);
     L.t_last_rate = L.t_applied = clock_mono_s();
+    /* a restarted loader joins a running pipeline (models loaded): its stall watchdog
+     * is armed at once (work its predecessor's targets wrote into a restarted drafter
+     * is lost without a report, and no step would ever be applied to arm it) */
+    if (inc > 1) L.step_ema = LOADER_STALL_MIN_S / 5;
     bus_timer_start(L.srv, 500, 500, on_watchdog, &L, &L.watchdog);
     L.st.state = PROTO_STATE_IDLE;
     log_info("serving %s: %llu micro-batches in total, issuing %llu..%llu, %llu per step, lookahead %llu",

@@ -410,9 +410,17 @@ static void on_control(stage_t *st, const proto_control_t *c, void *arg) {
     if (c->op != PROTO_CTL_MEMBERSHIP) return;
     for (uint32_t j = 0; j < c->n_ints; j++)
         for (int i = 0; i < O->npeers; i++)
-            if (O->peers[i].drafter_id == (uint32_t)c->ints[j] && O->peers[i].alive) {
+            if (O->peers[i].drafter_id == (uint32_t)c->ints[j]) {
                 O->peers[i].alive = 0;
-                log_info("%s left the membership", O->peers[i].peer);
+                /* its gradient slab stays mapped while a pending contribution points
+                 * into it; else the mapping is closed now */
+                int used = 0;
+                for (uint64_t k = 0; k < O->K; k++) used |= O->c[k].present && O->c[k].peer == i;
+                if (!used && O->peers[i].have_grad) {
+                    hcache_drop_owner(O->hc, O->peers[i].drafter_id);
+                    O->peers[i].have_grad = 0;
+                }
+                log_info("%s left the membership%s", O->peers[i].peer, used ? "" : " (mapping closed)");
             }
 }
 

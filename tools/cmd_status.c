@@ -74,6 +74,18 @@ int cmd_status(int argc, char **argv) {
                    cJSON_GetArrayItem(r, 1)->valueint - 100);
     }
     printf("\n");
+    {
+        const cJSON *rb = cJSON_GetObjectItemCaseSensitive(run, "rebalance");
+        const cJSON *rs = cJSON_GetObjectItemCaseSensitive(rb, "status");
+        const cJSON *rm = cJSON_GetObjectItemCaseSensitive(rb, "message");
+        if (cJSON_IsString(rs))
+            printf("last rebalance: %s (%s)\n", rs->valuestring, cJSON_IsString(rm) ? rm->valuestring : "");
+        double rec = num(run, "optimizer_recoveries"), port = num(run, "metrics_port");
+        const cJSON *ep = cJSON_GetObjectItemCaseSensitive(run, "metrics_endpoint");
+        if (rec > 0) printf("optimizer restarts from its last checkpoint: %g\n", rec);
+        if (port > 0) printf("Prometheus: http://localhost:%g/metrics\n", port);
+        if (cJSON_IsString(ep) && ep->valuestring[0]) printf("metrics relay (PUB): %s\n", ep->valuestring);
+    }
     /* latest metrics per stage */
     snprintf(p, sizeof p, "%s/metrics.jsonl", dir);
     char *m = read_all(p, STATUS_TAIL_BYTES);

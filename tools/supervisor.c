@@ -372,6 +372,14 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
              m.hello.stage_id == PIPE_ID_LOADER) && m.hello.incarnation > 1)
             for (int i = 0; i < S->n; i++)
                 if (S->st[i].spec->stage_id >= PIPE_ID_TARGET0) push_route(S, &S->st[i]);
+        /* a restarted drafter: whatever targets wrote into its predecessor's slots
+         * since the death was reported is lost too: the loader re-issues every
+         * unapplied micro-batch once more (the ledger drops duplicates) */
+        if (is_drafter(x) && m.hello.incarnation > 1) {
+            int64_t id = x->spec->stage_id;
+            sstage_t *L = by_id(S, PIPE_ID_LOADER);
+            if (L) send_ctl(S, L, PROTO_CTL_MEMBERSHIP, &id, 1);
+        }
         if (S->stopping && x->pid > 0) kill(x->pid, SIGTERM);
         break;
     }
