@@ -196,6 +196,51 @@ static int run_child(void *arg, int report_fd) {
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <zmq.h>
+
+#include "proto/codec.h"
+
+/* Subscribes to the run's metrics relay (run.json metrics_endpoint) and returns how
+ * many METRICS messages (decoded, topic = the stage's name) arrived in `seconds`;
+ * *saw_drafter0 is set when one came from drafter0. */
+static int relay_count(const char *endpoint, double seconds, int *saw_drafter0) {
+    void *ctx = zmq_ctx_new();
+    void *sub = zmq_socket(ctx, ZMQ_SUB);
+    int to = 200, n = 0, linger = 0;
+    zmq_setsockopt(sub, ZMQ_RCVTIMEO, &to, sizeof to);
+    zmq_setsockopt(sub, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0);
+    if (zmq_connect(sub, endpoint) != 0) { zmq_close(sub); zmq_ctx_term(ctx); return -1; }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double t0 = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9, t = t0;
+    while (t - t0 < seconds) {
+        zmq_msg_t f[3];
+        int nf = 0, more = 1;
+        while (more && nf < 3) {
+            zmq_msg_init(&f[nf]);
+            if (zmq_msg_recv(&f[nf], sub, 0) < 0) { zmq_msg_close(&f[nf]); break; }
+            more = zmq_msg_more(&f[nf]);
+            nf++;
+        }
+        if (nf == 3) {
+            proto_msg_t m;
+            if (proto_decode(zmq_msg_data(&f[2]), zmq_msg_size(&f[2]), &m) == 0) {
+                if (m.type == PROTO_METRICS) {
+                    n++;
+                    if (zmq_msg_size(&f[0]) == 8 && !memcmp(zmq_msg_data(&f[0]), "drafter0", 8)) *saw_drafter0 = 1;
+                }
+                proto_msg_free(&m);
+            }
+        }
+        for (int i = 0; i < nf; i++) zmq_msg_close(&f[i]);
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        t = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    }
+    zmq_close(sub);
+    zmq_ctx_term(ctx);
+    return n;
+}
 
 static int count_lines(const char *path) {
     FILE *f = fopen(path, "r");
@@ -440,9 +485,9 @@ static void test_chaos(void **state) {
         if (pid <= 0 || kill(pid, SIGKILL) != 0) { usleep(50000); continue; }
         kills++;
         opt_kills += !strcmp(v, "optimizer");
-        /* the next kill once the pipeline moved again (or 0.3-1.3 s later) */
+        /* the next kill once the pipeline moved again and 0.1-0.5 s passed (at most 6 s) */
         int at = steps_done(out);
-        double t1 = now_s(), wait = 0.3 + (double)(rng_u64(&r) % 1000) / 1000.0;
+        double t1 = now_s(), wait = 0.1 + (double)(rng_u64(&r) % 400) / 1000.0;
         while (now_s() - t1 < 6 && (steps_done(out) <= at || now_s() - t1 < wait)) usleep(20000);
     }
     fprintf(stderr, "chaos: %d kills (%d of the optimizer) in %.1f s\n", kills, opt_kills, now_s() - t0);
@@ -516,8 +561,16 @@ static void test_stall_monitor_prometheus(void **state) {
     cJSON *j = cJSON_Parse(txt);
     free(txt);
     int port = (int)cJSON_GetObjectItem(j, "metrics_port")->valuedouble;
+    char endpoint[600];
+    snprintf(endpoint, sizeof endpoint, "%s", cJSON_GetObjectItem(j, "metrics_endpoint")->valuestring);
     cJSON_Delete(j);
     assert_true(port > 0);
+    /* the relay: 5 stages publish once a second */
+    int saw0 = 0;
+    int relayed = relay_count(endpoint, 2.5, &saw0);
+    fprintf(stderr, "metrics relay %s: %d messages in 2.5 s\n", endpoint, relayed);
+    assert_true(relayed >= 5);
+    assert_true(saw0);
     static char body[1 << 20];
     /* every stage's first metrics (published once a second) */
     for (double t1 = now_s(); now_s() - t1 < 10; usleep(200000)) {
