@@ -13,8 +13,8 @@ utilization.gpu -lms 500) and prints one JSON object:
   efficiency         e2e / min(standalone rates)
   waits              per stage: wait_input_s, wait_credit_s, copy_s, forward_s,
                      backward_s, step_s and uptime_s at the end
-  handle_opens       per stage: the count at the end, and the count when the stage
-                     had done 4 micro-batches (warm-up): equal = no open after warm-up
+  opens              per stage: handle/event opens at the end and after warm-up;
+                     the end count must not exceed the peer objects (slabs, events)
   inbox              drafter high water vs --inbox-gb + --host-inbox-gb (bytes)
   gpu_busy           mean utilization.gpu per GPU over the steady window
 Exits 1 when the inbox bound or the handle-open check fails.
@@ -58,10 +58,19 @@ def main():
         o = {k: r[k] for k in ("handle_opens", "event_opens") if k in r}
         if s in warm:
             o["at_warmup"] = {k: warm[s][k] for k in ("handle_opens", "event_opens") if k in warm[s]}
-            for k in o["at_warmup"]:
-                if o["at_warmup"][k] != r.get(k):
-                    ok = False
-                    o["OPENED_AFTER_WARMUP"] = True
+        # at most one open per peer object for the whole run: a target maps its
+        # drafter's tiers (<= 2 slabs), a drafter the optimizer's weights slab (1) and
+        # 4 events per target (the targets' event pools), the optimizer one gradient
+        # slab per drafter
+        nd = len([x for x in last if str(x).startswith("drafter")])
+        lim = {"target": {"handle_opens": 2}, "drafter": {"handle_opens": 1, "event_opens": 4 * nt},
+               "optimizer": {"handle_opens": nd}}
+        for role, ks in lim.items():
+            if str(s).startswith(role):
+                for k, v in ks.items():
+                    if (r.get(k) or 0) > v:
+                        ok = False
+                        o["MORE_OPENS_THAN_PEER_OBJECTS"] = True
         opens[s] = o
         if s.startswith("target") and r.get("forward_s"):
             # tokens of this target: tokens_per_s is a rate; done * mean tokens unknown,
@@ -76,7 +85,9 @@ def main():
                                               "gpu_cap": r.get("inbox_gpu_cap"),
                                               "host_cap": r.get("inbox_host_cap"),
                                               "slabs_bytes": r.get("inbox_slabs_bytes")}
-            if r.get("inbox_high_water", 0) > cap or (r.get("inbox_slabs_bytes") or 0) > cap:
+            # the allocator's caps are the tier slabs rounded down to 256 bytes each;
+            # metrics are printed with 9 significant digits (%.9g)
+            if r.get("inbox_high_water", 0) > cap or (r.get("inbox_slabs_bytes") or 0) > cap * (1 + 1e-8) + 512:
                 ok = False
                 out["inbox"][s]["BOUND_VIOLATED"] = True
     out["target_standalone"] = round(tgt, 1) if tgt else None
