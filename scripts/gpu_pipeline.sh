@@ -67,6 +67,12 @@ small)
     # memory bound: 3 targets -> 1 drafter; 2 GPU slots (0.07 GiB) + 1 host slot (0.04 GiB) of 32 MiB
     one q06_bound 0,0,0 $D qwen3-0.6b 90 $Q --max-steps 15 --inbox-gb 0.07 --host-inbox-gb 0.04
     ;;
+q06)
+    mk qwen3-0.6b
+    Q="--token-budget 16384 --block-size 16 --num-anchors 32 --drafter-layers 1 --micro-batches-per-step 4"
+    one q06_1gpu_t 0 0 qwen3-0.6b 40 $Q --max-steps 30 --inbox-gb 2
+    [ "$NGPU" -ge 2 ] && one q06_2gpu_t 0 1 qwen3-0.6b 40 $Q --max-steps 30 --inbox-gb 2
+    ;;
 big)
     mk qwen3-8b
     B="--token-budget 32768 --block-size 16 --num-anchors 64 --drafter-layers 5 --micro-batches-per-step 2 --threads 8"

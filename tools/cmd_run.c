@@ -502,7 +502,9 @@ int cmd_run(int argc, char **argv) {
     so.n_drafters = o.drafters;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     so.threads_per_stage = o.threads > 0 ? o.threads : (int)(cores / (o.targets + o.drafters) > 0 ? cores / (o.targets + o.drafters) : 1);
-    if (gpu_mode && o.threads == 0) so.threads_per_stage = 2;   /* the GPU does the math */
+    /* GPU mode: the GPUs do the stages' math; the CPU optimizer (AdamW over the fp32
+     * master, memory-bound) is the one stage that wants threads: half the cores */
+    if (gpu_mode && o.threads == 0) so.threads_per_stage = cores / 2 > 2 ? (int)(cores / 2) : 2;
     so.max_restarts = o.max_restarts;
     so.progress_every_s = o.progress_s;
     so.metrics_port = o.metrics_port;
