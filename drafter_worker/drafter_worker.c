@@ -665,6 +665,7 @@ static void on_metrics(stage_t *st, proto_metrics_t *m, void *arg) {
     dw_t *W = arg;
     (void)st;
     double now = clock_mono_s();
+    if (!W->busy && !W->st.stopping) stage_metric_add(m, "wait_input_s", now - W->idle_since);  /* wait in progress */
     if (now - W->t_rate >= 0.5) {
         W->rate = (double)(W->tokens - W->tokens_at) / (now - W->t_rate);
         W->t_rate = now;

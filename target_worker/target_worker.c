@@ -469,6 +469,12 @@ static void on_metrics(stage_t *st, proto_metrics_t *m, void *arg) {
     tw_t *T = arg;
     (void)st;
     double now = clock_mono_s();
+    if (!T->busy && !T->st.stopping) {
+        /* the wait in progress, split as pump() will account it when it ends */
+        double credit = T->blocked_since > 0 ? now - T->blocked_since : 0;
+        stage_metric_add(m, "wait_credit_s", credit);
+        stage_metric_add(m, "wait_input_s", now - T->wait_since - credit);
+    }
     if (now - T->t_rate >= 0.5) {
         T->rate = (double)(T->tokens - T->tokens_at) / (now - T->t_rate);
         T->t_rate = now;

@@ -60,6 +60,11 @@ void stage_metric(proto_metrics_t *m, const char *name, double value) {
     e->value = value;
 }
 
+void stage_metric_add(proto_metrics_t *m, const char *name, double dv) {
+    for (uint32_t i = 0; i < m->n_metrics; i++)
+        if (!strcmp(m->metrics[i].name, name)) { m->metrics[i].value += dv; return; }
+}
+
 void stage_publish_metrics(stage_t *st) {
     if (!st->sup || bus_is_closing(st->sup)) return;
     proto_msg_t m;

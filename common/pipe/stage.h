@@ -91,6 +91,11 @@ int stage_decode(const char *who, const char *peer, const void *data, size_t len
 
 /* Appends (name, value) to m (ignored past DL_PROTO_MAX_METRICS). */
 void stage_metric(proto_metrics_t *m, const char *name, double value);
+/* Adds dv to the value of metric `name` already in m (no-op when absent). A metrics
+ * callback uses it to publish a phase counter that includes the wait in progress
+ * (e.g. "wait_input_s" + seconds idle so far), so a stage stuck waiting shows it
+ * before the wait ends. The stage's own counter (phase_s) is not changed. */
+void stage_metric_add(proto_metrics_t *m, const char *name, double dv);
 void stage_phase_add(stage_t *st, pipe_phase_t p, double seconds);
 void stage_progress(stage_t *st);                 /* "made progress now" */
 /* Sends a metrics message now (also done by the 1 s timer). */
