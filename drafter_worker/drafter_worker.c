@@ -157,13 +157,22 @@ static int peer_find(dw_t *W, const char *peer) {
     return -1;
 }
 
+/* Inbox slab ids on the wire carry this incarnation: (incarnation << 2) | 1..2
+ * (targets index by the low 2 bits). A hidden_states_ready for a grant of an earlier
+ * incarnation (queued in a target's pipe across our restart, or written by a target
+ * that had not heard of it yet) names an old id and is refused, even when this
+ * incarnation granted the same slot id to the same target. */
+static uint32_t wire_slab_id(const dw_t *W, uint32_t base) {
+    return (uint32_t)((W->st.incarnation & 0x3fffffffu) << 2) | base;
+}
+
 static void export_slab(dw_t *W, bus_t *bus, const char *peer, const slab_t *s, proto_tier_t tier) {
     const slab_handle_t *h = slab_handle(s);
     proto_msg_t m;
     proto_msg_init(&m, PROTO_SLAB_EXPORT);
     m.slab_export.owner_id = h->owner_id;
     m.slab_export.incarnation = h->incarnation;
-    m.slab_export.slab_id = h->slab_id;
+    m.slab_export.slab_id = h->slab_id == SLAB_ID_GRAD ? h->slab_id : wire_slab_id(W, h->slab_id);
     m.slab_export.tier = tier;
     m.slab_export.bytes = h->bytes;
     snprintf(m.slab_export.shm_name, sizeof m.slab_export.shm_name, "%s", h->name);
@@ -212,7 +221,7 @@ static void grant_all(dw_t *W) {
         m.slot_grant.slot_id = s.id;
         /* CPU run: both tiers are shared host memory */
         m.slot_grant.tier = W->gpu >= 0 && s.tier == INBOX_GPU ? PROTO_TIER_GPU : PROTO_TIER_HOST;
-        m.slot_grant.slab_id = s.tier == INBOX_GPU ? SLAB_ID_GPU : SLAB_ID_HOST;
+        m.slot_grant.slab_id = wire_slab_id(W, s.tier == INBOX_GPU ? SLAB_ID_GPU : SLAB_ID_HOST);
         m.slot_grant.offset = s.offset;
         m.slot_grant.bytes = s.bytes;
         if (stage_send(W->srv, p->peer, &m) < 0) {
@@ -459,6 +468,12 @@ static void on_hs_ready(dw_t *W, int pi, const proto_hidden_states_ready_t *h) {
     }
     inbox_slot_t s;
     inbox_get(W->ib, h->slot_id, &s);
+    if (h->slab_id != wire_slab_id(W, s.tier == INBOX_GPU ? SLAB_ID_GPU : SLAB_ID_HOST)) {
+        /* the slot stays granted: the target answers for this grant later */
+        log_warn("%s: hidden_states_ready for micro-batch %llu names slab %u of an earlier incarnation: dropped",
+                 p->peer, (unsigned long long)h->mb, h->slab_id);
+        return;
+    }
     /* never compute on another GPU's memory (host tiers always pass) */
     if (slab_check_gpu(slab_handle(W->tier[s.tier]), W->st.gpu_uuid) < 0) {
         log_error("refusing micro-batch %llu: %s", (unsigned long long)h->mb, dl_errmsg());

@@ -85,6 +85,8 @@ typedef struct {
     uint64_t done, tokens;
     double t_rate; uint64_t tokens_at; double rate;
     int next_route;            /* re-route asked for mid-forward: applied after it (-1 none) */
+    uint64_t cur_inc;          /* drafter incarnation whose slot the forward in flight writes */
+    int drop_pending;          /* the drafter restarted mid-forward: unmap its old slabs after it */
     /* GPU mode (--gpu N >= 0) */
     int gpu;
     size_t elem;               /* feature element bytes: 4 (f32, CPU) or 2 (bf16, CUDA) */
@@ -135,7 +137,7 @@ static void work_cb(uv_work_t *req) {
     if (T->gpu >= 0) {
         /* features by device copies straight into the drafter's GPU slot (peer
          * memory when it is on another GPU), or via scratch into its host tier */
-        int host = T->cur_g.slab_id != 1;
+        int host = (T->cur_g.slab_id & 3) != 1;
         void *stream = T->ops.stream;
         int rc = mem_cuda_set_device(T->gpu);   /* per thread: this is a libuv worker */
         if (rc == 0 && host && !T->scratch) {
@@ -211,7 +213,20 @@ static void after_work_cb(uv_work_t *req, int status) {
     h->tokens_off = l.tokens_off;
     h->seq_lens_off = l.seq_lens_off;
     h->loss_mask_off = l.loss_mask_off;
-    stage_send(T->drafter, NULL, &o);
+    if (T->cur_inc == T->drafter_inc) {
+        stage_send(T->drafter, NULL, &o);
+    } else {
+        /* the drafter restarted while this forward wrote into its predecessor's slot;
+         * the new incarnation may have granted the same slot id to us, so it must not
+         * hear of it: dropped (the loader re-issues the micro-batch) */
+        log_warn("micro-batch %llu was written into drafter %d's previous incarnation: dropped",
+                 (unsigned long long)m->mb, T->route);
+    }
+    if (T->drop_pending) {
+        T->drop_pending = 0;
+        hcache_drop_owner(T->hc, PIPE_ID_DRAFTER0 + (uint32_t)T->route);
+        /* the new incarnation's slabs are mapped again on the next grant */
+    }
     T->done++;
     T->tokens += m->T;
     stage_progress(&T->st);
@@ -257,6 +272,7 @@ static void pump(tw_t *T) {
     memmove(&T->q[0], &T->q[1], (size_t)(T->qn - 1) * sizeof(mb_t));
     T->qn--;
     T->cur_g = T->g[gi];
+    T->cur_inc = T->drafter_inc;
     T->g[gi] = T->g[--T->gn];
     T->cur_base = (uint8_t *)base + T->cur_g.offset;
     double now = clock_mono_s();
@@ -310,7 +326,9 @@ static void on_loader_msg(bus_t *bus, const char *peer, const void *data, size_t
 static void forget_drafter(tw_t *T) {
     T->gn = 0;
     memset(T->have_slab, 0, sizeof T->have_slab);
-    if (T->route >= 0) hcache_drop_owner(T->hc, PIPE_ID_DRAFTER0 + (uint32_t)T->route);
+    /* a forward in flight writes into the old mapping: unmap after it (after_work_cb) */
+    if (T->busy) T->drop_pending = 1;
+    else if (T->route >= 0) hcache_drop_owner(T->hc, PIPE_ID_DRAFTER0 + (uint32_t)T->route);
 }
 
 static void on_drafter_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg) {
@@ -322,7 +340,8 @@ static void on_drafter_msg(bus_t *bus, const char *peer, const void *data, size_
     switch (m.type) {
     case PROTO_SLAB_EXPORT: {
         const proto_slab_export_t *e = &m.slab_export;
-        if (e->owner_id != want || e->slab_id < 1 || e->slab_id > 3) {
+        /* inbox slab ids: (drafter incarnation << 2) | 1..3 on the wire (see drafter_worker) */
+        if (e->owner_id != want || (e->slab_id & 3) < 1) {
             log_warn("slab export from owner %u (routed to %u): ignored", e->owner_id, want);
             break;
         }
@@ -330,7 +349,7 @@ static void on_drafter_msg(bus_t *bus, const char *peer, const void *data, size_
             forget_drafter(T);
             T->drafter_inc = e->incarnation;
         }
-        slab_handle_t *h = &T->slabs[e->slab_id];
+        slab_handle_t *h = &T->slabs[e->slab_id & 3];
         memset(h, 0, sizeof *h);
         h->kind = e->handle_len ? SLAB_CUDA : SLAB_HOST;
         h->owner_id = e->owner_id;
@@ -350,7 +369,7 @@ static void on_drafter_msg(bus_t *bus, const char *peer, const void *data, size_
             log_error("drafter %u exports GPU memory but this target runs on CPU (start it with --gpu)", e->owner_id);
             break;
         }
-        T->have_slab[e->slab_id] = 1;
+        T->have_slab[e->slab_id & 3] = 1;
         break;
     }
     case PROTO_SLOT_GRANT:

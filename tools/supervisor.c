@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -43,6 +44,7 @@ typedef struct {
     int planned;                /* killed by the supervisor to re-sync: restart at once */
     int fails;                  /* consecutive short-lived incarnations (backoff exponent) */
     double t_spawn, retire_t0;
+    double term_at;             /* retiring: when SIGTERM was sent (SIGKILL 20 s later) */
     int64_t retire_after;       /* a drafter retires once a step > this was applied */
     double inbox_bytes;         /* drafter: latest inbox_gpu_bytes + inbox_host_bytes */
 } sstage_t;
@@ -178,6 +180,7 @@ static void spawn(sup_t *S, sstage_t *x) {
     x->incarnation++;
     char inc[32];
     snprintf(inc, sizeof inc, "%llu", (unsigned long long)x->incarnation);
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
         log_error("fork %s: %s", x->spec->name, strerror(errno));
@@ -185,6 +188,9 @@ static void spawn(sup_t *S, sstage_t *x) {
         return;
     }
     if (pid == 0) {
+        /* a stage never outlives its supervisor (even one killed with SIGKILL) */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent) _exit(1);
         int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
         if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); if (fd > 2) close(fd); }
         int nfd = open("/dev/null", O_RDONLY);
@@ -387,10 +393,15 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
         on_metrics(S, peer, &m.metrics);
         if (S->pub) bus_send(S->pub, peer, data, len); /* the relay: one PUB, topic = stage */
         break;
-    case PROTO_APPLIED:
+    case PROTO_APPLIED: {
+        /* news from an optimizer already reaped (queued before its death) would undo
+         * the rewind to its checkpoint: only the live incarnation counts */
+        sstage_t *O = by_id(S, PIPE_ID_OPTIMIZER);
+        if (O && (O->exited || !O->helloed)) break;
         if ((int64_t)m.applied.step > S->last_applied) S->last_applied = (int64_t)m.applied.step;
         if (m.applied.step + 1 >= S->o->max_steps) begin_stop(S, "reached --max-steps");
         break;
+    }
     default:
         break;
     }
@@ -467,6 +478,7 @@ static void reap(sup_t *S) {
                          WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
                 x->retiring = 0;
                 x->active = 0;
+                x->term_at = 0;
                 int64_t id = x->spec->stage_id;
                 sstage_t *L = by_id(S, PIPE_ID_LOADER);
                 if (L) send_ctl(S, L, PROTO_CTL_MEMBERSHIP, &id, 1);
@@ -664,6 +676,7 @@ static void rb_poll(sup_t *S) {
             sstage_t *x = by_id(S, PIPE_ID_TARGET0 + (uint32_t)i);
             if (i >= N && x && x->active && !x->retiring) {
                 x->retiring = 1;    /* the loader re-issues what it held when it is gone */
+                x->term_at = clock_mono_s();
                 if (!x->exited && x->pid > 0) kill(x->pid, SIGTERM);
                 else x->active = 0, x->retiring = 0, x->restart_at = 0;
             }
@@ -672,6 +685,7 @@ static void rb_poll(sup_t *S) {
             sstage_t *x = by_id(S, PIPE_ID_DRAFTER0 + (uint32_t)i);
             if (i >= M && x && x->active && !x->retiring) {
                 x->retiring = 1;    /* drains, then SIGTERM (rb_tick) */
+                x->term_at = 0;
                 x->retire_t0 = clock_mono_s();
                 x->retire_after = S->last_applied;
                 if (x->exited) x->active = 0, x->retiring = 0, x->restart_at = 0;
@@ -711,6 +725,12 @@ static void rb_tick(sup_t *S) {
                 log_info("%s drained: stopping it", x->spec->name);
                 kill(x->pid, SIGTERM);
                 x->retire_t0 = -1;
+                x->term_at = now;
+            }
+            if (x->term_at > 0 && now - x->term_at > 20 && !x->exited && x->pid > 0) {
+                log_warn("%s did not stop in 20 s after SIGTERM: SIGKILL", x->spec->name);
+                kill(x->pid, SIGKILL);
+                x->term_at = now;
             }
         } else if (x->active && (x->exited || !x->helloed)) {
             pending++;

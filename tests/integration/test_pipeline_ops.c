@@ -633,5 +633,7 @@ int main(void) {
         cmocka_unit_test(test_rebalance),
         cmocka_unit_test(test_chaos),
     };
+    const char *only = getenv("DL_TEST_CASE");   /* e.g. DL_TEST_CASE=test_chaos */
+    if (only && *only) cmocka_set_test_filter(only);
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
