@@ -469,6 +469,14 @@ static void reap(sup_t *S) {
             if (S->stopping) {
                 log_info("%s exited (%s %d)", x->spec->name, WIFEXITED(status) ? "status" : "signal",
                          WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+                if (x->spec->stage_id == PIPE_ID_OPTIMIZER && !clean && !S->sum->interrupted) {
+                    /* it died between the last step and its final checkpoint: not restarted
+                     * while stopping; the run says so and how to finish */
+                    log_error("the optimizer died while the run was stopping: its final checkpoint may be "
+                              "missing; `draftline run ... --resume %s` finishes the remaining steps",
+                              S->o->out_dir);
+                    S->failed = 1;
+                }
                 break;
             }
             (void)clean;
