@@ -14,15 +14,21 @@ STEPS="${DL_DEMO_STEPS:-60}"
 OUT="${DL_DEMO_OUT:-runs/demo-$(date -u +%Y%m%d-%H%M%S)}"
 
 [ -f "$DATA" ] || { echo "demo: $DATA not found (set DL_SHARED_DATA)" >&2; exit 1; }
+# GPU when the build has CUDA and a GPU answers (target and drafter processes share GPU 0),
+# else CPU. Same drafter shape on both; the GPU run takes bigger micro-batches.
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 &&
    "$BIN/draftline" version | grep -q cuda; then
-  echo "demo: a GPU is present, but the GPU pipeline is not in this build yet: training on CPU"
+  echo "demo: GPU found: target and drafter processes on GPU 0"
+  WHERE=(--target-gpus 0 --drafter-gpus 0 --token-budget 8192 --num-anchors 64)
+else
+  echo "demo: no GPU (or a CPU-only build): 1 target + 1 drafter process on CPU"
+  WHERE=(--device cpu --targets 1 --drafters 1 --token-budget 1024 --num-anchors 16)
 fi
 
 start=$(date +%s)
-"$BIN/draftline" run --device cpu --targets 1 --drafters 1 \
+"$BIN/draftline" run "${WHERE[@]}" \
   --data "$DATA" --prompt-field question --response-field answer \
-  --drafter-layers 1 --block-size 8 --num-anchors 16 --token-budget 1024 \
+  --drafter-layers 1 --block-size 8 \
   --lr 1e-3 --warmup-steps 3 --max-steps "$STEPS" --save-every 30 \
   --seed 0 --out "$OUT"
 end=$(date +%s)
