@@ -41,12 +41,14 @@ typedef struct {
     int epochs, mbs_per_step, deterministic, hs_min_ready, threads, max_restarts, prefetch;
     double inbox_gb, host_inbox_gb, progress_s;
     int metrics_port, test_stall_after_mbs;
+    const char *eval_data;
+    int eval_every, eval_prompts, eval_max_new;
 } run_opts_t;
 
 enum {
     O_TM = 256, O_DATA, O_PF, O_RF, O_TG, O_DG, O_DEV, O_NT, O_ND, O_TB, O_ML, O_BS, O_NA, O_DL,
     O_LR, O_WU, O_MS, O_EP, O_K, O_SE, O_OUT, O_DET, O_SEED, O_RES, O_IG, O_HG, O_MR, O_CFG,
-    O_WD, O_CL, O_TH, O_RS, O_PS, O_PREF, O_MP, O_TSTALL
+    O_WD, O_CL, O_TH, O_RS, O_PS, O_PREF, O_MP, O_TSTALL, O_EVD, O_EVE, O_EVP, O_EVM
 };
 
 static const struct option run_options[] = {
@@ -62,7 +64,8 @@ static const struct option run_options[] = {
     {"config", 1, 0, O_CFG}, {"weight-decay", 1, 0, O_WD}, {"clip", 1, 0, O_CL},
     {"threads", 1, 0, O_TH}, {"max-restarts", 1, 0, O_RS}, {"progress-every", 1, 0, O_PS},
     {"prefetch", 1, 0, O_PREF}, {"metrics-port", 1, 0, O_MP},
-    {"test-stall-after-mbs", 1, 0, O_TSTALL}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    {"test-stall-after-mbs", 1, 0, O_TSTALL}, {"eval-data", 1, 0, O_EVD}, {"eval-every", 1, 0, O_EVE},
+    {"eval-prompts", 1, 0, O_EVP}, {"eval-max-new-tokens", 1, 0, O_EVM}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
 
 static void run_usage(FILE *f) {
     fprintf(f,
@@ -110,6 +113,12 @@ static void run_usage(FILE *f) {
         "  --metrics-port P           serve the metrics in the Prometheus text format on\n"
         "                             0.0.0.0:P/metrics (0: any free port, see run.json; default off)\n"
         "  --test-stall-after-mbs N   test hook: drafter0 hangs after N micro-batches (monitor test)\n"
+        "training-time eval (a `draftline eval` child process on CPU, one at a time)\n"
+        "  --eval-data PROMPTS        held-out prompt set (any format `draftline eval --data` reads)\n"
+        "  --eval-every N             tau eval of each checkpoint whose step is a multiple of N (needs\n"
+        "                             --save-every); logged to metrics.jsonl (stage \"eval\"), eval/\n"
+        "  --eval-prompts K           first K prompts (default 4)\n"
+        "  --eval-max-new-tokens M    per prompt (default 48)\n"
         "live changes: `draftline rebalance --run DIR --targets N --drafters M`, `draftline status`\n"
         "  --config FILE.yaml         the same keys as the flags (without --); flags override\n"
         "  -h, --help                 this help\n");
@@ -153,6 +162,10 @@ static int set_opt(run_opts_t *o, int code, const char *v) {
     case O_PREF: return cli_parse_int("--prefetch", v, 1, 8, &o->prefetch);
     case O_MP: return cli_parse_int("--metrics-port", v, 0, 65535, &o->metrics_port);
     case O_TSTALL: return cli_parse_int("--test-stall-after-mbs", v, 0, INT32_MAX, &o->test_stall_after_mbs);
+    case O_EVD: o->eval_data = v; return 0;
+    case O_EVE: return cli_parse_int("--eval-every", v, 1, INT32_MAX, &o->eval_every);
+    case O_EVP: return cli_parse_int("--eval-prompts", v, 1, 1 << 20, &o->eval_prompts);
+    case O_EVM: return cli_parse_int("--eval-max-new-tokens", v, 1, 1 << 16, &o->eval_max_new);
     case O_CFG: return 0;
     }
     (void)x;
@@ -193,6 +206,7 @@ static int load_yaml(run_opts_t *o, const char *path) {
                 snprintf(val + n, sizeof val - n, "%s%s", n ? "," : "", s);
             } else if (s && !have_key) {
                 snprintf(key, sizeof key, "%s", s);
+                for (char *u = key; *u; u++) if (*u == '_') *u = '-';   /* eval_data == eval-data */
                 have_key = 1;
             } else {
                 if (s) snprintf(val, sizeof val, "%s", s);
@@ -305,7 +319,7 @@ int cmd_run(int argc, char **argv) {
     o.targets = 1; o.drafters = 1; o.token_budget = 1024; o.block_size = 8; o.num_anchors = 32;
     o.drafter_layers = 1; o.lr = 1e-3; o.clip = 1.0; o.epochs = 1; o.mbs_per_step = 1;
     o.inbox_gb = 0.25; o.hs_min_ready = 1; o.max_restarts = 5; o.progress_s = 5; o.prefetch = 1;
-    o.metrics_port = -1; o.test_stall_after_mbs = -1;
+    o.metrics_port = -1; o.test_stall_after_mbs = -1; o.eval_prompts = 4; o.eval_max_new = 48;
     if (paths_default_model(o.target_model, sizeof o.target_model) < 0) o.target_model[0] = 0;
     /* the config file first, so flags override it */
     for (int i = 1; i < argc; i++) {
@@ -349,6 +363,19 @@ int cmd_run(int argc, char **argv) {
         return 2;
     }
     if (o.deterministic && o.threads == 0) o.threads = 1;
+    if (o.eval_data || o.eval_every) {
+        if (!o.eval_data || o.eval_every < 1) {
+            cli_error("draftline run", "--eval-data PROMPTS and --eval-every N (>= 1) go together");
+            return 2;
+        }
+        if (access(o.eval_data, R_OK) != 0) {
+            fprintf(stderr, "draftline run: --eval-data %s: %s\n", o.eval_data, strerror(errno));
+            return 2;
+        }
+        if (o.save_every == 0)
+            log_warn("--eval-every %d: checkpoints are evaluated, and without --save-every there is only the "
+                     "final one (not evaluated): no eval will run", o.eval_every);
+    }
     /* run directory */
     char out[4096];
     if (o.out) snprintf(out, sizeof out, "%s", o.out);
@@ -510,6 +537,19 @@ int cmd_run(int argc, char **argv) {
     so.metrics_port = o.metrics_port;
     so.inbox_slots = inbox_slots;
     so.lookahead = lookahead;
+    if (o.eval_data) {
+        char e[4200];
+        snprintf(e, sizeof e, "%s/draftline", bdir);
+        if (access(e, X_OK) != 0) {
+            fprintf(stderr, "draftline run: --eval-data: %s not found (build with `make`, or set DL_BIN_DIR)\n", e);
+            return 1;
+        }
+        so.eval_data = o.eval_data;
+        so.eval_every = o.eval_every;
+        so.eval_prompts = o.eval_prompts;
+        so.eval_max_new_tokens = o.eval_max_new;
+        so.target_model = o.target_model;
+    }
     char *K = fmt("%d", o.mbs_per_step), *seed = fmt("%lld", (long long)o.seed), *tb = fmt("%d", o.token_budget);
     char *bs = fmt("%d", o.block_size), *dl = fmt("%d", o.drafter_layers), *ms = fmt("%llu", (unsigned long long)max_steps);
     char *thr = fmt("%d", so.threads_per_stage);

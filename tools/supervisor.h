@@ -37,6 +37,16 @@ typedef struct {
     int metrics_port;           /* Prometheus text format on 0.0.0.0:port (0: ephemeral; -1: off) */
     int inbox_slots;            /* full micro-batch slots per drafter inbox (rebalance check) */
     int lookahead;              /* the loader's --lookahead-mbs (rebalance check) */
+    /* training-time eval (off when eval_data is NULL): when <out>/checkpoints/latest
+     * names a new step_<S> with S a multiple of eval_every, `<bin_dir>/draftline eval`
+     * runs on it as a child process (CPU, threads_per_stage threads; at most one at a
+     * time: a checkpoint that comes while one runs is skipped), writing
+     * <out>/eval/step_<S>.json; when it exits, one line {"ts", "stage":"eval", "step",
+     * "seconds", "tau", ...} is appended to metrics.jsonl and "eval step S: tau X"
+     * printed. Killed and reaped when the run stops. */
+    const char *eval_data;      /* prompt set (any format `draftline eval --data` reads) */
+    const char *target_model;   /* the target the drafter is evaluated against */
+    int eval_every, eval_prompts, eval_max_new_tokens;
     sup_stage_spec_t stages[SUP_MAX_STAGES];
     int n_stages;
 } sup_opts_t;

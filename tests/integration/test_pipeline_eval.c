@@ -1,0 +1,345 @@
+/* Training-time eval in the supervisor: `draftline run --eval-data PROMPTS
+ * --eval-every 2` on CPU, multi-process, with the tiny random Llama-shaped target
+ * of test_pipeline.c (made here; the real SmolLM2 vocabulary size) given the small
+ * llama3_style fixture tokenizer (ids < 2506, inside the target's vocabulary) so
+ * `draftline eval` can encode the prompts, and 300 GSM8K samples prepared with the
+ * embedded model's tokenizer:
+ *  - the run writes one {"stage":"eval"} line to metrics.jsonl for a checkpoint whose
+ *    step is a multiple of 2, with a finite tau in [1, block size] over the 2
+ *    prompts, eval/step_<S>.json exists, "eval step S: tau" is printed;
+ *  - no process (the eval child included) and no shared-memory object is left;
+ *  - a missing --eval-data file and --eval-every 0 are refused before anything starts.
+ * Each run has a hard timeout; the run's process group is killed and reaped. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "common/base/err.h"
+#include "common/base/paths.h"
+#include "common/base/rng.h"
+#include "common/data/chat.h"
+#include "common/data/prepare.h"
+#include "common/data/tokenizer.h"
+#include "common/mem/slab.h"
+#include "common/model/config.h"
+#include "common/model/safetensors.h"
+#include "tests/support/proc.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char root[256], model_dir[300], cache[300], prompts[300], bin[1024];
+
+static const char *fixtures_dir(void) {
+    const char *d = getenv("DL_FIXTURES_DIR");
+    return d ? d : "tests/fixtures";
+}
+
+/* ---- fixtures made once (the same tiny target and data as test_pipeline.c) ---- */
+
+static int write_tiny_model(const char *dir) {
+    model_config_t c;
+    memset(&c, 0, sizeof c);
+    c.family = MODEL_LLAMA;
+    c.L = 4; c.D = 64; c.H = 4; c.Hkv = 2; c.hd = 16; c.F = 128; c.V = 49152;
+    c.eps = 1e-5f; c.rope.theta = 10000; c.max_pos = 2048; c.tie_embeddings = 1;
+    c.bos_id = 1; c.eos_ids[0] = 2; c.n_eos = 1;
+    snprintf(c.arch, sizeof c.arch, "LlamaForCausalLM");
+    snprintf(c.dtype, sizeof c.dtype, "float32");
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) return -1;
+    char p[400];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    char *js = model_config_to_json(&c);
+    FILE *f = fopen(p, "w");
+    if (!js || !f) return -1;
+    fputs(js, f);
+    fclose(f);
+    free(js);
+    struct { char name[96]; int64_t r, k; int norm; } t[64];
+    int n = 0;
+#define T(nm, R, K, N) do { snprintf(t[n].name, sizeof t[n].name, "%s", nm); t[n].r = R; t[n].k = K; t[n].norm = N; n++; } while (0)
+    T("model.embed_tokens.weight", c.V, c.D, 0);
+    for (int l = 0; l < c.L; l++) {
+        char b[96];
+#define L_(s, R, K, N) do { snprintf(b, sizeof b, "model.layers.%d.%s", l, s); T(b, R, K, N); } while (0)
+        L_("input_layernorm.weight", c.D, 0, 1);
+        L_("self_attn.q_proj.weight", c.H * c.hd, c.D, 0);
+        L_("self_attn.k_proj.weight", c.Hkv * c.hd, c.D, 0);
+        L_("self_attn.v_proj.weight", c.Hkv * c.hd, c.D, 0);
+        L_("self_attn.o_proj.weight", c.D, c.H * c.hd, 0);
+        L_("post_attention_layernorm.weight", c.D, 0, 1);
+        L_("mlp.gate_proj.weight", c.F, c.D, 0);
+        L_("mlp.up_proj.weight", c.F, c.D, 0);
+        L_("mlp.down_proj.weight", c.D, c.F, 0);
+#undef L_
+    }
+    T("model.norm.weight", c.D, 0, 1);
+#undef T
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    st_writer_t *w;
+    if (st_writer_new(p, &w) < 0) return -1;
+    for (int i = 0; i < n; i++) {
+        int64_t shape[2] = {t[i].r, t[i].k};
+        if (st_writer_add(w, t[i].name, "F32", t[i].k ? 2 : 1, shape) < 0) return -1;
+    }
+    rng_t r;
+    rng_seed(&r, 77);
+    for (int i = 0; i < n; i++) {
+        size_t cnt = (size_t)t[i].r * (size_t)(t[i].k ? t[i].k : 1);
+        float *x = malloc(cnt * 4);
+        for (size_t j = 0; j < cnt; j++) x[j] = t[i].norm ? 1.0f : 0.05f * rng_normal(&r);
+        int rc = st_writer_write(w, x, cnt * 4);
+        free(x);
+        if (rc < 0) return -1;
+    }
+    return st_writer_finish(&w);
+}
+
+static int write_cache(const char *path) {
+    char data[1024], src[1200], small[400];
+    if (paths_shared_data(data, sizeof data) < 0) return -1;
+    snprintf(src, sizeof src, "%s/gsm8k/train.jsonl", data);
+    snprintf(small, sizeof small, "%s/gsm8k300.jsonl", root);
+    FILE *in = fopen(src, "r"), *out = fopen(small, "w");
+    if (!in || !out) return -1;
+    char *line = NULL;
+    size_t cap = 0;
+    for (int i = 0; i < 300 && getline(&line, &cap, in) > 0; i++) fputs(line, out);
+    free(line);
+    fclose(in);
+    fclose(out);
+    char gguf[1024];
+    tok_t *t = NULL;
+    chat_template_t ct;
+    if (paths_default_model(gguf, sizeof gguf) < 0 || tok_load(gguf, &t) < 0 ||
+        chat_template_from_tok(t, &ct) < 0)
+        return -1;
+    prep_opts_t po;
+    memset(&po, 0, sizeof po);
+    po.data_path = small;
+    po.ds.prompt_field = "question";
+    po.ds.response_field = "answer";
+    po.chat = &ct;
+    po.n_threads = 1;
+    po.out_path = path;
+    prep_stats_t st;
+    int rc = prep_run(t, &po, &st);
+    tok_destroy(&t);
+    return rc;
+}
+
+static int copy_file(const char *from, const char *to) {
+    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
+    int rc = in && out ? 0 : -1;
+    char buf[65536];
+    size_t n;
+    while (rc == 0 && (n = fread(buf, 1, sizeof buf, in)) > 0)
+        if (fwrite(buf, 1, n, out) != n) rc = -1;
+    if (in) fclose(in);
+    if (out && fclose(out) != 0) rc = -1;
+    return rc;
+}
+
+static int group_setup(void **state) {
+    (void)state;
+    char gguf[1024];
+    if (paths_default_model(gguf, sizeof gguf) < 0 || access(gguf, R_OK) != 0) {
+        fprintf(stderr, "embedded model missing (make model): its tokenizer prepares the data\n");
+        return -1;
+    }
+    const char *b = getenv("DL_BIN_DIR");
+    snprintf(bin, sizeof bin, "%s", b && *b ? b : "bin");
+    snprintf(root, sizeof root, "/tmp/dlpe-%d", (int)getpid());
+    mkdir(root, 0700);
+    snprintf(model_dir, sizeof model_dir, "%s/tiny", root);
+    snprintf(cache, sizeof cache, "%s/gsm8k300.dlc", root);
+    snprintf(prompts, sizeof prompts, "%s/prompts.jsonl", root);
+    if (write_tiny_model(model_dir) < 0 || write_cache(cache) < 0) {
+        fprintf(stderr, "fixture: %s\n", dl_errmsg());
+        return -1;
+    }
+    /* the eval needs a tokenizer and a chat template next to the target */
+    const char *files[] = {"tokenizer.json", "tokenizer_config.json"};
+    for (int i = 0; i < 2; i++) {
+        char from[1200], to[700];
+        snprintf(from, sizeof from, "%s/tokenizer/llama3_style/%s", fixtures_dir(), files[i]);
+        snprintf(to, sizeof to, "%s/%s", model_dir, files[i]);
+        if (copy_file(from, to) < 0) { fprintf(stderr, "fixture: copy %s failed\n", from); return -1; }
+    }
+    FILE *f = fopen(prompts, "w");
+    if (!f) return -1;
+    fputs("{\"question_id\": 1, \"category\": \"writing\", \"turns\": [\"Write a short note about the sea.\"]}\n"
+          "{\"question_id\": 2, \"category\": \"math\", \"turns\": [\"What is 12 times 7? Explain.\"]}\n", f);
+    if (fclose(f) != 0) return -1;
+    proc_watchdog(150);
+    return 0;
+}
+
+static int group_teardown(void **state) {
+    (void)state;
+    proc_kill_all();
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    if (getenv("DL_KEEP_TEST_DIR")) return 0;
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
+    return 0;
+}
+
+typedef struct {
+    char *argv[80];
+    char log[400];
+} run_args_t;
+
+static int run_child(void *arg, int report_fd) {
+    (void)report_fd;
+    run_args_t *a = arg;
+    int fd = open(a->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return 126;
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execv(a->argv[0], a->argv);
+    return 127;
+}
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
+    fclose(f);
+    if (b) b[n] = 0;
+    return b;
+}
+
+/* Runs `draftline run` with the tiny settings plus extra args (NULL-terminated);
+ * output into log; returns the exit code. Asserts the run's process group is gone. */
+static int run_pipeline(const char *out, const char *log, int timeout_s, ...) {
+    static run_args_t a;
+    memset(&a, 0, sizeof a);
+    static char exe[1100];
+    snprintf(exe, sizeof exe, "%s/draftline", bin);
+    int n = 0;
+    a.argv[n++] = exe;
+    a.argv[n++] = "run";
+    const char *fixed[] = {"--target-model", model_dir, "--data", cache, "--device", "cpu",
+                           "--token-budget", "256", "--block-size", "4", "--num-anchors", "8",
+                           "--drafter-layers", "1", "--lr", "3e-3", "--seed", "5",
+                           "--progress-every", "1", "--out", out, NULL};
+    for (int i = 0; fixed[i]; i++) a.argv[n++] = (char *)fixed[i];
+    va_list ap;
+    va_start(ap, timeout_s);
+    for (const char *s; (s = va_arg(ap, const char *)) != NULL;) a.argv[n++] = (char *)s;
+    va_end(ap);
+    a.argv[n] = NULL;
+    snprintf(a.log, sizeof a.log, "%s", log);
+    proc_t p;
+    assert_int_equal(proc_spawn(&p, "draftline run", run_child, &a), 0);
+    int code = -1;
+    int rc = proc_wait(&p, timeout_s * 1000, &code);
+    int left = kill(-p.pid, 0) == 0;   /* nothing of the run's process group may be left */
+    proc_kill(&p);
+    assert_int_equal(rc, 0);
+    assert_false(left);
+    return code;
+}
+
+static void test_eval_at_checkpoints(void **state) {
+    (void)state;
+    char out[400], log[400], p[600];
+    snprintf(out, sizeof out, "%s/a", root);
+    snprintf(log, sizeof log, "%s/a.out", root);
+    int code = run_pipeline(out, log, 100, "--max-steps", "40", "--save-every", "2", "--eval-data", prompts,
+                            "--eval-every", "2", "--eval-prompts", "2", "--eval-max-new-tokens", "8", NULL);
+    char *txt = slurp(log);
+    assert_non_null(txt);
+    if (code != 0) {
+        char cmd[1200];
+        snprintf(cmd, sizeof cmd, "tail -n 30 %s; tail -n 20 %s/logs/*.log", log, out);
+        if (system(cmd) != 0) {}
+    }
+    assert_int_equal(code, 0);
+    /* the run id, for the shared-memory check */
+    char run_id[17] = "";
+    const char *rl = strstr(txt, "draftline run ");
+    assert_non_null(rl);
+    assert_int_equal(sscanf(rl, "draftline run %16[0-9a-f]:", run_id), 1);
+    int shm_left = slab_count(run_id);
+    slab_sweep(run_id);
+    assert_int_equal(shm_left, 0);
+    /* every eval child that was started is gone */
+    int started = 0;
+    for (const char *s = txt; (s = strstr(s, "started (pid ")) != NULL; s++) {
+        pid_t pid = (pid_t)atoi(s + strlen("started (pid "));
+        assert_true(pid > 0);
+        assert_true(kill(pid, 0) != 0 && errno == ESRCH);
+        started++;
+    }
+    assert_true(started >= 1);
+    /* metrics.jsonl: an eval line for a step that is a multiple of 2, tau in [1, B] */
+    snprintf(p, sizeof p, "%s/metrics.jsonl", out);
+    char *m = slurp(p);
+    assert_non_null(m);
+    int evals = 0;
+    for (char *l = strtok(m, "\n"); l; l = strtok(NULL, "\n")) {
+        cJSON *j = cJSON_Parse(l);
+        assert_non_null(j);
+        const cJSON *st = cJSON_GetObjectItem(j, "stage");
+        if (cJSON_IsString(st) && !strcmp(st->valuestring, "eval")) {
+            int step = (int)cJSON_GetObjectItem(j, "step")->valuedouble;
+            double tau = cJSON_GetObjectItem(j, "tau")->valuedouble;
+            assert_true(step > 0 && step < 40 && step % 2 == 0);
+            assert_true(isfinite(tau) && tau >= 1.0 && tau <= 4.0);
+            assert_int_equal((int)cJSON_GetObjectItem(j, "prompts")->valuedouble, 2);
+            assert_true(cJSON_GetObjectItem(j, "new_tokens")->valuedouble >= 2);
+            char line[64], jp[700];
+            snprintf(line, sizeof line, "eval step %d: tau ", step);
+            assert_non_null(strstr(txt, line));
+            snprintf(jp, sizeof jp, "%s/eval/step_%d.json", out, step);
+            assert_int_equal(access(jp, R_OK), 0);
+            evals++;
+        }
+        cJSON_Delete(j);
+    }
+    free(m);
+    free(txt);
+    assert_true(evals >= 1);
+}
+
+static void test_eval_flags_validated(void **state) {
+    (void)state;
+    char out[400], log[400], missing[400];
+    snprintf(out, sizeof out, "%s/b", root);
+    snprintf(log, sizeof log, "%s/b.out", root);
+    snprintf(missing, sizeof missing, "%s/no-such-prompts.jsonl", root);
+    assert_int_equal(run_pipeline(out, log, 30, "--max-steps", "2", "--eval-data", missing, "--eval-every", "2", NULL), 2);
+    char *txt = slurp(log);
+    assert_non_null(txt);
+    assert_non_null(strstr(txt, "--eval-data"));
+    free(txt);
+    assert_int_equal(run_pipeline(out, log, 30, "--max-steps", "2", "--eval-data", prompts, "--eval-every", "0", NULL), 2);
+    assert_int_equal(run_pipeline(out, log, 30, "--max-steps", "2", "--eval-data", prompts, NULL), 2);
+    char steps[600];
+    snprintf(steps, sizeof steps, "%s/steps.jsonl", out);
+    assert_int_not_equal(access(steps, F_OK), 0);   /* nothing started */
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_eval_flags_validated),
+        cmocka_unit_test(test_eval_at_checkpoints),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
