@@ -377,6 +377,7 @@ static void ev_done(sup_t *S, int status) {
     cJSON *line = cJSON_CreateObject();
     cJSON_AddNumberToObject(line, "ts", clock_wall_s());
     cJSON_AddStringToObject(line, "stage", "eval");
+    cJSON_AddStringToObject(line, "state", "done");   /* read by `draftline monitor` like a stage's line */
     cJSON_AddNumberToObject(line, "step", (double)step);
     cJSON_AddNumberToObject(line, "seconds", secs);
     for (const cJSON *c = r->child; c; c = c->next)   /* the report's scalars */

@@ -41,9 +41,9 @@ typedef struct {
      * names a new step_<S> with S a multiple of eval_every, `<bin_dir>/draftline eval`
      * runs on it as a child process (CPU, threads_per_stage threads; at most one at a
      * time: a checkpoint that comes while one runs is skipped), writing
-     * <out>/eval/step_<S>.json; when it exits, one line {"ts", "stage":"eval", "step",
-     * "seconds", "tau", ...} is appended to metrics.jsonl and "eval step S: tau X"
-     * printed. Killed and reaped when the run stops. */
+     * <out>/eval/step_<S>.json; when it exits, one line {"ts", "stage":"eval",
+     * "state":"done", "step", "seconds", "tau", ...} is appended to metrics.jsonl and
+     * "eval step S: tau X" printed. Killed and reaped when the run stops. */
     const char *eval_data;      /* prompt set (any format `draftline eval --data` reads) */
     const char *target_model;   /* the target the drafter is evaluated against */
     int eval_every, eval_prompts, eval_max_new_tokens;

@@ -8,7 +8,9 @@
  *    step is a multiple of 2, with a finite tau in [1, block size] over the 2
  *    prompts, eval/step_<S>.json exists, "eval step S: tau" is printed;
  *  - no process (the eval child included) and no shared-memory object is left;
- *  - a missing --eval-data file and --eval-every 0 are refused before anything starts.
+ *  - the YAML keys eval_data / eval_every work like the flags;
+ *  - a missing --eval-data file, --eval-every 0 and --eval-data without --eval-every
+ *    are refused before anything starts.
  * Each run has a hard timeout; the run's process group is killed and reaped. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -261,8 +263,15 @@ static void test_eval_at_checkpoints(void **state) {
     char out[400], log[400], p[600];
     snprintf(out, sizeof out, "%s/a", root);
     snprintf(log, sizeof log, "%s/a.out", root);
-    int code = run_pipeline(out, log, 100, "--max-steps", "40", "--save-every", "2", "--eval-data", prompts,
-                            "--eval-every", "2", "--eval-prompts", "2", "--eval-max-new-tokens", "8", NULL);
+    /* --eval-data and --eval-every through the YAML config (underscore keys) */
+    char cfg[600];
+    snprintf(cfg, sizeof cfg, "%s/a.yaml", root);
+    FILE *f = fopen(cfg, "w");
+    assert_non_null(f);
+    fprintf(f, "eval_data: %s\neval_every: 2\n", prompts);
+    assert_int_equal(fclose(f), 0);
+    int code = run_pipeline(out, log, 100, "--max-steps", "40", "--save-every", "2", "--config", cfg,
+                            "--eval-prompts", "2", "--eval-max-new-tokens", "8", NULL);
     char *txt = slurp(log);
     assert_non_null(txt);
     if (code != 0) {
