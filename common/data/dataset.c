@@ -13,6 +13,7 @@
 #include <zlib.h>
 
 #define DS_READ_CHUNK (256u << 10)
+#define DS_MAX_WARN 10u /* bad lines printed one by one; the rest are counted at close */
 #define DS_MAX_RECORD (1u << 30) /* one record above 1 GiB is a broken file, not data */
 
 struct ds_reader {
@@ -77,6 +78,21 @@ int ds_open(const char *path, const ds_opts_t *opts, ds_reader_t **out) {
         ds_close(&r);
         return dl_seterr(DL_EINVAL, "dataset format 'fields' needs --prompt-field and --response-field");
     }
+    size_t plen = strlen(path);
+    if (plen > 3 && !strcmp(path + plen - 3, ".gz")) {
+        /* gzread would read a non-gzip file as plain text: a .gz name that is not
+         * gzip is a mistake worth stopping on (magic 1f 8b, RFC 1952) */
+        FILE *gf = fopen(path, "rb");
+        if (gf) {
+            unsigned char mg[2] = {0, 0};
+            size_t k = fread(mg, 1, 2, gf);
+            fclose(gf);
+            if (k < 2 || mg[0] != 0x1f || mg[1] != 0x8b) {
+                ds_close(&r);
+                return dl_seterr(DL_EFORMAT, "%s: not a gzip file (name ends in .gz)", path);
+            }
+        }
+    }
     r->gz = gzopen(path, "rb");
     if (!r->gz) {
         int e = errno;
@@ -109,6 +125,9 @@ void ds_close(ds_reader_t **rp) {
     if (!rp || !*rp) return;
     ds_reader_t *r = *rp;
     if (r->gz) gzclose(r->gz);
+    if (r->skipped > DS_MAX_WARN)
+        log_warn("%s: ... %llu more bad lines (not shown)", r->path,
+                 (unsigned long long)(r->skipped - DS_MAX_WARN));
     free(r->buf);
     free(r->rec);
     free(r->path);
@@ -410,7 +429,8 @@ int ds_parse(const ds_opts_t *opts, const char *rec, size_t rec_len, ds_sample_t
 int ds_report_bad(ds_reader_t *r, uint64_t line, const char *why) {
     if (r->opts.strict) return dl_seterr(DL_EFORMAT, "%s:%llu: %s", r->path, (unsigned long long)line, why);
     r->skipped++;
-    log_warn("%s:%llu: %s (skipped)", r->path, (unsigned long long)line, why);
+    if (r->skipped <= DS_MAX_WARN)
+        log_warn("%s:%llu: %s (skipped)", r->path, (unsigned long long)line, why);
     return 0;
 }
 

@@ -50,7 +50,8 @@ void ds_sample_free(ds_sample_t *s);
 typedef struct ds_reader ds_reader_t;
 
 /* Opens path (".gz" -> zlib, else plain; "-" not supported). opts is copied
- * (field name strings must outlive the reader). */
+ * (field name strings must outlive the reader). A name ending in .gz whose
+ * first bytes are not the gzip magic is DL_EFORMAT "PATH: not a gzip file". */
 int ds_open(const char *path, const ds_opts_t *opts, ds_reader_t **out);
 void ds_close(ds_reader_t **r);
 
@@ -68,7 +69,8 @@ int ds_parse(const ds_opts_t *opts, const char *rec, size_t rec_len, ds_sample_t
  * Returns 1 (sample), 0 (end), <0 error ("file:line: reason"). */
 int ds_next(ds_reader_t *r, ds_sample_t *out);
 
-/* Records a bad record (warn log, skip count) or, with strict, returns
+/* Records a bad record (warn log for the first 10, skip count; ds_close logs
+ * "... N more bad lines" for the rest) or, with strict, returns
  * DL_EFORMAT "file:line: <dl_errmsg>". For callers that parse themselves
  * (parallel prepare). */
 int ds_report_bad(ds_reader_t *r, uint64_t line, const char *why);

@@ -6,6 +6,7 @@
 #include "common/base/err.h"
 #include "common/base/log.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <omp.h>
@@ -89,6 +90,44 @@ static int pad_to(FILE *f, uint64_t *off, const char *path) {
     return 0;
 }
 
+/* The top-level field names of a JSON object record into buf ("a, b, c"),
+ * or "" when rec is not a JSON object. */
+static void record_fields(const char *rec, size_t len, char *buf, size_t cap) {
+    buf[0] = 0;
+    cJSON *root = cJSON_ParseWithLength(rec, len);
+    if (cJSON_IsObject(root)) {
+        size_t n = 0;
+        const cJSON *it;
+        cJSON_ArrayForEach(it, root) {
+            if (!it->string) continue;
+            int w = snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", it->string);
+            if (w < 0 || (size_t)w >= cap - n) { buf[n] = 0; break; }
+            n += (size_t)w;
+        }
+    }
+    cJSON_Delete(root);
+}
+
+/* DL_EFORMAT for a run that produced no samples, with a hint from the first
+ * skipped record's fields (skip_fields) when it is a JSON object. */
+static int no_samples_error(const prep_opts_t *o, uint64_t skipped, const char *skip_fields, const char *skip_why) {
+    if (skipped == 0)
+        return dl_seterr(DL_EFORMAT, "0 samples from %s: the file has no records", o->data_path);
+    if (skip_fields[0]) {
+        /* two string fields that look like a prompt and a response */
+        char p[128] = "", r[128] = "";
+        if (sscanf(skip_fields, "%127[^,], %127[^,]", p, r) == 2 && !o->ds.prompt_field)
+            return dl_seterr(DL_EFORMAT,
+                             "0 samples from %s (%llu bad lines, first: %s); its records have fields %s: "
+                             "use --prompt-field %s --response-field %s (or --format openai|sharegpt|text)",
+                             o->data_path, (unsigned long long)skipped, skip_why, skip_fields, p, r);
+        return dl_seterr(DL_EFORMAT, "0 samples from %s (%llu bad lines, first: %s); its records have fields %s",
+                         o->data_path, (unsigned long long)skipped, skip_why, skip_fields);
+    }
+    return dl_seterr(DL_EFORMAT, "0 samples from %s (%llu bad lines, first: %s): not JSON Lines / a JSON array of records?",
+                     o->data_path, (unsigned long long)skipped, skip_why);
+}
+
 int prep_run(const tok_t *t, const prep_opts_t *o, prep_stats_t *st) {
     double t0 = now_s();
     memset(st, 0, sizeof *st);
@@ -129,6 +168,7 @@ int prep_run(const tok_t *t, const prep_opts_t *o, prep_stats_t *st) {
     if ((rc = pad_to(out, &off, tmp)) < 0) goto done;
     uint64_t ids_off = off, ntok = 0, nasst = 0, nsamp = 0;
     uint32_t maxlen = 0;
+    char skip_fields[256] = "", skip_why[256] = "";
 
     for (int eof = 0; !eof;) {
         /* 1. read a chunk of raw records (serial) */
@@ -177,10 +217,16 @@ int prep_run(const tok_t *t, const prep_opts_t *o, prep_stats_t *st) {
         for (uint32_t i = 0; i < n; i++) {
             result_t *r = &res[i];
             if (rc == 0 && r->rc == DL_EFORMAT) {
+                if (ds_skipped(rd) == 0 && nsamp == 0) {
+                    snprintf(skip_why, sizeof skip_why, "line %llu: %s", (unsigned long long)rec_line[i], r->err);
+                    record_fields(arena + rec_off[i], rec_off[i + 1] - rec_off[i] - 1, skip_fields, sizeof skip_fields);
+                }
                 rc = ds_report_bad(rd, rec_line[i], r->err);
             } else if (rc == 0 && r->rc < 0) {
                 rc = dl_seterr(r->rc, "%s:%llu: %s", o->data_path, (unsigned long long)rec_line[i], r->err);
             } else if (rc == 0 && r->n == 0) {
+                if (ds_skipped(rd) == 0 && nsamp == 0)
+                    snprintf(skip_why, sizeof skip_why, "line %llu: sample has no tokens", (unsigned long long)rec_line[i]);
                 rc = ds_report_bad(rd, rec_line[i], "sample has no tokens");
             } else if (rc == 0) {
                 if ((rc = write_all(out, r->ids, r->n * sizeof *r->ids, tmp)) == 0 &&
@@ -205,6 +251,7 @@ int prep_run(const tok_t *t, const prep_opts_t *o, prep_stats_t *st) {
         }
         if (rc < 0) goto done;
     }
+    if (nsamp == 0) { rc = no_samples_error(o, ds_skipped(rd), skip_fields, skip_why); goto done; }
     off = ids_off + ntok * sizeof(int32_t);
     if ((rc = pad_to(out, &off, tmp)) < 0) goto done;
     uint64_t mask_off = off;

@@ -57,7 +57,8 @@ typedef struct {
 
 /* Reads opts->data_path, tokenizes every sample (all threads, order kept) and
  * writes the cache atomically to opts->out_path. Samples that tokenize to 0
- * tokens are counted as skipped. Errors: those of the dataset reader and tokenizer, plus DL_EIO. */
+ * tokens are counted as skipped. 0 samples in all is DL_EFORMAT "0 samples from
+ * FILE ..." with a hint (the first bad record's fields) and writes nothing. Errors: those of the dataset reader and tokenizer, plus DL_EIO. */
 int prep_run(const tok_t *t, const prep_opts_t *opts, prep_stats_t *stats);
 
 /* --- reading ---------------------------------------------------------------- */

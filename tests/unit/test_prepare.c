@@ -226,6 +226,53 @@ static void test_bad_lines_and_atomic(void **state) {
     assert_int_equal(dlc_open("/nonexistent.dlc", &c), DL_ENOENT);
 }
 
+/* Nothing usable read: an error with a hint, and no output file. */
+static void test_zero_samples(void **state) {
+    (void)state;
+    if (!g_tok) { fprintf(stderr, "skip: embedded model absent\n"); skip(); }
+    char p[128], out[128];
+    snprintf(out, sizeof out, "%s/zero.dlc", g_dir);
+    prep_opts_t po = {.data_path = p, .out_path = out, .chat = &g_ct};
+    prep_stats_t st;
+    /* empty file */
+    snprintf(p, sizeof p, "%s/empty.jsonl", g_dir);
+    FILE *f = fopen(p, "w");
+    fclose(f);
+    assert_int_equal(prep_run(g_tok, &po, &st), DL_EFORMAT);
+    assert_non_null(strstr(dl_errmsg(), "0 samples from"));
+    assert_int_not_equal(access(out, F_OK), 0);
+    /* GSM8K-shaped records without --prompt-field: 12 bad lines, hint names the fields */
+    snprintf(p, sizeof p, "%s/qa.jsonl", g_dir);
+    f = fopen(p, "w");
+    for (int i = 0; i < 12; i++) fprintf(f, "{\"question\": \"q%d\", \"answer\": \"a%d\"}\n", i, i);
+    fclose(f);
+    assert_int_equal(prep_run(g_tok, &po, &st), DL_EFORMAT);
+    assert_non_null(strstr(dl_errmsg(), "--prompt-field question --response-field answer"));
+    assert_int_not_equal(access(out, F_OK), 0);
+    po.ds.prompt_field = "question";
+    po.ds.response_field = "answer";
+    assert_int_equal(prep_run(g_tok, &po, &st), 0);
+    assert_int_equal(st.samples, 12);
+    unlink(out);
+    po.ds = (ds_opts_t){0};
+    /* binary file */
+    snprintf(p, sizeof p, "%s/bin.jsonl", g_dir);
+    f = fopen(p, "wb");
+    for (int i = 0; i < 4096; i++) fputc((i * 7919) & 0xff, f);
+    fclose(f);
+    assert_int_equal(prep_run(g_tok, &po, &st), DL_EFORMAT);
+    assert_non_null(strstr(dl_errmsg(), "0 samples from"));
+    /* a .gz name on a plain-text file */
+    snprintf(p, sizeof p, "%s/plain.jsonl.gz", g_dir);
+    f = fopen(p, "w");
+    fputs("{\"text\": \"one\"}\n", f);
+    fclose(f);
+    assert_int_equal(prep_run(g_tok, &po, &st), DL_EFORMAT);
+    assert_non_null(strstr(dl_errmsg(), "not a gzip file"));
+    assert_non_null(strstr(dl_errmsg(), p));
+    assert_int_not_equal(access(out, F_OK), 0);
+}
+
 /* The `draftline prepare` command end to end (needs $DL_BIN_DIR, set by make test). */
 static void test_cli(void **state) {
     (void)state;
@@ -265,6 +312,7 @@ int main(void) {
         cmocka_unit_test(test_gsm8k),
         cmocka_unit_test(test_sharegpt),
         cmocka_unit_test(test_bad_lines_and_atomic),
+        cmocka_unit_test(test_zero_samples),
         cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
