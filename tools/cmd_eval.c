@@ -17,6 +17,8 @@
 #include "common/pipe/model.h"
 
 #include <getopt.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +50,43 @@ static void eval_usage(FILE *f) {
 
 enum { O_TM = 256, O_DR, O_DATA, O_NP, O_MNT, O_TEMP, O_SEED, O_DEV, O_GPU, O_THR, O_DL, O_BS,
        O_NOBASE, O_MPT, O_JSON, O_VERB, O_HELP };
+
+/* 0 when path can be written (its directory exists and is writable, and path
+ * is not a directory / read-only file), else DL_EIO naming it: checked before
+ * the minutes of evaluation, not after. */
+static int eval_check_out(const char *path) {
+    char dir[4096];
+    struct stat sb;
+    snprintf(dir, sizeof dir, "%s", path);
+    char *sl = strrchr(dir, '/');
+    if (!sl) snprintf(dir, sizeof dir, ".");
+    else if (sl == dir) dir[1] = 0;
+    else *sl = 0;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return dl_seterr(DL_EIO, "--json %s: directory %s does not exist", path, dir);
+    if (access(dir, W_OK | X_OK) != 0) return dl_seterr(DL_EIO, "--json %s: directory %s is not writable", path, dir);
+    if (stat(path, &sb) == 0 && (S_ISDIR(sb.st_mode) || access(path, W_OK) != 0))
+        return dl_seterr(DL_EIO, "--json %s: %s", path, S_ISDIR(sb.st_mode) ? "is a directory" : "not writable");
+    return 0;
+}
+
+/* A reason the speedup figure is not to be trusted, or NULL: a drafter that
+ * accepts almost nothing (tau < 1.05) cannot speed decoding up, so a speedup
+ * above 1 then is timing noise; a load average above the core count means the
+ * two decodes shared the cores with other work. */
+static const char *eval_timing_note(double tau, double speedup, char *buf, size_t cap) {
+    double la[1] = {0};
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    if (tau < 1.05 && speedup > 1.0) {
+        snprintf(buf, cap, "tau %.3f < 1.05 cannot give a speedup above 1: the wall-clock figures are noise", tau);
+        return buf;
+    }
+    if (getloadavg(la, 1) == 1 && ncpu > 0 && la[0] > (double)ncpu) {
+        snprintf(buf, cap, "load average %.1f above %ld cores: both decodes shared the CPU with other work", la[0], ncpu);
+        return buf;
+    }
+    return NULL;
+}
 
 int cmd_eval(int argc, char **argv) {
     static const struct option opts[] = {
@@ -94,6 +133,7 @@ int cmd_eval(int argc, char **argv) {
     if (strcmp(device, "cpu") && strcmp(device, "cuda")) { cli_error("eval", "--device: expected cpu or cuda"); return 2; }
     if (!model[0] && paths_default_model(model, sizeof model) < 0) return log_rc(DL_ERANGE, "default model path"), 1;
     int is_random = !strcmp(drafter_arg, "random"), is_zero = !strcmp(drafter_arg, "zero");
+    if (json_out && eval_check_out(json_out) < 0) { cli_error("eval", dl_errmsg()); return 2; }
 
     int rc, ret = 1;
     ops_ctx_t ops;
@@ -182,7 +222,10 @@ int cmd_eval(int argc, char **argv) {
     printf("\ndecode with drafter: %.1f tok/s (%.2f s: draft %.2f s, verify %.2f s)\n", r.spec_tok_s,
            st->decode_s, st->draft_s, st->verify_s);
     if (baseline) {
-        printf("decode target only: %.1f tok/s (%.2f s); speedup %.2fx\n", r.base_tok_s, r.base_decode_s, r.speedup);
+        char note[200];
+        const char *why = eval_timing_note(r.tau, r.speedup, note, sizeof note);
+        printf("decode target only: %.1f tok/s (%.2f s); speedup %.2fx%s%s%s\n", r.base_tok_s, r.base_decode_s,
+               r.speedup, why ? " (timing unreliable: " : "", why ? why : "", why ? ")" : "");
         if (r.n_compared)
             printf("greedy check: %d/%d prompts identical to target-only decoding%s\n", r.n_matched,
                    r.n_compared, r.n_matched == r.n_compared ? "" : " (MISMATCH)");

@@ -127,7 +127,8 @@ typedef struct {
 
 /* Runs speculative decoding (and, with opts.baseline, target-only decoding) on
  * prompts[i] (host ids, lens[i]) for i < n. s's target and drafter are used as
- * they are. res is assigned. Errors as specdec_run / generator_run. */
+ * they are. The two decodes of a prompt run back to back in alternating order
+ * (drafter first on even i) so machine-load drift hits both. res is assigned. Errors as specdec_run / generator_run. */
 int specdec_eval(specdec_t *s, const specdec_eval_opts_t *opts, int n,
                  const int32_t *const *prompts, const int *lens, specdec_eval_result_t *res);
 
