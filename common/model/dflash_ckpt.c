@@ -375,6 +375,16 @@ int dflash_ckpt_save(drafter_t *d, const char *dir, const char *dtype,
     }
     drafter_download_master(d, host); /* master weights live on the backend */
     char *cfg = dflash_config_to_json(drafter_config(d));
+    if (cfg && strcmp(dtype, "F32") == 0) { /* torch_dtype names the stored dtype */
+        cJSON *cj = cJSON_Parse(cfg);
+        free(cfg);
+        cfg = NULL;
+        if (cj) {
+            cJSON_ReplaceItemInObjectCaseSensitive(cj, "torch_dtype", cJSON_CreateString("float32"));
+            cfg = cJSON_Print(cj);
+            cJSON_Delete(cj);
+        }
+    }
     if (!cfg) {
         rc = dl_seterr(DL_ENOMEM, "dflash_ckpt_save: config.json");
         goto fail;

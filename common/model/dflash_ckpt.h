@@ -43,7 +43,8 @@ typedef struct {
     size_t n_params;
 } dflash_train_state_t;
 
-/* config.json text for cfg (malloc'd, caller frees); NULL on allocation failure. */
+/* config.json text for cfg (malloc'd, caller frees); NULL on allocation failure.
+ * torch_dtype is "bfloat16"; dflash_ckpt_save writes "float32" for F32 weights. */
 char *dflash_config_to_json(const drafter_config_t *cfg);
 
 /* Parses a DFlash config.json text into cfg (drafter_config_finish applied);

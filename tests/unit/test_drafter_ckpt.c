@@ -117,6 +117,16 @@ static void test_roundtrip(void **state) {
     assert_int_not_equal(stat(p, &sb), 0);
     snprintf(p, sizeof p, "%s.old", dir);
     assert_int_not_equal(stat(p, &sb), 0);
+    { /* config.json's torch_dtype names the stored dtype */
+        snprintf(p, sizeof p, "%s/config.json", dir);
+        FILE *cf = fopen(p, "rb");
+        assert_non_null(cf);
+        char cb[8192];
+        size_t cn = fread(cb, 1, sizeof cb - 1, cf);
+        fclose(cf);
+        cb[cn] = 0;
+        assert_non_null(strstr(cb, "\"torch_dtype\":\t\"float32\""));
+    }
     drafter_config_t c2;
     assert_int_equal(dflash_config_load(dir, &c2), 0);
     assert_true(c2.gamma == 3.5f && c2.rope.llama3 && c2.rope.factor == 8 &&
