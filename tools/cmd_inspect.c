@@ -5,6 +5,7 @@
 #include "common/base/err.h"
 #include "common/base/log.h"
 #include "common/model/config.h"
+#include "common/model/dflash_ckpt.h"
 #include "common/model/gguf.h"
 #include "common/model/safetensors.h"
 
@@ -75,7 +76,80 @@ static int inspect_gguf(const char *path, int all) {
     return 0;
 }
 
+/* 1 when DIR/config.json lists "DFlashDraftModel" in architectures. */
+static int is_dflash_dir(const char *dir) {
+    char cp[PATH_MAX];
+    snprintf(cp, sizeof cp, "%s/config.json", dir);
+    FILE *f = fopen(cp, "rb");
+    if (!f) return 0;
+    char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    cJSON *r = cJSON_Parse(buf), *e;
+    int yes = 0;
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(r, "architectures");
+    if (cJSON_IsArray(a))
+        cJSON_ArrayForEach(e, a) if (cJSON_IsString(e) && !strcmp(e->valuestring, "DFlashDraftModel")) yes = 1;
+    cJSON_Delete(r);
+    return yes;
+}
+
+/* A DFlash drafter checkpoint: its architecture from config.json, every tensor
+ * (name, dtype, shape), the parameter count, and config vs tensors consistency
+ * (layer count, fc input width). Returns the exit code: 1 on any mismatch. */
+static int inspect_drafter(const char *path) {
+    drafter_config_t c;
+    int rc = dflash_config_load(path, &c);
+    if (rc < 0) return log_rc(rc, "inspect: drafter config"), 1;
+    printf("format        DFlash drafter checkpoint (DFlashDraftModel)\n");
+    printf("drafter       %d layers, D %d, heads %d (kv %d, head dim %d), MLP %d, vocab %d\n", c.n_layers, c.D, c.H,
+           c.Hkv, c.hd, c.F, c.V);
+    printf("block size    %d (gamma %.2f)\n", c.B, c.gamma);
+    printf("target layers");
+    for (int i = 0; i < c.n_feat; i++) printf(" %d", c.target_layer_ids[i]);
+    printf(" (of %d)\nmask token id %d\n", c.n_target_layers, c.mask_token_id);
+    safetensors_t *st = NULL;
+    if ((rc = safetensors_open(path, &st)) < 0) return log_rc(rc, "inspect"), 1;
+    size_t n = safetensors_n_tensors(st);
+    uint64_t total = 0, bytes = 0;
+    int max_layer = -1, bad = 0;
+    printf("tensors       %zu\n", n);
+    for (size_t i = 0; i < n; i++) {
+        const st_tensor_t *t = safetensors_tensor_at(st, i);
+        total += st_tensor_nelem(t);
+        bytes += t->nbytes;
+        printf("  %-48s %-5s (", t->name, t->dtype_name);
+        for (int d = 0; d < t->n_dims; d++) printf(d ? ", %lld" : "%lld", (long long)t->shape[d]);
+        printf(")\n");
+        int li;
+        if (sscanf(t->name, "layers.%d.", &li) == 1 && li > max_layer) max_layer = li;
+    }
+    printf("parameters    %.3f M (%llu, %.1f MB)\n", total / 1e6, (unsigned long long)total, bytes / 1e6);
+    if (max_layer + 1 != c.n_layers) {
+        fprintf(stderr, "inspect: %s: config num_hidden_layers %d but the tensors hold %d layers\n", path, c.n_layers,
+                max_layer + 1);
+        bad = 1;
+    }
+    for (int l = 0; l < c.n_layers && l <= max_layer; l++) {
+        char nm[96];
+        snprintf(nm, sizeof nm, "layers.%d.self_attn.q_proj.weight", l);
+        if (!safetensors_find(st, nm)) { fprintf(stderr, "inspect: %s: missing tensor %s\n", path, nm); bad = 1; }
+    }
+    const st_tensor_t *fc = safetensors_find(st, "fc.weight");
+    if (!fc) { fprintf(stderr, "inspect: %s: missing tensor fc.weight\n", path); bad = 1; }
+    else if (fc->n_dims != 2 || fc->shape[0] != c.D || fc->shape[1] != (int64_t)c.n_feat * c.D) {
+        fprintf(stderr, "inspect: %s: fc.weight is not (%d, %d) for D %d and %d target layers\n", path, c.D,
+                c.n_feat * c.D, c.D, c.n_feat);
+        bad = 1;
+    }
+    safetensors_close(&st);
+    printf("consistency   %s\n", bad ? "MISMATCH (see above)" : "config and tensors agree");
+    return bad;
+}
+
 static int inspect_safetensors(const char *path, int is_dir, int all) {
+    if (is_dir && is_dflash_dir(path)) return inspect_drafter(path);
     if (is_dir) {
         char cp[PATH_MAX];
         snprintf(cp, sizeof cp, "%s/config.json", path);

@@ -9,7 +9,10 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/base/err.h"
@@ -174,6 +177,34 @@ static void test_roundtrip(void **state) {
     batch_close(&t);
 }
 
+/* `draftline inspect` on the fixture checkpoint: architecture and tensors,
+ * exit 0; with num_hidden_layers edited to 3 (tensors hold 2): exit 1. */
+static void test_inspect_cli(void **state) {
+    (void)state;
+    const char *bin = getenv("DL_BIN_DIR");
+    if (!bin) { fprintf(stderr, "skip: DL_BIN_DIR not set (make test sets it)\n"); skip(); }
+    char cmd[2048], buf[8192];
+    snprintf(cmd, sizeof cmd, "%s/draftline inspect tests/fixtures/drafter 2>&1", bin);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    assert_int_equal(WEXITSTATUS(pclose(f)), 0);
+    assert_non_null(strstr(buf, "2 layers, D 16, heads 4"));
+    assert_non_null(strstr(buf, "target layers 1 3 5"));
+    assert_non_null(strstr(buf, "mask token id 1"));
+    assert_non_null(strstr(buf, "fc.weight"));
+    assert_non_null(strstr(buf, "(16, 48)"));
+    assert_non_null(strstr(buf, "6272"));
+    snprintf(cmd, sizeof cmd,
+             "cp -r tests/fixtures/drafter %s/bad3 && sed -i 's/\"num_hidden_layers\": *2/\"num_hidden_layers\": 3/' "
+             "%s/bad3/config.json && grep -q '\"num_hidden_layers\": 3' %s/bad3/config.json",
+             g_tmp, g_tmp, g_tmp);
+    assert_int_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "%s/draftline inspect %s/bad3 >/dev/null 2>&1", bin, g_tmp);
+    assert_int_equal(WEXITSTATUS(system(cmd)), 1);
+}
+
 static void test_bad_config(void **state) {
     (void)state;
     drafter_config_t c;
@@ -221,6 +252,7 @@ int main(void) {
         cmocka_unit_test(test_load_public_layout),
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_bad_config),
+        cmocka_unit_test(test_inspect_cli),
     };
     int rc = cmocka_run_group_tests(tests, setup, teardown);
     ops_ctx_destroy(&g_ctx);
