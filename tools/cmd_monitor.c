@@ -23,13 +23,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <uv.h>
 
 #define MON_MAX_GPUS 64
 
 static void monitor_usage(FILE *f) {
     fprintf(f,
-            "usage: draftline monitor --run DIR [--once] [--stall-s S] [--interval-s S]\n"
+            "usage: draftline monitor --run DIR [--once] [--stall-s S] [--interval-s S] [--window-s S]\n"
+            "                         [--wait-share X] [--max-steps N] [--no-nvml]\n"
             "                         [--prometheus-port P [--prometheus-host ADDR]]\n\n"
             "Attaches to a run (live or finished) through DIR/metrics.jsonl and DIR/steps.jsonl:\n"
             "per-stage throughput, phase shares and a stall diagnosis (ok, starved = waiting for\n"
@@ -44,6 +46,7 @@ static void monitor_usage(FILE *f) {
             "  --wait-share X         a wait share of at least X counts as waiting (default 0.5)\n"
             "  --max-steps N          for the ETA (default: DIR/run.json or the optimizer's log)\n"
             "  --prometheus-port P    serve Prometheus text format on P until Ctrl-C\n"
+            "                         (with --once: print the Prometheus text once and exit)\n"
             "  --prometheus-host A    IPv4 address to bind (default 0.0.0.0)\n"
             "  --no-nvml              do not query GPUs\n"
             "TUI keys: q quit, up/down/PgUp/PgDn scroll.\n");
@@ -268,6 +271,15 @@ int cmd_monitor(int argc, char **argv) {
         if (rc < 0) { cli_error("monitor", dl_errmsg()); return 2; }
     }
     if (!C.a.dir || optind < argc) { monitor_usage(stderr); return 2; }
+    if (C.a.once) { /* a snapshot of nothing is a wrong --run, not an empty table */
+        char p1[4200], p2[4200];
+        snprintf(p1, sizeof p1, "%s/run.json", C.a.dir);
+        snprintf(p2, sizeof p2, "%s/metrics.jsonl", C.a.dir);
+        if (access(p1, F_OK) != 0 && access(p2, F_OK) != 0) {
+            fprintf(stderr, "monitor: %s: not a draftline run dir (no run.json / metrics.jsonl)\n", C.a.dir);
+            return 1;
+        }
+    }
     C.run = mon_run_open(C.a.dir);
     if (!C.run) return log_rc(DL_ENOENT, "monitor"), 1;
     if (!C.a.no_nvml) {
@@ -280,7 +292,19 @@ int cmd_monitor(int argc, char **argv) {
         C.nvml_why = "--no-nvml";
     }
     int ret;
-    if (C.a.prom_port >= 0) {
+    if (C.a.prom_port >= 0 && C.a.once) {
+        ctx_refresh(&C);
+        char *text = NULL;
+        size_t len = 0;
+        if (prom_render(&C, &text, &len) < 0) {
+            log_rc(DL_ENOMEM, "monitor --prometheus-port --once");
+            ret = 1;
+        } else {
+            fwrite(text, 1, len, stdout);
+            ret = 0;
+        }
+        free(text);
+    } else if (C.a.prom_port >= 0) {
         ctx_refresh(&C);
         ret = run_prometheus(&C);
     } else if (C.a.once) {

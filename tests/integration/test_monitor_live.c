@@ -488,7 +488,11 @@ static void test_real_pipeline_starved_drafter(void **state) {
     while (!done && clock_mono_s() - start < 120) {
         usleep(500000);
         struct stat st;
-        if (stat(out, &st) != 0) continue;
+        char rj[420], mj[420];
+        snprintf(rj, sizeof rj, "%s/run.json", out);
+        snprintf(mj, sizeof mj, "%s/metrics.jsonl", out);
+        /* monitor --once refuses a dir holding neither (not a run dir yet) */
+        if (stat(rj, &st) != 0 && stat(mj, &st) != 0) continue;
         int code = -1;
         char *text = run_cli(mon, &code);
         assert_int_equal(code, 0);

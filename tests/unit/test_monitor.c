@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/base/err.h"
@@ -625,8 +626,35 @@ static void test_nvml_absent(void **state) {
     }
 }
 
+/* `draftline monitor --once`: a dir that is no run exits 1 with the reason;
+ * --prometheus-port with --once prints the exposition once and exits 0. */
+static void test_cli_once(void **state) {
+    (void)state;
+    const char *bin = getenv("DL_BIN_DIR");
+    if (!bin) { fprintf(stderr, "skip: DL_BIN_DIR not set (make test sets it)\n"); skip(); }
+    char cmd[4200], buf[4096];
+    snprintf(cmd, sizeof cmd, "%s/draftline monitor --run /tmp --once --no-nvml 2>&1", bin);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    assert_int_equal(WEXITSTATUS(pclose(f)), 1);
+    assert_non_null(strstr(buf, "not a draftline run dir"));
+    snprintf(cmd, sizeof cmd,
+             "timeout 20 %s/draftline monitor --run tests/fixtures/monitor/run_cpu --once --prometheus-port 0 --no-nvml",
+             bin);
+    f = popen(cmd, "r");
+    assert_non_null(f);
+    n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    while (fread(cmd, 1, sizeof cmd, f) > 0) {}
+    assert_int_equal(WEXITSTATUS(pclose(f)), 0); /* 124 if it served instead */
+    assert_non_null(strstr(buf, "# TYPE draftline_"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cli_once),
         cmocka_unit_test_setup_teardown(test_tail_partial_truncate_rotate, setup_tmp, teardown_tmp),
         cmocka_unit_test(test_parse_real_run),
         cmocka_unit_test(test_incarnation_resets_history),
