@@ -233,6 +233,8 @@ int cmd_inspect(int argc, char **argv) {
         if (fread(magic, 1, 4, f) != 4) memset(magic, 0, 4);
         fclose(f);
     }
-    if (!memcmp(magic, "GGUF", 4)) return inspect_gguf(path, all);
+    size_t plen = strlen(path);
+    /* by magic, else by name: an empty or truncated .gguf is reported as GGUF */
+    if (!memcmp(magic, "GGUF", 4) || (plen > 5 && !strcmp(path + plen - 5, ".gguf"))) return inspect_gguf(path, all);
     return inspect_safetensors(path, 0, all);
 }

@@ -78,5 +78,7 @@ int cli_parse_bool(const char *flag, const char *s, int *out) {
 }
 
 void cli_error(const char *prog, const char *detail) {
-    fprintf(stderr, "%s: %s\nTry '%s --help'.\n", prog, detail, prog);
+    /* "prepare" -> Try 'draftline prepare --help' (a subcommand name alone is not a command) */
+    int bare = !strchr(prog, ' ') && strcmp(prog, "draftline") != 0;
+    fprintf(stderr, "%s: %s\nTry '%s%s --help'.\n", prog, detail, bare ? "draftline " : "", prog);
 }

@@ -17,7 +17,8 @@ int cli_parse_int_list(const char *flag, const char *s, int min, int max, int *o
 /* "yes/no/true/false/1/0/on/off". */
 int cli_parse_bool(const char *flag, const char *s, int *out);
 
-/* Prints "<prog>: <flag>: <detail>" and a hint to use --help, to stderr. */
+/* Prints "<prog>: <detail>" and "Try 'draftline <prog> --help'." to stderr ("draftline " is
+ * prepended when prog is a bare subcommand name, i.e. has no space). */
 void cli_error(const char *prog, const char *detail);
 
 #endif

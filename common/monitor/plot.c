@@ -223,16 +223,16 @@ int mon_plot_png(const mon_run_t *run, const char *path, const mon_plot_opts_t *
         if (o->ema > 0 && o->ema < 1) d.ema = o->ema;
     }
     if (d.width < 300 || d.height < 300 || d.width > 10000 || d.height > 10000)
-        return dl_seterr(DL_EINVAL, "plot: size %dx%d out of range (300..10000)", d.width, d.height);
+        return dl_seterr(DL_EINVAL, "size %dx%d out of range (300..10000)", d.width, d.height);
     int n = 0;
     for (uint64_t i = 0; i < run->n_steps; i++) n += run->steps[i].have != 0;
-    if (n == 0) return dl_seterr(DL_ENOENT, "plot: no applied step in %s (steps.jsonl / metrics.jsonl)",
+    if (n == 0) return dl_seterr(DL_ENOENT, "no applied step in %s (steps.jsonl / metrics.jsonl)",
                                  run->dir[0] ? run->dir : "the run");
     if (!(d.ema > 0 && d.ema < 1))              /* about n/5 points of memory, within [0.5, 0.95] */
         d.ema = fmin(0.95, fmax(0.5, 1 - 5.0 / n));
     enum { X, LOSS, LOSS_E, ACCM, A1, A2, A3, AL, TPS, TPS_E, NCOL };
     double *buf = malloc(sizeof(double) * (size_t)n * NCOL);
-    if (!buf) return dl_seterr(DL_ENOMEM, "plot: out of memory");
+    if (!buf) return dl_seterr(DL_ENOMEM, "plot image: out of memory");
     double *col[NCOL];
     for (int c = 0; c < NCOL; c++) col[c] = buf + (size_t)c * (size_t)n;
     int last_pos = 0;
@@ -311,11 +311,11 @@ int mon_plot_png(const mon_run_t *run, const char *path, const mon_plot_opts_t *
     free(buf);
     if (cs != CAIRO_STATUS_SUCCESS) {
         remove(tmp);
-        return dl_seterr(DL_EIO, "plot: cairo: %s (writing %s)", cairo_status_to_string(cs), path);
+        return dl_seterr(DL_EIO, "cairo: %s (writing %s)", cairo_status_to_string(cs), path);
     }
     if (rename(tmp, path) != 0) {
         remove(tmp);
-        rc = dl_seterr(DL_EIO, "plot: rename %s -> %s failed", tmp, path);
+        rc = dl_seterr(DL_EIO, "rename %s -> %s failed", tmp, path);
     }
     return rc;
 }
