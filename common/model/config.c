@@ -151,6 +151,16 @@ static int parse_config(const cJSON *root, const char *where, model_config_t *c)
 int model_config_from_json(const char *json, const char *where, model_config_t *out) {
     cJSON *root = cJSON_Parse(json);
     if (!root || !cJSON_IsObject(root)) {
+        if (!root) { /* say where the text stops parsing: line of cJSON's error pointer */
+            const char *ep = cJSON_GetErrorPtr();
+            size_t n = strlen(json);
+            if (ep && ep >= json && ep <= json + n) {
+                int line = 1;
+                for (const char *q = json; q < ep; q++) line += *q == '\n';
+                return dl_seterr(DL_EFORMAT, "%s: invalid JSON at line %d", where, line);
+            }
+            return dl_seterr(DL_EFORMAT, "%s: invalid JSON", where);
+        }
         cJSON_Delete(root);
         return dl_seterr(DL_EFORMAT, "%s: not a JSON object", where);
     }

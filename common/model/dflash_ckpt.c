@@ -108,6 +108,16 @@ static int json_int(const cJSON *o, const char *key, const char *where, int requ
 int dflash_config_from_json(const char *text, const char *where, drafter_config_t *c) {
     cJSON *j = cJSON_Parse(text);
     if (!j || !cJSON_IsObject(j)) {
+        if (!j) { /* say where the text stops parsing: line of cJSON's error pointer */
+            const char *ep = cJSON_GetErrorPtr();
+            size_t n = strlen(text);
+            if (ep && ep >= text && ep <= text + n) {
+                int line = 1;
+                for (const char *q = text; q < ep; q++) line += *q == '\n';
+                return dl_seterr(DL_EFORMAT, "%s: invalid JSON at line %d", where, line);
+            }
+            return dl_seterr(DL_EFORMAT, "%s: invalid JSON", where);
+        }
         cJSON_Delete(j);
         return dl_seterr(DL_EFORMAT, "%s: not a JSON object", where);
     }

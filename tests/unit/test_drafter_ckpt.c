@@ -209,6 +209,9 @@ static void test_bad_config(void **state) {
     (void)state;
     drafter_config_t c;
     assert_int_equal(dflash_config_from_json("[1]", "x.json", &c), DL_EFORMAT);
+    assert_non_null(strstr(dl_errmsg(), "not a JSON object"));
+    assert_int_equal(dflash_config_from_json("{\n\"a\": 1,\n\"b\": }\n", "x.json", &c), DL_EFORMAT);
+    assert_non_null(strstr(dl_errmsg(), "x.json: invalid JSON at line 3"));
     const char *no_dflash = "{\"model_type\":\"qwen3\",\"hidden_size\":16}";
     assert_int_equal(dflash_config_from_json(no_dflash, "x.json", &c), DL_EFORMAT);
     assert_non_null(strstr(dl_errmsg(), "dflash_config"));
