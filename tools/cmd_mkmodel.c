@@ -10,6 +10,8 @@
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static void mkmodel_usage(FILE *f) {
     fprintf(f,
@@ -17,7 +19,8 @@ static void mkmodel_usage(FILE *f) {
             "Writes config.json + safetensors with the shapes of a real model and seeded random\n"
             "weights (N(0, 0.02^2), norms 1), tensor by tensor, for throughput benchmarks.\n\n"
             "  --config NAME        %s\n"
-            "  --out DIR            output directory (created)\n"
+            "  --out DIR            output directory (created; an existing one needs --force)\n"
+            "  --force              overwrite the model files in an existing --out\n"
             "  --seed S             (default 0)\n"
             "  --dtype T            bf16|f16|f32 (default bf16)\n"
             "  --shard-gb G         max shard size in GiB (default 5)\n"
@@ -31,11 +34,12 @@ int cmd_mkmodel(int argc, char **argv) {
         {"config", required_argument, 0, 'c'}, {"out", required_argument, 0, 'o'},
         {"seed", required_argument, 0, 's'},   {"dtype", required_argument, 0, 'd'},
         {"shard-gb", required_argument, 0, 'g'}, {"tokenizer", required_argument, 0, 't'},
+        {"force", no_argument, 0, 'F'},
         {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
     const char *name = NULL, *out = NULL, *dtype = "bf16", *tokdir = NULL;
     int64_t seed = 0;
     size_t shard = 0;
-    int c;
+    int c, force = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -49,11 +53,31 @@ int cmd_mkmodel(int argc, char **argv) {
             if (cli_parse_gb("--shard-gb", optarg, 0.001, 1024, &shard) < 0) { cli_error("mkmodel", dl_errmsg()); return 2; }
             break;
         case 't': tokdir = optarg; break;
+        case 'F': force = 1; break;
         case 'h': mkmodel_usage(stdout); return 0;
         default: mkmodel_usage(stderr); return 2;
         }
     }
     if (optind < argc || !name || !out) { mkmodel_usage(stderr); return 2; }
+    if (strcmp(dtype, "bf16") && strcmp(dtype, "f16") && strcmp(dtype, "f32")) {
+        char m[160];
+        snprintf(m, sizeof m, "--dtype: '%s' (bf16, f16, f32)", dtype);
+        cli_error("mkmodel", m);
+        return 2;
+    }
+    struct stat sb;
+    if (!force && stat(out, &sb) == 0) {
+        fprintf(stderr, "mkmodel: %s exists; pass --force to overwrite its model files\n", out);
+        return 1;
+    }
+    if (tokdir) { /* checked before minutes of writing weights, not after */
+        char tj[4200];
+        snprintf(tj, sizeof tj, "%s/tokenizer.json", tokdir);
+        if (access(tj, R_OK) != 0) {
+            fprintf(stderr, "mkmodel: --tokenizer %s: no readable tokenizer.json there\n", tokdir);
+            return 1;
+        }
+    }
     model_config_t cfg;
     if (mkmodel_preset(name, &cfg) < 0) { cli_error("mkmodel", dl_errmsg()); return 2; }
     double t0 = clock_mono_s();
