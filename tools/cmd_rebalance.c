@@ -7,7 +7,9 @@
  * the supervisor picks up within 0.2 s; it answers in <DIR>/rebalance.result (JSON
  * {"id", "status": running|done|rejected, "message", "seconds", "targets",
  * "drafters"}). This command waits (default 120 s) for the answer with its id and
- * exits 0 (done), 1 (rejected, timeout) or 2 (usage). */
+ * exits 0 (done), 1 (rejected, timeout, or the run's supervisor is not alive: refused at
+ * once, nothing written) or 2 (usage). A request left unanswered at the timeout is
+ * removed again, and a supervisor deletes any stale request when it starts. */
 #include "common/base/cli.h"
 #include "common/base/clock.h"
 #include "common/base/err.h"
@@ -74,6 +76,17 @@ int cmd_rebalance(int argc, char **argv) {
         for (const char *p = tg; *p; p++) targets += *p == ',';
         for (const char *p = dg; *p; p++) drafters += *p == ',';
     }
+    {
+        int spid = 0;
+        int live = sup_run_live(dir, &spid);
+        if (live < 0) { fprintf(stderr, "draftline rebalance: %s (is %s a run dir?)\n", dl_errmsg(), dir); return 1; }
+        if (!live) {
+            fprintf(stderr, "draftline rebalance: run %s is not running (no supervisor at pid %d): nothing to "
+                            "rebalance; resume it with the split you want (`draftline run --resume %s --out %s "
+                            "--targets N --drafters M`)\n", dir, spid, dir, dir);
+            return 1;
+        }
+    }
     char id[64];
     snprintf(id, sizeof id, "rb-%ld-%d", (long)time(NULL), (int)getpid());
     cJSON *j = cJSON_CreateObject();
@@ -114,6 +127,11 @@ int cmd_rebalance(int argc, char **argv) {
         cJSON_Delete(r);
         usleep(100000);
     }
+    /* take back our own request if it was never picked up, so no later run applies it */
+    cJSON *left = read_json(p);
+    const cJSON *lid = left ? cJSON_GetObjectItemCaseSensitive(left, "id") : NULL;
+    if (cJSON_IsString(lid) && !strcmp(lid->valuestring, id)) unlink(p);
+    cJSON_Delete(left);
     fprintf(stderr, "draftline rebalance: no answer from the supervisor in %.0f s (is the run live? see "
                     "`draftline status --run %s`)\n", wait_s, dir);
     return 1;

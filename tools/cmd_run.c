@@ -12,6 +12,7 @@
 #include "common/data/chat.h"
 #include "common/data/prepare.h"
 #include "common/data/tokenizer.h"
+#include "common/mem/slab.h"
 #include "common/pipe/ckpt.h"
 #include "common/pipe/layout.h"
 #include "common/pipe/model.h"
@@ -23,6 +24,7 @@
 #include <getopt.h>
 #include <stdarg.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -376,11 +378,35 @@ int cmd_run(int argc, char **argv) {
             log_warn("--eval-every %d: checkpoints are evaluated, and without --save-every there is only the "
                      "final one (not evaluated): no eval will run", o.eval_every);
     }
+    if (o.drafters > o.targets)
+        log_warn("%d drafters for %d target(s): target i feeds drafter i mod %d, so drafter%d..%d get no "
+                 "input and sit idle (use --drafters <= --targets)", o.drafters, o.targets, o.drafters,
+                 o.targets, o.drafters - 1);
+    /* Everything that does not need the data is checked before the data is prepared and
+     * before the out dir is created. */
     /* run directory */
     char out[4096];
+    if (o.resume && access(o.resume, F_OK) != 0) {
+        fprintf(stderr, "draftline run: --resume %s: %s\n", o.resume, strerror(errno));
+        return 2;
+    }
     if (o.out) snprintf(out, sizeof out, "%s", o.out);
-    else if (o.resume && ckpt_resolve(o.resume, out, sizeof out) == 0 && strstr(out, "/checkpoints/")) {
-        *strstr(out, "/checkpoints/") = 0;
+    else if (o.resume) {
+        /* the run dir of --resume: a checkpoint's run (<dir>/checkpoints/step_N) or the dir itself */
+        char cp[4096];
+        if (ckpt_resolve(o.resume, cp, sizeof cp) == 0 && strstr(cp, "/checkpoints/")) {
+            *strstr(cp, "/checkpoints/") = 0;
+            snprintf(out, sizeof out, "%s", cp);
+        } else {
+            char rj[4200];
+            snprintf(rj, sizeof rj, "%s/run.json", o.resume);
+            if (access(rj, F_OK) != 0) {
+                fprintf(stderr, "draftline run: --resume %s is neither a run dir (no run.json) nor a checkpoint "
+                                "of one: pass --out DIR to say where the run goes\n", o.resume);
+                return 2;
+            }
+            snprintf(out, sizeof out, "%s", o.resume);
+        }
     } else {
         time_t now = time(NULL);
         struct tm tm;
@@ -388,16 +414,140 @@ int cmd_run(int argc, char **argv) {
         strftime(out, sizeof out, "runs/run-%Y%m%d-%H%M%S", &tm);
     }
     {
-        /* a fresh run never mixes its steps and metrics into an older run's files */
-        char prev[4200];
-        snprintf(prev, sizeof prev, "%s/steps.jsonl", out);
-        if (!o.resume && access(prev, F_OK) == 0) {
-            fprintf(stderr, "draftline run: --out %s holds a previous run (steps.jsonl): choose another "
-                            "--out, or continue it with --resume %s\n", out, out);
+        int spid = 0;
+        if (sup_run_live(out, &spid) == 1) {
+            fprintf(stderr, "draftline run: %s: the run is live (supervisor pid %d); stop it first "
+                            "(`draftline stop --run %s --wait 60`)\n", out, spid, out);
+            return 2;
+        }
+        if (o.resume && strcmp(o.resume, out) != 0 && sup_run_live(o.resume, &spid) == 1) {
+            fprintf(stderr, "draftline run: --resume %s: the run is live (supervisor pid %d); stop it first\n",
+                    o.resume, spid);
             return 2;
         }
     }
+    /* A dir whose run saved no checkpoint and applied no step (e.g. Ctrl-C while the
+     * stages were starting) holds nothing to continue: it is reused as a fresh run,
+     * with or without --resume (its steps.jsonl and metrics.jsonl are started anew). */
+    int reuse_fresh = 0;
+    {
+        char prev[4200], cp[4096];
+        struct stat sb;
+        snprintf(prev, sizeof prev, "%s/steps.jsonl", out);
+        int has_steps = stat(prev, &sb) == 0 && sb.st_size > 0;
+        int has_prev = access(prev, F_OK) == 0;
+        snprintf(prev, sizeof prev, "%s/run.json", out);
+        has_prev |= access(prev, F_OK) == 0;
+        int has_ckpt = ckpt_resolve(o.resume ? o.resume : out, cp, sizeof cp) == 0;
+        if (o.resume && !has_ckpt) {
+            if (!has_steps && (!strcmp(o.resume, out) || has_prev)) {
+                log_info("--resume %s: the run saved no checkpoint and applied no step: starting it fresh in %s",
+                         o.resume, out);
+                o.resume = NULL;
+                reuse_fresh = has_prev;
+            } else {
+                fprintf(stderr, "draftline run: --resume %s: no checkpoint to resume from (no state.bin and no "
+                                "checkpoints/latest)%s\n", o.resume,
+                        has_steps ? "; the run applied steps but saved none: start a fresh run with another --out" : "");
+                return 2;
+            }
+        } else if (!o.resume && has_prev) {
+            if (has_steps || has_ckpt) {
+                fprintf(stderr, "draftline run: --out %s holds a previous run (%s): choose another "
+                                "--out, or continue it with --resume %s\n", out,
+                        has_ckpt ? "a checkpoint" : "steps.jsonl", out);
+                return 2;
+            }
+            log_info("--out %s: the previous run there saved no checkpoint and applied no step: reusing it as "
+                     "a fresh run", out);
+            reuse_fresh = 1;
+        }
+    }
+    /* the checkpoint to resume: read (and checked) before anything is written */
+    uint64_t start_step = 0;
+    char resume_dir[4200] = "";
+    ckpt_state_hdr_t resume_hdr;
+    int have_resume_hdr = 0;
+    memset(&resume_hdr, 0, sizeof resume_hdr);
+    if (o.resume) {
+        if (ckpt_resolve(o.resume, resume_dir, sizeof resume_dir) < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 2; }
+        char p[4300];
+        snprintf(p, sizeof p, "%s/state.bin", resume_dir);
+        FILE *f = fopen(p, "rb");
+        ckpt_state_hdr_t h;
+        if (!f || fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, CKPT_MAGIC, 8) != 0) {
+            if (f) fclose(f);
+            fprintf(stderr, "draftline run: --resume %s: unreadable training state\n", resume_dir);
+            return 2;
+        }
+        fclose(f);
+        start_step = h.step;
+        resume_hdr = h;
+        have_resume_hdr = 1;
+    }
+    /* Inbox slots per drafter (each sized for a full micro-batch) bound how far the
+     * loader may run ahead of the current step: items of the next step wait in the
+     * inbox until the step is applied, and every routed target may hold one grant, so
+     * lookahead <= slots - targets per drafter keeps room for the current step. */
+    int lookahead, inbox_slots;
+    {
+        model_config_t mc;
+        drafter_config_t dc;
+        if (pipe_target_config(o.target_model, &mc) < 0 ||
+            pipe_drafter_config(&mc, o.drafter_layers, 0, o.block_size, &dc) < 0) {
+            fprintf(stderr, "draftline run: %s: %s\n", o.target_model, dl_errmsg());
+            return 1;
+        }
+        uint64_t slot = pipe_layout((uint64_t)o.token_budget, (uint64_t)o.token_budget,
+                                    (uint64_t)dc.n_feat * (uint64_t)dc.D, gpu_mode ? 2 : 4).bytes;
+        uint64_t gpu = (uint64_t)(o.inbox_gb * 1073741824.0) / 256 * 256;
+        uint64_t host = (uint64_t)(o.host_inbox_gb * 1073741824.0) / 256 * 256;
+        int64_t slots = (int64_t)(gpu / slot + host / slot);
+        if (slots < 1) {
+            fprintf(stderr, "draftline run: --inbox-gb %g + --host-inbox-gb %g cannot hold one micro-batch "
+                            "of %d tokens (%.4f GiB of hidden states): raise --inbox-gb or lower --token-budget\n",
+                    o.inbox_gb, o.host_inbox_gb, o.token_budget, (double)slot / 1073741824.0);
+            return 2;
+        }
+        inbox_slots = (int)(slots > INT32_MAX ? INT32_MAX : slots);
+        int64_t tpd = (o.targets + o.drafters - 1) / o.drafters;
+        int64_t la = slots - tpd;
+        lookahead = (int)(la < 0 ? 0 : la > o.mbs_per_step ? o.mbs_per_step : la);
+    }
+    static sup_opts_t so;
+    memset(&so, 0, sizeof so);
+    char bdir[4096];
+    if (bin_dir(bdir, sizeof bdir) < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 1; }
+    static const char *const exes[] = {"loader", "optimizer", "drafter_worker", "target_worker"};
+    for (int i = 0; i < 4; i++) {
+        char e[4200];
+        snprintf(e, sizeof e, "%s/%s", bdir, exes[i]);
+        if (access(e, X_OK) != 0) {
+            fprintf(stderr, "draftline run: stage executable %s not found (build with `make`, or set "
+                            "DL_BIN_DIR)\n", e);
+            return 1;
+        }
+    }
+    if (o.eval_data) {
+        char e[4200];
+        snprintf(e, sizeof e, "%s/draftline", bdir);
+        if (access(e, X_OK) != 0) {
+            fprintf(stderr, "draftline run: --eval-data: %s not found (build with `make`, or set DL_BIN_DIR)\n", e);
+            return 1;
+        }
+    }
+    /* shared memory of dead runs (a supervisor killed with SIGKILL): see slab_sweep_dead */
+    {
+        int swept = slab_sweep_dead(60.0);
+        if (swept > 0) log_warn("removed %d shared-memory object(s) of dead runs from /dev/shm", swept);
+    }
+    /* validation passed: now the out dir */
     if (bus_run_dir_create(out) < 0) { fprintf(stderr, "draftline run: --out %s: %s\n", out, dl_errmsg()); return 1; }
+    if (reuse_fresh) {
+        char f[4200];
+        snprintf(f, sizeof f, "%s/steps.jsonl", out); unlink(f);
+        snprintf(f, sizeof f, "%s/metrics.jsonl", out); unlink(f);
+    }
     char logs[4200];
     snprintf(logs, sizeof logs, "%s/logs", out);
     if (paths_mkdir_p(logs, 0700) < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 1; }
@@ -415,23 +565,6 @@ int cmd_run(int argc, char **argv) {
     if (prepare_data(&o, out, cache, sizeof cache) < 0) {
         fprintf(stderr, "draftline run: %s\n", dl_errmsg());
         return 1;
-    }
-    /* steps */
-    uint64_t start_step = 0;
-    char resume_dir[4200] = "";
-    if (o.resume) {
-        if (ckpt_resolve(o.resume, resume_dir, sizeof resume_dir) < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 2; }
-        char p[4300];
-        snprintf(p, sizeof p, "%s/state.bin", resume_dir);
-        FILE *f = fopen(p, "rb");
-        ckpt_state_hdr_t h;
-        if (!f || fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, CKPT_MAGIC, 8) != 0) {
-            if (f) fclose(f);
-            fprintf(stderr, "draftline run: --resume %s: unreadable training state\n", resume_dir);
-            return 2;
-        }
-        fclose(f);
-        start_step = h.step;
     }
     uint64_t max_steps = (uint64_t)o.max_steps;
     {
@@ -470,55 +603,17 @@ int cmd_run(int argc, char **argv) {
             max_steps = all;
         }
     }
+    if (have_resume_hdr && resume_hdr.max_steps > 0 && (uint64_t)resume_hdr.max_steps != max_steps)
+        log_warn("--resume: max-steps changes from %llu (the checkpoint's) to %llu: the LR schedule (warmup, "
+                 "then cosine decay to max-steps) changes with it; pass --max-steps %llu to keep it",
+                 (unsigned long long)resume_hdr.max_steps, (unsigned long long)max_steps,
+                 (unsigned long long)resume_hdr.max_steps);
     if (max_steps <= start_step) {
         fprintf(stderr, "draftline run: nothing to do: the checkpoint is at step %llu of %llu\n",
                 (unsigned long long)start_step, (unsigned long long)max_steps);
         return 2;
     }
-    /* Inbox slots per drafter (each sized for a full micro-batch) bound how far the
-     * loader may run ahead of the current step: items of the next step wait in the
-     * inbox until the step is applied, and every routed target may hold one grant, so
-     * lookahead <= slots - targets per drafter keeps room for the current step. */
-    int lookahead, inbox_slots;
-    {
-        model_config_t mc;
-        drafter_config_t dc;
-        if (pipe_target_config(o.target_model, &mc) < 0 ||
-            pipe_drafter_config(&mc, o.drafter_layers, 0, o.block_size, &dc) < 0) {
-            fprintf(stderr, "draftline run: %s: %s\n", o.target_model, dl_errmsg());
-            return 1;
-        }
-        uint64_t slot = pipe_layout((uint64_t)o.token_budget, (uint64_t)o.token_budget,
-                                    (uint64_t)dc.n_feat * (uint64_t)dc.D, gpu_mode ? 2 : 4).bytes;
-        uint64_t gpu = (uint64_t)(o.inbox_gb * 1073741824.0) / 256 * 256;
-        uint64_t host = (uint64_t)(o.host_inbox_gb * 1073741824.0) / 256 * 256;
-        int64_t slots = (int64_t)(gpu / slot + host / slot);
-        if (slots < 1) {
-            fprintf(stderr, "draftline run: --inbox-gb %g + --host-inbox-gb %g cannot hold one micro-batch "
-                            "of %d tokens (%.4f GiB of hidden states): raise --inbox-gb or lower --token-budget\n",
-                    o.inbox_gb, o.host_inbox_gb, o.token_budget, (double)slot / 1073741824.0);
-            return 2;
-        }
-        inbox_slots = (int)(slots > INT32_MAX ? INT32_MAX : slots);
-        int64_t tpd = (o.targets + o.drafters - 1) / o.drafters;
-        int64_t la = slots - tpd;
-        lookahead = (int)(la < 0 ? 0 : la > o.mbs_per_step ? o.mbs_per_step : la);
-    }
-    static sup_opts_t so;
-    memset(&so, 0, sizeof so);
-    char bdir[4096];
-    if (bin_dir(bdir, sizeof bdir) < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 1; }
     so.bin_dir = bdir;
-    static const char *const exes[] = {"loader", "optimizer", "drafter_worker", "target_worker"};
-    for (int i = 0; i < 4; i++) {
-        char e[4200];
-        snprintf(e, sizeof e, "%s/%s", bdir, exes[i]);
-        if (access(e, X_OK) != 0) {
-            fprintf(stderr, "draftline run: stage executable %s not found (build with `make`, or set "
-                            "DL_BIN_DIR)\n", e);
-            return 1;
-        }
-    }
     so.out_dir = out;
     so.sock_dir = sock;
     so.run_id = run_id;
@@ -538,12 +633,6 @@ int cmd_run(int argc, char **argv) {
     so.inbox_slots = inbox_slots;
     so.lookahead = lookahead;
     if (o.eval_data) {
-        char e[4200];
-        snprintf(e, sizeof e, "%s/draftline", bdir);
-        if (access(e, X_OK) != 0) {
-            fprintf(stderr, "draftline run: --eval-data: %s not found (build with `make`, or set DL_BIN_DIR)\n", e);
-            return 1;
-        }
         so.eval_data = o.eval_data;
         so.eval_every = o.eval_every;
         so.eval_prompts = o.eval_prompts;
@@ -622,12 +711,18 @@ int cmd_run(int argc, char **argv) {
     sup_summary_t sum;
     int rc = supervisor_run(&so, &sum);
     if (strcmp(sock, out) != 0) rmdir(sock);
-    printf("\nsummary: %llu steps%s, loss %.4f (mean of the first %d) -> %.4f (mean of the last %d), "
-           "%.0f target tokens/s over %.1f s, %d restart(s)\n",
-           (unsigned long long)sum.steps, sum.interrupted ? " (interrupted)" : "", sum.loss_first10,
-           sum.n_first, sum.loss_last10, sum.n_last, sum.tokens_per_s, sum.seconds, sum.restarts);
+    if (sum.n_first > 0)
+        printf("\nsummary: %llu steps%s, loss %.4f (mean of the first %d) -> %.4f (mean of the last %d), "
+               "%.0f target tokens/s over %.1f s, %d restart(s)\n",
+               (unsigned long long)sum.steps, sum.interrupted ? " (interrupted)" : "", sum.loss_first10,
+               sum.n_first, sum.loss_last10, sum.n_last, sum.tokens_per_s, sum.seconds, sum.restarts);
+    else
+        printf("\nsummary: no step applied%s, %d restart(s)\n", sum.interrupted ? " (interrupted)" : "",
+               sum.restarts);
     printf("checkpoint: %s\n", sum.checkpoint[0] ? sum.checkpoint : "(none)");
     fflush(stdout);
     if (rc < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 1; }
+    /* the shell convention for a run stopped by a signal (the final checkpoint is written) */
+    if (sum.interrupted) return sum.signal == SIGTERM ? 143 : 130;
     return 0;
 }

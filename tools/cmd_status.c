@@ -4,6 +4,7 @@
 #include "common/base/cli.h"
 #include "common/base/err.h"
 #include "tools/commands.h"
+#include "tools/supervisor.h"
 
 #include <cjson/cJSON.h>
 #include <getopt.h>
@@ -58,10 +59,21 @@ int cmd_status(int argc, char **argv) {
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(run, "run_id");
     const cJSON *state = cJSON_GetObjectItemCaseSensitive(run, "state");
     pid_t sup = (pid_t)num(run, "supervisor_pid");
-    int alive = sup > 0 && kill(sup, 0) == 0;
-    printf("run %s  %s  (%s, supervisor pid %d%s)\n", cJSON_IsString(id) ? id->valuestring : "?", dir,
-           cJSON_IsString(state) ? state->valuestring : "?", (int)sup,
-           alive ? "" : ", not running");
+    int alive = sup_pid_is_supervisor((int)sup);
+    const char *sts = cJSON_IsString(state) ? state->valuestring : "?";
+    /* run.json says "running" until the supervisor rewrites it at the end: a supervisor
+     * that was killed (SIGKILL, OOM) never does, so its last state is stale */
+    int stale = !alive && strcmp(sts, "stopped") != 0;
+    if (stale)
+        printf("run %s  %s  (not running: supervisor pid %d is dead)\n", cJSON_IsString(id) ? id->valuestring : "?",
+               dir, (int)sup);
+    else
+        printf("run %s  %s  (%s, supervisor pid %d%s)\n", cJSON_IsString(id) ? id->valuestring : "?", dir, sts,
+               (int)sup, alive ? "" : ", not running");
+    if (stale)
+        printf("the supervisor (pid %d) is dead but run.json still says '%s': it was killed without "
+               "finishing (no stage is running). Resume with `draftline run --resume %s --out %s ...`\n",
+               (int)sup, sts, dir, dir);
     printf("topology: %g target(s), %g drafter(s) on %s; steps %g..%g, %g micro-batch(es) per step\n",
            num(run, "targets"), num(run, "drafters"),
            cJSON_IsString(cJSON_GetObjectItem(run, "device")) ? cJSON_GetObjectItem(run, "device")->valuestring : "?",
@@ -108,7 +120,7 @@ int cmd_status(int argc, char **argv) {
         last[k] = x;
     }
     free(m);
-    printf("%-10s %-8s %7s %4s %3s  %-9s %10s %9s %9s %9s  %s\n", "stage", "process", "pid", "inc", "rst",
+    printf("%-10s %-8s %7s %4s %3s  %-11s %10s %9s %9s %9s  %s\n", "stage", "process", "pid", "inc", "rst",
            "state", "tokens/s", "wait_in", "wait_cr", "compute", "detail");
     for (int i = 0; i < ns && i < MAXS; i++) {
         const cJSON *e = cJSON_GetArrayItem(stages, i);
@@ -133,10 +145,13 @@ int cmd_status(int argc, char **argv) {
         double compute = x ? num(x, "forward_s") + num(x, "backward_s") + num(x, "step_s") : 0;
         char rate[32] = "-";
         if (x && num(x, "tokens_per_s") >= 0) snprintf(rate, sizeof rate, "%.0f", num(x, "tokens_per_s"));
-        printf("%-10s %-8s %7g %4g %3g  %-9s %10s %8.1fs %8.1fs %8.1fs  %s\n",
-               cJSON_IsString(n) ? n->valuestring : "?", cJSON_IsString(pr) ? pr->valuestring : "?",
-               num(e, "pid"), num(e, "incarnation"), num(e, "restarts"),
-               cJSON_IsString(xs) ? xs->valuestring : "-", rate,
+        char pids[24];
+        if (alive) snprintf(pids, sizeof pids, "%g", num(e, "pid"));
+        else snprintf(pids, sizeof pids, "-");
+        printf("%-10s %-8s %7s %4g %3g  %-11s %10s %8.1fs %8.1fs %8.1fs  %s\n",
+               cJSON_IsString(n) ? n->valuestring : "?",
+               !alive ? "-" : cJSON_IsString(pr) ? pr->valuestring : "?", pids, num(e, "incarnation"), num(e, "restarts"),
+               !alive ? "not running" : cJSON_IsString(xs) ? xs->valuestring : "-", !alive ? "-" : rate,
                x ? num(x, "wait_input_s") : 0, x ? num(x, "wait_credit_s") : 0, compute, detail);
         cJSON_Delete(last[i]);
     }

@@ -196,8 +196,9 @@ static void spawn(sup_t *S, sstage_t *x) {
         return;
     }
     if (pid == 0) {
-        /* a stage never outlives its supervisor (even one killed with SIGKILL) */
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        /* a stage never outlives its supervisor (even one killed with SIGKILL): SIGUSR1,
+         * which the stage runtime turns into one SIGTERM (common/pipe/stage.c) */
+        prctl(PR_SET_PDEATHSIG, SIGUSR1);
         if (getppid() != parent) _exit(1);
         int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
         if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); if (fd > 2) close(fd); }
@@ -902,6 +903,7 @@ static void on_signal(uv_signal_t *h, int signum) {
         return;
     }
     S->sum->interrupted = 1;
+    if (!S->sum->signal) S->sum->signal = signum;
     begin_stop(S, signum == SIGINT ? "interrupted (Ctrl-C); stages write a final checkpoint" : "SIGTERM");
 }
 
@@ -998,6 +1000,13 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     S.t0 = clock_mono_s();
     S.last_progress_print = S.t0;
     S.ev.last_ckpt = ev_latest_step(&S);   /* a resumed run's checkpoint is not evaluated again */
+    {
+        /* a request left by an earlier `draftline rebalance` that timed out (its run was
+         * not there to answer) is never applied to this run */
+        char rq[4200];
+        snprintf(rq, sizeof rq, "%s/" SUP_REBALANCE_REQUEST, o->out_dir);
+        if (unlink(rq) == 0) log_warn("removed a stale %s (left by an earlier `draftline rebalance`); not applied", rq);
+    }
     S.n = o->n_stages;
     for (int i = 0; i < S.n; i++) S.st[i].spec = &o->stages[i];
     for (int i = 0; i < S.n; i++) spawn(&S, &S.st[i]);
@@ -1037,4 +1046,35 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     }
     free(S.losses);
     return S.failed ? dl_seterr(DL_ESTATE, "the run failed (a stage died beyond its restarts, or the optimizer died; see above and %s/logs)", o->out_dir) : 0;
+}
+
+int sup_pid_is_supervisor(int pid) {
+    if (pid <= 0) return 0;
+    char p[64], buf[4096];
+    snprintf(p, sizeof p, "/proc/%d/cmdline", pid);
+    FILE *f = fopen(p, "rb");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *a1 = buf + strlen(buf) + 1;   /* argv is NUL-separated */
+    return n > 0 && strstr(buf, "draftline") && a1 < buf + n && !strcmp(a1, "run");
+}
+
+int sup_run_live(const char *dir, int *pid) {
+    *pid = 0;
+    char p[4200];
+    snprintf(p, sizeof p, "%s/run.json", dir);
+    FILE *f = fopen(p, "rb");
+    if (!f) return dl_seterr(DL_ENOENT, "%s: %s", p, strerror(errno));
+    static char txt[1 << 16];
+    size_t n = fread(txt, 1, sizeof txt - 1, f);
+    fclose(f);
+    txt[n] = 0;
+    cJSON *j = cJSON_Parse(txt);
+    const cJSON *pj = j ? cJSON_GetObjectItemCaseSensitive(j, "supervisor_pid") : NULL;
+    if (!cJSON_IsNumber(pj)) { cJSON_Delete(j); return dl_seterr(DL_ENOENT, "%s: no supervisor_pid", p); }
+    *pid = pj->valueint;
+    cJSON_Delete(j);
+    return sup_pid_is_supervisor(*pid);
 }

@@ -59,6 +59,7 @@ typedef struct {
     uint64_t tokens;
     int restarts;
     int interrupted;            /* stopped by a signal before max_steps */
+    int signal;                 /* the first stopping signal (SIGINT, SIGTERM), 0 if none */
     int failed;
     char checkpoint[4200];
 } sup_summary_t;
@@ -70,6 +71,15 @@ typedef struct {
  * run.json current. See docs/ARCHITECTURE.md (pipeline, rebalance). */
 #define SUP_REBALANCE_REQUEST "rebalance.request"
 #define SUP_REBALANCE_RESULT "rebalance.result"
+
+/* 1 when pid is a live `draftline run` supervisor (/proc/<pid>/cmdline is
+ * "...draftline" "run"), else 0 (dead, or the pid was reused by something else). */
+int sup_pid_is_supervisor(int pid);
+
+/* Reads supervisor_pid from <dir>/run.json into *pid. Returns 1 when that supervisor is
+ * alive (sup_pid_is_supervisor), 0 when it is not, DL_ENOENT when run.json is missing
+ * or has no supervisor_pid (then *pid = 0). */
+int sup_run_live(const char *dir, int *pid);
 
 /* Runs the pipeline to the end. Returns 0 (finished or cleanly interrupted) or a
  * negative dl_err (a stage failed beyond max_restarts, sockets). */

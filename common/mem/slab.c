@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 struct slab {
@@ -207,3 +208,95 @@ static int sweep_or_count(const char *run_id, int do_unlink) {
 
 int slab_sweep(const char *run_id) { return sweep_or_count(run_id, 1); }
 int slab_count(const char *run_id) { return sweep_or_count(run_id, 0); }
+
+int slab_sweep_stage(const char *run_id, const char *stage, uint64_t incarnation) {
+    if (!slab_name_ok(run_id) || !slab_name_ok(stage))
+        return dl_seterr(DL_EINVAL, "slab_sweep_stage: run id '%s' or stage '%s' malformed", run_id, stage);
+    char prefix[96];
+    snprintf(prefix, sizeof prefix, "dl-%s-%s-%llu-", run_id, stage, (unsigned long long)incarnation);
+    DIR *d = opendir("/dev/shm");
+    if (!d) return dl_seterr(DL_EIO, "opendir /dev/shm: %s", strerror(errno));
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
+        char name[300];
+        snprintf(name, sizeof name, "/%s", e->d_name);
+        if (shm_unlink(name) == 0) n++;
+    }
+    closedir(d);
+    return n;
+}
+
+/* Run ids (the "<run>" of "dl-<run>-...") seen in /dev/shm, with liveness flags. */
+typedef struct { char id[17]; int live; } sweep_run_t;
+#define SWEEP_MAX_RUNS 256
+
+static int sweep_find(sweep_run_t *r, int n, const char *id) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(r[i].id, id)) return i;
+    return -1;
+}
+
+/* Extracts the run id of a "dl-<run>-..." name into id (cap 17); 0 on success. */
+static int sweep_run_of(const char *name, char *id) {
+    if (strncmp(name, "dl-", 3) != 0) return -1;
+    const char *a = name + 3, *b = strchr(a, '-');
+    if (!b || b == a || b - a > 16) return -1;
+    memcpy(id, a, (size_t)(b - a));
+    id[b - a] = 0;
+    return slab_name_ok(id) ? 0 : -1;
+}
+
+int slab_sweep_dead(double min_age_s) {
+    sweep_run_t runs[SWEEP_MAX_RUNS];
+    int nr = 0;
+    time_t now = time(NULL);
+    DIR *d = opendir("/dev/shm");
+    if (!d) return dl_seterr(DL_EIO, "opendir /dev/shm: %s", strerror(errno));
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        char id[17];
+        if (sweep_run_of(e->d_name, id) < 0) continue;
+        int k = sweep_find(runs, nr, id);
+        if (k < 0) {
+            if (nr >= SWEEP_MAX_RUNS) continue;
+            k = nr++;
+            snprintf(runs[k].id, sizeof runs[k].id, "%s", id);
+            runs[k].live = 0;
+        }
+        char path[300];
+        struct stat sb;
+        snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+        if (stat(path, &sb) != 0 || difftime(now, sb.st_mtime) < min_age_s)
+            runs[k].live = 1;   /* young (or vanished meanwhile): leave it */
+    }
+    closedir(d);
+    if (nr == 0) return 0;
+    /* any mapping of /dev/shm/dl-<run>-* by any process marks the run live */
+    DIR *pd = opendir("/proc");
+    if (!pd) return dl_seterr(DL_EIO, "opendir /proc: %s", strerror(errno));
+    while ((e = readdir(pd)) != NULL) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+        char path[300], line[1024];
+        snprintf(path, sizeof path, "/proc/%s/maps", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;   /* gone, or another user's process (cannot map our 0600 objects) */
+        while (fgets(line, sizeof line, f)) {
+            char *m = strstr(line, "/dev/shm/dl-");
+            char id[17];
+            if (!m || sweep_run_of(m + 9, id) < 0) continue;
+            int k = sweep_find(runs, nr, id);
+            if (k >= 0) runs[k].live = 1;
+        }
+        fclose(f);
+    }
+    closedir(pd);
+    int n = 0;
+    for (int i = 0; i < nr; i++) {
+        if (runs[i].live) continue;
+        int rc = slab_sweep(runs[i].id);
+        if (rc > 0) n += rc;
+    }
+    return n;
+}

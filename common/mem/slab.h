@@ -76,6 +76,21 @@ int slab_check_gpu(const slab_handle_t *h, const char *my_uuid);
  * left by crashed stages. Returns the number removed (>= 0) or DL_EIO. */
 int slab_sweep(const char *run_id);
 
+/* Unlinks every shared-memory object whose name starts with "/dl-<run_id>-<stage>-<inc>-"
+ * (one stage incarnation's own slabs). A stage calls it on exit (atexit), so even an
+ * exit(1) path or a stop after its supervisor died leaves nothing in /dev/shm.
+ * Returns the number removed (>= 0), DL_EINVAL (malformed component) or DL_EIO. */
+int slab_sweep_stage(const char *run_id, const char *stage, uint64_t incarnation);
+
+/* Removes the shared-memory objects of dead runs ("/dev/shm/dl-<run>-*"), as left when a
+ * supervisor was killed with SIGKILL. Rule (safe for live runs): the objects of a run
+ * are removed only when NO process maps any of them (every /proc/<pid>/maps readable to
+ * us is scanned; an owner maps its slab from create to destroy, so a live run always
+ * has a mapping) AND none of them was modified (mtime) in the last `min_age_s` seconds (covers
+ * the instant between shm_open and mmap in slab_create). Objects are 0600, so only our
+ * own processes can map them. Returns the number removed (>= 0) or DL_EIO. */
+int slab_sweep_dead(double min_age_s);
+
 /* Counts shared-memory objects of run `run_id` still present (tests: nothing left). */
 int slab_count(const char *run_id);
 

@@ -1,10 +1,12 @@
 /* Stage runtime (see stage.h). */
 #include "common/pipe/stage.h"
+#include "common/mem/slab.h"
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
 #include "proto/codec.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,6 +43,32 @@ static void on_sup_msg(bus_t *bus, const char *peer, const void *data, size_t le
         log_warn("supervisor sent an unexpected %s message", proto_type_name(m.type));
     }
     proto_msg_free(&m);
+}
+
+/* The stage's own shm prefix, for the exit handler (one stage per process: this is the
+ * stage main context's state). */
+static struct { char run_id[17]; char name[32]; uint64_t inc; int armed; } g_exit_sweep;
+
+/* At exit (normal return, exit(1) on a fatal peer error, or after SIGTERM from the
+ * parent-death signal when the supervisor was killed), unlink this incarnation's shm
+ * objects: slab_destroy does it on the clean path, this covers every other one. */
+static void stage_exit_sweep(void) {
+    if (g_exit_sweep.armed)
+        slab_sweep_stage(g_exit_sweep.run_id, g_exit_sweep.name, g_exit_sweep.inc);
+}
+
+/* The supervisor starts every stage with PR_SET_PDEATHSIG(SIGUSR1). The kernel sends
+ * that signal each time the parent *thread* exits, so a killed multi-threaded supervisor
+ * sends it several times; as SIGTERM, the 2nd one hit a stage whose loop had already
+ * closed its signal watcher (default action: killed before its exit path unlinked its
+ * shared memory). Here only the first one counts: it becomes one SIGTERM, which stops
+ * the stage the normal way (its exit path and stage_exit_sweep unlink its objects). */
+static volatile sig_atomic_t g_parent_gone;
+static void on_parent_death(int signum) {
+    (void)signum;
+    if (g_parent_gone) return;
+    g_parent_gone = 1;
+    kill(getpid(), SIGTERM);
 }
 
 static void on_signal(bus_t *bus, int signum, void *arg) {
@@ -123,6 +151,18 @@ int stage_init(stage_t *st, proto_role_t role, uint32_t stage_id, uint64_t incar
                          sizeof st->run_dir - 1);
     snprintf(st->run_dir, sizeof st->run_dir, "%s", run_dir);
     snprintf(st->run_id, sizeof st->run_id, "%s", run_id);
+    if (!g_exit_sweep.armed && slab_name_ok(run_id) && slab_name_ok(name)) {
+        snprintf(g_exit_sweep.run_id, sizeof g_exit_sweep.run_id, "%s", run_id);
+        snprintf(g_exit_sweep.name, sizeof g_exit_sweep.name, "%s", name);
+        g_exit_sweep.inc = st->incarnation;
+        g_exit_sweep.armed = 1;
+        atexit(stage_exit_sweep);
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_parent_death;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGUSR1, &sa, NULL);
+    }
     st->state = PROTO_STATE_STARTING;
     st->t_start = st->last_progress = clock_mono_s();
     if (uv_loop_init(&st->loop) != 0) return dl_seterr(DL_EIO, "uv_loop_init failed");

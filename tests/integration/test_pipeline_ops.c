@@ -612,7 +612,7 @@ static void test_stall_monitor_prometheus(void **state) {
     free(snap);
     snprintf(args, sizeof args, "stop --run %s --wait 30", out);
     draftline_cmd(NULL, args);
-    run_finish(&p, out, log, 60, 0);
+    run_finish(&p, out, log, 60, 143);   /* stopped by SIGTERM (`draftline stop`): 128 + 15 */
     /* metrics.jsonl: every line parses */
     char mp[500];
     snprintf(mp, sizeof mp, "%s/metrics.jsonl", out);

@@ -1,0 +1,472 @@
+/* `draftline run` and its companions (status, rebalance) as a new user meets them, on
+ * the tiny random Llama-shaped target of test_pipeline (made here) and 60 GSM8K samples:
+ *
+ *  - the supervisor killed with SIGKILL: its stages exit and unlink their own shared
+ *    memory (nothing of the run is left in /dev/shm); `draftline status` says the
+ *    supervisor is dead and shows no stage as running; `draftline rebalance` refuses at
+ *    once (exit 1) and writes no request;
+ *  - a later `draftline run` removes the shm objects of dead runs (unmapped, older than
+ *    60 s) and keeps a young one; a stale rebalance.request is deleted, not applied;
+ *    a dir whose run applied no step and saved no checkpoint is reused as fresh (and
+ *    --resume of one starts fresh); a run stopped by SIGINT exits 130;
+ *  - flags that need no data are checked before anything is written: --resume of a
+ *    missing path, --resume of a live run, --inbox-gb 0 (no out dir created).
+ * Every child has a hard timeout and is killed and reaped. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "common/base/err.h"
+#include "common/base/paths.h"
+#include "common/base/rng.h"
+#include "common/data/chat.h"
+#include "common/data/prepare.h"
+#include "common/data/tokenizer.h"
+#include "common/mem/slab.h"
+#include "common/model/config.h"
+#include "common/model/safetensors.h"
+#include "tests/support/proc.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static char root[256], model_dir[300], cache[300], bin[1024];
+
+/* ---- fixtures (as in test_pipeline.c) ---- */
+
+static int write_tiny_model(const char *dir) {
+    model_config_t c;
+    memset(&c, 0, sizeof c);
+    c.family = MODEL_LLAMA;
+    c.L = 4; c.D = 64; c.H = 4; c.Hkv = 2; c.hd = 16; c.F = 128; c.V = 49152;
+    c.eps = 1e-5f; c.rope.theta = 10000; c.max_pos = 2048; c.tie_embeddings = 1;
+    c.bos_id = 1; c.eos_ids[0] = 2; c.n_eos = 1;
+    snprintf(c.arch, sizeof c.arch, "LlamaForCausalLM");
+    snprintf(c.dtype, sizeof c.dtype, "float32");
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) return -1;
+    char p[400];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    char *js = model_config_to_json(&c);
+    FILE *f = fopen(p, "w");
+    if (!js || !f) return -1;
+    fputs(js, f);
+    fclose(f);
+    free(js);
+    struct { char name[96]; int64_t r, k; int norm; } t[64];
+    int n = 0;
+#define T(nm, R, K, N) do { snprintf(t[n].name, sizeof t[n].name, "%s", nm); t[n].r = R; t[n].k = K; t[n].norm = N; n++; } while (0)
+    T("model.embed_tokens.weight", c.V, c.D, 0);
+    for (int l = 0; l < c.L; l++) {
+        char b[96];
+#define L_(s, R, K, N) do { snprintf(b, sizeof b, "model.layers.%d.%s", l, s); T(b, R, K, N); } while (0)
+        L_("input_layernorm.weight", c.D, 0, 1);
+        L_("self_attn.q_proj.weight", c.H * c.hd, c.D, 0);
+        L_("self_attn.k_proj.weight", c.Hkv * c.hd, c.D, 0);
+        L_("self_attn.v_proj.weight", c.Hkv * c.hd, c.D, 0);
+        L_("self_attn.o_proj.weight", c.D, c.H * c.hd, 0);
+        L_("post_attention_layernorm.weight", c.D, 0, 1);
+        L_("mlp.gate_proj.weight", c.F, c.D, 0);
+        L_("mlp.up_proj.weight", c.F, c.D, 0);
+        L_("mlp.down_proj.weight", c.D, c.F, 0);
+#undef L_
+    }
+    T("model.norm.weight", c.D, 0, 1);
+#undef T
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    st_writer_t *w;
+    if (st_writer_new(p, &w) < 0) return -1;
+    for (int i = 0; i < n; i++) {
+        int64_t shape[2] = {t[i].r, t[i].k};
+        if (st_writer_add(w, t[i].name, "F32", t[i].k ? 2 : 1, shape) < 0) return -1;
+    }
+    rng_t r;
+    rng_seed(&r, 77);
+    for (int i = 0; i < n; i++) {
+        size_t cnt = (size_t)t[i].r * (size_t)(t[i].k ? t[i].k : 1);
+        float *x = malloc(cnt * 4);
+        for (size_t j = 0; j < cnt; j++) x[j] = t[i].norm ? 1.0f : 0.05f * rng_normal(&r);
+        int rc = st_writer_write(w, x, cnt * 4);
+        free(x);
+        if (rc < 0) return -1;
+    }
+    return st_writer_finish(&w);
+}
+
+static int write_cache(const char *path) {
+    char data[1024], src[1200], small[400];
+    if (paths_shared_data(data, sizeof data) < 0) return -1;
+    snprintf(src, sizeof src, "%s/gsm8k/train.jsonl", data);
+    snprintf(small, sizeof small, "%s/gsm8k60.jsonl", root);
+    FILE *in = fopen(src, "r"), *out = fopen(small, "w");
+    if (!in || !out) return -1;
+    char *line = NULL;
+    size_t cap = 0;
+    for (int i = 0; i < 60 && getline(&line, &cap, in) > 0; i++) fputs(line, out);
+    free(line);
+    fclose(in);
+    fclose(out);
+    char gguf[1024];
+    tok_t *t = NULL;
+    chat_template_t ct;
+    if (paths_default_model(gguf, sizeof gguf) < 0 || tok_load(gguf, &t) < 0 ||
+        chat_template_from_tok(t, &ct) < 0)
+        return -1;
+    prep_opts_t po;
+    memset(&po, 0, sizeof po);
+    po.data_path = small;
+    po.ds.prompt_field = "question";
+    po.ds.response_field = "answer";
+    po.chat = &ct;
+    po.n_threads = 1;
+    po.out_path = path;
+    prep_stats_t st;
+    int rc = prep_run(t, &po, &st);
+    tok_destroy(&t);
+    return rc;
+}
+
+static int group_setup(void **state) {
+    (void)state;
+    char gguf[1024];
+    if (paths_default_model(gguf, sizeof gguf) < 0 || access(gguf, R_OK) != 0) {
+        fprintf(stderr, "embedded model missing (make model): its tokenizer prepares the data\n");
+        return -1;
+    }
+    const char *b = getenv("DL_BIN_DIR");
+    snprintf(bin, sizeof bin, "%s", b && *b ? b : "bin");
+    if (bin[0] != '/') {   /* children run in other dirs */
+        char cwd[512], t[1024];
+        if (getcwd(cwd, sizeof cwd) && strlen(cwd) + strlen(bin) + 2 < sizeof t) {
+            memcpy(t, bin, strlen(bin) + 1);
+            snprintf(bin, sizeof bin, "%s/%.500s", cwd, t);
+        }
+    }
+    snprintf(root, sizeof root, "/tmp/dlrc-%d", (int)getpid());
+    mkdir(root, 0700);
+    snprintf(model_dir, sizeof model_dir, "%s/tiny", root);
+    snprintf(cache, sizeof cache, "%s/gsm8k60.dlc", root);
+    if (write_tiny_model(model_dir) < 0 || write_cache(cache) < 0) {
+        fprintf(stderr, "fixture: %s\n", dl_errmsg());
+        return -1;
+    }
+    proc_watchdog(120);
+    return 0;
+}
+
+static int group_teardown(void **state) {
+    (void)state;
+    proc_kill_all();
+    if (getenv("DL_KEEP_TEST_DIR")) return 0;
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
+    return 0;
+}
+
+/* ---- children ---- */
+
+typedef struct {
+    char *argv[80];
+    char log[400];
+    char cwd[400];
+} run_args_t;
+
+static int run_child(void *arg, int report_fd) {
+    (void)report_fd;
+    run_args_t *a = arg;
+    if (a->cwd[0] && chdir(a->cwd) != 0) return 126;
+    int fd = open(a->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return 126;
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execv(a->argv[0], a->argv);
+    return 127;
+}
+
+static char exe[1100];
+
+/* Fills a with `draftline run` + the tiny settings + extra (NULL-terminated) args. */
+static void run_argv(run_args_t *a, const char *log, const char *const *extra) {
+    memset(a, 0, sizeof *a);
+    snprintf(exe, sizeof exe, "%s/draftline", bin);
+    int n = 0;
+    a->argv[n++] = exe;
+    a->argv[n++] = "run";
+    const char *fixed[] = {"--target-model", model_dir, "--data", cache, "--device", "cpu",
+                           "--token-budget", "256", "--block-size", "4", "--num-anchors", "8",
+                           "--drafter-layers", "1", "--lr", "3e-3", "--seed", "5",
+                           "--progress-every", "1", "--threads", "1", NULL};
+    for (int i = 0; fixed[i]; i++) a->argv[n++] = (char *)fixed[i];
+    for (int i = 0; extra[i]; i++) a->argv[n++] = (char *)extra[i];
+    a->argv[n] = NULL;
+    snprintf(a->log, sizeof a->log, "%s", log);
+}
+
+/* Runs `draftline <args>` (tool or run) to the end; returns its exit code. */
+static int run_sync(run_args_t *a, int timeout_s) {
+    proc_t p;
+    assert_int_equal(proc_spawn(&p, "draftline", run_child, a), 0);
+    int code = -1;
+    assert_int_equal(proc_wait(&p, timeout_s * 1000, &code), 0);
+    int left = kill(-p.pid, 0) == 0;
+    proc_kill(&p);
+    assert_false(left);
+    return code;
+}
+
+static int run_tool(const char *log, char *const args[]) {
+    static run_args_t a;
+    memset(&a, 0, sizeof a);
+    snprintf(exe, sizeof exe, "%s/draftline", bin);
+    a.argv[0] = exe;
+    int n = 1;
+    for (int i = 0; args[i]; i++) a.argv[n++] = args[i];
+    a.argv[n] = NULL;
+    snprintf(a.log, sizeof a.log, "%s", log);
+    return run_sync(&a, 30);
+}
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
+    fclose(f);
+    if (b) b[n] = 0;
+    return b;
+}
+
+static int count_lines(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    int n = 0, c;
+    while ((c = fgetc(f)) != EOF) n += c == '\n';
+    fclose(f);
+    return n;
+}
+
+static void run_id_of(const char *log, char *id) {
+    id[0] = 0;
+    FILE *f = fopen(log, "r");
+    char line[2048];
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "draftline run %16[0-9a-f]:", id) == 1) break;
+    if (f) fclose(f);
+}
+
+/* Makes shm object /<name> of 4 KiB, with its mtime/ctime as they come (now). */
+static void make_shm(const char *name) {
+    char n[128];
+    snprintf(n, sizeof n, "/%s", name);
+    int fd = shm_open(n, O_CREAT | O_RDWR, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, 4096), 0);
+    close(fd);
+}
+
+/* ---- tests ---- */
+
+/* kill -9 of the supervisor: no shm left, status says so, rebalance refuses. */
+static void test_supervisor_killed(void **state) {
+    (void)state;
+    char out[400], log[500], p[600];
+    snprintf(out, sizeof out, "%s/killed", root);
+    snprintf(log, sizeof log, "%s/killed.out", root);
+    static run_args_t a;
+    const char *extra[] = {"--out", out, "--max-steps", "400", "--save-every", "2", NULL};
+    run_argv(&a, log, extra);
+    proc_t run;
+    assert_int_equal(proc_spawn(&run, "draftline run", run_child, &a), 0);
+    snprintf(p, sizeof p, "%s/steps.jsonl", out);
+    for (int i = 0; i < 3000 && count_lines(p) < 3; i++) usleep(10000);
+    assert_true(count_lines(p) >= 3);
+    char id[17];
+    run_id_of(log, id);
+    assert_true(id[0] != 0);
+    assert_true(slab_count(id) > 0);
+    assert_int_equal(kill(run.pid, SIGKILL), 0);   /* the supervisor alone */
+    int code = -1;
+    assert_int_equal(proc_wait(&run, 5000, &code), 0);
+    /* the stages see their parent die (SIGTERM), exit, and unlink their own slabs */
+    int left = 1, shm = -1;
+    for (int i = 0; i < 1500 && (left || shm != 0); i++) {
+        left = kill(-run.pid, 0) == 0;
+        shm = slab_count(id);
+        usleep(10000);
+    }
+    proc_kill(&run);
+    if (shm != 0 || left) {   /* say which stage left what */
+        fprintf(stderr, "left %d shm %d\n", left, shm);
+        if (system("ps -eo pid,pgid,stat,wchan:20,cmd | grep -E \"drafter_worker|optimizer |loader |target_worker\" | grep -v grep | cut -c1-120") != 0) {}
+        char cmd[700];
+        snprintf(cmd, sizeof cmd, "ls -l /dev/shm | grep 'dl-%s-'; tail -n 5 %s/logs/*.log", id, out);
+        if (system(cmd) != 0) {}
+    }
+    slab_sweep(id);
+    assert_false(left);
+    assert_int_equal(shm, 0);
+    /* status: dead supervisor, no stage running */
+    char slog[500];
+    snprintf(slog, sizeof slog, "%s/status.out", root);
+    char *sargs[] = {"status", "--run", out, NULL};
+    assert_int_equal(run_tool(slog, sargs), 0);
+    char *txt = slurp(slog);
+    assert_non_null(txt);
+    assert_non_null(strstr(txt, "is dead"));
+    assert_non_null(strstr(txt, "not running: supervisor pid"));
+    assert_non_null(strstr(txt, "optimizer  -              -"));
+    assert_null(strstr(txt, "     running"));   /* no process column "running" */
+    free(txt);
+    /* rebalance: refused at once, no request written */
+    char *rargs[] = {"rebalance", "--run", out, "--targets", "1", "--drafters", "1", "--wait", "20", NULL};
+    time_t t0 = time(NULL);
+    assert_int_equal(run_tool(slog, rargs), 1);
+    assert_true(time(NULL) - t0 < 5);
+    txt = slurp(slog);
+    assert_non_null(strstr(txt, "is not running"));
+    free(txt);
+    snprintf(p, sizeof p, "%s/rebalance.request", out);
+    assert_int_not_equal(access(p, F_OK), 0);
+}
+
+/* Validation before anything is written; a live run is refused for --resume. */
+static void test_validation_first(void **state) {
+    (void)state;
+    char cwd[400], log[500], runs[500];
+    snprintf(cwd, sizeof cwd, "%s/cwd", root);
+    mkdir(cwd, 0700);
+    snprintf(log, sizeof log, "%s/val.out", root);
+    snprintf(runs, sizeof runs, "%s/runs", cwd);
+    static run_args_t a;
+    {   /* --resume of a missing path, no --out: nothing created in cwd */
+        const char *extra[] = {"--resume", "/nonexistent/run", NULL};
+        run_argv(&a, log, extra);
+        snprintf(a.cwd, sizeof a.cwd, "%s", cwd);
+        assert_int_equal(run_sync(&a, 30), 2);
+        char *txt = slurp(log);
+        assert_non_null(strstr(txt, "--resume /nonexistent/run"));
+        free(txt);
+        assert_int_not_equal(access(runs, F_OK), 0);
+    }
+    {   /* --inbox-gb 0: refused, the out dir is not created */
+        char out[500];
+        snprintf(out, sizeof out, "%s/noinbox", root);
+        const char *extra[] = {"--out", out, "--inbox-gb", "0", NULL};
+        run_argv(&a, log, extra);
+        assert_int_equal(run_sync(&a, 30), 2);
+        char *txt = slurp(log);
+        assert_non_null(strstr(txt, "cannot hold one micro-batch"));
+        free(txt);
+        assert_int_not_equal(access(out, F_OK), 0);
+    }
+    {   /* --resume of a live run: "the run is live (supervisor pid N); stop it first" */
+        char out[500], llog[500], p[600];
+        snprintf(out, sizeof out, "%s/live", root);
+        snprintf(llog, sizeof llog, "%s/live.out", root);
+        static run_args_t b;
+        const char *extra[] = {"--out", out, "--max-steps", "400", "--save-every", "2", NULL};
+        run_argv(&b, llog, extra);
+        proc_t run;
+        assert_int_equal(proc_spawn(&run, "draftline run", run_child, &b), 0);
+        snprintf(p, sizeof p, "%s/checkpoints/latest", out);
+        for (int i = 0; i < 3000 && access(p, F_OK) != 0; i++) usleep(10000);
+        assert_int_equal(access(p, F_OK), 0);
+        const char *extra2[] = {"--out", out, "--resume", out, NULL};
+        run_argv(&a, log, extra2);
+        assert_int_equal(run_sync(&a, 30), 2);
+        char *txt = slurp(log);
+        char want[100];
+        snprintf(want, sizeof want, "the run is live (supervisor pid %d); stop it first", (int)run.pid);
+        assert_non_null(strstr(txt, want));
+        free(txt);
+        /* Ctrl-C: final checkpoint, exit 130 */
+        assert_int_equal(kill(run.pid, SIGINT), 0);
+        int code = -1;
+        assert_int_equal(proc_wait(&run, 30000, &code), 0);
+        proc_kill(&run);
+        assert_int_equal(code, 130);
+        txt = slurp(llog);
+        assert_non_null(strstr(txt, "(interrupted)"));
+        free(txt);
+    }
+}
+
+/* A dir whose run applied no step is reused as fresh (also under --resume); a stale
+ * rebalance request is removed; dead runs' shm objects are swept, young ones kept. */
+static void test_fresh_reuse_and_sweeps(void **state) {
+    (void)state;
+    char out[400], log[500], p[600];
+    snprintf(out, sizeof out, "%s/nostep", root);
+    snprintf(log, sizeof log, "%s/nostep.out", root);
+    mkdir(out, 0700);
+    /* what Ctrl-C before the first step leaves: run.json of a dead supervisor, empty steps */
+    snprintf(p, sizeof p, "%s/run.json", out);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"run_id\":\"0badc0de\",\"state\":\"running\",\"supervisor_pid\":999999}\n");
+    fclose(f);
+    snprintf(p, sizeof p, "%s/steps.jsonl", out);
+    f = fopen(p, "w");
+    assert_non_null(f);
+    fclose(f);
+    snprintf(p, sizeof p, "%s/rebalance.request", out);
+    f = fopen(p, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"id\":\"rb-stale\",\"targets\":2,\"drafters\":1}\n");
+    fclose(f);
+    /* shm of a dead run (old) and of a run that just created its objects (young) */
+    make_shm("dl-0ldd0ead-drafter0-1-ibg");
+    struct timespec old[2] = {{time(NULL) - 600, 0}, {time(NULL) - 600, 0}};
+    assert_int_equal(utimensat(AT_FDCWD, "/dev/shm/dl-0ldd0ead-drafter0-1-ibg", old, 0), 0);
+    make_shm("dl-y0un9000-drafter0-1-ibg");
+    static run_args_t a;
+    const char *extra[] = {"--out", out, "--resume", out, "--max-steps", "2", NULL};
+    run_argv(&a, log, extra);
+    int code = run_sync(&a, 60);
+    char *txt = slurp(log);
+    if (code != 0) fprintf(stderr, "%s\n", txt);
+    assert_int_equal(code, 0);
+    assert_non_null(strstr(txt, "starting it fresh"));
+    assert_non_null(strstr(txt, "stale"));
+    assert_null(strstr(txt, "rebalance rb-stale"));
+    free(txt);
+    assert_int_not_equal(access(p, F_OK), 0);
+    snprintf(p, sizeof p, "%s/steps.jsonl", out);
+    assert_int_equal(count_lines(p), 2);
+    /* the dead run's object is gone, the young one (no mapping yet, < 60 s) is kept */
+    int young = slab_count("y0un9000"), dead = slab_count("0ldd0ead");
+    slab_sweep("y0un9000");
+    slab_sweep("0ldd0ead");
+    assert_int_equal(young, 1);
+    assert_int_equal(dead, 0);
+    /* the same dir now holds steps: a fresh run there is refused */
+    snprintf(log, sizeof log, "%s/nostep2.out", root);
+    const char *extra2[] = {"--out", out, "--max-steps", "2", NULL};
+    run_argv(&a, log, extra2);
+    assert_int_equal(run_sync(&a, 30), 2);
+    txt = slurp(log);
+    assert_non_null(strstr(txt, "holds a previous run"));
+    free(txt);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_supervisor_killed),
+        cmocka_unit_test(test_validation_first),
+        cmocka_unit_test(test_fresh_reuse_and_sweeps),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
