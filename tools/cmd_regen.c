@@ -93,6 +93,40 @@ static int64_t resume_prepare(const char *path) {
     return lines;
 }
 
+/* Checks that each of the first `lines` lines of path is a regen output line:
+ * a JSON object whose "messages" array holds an assistant turn. Resume trusts
+ * the count of lines, so a foreign or damaged file must stop here.
+ * Returns 0 or DL_EFORMAT "PATH:L: ..." naming the first bad line. */
+static int resume_validate(const char *path, int64_t lines) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return dl_seterr(DL_EIO, "--out %s: %s", path, strerror(errno));
+    char *ln = NULL;
+    size_t cap = 0;
+    int rc = 0;
+    for (int64_t i = 1; i <= lines && rc == 0; i++) {
+        ssize_t n = getline(&ln, &cap, f);
+        if (n < 0) break;
+        cJSON *o = cJSON_ParseWithLength(ln, (size_t)n);
+        const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(o, "messages"), *m;
+        int asst = 0;
+        if (cJSON_IsArray(msgs))
+            cJSON_ArrayForEach(m, msgs) {
+                const cJSON *r = cJSON_GetObjectItemCaseSensitive(m, "role");
+                if (cJSON_IsString(r) && !strcmp(r->valuestring, "assistant")) asst = 1;
+            }
+        if (!o)
+            rc = dl_seterr(DL_EFORMAT, "--out %s:%lld: not JSON; resume counts lines, so fix or remove it (or pick another --out)",
+                           path, (long long)i);
+        else if (!asst)
+            rc = dl_seterr(DL_EFORMAT, "--out %s:%lld: no assistant turn in \"messages\"; not a regen output line (fix or remove it)",
+                           path, (long long)i);
+        cJSON_Delete(o);
+    }
+    free(ln);
+    fclose(f);
+    return rc;
+}
+
 /* Copy of s[0..n) with invalid UTF-8 replaced by U+FFFD (JSON must be UTF-8;
  * a reply cut at max tokens may end inside a character). */
 static char *utf8_clean(const char *s, size_t n) {
@@ -215,8 +249,10 @@ int cmd_regen(int argc, char **argv) {
     if (strcmp(device, "cpu") && strcmp(device, "cuda")) { cli_error("regen", "--device: expected cpu or cuda"); return 2; }
     if (!model[0] && paths_default_model(model, sizeof model) < 0) return log_rc(DL_ERANGE, "default model path"), 1;
 
+    int rc0;
     int64_t have = resume_prepare(out_path);
     if (have < 0) return log_rc((int)have, "regen"), 1;
+    if (have > 0 && (rc0 = resume_validate(out_path, have)) < 0) return log_rc(rc0, "regen"), 1;
     if (have >= limit) {
         log_info("%s already holds %lld samples (--limit %lld): nothing to do", out_path, (long long)have, (long long)limit);
         return 0;

@@ -160,6 +160,15 @@ static void test_regen_kill_resume(void **state) {
     assert_memory_equal(a, b, la);
     free(a);
     free(b);
+    /* resume validates the lines it keeps: one without an assistant turn is an error naming it */
+    char bad[512];
+    snprintf(bad, sizeof bad, "%s/bad.jsonl", g_dir);
+    f = fopen(bad, "w");
+    fputs("{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"a\"}]}\n"
+          "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}\n", f);
+    fclose(f);
+    assert_int_equal(run_regen(bad), 1);
+    assert_int_equal(count_lines(bad), 2); /* untouched */
 }
 
 int main(void) {
