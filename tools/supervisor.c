@@ -47,6 +47,7 @@ typedef struct {
     double term_at;             /* retiring: when SIGTERM was sent (SIGKILL 20 s later) */
     int64_t retire_after;       /* a drafter retires once a step > this was applied */
     double inbox_bytes;         /* drafter: latest inbox_gpu_bytes + inbox_host_bytes */
+    double since_progress_s;    /* latest since_progress_s metric (-1: none yet) */
 } sstage_t;
 
 typedef struct {
@@ -72,6 +73,7 @@ typedef struct {
     double tokens, elapsed, tok_rate, tokens_first, elapsed_first;
     double last_tokens, last_tokens_t;
     double last_progress_print;
+    double t_last_step, last_stall_warn;   /* stall warning: last step seen, last warning */
     /* live topology (rebalance) */
     int nt, nd;
     sup_stage_spec_t xspec[SUP_MAX_STAGES];   /* specs of stages added by a rebalance */
@@ -186,6 +188,7 @@ static void spawn(sup_t *S, sstage_t *x) {
     char exe[4200];
     snprintf(exe, sizeof exe, "%s/%s", o->bin_dir, x->spec->exe);
     x->incarnation++;
+    x->since_progress_s = -1;
     char inc[32];
     snprintf(inc, sizeof inc, "%llu", (unsigned long long)x->incarnation);
     pid_t parent = getpid();
@@ -428,6 +431,10 @@ static void json_str(FILE *f, const char *s) {
 
 static void on_metrics(sup_t *S, const char *peer, const proto_metrics_t *m) {
     if (S->mon) mon_run_ingest_proto(S->mon, peer, m);
+    for (int i = 0; i < S->n; i++)
+        if (S->st[i].spec->stage_id == m->stage_id)
+            for (uint32_t k = 0; k < m->n_metrics; k++)
+                if (!strcmp(m->metrics[k].name, "since_progress_s")) S->st[i].since_progress_s = m->metrics[k].value;
     if (m->role == PROTO_ROLE_DRAFTER) {
         sstage_t *x = NULL;
         for (int i = 0; i < S->n; i++) if (S->st[i].spec->stage_id == m->stage_id) x = &S->st[i];
@@ -479,6 +486,7 @@ static void on_metrics(sup_t *S, const char *peer, const proto_metrics_t *m) {
         S->elapsed_first = elapsed;
     }
     S->have_step = 1;
+    if (!S->t_last_step || (uint64_t)step != S->last_step_seen) S->t_last_step = clock_mono_s();
     S->last_step_seen = (uint64_t)step;
     S->last_loss = loss;
     S->last_acc_mean = acc_mean;
@@ -907,6 +915,33 @@ static void on_signal(uv_signal_t *h, int signum) {
     begin_stop(S, signum == SIGINT ? "interrupted (Ctrl-C); stages write a final checkpoint" : "SIGTERM");
 }
 
+/* A run with no applied step for max(60 s, 10 x the mean step time) says so in its own
+ * output once, and again every minute while it lasts: the stages whose own progress
+ * counter (since_progress_s) is as old, and where to look (`draftline monitor`). */
+static void stall_check(sup_t *S, double now) {
+    double since = now - (S->have_step ? S->t_last_step : S->t0);
+    uint64_t done = S->have_step ? S->last_step_seen + 1 - S->o->start_step : 0;
+    double mean = done > 1 ? (S->t_last_step - S->t_first_step) / (double)(done - 1) : 0;
+    const char *env = getenv("DL_STALL_WARN_S");   /* tests: a shorter floor than 60 s */
+    double floor_s = env && atof(env) > 0 ? atof(env) : 60;
+    double limit = 10 * mean > floor_s ? 10 * mean : floor_s;
+    if (since < limit || now - S->last_stall_warn < (floor_s < 60 ? floor_s : 60)) return;
+    S->last_stall_warn = now;
+    char who[512] = "";
+    size_t n = 0;
+    for (int i = 0; i < S->n; i++) {
+        sstage_t *x = &S->st[i];
+        if (!x->active || x->exited || !x->helloed) continue;
+        if (x->since_progress_s >= 0 && x->since_progress_s < limit) continue;
+        n += (size_t)snprintf(who + n, n < sizeof who ? sizeof who - n : 0, "%s%s", n ? ", " : "", x->spec->name);
+        if (n >= sizeof who) break;
+    }
+    printf("[%5.0fs] WARNING: no step applied for %.0f s%s; stages with no progress: %s. See `draftline "
+           "monitor --run %s` (and %s/logs)\n", now - S->t0, since, S->have_step ? "" : " (none yet)",
+           who[0] ? who : "(every stage reports progress: waiting on each other?)", S->o->out_dir, S->o->out_dir);
+    fflush(stdout);
+}
+
 static void on_tick(uv_timer_t *t) {
     sup_t *S = t->data;
     double now = clock_mono_s();
@@ -943,6 +978,7 @@ static void on_tick(uv_timer_t *t) {
         S->last_progress_print = now;
         print_progress(S);
     }
+    stall_check(S, now);
 }
 
 int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
