@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/base/err.h"
@@ -249,6 +250,28 @@ static void test_smollm2_gguf(void **s) {
     ops_ctx_destroy(&c);
 }
 
+/* `draftline mkmodel` refuses before writing: bad --dtype (exit 2), an existing
+ * --out without --force, a --tokenizer dir without tokenizer.json (exit 1). */
+static void test_mkmodel_cli(void **s) {
+    (void)s;
+    const char *bin = getenv("DL_BIN_DIR");
+    if (!bin) { fprintf(stderr, "skip: DL_BIN_DIR not set (make test sets it)\n"); skip(); }
+    char d[] = "/tmp/dl_test_mkcli_XXXXXX", cmd[1200], out[200], cfgp[240];
+    assert_non_null(mkdtemp(d));
+    snprintf(out, sizeof out, "%s/m", d);
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", out);
+    snprintf(cmd, sizeof cmd, "%s/draftline mkmodel --config tiny-qwen3 --out %s --dtype f64 >/dev/null 2>&1", bin, out);
+    assert_int_equal(WEXITSTATUS(system(cmd)), 2);
+    snprintf(cmd, sizeof cmd, "%s/draftline mkmodel --config tiny-qwen3 --out %s --tokenizer %s >/dev/null 2>&1", bin,
+             out, d);
+    assert_int_equal(WEXITSTATUS(system(cmd)), 1);
+    assert_int_not_equal(access(cfgp, F_OK), 0); /* nothing written */
+    snprintf(cmd, sizeof cmd, "%s/draftline mkmodel --config tiny-qwen3 --out %s >/dev/null 2>&1", bin, d);
+    assert_int_equal(WEXITSTATUS(system(cmd)), 1); /* exists */
+    snprintf(cmd, sizeof cmd, "rm -rf %s", d);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* mkmodel: a seeded random tiny-qwen3 (sharded) loads as a target, runs, and is a pure
  * function of the seed; the weights have the advertised statistics. */
 static void test_mkmodel(void **s) {
@@ -316,6 +339,7 @@ int main(void) {
         cmocka_unit_test(test_qwen3_tied),
         cmocka_unit_test(test_smollm2_gguf),
         cmocka_unit_test(test_mkmodel),
+        cmocka_unit_test(test_mkmodel_cli),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char model[1024];
