@@ -134,6 +134,7 @@ typedef struct {
     /* metrics */
     uint64_t computed, dropped, tokens;
     double t_rate; uint64_t tokens_at; double rate;
+    stage_rate_t rate_win;   /* tokens_per_s over the last 5 s */
     int64_t stall_after;       /* --test-stall-after-mbs: hang before micro-batch N+1 (-1 off) */
     uint64_t started;          /* micro-batches whose compute began (worker thread) */
     /* GPU mode (--gpu N >= 0) */
@@ -681,11 +682,7 @@ static void on_metrics(stage_t *st, proto_metrics_t *m, void *arg) {
     (void)st;
     double now = clock_mono_s();
     if (!W->busy && !W->st.stopping) stage_metric_add(m, "wait_input_s", now - W->idle_since);  /* wait in progress */
-    if (now - W->t_rate >= 0.5) {
-        W->rate = (double)(W->tokens - W->tokens_at) / (now - W->t_rate);
-        W->t_rate = now;
-        W->tokens_at = W->tokens;
-    }
+    W->rate = stage_rate(&W->rate_win, now, (double)W->tokens, 5.0);   /* over the last 5 s */
     int ready = 0;
     for (int k = 0; k < DW_MAX_SLOTS; k++) ready += W->items[k].used;
     stage_metric(m, "tokens_per_s", W->rate);

@@ -61,6 +61,7 @@ typedef struct {
     /* metrics */
     uint64_t issued, reissued, tokens_out, applied_mbs, dup_applied;
     double t_last_rate; uint64_t tokens_at_last, mbs_at_last;
+    stage_rate_t win_tok, win_mb;   /* tokens_per_s, mbs_per_s over the last 5 s */
     double rate_tok, rate_mb;
     int done_logged;
     /* stall watchdog: re-issue the current step's work when no step was applied for a while */
@@ -319,14 +320,10 @@ static void on_control(stage_t *st, const proto_control_t *c, void *arg) {
 static void on_metrics(stage_t *st, proto_metrics_t *m, void *arg) {
     loader_t *L = arg;
     (void)st;
-    double now = clock_mono_s(), dt = now - L->t_last_rate;
-    if (dt >= 0.5) {
-        L->rate_tok = (double)(L->tokens_out - L->tokens_at_last) / dt;
-        L->rate_mb = (double)(L->issued - L->mbs_at_last) / dt;
-        L->t_last_rate = now;
-        L->tokens_at_last = L->tokens_out;
-        L->mbs_at_last = L->issued;
-    }
+    double now = clock_mono_s();
+    /* windowed rates over the last 5 s: not 0 between bursts of issues */
+    L->rate_tok = stage_rate(&L->win_tok, now, (double)L->tokens_out, 5.0);
+    L->rate_mb = stage_rate(&L->win_mb, now, (double)L->issued, 5.0);
     stage_metric(m, "mbs_per_s", L->rate_mb);
     stage_metric(m, "tokens_per_s", L->rate_tok);
     stage_metric(m, "issued", (double)L->issued);

@@ -84,6 +84,7 @@ typedef struct {
     int32_t *cu;
     uint64_t done, tokens;
     double t_rate; uint64_t tokens_at; double rate;
+    stage_rate_t rate_win;   /* tokens_per_s over the last 5 s */
     int next_route;            /* re-route asked for mid-forward: applied after it (-1 none) */
     uint64_t cur_inc;          /* drafter incarnation whose slot the forward in flight writes */
     int drop_pending;          /* the drafter restarted mid-forward: unmap its old slabs after it */
@@ -494,11 +495,7 @@ static void on_metrics(stage_t *st, proto_metrics_t *m, void *arg) {
         stage_metric_add(m, "wait_credit_s", credit);
         stage_metric_add(m, "wait_input_s", now - T->wait_since - credit);
     }
-    if (now - T->t_rate >= 0.5) {
-        T->rate = (double)(T->tokens - T->tokens_at) / (now - T->t_rate);
-        T->t_rate = now;
-        T->tokens_at = T->tokens;
-    }
+    T->rate = stage_rate(&T->rate_win, now, (double)T->tokens, 5.0);   /* over the last 5 s */
     stage_metric(m, "tokens_per_s", T->rate);
     stage_metric(m, "done", (double)T->done);
     stage_metric(m, "tokens", (double)T->tokens);

@@ -248,3 +248,19 @@ void stage_fini(stage_t *st) {
     if (st->zctx) zmq_ctx_term(st->zctx);
     st->zctx = NULL;
 }
+
+double stage_rate(stage_rate_t *r, double now, double counter, double window_s) {
+    r->t[r->head] = now;
+    r->v[r->head] = counter;
+    r->head = (r->head + 1) % STAGE_RATE_SAMPLES;
+    if (r->n < STAGE_RATE_SAMPLES) r->n++;
+    /* the oldest sample inside the window (the newest one is the one just added) */
+    int oldest = -1;
+    for (int k = 1; k < r->n; k++) {
+        int i = (r->head - 1 - k + 2 * STAGE_RATE_SAMPLES) % STAGE_RATE_SAMPLES;
+        if (now - r->t[i] > window_s + 1e-9) break;
+        oldest = i;
+    }
+    if (oldest < 0 || now <= r->t[oldest]) return 0;
+    return (counter - r->v[oldest]) / (now - r->t[oldest]);
+}

@@ -109,6 +109,21 @@ void stage_close(stage_t *st);
 /* Frees the loop and the ZeroMQ context after stage_run returned. */
 void stage_fini(stage_t *st);
 
+/* Windowed rate of a cumulative counter, for metrics such as tokens_per_s: the change of
+ * the counter over the last `window_s` seconds (5 s in the stages) divided by the time it
+ * spans, so a stage that produces in bursts (one micro-batch every few seconds) does not
+ * publish 0 between bursts. Samples come from the 1 s metrics callback; up to
+ * STAGE_RATE_SAMPLES are kept (older ones drop off). Zero-initialise the struct. */
+#define STAGE_RATE_SAMPLES 32
+typedef struct {
+    double t[STAGE_RATE_SAMPLES], v[STAGE_RATE_SAMPLES];   /* monotonic s, counter value */
+    int n, head;
+} stage_rate_t;
+
+/* Adds the sample (now, counter) and returns the rate (counter units per second) over
+ * the samples of the last window_s seconds; 0 until two samples span > 0 s. */
+double stage_rate(stage_rate_t *r, double now, double counter, double window_s);
+
 /* Stage id <-> name helpers. */
 void pipe_stage_name(uint32_t stage_id, char *out, size_t cap);
 /* Endpoint name of drafter i: "drafter<i>". */
