@@ -18,6 +18,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -256,8 +257,25 @@ static void test_eval_checkpoint(void **state) {
     char cmd[2048], js[160];
     snprintf(js, sizeof js, "%s/out.json", dir);
     snprintf(cmd, sizeof cmd, "%s/draftline eval --drafter zero --data %s --num-prompts 2 "
-             "--max-new-tokens 8 --threads 1 --json %s > /dev/null 2>&1", b ? b : "bin", pr, js);
+             "--max-new-tokens 8 --threads 1 --json %s > %s/stdout.txt 2>&1", b ? b : "bin", pr, js, dir);
     assert_int_equal(system(cmd), 0);
+    { /* tau 1 cannot speed anything up: a speedup above 1 must carry the note */
+        char sp[160], tx[8192];
+        snprintf(sp, sizeof sp, "%s/stdout.txt", dir);
+        FILE *so = fopen(sp, "r");
+        assert_non_null(so);
+        size_t k = fread(tx, 1, sizeof tx - 1, so);
+        tx[k] = 0;
+        fclose(so);
+        const char *q = strstr(tx, "speedup ");
+        assert_non_null(q);
+        double su = atof(q + 8);
+        if (su > 1.0) assert_non_null(strstr(tx, "timing unreliable: tau"));
+    }
+    /* an unwritable --json fails before the evaluation */
+    snprintf(cmd, sizeof cmd, "%s/draftline eval --drafter zero --data %s --json /nonexistent/x.json > /dev/null 2>&1",
+             b ? b : "bin", pr);
+    assert_int_equal(WEXITSTATUS(system(cmd)), 2);
     FILE *f = fopen(js, "r");
     assert_non_null(f);
     char buf[4096];
