@@ -275,6 +275,11 @@ int gguf_open(const char *path, gguf_t **out) {
     int rc;
     cur_t c = {g, 0, "magic"};
     uint32_t magic;
+    if (g->size < 4) {
+        rc = dl_seterr(DL_EFORMAT, "%s: %s GGUF file (%zu bytes, no header)", path, g->size ? "truncated" : "empty",
+                       g->size);
+        goto fail;
+    }
     if ((rc = cur_u32(&c, &magic)) < 0) goto fail;
     if (memcmp(g->map, "GGUF", 4) != 0) {
         rc = dl_seterr(DL_EFORMAT, "%s: not a GGUF file (bad magic at byte 0)", path);
