@@ -519,7 +519,7 @@ static void test_real_pipeline_starved_drafter(void **state) {
     assert_int_equal(proc_signal(&sup, SIGINT), 0);
     int code = -1;
     assert_int_equal(proc_wait(&sup, 90000, &code), 0);
-    assert_int_equal(code, 0);
+    if (code != 0 && code != 130) fail_msg("draftline run exited %d after SIGINT (want 130, or 0)", code);
     proc_kill(&sup);
 }
 
