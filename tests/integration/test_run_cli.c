@@ -27,6 +27,7 @@
 #include "common/mem/slab.h"
 #include "common/model/config.h"
 #include "common/model/safetensors.h"
+#include "tests/support/pipeline_fixture.h"
 #include "tests/support/proc.h"
 
 #include <errno.h>
@@ -43,97 +44,6 @@
 static char root[256], model_dir[300], cache[300], bin[1024];
 
 /* ---- fixtures (as in test_pipeline.c) ---- */
-
-static int write_tiny_model(const char *dir) {
-    model_config_t c;
-    memset(&c, 0, sizeof c);
-    c.family = MODEL_LLAMA;
-    c.L = 4; c.D = 64; c.H = 4; c.Hkv = 2; c.hd = 16; c.F = 128; c.V = 49152;
-    c.eps = 1e-5f; c.rope.theta = 10000; c.max_pos = 2048; c.tie_embeddings = 1;
-    c.bos_id = 1; c.eos_ids[0] = 2; c.n_eos = 1;
-    snprintf(c.arch, sizeof c.arch, "LlamaForCausalLM");
-    snprintf(c.dtype, sizeof c.dtype, "float32");
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) return -1;
-    char p[400];
-    snprintf(p, sizeof p, "%s/config.json", dir);
-    char *js = model_config_to_json(&c);
-    FILE *f = fopen(p, "w");
-    if (!js || !f) return -1;
-    fputs(js, f);
-    fclose(f);
-    free(js);
-    struct { char name[96]; int64_t r, k; int norm; } t[64];
-    int n = 0;
-#define T(nm, R, K, N) do { snprintf(t[n].name, sizeof t[n].name, "%s", nm); t[n].r = R; t[n].k = K; t[n].norm = N; n++; } while (0)
-    T("model.embed_tokens.weight", c.V, c.D, 0);
-    for (int l = 0; l < c.L; l++) {
-        char b[96];
-#define L_(s, R, K, N) do { snprintf(b, sizeof b, "model.layers.%d.%s", l, s); T(b, R, K, N); } while (0)
-        L_("input_layernorm.weight", c.D, 0, 1);
-        L_("self_attn.q_proj.weight", c.H * c.hd, c.D, 0);
-        L_("self_attn.k_proj.weight", c.Hkv * c.hd, c.D, 0);
-        L_("self_attn.v_proj.weight", c.Hkv * c.hd, c.D, 0);
-        L_("self_attn.o_proj.weight", c.D, c.H * c.hd, 0);
-        L_("post_attention_layernorm.weight", c.D, 0, 1);
-        L_("mlp.gate_proj.weight", c.F, c.D, 0);
-        L_("mlp.up_proj.weight", c.F, c.D, 0);
-        L_("mlp.down_proj.weight", c.D, c.F, 0);
-#undef L_
-    }
-    T("model.norm.weight", c.D, 0, 1);
-#undef T
-    snprintf(p, sizeof p, "%s/model.safetensors", dir);
-    st_writer_t *w;
-    if (st_writer_new(p, &w) < 0) return -1;
-    for (int i = 0; i < n; i++) {
-        int64_t shape[2] = {t[i].r, t[i].k};
-        if (st_writer_add(w, t[i].name, "F32", t[i].k ? 2 : 1, shape) < 0) return -1;
-    }
-    rng_t r;
-    rng_seed(&r, 77);
-    for (int i = 0; i < n; i++) {
-        size_t cnt = (size_t)t[i].r * (size_t)(t[i].k ? t[i].k : 1);
-        float *x = malloc(cnt * 4);
-        for (size_t j = 0; j < cnt; j++) x[j] = t[i].norm ? 1.0f : 0.05f * rng_normal(&r);
-        int rc = st_writer_write(w, x, cnt * 4);
-        free(x);
-        if (rc < 0) return -1;
-    }
-    return st_writer_finish(&w);
-}
-
-static int write_cache(const char *path) {
-    char data[1024], src[1200], small[400];
-    if (paths_shared_data(data, sizeof data) < 0) return -1;
-    snprintf(src, sizeof src, "%s/gsm8k/train.jsonl", data);
-    snprintf(small, sizeof small, "%s/gsm8k60.jsonl", root);
-    FILE *in = fopen(src, "r"), *out = fopen(small, "w");
-    if (!in || !out) return -1;
-    char *line = NULL;
-    size_t cap = 0;
-    for (int i = 0; i < 60 && getline(&line, &cap, in) > 0; i++) fputs(line, out);
-    free(line);
-    fclose(in);
-    fclose(out);
-    char gguf[1024];
-    tok_t *t = NULL;
-    chat_template_t ct;
-    if (paths_default_model(gguf, sizeof gguf) < 0 || tok_load(gguf, &t) < 0 ||
-        chat_template_from_tok(t, &ct) < 0)
-        return -1;
-    prep_opts_t po;
-    memset(&po, 0, sizeof po);
-    po.data_path = small;
-    po.ds.prompt_field = "question";
-    po.ds.response_field = "answer";
-    po.chat = &ct;
-    po.n_threads = 1;
-    po.out_path = path;
-    prep_stats_t st;
-    int rc = prep_run(t, &po, &st);
-    tok_destroy(&t);
-    return rc;
-}
 
 static int group_setup(void **state) {
     (void)state;
@@ -155,7 +65,7 @@ static int group_setup(void **state) {
     mkdir(root, 0700);
     snprintf(model_dir, sizeof model_dir, "%s/tiny", root);
     snprintf(cache, sizeof cache, "%s/gsm8k60.dlc", root);
-    if (write_tiny_model(model_dir) < 0 || write_cache(cache) < 0) {
+    if (pf_write_tiny_model(model_dir) < 0 || pf_write_cache(root, 60, cache) < 0) {
         fprintf(stderr, "fixture: %s\n", dl_errmsg());
         return -1;
     }
