@@ -75,45 +75,16 @@ static int group_setup(void **state) {
 
 static int group_teardown(void **state) {
     (void)state;
-    proc_kill_all();
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    if (getenv("DL_KEEP_TEST_DIR")) return 0;
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
+    pf_teardown(root);
     return 0;
 }
 
 /* ---- running `draftline run` ---- */
 
-typedef struct {
-    char *argv[80];
-    char log[400];
-} run_args_t;
-
-static int run_child(void *arg, int report_fd) {
-    (void)report_fd;
-    run_args_t *a = arg;
-    int fd = open(a->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) return 126;
-    dup2(fd, 1);
-    dup2(fd, 2);
-    execv(a->argv[0], a->argv);
-    return 127;
-}
-
 /* When set, run_pipeline kills this stage with SIGKILL once the run has applied
  * kill_after_steps steps (the supervisor must restart it). */
 static const char *kill_stage;
 static int kill_after_steps;
-
-static int count_lines(const char *path) {
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    int n = 0, c;
-    while ((c = fgetc(f)) != EOF) n += c == '\n';
-    fclose(f);
-    return n;
-}
 
 static pid_t stage_pid(const char *log, const char *stage) {
     FILE *f = fopen(log, "r");
@@ -131,7 +102,7 @@ static pid_t stage_pid(const char *log, const char *stage) {
 /* Runs `draftline run` with the common tiny settings plus extra args; returns the
  * exit code; run_id (17 bytes) gets the run id printed by the supervisor. */
 static int run_pipeline(const char *out, const char *run_id_out_path, char *run_id, int timeout_s, ...) {
-    static run_args_t a;
+    static pf_run_args_t a;
     memset(&a, 0, sizeof a);
     char exe[1100];
     snprintf(exe, sizeof exe, "%s/draftline", bin);
@@ -150,14 +121,14 @@ static int run_pipeline(const char *out, const char *run_id_out_path, char *run_
     a.argv[n] = NULL;
     snprintf(a.log, sizeof a.log, "%s", run_id_out_path);
     proc_t p;
-    assert_int_equal(proc_spawn(&p, "draftline run", run_child, &a), 0);
+    assert_int_equal(proc_spawn(&p, "draftline run", pf_run_child, &a), 0);
     int code = -1;
     int rc;
     if (kill_stage) {
         char steps[500];
         snprintf(steps, sizeof steps, "%s/steps.jsonl", out);
         int waited = 0;
-        while (count_lines(steps) < kill_after_steps && waited < timeout_s * 1000) {
+        while (pf_count_lines(steps) < kill_after_steps && waited < timeout_s * 1000) {
             usleep(20000);
             waited += 20;
         }
@@ -439,7 +410,7 @@ static void test_config_file_and_target_crash(void **state) {
     kill_stage = "target1";
     kill_after_steps = 10;
     assert_int_equal(run_pipeline(out, log, id, 120, "--config", cfg, NULL), 0);
-    assert_int_equal(count_lines(log) > 0, 1);
+    assert_int_equal(pf_count_lines(log) > 0, 1);
     size_t len;
     char *txt = slurp(log, &len);
     assert_non_null(strstr(txt, "target1 died (signal 9)"));
@@ -517,7 +488,7 @@ static void test_nan_step_skipped(void **state) {
 
 /* Runs a `draftline` command, its output into path; returns the exit code. */
 static int run_tool(const char *path, char *const args[]) {
-    static run_args_t a;
+    static pf_run_args_t a;
     memset(&a, 0, sizeof a);
     static char exe[1100];
     snprintf(exe, sizeof exe, "%s/draftline", bin);
@@ -527,7 +498,7 @@ static int run_tool(const char *path, char *const args[]) {
     a.argv[n] = NULL;
     snprintf(a.log, sizeof a.log, "%s", path);
     proc_t p;
-    assert_int_equal(proc_spawn(&p, "draftline", run_child, &a), 0);
+    assert_int_equal(proc_spawn(&p, "draftline", pf_run_child, &a), 0);
     int code = -1;
     assert_int_equal(proc_wait(&p, 60000, &code), 0);
     proc_kill(&p);
@@ -538,7 +509,7 @@ static int run_tool(const char *path, char *const args[]) {
  * stops it cleanly (final checkpoint, exit 0, nothing left). */
 static void test_status_and_stop(void **state) {
     (void)state;
-    static run_args_t a;
+    static pf_run_args_t a;
     memset(&a, 0, sizeof a);
     char exe[1100], out[400], p[600];
     snprintf(exe, sizeof exe, "%s/draftline", bin);
@@ -549,10 +520,10 @@ static void test_status_and_stop(void **state) {
     for (int i = 0; argv[i]; i++) a.argv[i] = argv[i];
     snprintf(a.log, sizeof a.log, "%s/st.out", root);
     proc_t run;
-    assert_int_equal(proc_spawn(&run, "draftline run", run_child, &a), 0);
+    assert_int_equal(proc_spawn(&run, "draftline run", pf_run_child, &a), 0);
     snprintf(p, sizeof p, "%s/steps.jsonl", out);
-    for (int i = 0; i < 3000 && count_lines(p) < 5; i++) usleep(10000);
-    assert_true(count_lines(p) >= 5);
+    for (int i = 0; i < 3000 && pf_count_lines(p) < 5; i++) usleep(10000);
+    assert_true(pf_count_lines(p) >= 5);
     char log[600];
     snprintf(log, sizeof log, "%s/status.out", root);
     char *sargs[] = {"status", "--run", out, NULL};

@@ -99,28 +99,8 @@ static int group_setup(void **state) {
 
 static int group_teardown(void **state) {
     (void)state;
-    proc_kill_all();
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    if (getenv("DL_KEEP_TEST_DIR")) return 0;
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
+    pf_teardown(root);
     return 0;
-}
-
-typedef struct {
-    char *argv[80];
-    char log[400];
-} run_args_t;
-
-static int run_child(void *arg, int report_fd) {
-    (void)report_fd;
-    run_args_t *a = arg;
-    int fd = open(a->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) return 126;
-    dup2(fd, 1);
-    dup2(fd, 2);
-    execv(a->argv[0], a->argv);
-    return 127;
 }
 
 static char *slurp(const char *path) {
@@ -139,7 +119,7 @@ static char *slurp(const char *path) {
 /* Runs `draftline run` with the tiny settings plus extra args (NULL-terminated);
  * output into log; returns the exit code. Asserts the run's process group is gone. */
 static int run_pipeline(const char *out, const char *log, int timeout_s, ...) {
-    static run_args_t a;
+    static pf_run_args_t a;
     memset(&a, 0, sizeof a);
     static char exe[1100];
     snprintf(exe, sizeof exe, "%s/draftline", bin);
@@ -158,7 +138,7 @@ static int run_pipeline(const char *out, const char *log, int timeout_s, ...) {
     a.argv[n] = NULL;
     snprintf(a.log, sizeof a.log, "%s", log);
     proc_t p;
-    assert_int_equal(proc_spawn(&p, "draftline run", run_child, &a), 0);
+    assert_int_equal(proc_spawn(&p, "draftline run", pf_run_child, &a), 0);
     int code = -1;
     int rc = proc_wait(&p, timeout_s * 1000, &code);
     int left = kill(-p.pid, 0) == 0;   /* nothing of the run's process group may be left */

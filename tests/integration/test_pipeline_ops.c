@@ -74,31 +74,11 @@ static int group_setup(void **state) {
 
 static int group_teardown(void **state) {
     (void)state;
-    proc_kill_all();
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    if (getenv("DL_KEEP_TEST_DIR")) return 0;
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
+    pf_teardown(root);
     return 0;
 }
 
 /* ---- running `draftline run` ---- */
-
-typedef struct {
-    char *argv[80];
-    char log[400];
-} run_args_t;
-
-static int run_child(void *arg, int report_fd) {
-    (void)report_fd;
-    run_args_t *a = arg;
-    int fd = open(a->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) return 126;
-    dup2(fd, 1);
-    dup2(fd, 2);
-    execv(a->argv[0], a->argv);
-    return 127;
-}
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -152,15 +132,6 @@ static int relay_count(const char *endpoint, double seconds, int *saw_drafter0) 
     return n;
 }
 
-static int count_lines(const char *path) {
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    int n = 0, c;
-    while ((c = fgetc(f)) != EOF) n += c == '\n';
-    fclose(f);
-    return n;
-}
-
 static void *slurp(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
@@ -192,7 +163,7 @@ static double now_s(void) {
 
 /* Starts `draftline run` with the tiny settings plus extra args (NULL-ended). */
 static void run_start(proc_t *p, const char *out, const char *log, ...) {
-    static run_args_t a;
+    static pf_run_args_t a;
     memset(&a, 0, sizeof a);
     static char exe[1100];
     snprintf(exe, sizeof exe, "%s/draftline", bin);
@@ -210,7 +181,7 @@ static void run_start(proc_t *p, const char *out, const char *log, ...) {
     va_end(ap);
     a.argv[n] = NULL;
     snprintf(a.log, sizeof a.log, "%s", log);
-    assert_int_equal(proc_spawn(p, "draftline run", run_child, &a), 0);
+    assert_int_equal(proc_spawn(p, "draftline run", pf_run_child, &a), 0);
 }
 
 /* Waits for the run; asserts it exited with `want`, left no process of its group
@@ -290,7 +261,7 @@ static int draftline_cmd(char **out, const char *args) {
 static int steps_done(const char *out) {
     char p[500];
     snprintf(p, sizeof p, "%s/steps.jsonl", out);
-    return count_lines(p);
+    return pf_count_lines(p);
 }
 
 static int wait_steps(const char *out, int n, double timeout_s) {

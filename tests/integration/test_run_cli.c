@@ -75,38 +75,16 @@ static int group_setup(void **state) {
 
 static int group_teardown(void **state) {
     (void)state;
-    proc_kill_all();
-    if (getenv("DL_KEEP_TEST_DIR")) return 0;
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
+    pf_teardown(root);
     return 0;
 }
 
 /* ---- children ---- */
 
-typedef struct {
-    char *argv[80];
-    char log[400];
-    char cwd[400];
-} run_args_t;
-
-static int run_child(void *arg, int report_fd) {
-    (void)report_fd;
-    run_args_t *a = arg;
-    if (a->cwd[0] && chdir(a->cwd) != 0) return 126;
-    int fd = open(a->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) return 126;
-    dup2(fd, 1);
-    dup2(fd, 2);
-    execv(a->argv[0], a->argv);
-    return 127;
-}
-
 static char exe[1100];
 
 /* Fills a with `draftline run` + the tiny settings + extra (NULL-terminated) args. */
-static void run_argv(run_args_t *a, const char *log, const char *const *extra) {
+static void run_argv(pf_run_args_t *a, const char *log, const char *const *extra) {
     memset(a, 0, sizeof *a);
     snprintf(exe, sizeof exe, "%s/draftline", bin);
     int n = 0;
@@ -123,9 +101,9 @@ static void run_argv(run_args_t *a, const char *log, const char *const *extra) {
 }
 
 /* Runs `draftline <args>` (tool or run) to the end; returns its exit code. */
-static int run_sync(run_args_t *a, int timeout_s) {
+static int run_sync(pf_run_args_t *a, int timeout_s) {
     proc_t p;
-    assert_int_equal(proc_spawn(&p, "draftline", run_child, a), 0);
+    assert_int_equal(proc_spawn(&p, "draftline", pf_run_child, a), 0);
     int code = -1;
     assert_int_equal(proc_wait(&p, timeout_s * 1000, &code), 0);
     int left = kill(-p.pid, 0) == 0;
@@ -135,7 +113,7 @@ static int run_sync(run_args_t *a, int timeout_s) {
 }
 
 static int run_tool(const char *log, char *const args[]) {
-    static run_args_t a;
+    static pf_run_args_t a;
     memset(&a, 0, sizeof a);
     snprintf(exe, sizeof exe, "%s/draftline", bin);
     a.argv[0] = exe;
@@ -157,15 +135,6 @@ static char *slurp(const char *path) {
     fclose(f);
     if (b) b[n] = 0;
     return b;
-}
-
-static int count_lines(const char *path) {
-    FILE *f = fopen(path, "r");
-    if (!f) return 0;
-    int n = 0, c;
-    while ((c = fgetc(f)) != EOF) n += c == '\n';
-    fclose(f);
-    return n;
 }
 
 static void run_id_of(const char *log, char *id) {
@@ -195,14 +164,14 @@ static void test_supervisor_killed(void **state) {
     char out[400], log[500], p[600];
     snprintf(out, sizeof out, "%s/killed", root);
     snprintf(log, sizeof log, "%s/killed.out", root);
-    static run_args_t a;
+    static pf_run_args_t a;
     const char *extra[] = {"--out", out, "--max-steps", "400", "--save-every", "2", NULL};
     run_argv(&a, log, extra);
     proc_t run;
-    assert_int_equal(proc_spawn(&run, "draftline run", run_child, &a), 0);
+    assert_int_equal(proc_spawn(&run, "draftline run", pf_run_child, &a), 0);
     snprintf(p, sizeof p, "%s/steps.jsonl", out);
-    for (int i = 0; i < 3000 && count_lines(p) < 3; i++) usleep(10000);
-    assert_true(count_lines(p) >= 3);
+    for (int i = 0; i < 3000 && pf_count_lines(p) < 3; i++) usleep(10000);
+    assert_true(pf_count_lines(p) >= 3);
     char id[17];
     run_id_of(log, id);
     assert_true(id[0] != 0);
@@ -260,7 +229,7 @@ static void test_validation_first(void **state) {
     mkdir(cwd, 0700);
     snprintf(log, sizeof log, "%s/val.out", root);
     snprintf(runs, sizeof runs, "%s/runs", cwd);
-    static run_args_t a;
+    static pf_run_args_t a;
     {   /* --resume of a missing path, no --out: nothing created in cwd */
         const char *extra[] = {"--resume", "/nonexistent/run", NULL};
         run_argv(&a, log, extra);
@@ -286,11 +255,11 @@ static void test_validation_first(void **state) {
         char out[500], llog[500], p[600];
         snprintf(out, sizeof out, "%s/live", root);
         snprintf(llog, sizeof llog, "%s/live.out", root);
-        static run_args_t b;
+        static pf_run_args_t b;
         const char *extra[] = {"--out", out, "--max-steps", "400", "--save-every", "2", NULL};
         run_argv(&b, llog, extra);
         proc_t run;
-        assert_int_equal(proc_spawn(&run, "draftline run", run_child, &b), 0);
+        assert_int_equal(proc_spawn(&run, "draftline run", pf_run_child, &b), 0);
         snprintf(p, sizeof p, "%s/checkpoints/latest", out);
         for (int i = 0; i < 3000 && access(p, F_OK) != 0; i++) usleep(10000);
         assert_int_equal(access(p, F_OK), 0);
@@ -342,7 +311,7 @@ static void test_fresh_reuse_and_sweeps(void **state) {
     struct timespec old[2] = {{time(NULL) - 600, 0}, {time(NULL) - 600, 0}};
     assert_int_equal(utimensat(AT_FDCWD, "/dev/shm/dl-0ldd0ead-drafter0-1-ibg", old, 0), 0);
     make_shm("dl-y0un9000-drafter0-1-ibg");
-    static run_args_t a;
+    static pf_run_args_t a;
     const char *extra[] = {"--out", out, "--resume", out, "--max-steps", "2", NULL};
     run_argv(&a, log, extra);
     int code = run_sync(&a, 60);
@@ -355,7 +324,7 @@ static void test_fresh_reuse_and_sweeps(void **state) {
     free(txt);
     assert_int_not_equal(access(p, F_OK), 0);
     snprintf(p, sizeof p, "%s/steps.jsonl", out);
-    assert_int_equal(count_lines(p), 2);
+    assert_int_equal(pf_count_lines(p), 2);
     /* the dead run's object is gone, the young one (no mapping yet, < 60 s) is kept */
     int young = slab_count("y0un9000"), dead = slab_count("0ldd0ead");
     slab_sweep("y0un9000");

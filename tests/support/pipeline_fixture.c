@@ -10,13 +10,16 @@
 #include "common/data/tokenizer.h"
 #include "common/model/config.h"
 #include "common/model/safetensors.h"
+#include "tests/support/proc.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 int pf_write_tiny_model(const char *dir) {
     model_config_t c;
@@ -107,4 +110,33 @@ int pf_write_cache(const char *root, int n_samples, const char *path) {
     int rc = prep_run(t, &po, &st);
     tok_destroy(&t);
     return rc;
+}
+
+int pf_run_child(void *arg, int report_fd) {
+    (void)report_fd;
+    pf_run_args_t *a = arg;
+    if (a->cwd[0] && chdir(a->cwd) != 0) return 126;
+    int fd = open(a->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) return 126;
+    dup2(fd, 1);
+    dup2(fd, 2);
+    execv(a->argv[0], a->argv);
+    return 127;
+}
+
+int pf_count_lines(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    int n = 0, c;
+    while ((c = fgetc(f)) != EOF) n += c == '\n';
+    fclose(f);
+    return n;
+}
+
+void pf_teardown(const char *root) {
+    proc_kill_all();
+    if (getenv("DL_KEEP_TEST_DIR")) return;
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
 }

@@ -20,4 +20,24 @@ int pf_write_tiny_model(const char *dir);
  * Needs the embedded model (paths_default_model()). Returns 0 or a negative value. */
 int pf_write_cache(const char *root, int n_samples, const char *path);
 
+/* Arguments of pf_run_child: argv (NULL-terminated, argv[0] the program's path), the log file
+ * that gets the child's stdout and stderr (truncated), and a working dir (empty: stay). */
+typedef struct {
+    char *argv[80];
+    char log[400];
+    char cwd[400];
+} pf_run_args_t;
+
+/* proc_fn body (tests/support/proc.h) for proc_spawn: chdir to a->cwd if set, redirect stdout
+ * and stderr to a->log, execv a->argv. Returns (as the exit code) 126 when the chdir or the
+ * log open fails, 127 when execv fails; does not return on success. arg: pf_run_args_t *. */
+int pf_run_child(void *arg, int report_fd);
+
+/* Number of '\n' in the file at path; 0 when it cannot be opened. */
+int pf_count_lines(const char *path);
+
+/* Group teardown of the pipeline tests: proc_kill_all(), then rm -rf root unless
+ * $DL_KEEP_TEST_DIR is set (a failure to remove is printed to stderr). */
+void pf_teardown(const char *root);
+
 #endif
