@@ -108,50 +108,7 @@ attn_varlen_fwd_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v,
         }
         // scale (log2 domain) and mask: key > query (causal) or key outside the sequence
         const bool need_mask = k0 + AV_BN - 1 > q0 + r0 || k0 + AV_BN > L;
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < AV_BN / 8; nt++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float val = sc[nt][e] * scale_log2;
-                if (need_mask) {
-                    int key = k0 + nt * 8 + 2 * t + (e & 1);
-                    int qr = e < 2 ? qa : qb;
-                    if (key > qr || key >= L) val = -INFINITY;
-                }
-                sc[nt][e] = val;
-            }
-            mx0 = fmaxf(mx0, fmaxf(sc[nt][0], sc[nt][1]));
-            mx1 = fmaxf(mx1, fmaxf(sc[nt][2], sc[nt][3]));
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        float mn0 = fmaxf(mrow[0], mx0), mn1 = fmaxf(mrow[1], mx1);
-        float mu0 = mn0 == -INFINITY ? 0.0f : mn0, mu1 = mn1 == -INFINITY ? 0.0f : mn1;
-        float al0 = exp2f(mrow[0] - mu0), al1 = exp2f(mrow[1] - mu1);
-        mrow[0] = mn0;
-        mrow[1] = mn1;
-        float ls0 = 0.0f, ls1 = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < AV_BN / 8; nt++) {
-            sc[nt][0] = exp2f(sc[nt][0] - mu0);
-            sc[nt][1] = exp2f(sc[nt][1] - mu0);
-            sc[nt][2] = exp2f(sc[nt][2] - mu1);
-            sc[nt][3] = exp2f(sc[nt][3] - mu1);
-            ls0 += sc[nt][0] + sc[nt][1];
-            ls1 += sc[nt][2] + sc[nt][3];
-        }
-        lrow[0] = lrow[0] * al0 + ls0;
-        lrow[1] = lrow[1] * al1 + ls1;
-#pragma unroll
-        for (int nt = 0; nt < HDP / 8; nt++) {
-            o[nt][0] *= al0;
-            o[nt][1] *= al0;
-            o[nt][2] *= al1;
-            o[nt][3] *= al1;
-        }
+        online_softmax_tile<AV_BN, HDP>(sc, mrow, lrow, o, k0, qa, qb, L, need_mask, scale_log2, t);
 #pragma unroll
         for (int kk = 0; kk < AV_BN / 16; kk++) {
             uint32_t a[4];
