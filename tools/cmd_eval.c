@@ -43,13 +43,19 @@ static void eval_usage(FILE *f) {
             "  --drafter-layers N     random/zero drafter: layers (default 1, as `run`)\n"
             "  --block-size B         random/zero drafter: block size (default 8, as `run`)\n"
             "  --no-baseline          skip target-only decoding (no speedup / greedy check)\n"
+            "  --timing-repeats N     run each prompt's two decodes N times (interleaved) and\n"
+            "                         count, per prompt and side, the run with the median\n"
+            "                         decode time: tokens/s = tokens / sum of medians (default\n"
+            "                         3; 1 with --no-baseline); tau is the same for every run\n"
+            "  --max-seconds S        start no new prompt after S s of decoding; the report\n"
+            "                         covers the prompts done (default 0 = no limit)\n"
             "  --max-prompt-tokens N  skip longer prompts (default 2048)\n"
             "  --json OUT             write the report as JSON\n"
             "  --verbose              one line per prompt\n");
 }
 
 enum { O_TM = 256, O_DR, O_DATA, O_NP, O_MNT, O_TEMP, O_SEED, O_DEV, O_GPU, O_THR, O_DL, O_BS,
-       O_NOBASE, O_MPT, O_JSON, O_VERB, O_HELP };
+       O_NOBASE, O_MPT, O_JSON, O_VERB, O_REP, O_MAXS, O_HELP };
 
 /* 0 when path can be written (its directory exists and is writable, and path
  * is not a directory / read-only file), else DL_EIO naming it: checked before
@@ -95,12 +101,13 @@ int cmd_eval(int argc, char **argv) {
         {"seed", 1, 0, O_SEED}, {"device", 1, 0, O_DEV}, {"gpu", 1, 0, O_GPU},
         {"threads", 1, 0, O_THR}, {"drafter-layers", 1, 0, O_DL}, {"block-size", 1, 0, O_BS},
         {"no-baseline", 0, 0, O_NOBASE}, {"max-prompt-tokens", 1, 0, O_MPT}, {"json", 1, 0, O_JSON},
-        {"verbose", 0, 0, O_VERB}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
+        {"verbose", 0, 0, O_VERB}, {"timing-repeats", 1, 0, O_REP}, {"max-seconds", 1, 0, O_MAXS},
+        {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
     char model[4096] = "";
     const char *drafter_arg = NULL, *data = NULL, *json_out = NULL, *device = "cpu";
     int n_prompts = 10, max_new = 128, gpu = 0, threads = 0, dlayers = 1, bsize = 8, baseline = 1;
-    int max_prompt = 2048, verbose = 0, c;
-    double temp = 0;
+    int max_prompt = 2048, verbose = 0, repeats = 0, c;
+    double temp = 0, max_seconds = 0;
     int64_t seed = 0;
     optind = 1;
 #define FLAG(call) do { if ((call) < 0) { cli_error("eval", dl_errmsg()); return 2; } } while (0)
@@ -122,6 +129,8 @@ int cmd_eval(int argc, char **argv) {
         case O_MPT: FLAG(cli_parse_int("--max-prompt-tokens", optarg, 1, 1 << 20, &max_prompt)); break;
         case O_JSON: json_out = optarg; break;
         case O_VERB: verbose = 1; break;
+        case O_REP: FLAG(cli_parse_int("--timing-repeats", optarg, 1, SPECDEC_MAX_REPEATS, &repeats)); break;
+        case O_MAXS: FLAG(cli_parse_f64("--max-seconds", optarg, 0, 1e9, &max_seconds)); break;
         case 'h': case O_HELP: eval_usage(stdout); return 0;
         default: eval_usage(stderr); return 2;
         }
@@ -204,6 +213,8 @@ int cmd_eval(int argc, char **argv) {
     eo.seed = (uint64_t)seed;
     eo.baseline = baseline;
     eo.verbose = verbose;
+    eo.timing_repeats = repeats ? repeats : baseline ? 3 : 1;
+    eo.max_seconds = max_seconds;
     specdec_eval_result_t r;
     if ((rc = specdec_eval(s, &eo, np, pp, pl, &r)) < 0) { log_rc(rc, "eval"); goto done; }
 
@@ -212,6 +223,8 @@ int cmd_eval(int argc, char **argv) {
     printf("eval: %d prompts (%s), %lld prompt tokens, %lld new tokens, temperature %g, block size %d\n",
            r.n_prompts, prompt_kind_name(ps.items[0].kind), (long long)st->prompt_tokens,
            (long long)st->new_tokens, temp, B);
+    if (r.stopped_early)
+        printf("stopped early: --max-seconds %g reached after %d of %d prompts\n", max_seconds, r.n_prompts, np);
     printf("tau (mean tokens accepted per verify step, bonus included): %.3f over %lld steps\n", r.tau,
            (long long)st->steps);
     printf("accepted length histogram:");
@@ -219,8 +232,8 @@ int cmd_eval(int argc, char **argv) {
         printf(" %d:%lld(%.1f%%)", m, (long long)st->hist[m], st->steps ? 100.0 * st->hist[m] / st->steps : 0.0);
     printf("\nper-position acceptance (draft token k accepted, of all steps):");
     for (int k = 1; k < B; k++) printf(" %d:%.3f", k, st->steps ? (double)st->pos_accept[k] / st->steps : 0.0);
-    printf("\ndecode with drafter: %.1f tok/s (%.2f s: draft %.2f s, verify %.2f s)\n", r.spec_tok_s,
-           st->decode_s, st->draft_s, st->verify_s);
+    printf("\ndecode with drafter: %.1f tok/s (%.2f s: draft %.2f s, verify %.2f s; per prompt the median of %d timed run%s)\n",
+           r.spec_tok_s, st->decode_s, st->draft_s, st->verify_s, r.timing_repeats, r.timing_repeats == 1 ? "" : "s");
     if (baseline) {
         char note[200];
         const char *why = eval_timing_note(r.tau, r.speedup, note, sizeof note);

@@ -54,6 +54,8 @@ static void regen_usage(FILE *f) {
             "  --seed S               sampling seed (default 0)\n"
             "  --batch K              sequences decoded together (default 8, max %d)\n"
             "  --limit N              stop after N samples in OUT (default: all)\n"
+            "  --max-seconds S        start no new batch after S s of decoding (the batch in\n"
+            "                         flight completes; run again to resume); default 0 = off\n"
             "  --device cpu|cuda      (default cpu)    --gpu N   CUDA device (default 0)\n"
             "  --threads N            CPU threads (default: all cores)\n",
             REGEN_MAX_BATCH);
@@ -209,17 +211,17 @@ static char *sample_line(const sample_t *s) {
 
 int cmd_regen(int argc, char **argv) {
     enum { O_TM = 256, O_DATA, O_OUT, O_MNT, O_CTX, O_TEMP, O_TOPP, O_SEED, O_BATCH, O_LIMIT,
-           O_DEV, O_GPU, O_THR, O_HELP };
+           O_DEV, O_GPU, O_THR, O_MAXS, O_HELP };
     static const struct option opts[] = {
         {"target-model", 1, 0, O_TM}, {"data", 1, 0, O_DATA}, {"out", 1, 0, O_OUT},
         {"max-new-tokens", 1, 0, O_MNT}, {"max-ctx", 1, 0, O_CTX}, {"temperature", 1, 0, O_TEMP},
         {"top-p", 1, 0, O_TOPP}, {"seed", 1, 0, O_SEED}, {"batch", 1, 0, O_BATCH},
         {"limit", 1, 0, O_LIMIT}, {"device", 1, 0, O_DEV}, {"gpu", 1, 0, O_GPU},
-        {"threads", 1, 0, O_THR}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
+        {"threads", 1, 0, O_THR}, {"max-seconds", 1, 0, O_MAXS}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
     char model[4096] = "";
     const char *data = NULL, *out_path = NULL, *device = "cpu";
     int max_new = 512, max_ctx = 2048, batch = 8, gpu = 0, threads = 0, c;
-    double temp = 0, top_p = 1;
+    double temp = 0, top_p = 1, max_seconds = 0;
     int64_t seed = 0, limit = INT64_MAX;
     optind = 1;
 #define FLAG(call) do { if ((call) < 0) { cli_error("regen", dl_errmsg()); return 2; } } while (0)
@@ -238,6 +240,7 @@ int cmd_regen(int argc, char **argv) {
         case O_DEV: device = optarg; break;
         case O_GPU: FLAG(cli_parse_int("--gpu", optarg, 0, 1023, &gpu)); break;
         case O_THR: FLAG(cli_parse_int("--threads", optarg, 1, 1024, &threads)); break;
+        case O_MAXS: FLAG(cli_parse_f64("--max-seconds", optarg, 0, 1e9, &max_seconds)); break;
         case 'h': case O_HELP: regen_usage(stdout); return 0;
         default: regen_usage(stderr); return 2;
         }
@@ -300,6 +303,10 @@ int cmd_regen(int argc, char **argv) {
     double t0 = clock_mono_s();
     int eof = 0;
     while (!eof && written < limit) {
+        if (max_seconds > 0 && clock_mono_s() - t0 >= max_seconds) {
+            log_info("regen: --max-seconds %g reached; run again with the same flags to resume", max_seconds);
+            break;
+        }
         /* fill a batch with samples whose first turn fits; skip the already written ones */
         nb = 0;
         while (nb < batch && written + nb < limit) {

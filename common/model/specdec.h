@@ -43,6 +43,7 @@
 #include "common/model/target.h"
 
 #define SPECDEC_MAX_BLOCK DRAFTER_MAX_BLOCK
+#define SPECDEC_MAX_REPEATS 64 /* specdec_eval_opts_t.timing_repeats */
 
 typedef struct {
     int max_new_tokens;      /* >= 1 */
@@ -107,6 +108,10 @@ typedef struct {
     uint64_t seed;
     int baseline;            /* 1: also decode with the target alone (speed, greedy check) */
     int verbose;             /* 1: log one line per prompt */
+    int timing_repeats;      /* >= 1 (0 = 1): each decode of a prompt runs this many times
+                              * and its median decode time counts (see specdec_eval) */
+    double max_seconds;      /* > 0: start no new prompt once this many seconds of
+                              * evaluation have passed (at least one prompt runs); 0: off */
 } specdec_eval_opts_t;
 
 void specdec_eval_opts_default(specdec_eval_opts_t *o);
@@ -123,12 +128,25 @@ typedef struct {
     int n_compared, n_matched;     /* greedy only: prompts whose outputs were identical */
     int first_mismatch_prompt;     /* -1 if none */
     int first_mismatch_pos;        /* token index of the first difference in that prompt */
+    int timing_repeats;            /* the repeats used (>= 1) */
+    int stopped_early;             /* 1: opts.max_seconds ended the run before all n prompts */
 } specdec_eval_result_t;
 
 /* Runs speculative decoding (and, with opts.baseline, target-only decoding) on
  * prompts[i] (host ids, lens[i]) for i < n. s's target and drafter are used as
  * they are. The two decodes of a prompt run back to back in alternating order
- * (drafter first on even i) so machine-load drift hits both. res is assigned. Errors as specdec_run / generator_run. */
+ * (drafter first on even i + repeat) so machine-load drift hits both.
+ * Timing: with opts.timing_repeats R > 1 each of the two decodes of a prompt
+ * runs R times (interleaved: spec, base, base, spec, ... alternating per
+ * repeat); per prompt and per side the run with the median decode time (the
+ * lower median for even R, an actual run) is the one counted: its stats
+ * (tau counts, which are the same for every run at a fixed seed, and times)
+ * go into res->spec, its decode seconds into res->base_decode_s. Tokens/s are
+ * then sums of per-prompt medians, robust to a few slow outliers. Greedy check:
+ * a prompt matches when every run of both sides produced the same tokens.
+ * With opts.max_seconds > 0, no new prompt starts after that many seconds
+ * (res->n_prompts < n and res->stopped_early = 1). res is assigned.
+ * Errors as specdec_run / generator_run; DL_ENOMEM. */
 int specdec_eval(specdec_t *s, const specdec_eval_opts_t *opts, int n,
                  const int32_t *const *prompts, const int *lens, specdec_eval_result_t *res);
 

@@ -7,7 +7,9 @@
  *    line is appended (what a kill inside a write leaves), and a restart completes
  *    it: exactly --limit valid lines, no duplicates, byte-identical to the
  *    uninterrupted run (greedy decoding is deterministic and batch-independent);
- *  - a third start finds nothing to do and leaves the file as it is.
+ *  - a third start finds nothing to do and leaves the file as it is;
+ *  - --max-seconds already spent stops after one batch; a rerun completes the file
+ *    byte-identical to the uninterrupted run.
  * Exit 77 (skip) when the model or ../shared/data/gsm8k is absent. Hard timeout. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -63,6 +65,20 @@ static int run_regen(const char *out) {
     proc_t p;
     memset(&p, 0, sizeof p);
     assert_int_equal(spawn_regen(&p, out), 0);
+    int code = -1;
+    assert_int_equal(proc_wait(&p, TIMEOUT_MS, &code), 0);
+    proc_kill(&p);
+    return code;
+}
+
+/* The same command with --max-seconds S. */
+static int run_regen_max_seconds(const char *out, const char *secs) {
+    char *argv[] = {"draftline", "regen", "--data", g_data, "--out", (char *)out,
+                    "--max-new-tokens", "16", "--batch", "2", "--limit", "6", "--threads", "1",
+                    "--max-seconds", (char *)secs, NULL};
+    proc_t p;
+    memset(&p, 0, sizeof p);
+    assert_int_equal(proc_spawn_exec(&p, "regen", g_bin, argv), 0);
     int code = -1;
     assert_int_equal(proc_wait(&p, TIMEOUT_MS, &code), 0);
     proc_kill(&p);
@@ -171,6 +187,26 @@ static void test_regen_kill_resume(void **state) {
     assert_int_equal(count_lines(bad), 2); /* untouched */
 }
 
+/* --max-seconds: a budget already spent after the first batch stops there (exit 0,
+ * exactly one batch of whole lines); running again without it resumes to the same
+ * bytes as the uninterrupted run of test_regen_kill_resume. */
+static void test_regen_max_seconds(void **state) {
+    (void)state;
+    char ref[512], out[512];
+    snprintf(ref, sizeof ref, "%s/ref.jsonl", g_dir);
+    snprintf(out, sizeof out, "%s/budget.jsonl", g_dir);
+    assert_int_equal(run_regen_max_seconds(out, "0.000001"), 0);
+    assert_int_equal(count_lines(out), 2);  /* --batch 2: the batch in flight completes */
+    assert_int_equal(run_regen(out), 0);
+    size_t la, lb;
+    char *a = slurp(ref, &la), *b = slurp(out, &lb);
+    assert_non_null(a);
+    assert_int_equal(la, lb);
+    assert_memory_equal(a, b, la);
+    free(a);
+    free(b);
+}
+
 int main(void) {
     char model[1024], shared[1024];
     if (paths_default_model(model, sizeof model) < 0 || access(model, R_OK) != 0) {
@@ -192,7 +228,8 @@ int main(void) {
     snprintf(g_dir, sizeof g_dir, "/tmp/dl-test-regen-XXXXXX");
     if (!mkdtemp(g_dir)) return 1;
     proc_watchdog(300);
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_regen_kill_resume)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_regen_kill_resume),
+                                       cmocka_unit_test(test_regen_max_seconds)};
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     proc_watchdog(0);
     proc_kill_all();

@@ -227,6 +227,43 @@ static void test_eval_report(void **state) {
     free(js);
 }
 
+/* --timing-repeats: the counted run is one of the repeats, so every count equals
+ * the single-run result (same seed, greedy) and only the times are medians;
+ * max_seconds stops after the first prompt when already exceeded. */
+static void test_eval_repeats(void **state) {
+    fx_t *x = *state;
+    specdec_eval_opts_t eo;
+    specdec_eval_opts_default(&eo);
+    eo.max_new_tokens = 12;
+    specdec_eval_result_t r1, r3;
+    assert_int_equal(specdec_eval(x->s, &eo, 2, x->pp, x->pl, &r1), 0);
+    eo.timing_repeats = 3;
+    assert_int_equal(specdec_eval(x->s, &eo, 2, x->pp, x->pl, &r3), 0);
+    assert_int_equal(r1.timing_repeats, 1);
+    assert_int_equal(r3.timing_repeats, 3);
+    assert_int_equal(r3.n_prompts, 2);
+    assert_int_equal(r3.n_matched, 2);
+    assert_int_equal(r3.spec.steps, r1.spec.steps);
+    assert_int_equal(r3.spec.accepted, r1.spec.accepted);
+    assert_int_equal(r3.spec.new_tokens, r1.spec.new_tokens);
+    assert_int_equal(r3.base_new_tokens, r1.base_new_tokens);
+    assert_memory_equal(r3.spec.hist, r1.spec.hist, sizeof r1.spec.hist);
+    assert_true(r3.spec.decode_s > 0 && r3.base_decode_s > 0);
+    assert_false(r3.stopped_early);
+    eo.timing_repeats = SPECDEC_MAX_REPEATS + 1;
+    assert_int_equal(specdec_eval(x->s, &eo, 2, x->pp, x->pl, &r3), DL_EINVAL);
+    eo.timing_repeats = 1;
+    eo.max_seconds = 1e-9;
+    assert_int_equal(specdec_eval(x->s, &eo, 2, x->pp, x->pl, &r3), 0);
+    assert_int_equal(r3.n_prompts, 1);
+    assert_true(r3.stopped_early);
+    char *js = specdec_result_json(&r3, x->dc.B);
+    assert_non_null(js);
+    assert_non_null(strstr(js, "\"stopped_early\":true"));
+    assert_non_null(strstr(js, "\"timing_repeats\":1"));
+    free(js);
+}
+
 /* A prompt file in the MT-Bench layout with the test prompts. */
 static void write_prompts(const char *path) {
     FILE *f = fopen(path, "w");
@@ -271,6 +308,7 @@ static void test_eval_checkpoint(void **state) {
         assert_non_null(q);
         double su = atof(q + 8);
         if (su > 1.0) assert_non_null(strstr(tx, "timing unreliable: tau"));
+        assert_non_null(strstr(tx, "per prompt the median of 3 timed runs"));  /* the default with baseline */
     }
     /* an unwritable --json fails before the evaluation */
     snprintf(cmd, sizeof cmd, "%s/draftline eval --drafter zero --data %s --json /nonexistent/x.json > /dev/null 2>&1",
@@ -295,6 +333,7 @@ int main(void) {
         cmocka_unit_test(test_oracle_drafter),
         cmocka_unit_test(test_zero_drafter),
         cmocka_unit_test(test_eval_report),
+        cmocka_unit_test(test_eval_repeats),
         cmocka_unit_test(test_eval_checkpoint),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
