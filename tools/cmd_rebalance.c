@@ -1,6 +1,9 @@
 /* `draftline rebalance --run DIR --targets N --drafters M [--wait S]` (CPU mode), or
- * `--target-gpus 0,1 --drafter-gpus 2` (parsed and passed on; GPU runs answer that
- * they do not rebalance yet): changes the split of a running job.
+ * `--target-gpus 0,0 --drafter-gpus 1` (GPU mode: entry i is the GPU of target /
+ * drafter i; a stage whose GPU stays keeps running, one whose GPU changes is
+ * restarted there, see common/pipe/rbplan.h): changes the split of a running job.
+ * The lists are checked here (both given, 1..64 ordinals 0..1023 each) before anything
+ * is written; whether the run is in GPU mode is the supervisor's answer.
  *
  * The request travels as a file: <DIR>/rebalance.request (JSON {"id", "targets",
  * "drafters", "target_gpus", "drafter_gpus"}, written to a .tmp and renamed), which
@@ -13,6 +16,7 @@
 #include "common/base/cli.h"
 #include "common/base/clock.h"
 #include "common/base/err.h"
+#include "common/pipe/rbplan.h"
 #include "tools/commands.h"
 #include "tools/supervisor.h"
 
@@ -35,7 +39,7 @@ static cJSON *read_json(const char *path) {
 }
 
 int cmd_rebalance(int argc, char **argv) {
-    const char *dir = NULL, *tg = "", *dg = "";
+    const char *dir = NULL, *tg = NULL, *dg = NULL;
     int targets = -1, drafters = -1;
     double wait_s = 120;
     static const struct option opts[] = {
@@ -59,22 +63,44 @@ int cmd_rebalance(int argc, char **argv) {
                    "Changes the split of a running job: drafters that go drain their inbox and stop at a\n"
                    "step boundary, new stages start, targets are re-routed and the optimizer told the new\n"
                    "membership. Training goes on; the math is unchanged. Waits up to S seconds (default\n"
-                   "120; 0: do not wait) for the supervisor's answer and prints it.\n");
+                   "120; 0: do not wait) for the supervisor's answer and prints it.\n"
+                   "CPU runs: --targets N --drafters M (1..64 each).\n"
+                   "GPU runs: --target-gpus L --drafter-gpus L, both, with the whole new placement: entry i\n"
+                   "is the CUDA ordinal of target (drafter) i, repeat one to share a GPU (0,0). Target i\n"
+                   "feeds drafter i mod M. A stage whose entry keeps its GPU keeps running; one whose\n"
+                   "GPU changes is stopped and started on the new GPU (its unapplied work is re-issued);\n"
+                   "entries past the old list start new stages; stages past the new list retire.\n"
+                   "Example: --target-gpus 0 --drafter-gpus 1  ->  --target-gpus 0,0 --drafter-gpus 1\n"
+                   "starts a second target on GPU 0; the first target and the drafter keep running.\n");
             return 0;
         default: return 2;
         }
         if (rc < 0) { cli_error("draftline rebalance", dl_errmsg()); return 2; }
     }
     if (!dir) { cli_error("draftline rebalance", "--run DIR is required"); return 2; }
-    int gpu = tg[0] || dg[0];
+    int gpu = tg || dg;
     if (!gpu && (targets < 0 || drafters < 0)) {
-        cli_error("draftline rebalance", "give --targets N --drafters M (CPU) or --target-gpus/--drafter-gpus");
+        cli_error("draftline rebalance", "give --targets N --drafters M (CPU run) or --target-gpus LIST "
+                                         "--drafter-gpus LIST (GPU run)");
         return 2;
     }
     if (gpu) {  /* N, M follow from the lists */
-        targets = 1; drafters = 1;
-        for (const char *p = tg; *p; p++) targets += *p == ',';
-        for (const char *p = dg; *p; p++) drafters += *p == ',';
+        int l[RBPLAN_MAX];
+        if (!tg || !dg) {
+            cli_error("draftline rebalance", "a GPU rebalance gives the whole new placement: both --target-gpus "
+                                             "LIST and --drafter-gpus LIST (e.g. --target-gpus 0,0 --drafter-gpus 1)");
+            return 2;
+        }
+        if (targets >= 0 || drafters >= 0) {
+            cli_error("draftline rebalance", "--targets/--drafters are for CPU runs; on a GPU run the counts are "
+                                             "the lengths of --target-gpus/--drafter-gpus");
+            return 2;
+        }
+        if ((targets = rbplan_parse_gpus("--target-gpus", tg, l, RBPLAN_MAX)) < 0 ||
+            (drafters = rbplan_parse_gpus("--drafter-gpus", dg, l, RBPLAN_MAX)) < 0) {
+            cli_error("draftline rebalance", dl_errmsg());
+            return 2;
+        }
     }
     {
         int spid = 0;
@@ -83,7 +109,8 @@ int cmd_rebalance(int argc, char **argv) {
         if (!live) {
             fprintf(stderr, "draftline rebalance: run %s is not running (no supervisor at pid %d): nothing to "
                             "rebalance; resume it with the split you want (`draftline run --resume %s --out %s "
-                            "--targets N --drafters M`)\n", dir, spid, dir, dir);
+                            "%s`)\n", dir, spid, dir, dir,
+                    gpu ? "--target-gpus LIST --drafter-gpus LIST" : "--targets N --drafters M");
             return 1;
         }
     }
@@ -93,8 +120,8 @@ int cmd_rebalance(int argc, char **argv) {
     cJSON_AddStringToObject(j, "id", id);
     cJSON_AddNumberToObject(j, "targets", targets);
     cJSON_AddNumberToObject(j, "drafters", drafters);
-    cJSON_AddStringToObject(j, "target_gpus", tg);
-    cJSON_AddStringToObject(j, "drafter_gpus", dg);
+    cJSON_AddStringToObject(j, "target_gpus", tg ? tg : "");
+    cJSON_AddStringToObject(j, "drafter_gpus", dg ? dg : "");
     char *txt = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     char p[4200], tmp[4300], res[4200];
@@ -108,7 +135,9 @@ int cmd_rebalance(int argc, char **argv) {
         return 1;
     }
     free(txt);
-    printf("rebalance %s requested: %d target(s), %d drafter(s)\n", id, targets, drafters);
+    if (gpu) printf("rebalance %s requested: %d target(s) on GPUs %s, %d drafter(s) on GPUs %s\n", id, targets, tg,
+                    drafters, dg);
+    else printf("rebalance %s requested: %d target(s), %d drafter(s)\n", id, targets, drafters);
     fflush(stdout);
     if (wait_s <= 0) return 0;
     double t0 = clock_mono_s();

@@ -44,8 +44,9 @@ int cmd_status(int argc, char **argv) {
         if (c == 'r') dir = optarg;
         else if (c == 'h') {
             printf("usage: draftline status --run DIR\n"
-                   "Prints a run's topology, routing table (target -> drafter) and each stage's\n"
-                   "process, state, incarnation, restarts and key metrics.\n");
+                   "Prints a run's topology (GPU runs: the GPU of each target and drafter), routing\n"
+                   "table (target -> drafter) and each stage's process, GPU, state, incarnation,\n"
+                   "restarts and key metrics.\n");
             return 0;
         } else return 2;
     }
@@ -78,6 +79,19 @@ int cmd_status(int argc, char **argv) {
            num(run, "targets"), num(run, "drafters"),
            cJSON_IsString(cJSON_GetObjectItem(run, "device")) ? cJSON_GetObjectItem(run, "device")->valuestring : "?",
            num(run, "start_step"), num(run, "max_steps"), num(run, "micro_batches_per_step"));
+    {
+        /* GPU runs: the placement (entry i = GPU of target / drafter i) */
+        const char *keys[2] = {"target_gpus", "drafter_gpus"};
+        int shown = 0;
+        for (int k = 0; k < 2; k++) {
+            const cJSON *l = cJSON_GetObjectItemCaseSensitive(run, keys[k]), *g;
+            if (!cJSON_GetArraySize(l)) continue;
+            printf("%s%s GPUs", shown++ ? ", " : "placement: ", k ? "drafter" : "target");
+            int i = 0;
+            cJSON_ArrayForEach(g, l) printf("%s%d", i++ ? "," : " ", g->valueint);
+        }
+        if (shown) printf("\n");
+    }
     printf("routes:");
     const cJSON *r;
     cJSON_ArrayForEach(r, cJSON_GetObjectItemCaseSensitive(run, "routes")) {
@@ -120,8 +134,8 @@ int cmd_status(int argc, char **argv) {
         last[k] = x;
     }
     free(m);
-    printf("%-10s %-8s %7s %4s %3s  %-11s %10s %9s %9s %9s  %s\n", "stage", "process", "pid", "inc", "rst",
-           "state", "tokens/s", "wait_in", "wait_cr", "compute", "detail");
+    printf("%-10s %-8s %7s %4s %3s %4s  %-11s %10s %9s %9s %9s  %s\n", "stage", "process", "pid", "inc", "rst",
+           "gpu", "state", "tokens/s", "wait_in", "wait_cr", "compute", "detail");
     for (int i = 0; i < ns && i < MAXS; i++) {
         const cJSON *e = cJSON_GetArrayItem(stages, i);
         const cJSON *n = cJSON_GetObjectItemCaseSensitive(e, "name");
@@ -145,12 +159,14 @@ int cmd_status(int argc, char **argv) {
         double compute = x ? num(x, "forward_s") + num(x, "backward_s") + num(x, "step_s") : 0;
         char rate[32] = "-";
         if (x && num(x, "tokens_per_s") >= 0) snprintf(rate, sizeof rate, "%.0f", num(x, "tokens_per_s"));
-        char pids[24];
+        char pids[24], gpu[16] = "-";
+        if (num(e, "gpu") >= 0) snprintf(gpu, sizeof gpu, "%g", num(e, "gpu"));
         if (alive) snprintf(pids, sizeof pids, "%g", num(e, "pid"));
         else snprintf(pids, sizeof pids, "-");
-        printf("%-10s %-8s %7s %4g %3g  %-11s %10s %8.1fs %8.1fs %8.1fs  %s\n",
+        printf("%-10s %-8s %7s %4g %3g %4s  %-11s %10s %8.1fs %8.1fs %8.1fs  %s\n",
                cJSON_IsString(n) ? n->valuestring : "?",
                !alive ? "-" : cJSON_IsString(pr) ? pr->valuestring : "?", pids, num(e, "incarnation"), num(e, "restarts"),
+               gpu,
                !alive ? "not running" : cJSON_IsString(xs) ? xs->valuestring : "-", !alive ? "-" : rate,
                x ? num(x, "wait_input_s") : 0, x ? num(x, "wait_credit_s") : 0, compute, detail);
         cJSON_Delete(last[i]);

@@ -8,6 +8,7 @@
 #include "common/monitor/prom.h"
 #include "common/monitor/run.h"
 #include "common/pipe/ckpt.h"
+#include "common/pipe/rbplan.h"
 #include "common/pipe/stage.h"
 #include "proto/codec.h"
 
@@ -41,6 +42,7 @@ typedef struct {
     double metrics[8];          /* a few metrics kept for the progress line */
     int active;                 /* part of the current topology (started, not retired) */
     int retiring;               /* rebalance: draining, then stopped; never restarted */
+    int moving;                 /* GPU rebalance: SIGTERM sent, restarts at once with a new --gpu */
     int planned;                /* killed by the supervisor to re-sync: restart at once */
     int fails;                  /* consecutive short-lived incarnations (backoff exponent) */
     double t_spawn, retire_t0;
@@ -48,6 +50,11 @@ typedef struct {
     int64_t retire_after;       /* a drafter retires once a step > this was applied */
     double inbox_bytes;         /* drafter: latest inbox_gpu_bytes + inbox_host_bytes */
     double since_progress_s;    /* latest since_progress_s metric (-1: none yet) */
+    /* recovery from a death (restart with backoff; not the optimizer, which has its
+     * own figure): monotonic s of the death and of its successor's hello (0: none
+     * pending); the last figures, death -> successor up and death -> first step
+     * applied after that hello (0: none yet) */
+    double t_died, t_back, last_up_s, last_recovery_s;
 } sstage_t;
 
 typedef struct {
@@ -76,6 +83,7 @@ typedef struct {
     double t_last_step, last_stall_warn;   /* stall warning: last step seen, last warning */
     /* live topology (rebalance) */
     int nt, nd;
+    int gpu_mode;               /* the stage specs carry --gpu N (GPU run) */
     sup_stage_spec_t xspec[SUP_MAX_STAGES];   /* specs of stages added by a rebalance */
     int nx;
     struct {
@@ -83,6 +91,7 @@ typedef struct {
         int running;
         double t0, seconds;
         int from_t, from_d, to_t, to_d;
+        char to_gpus[160];      /* GPU runs: " (targets on GPUs L, drafters on GPUs L)" */
         char status[16], message[256];
     } rb;
     char resume_ckpt[4200];     /* the optimizer restarts from here ("" = its first args) */
@@ -111,6 +120,15 @@ static int route_of(const sup_t *S, uint32_t target_id) {
     return (int)((target_id - PIPE_ID_TARGET0) % (uint32_t)S->nd);
 }
 
+/* The GPU ordinal a stage spec starts on (the value of its --gpu flag), or -1 (CPU
+ * stage, or a stage without one: loader; the optimizer's GPU, when it has one, is
+ * not moved by a rebalance). */
+static int spec_gpu(const sup_stage_spec_t *sp) {
+    for (int a = 0; a + 1 < sp->argc; a++)
+        if (!strcmp(sp->argv[a], "--gpu")) return atoi(sp->argv[a + 1]);
+    return -1;
+}
+
 /* <out>/run.json: the run's topology for `draftline status/stop` and the monitor
  * (device, targets, drafters, max_steps, the supervisor's pid, every stage with
  * pid, incarnation, restarts and state, the routing table). Replaced atomically. */
@@ -118,11 +136,16 @@ static void write_run_json(sup_t *S) {
     const sup_opts_t *o = S->o;
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "run_id", o->run_id);
-    cJSON_AddStringToObject(j, "device", "cpu");
+    cJSON_AddStringToObject(j, "device", S->gpu_mode ? "cuda" : "cpu");
     cJSON_AddNumberToObject(j, "targets", S->nt);
     cJSON_AddNumberToObject(j, "drafters", S->nd);
-    cJSON_AddItemToObject(j, "target_gpus", cJSON_CreateArray());
-    cJSON_AddItemToObject(j, "drafter_gpus", cJSON_CreateArray());
+    /* GPU runs: the GPU of target (drafter) i of the live topology, i < targets (drafters) */
+    cJSON *tgl = cJSON_AddArrayToObject(j, "target_gpus"), *dgl = cJSON_AddArrayToObject(j, "drafter_gpus");
+    for (int r = 0; r < 2 && S->gpu_mode; r++)
+        for (int i = 0; i < (r ? S->nd : S->nt); i++)
+            for (int k = 0; k < S->n; k++)
+                if (S->st[k].spec->stage_id == (r ? PIPE_ID_DRAFTER0 : PIPE_ID_TARGET0) + (uint32_t)i)
+                    cJSON_AddItemToArray(r ? dgl : tgl, cJSON_CreateNumber(spec_gpu(S->st[k].spec)));
     cJSON_AddNumberToObject(j, "max_steps", (double)o->max_steps);
     cJSON_AddNumberToObject(j, "start_step", (double)o->start_step);
     cJSON_AddNumberToObject(j, "micro_batches_per_step", (double)o->mbs_per_step);
@@ -153,8 +176,13 @@ static void write_run_json(sup_t *S) {
         cJSON_AddNumberToObject(e, "pid", x->exited ? 0 : x->pid);
         cJSON_AddNumberToObject(e, "incarnation", (double)x->incarnation);
         cJSON_AddNumberToObject(e, "restarts", x->restarts);
+        cJSON_AddNumberToObject(e, "gpu", spec_gpu(x->spec));
+        if (x->last_recovery_s > 0) {
+            cJSON_AddNumberToObject(e, "last_restart_up_s", x->last_up_s);
+            cJSON_AddNumberToObject(e, "last_recovery_s", x->last_recovery_s);
+        }
         cJSON_AddStringToObject(e, "process", !x->active && x->exited ? "retired" : x->retiring ? "draining"
-                                : !x->exited ? "running" : x->restart_at > 0 ? "restarting" : "exited");
+                                : x->moving ? "moving" : !x->exited ? "running" : x->restart_at > 0 ? "restarting" : "exited");
         cJSON_AddItemToArray(st, e);
     }
     cJSON *rt = cJSON_AddArrayToObject(j, "routes");
@@ -474,6 +502,18 @@ static void on_metrics(sup_t *S, const char *peer, const proto_metrics_t *m) {
         else if (!strncmp(n, "acc_", 4) && S->n_acc < 16) S->acc[S->n_acc++] = v;
     }
     if (step < 0) return;
+    for (int i = 0; i < S->n; i++) {
+        /* the first step applied after a restarted stage's successor said hello */
+        sstage_t *x = &S->st[i];
+        if (x->t_died <= 0 || x->t_back <= 0) continue;
+        double now = clock_mono_s();
+        x->last_up_s = x->t_back - x->t_died;
+        x->last_recovery_s = now - x->t_died;
+        x->t_died = x->t_back = 0;
+        log_info("%s recovery: its successor was up %.2f s after its death, step %.0f applied %.2f s after it",
+                 x->spec->name, x->last_up_s, step, x->last_recovery_s);
+        write_run_json(S);
+    }
     if (S->t_opt_died > 0) {
         /* first step of a restarted optimizer: the recovery is over */
         S->last_recovery_s = clock_mono_s() - S->t_opt_died;
@@ -506,6 +546,7 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
         if (!x) { log_warn("hello from unknown stage %u (%s)", m.hello.stage_id, peer); break; }
         x->helloed = 1;
         snprintf(x->peer, sizeof x->peer, "%s", peer);
+        if (x->t_died > 0 && x->t_back == 0) x->t_back = clock_mono_s();
         log_info("%s is up (pid %u, incarnation %llu)", peer, m.hello.pid,
                  (unsigned long long)m.hello.incarnation);
         if (m.hello.stage_id >= PIPE_ID_TARGET0) push_route(S, x);
@@ -639,6 +680,24 @@ static void reap(sup_t *S) {
                 write_run_json(S);
                 break;
             }
+            if (x->moving) {
+                /* GPU rebalance: stopped to start again on its new GPU, at once (not a
+                 * failure); its work goes again, as after a death: a target's held
+                 * micro-batches, or every unapplied one for a drafter (the ledger drops
+                 * duplicates); its successor's hello re-introduces it to its peers */
+                log_info("%s stopped (%s %d): starting it on GPU %d", x->spec->name,
+                         WIFEXITED(status) ? "status" : "signal", WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status),
+                         spec_gpu(x->spec));
+                x->moving = 0;
+                x->planned = 0;
+                x->term_at = 0;
+                int64_t id = x->spec->stage_id;
+                sstage_t *L = by_id(S, PIPE_ID_LOADER);
+                if (L) send_ctl(S, L, PROTO_CTL_MEMBERSHIP, &id, 1);
+                x->restart_at = clock_mono_s();
+                write_run_json(S);
+                break;
+            }
             if (x->planned) {
                 /* killed by the supervisor to re-sync with a restarted optimizer */
                 x->planned = 0;
@@ -649,6 +708,10 @@ static void reap(sup_t *S) {
             log_warn("%s died (%s %d)", x->spec->name, WIFEXITED(status) ? "status" : "signal",
                      WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
             if (clock_mono_s() - x->t_spawn > 10) x->fails = 0;  /* it had been healthy */
+            if (x->spec->stage_id != PIPE_ID_OPTIMIZER && (x->t_died <= 0 || x->t_back > 0)) {
+                x->t_died = clock_mono_s();   /* a death while restarting keeps the first one */
+                x->t_back = 0;
+            }
             if (x->restarts < S->o->max_restarts && x->spec->stage_id == PIPE_ID_OPTIMIZER) {
                 /* The optimizer's state since its last checkpoint is gone: it restarts
                  * from that checkpoint, and the loader and drafters (whose steps ran
@@ -723,6 +786,18 @@ static void rb_write_result(sup_t *S) {
     cJSON_AddNumberToObject(j, "seconds", S->rb.seconds);
     cJSON_AddNumberToObject(j, "targets", S->nt);
     cJSON_AddNumberToObject(j, "drafters", S->nd);
+    if (S->gpu_mode) {
+        /* the live placement (run.json has the same lists) */
+        char b[2][RBPLAN_MAX * 6];
+        int g[2][RBPLAN_MAX], n[2] = {0, 0};
+        for (int r = 0; r < 2; r++)
+            for (int i = 0; i < (r ? S->nd : S->nt) && i < RBPLAN_MAX; i++) {
+                sstage_t *x = by_id(S, (r ? PIPE_ID_DRAFTER0 : PIPE_ID_TARGET0) + (uint32_t)i);
+                if (x) g[r][n[r]++] = spec_gpu(x->spec);
+            }
+        cJSON_AddStringToObject(j, "target_gpus", rbplan_format_gpus(g[0], n[0], b[0], sizeof b[0]));
+        cJSON_AddStringToObject(j, "drafter_gpus", rbplan_format_gpus(g[1], n[1], b[1], sizeof b[1]));
+    }
     char *txt = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     if (!txt) return;
@@ -736,6 +811,35 @@ static void rb_write_result(sup_t *S) {
     }
     free(txt);
     write_run_json(S);
+}
+
+/* A spec of x the rebalance may change: x's own copy in S->xspec (made on first use
+ * from the run's spec, which stays untouched). NULL when S->xspec is full. */
+static sup_stage_spec_t *spec_own(sup_t *S, sstage_t *x) {
+    if (x->spec >= S->xspec && x->spec < S->xspec + SUP_MAX_STAGES) return (sup_stage_spec_t *)x->spec;
+    if (S->nx >= SUP_MAX_STAGES) return NULL;
+    sup_stage_spec_t *sp = &S->xspec[S->nx++];
+    *sp = *x->spec;
+    x->spec = sp;
+    return sp;
+}
+
+/* Sets the value of --gpu in x's spec (the next start of x uses it). Returns 0, or -1
+ * (no room for a spec copy, no --gpu flag, out of memory). */
+static int spec_set_gpu(sup_t *S, sstage_t *x, int gpu) {
+    if (spec_gpu(x->spec) == gpu) return 0;
+    sup_stage_spec_t *sp = spec_own(S, x);
+    if (!sp) return -1;
+    for (int a = 0; a + 1 < sp->argc; a++)
+        if (!strcmp(sp->argv[a], "--gpu")) {
+            char v[16];
+            snprintf(v, sizeof v, "%d", gpu);
+            char *d = strdup(v);   /* lives as long as the run (a few bytes per change) */
+            if (!d) return -1;
+            sp->argv[a + 1] = d;
+            return 0;
+        }
+    return -1;
 }
 
 /* The stage slot of target/drafter idx: an existing one, or a new one whose spec is
@@ -775,6 +879,16 @@ static void rb_reject(sup_t *S, const char *id, const char *msg) {
     rb_write_result(S);
 }
 
+/* The live placement of targets (r = 1) or drafters (r = 0) for rbplan_make: the GPU
+ * of each index's stage that is part of the topology (running, or restarting after a
+ * crash), -1 where there is none (never started, retired, draining). */
+static void rb_live_gpus(sup_t *S, int r, int *out) {
+    for (int i = 0; i < RBPLAN_MAX; i++) {
+        sstage_t *x = by_id(S, (r ? PIPE_ID_TARGET0 : PIPE_ID_DRAFTER0) + (uint32_t)i);
+        out[i] = x && x->active && !x->retiring ? spec_gpu(x->spec) : -1;
+    }
+}
+
 static void rb_poll(sup_t *S) {
     char p[4200];
     snprintf(p, sizeof p, "%s/" SUP_REBALANCE_REQUEST, S->o->out_dir);
@@ -795,11 +909,43 @@ static void rb_poll(sup_t *S) {
     snprintf(id, sizeof id, "%s", cJSON_IsString(jid) ? jid->valuestring : "?");
     char msg[256];
     int N = cJSON_IsNumber(jt) ? jt->valueint : -1, M = cJSON_IsNumber(jd) ? jd->valueint : -1;
+    const char *tgs = cJSON_IsString(jtg) ? jtg->valuestring : "", *dgs = cJSON_IsString(jdg) ? jdg->valuestring : "";
+    int gpu_req = tgs[0] || dgs[0];
+    /* GPU runs: the plan per stage index (common/pipe/rbplan.h) */
+    rbplan_t plan;
+    memset(&plan, 0, sizeof plan);
+    int plan_rc = 0;
+    char cur_tg[RBPLAN_MAX * 6] = "", cur_dg[RBPLAN_MAX * 6] = "";
+    if (S->gpu_mode) {
+        int cg[RBPLAN_MAX], k = 0;
+        rb_live_gpus(S, 1, cg);
+        for (int i = 0; i < RBPLAN_MAX && cg[i] >= 0; i++) k = i + 1;
+        rbplan_format_gpus(cg, k, cur_tg, sizeof cur_tg);
+        rb_live_gpus(S, 0, cg);
+        k = 0;
+        for (int i = 0; i < RBPLAN_MAX && cg[i] >= 0; i++) k = i + 1;
+        rbplan_format_gpus(cg, k, cur_dg, sizeof cur_dg);
+    }
+    if (j && S->gpu_mode && gpu_req) {
+        int tg[RBPLAN_MAX], dg[RBPLAN_MAX], ct[RBPLAN_MAX], cd[RBPLAN_MAX];
+        int nt = rbplan_parse_gpus("--target-gpus", tgs, tg, RBPLAN_MAX);
+        int nd = nt < 0 ? nt : rbplan_parse_gpus("--drafter-gpus", dgs, dg, RBPLAN_MAX);
+        rb_live_gpus(S, 1, ct);
+        rb_live_gpus(S, 0, cd);
+        plan_rc = nd < 0 ? nd : rbplan_make(ct, cd, tg, nt, dg, nd, &plan);
+        if (plan_rc == 0) { N = plan.n_targets; M = plan.n_drafters; }
+    }
     if (!j) rb_reject(S, id, "malformed request");
     else if (S->stopping) rb_reject(S, id, "the run is stopping");
     else if (S->rb.running) rb_reject(S, id, "a rebalance is already running");
-    else if ((cJSON_IsString(jtg) && jtg->valuestring[0]) || (cJSON_IsString(jdg) && jdg->valuestring[0]))
+    else if (gpu_req && !S->gpu_mode)
         rb_reject(S, id, "--target-gpus/--drafter-gpus: this run is in CPU mode (use --targets/--drafters)");
+    else if (!gpu_req && S->gpu_mode) {
+        snprintf(msg, sizeof msg, "this run is in GPU mode: give the new placement as --target-gpus LIST "
+                 "--drafter-gpus LIST (now --target-gpus %s --drafter-gpus %s)", cur_tg, cur_dg);
+        rb_reject(S, id, msg);
+    } else if (S->gpu_mode && plan_rc < 0)
+        rb_reject(S, id, dl_errmsg());
     else if (N < 1 || N > PIPE_MAX_TARGETS || M < 1 || M > PIPE_MAX_DRAFTERS)
         rb_reject(S, id, "targets and drafters must be 1..64");
     else if (S->o->lookahead > 0 && S->o->inbox_slots - (N + M - 1) / M < S->o->lookahead) {
@@ -807,10 +953,14 @@ static void rb_poll(sup_t *S) {
                  "drafter's %d inbox slots: the pipeline could deadlock (start the run with a larger --inbox-gb)",
                  (N + M - 1) / M, S->o->lookahead, S->o->inbox_slots);
         rb_reject(S, id, msg);
-    } else if (N == S->nt && M == S->nd) {
+    } else if (S->gpu_mode ? plan.n_start + plan.n_move + plan.n_retire == 0 : N == S->nt && M == S->nd) {
         snprintf(S->rb.id, sizeof S->rb.id, "%s", id);
         snprintf(S->rb.status, sizeof S->rb.status, "done");
-        snprintf(S->rb.message, sizeof S->rb.message, "already %d target(s), %d drafter(s)", N, M);
+        if (S->gpu_mode)
+            snprintf(S->rb.message, sizeof S->rb.message, "already targets on GPUs %s, drafters on GPUs %s",
+                     cur_tg, cur_dg);
+        else
+            snprintf(S->rb.message, sizeof S->rb.message, "already %d target(s), %d drafter(s)", N, M);
         S->rb.seconds = 0;
         rb_write_result(S);
     } else {
@@ -818,9 +968,17 @@ static void rb_poll(sup_t *S) {
         S->rb.running = 1;
         S->rb.t0 = clock_mono_s();
         S->rb.from_t = S->nt; S->rb.from_d = S->nd; S->rb.to_t = N; S->rb.to_d = M;
+        S->rb.to_gpus[0] = 0;
+        if (S->gpu_mode) {
+            char a[RBPLAN_MAX * 6], b[RBPLAN_MAX * 6];
+            snprintf(S->rb.to_gpus, sizeof S->rb.to_gpus, " (targets on GPUs %s, drafters on GPUs %s; %d kept, "
+                     "%d started, %d moved, %d retired)", rbplan_format_gpus(plan.target_gpu, N, a, sizeof a),
+                     rbplan_format_gpus(plan.drafter_gpu, M, b, sizeof b), plan.n_keep, plan.n_start,
+                     plan.n_move, plan.n_retire);
+        }
         snprintf(S->rb.status, sizeof S->rb.status, "running");
-        snprintf(S->rb.message, sizeof S->rb.message, "%d+%d -> %d+%d", S->nt, S->nd, N, M);
-        log_info("rebalance %s: %d target(s) + %d drafter(s) -> %d + %d", id, S->nt, S->nd, N, M);
+        snprintf(S->rb.message, sizeof S->rb.message, "%d+%d -> %d+%d%s", S->nt, S->nd, N, M, S->rb.to_gpus);
+        log_info("rebalance %s: %d target(s) + %d drafter(s) -> %d + %d%s", id, S->nt, S->nd, N, M, S->rb.to_gpus);
         S->nt = N;
         S->nd = M;
         int ok = 1;
@@ -843,6 +1001,24 @@ static void rb_poll(sup_t *S) {
                 if (x->exited) x->active = 0, x->retiring = 0, x->restart_at = 0;
             }
         }
+        /* GPU runs: a stage of an index that stays gets its (new) GPU; one running on
+         * another GPU is stopped and started at once on the new one (reap) */
+        for (int r = 0; r < 2 && S->gpu_mode && ok; r++)
+            for (int i = 0; i < (r ? N : M) && ok; i++) {
+                sstage_t *x = rb_slot(S, r, i);
+                int g = r ? plan.target_gpu[i] : plan.drafter_gpu[i], from = x ? spec_gpu(x->spec) : -1;
+                if (!x || spec_set_gpu(S, x, g) < 0) { ok = 0; break; }
+                if ((r ? plan.target[i] : plan.drafter[i]) != RBPLAN_MOVE || !x->active) continue;
+                if (!x->exited && x->pid > 0) {
+                    x->moving = 1;
+                    x->term_at = clock_mono_s();
+                    kill(x->pid, SIGTERM);
+                    log_info("%s: moving from GPU %d to GPU %d (stopped, then started again)", x->spec->name,
+                             from, g);
+                } else if (x->restart_at > 0) {
+                    x->restart_at = clock_mono_s();   /* it was restarting anyway: on its new GPU, now */
+                }
+            }
         for (int i = 0; i < M && ok; i++) {
             sstage_t *x = rb_slot(S, 0, i);
             if (!x) ok = 0;
@@ -884,6 +1060,14 @@ static void rb_tick(sup_t *S) {
                 kill(x->pid, SIGKILL);
                 x->term_at = now;
             }
+        } else if (x->moving) {
+            /* GPU rebalance: stopped to start on another GPU (reap starts it again) */
+            pending++;
+            if (x->term_at > 0 && now - x->term_at > 20 && !x->exited && x->pid > 0) {
+                log_warn("%s did not stop in 20 s after SIGTERM: SIGKILL", x->spec->name);
+                kill(x->pid, SIGKILL);
+                x->term_at = now;
+            }
         } else if (x->active && (x->exited || !x->helloed)) {
             pending++;
         }
@@ -892,8 +1076,8 @@ static void rb_tick(sup_t *S) {
         S->rb.running = 0;
         S->rb.seconds = now - S->rb.t0;
         snprintf(S->rb.status, sizeof S->rb.status, "done");
-        snprintf(S->rb.message, sizeof S->rb.message, "%d+%d -> %d+%d in %.2f s", S->rb.from_t, S->rb.from_d,
-                 S->rb.to_t, S->rb.to_d, S->rb.seconds);
+        snprintf(S->rb.message, sizeof S->rb.message, "%d+%d -> %d+%d in %.2f s%s", S->rb.from_t, S->rb.from_d,
+                 S->rb.to_t, S->rb.to_d, S->rb.seconds, S->rb.to_gpus);
         log_info("rebalance %s done: %s", S->rb.id, S->rb.message);
         rb_write_result(S);
     }
@@ -1045,6 +1229,7 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     }
     S.n = o->n_stages;
     for (int i = 0; i < S.n; i++) S.st[i].spec = &o->stages[i];
+    for (int i = 0; i < S.n; i++) S.gpu_mode |= is_target(&S.st[i]) && spec_gpu(S.st[i].spec) >= 0;
     for (int i = 0; i < S.n; i++) spawn(&S, &S.st[i]);
     uv_timer_start(&S.tick, on_tick, 200, 200);
     uv_run(&S.loop, UV_RUN_DEFAULT);

@@ -303,6 +303,30 @@ static void test_rebalance(void **state) {
               "--deterministic", "--inbox-gb", "0.01", NULL);
     assert_int_equal(wait_steps(out, 4, 60), 0);
     char *txt = NULL;
+    /* GPU-mode requests: malformed lists are usage errors (2) before anything is
+     * written; a well-formed GPU placement is refused by this CPU run's supervisor (1) */
+    static const struct { const char *flags, *says; int rc; } gpu_req[] = {
+        {"--target-gpus 0,0", "both --target-gpus", 2},
+        {"--target-gpus '' --drafter-gpus 1", "--target-gpus: empty GPU list", 2},
+        {"--target-gpus 0,x --drafter-gpus 1", "entry 1 is not a number", 2},
+        {"--target-gpus 0 --drafter-gpus 1024", "out of range", 2},
+        {"--target-gpus 0 --drafter-gpus 1 --targets 2", "for CPU runs", 2},
+        {"--target-gpus 0,0 --drafter-gpus 1", "this run is in CPU mode", 1},
+    };
+    for (size_t i = 0; i < sizeof gpu_req / sizeof *gpu_req; i++) {
+        snprintf(args, sizeof args, "rebalance --run %s %s --wait 30", out, gpu_req[i].flags);
+        int grc = draftline_cmd(&txt, args);
+        fprintf(stderr, "%s", txt ? txt : "");
+        assert_int_equal(grc, gpu_req[i].rc);
+        assert_non_null(strstr(txt, gpu_req[i].says));
+        free(txt);
+    }
+    snprintf(args, sizeof args, "status --run %s", out);
+    assert_int_equal(draftline_cmd(&txt, args), 0);
+    assert_non_null(strstr(txt, "on cpu;"));
+    assert_null(strstr(txt, "placement:"));   /* no GPU placement line on CPU */
+    assert_non_null(strstr(txt, " gpu "));    /* the GPU column, "-" for CPU stages */
+    free(txt);
     snprintf(args, sizeof args, "rebalance --run %s --targets 3 --drafters 1 --wait 60", out);
     int rc = draftline_cmd(&txt, args);
     fprintf(stderr, "%s", txt ? txt : "");
