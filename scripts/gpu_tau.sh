@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# Issue 8 at scale: is a drafter trained by `draftline run` on the target's own
+# (regenerated) responses better than the same drafter before training?
+#
+# usage (repo root on the GPU machine, bundle unpacked in bundle/):
+#   MODEL=/path/SmolLM2-135M-Instruct.Q4_1.gguf [SHARED=../shared/data] [OUT=/tmp/tau-out] \
+#       bash scripts/gpu_tau.sh
+# CPU dry run of the same flow (tiny sizes; binaries from $BIN, default bin/):
+#   DEVICE=cpu BIN=/tmp/b/bin bash scripts/gpu_tau.sh
+#
+# Steps (each under a hard `timeout`; ~7 min wall on one H200 with the defaults):
+#  a) `draftline regen --device cuda` (greedy, batched, resumable, --max-seconds
+#     REGEN_S) over three prompt sources at once, three processes on the same GPU:
+#     GSM8K train questions (all but the last GSM_HOLD, held out for eval), the
+#     ShareGPT sample's user turns (multi-turn: each turn sees the regenerated
+#     earlier replies), and ~800 generic chat / Python-coding prompts from
+#     scripts/synth_prompts.py (templates x topics; SYNTH=0 leaves them out).
+#     MT-Bench and HumanEval are never trained on: they are the held-out sets.
+#     While regen runs, the random-weights drafter is evaluated (tau only): it is
+#     exactly the trained drafter's step 0, because `eval --drafter random --seed
+#     S --drafter-layers L --block-size B` builds the pipeline's drafter config
+#     (pipe_drafter_config) and initialises it with drafter_new(seed S), as the
+#     optimizer of `draftline run --seed S` does before step 1.
+#  b) `draftline run --target-gpus 0 --drafter-gpus 0` on the regenerated jsonl
+#     (OpenAI messages; loss on the assistant turns), --max-steps from the
+#     time budget TRAIN_S and an assumed rate TRAIN_TOK_S (target tokens/s),
+#     capped by EPOCHS; checkpoints every SAVE_EVERY steps so a timeout still
+#     leaves one (the latest is evaluated).
+#     The random drafter's evals (tau only, EVAL_N prompts per set, at most
+#     EVAL_SET_S s each) decide the prompt counts the trained drafter gets.
+#  c) `draftline eval --device cuda` of the trained checkpoint on MT-Bench
+#     (first turns), HumanEval prompts and the held-out GSM8K questions, on the
+#     same prompts as the random drafter (greedy, --max-new-tokens EVAL_MAX_NEW);
+#     then a timing run on TIMING_SET's first TIMING_N prompts that also decodes
+#     target-only (greedy check: output == target-only; speedup with
+#     --timing-repeats EVAL_REPEATS, per-prompt medians).
+#  d) a table on stdout and $OUT/tau.json (scripts/gpu_tau_report.py: tau per set
+#     before/after, train time, samples regenerated, steps, training tokens/s,
+#     decode tokens/s, the commands); logs in $OUT/logs.tgz. An early exit
+#     (failure, SIGTERM) still writes tau.json with what exists.
+# Every size is an environment variable (defaults below, per DEVICE).
+# Exit status: 0 when every step ran and the greedy check matched.
+set -u
+cd "$(dirname "$0")/.."
+DEVICE=${DEVICE:-cuda}
+SHARED=${SHARED:-../shared/data}
+OUT=${OUT:-/tmp/tau-out}
+W=${W:-/tmp/tau-work}
+if [ "$DEVICE" = cuda ]; then
+    . bundle/env.sh
+    export NCCL_NVLS_ENABLE=0
+    DL=${DL:-bundle/bin/draftline}
+    DEV="--device cuda"
+    TOPO="--target-gpus 0 --drafter-gpus 0 --inbox-gb 1"
+    # sizes for one H200 (see the step list above)
+    : "${REGEN_S:=140}" "${REGEN_BATCH:=256}" "${REGEN_MAX_NEW:=256}" "${REGEN_CTX:=1024}"
+    : "${GSM_HOLD:=200}" "${EVAL_N:=48}" "${EVAL_MAX_NEW:=128}" "${EVAL_SET_S:=50}" "${EVAL_REPEATS:=3}"
+    : "${TIMING_N:=10}" "${TIMING_S:=40}"
+    : "${TRAIN_S:=140}" "${TRAIN_TOK_S:=150000}" "${TOKEN_BUDGET:=16384}" "${EPOCHS:=12}"
+    : "${DRAFTER_LAYERS:=2}" "${BLOCK:=8}" "${ANCHORS:=32}" "${LR:=2e-3}" "${WARMUP:=30}" "${SAVE_EVERY:=200}"
+    : "${TRAIN_EXTRA:=}"
+else
+    DL=${DL:-${BIN:-bin}/draftline}
+    DEV="--device cpu --threads 1"
+    TOPO="--device cpu --threads 1"
+    : "${MODEL:=$HOME/.cache/draftline/SmolLM2-135M-Instruct.Q4_1.gguf}"
+    : "${REGEN_S:=20}" "${REGEN_BATCH:=4}" "${REGEN_MAX_NEW:=32}" "${REGEN_CTX:=512}"
+    : "${GSM_HOLD:=20}" "${EVAL_N:=2}" "${EVAL_MAX_NEW:=16}" "${EVAL_SET_S:=30}" "${EVAL_REPEATS:=2}"
+    : "${TIMING_N:=2}" "${TIMING_S:=30}"
+    : "${TRAIN_S:=40}" "${TRAIN_TOK_S:=100}" "${TOKEN_BUDGET:=512}" "${EPOCHS:=2}"
+    : "${DRAFTER_LAYERS:=1}" "${BLOCK:=8}" "${ANCHORS:=8}" "${LR:=2e-3}" "${WARMUP:=0}" "${SAVE_EVERY:=2}"
+    : "${TRAIN_EXTRA:=}" "${SYNTH_N:=6}"
+fi
+: "${MODEL:?set MODEL to the SmolLM2-135M-Instruct GGUF}"
+: "${TIMING_SET:=mt_bench}"
+SEED=${SEED:-0}
+GSM=$SHARED/gsm8k/train.jsonl
+SGPT=$SHARED/sharegpt_sample/dummy_conversation.json
+MTB=$SHARED/mt_bench/question.jsonl
+HEV=$SHARED/humaneval/HumanEval.jsonl.gz
+for f in "$DL" "$MODEL" "$GSM" "$SGPT" "$MTB" "$HEV"; do
+    [ -e "$f" ] || { echo "gpu_tau: $f not found" >&2; exit 2; }
+done
+mkdir -p "$OUT" "$W"
+FAILED=0
+T_ALL=$(date +%s.%N)
+[ "$DEVICE" = cuda ] && nvidia-smi -L
+now() { date +%s.%N; }
+since() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$1" "$(now)"; }
+CMDS="$W/commands.txt"; : > "$CMDS"
+# step <label> <timeout s> <log> cmd...: runs cmd under timeout, logs, records the command
+step() {
+    local label=$1 tmo=$2 log=$3
+    shift 3
+    echo "$label: $*" >> "$CMDS"
+    timeout -k 10 "$tmo" "$@" > "$log" 2>&1
+    local rc=$?
+    [ $rc = 0 ] || { echo "!! $label: rc=$rc (log $log)"; tail -n 8 "$log"; }
+    return $rc
+}
+pack() { for f in "$W"/regen_*.jsonl; do [ -f "$f" ] && head -n 5 "$f" > "$OUT/$(basename "$f" .jsonl).head.jsonl"; done
+        (cd "$W" && tar czf "$OUT/logs.tgz" --exclude='*.safetensors' --exclude='*.bin' --exclude='*.dlc' \
+          --exclude='*.jsonl' ./*.log ./commands.txt ./run/logs ./run/metrics.jsonl ./run/steps.jsonl \
+          ./eval 2>/dev/null); }
+REPORTED=0
+trap 'rc=$?; [ $REPORTED = 1 ] || report; pack; exit $rc' EXIT
+trap 'exit 143' TERM INT
+
+# ---- d) report: a table and $OUT/tau.json (also on an early exit: what exists so far) ----
+report() {
+    W="$W" OUT_JSON="$OUT/tau.json" SETS="$SETS" DEVICE="$DEVICE" MODEL="$MODEL" T_ALL="$T_ALL" \
+    N_GSM="${N_GSM:-0}" N_SGPT="${N_SGPT:-0}" N_SYN="${N_SYN:-0}" REGEN_WALL="${REGEN_WALL:-0}" \
+    REGEN_BATCH="$REGEN_BATCH" REGEN_MAX_NEW="$REGEN_MAX_NEW" REGEN_S="$REGEN_S" TRAIN_WALL="${TRAIN_WALL:-0}" \
+    CKPT="${CKPT:-}" MAX_STEPS="${MAX_STEPS:-0}" EPOCHS="$EPOCHS" TOKEN_BUDGET="$TOKEN_BUDGET" BLOCK="$BLOCK" \
+    ANCHORS="$ANCHORS" DRAFTER_LAYERS="$DRAFTER_LAYERS" LR="$LR" python3 scripts/gpu_tau_report.py
+}
+
+# ---- prompt sets: GSM8K split into a regen part and a held-out eval part --------
+NGSM=$(wc -l < "$GSM")
+head -n $((NGSM - GSM_HOLD)) "$GSM" > "$W/gsm_train.jsonl"
+tail -n "$GSM_HOLD" "$GSM" > "$W/gsm_heldout.jsonl"
+SETS="mt_bench humaneval gsm8k_heldout"
+set_file() { case $1 in mt_bench) echo "$MTB";; humaneval) echo "$HEV";; gsm8k_heldout) echo "$W/gsm_heldout.jsonl";; esac; }
+mkdir -p "$W/eval"
+EV_COMMON="--target-model $MODEL $DEV --max-new-tokens $EVAL_MAX_NEW --drafter-layers $DRAFTER_LAYERS --block-size $BLOCK --seed $SEED"
+
+# ---- a) regen (GSM8K || ShareGPT || synthetic) || random-drafter eval ----------------
+echo "== a) regen ($DEVICE, ${REGEN_S}s budget, batch $REGEN_BATCH, max new $REGEN_MAX_NEW) + random-drafter tau"
+RG_COMMON="--target-model $MODEL $DEV --batch $REGEN_BATCH --max-new-tokens $REGEN_MAX_NEW --max-ctx $REGEN_CTX --max-seconds $REGEN_S"
+T_A=$(now)
+step regen_gsm8k $((REGEN_S + 40)) "$W/regen_gsm8k.log" $DL regen $RG_COMMON --data "$W/gsm_train.jsonl" \
+    --out "$W/regen_gsm8k.jsonl" &
+P1=$!
+step regen_sharegpt $((REGEN_S + 40)) "$W/regen_sharegpt.log" $DL regen $RG_COMMON --data "$SGPT" \
+    --out "$W/regen_sharegpt.jsonl" &
+P2=$!
+P4=
+if [ "${SYNTH:-1}" != 0 ]; then
+    python3 scripts/synth_prompts.py "$W/synth_prompts.jsonl" ${SYNTH_N:-} 2>/dev/null
+    step regen_synth $((REGEN_S + 40)) "$W/regen_synth.log" $DL regen $RG_COMMON --data "$W/synth_prompts.jsonl" \
+        --out "$W/regen_synth.jsonl" &
+    P4=$!
+fi
+(
+    for s in $SETS; do
+        step "eval_random_$s" $((EVAL_SET_S + 30)) "$W/eval_random_$s.log" $DL eval $EV_COMMON --drafter random \
+            --data "$(set_file $s)" --num-prompts "$EVAL_N" --no-baseline --timing-repeats 1 \
+            --max-seconds "$EVAL_SET_S" --json "$W/eval/random_$s.json" || exit 1
+    done
+) &
+P3=$!
+wait $P1 || FAILED=1
+wait $P2 || FAILED=1
+[ -n "$P4" ] && { wait $P4 || FAILED=1; }
+REGEN_WALL=$(since "$T_A")
+wait $P3 || FAILED=1
+PHASE_A=$(since "$T_A")
+# a timeout kill may leave a partial last line: regen itself truncates it (--limit 0 does nothing else)
+for f in regen_gsm8k regen_sharegpt regen_synth; do
+    [ -f "$W/$f.jsonl" ] && $DL regen --data "$GSM" --out "$W/$f.jsonl" --limit 0 > /dev/null 2>&1
+done
+N_GSM=$(cat "$W/regen_gsm8k.jsonl" 2>/dev/null | wc -l)
+N_SGPT=$(cat "$W/regen_sharegpt.jsonl" 2>/dev/null | wc -l)
+N_SYN=$(cat "$W/regen_synth.jsonl" 2>/dev/null | wc -l)
+cat "$W/regen_gsm8k.jsonl" "$W/regen_sharegpt.jsonl" "$W/regen_synth.jsonl" > "$W/train.jsonl" 2>/dev/null
+grep -h "regen done\|max-seconds" "$W"/regen_*.log
+echo "regenerated: $N_GSM GSM8K + $N_SGPT ShareGPT + $N_SYN synthetic samples in ${REGEN_WALL}s (phase a ${PHASE_A}s)"
+[ "$N_GSM" -gt 0 ] || { echo "!! no regenerated samples"; exit 1; }
+
+# ---- b) train ----------------------------------------------------------------------
+MAX_STEPS=$(python3 -c "print(max(1, int($TRAIN_S * $TRAIN_TOK_S / $TOKEN_BUDGET)))")
+echo "== b) draftline run ($TOPO): up to $MAX_STEPS steps (= ${TRAIN_S}s at an assumed $TRAIN_TOK_S tok/s), <= $EPOCHS epochs"
+rm -rf "$W/run"
+T_B=$(now)
+step train $((TRAIN_S + 60)) "$W/train.log" $DL run --target-model "$MODEL" --data "$W/train.jsonl" $TOPO \
+    --out "$W/run" --token-budget "$TOKEN_BUDGET" --block-size "$BLOCK" --num-anchors "$ANCHORS" \
+    --drafter-layers "$DRAFTER_LAYERS" --lr "$LR" --warmup-steps "$WARMUP" --epochs "$EPOCHS" \
+    --max-steps "$MAX_STEPS" --save-every "$SAVE_EVERY" --seed "$SEED" --progress-every 10 $TRAIN_EXTRA || FAILED=1
+TRAIN_WALL=$(since "$T_B")
+grep -E "^summary|^checkpoint|capped|GPU mode" "$W/train.log"
+LATEST=$(cat "$W/run/checkpoints/latest" 2>/dev/null)
+CKPT="$W/run/checkpoints/$LATEST"
+[ -n "$LATEST" ] && [ -f "$CKPT/config.json" ] || { echo "!! no checkpoint in $W/run"; exit 1; }
+echo "trained drafter: $CKPT (${TRAIN_WALL}s wall)"
+
+# ---- c) trained-drafter eval ---------------------------------------------------------
+# tau on exactly the prompts the random drafter got (same --num-prompts, no time
+# limit), then one timing run: TIMING_SET's first TIMING_N prompts with
+# target-only decoding too (greedy check, speedup, --timing-repeats EVAL_REPEATS).
+echo "== c) eval of $CKPT"
+for s in $SETS; do
+    n=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['prompts'])" "$W/eval/random_$s.json" 2>/dev/null || echo "$EVAL_N")
+    step "eval_trained_$s" $((EVAL_SET_S + 40)) "$W/eval_trained_$s.log" $DL eval $EV_COMMON --drafter "$CKPT" \
+        --data "$(set_file $s)" --num-prompts "$n" --no-baseline --timing-repeats 1 \
+        --json "$W/eval/trained_$s.json" || FAILED=1
+    grep -E "^tau" "$W/eval_trained_$s.log" | sed "s/^/  $s: /"
+done
+step "eval_timing_$TIMING_SET" $((TIMING_S + 40)) "$W/eval_timing.log" $DL eval $EV_COMMON --drafter "$CKPT" \
+    --data "$(set_file $TIMING_SET)" --num-prompts "$TIMING_N" --timing-repeats "$EVAL_REPEATS" \
+    --max-seconds "$TIMING_S" --json "$W/eval/timing.json" || FAILED=1
+grep -E "^eval|^tau|^decode|^greedy|^stopped" "$W/eval_timing.log" | sed "s/^/  timing: /"
+REPORTED=1
+report || FAILED=1
+echo "FAILED=$FAILED"
+exit $FAILED
