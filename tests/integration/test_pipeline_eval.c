@@ -10,7 +10,8 @@
  *  - no process (the eval child included) and no shared-memory object is left;
  *  - the YAML keys eval_data / eval_every work like the flags;
  *  - a missing --eval-data file, --eval-every 0 and --eval-data without --eval-every
- *    are refused before anything starts.
+ *    are refused before anything starts;
+ *  - eval's --drafter random --seed S is bitwise the drafter run --seed S starts from.
  * Each run has a hard timeout; the run's process group is killed and reaped. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -27,6 +28,10 @@
 #include "common/mem/slab.h"
 #include "common/model/config.h"
 #include "common/model/safetensors.h"
+#include "common/model/dflash_ckpt.h"
+#include "common/model/drafter.h"
+#include "common/ops/ops.h"
+#include "common/pipe/model.h"
 #include "tests/support/pipeline_fixture.h"
 #include "tests/support/proc.h"
 
@@ -235,10 +240,47 @@ static void test_eval_flags_validated(void **state) {
     assert_int_not_equal(access(steps, F_OK), 0);   /* nothing started */
 }
 
+/* `draftline eval --drafter random --seed S --drafter-layers L --block-size B` is the
+ * reference "before training": it must be the very drafter `draftline run --seed S`
+ * starts from. A run with --lr 0 (AdamW then changes nothing) saves that initial
+ * drafter as step_1 (F32); eval's random drafter is built as cmd_eval builds it
+ * (pipe_drafter_config + drafter_new with the seed), and the two must be bitwise
+ * equal; another seed must differ. */
+static void test_random_drafter_is_step0(void **state) {
+    (void)state;
+    char out[600], log[600], ck[700];
+    snprintf(out, sizeof out, "%s/run-lr0", root);
+    snprintf(log, sizeof log, "%s/run-lr0.log", root);
+    assert_int_equal(run_pipeline(out, log, 60, "--max-steps", "1", "--lr", "0", NULL), 0);
+    snprintf(ck, sizeof ck, "%s/checkpoints/step_1", out);
+    model_config_t mc;
+    drafter_config_t dc;
+    assert_int_equal(pipe_target_config(model_dir, &mc), 0);
+    assert_int_equal(pipe_drafter_config(&mc, 1, 0, 4, &dc), 0);  /* run_pipeline: --drafter-layers 1 --block-size 4 */
+    dc.loss_chunk_blocks = 1;
+    ops_ctx_t ops;
+    ops_cpu_init(&ops, 1);
+    static const float no_embedding[1];
+    drafter_t *ref = NULL, *other = NULL, *loaded = NULL;
+    assert_int_equal(drafter_new(&ops, &dc, no_embedding, no_embedding, 1, 1, 5, &ref), 0);  /* --seed 5 */
+    assert_int_equal(drafter_new(&ops, &dc, no_embedding, no_embedding, 1, 1, 6, &other), 0);
+    assert_int_equal(drafter_new(&ops, &dc, no_embedding, no_embedding, 1, 1, 6, &loaded), 0);
+    if (dflash_ckpt_load_weights(loaded, ck) < 0) fail_msg("%s", dl_errmsg());
+    size_t P = drafter_n_params(ref);
+    assert_true(P > 0);
+    assert_memory_equal(drafter_master(loaded), drafter_master(ref), P * sizeof(float));
+    assert_memory_not_equal(drafter_master(other), drafter_master(ref), P * sizeof(float));
+    drafter_destroy(&ref);
+    drafter_destroy(&other);
+    drafter_destroy(&loaded);
+    ops_ctx_destroy(&ops);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_eval_flags_validated),
         cmocka_unit_test(test_eval_at_checkpoints),
+        cmocka_unit_test(test_random_drafter_is_step0),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
