@@ -247,7 +247,14 @@ static void spawn(sup_t *S, sstage_t *x) {
         char *argv[SUP_MAX_ARGS + 6];
         int a = 0;
         argv[a++] = exe;
-        for (int i = 0; i < x->spec->argc; i++) argv[a++] = x->spec->argv[i];
+        /* test hook: DL_TEST_STRIP_GPU=1 drops every "--gpu N" at exec, so the GPU-run
+         * logic of this supervisor (placement, GPU rebalance, moves) is tested with CPU
+         * stages on a machine without GPUs (test_pipeline_ops, CUDA builds) */
+        const char *strip = getenv("DL_TEST_STRIP_GPU");
+        for (int i = 0; i < x->spec->argc; i++) {
+            if (strip && !strcmp(strip, "1") && !strcmp(x->spec->argv[i], "--gpu") && i + 1 < x->spec->argc) { i++; continue; }
+            argv[a++] = x->spec->argv[i];
+        }
         argv[a++] = "--incarnation";
         argv[a++] = inc;
         /* a restarted loader resumes after the last applied step (later flags win) */

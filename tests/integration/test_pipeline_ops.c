@@ -534,11 +534,131 @@ static void test_stall_monitor_prometheus(void **state) {
     assert_true(lines > 10);
 }
 
+/* name's pid, gpu and incarnation from run.json (-1 each when absent) */
+static void run_json_stage(const char *out, const char *name, int *pid, int *gpu, int *inc, char *proc, size_t cap) {
+    char p[500];
+    snprintf(p, sizeof p, "%s/run.json", out);
+    size_t len;
+    char *txt = slurp(p, &len);
+    cJSON *j = txt ? cJSON_Parse(txt) : NULL;
+    free(txt);
+    *pid = *gpu = *inc = -1;
+    if (proc) snprintf(proc, cap, "?");
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItem(j, "stages")) {
+        const cJSON *n = cJSON_GetObjectItem(e, "name");
+        if (!cJSON_IsString(n) || strcmp(n->valuestring, name) != 0) continue;
+        *pid = (int)cJSON_GetObjectItem(e, "pid")->valuedouble;
+        *gpu = (int)cJSON_GetObjectItem(e, "gpu")->valuedouble;
+        *inc = (int)cJSON_GetObjectItem(e, "incarnation")->valuedouble;
+        if (proc) snprintf(proc, cap, "%s", cJSON_GetObjectItem(e, "process")->valuestring);
+    }
+    cJSON_Delete(j);
+}
+
+/* A GPU run's placement and live GPU rebalance, with CPU stages: in CUDA builds the
+ * supervisor's DL_TEST_STRIP_GPU hook drops `--gpu N` at exec, so everything the
+ * supervisor does for GPU runs (placement in run.json/status, per-index keep/start/
+ * move/retire, the moved stage's restart, refusals) runs on a machine without GPUs.
+ * 0 / 1 -> 0,0 / 1 (target1 starts on GPU 0, target0 and drafter0 keep their
+ * processes) -> 1 / 0,0 (target0 and drafter0 move: new processes; target1 retires,
+ * drafter1 starts) -> 1 / 0 (drafter1 drains and retires). Every step applied once;
+ * --deterministic: the final weights equal the undisturbed 2+2 CPU run's, bitwise. */
+static void test_rebalance_gpu_placement(void **state) {
+    (void)state;
+#ifndef DL_CUDA
+    skip();   /* `draftline run --target-gpus` needs a CUDA build */
+#else
+    baseline();
+    char out[400], log[400], args[1200], proc[32];
+    snprintf(out, sizeof out, "%s/rbgpu", root);
+    snprintf(log, sizeof log, "%s/rbgpu.out", root);
+    setenv("DL_TEST_STRIP_GPU", "1", 1);
+    proc_t p;
+    run_start(&p, out, log, "--target-gpus", "0", "--drafter-gpus", "1", "--max-steps", MAX_STEPS, "--save-every",
+              "2", "--deterministic", NULL);
+    unsetenv("DL_TEST_STRIP_GPU");
+    assert_int_equal(wait_steps(out, 3, 60), 0);
+    int t0pid, d0pid, pid, gpu, inc;
+    run_json_stage(out, "target0", &t0pid, &gpu, &inc, NULL, 0);
+    assert_int_equal(gpu, 0);
+    run_json_stage(out, "drafter0", &d0pid, &gpu, &inc, NULL, 0);
+    assert_int_equal(gpu, 1);
+    run_json_stage(out, "optimizer", &pid, &gpu, &inc, NULL, 0);
+    fprintf(stderr, "optimizer gpu %d\n", gpu);
+    char *txt = NULL;
+    /* a CPU-style request on a GPU run: refused, naming the placement */
+    snprintf(args, sizeof args, "rebalance --run %s --targets 2 --drafters 1 --wait 30", out);
+    assert_int_equal(draftline_cmd(&txt, args), 1);
+    fprintf(stderr, "%s", txt);
+    assert_non_null(strstr(txt, "this run is in GPU mode"));
+    assert_non_null(strstr(txt, "now --target-gpus 0 --drafter-gpus 1"));
+    free(txt);
+    /* 1-1 -> 2 targets sharing GPU 0 */
+    snprintf(args, sizeof args, "rebalance --run %s --target-gpus 0,0 --drafter-gpus 1 --wait 60", out);
+    assert_int_equal(draftline_cmd(&txt, args), 0);
+    fprintf(stderr, "%s", txt);
+    assert_non_null(strstr(txt, "1+1 -> 2+1 in"));
+    assert_non_null(strstr(txt, "2 kept, 1 started, 0 moved, 0 retired"));
+    free(txt);
+    run_json_stage(out, "target0", &pid, &gpu, &inc, NULL, 0);
+    assert_int_equal(pid, t0pid);   /* kept: same process */
+    assert_int_equal(inc, 1);
+    run_json_stage(out, "drafter0", &pid, &gpu, &inc, NULL, 0);
+    assert_int_equal(pid, d0pid);
+    run_json_stage(out, "target1", &pid, &gpu, &inc, proc, sizeof proc);
+    assert_int_equal(gpu, 0);
+    assert_string_equal(proc, "running");
+    snprintf(args, sizeof args, "status --run %s", out);
+    assert_int_equal(draftline_cmd(&txt, args), 0);
+    fprintf(stderr, "%s", txt);
+    assert_non_null(strstr(txt, "on cuda;"));
+    assert_non_null(strstr(txt, "placement: target GPUs 0,0, drafter GPUs 1"));
+    assert_non_null(strstr(txt, "target1 -> drafter0"));
+    free(txt);
+    int at = steps_done(out);
+    assert_int_equal(wait_steps(out, at + 3, 60), 0);
+    /* moves: target0 0 -> 1 and drafter0 1 -> 0 restart there; target1 retires, drafter1 starts */
+    snprintf(args, sizeof args, "rebalance --run %s --target-gpus 1 --drafter-gpus 0,0 --wait 60", out);
+    assert_int_equal(draftline_cmd(&txt, args), 0);
+    fprintf(stderr, "%s", txt);
+    assert_non_null(strstr(txt, "2+1 -> 1+2 in"));
+    assert_non_null(strstr(txt, "0 kept, 1 started, 2 moved, 1 retired"));
+    free(txt);
+    run_json_stage(out, "target0", &pid, &gpu, &inc, proc, sizeof proc);
+    assert_int_equal(gpu, 1);
+    assert_int_equal(inc, 2);
+    assert_true(pid > 0 && pid != t0pid);
+    assert_string_equal(proc, "running");
+    run_json_stage(out, "drafter0", &pid, &gpu, &inc, NULL, 0);
+    assert_int_equal(gpu, 0);
+    assert_true(pid > 0 && pid != d0pid);
+    run_json_stage(out, "drafter1", &pid, &gpu, &inc, NULL, 0);
+    assert_int_equal(gpu, 0);
+    run_json_stage(out, "target1", &pid, &gpu, &inc, proc, sizeof proc);
+    assert_string_equal(proc, "retired");
+    at = steps_done(out);
+    assert_int_equal(wait_steps(out, at + 3, 60), 0);
+    /* the drafter count back to 1: drafter1 drains and retires, the rest is kept */
+    snprintf(args, sizeof args, "rebalance --run %s --target-gpus 1 --drafter-gpus 0 --wait 60", out);
+    assert_int_equal(draftline_cmd(&txt, args), 0);
+    fprintf(stderr, "%s", txt);
+    assert_non_null(strstr(txt, "2 kept, 0 started, 0 moved, 1 retired"));
+    free(txt);
+    run_json_stage(out, "drafter1", &pid, &gpu, &inc, proc, sizeof proc);
+    assert_string_equal(proc, "retired");
+    run_finish(&p, out, log, 120, 0);
+    assert_ledger(out, atoi(MAX_STEPS));
+    assert_same_weights(base_out, out, atoi(MAX_STEPS));
+#endif
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stall_monitor_prometheus),
         cmocka_unit_test(test_rebalance),
         cmocka_unit_test(test_chaos),
+        cmocka_unit_test(test_rebalance_gpu_placement),
     };
     const char *only = getenv("DL_TEST_CASE");   /* e.g. DL_TEST_CASE=test_chaos */
     if (only && *only) cmocka_set_test_filter(only);
