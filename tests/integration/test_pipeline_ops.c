@@ -534,7 +534,8 @@ static void test_stall_monitor_prometheus(void **state) {
     assert_true(lines > 10);
 }
 
-/* name's pid, gpu and incarnation from run.json (-1 each when absent) */
+#ifdef DL_CUDA
+/* name's pid, gpu and incarnation from run.json (-1 each when absent); process into proc */
 static void run_json_stage(const char *out, const char *name, int *pid, int *gpu, int *inc, char *proc, size_t cap) {
     char p[500];
     snprintf(p, sizeof p, "%s/run.json", out);
@@ -555,6 +556,7 @@ static void run_json_stage(const char *out, const char *name, int *pid, int *gpu
     }
     cJSON_Delete(j);
 }
+#endif
 
 /* A GPU run's placement and live GPU rebalance, with CPU stages: in CUDA builds the
  * supervisor's DL_TEST_STRIP_GPU hook drops `--gpu N` at exec, so everything the
