@@ -26,9 +26,11 @@
  * (cudaStreamWaitEvent, no host or device-wide wait), copies the slot's small
  * token-id / length / mask region to host (a side stream waited on alone) and
  * reads the features in place on its own GPU. A host-tier item's features are
- * copied to a device staging buffer first. Gradients go to the optimizer's host
- * memory (one device-to-host copy per micro-batch into the pinned gradient slab)
- * and new weights come back by one host-to-device copy.
+ * copied to a device staging buffer first. The gradient slab is device memory on
+ * this GPU exported by CUDA IPC (one device-to-device copy per micro-batch; the
+ * optimizer, on this or another GPU, reads it in place), and new weights come from
+ * the optimizer's device weights slab by one device (or peer) copy. Only the
+ * target's embedding and LM head are loaded (target_opts_t.embed_only).
  */
 #include "common/base/cli.h"
 #include "common/base/clock.h"
@@ -167,24 +169,10 @@ static uint32_t wire_slab_id(const dw_t *W, uint32_t base) {
     return (uint32_t)((W->st.incarnation & 0x3fffffffu) << 2) | base;
 }
 
-static void export_slab(dw_t *W, bus_t *bus, const char *peer, const slab_t *s, proto_tier_t tier) {
+static void export_slab(dw_t *W, bus_t *bus, const char *peer, const slab_t *s) {
     const slab_handle_t *h = slab_handle(s);
     proto_msg_t m;
-    proto_msg_init(&m, PROTO_SLAB_EXPORT);
-    m.slab_export.owner_id = h->owner_id;
-    m.slab_export.incarnation = h->incarnation;
-    m.slab_export.slab_id = h->slab_id == SLAB_ID_GRAD ? h->slab_id : wire_slab_id(W, h->slab_id);
-    m.slab_export.tier = tier;
-    m.slab_export.bytes = h->bytes;
-    snprintf(m.slab_export.shm_name, sizeof m.slab_export.shm_name, "%s", h->name);
-    snprintf(m.slab_export.gpu_uuid, sizeof m.slab_export.gpu_uuid, "%s", h->gpu_uuid);
-    if (h->kind == SLAB_CUDA) {
-        m.slab_export.tier = PROTO_TIER_GPU;
-        m.slab_export.shm_name[0] = 0;   /* the wire form: a handle or a name, not both */
-        memcpy(m.slab_export.handle, h->ipc, SLAB_IPC_BYTES);
-        m.slab_export.handle_len = SLAB_IPC_BYTES;
-    }
-    (void)W;
+    stage_slab_export_msg(h, h->slab_id == SLAB_ID_GRAD ? h->slab_id : wire_slab_id(W, h->slab_id), &m);
     stage_send(bus, peer, &m);
 }
 
@@ -322,7 +310,12 @@ static void work_cb(uv_work_t *req) {
     double t1 = clock_mono_s();
     /* nb == 0 (nothing to predict) contributes a zero gradient with zero weight */
     float *dst = (float *)slab_ptr(W->grad) + (size_t)it->mb_in_step * W->P;
-    W->ops.impl->download(&W->ops, dst, drafter_grads(W->d), W->P * sizeof(float));
+    if (slab_handle(W->grad)->kind == SLAB_CUDA) {   /* device slab: copy, then wait for it */
+        W->ops.impl->copy(&W->ops, dst, drafter_grads(W->d), W->P * sizeof(float));
+        W->ops.impl->sync(&W->ops);
+    } else {
+        W->ops.impl->download(&W->ops, dst, drafter_grads(W->d), W->P * sizeof(float));
+    }
     W->cur_fb_s = t1 - t0;
     W->cur_copy_s = clock_mono_s() - t1;
 }
@@ -332,7 +325,18 @@ static void load_weights(dw_t *W, int64_t version, uint64_t offset) {
     int rc = hcache_get(W->hc, &W->wslab, &base);
     if (rc < 0) { log_rc(rc, "map the optimizer's weights"); return; }
     double t0 = clock_mono_s();
-    drafter_upload_master(W->d, (const float *)((const uint8_t *)base + offset));
+    const float *src = (const float *)((const uint8_t *)base + offset);
+#ifdef DL_CUDA
+    if (W->wslab.kind == SLAB_CUDA) {
+        /* the optimizer's device slab (this GPU or a peer): one device copy, then the
+         * bf16 working weights, both on the compute stream (ordered before the next
+         * micro-batch; the optimizer overwrites this half only two versions later) */
+        rc = mem_cuda_memcpy_async(drafter_master(W->d), src, W->P * sizeof(float), W->ops.stream);
+        if (rc < 0) { log_rc(rc, "copy the optimizer's weights"); exit(1); }
+        drafter_sync_weights(W->d);
+    } else
+#endif
+        drafter_upload_master(W->d, src);
     stage_phase_add(&W->st, PHASE_COPY, clock_mono_s() - t0);
     W->version = version;
     memset(W->sent, 0, W->K);
@@ -603,8 +607,8 @@ static void on_target_msg(bus_t *bus, const char *peer, const void *data, size_t
             } else e++;
         }
 #endif
-        export_slab(W, W->srv, peer, W->tier[0], PROTO_TIER_HOST);
-        if (W->tier[1]) export_slab(W, W->srv, peer, W->tier[1], PROTO_TIER_HOST);
+        export_slab(W, W->srv, peer, W->tier[0]);
+        if (W->tier[1]) export_slab(W, W->srv, peer, W->tier[1]);
         grant_all(W);
         break;
     case PROTO_HIDDEN_STATES_READY:
@@ -647,14 +651,13 @@ static void on_opt_msg(bus_t *bus, const char *peer, const void *data, size_t le
     if (stage_decode(W->st.name, "optimizer", data, len, &m) < 0) return;
     (void)peer;
     if (m.type == PROTO_SLAB_EXPORT) {
-        memset(&W->wslab, 0, sizeof W->wslab);
-        W->wslab.kind = SLAB_HOST;
-        W->wslab.owner_id = m.slab_export.owner_id;
-        W->wslab.incarnation = m.slab_export.incarnation;
-        W->wslab.slab_id = m.slab_export.slab_id;
-        W->wslab.bytes = m.slab_export.bytes;
-        snprintf(W->wslab.name, sizeof W->wslab.name, "%s", m.slab_export.shm_name);
+        stage_slab_from_export(&m.slab_export, &W->wslab);
         W->have_wslab = 1;
+        if (W->wslab.kind == SLAB_CUDA && W->gpu < 0) {
+            log_error("the optimizer publishes weights in GPU memory but this drafter runs on the CPU "
+                      "(start drafters and optimizer both with or both without --gpu)");
+            W->have_wslab = 0;
+        }
     } else if (m.type == PROTO_WEIGHTS_VERSION) {
         const proto_weights_version_t *v = &m.weights_version;
         if (!W->have_wslab || v->n_params != W->P || v->dtype != PROTO_DTYPE_F32 ||
@@ -809,6 +812,7 @@ int main(int argc, char **argv) {
     target_opts_t to = {0};
     to.max_tokens = 1;
     to.max_seqs = 1;
+    to.embed_only = 1;        /* the drafter's frozen parts only, not the target's layers */
     double t0 = clock_mono_s();
     rc = target_load(model, &W.ops, &to, &W.tgt);
     if (rc < 0) return log_rc(rc, "load target embedding / LM head"), 1;
@@ -857,8 +861,10 @@ int main(int argc, char **argv) {
                          SLAB_ID_GPU, "ibg", caps[0], W.gpu, 0);
     if (rc == 0 && caps[1]) rc = slab_create(&W.tier[1], SLAB_HOST, run_id, name, W.st.stage_id, (uint64_t)inc, SLAB_ID_HOST, "ibh", caps[1], -1, on_gpu);
     if (rc == 0 && !W.tier[0]) { W.tier[0] = W.tier[1]; W.tier[1] = NULL; caps[0] = caps[1]; caps[1] = 0; }
-    if (rc == 0) rc = slab_create(&W.grad, SLAB_HOST, run_id, name, W.st.stage_id, (uint64_t)inc, SLAB_ID_GRAD, "grad",
-                                  (size_t)W.K * W.P * sizeof(float), -1, on_gpu);
+    /* gradients: one slot of P f32 per micro-batch of a step; device memory on GPU
+     * (the optimizer maps it by IPC and reads it in place) */
+    if (rc == 0) rc = slab_create(&W.grad, on_gpu ? SLAB_CUDA : SLAB_HOST, run_id, name, W.st.stage_id,
+                                  (uint64_t)inc, SLAB_ID_GRAD, "grad", (size_t)W.K * W.P * sizeof(float), W.gpu, 0);
     if (rc == 0 && on_gpu && (caps[1] || slab_handle(W.tier[0])->kind == SLAB_HOST)) {
         /* host-tier items are copied here before the math (compute memory, not inbox) */
         W.staging = W.ops.impl->malloc_(&W.ops, (size_t)W.token_budget * row * W.elem);
@@ -869,7 +875,7 @@ int main(int argc, char **argv) {
     if (rc < 0) return log_rc(rc, "inbox slabs"), 1;
     rc = inbox_new(&W.ib, caps, DW_MAX_SLOTS);
     if (rc < 0) return log_rc(rc, "inbox"), 1;
-    hcache_new(&W.hc, -1);
+    hcache_new(&W.hc, W.gpu);
     W.srv = stage_bus(&W.st, BUS_ROUTER, name);
     W.opt = stage_bus(&W.st, BUS_DEALER, "optimizer");
     if (!W.srv || !W.opt) return log_rc(DL_EIO, "drafter sockets"), 1;
@@ -887,7 +893,7 @@ int main(int argc, char **argv) {
     h.hello.proto_version = DL_PROTO_VERSION;
     h.hello.capabilities = PROTO_CAP_SHM | PROTO_CAP_HOST_TIER;
     stage_send(W.opt, NULL, &h);
-    export_slab(&W, W.opt, NULL, W.grad, PROTO_TIER_HOST);
+    export_slab(&W, W.opt, NULL, W.grad);
     W.t_rate = W.idle_since = clock_mono_s();
     bus_timer_start(W.srv, 100, 100, on_grant_timer, &W, &W.grant_timer);
     W.st.state = PROTO_STATE_IDLE;

@@ -19,6 +19,17 @@
  * A step whose loss or gradient norm is NaN/Inf is skipped (weights unchanged,
  * the micro-batches reported) and counted.
  * Checkpoints every --save-every steps and at the end (common/pipe/ckpt.h).
+ *
+ * GPU mode (--gpu N, CUDA builds; `draftline run` puts it on the first drafter GPU):
+ * master weights, moments and the step's gradient live on GPU N; the weights slab is
+ * device memory exported by CUDA IPC; the drafters' gradient slabs are device memory
+ * mapped here once per drafter incarnation (a drafter on another GPU is read over
+ * NVLink/PCIe peer access). The in-order sum (ops f32_add_scale), the norm (sumsq)
+ * and AdamW run on the device; bitwise the same arithmetic as the CPU path. Only the
+ * gradient norm (4 bytes) comes to the host per step, and the state at checkpoints.
+ * Cross-GPU gradients use peer reads of IPC mappings rather than NCCL: a drafter can
+ * die, restart or leave at any step, and a mapping per drafter incarnation follows
+ * that membership with no collective to re-form.
  */
 #include "common/base/cli.h"
 #include "common/base/clock.h"
@@ -26,6 +37,9 @@
 #include "common/base/log.h"
 #include "common/data/batcher.h"
 #include "common/mem/hcache.h"
+#ifdef DL_CUDA
+#include "common/mem/cuda/mem_cuda.h"
+#endif
 #include "common/mem/slab.h"
 #include "common/model/drafter.h"
 #include "common/ops/ops.h"
@@ -65,12 +79,15 @@ typedef struct {
     stage_t st;
     bus_t *srv;                /* ROUTER: drafters */
     bus_t *loader;             /* DEALER to the loader */
-    ops_ctx_t ops;
+    ops_ctx_t ops;             /* where the step runs: CPU, or CUDA device --gpu */
+    ops_ctx_t lops;            /* CPU: the layout drafter's (host) */
+    int gpu;                   /* -1: CPU */
     drafter_t *layout;         /* parameter layout and names (never runs forward) */
     drafter_config_t dcfg;
     size_t P;
-    float *master, *m, *v, *gsum, *norm_sq;
-    slab_t *wslab;             /* 2 * P f32: weights of versions v%2 */
+    float *master, *m, *v, *gsum, *norm_sq;  /* on the ops backend (device on GPU) */
+    float *h_master, *h_m, *h_v;  /* host copies for checkpoints (== the above on CPU) */
+    slab_t *wslab;             /* 2 * P f32: weights of versions v%2 (device on GPU) */
     hcache_t *hc;
     dpeer_t peers[OPT_MAX_PEERS];
     int npeers;
@@ -109,17 +126,19 @@ static void send_weights(opt_t *O, int i) {
     stage_send(O->srv, O->peers[i].peer, &m);
 }
 
-static void export_slab(bus_t *bus, const char *peer, const slab_handle_t *h, proto_tier_t tier) {
+static void export_slab(bus_t *bus, const char *peer, const slab_handle_t *h) {
     proto_msg_t m;
-    proto_msg_init(&m, PROTO_SLAB_EXPORT);
-    proto_slab_export_t *e = &m.slab_export;
-    e->owner_id = h->owner_id;
-    e->incarnation = h->incarnation;
-    e->slab_id = h->slab_id;
-    e->tier = tier;
-    e->bytes = h->bytes;
-    snprintf(e->shm_name, sizeof e->shm_name, "%s", h->name);
+    stage_slab_export_msg(h, h->slab_id, &m);
     stage_send(bus, peer, &m);
+}
+
+/* GPU mode: the backend's state to the host copies (checkpoints). */
+static void state_to_host(opt_t *O) {
+    if (O->gpu < 0) return;
+    const ops_impl_t *x = O->ops.impl;
+    x->download(&O->ops, O->h_master, O->master, O->P * 4);
+    x->download(&O->ops, O->h_m, O->m, O->P * 4);
+    x->download(&O->ops, O->h_v, O->v, O->P * 4);
 }
 
 static double lr_at(const opt_t *O, uint64_t step) {
@@ -153,7 +172,8 @@ static int checkpoint(opt_t *O) {
         batcher_cursor_encode(&c, cur);
     }
     double t0 = clock_mono_s();
-    int rc = ckpt_write(O->out, O->layout, &h, O->master, O->m, O->v, O->have_cursor ? cur : NULL,
+    state_to_host(O);
+    int rc = ckpt_write(O->out, O->layout, &h, O->h_master, O->h_m, O->h_v, O->have_cursor ? cur : NULL,
                         O->last_ckpt_dir, sizeof O->last_ckpt_dir);
     if (rc < 0) return log_rc(rc, "checkpoint");
     O->last_ckpt = O->step;
@@ -181,14 +201,25 @@ static void apply_step(opt_t *O) {
     float inv_w = W > 0 ? (float)(1.0 / W) : 0.0f;
     const contrib_t *c = O->c;
     float *gs = O->gsum;
+    const ops_impl_t *x = O->ops.impl;
+    float norm_sq;
+    if (O->gpu >= 0) {
+        /* gs = ((g0 + g1) + g2 ...) * inv_w, one pass per micro-batch, on the device */
+        x->f32_add_scale(&O->ops, gs, c[0].g, K > 1 ? c[1].g : NULL, K <= 2 ? inv_w : 1.0f, P);
+        for (uint64_t j = 2; j < K; j++) x->f32_add_scale(&O->ops, gs, gs, c[j].g, j == K - 1 ? inv_w : 1.0f, P);
+        x->sumsq(&O->ops, O->norm_sq, gs, P, 0);
+        x->download(&O->ops, &norm_sq, O->norm_sq, sizeof norm_sq);
+    } else {
 #pragma omp parallel for schedule(static)
-    for (size_t i = 0; i < P; i++) {
-        float s = c[0].g[i];
-        for (uint64_t j = 1; j < K; j++) s += c[j].g[i];
-        gs[i] = s * inv_w;
+        for (size_t i = 0; i < P; i++) {
+            float s = c[0].g[i];
+            for (uint64_t j = 1; j < K; j++) s += c[j].g[i];
+            gs[i] = s * inv_w;
+        }
+        x->sumsq(&O->ops, O->norm_sq, gs, P, 0);
+        norm_sq = O->norm_sq[0];
     }
-    O->ops.impl->sumsq(&O->ops, O->norm_sq, O->gsum, P, 0);
-    double gnorm = sqrt((double)O->norm_sq[0]);
+    double gnorm = sqrt((double)norm_sq);
     double loss = W > 0 ? L / W : NAN;
     double lr = lr_at(O, O->step);
     int skip = !isfinite(loss) || !isfinite(gnorm);
@@ -218,7 +249,10 @@ static void apply_step(opt_t *O) {
     O->step++;
     O->tokens += toks;
     memset(O->c, 0, K * sizeof *O->c);
-    memcpy(wbuf(O, O->step), O->master, P * sizeof(float));
+    /* publish: the drafters read the slab once weights_version arrives (GPU: the
+     * copy is complete before the message leaves) */
+    x->copy(&O->ops, wbuf(O, O->step), O->master, P * sizeof(float));
+    x->sync(&O->ops);
     double dt = clock_mono_s() - t0;
     stage_phase_add(&O->st, PHASE_STEP, dt);
     stage_progress(&O->st);
@@ -338,18 +372,20 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
         O->peers[i].alive = 1;
         log_info("hello from %s (drafter %u, incarnation %llu)", peer, m.hello.stage_id,
                  (unsigned long long)m.hello.incarnation);
-        export_slab(O->srv, peer, slab_handle(O->wslab), PROTO_TIER_HOST);
+        export_slab(O->srv, peer, slab_handle(O->wslab));
         send_weights(O, i);
         break;
     case PROTO_SLAB_EXPORT:
         if (i < 0) break;
-        memset(&O->peers[i].grad, 0, sizeof O->peers[i].grad);
-        O->peers[i].grad.kind = SLAB_HOST;
-        O->peers[i].grad.owner_id = m.slab_export.owner_id;
-        O->peers[i].grad.incarnation = m.slab_export.incarnation;
-        O->peers[i].grad.slab_id = m.slab_export.slab_id;
-        O->peers[i].grad.bytes = m.slab_export.bytes;
-        snprintf(O->peers[i].grad.name, sizeof O->peers[i].grad.name, "%s", m.slab_export.shm_name);
+        stage_slab_from_export(&m.slab_export, &O->peers[i].grad);
+        /* the sum reads gradients where the step runs: device memory on GPU, host on CPU */
+        if ((O->peers[i].grad.kind == SLAB_CUDA) != (O->gpu >= 0)) {
+            log_error("%s: gradient slab in %s memory, but this optimizer runs on %s: ignored "
+                      "(start drafters and optimizer both with or both without --gpu)", peer,
+                      O->peers[i].grad.kind == SLAB_CUDA ? "GPU" : "host", O->gpu >= 0 ? "a GPU" : "the CPU");
+            O->peers[i].have_grad = 0;
+            break;
+        }
         O->peers[i].have_grad = 1;
         break;
     case PROTO_GRADIENTS_READY:
@@ -468,6 +504,9 @@ static void usage(FILE *f) {
         "  --clip X                   global gradient-norm clip (default 1.0; 0 = off)\n"
         "  --save-every N             checkpoint every N steps (default 0: only at the end)\n"
         "  --seed N                   drafter initialisation seed (default 0)\n"
+        "  --gpu N                    keep the state and run AdamW on CUDA device N (default: CPU);\n"
+        "                             the drafters must run on GPUs too (their gradient slabs are\n"
+        "                             device memory; other GPUs are read by peer access)\n"
         "  --resume DIR               checkpoint dir (or run dir) to continue from exactly\n"
         "  --cursor-base FILE         loader cursor of micro-batch 0 (for checkpoints)\n"
         "  --log-level L              error|warn|info|debug\n"
@@ -479,8 +518,8 @@ int main(int argc, char **argv) {
     static opt_t O;
     const char *run_dir = NULL, *run_id = NULL, *model = NULL, *resume = NULL, *cursor_base = NULL;
     int64_t inc = 1, layers = 1, B = 8, v;
-    O.lr = 1e-3; O.clip = 1.0; O.K = 1; O.b1 = 0.9; O.b2 = 0.999; O.eps = 1e-8;
-    enum { O_RUN = 256, O_ID, O_INC, O_OUT, O_TM, O_DL, O_BS, O_LR, O_WU, O_MS, O_K, O_WD, O_CL, O_SE, O_SEED, O_RES, O_CB, O_LL };
+    O.lr = 1e-3; O.clip = 1.0; O.K = 1; O.gpu = -1; O.b1 = 0.9; O.b2 = 0.999; O.eps = 1e-8;
+    enum { O_RUN = 256, O_ID, O_INC, O_OUT, O_TM, O_DL, O_BS, O_LR, O_WU, O_MS, O_K, O_WD, O_CL, O_SE, O_SEED, O_RES, O_CB, O_LL, O_GPU };
     static const struct option opts[] = {
         {"run-dir", 1, 0, O_RUN}, {"run-id", 1, 0, O_ID}, {"incarnation", 1, 0, O_INC},
         {"out", 1, 0, O_OUT}, {"target-model", 1, 0, O_TM}, {"drafter-layers", 1, 0, O_DL},
@@ -488,7 +527,7 @@ int main(int argc, char **argv) {
         {"max-steps", 1, 0, O_MS}, {"micro-batches-per-step", 1, 0, O_K},
         {"weight-decay", 1, 0, O_WD}, {"clip", 1, 0, O_CL}, {"save-every", 1, 0, O_SE},
         {"seed", 1, 0, O_SEED}, {"resume", 1, 0, O_RES}, {"cursor-base", 1, 0, O_CB},
-        {"log-level", 1, 0, O_LL}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"log-level", 1, 0, O_LL}, {"gpu", 1, 0, O_GPU}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         int rc = 0;
@@ -509,6 +548,7 @@ int main(int argc, char **argv) {
         case O_SE: rc = cli_parse_i64("--save-every", optarg, 0, INT64_MAX / 2, &v); O.save_every = (uint64_t)v; break;
         case O_SEED: rc = cli_parse_i64("--seed", optarg, 0, INT64_MAX, &v); O.seed = (uint64_t)v; break;
         case O_RES: resume = optarg; break;
+        case O_GPU: rc = cli_parse_i64("--gpu", optarg, 0, 1023, &v); O.gpu = (int)v; break;
         case O_CB: cursor_base = optarg; break;
         case O_LL: { log_level_t l; rc = log_parse_level(optarg, &l); if (!rc) log_set_level(l); break; }
         case 'h': usage(stdout); return 0;
@@ -525,20 +565,32 @@ int main(int argc, char **argv) {
     if (rc < 0) return log_rc(rc, "target config"), 1;
     rc = pipe_drafter_config(&mc, (int)layers, 0, (int)B, &O.dcfg);
     if (rc < 0) return log_rc(rc, "drafter config"), 1;
-    ops_cpu_init(&O.ops, 0);
+    ops_cpu_init(&O.lops, 0);
+    if (O.gpu >= 0) {
+#ifdef DL_CUDA
+        /* CUDA is initialised here, after exec: nothing CUDA crossed the fork */
+        rc = ops_cuda_init(&O.ops, O.gpu);
+        if (rc < 0) return log_rc(rc, "CUDA device (--gpu)"), 1;
+#else
+        log_error("--gpu %d: this build has no CUDA", O.gpu);
+        return 2;
+#endif
+    } else {
+        ops_cpu_init(&O.ops, 0);
+    }
     /* The optimizer only needs the parameter layout, names and the seeded
      * initialisation; it never runs a forward, so the frozen embedding / LM head
      * (kept by pointer, read only in forward) are not loaded: a placeholder
      * pointer that is never dereferenced stands in for them. */
     static const float no_embedding[1];
-    rc = drafter_new(&O.ops, &O.dcfg, no_embedding, no_embedding, 1, 1, O.seed, &O.layout);
+    rc = drafter_new(&O.lops, &O.dcfg, no_embedding, no_embedding, 1, 1, O.seed, &O.layout);
     if (rc < 0) return log_rc(rc, "drafter layout"), 1;
     O.P = drafter_n_params(O.layout);
-    O.master = malloc(O.P * 4); O.m = calloc(O.P, 4); O.v = calloc(O.P, 4); O.gsum = malloc(O.P * 4);
-    O.norm_sq = malloc(sizeof(float));
+    /* host state (the whole state on CPU; checkpoint copies on GPU) */
+    O.h_master = malloc(O.P * 4); O.h_m = calloc(O.P, 4); O.h_v = calloc(O.P, 4);
     O.c = calloc(O.K, sizeof *O.c);
-    if (!O.master || !O.m || !O.v || !O.gsum || !O.c || !O.norm_sq) { log_error("out of memory for %zu parameters", O.P); return 1; }
-    memcpy(O.master, drafter_master(O.layout), O.P * 4);
+    if (!O.h_master || !O.h_m || !O.h_v || !O.c) { log_error("out of memory for %zu parameters", O.P); return 1; }
+    memcpy(O.h_master, drafter_master(O.layout), O.P * 4);
     if (cursor_base) {
         FILE *f = fopen(cursor_base, "rb");
         if (f && fread(O.cursor, 1, sizeof O.cursor, f) == sizeof O.cursor) O.have_cursor = 1;
@@ -549,7 +601,7 @@ int main(int argc, char **argv) {
         char dir[4200];
         ckpt_state_hdr_t h;
         rc = ckpt_resolve(resume, dir, sizeof dir);
-        if (rc == 0) rc = ckpt_read(dir, O.P, &h, O.master, O.m, O.v, NULL);
+        if (rc == 0) rc = ckpt_read(dir, O.P, &h, O.h_master, O.h_m, O.h_v, NULL);
         if (rc < 0) return log_rc(rc, "--resume"), 1;
         if (h.mbs_per_step != O.K) log_warn("--resume: checkpoint had %llu micro-batches per step, now %llu",
                                             (unsigned long long)h.mbs_per_step, (unsigned long long)O.K);
@@ -564,11 +616,32 @@ int main(int argc, char **argv) {
     O.steps_log = fopen(path, "a");
     rc = stage_init(&O.st, PROTO_ROLE_OPTIMIZER, PIPE_ID_OPTIMIZER, (uint64_t)inc, "optimizer", run_dir, run_id);
     if (rc < 0) return log_rc(rc, "stage init"), 1;
-    rc = slab_create(&O.wslab, SLAB_HOST, run_id, "optimizer", PIPE_ID_OPTIMIZER, (uint64_t)inc, 1, "wts",
-                     2 * O.P * sizeof(float), -1, 0);
+    /* the backend state: the host arrays themselves on CPU, device copies on GPU */
+    const ops_impl_t *x = O.ops.impl;
+    if (O.gpu >= 0) {
+        size_t b = O.P * 4;
+        O.master = x->malloc_(&O.ops, b); O.m = x->malloc_(&O.ops, b); O.v = x->malloc_(&O.ops, b);
+        O.gsum = x->malloc_(&O.ops, b); O.norm_sq = x->malloc_(&O.ops, sizeof(float));
+        if (!O.master || !O.m || !O.v || !O.gsum || !O.norm_sq) {
+            log_error("GPU %d: out of memory for the optimizer state (%zu parameters: %.2f GiB)", O.gpu,
+                      O.P, 4.0 * b / 1073741824.0);
+            return 1;
+        }
+        x->upload(&O.ops, O.master, O.h_master, b);
+        x->upload(&O.ops, O.m, O.h_m, b);
+        x->upload(&O.ops, O.v, O.h_v, b);
+    } else {
+        O.master = O.h_master; O.m = O.h_m; O.v = O.h_v;
+        O.gsum = malloc(O.P * 4); O.norm_sq = malloc(sizeof(float));
+        if (!O.gsum || !O.norm_sq) { log_error("out of memory for %zu parameters", O.P); return 1; }
+    }
+    rc = slab_create(&O.wslab, O.gpu >= 0 ? SLAB_CUDA : SLAB_HOST, run_id, "optimizer", PIPE_ID_OPTIMIZER,
+                     (uint64_t)inc, 1, "wts", 2 * O.P * sizeof(float), O.gpu, 0);
     if (rc < 0) return log_rc(rc, "weights slab"), 1;
-    memcpy(wbuf(&O, O.step), O.master, O.P * 4);
-    hcache_new(&O.hc, -1);
+    x->copy(&O.ops, wbuf(&O, O.step), O.master, O.P * 4);
+    x->sync(&O.ops);
+    hcache_new(&O.hc, O.gpu);
+    if (O.gpu >= 0) log_info("on GPU %d: master weights, moments and AdamW on the device", O.gpu);
     O.srv = stage_bus(&O.st, BUS_ROUTER, "optimizer");
     O.loader = stage_bus(&O.st, BUS_DEALER, "loader");
     if (!O.srv || !O.loader) return log_rc(DL_EIO, "optimizer sockets"), 1;
@@ -599,8 +672,15 @@ int main(int argc, char **argv) {
     slab_destroy(&O.wslab);
     if (O.steps_log) fclose(O.steps_log);
     drafter_destroy(&O.layout);
+    if (O.gpu >= 0) {
+        void *dev[] = {O.master, O.m, O.v, O.gsum, O.norm_sq};
+        for (size_t j = 0; j < sizeof dev / sizeof dev[0]; j++) O.ops.impl->free_(&O.ops, dev[j]);
+    } else {
+        free(O.gsum); free(O.norm_sq);
+    }
     ops_ctx_destroy(&O.ops);
-    free(O.master); free(O.m); free(O.v); free(O.gsum); free(O.c); free(O.norm_sq);
+    ops_ctx_destroy(&O.lops);
+    free(O.h_master); free(O.h_m); free(O.h_v); free(O.c);
     log_info("stopped at step %llu (%llu duplicates, %llu stale contributions dropped)",
              (unsigned long long)O.step, (unsigned long long)O.dup_dropped, (unsigned long long)O.stale_dropped);
     return 0;

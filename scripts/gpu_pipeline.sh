@@ -9,6 +9,9 @@
 #          processes sharing GPU 0 feeding 1 drafter on GPU 1 (GPU 0 alone on a
 #          1-GPU machine) with a small --inbox-gb + --host-inbox-gb.
 #   big:   a Qwen3-8B-shaped random target with a 5-layer drafter, 2 GPUs then 1.
+#   ref:   the same target and drafter on the reference work (8 x 4096 tokens, 512
+#          anchors per sequence, block 16) from long sequences ($LONG): 1 GPU, 2 GPUs
+#          split, 2 GPUs each with a target and a drafter.
 # Each run: nvidia-smi sampling (utilization.gpu every 0.5 s) during the run, then
 # scripts/gpu_pipeline_report.py (tokens/s, standalone stage rates, efficiency,
 # waits, handle opens, inbox high water vs the bound, GPU busy %), one JSON line
@@ -78,8 +81,25 @@ big)
     B="--token-budget 32768 --block-size 16 --num-anchors 64 --drafter-layers 5 --micro-batches-per-step 2 --threads 8"
     # BIG_RUNS: which of 2gpu / 1gpu to make (default both; a 1-GPU machine skips 2gpu)
     for r in ${BIG_RUNS:-2gpu 1gpu}; do
-        if [ $r = 2gpu ] && [ "$NGPU" -ge 2 ]; then one q8b_2gpu 0 1 qwen3-8b ${BIG_TIMEOUT:-200} $B --max-steps 6 --inbox-gb 6; fi
-        if [ $r = 1gpu ]; then one q8b_1gpu 0 0 qwen3-8b ${BIG_TIMEOUT:-200} $B --max-steps 6 --inbox-gb 6; fi
+        if [ $r = 2gpu ] && [ "$NGPU" -ge 2 ]; then one q8b_2gpu 0 1 qwen3-8b ${BIG_TIMEOUT:-200} $B --max-steps ${BIG_STEPS:-6} --inbox-gb 6; fi
+        if [ $r = 1gpu ]; then one q8b_1gpu 0 0 qwen3-8b ${BIG_TIMEOUT:-200} $B --max-steps ${BIG_STEPS:-6} --inbox-gb 6; fi
+    done
+    ;;
+ref)
+    # the reference work of issue 6 (8 x 4096 tokens, 512 anchors per sequence, block 16,
+    # one optimizer step per batch of each GPU's drafter) on long sequences ($LONG: bench/make_long_data.py
+    # output prepared with `draftline prepare`): 1 GPU, 2 GPUs split (target 0, drafter 1)
+    # and 2 GPUs each running a target and a drafter (gradients of drafter 1 read by the
+    # optimizer on GPU 0 over NVLink)
+    mk qwen3-8b
+    LONG=${LONG:-gpucarry/long.dlc}
+    R="--token-budget 32768 --max-len 4096 --block-size 16 --num-anchors 512 --drafter-layers 5 --threads 8 --inbox-gb 6"
+    for r in ${REF_RUNS:-1gpu split mirror}; do
+        case $r in
+        1gpu) DATA=$LONG one ref_1gpu 0 0 qwen3-8b ${BIG_TIMEOUT:-200} $R --micro-batches-per-step 1 --max-steps ${BIG_STEPS:-16} ;;
+        split) [ "$NGPU" -ge 2 ] && DATA=$LONG one ref_split 0 1 qwen3-8b ${BIG_TIMEOUT:-200} $R --micro-batches-per-step 1 --max-steps ${BIG_STEPS:-16} ;;
+        mirror) [ "$NGPU" -ge 2 ] && DATA=$LONG one ref_mirror 0,1 0,1 qwen3-8b ${BIG_TIMEOUT:-200} $R --micro-batches-per-step 2 --max-steps ${BIG_STEPS:-16} ;;
+        esac
     done
     ;;
 esac

@@ -632,9 +632,9 @@ int cmd_run(int argc, char **argv) {
     so.n_drafters = o.drafters;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     so.threads_per_stage = o.threads > 0 ? o.threads : (int)(cores / (o.targets + o.drafters) > 0 ? cores / (o.targets + o.drafters) : 1);
-    /* GPU mode: the GPUs do the stages' math; the CPU optimizer (AdamW over the fp32
-     * master, memory-bound) is the one stage that wants threads: half the cores */
-    if (gpu_mode && o.threads == 0) so.threads_per_stage = cores / 2 > 2 ? (int)(cores / 2) : 2;
+    /* GPU mode: the GPUs do the stages' math (the optimizer too); the host threads
+     * only sample anchors and stage metadata: a few each */
+    if (gpu_mode && o.threads == 0) so.threads_per_stage = cores / 4 > 2 ? (int)(cores / 4) : 2;
     so.max_restarts = o.max_restarts;
     so.progress_every_s = o.progress_s;
     so.metrics_port = o.metrics_port;
@@ -677,6 +677,10 @@ int cmd_run(int argc, char **argv) {
     add(s, "--clip"); add(s, fmt("%.9g", o.clip)); add(s, "--save-every"); add(s, fmt("%lld", (long long)o.save_every));
     add(s, "--seed"); add(s, seed); add(s, "--cursor-base"); add(s, cursor_base);
     if (resume_dir[0]) { add(s, "--resume"); add(s, strdup(resume_dir)); }
+    /* GPU mode: the optimizer keeps master weights and moments on the first drafter
+     * GPU (same-GPU drafters exchange gradients and weights through IPC-mapped device
+     * buffers; drafters on other GPUs read/write them over NVLink/PCIe peer access) */
+    if (gpu_mode) { add(s, "--gpu"); add(s, fmt("%d", dgpu[0])); }
     for (int i = 0; i < o.drafters; i++) {
         s = &so.stages[so.n_stages++];
         snprintf(s->name, sizeof s->name, "drafter%d", i);

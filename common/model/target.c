@@ -178,6 +178,7 @@ static int load_weights(target_t *t, src_t *s) {
     DL_TRY(load_tensor(t, s, "model.norm.weight", "output_norm.weight", 0, D, 0, 0, 0, &t->final_norm));
     if (m->tie_embeddings) t->lm_head = t->embed;
     else DL_TRY(load_tensor(t, s, "lm_head.weight", "output.weight", 0, m->V, D, 0, 0, &t->lm_head));
+    if (t->opts.embed_only) return 0;   /* no layers, no RoPE: never runs a forward */
     for (int l = 0; l < m->L; l++) {
         tlayer_t *y = &t->layers[l];
 #define P "model.layers.%d."
@@ -438,6 +439,8 @@ static void run_layers(target_t *t, const int32_t *ids, const int32_t *pos, int 
 
 int target_forward(target_t *t, const int32_t *ids, const int32_t *pos, const int32_t *cu, int nseq,
                    int max_seqlen, int T, void *feat, void *hidden) {
+    if (t->opts.embed_only)
+        return dl_seterr(DL_EINVAL, "target_forward: target loaded with embed_only (no layers)");
     if (T < 1 || T > t->opts.max_tokens || nseq < 1 || nseq > t->opts.max_seqs)
         return dl_seterr(DL_ERANGE, "target_forward: T %d (max %d), nseq %d (max %d)", T,
                          t->opts.max_tokens, nseq, t->opts.max_seqs);
@@ -473,6 +476,8 @@ static int check_ids(const target_t *t, const int32_t *ids, int T) {
 
 int target_forward_host(target_t *t, const int32_t *ids, const int32_t *pos, const int32_t *cu,
                         int nseq, int T, void *feat, void *hidden) {
+    if (t->opts.embed_only)
+        return dl_seterr(DL_EINVAL, "target_forward: target loaded with embed_only (no layers)");
     if (T < 1 || T > t->opts.max_tokens || nseq < 1 || nseq > t->opts.max_seqs)
         return dl_seterr(DL_ERANGE, "target_forward: T %d (max %d), nseq %d (max %d)", T,
                          t->opts.max_tokens, nseq, t->opts.max_seqs);
@@ -499,6 +504,7 @@ void target_logits(target_t *t, void *logits, const void *hidden, int n) {
 
 int target_kv_new(target_t *t, int n_slots, int cap, target_kv_t **out) {
     *out = NULL;
+    if (t->opts.embed_only) return dl_seterr(DL_EINVAL, "target_kv_new: target loaded with embed_only (no layers)");
     if (n_slots < 1 || cap < 1) return dl_seterr(DL_EINVAL, "target_kv_new: %d slots x %d tokens", n_slots, cap);
     if ((int64_t)n_slots * cap > INT_MAX)
         return dl_seterr(DL_ERANGE, "target_kv_new: %d slots x %d tokens is too many rows", n_slots, cap);

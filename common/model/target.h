@@ -38,6 +38,10 @@ typedef struct {
     int max_seqs;            /* nseq <= max_seqs per forward */
     int n_capture;           /* layers whose outputs target_forward writes to feat */
     int capture_ids[TARGET_MAX_CAPTURE];  /* 0-based, each in [0, L) */
+    int embed_only;          /* 1: load only the token embedding, final norm and LM head
+                              * (the drafter's frozen parts: at Qwen3-8B 1.2 GB instead of
+                              * 16 GB); target_forward / target_kv_new then fail with
+                              * DL_EINVAL. target_embed / target_lm_head / target_logits work. */
 } target_opts_t;
 
 typedef struct target target_t;

@@ -167,6 +167,16 @@ struct ops_impl {
      * falls back to per-row copy when NULL. (Model helper; common/ops/cpu/copy2d.c.) */
     void (*copy2d)(const ops_ctx_t *c, void *dst, size_t dst_pitch, const void *src,
                    size_t src_pitch, size_t width_bytes, size_t rows);
+
+    /* out (n) f32 = (a + b) * scale, element-wise, evaluated in exactly that order
+     * (one fp32 add, then one fp32 multiply; b == NULL: out = a * scale). out may alias
+     * a. The optimizer sums the per-micro-batch gradients of a step in micro-batch
+     * order with it (out = g0 + g1, out = out + g2, ..., the last add scaled by
+     * 1 / total loss weight), which is bitwise the CPU optimizer's fused loop. On
+     * CUDA a and b may be IPC-mapped memory of a peer GPU (read over NVLink/PCIe).
+     * (Optimizer helper; common/ops/cpu/add.c.) */
+    void (*f32_add_scale)(const ops_ctx_t *c, float *out, const float *a, const float *b,
+                          float scale, size_t n);
 };
 
 /* Backend constructors. ops_cpu_init never fails. ops_cuda_init selects the device,

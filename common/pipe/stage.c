@@ -264,3 +264,38 @@ double stage_rate(stage_rate_t *r, double now, double counter, double window_s) 
     if (oldest < 0 || now <= r->t[oldest]) return 0;
     return (counter - r->v[oldest]) / (now - r->t[oldest]);
 }
+
+void stage_slab_export_msg(const slab_handle_t *h, uint32_t wire_id, proto_msg_t *m) {
+    proto_msg_init(m, PROTO_SLAB_EXPORT);
+    proto_slab_export_t *e = &m->slab_export;
+    e->owner_id = h->owner_id;
+    e->incarnation = h->incarnation;
+    e->slab_id = wire_id;
+    e->tier = PROTO_TIER_HOST;
+    e->bytes = h->bytes;
+    snprintf(e->gpu_uuid, sizeof e->gpu_uuid, "%s", h->gpu_uuid);
+    if (h->kind == SLAB_CUDA) {
+        e->tier = PROTO_TIER_GPU;
+        memcpy(e->handle, h->ipc, SLAB_IPC_BYTES);
+        e->handle_len = SLAB_IPC_BYTES;
+    } else {
+        snprintf(e->shm_name, sizeof e->shm_name, "%s", h->name);
+    }
+}
+
+void stage_slab_from_export(const proto_slab_export_t *e, slab_handle_t *h) {
+    memset(h, 0, sizeof *h);
+    h->kind = e->handle_len == SLAB_IPC_BYTES ? SLAB_CUDA : SLAB_HOST;
+    h->owner_id = e->owner_id;
+    h->incarnation = e->incarnation;
+    h->slab_id = e->slab_id;
+    h->bytes = e->bytes;
+    snprintf(h->gpu_uuid, sizeof h->gpu_uuid, "%s", e->gpu_uuid);
+    if (h->kind == SLAB_CUDA) {
+        memcpy(h->ipc, e->handle, SLAB_IPC_BYTES);
+        snprintf(h->name, sizeof h->name, "/dl-ipc-%u-%llu-%u", e->owner_id,
+                 (unsigned long long)e->incarnation, e->slab_id);
+    } else {
+        snprintf(h->name, sizeof h->name, "%s", e->shm_name);
+    }
+}

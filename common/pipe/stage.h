@@ -12,6 +12,7 @@
 #define DL_PIPE_STAGE_H
 
 #include "common/bus/bus.h"
+#include "common/mem/slab.h"
 #include "proto/msg.h"
 
 #include <stddef.h>
@@ -84,6 +85,15 @@ bus_t *stage_bus(stage_t *st, bus_kind_t kind, const char *endpoint);
 /* Encodes and sends m to peer on bus (peer ignored on a DEALER). Returns bus_send's
  * code; an encode error is logged and returned (DL_EPROTO). */
 int stage_send(bus_t *bus, const char *peer, const proto_msg_t *m);
+/* slab_export for handle h (m initialised here), sent as slab id wire_id. The wire
+ * form is a handle or a name, not both: a CUDA slab travels as its 64-byte IPC handle
+ * (tier GPU, shm_name "") with its GPU UUID, a host slab as its shm name (tier
+ * host_tier: PROTO_TIER_HOST for inboxes, ignored by gradient/weight readers). */
+void stage_slab_export_msg(const slab_handle_t *h, uint32_t wire_id, proto_msg_t *m);
+/* The handle a peer maps (through its hcache) from a slab_export message: kind from
+ * the handle's presence; a CUDA slab gets the cache-key name "/dl-ipc-<owner>-<inc>-<id>". */
+void stage_slab_from_export(const proto_slab_export_t *e, slab_handle_t *h);
+
 /* Decodes a payload; a malformed one is logged (with the peer) and DL_EPROTO is
  * returned (never fatal: a stage does not crash on a peer's bad message). */
 int stage_decode(const char *who, const char *peer, const void *data, size_t len,

@@ -318,6 +318,39 @@ static void test_adamw(void **state) {
     gfree(gmst); gfree(gm); gfree(gv); gfree(ggr); gfree(gns); gfree(gwork);
 }
 
+/* f32_add_scale: the optimizer's in-order gradient sum. Bitwise equal to the CPU
+ * backend (and to a plain C reference), 3 micro-batches: out = (g0 + g1), then
+ * (out + g2) * s, and b == NULL: a * s. */
+static void test_f32_add_scale(void **state) {
+    (void)state;
+    const size_t n = 100003;
+    float *g0 = rnd(n, 1.0f), *g1 = rnd(n, 2.0f), *g2 = rnd(n, 0.5f);
+    const float s = 1.0f / 3.7f;
+    float *ref = malloc(n * 4), *ref1 = malloc(n * 4);
+    for (size_t i = 0; i < n; i++) {
+        float a = g0[i] + g1[i];
+        a = a + g2[i];
+        ref[i] = a * s;
+        ref1[i] = g0[i] * s;
+    }
+    float *c0 = cput(g0, n), *c1 = cput(g1, n), *c2 = cput(g2, n), *cout = cput(g0, n);
+    g_cpu.impl->f32_add_scale(&g_cpu, cout, c0, c1, 1.0f, n);
+    g_cpu.impl->f32_add_scale(&g_cpu, cout, cout, c2, s, n);
+    float *d0 = gput_raw(g0, n * 4), *d1 = gput_raw(g1, n * 4), *d2 = gput_raw(g2, n * 4);
+    float *dout = gput_raw(g0, n * 4);
+    g_gpu.impl->f32_add_scale(&g_gpu, dout, d0, d1, 1.0f, n);
+    g_gpu.impl->f32_add_scale(&g_gpu, dout, dout, d2, s, n);
+    float *h = gget_f32(dout, n);
+    assert_memory_equal(cout, ref, n * 4);
+    assert_memory_equal(h, ref, n * 4);
+    g_gpu.impl->f32_add_scale(&g_gpu, dout, d0, NULL, s, n);
+    float *h1 = gget_f32(dout, n);
+    assert_memory_equal(h1, ref1, n * 4);
+    free(g0); free(g1); free(g2); free(ref); free(ref1); free(h); free(h1);
+    cfree(c0); cfree(c1); cfree(c2); cfree(cout);
+    gfree(d0); gfree(d1); gfree(d2); gfree(dout);
+}
+
 /* ------------------------------------------------------------ attention (varlen, causal) */
 static void run_varlen(const int *lens, int nseq, int H, int Hkv, int hd) {
     char name[128];
@@ -460,7 +493,7 @@ int main(void) {
         cmocka_unit_test(test_rope),            cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_embedding),       cmocka_unit_test(test_xent),
         cmocka_unit_test(test_adamw),           cmocka_unit_test(test_attention_varlen),
-        cmocka_unit_test(test_attention_block),
+        cmocka_unit_test(test_attention_block), cmocka_unit_test(test_f32_add_scale),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ops_ctx_destroy(&g_gpu);

@@ -22,6 +22,9 @@ void *ops_cpu_malloc(const ops_ctx_t *c, size_t bytes);
 void ops_cpu_free(const ops_ctx_t *c, void *p);
 void ops_cpu_memset0(const ops_ctx_t *c, void *p, size_t bytes);
 void ops_cpu_copy(const ops_ctx_t *c, void *dst, const void *src, size_t bytes);
+/* add.c (optimizer helper): out = (a + b) * scale, f32 */
+void ops_cpu_f32_add_scale(const ops_ctx_t *c, float *out, const float *a, const float *b,
+                           float scale, size_t n);
 /* copy2d.c (model helper) */
 void ops_cpu_copy2d(const ops_ctx_t *c, void *dst, size_t dst_pitch, const void *src,
                     size_t src_pitch, size_t width_bytes, size_t rows);

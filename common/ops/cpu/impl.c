@@ -32,4 +32,5 @@ const ops_impl_t ops_cpu_impl = {
     .xent_forward_backward = ops_cpu_xent_forward_backward,
     .sumsq = ops_cpu_sumsq,
     .adamw = ops_cpu_adamw,
+    .f32_add_scale = ops_cpu_f32_add_scale,
 };

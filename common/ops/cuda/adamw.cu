@@ -75,3 +75,22 @@ void cuda_adamw(const ops_ctx_t *c, float *master, void *work, const float *grad
         master, (bf16 *)work, grad, m, v, n, lr, b1, b2, eps, wd, step, bc2s, norm_sq, max_norm);
     cuda_check_launch();
 }
+
+// out = (a + b) * scale in f32 (b NULL: a * scale), rounded add then rounded
+// multiply (no FMA): bitwise the CPU twin (common/ops/cpu/add.c). The optimizer's
+// in-order sum of per-micro-batch gradients; a/b may be peer-GPU IPC mappings.
+__global__ void f32_add_scale_kernel(float *out, const float *a, const float *b, float scale,
+                                     size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        float s = b ? __fadd_rn(a[i], b[i]) : a[i];
+        out[i] = __fmul_rn(s, scale);
+    }
+}
+
+void cuda_f32_add_scale(const ops_ctx_t *c, float *out, const float *a, const float *b,
+                        float scale, size_t n) {
+    if (!n) return;
+    f32_add_scale_kernel<<<cuda_blocks(n, 256, 8192), 256, 0, cuda_stream(c)>>>(out, a, b, scale, n);
+    cuda_check_launch();
+}

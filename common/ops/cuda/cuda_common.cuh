@@ -94,6 +94,8 @@ void cuda_xent_forward_backward(const ops_ctx_t *c, void *logits, float *loss, f
                                 const int32_t *targets, const float *w, float grad_scale, int N,
                                 int V);
 void cuda_sumsq(const ops_ctx_t *c, float *out, const float *x, size_t n, int accumulate);
+void cuda_f32_add_scale(const ops_ctx_t *c, float *out, const float *a, const float *b,
+                        float scale, size_t n);
 void cuda_adamw(const ops_ctx_t *c, float *master, void *work, const float *grad, float *m,
                 float *v, size_t n, float lr, float b1, float b2, float eps, float wd, int t,
                 const float *norm_sq, float max_norm);

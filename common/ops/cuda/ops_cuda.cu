@@ -254,6 +254,7 @@ static const ops_impl_t cuda_impl_template = {
     cuda_sumsq,
     cuda_adamw,
     cuda_copy2d,
+    cuda_f32_add_scale,
 };
 
 #define INIT_TRY(call)                                                                     \
