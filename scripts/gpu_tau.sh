@@ -5,6 +5,7 @@
 # usage (repo root on the GPU machine, bundle unpacked in bundle/):
 #   MODEL=/path/SmolLM2-135M-Instruct.Q4_1.gguf [SHARED=../shared/data] [OUT=/tmp/tau-out] \
 #       bash scripts/gpu_tau.sh
+#   (or MODEL_PARTS="gpucarry/smol.part.*" [MODEL_SHA256=...] instead of MODEL: see below)
 # CPU dry run of the same flow (tiny sizes; binaries from $BIN, default bin/):
 #   DEVICE=cpu BIN=/tmp/b/bin bash scripts/gpu_tau.sh
 #
@@ -63,7 +64,7 @@ else
     DL=${DL:-${BIN:-bin}/draftline}
     DEV="--device cpu --threads 1"
     TOPO="--device cpu --threads 1"
-    : "${MODEL:=$HOME/.cache/draftline/SmolLM2-135M-Instruct.Q4_1.gguf}"
+    [ -n "${MODEL_PARTS:-}" ] || : "${MODEL:=$HOME/.cache/draftline/SmolLM2-135M-Instruct.Q4_1.gguf}"
     : "${REGEN_S:=20}" "${REGEN_BATCH:=4}" "${REGEN_MAX_NEW:=32}" "${REGEN_CTX:=512}"
     : "${GSM_HOLD:=20}" "${EVAL_N:=2}" "${EVAL_MAX_NEW:=16}" "${EVAL_SET_S:=30}" "${EVAL_REPEATS:=2}"
     : "${TIMING_N:=2}" "${TIMING_S:=30}"
@@ -71,7 +72,18 @@ else
     : "${DRAFTER_LAYERS:=1}" "${BLOCK:=8}" "${ANCHORS:=8}" "${LR:=2e-3}" "${WARMUP:=0}" "${SAVE_EVERY:=2}"
     : "${TRAIN_EXTRA:=}" "${SYNTH_N:=6}"
 fi
-: "${MODEL:?set MODEL to the SmolLM2-135M-Instruct GGUF}"
+# the 98 MB GGUF is over the device tool's 64 MiB carry limit: carry it split
+# (split -b 50M M.gguf gpucarry/smol.part.) and pass MODEL_PARTS="gpucarry/smol.part.*";
+# the parts are joined into $W/model.gguf (checked against MODEL_SHA256 when set)
+if [ -z "${MODEL:-}" ] && [ -n "${MODEL_PARTS:-}" ]; then
+    mkdir -p "$W"
+    cat $MODEL_PARTS > "$W/model.gguf" || { echo "gpu_tau: cannot join $MODEL_PARTS" >&2; exit 2; }
+    MODEL=$W/model.gguf
+    if [ -n "${MODEL_SHA256:-}" ] && [ "$(sha256sum < "$MODEL" | cut -d' ' -f1)" != "$MODEL_SHA256" ]; then
+        echo "gpu_tau: $MODEL (joined from $MODEL_PARTS) does not match MODEL_SHA256" >&2; exit 2
+    fi
+fi
+: "${MODEL:?set MODEL to the SmolLM2-135M-Instruct GGUF (or MODEL_PARTS to its split parts)}"
 : "${TIMING_SET:=mt_bench}"
 SEED=${SEED:-0}
 GSM=$SHARED/gsm8k/train.jsonl
@@ -142,11 +154,13 @@ if [ "${SYNTH:-1}" != 0 ]; then
     P4=$!
 fi
 (
+    rc=0
     for s in $SETS; do
         step "eval_random_$s" $((EVAL_SET_S + 30)) "$W/eval_random_$s.log" $DL eval $EV_COMMON --drafter random \
             --data "$(set_file $s)" --num-prompts "$EVAL_N" --no-baseline --timing-repeats 1 \
-            --max-seconds "$EVAL_SET_S" --json "$W/eval/random_$s.json" || exit 1
+            --max-seconds "$EVAL_SET_S" --json "$W/eval/random_$s.json" || rc=1
     done
+    exit $rc
 ) &
 P3=$!
 wait $P1 || FAILED=1
