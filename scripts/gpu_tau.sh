@@ -93,7 +93,8 @@ HEV=$SHARED/humaneval/HumanEval.jsonl.gz
 for f in "$DL" "$MODEL" "$GSM" "$SGPT" "$MTB" "$HEV"; do
     [ -e "$f" ] || { echo "gpu_tau: $f not found" >&2; exit 2; }
 done
-mkdir -p "$OUT" "$W"
+mkdir -p "$OUT" "$W" "$W/pids"
+rm -f "$W"/pids/*
 FAILED=0
 T_ALL=$(date +%s.%N)
 [ "$DEVICE" = cuda ] && nvidia-smi -L
@@ -105,8 +106,14 @@ step() {
     local label=$1 tmo=$2 log=$3
     shift 3
     echo "$label: $*" >> "$CMDS"
-    timeout -k 10 "$tmo" "$@" > "$log" 2>&1
+    # timeout puts the command in its own process group: its pid is kept in
+    # $W/pids/ while it runs so that an early exit can stop it (see cleanup)
+    timeout -k 10 "$tmo" "$@" > "$log" 2>&1 &
+    local tp=$!
+    : > "$W/pids/$tp"
+    wait $tp
     local rc=$?
+    rm -f "$W/pids/$tp"
     [ $rc = 0 ] || { echo "!! $label: rc=$rc (log $log)"; tail -n 8 "$log"; }
     return $rc
 }
@@ -114,8 +121,10 @@ pack() { for f in "$W"/regen_*.jsonl; do [ -f "$f" ] && head -n 5 "$f" > "$OUT/$
         (cd "$W" && tar czf "$OUT/logs.tgz" --exclude='*.safetensors' --exclude='*.bin' --exclude='*.dlc' \
           --exclude='*.jsonl' ./*.log ./commands.txt ./run/logs ./run/metrics.jsonl ./run/steps.jsonl \
           ./eval 2>/dev/null); }
+# stops the steps still running (timeout forwards the TERM to its command)
+cleanup() { local f; for f in "$W"/pids/*; do [ -f "$f" ] && kill -TERM "${f##*/}" 2>/dev/null; rm -f "$f"; done; }
 REPORTED=0
-trap 'rc=$?; [ $REPORTED = 1 ] || report; pack; exit $rc' EXIT
+trap 'rc=$?; cleanup; [ $REPORTED = 1 ] || report; pack; exit $rc' EXIT
 trap 'exit 143' TERM INT
 
 # ---- d) report: a table and $OUT/tau.json (also on an early exit: what exists so far) ----
