@@ -21,7 +21,7 @@
 # usage (repo root on the GPU machine, bundle unpacked in bundle/, a prepared cache
 # at $DATA):  bash scripts/gpu_ops.sh
 # env: DATA (gpucarry/gsm8k.dlc), OUT (/tmp/go-out), W (work dir, /tmp/go), MODEL
-# (qwen3-0.6b), MAX_STEPS (200), EPOCHS (8; 25 steps per epoch with these flags),
+# (qwen3-0.6b), MODEL_DIR ($W/$MODEL; made by mkmodel when it has no config.json), MAX_STEPS (200), EPOCHS (8; 25 steps per epoch with these flags),
 # STEPS_PER_PHASE (8), RUN_TIMEOUT (200 s), REMAIN_MAX_S (60), MEM_TOL_MIB (512).
 # Expected wall time ~2-3 min (mkmodel, ~20 s start-up, 200 steps of ~0.4 s, two
 # rebalances and a recovery of a few s each); every command has a hard timeout.
@@ -46,6 +46,7 @@ MAX_STEPS=${MAX_STEPS:-200}; EPOCHS=${EPOCHS:-8}; PHASE=${STEPS_PER_PHASE:-8}
 RUN_TIMEOUT=${RUN_TIMEOUT:-200}; REMAIN_MAX_S=${REMAIN_MAX_S:-60}; MEM_TOL_MIB=${MEM_TOL_MIB:-512}
 RUN=$W/ops
 EV=$W/events.tsv
+MODEL_DIR=${MODEL_DIR:-$W/$MODEL}
 mkdir -p "$OUT" "$W"
 rm -rf "$RUN" "$W"/rb*.out "$W"/rb*.json "$W"/status_*.txt "$W/run.out" "$W/smi.csv" "$EV"
 FAILS=()
@@ -123,10 +124,15 @@ else
        --inbox-gb 2)
 fi
 
+echo "gpu_ops.sh: issue 7 on the GPU machine: live rebalance 1-1 -> 2 targets sharing GPU 0 -> 1-1, then"
+echo "  kill -9 of the drafter mid-step; figures: rebalance times, steps applied meanwhile, time to recover,"
+echo "  GPU memory per GPU before the kill vs after the recovery (tolerance $MEM_TOL_MIB MiB), ledger."
+echo "  model $MODEL, data $DATA, max steps $MAX_STEPS, $PHASE steps between actions; work dir $W, figures $OUT"
+
 # ---- a) model, sampler, run ----
-if [ ! -f "$W/$MODEL/config.json" ]; then
-    say "draftline mkmodel --config $MODEL"
-    timeout 120 "$DL" mkmodel --config "$MODEL" --out "$W/$MODEL" > "$W/mk-$MODEL.log" 2>&1 ||
+if [ ! -f "$MODEL_DIR/config.json" ]; then
+    say "draftline mkmodel --config $MODEL --out $MODEL_DIR"
+    timeout 120 "$DL" mkmodel --config "$MODEL" --out "$MODEL_DIR" > "$W/mk-$MODEL.log" 2>&1 ||
         { tail -n 5 "$W/mk-$MODEL.log"; echo "FAIL: mkmodel"; exit 1; }
 fi
 if [ "$CPU_DRY" != 1 ] || [ "${CPU_DRY_SMI:-0}" = 1 ]; then
@@ -137,8 +143,8 @@ if [ "$CPU_DRY" != 1 ] || [ "${CPU_DRY_SMI:-0}" = 1 ]; then
 fi
 sleep 1
 ev run_start
-say "draftline run --target-model $W/$MODEL ${PLACE0[*]} ${Q[*]} --max-steps $MAX_STEPS --epochs $EPOCHS"
-timeout "$RUN_TIMEOUT" "$DL" run --target-model "$W/$MODEL" --data "$DATA" "${PLACE0[@]}" "${Q[@]}" \
+say "draftline run --target-model $MODEL_DIR ${PLACE0[*]} ${Q[*]} --max-steps $MAX_STEPS --epochs $EPOCHS"
+timeout "$RUN_TIMEOUT" "$DL" run --target-model "$MODEL_DIR" --data "$DATA" "${PLACE0[@]}" "${Q[@]}" \
     --max-steps "$MAX_STEPS" --epochs "$EPOCHS" --out "$RUN" --progress-every 5 > "$W/run.out" 2>&1 &
 RUN_PID=$!
 
@@ -337,6 +343,7 @@ if "kill" in ev:
     k = {"killed_pid": int(ev["kill"][1]), "last_step_before_kill": before[-1][0] if before else None,
          "steps_applied_between_kill_and_successor_up": sum(1 for _, t in ts if tk < t <= (t_up or tk)),
          "successor_up_s": (t_up - tk) if t_up else None,
+         "next_step_after_kill_s": next((t - tk for _, t in ts if t > tk), None),
          "first_step_after_recovery": after[0][0] if after else None,
          "time_to_recover_s": (after[0][1] - tk) if after else None,
          "step_gap_s": (after[0][1] - before[-1][1]) if after and before else None,
@@ -346,11 +353,14 @@ if "kill" in ev:
     if not sup: fails.append("kill: the supervisor logged no 'drafter0 recovery:' line")
     if smi and after:
         tr = after[0][1]
-        te = min(tr + 3.0, tl[-1] if tl else tr + 3.0)
+        # after the recovery: the last 3 s before the script's mem_after mark (recovery +
+        # STEPS_PER_PHASE steps + 3 s), at least 1 s after the first recovered step
+        te = ev["mem_after"][0] if "mem_after" in ev else min(tr + 3.0, tl[-1] if tl else tr + 3.0)
+        ta = max(tr + 1.0, te - 3.0)
         k["mem_mib_before_kill"], k["mem_mib_after_recovery"], k["mem_mib_low_while_dead"], k["mem_returned"] = {}, {}, {}, {}
         for g in sorted(smi):
             mb = mem(g, tk - 2.0, tk - 0.05)
-            ma = mem(g, tr + 1.0, te) or mem(g, tr + 0.25, tr + 3.0)
+            ma = mem(g, ta, te) or mem(g, tr + 0.25, tr + 3.0)
             lo = mem(g, tk, t_up or tr, min)
             k["mem_mib_before_kill"][g], k["mem_mib_after_recovery"][g], k["mem_mib_low_while_dead"][g] = mb, ma, lo
             okm = mb is not None and ma is not None and abs(ma - mb) <= TOL
@@ -380,9 +390,10 @@ for lab, what in (("rb1", "1-1 -> 2 targets sharing GPU 0"), ("rb2", "2 targets 
     if "mem_mib_before" in r: print("    GPU memory MiB before -> after: " + ", ".join("GPU%d %s -> %s" % (g, f(r["mem_mib_before"][g], "%.0f"), f(r["mem_mib_after"][g], "%.0f")) for g in sorted(r["mem_mib_before"])))
 k = R.get("kill")
 if k:
-    print("kill -9 drafter0 (pid %d) after step %s: successor up after %s s, first step after it (%s) %s s after the kill (supervisor: up %s s, step %s s); gap between steps %s s vs median %s s"
-          % (k["killed_pid"], k["last_step_before_kill"], f(k["successor_up_s"]), k["first_step_after_recovery"], f(k["time_to_recover_s"]),
-             f(k["supervisor_up_s"]), f(k["supervisor_recovery_s"]), f(k["step_gap_s"]), f(med, "%.3f")))
+    print("kill -9 drafter0 (pid %d) after step %s: TIME TO RECOVER %s s (kill -> first step applied after its successor came up: step %s); successor up after %s s; supervisor's figures: up %s s, step %s s; gap between steps %s s vs median %s s; %d step(s) applied between the kill and the successor's hello (gradients already in), next step after the kill at +%s s"
+          % (k["killed_pid"], k["last_step_before_kill"], f(k["time_to_recover_s"]), k["first_step_after_recovery"], f(k["successor_up_s"]),
+             f(k["supervisor_up_s"]), f(k["supervisor_recovery_s"]), f(k["step_gap_s"]), f(med, "%.3f"),
+             k["steps_applied_between_kill_and_successor_up"], f(k["next_step_after_kill_s"])))
     for g in sorted(k.get("mem_mib_before_kill", {})):
         print("    GPU%d memory MiB: %s before the kill, %s low while dead, %s after the recovery: %s" % (g, f(k["mem_mib_before_kill"][g], "%.0f"),
               f(k["mem_mib_low_while_dead"][g], "%.0f"), f(k["mem_mib_after_recovery"][g], "%.0f"), "returned" if k["mem_returned"][g] else "NOT returned"))
