@@ -31,7 +31,8 @@
 #     EVAL_SET_S s each) decide the prompt counts the trained drafter gets.
 #  c) `draftline eval --device cuda` of the trained checkpoint on MT-Bench
 #     (first turns), HumanEval prompts and the held-out GSM8K questions, on the
-#     same prompts as the random drafter (greedy, --max-new-tokens EVAL_MAX_NEW);
+#     same prompts as the random drafter (greedy, --max-new-tokens EVAL_MAX_NEW;
+#     the three sets concurrently: tau does not depend on timing);
 #     then a timing run on TIMING_SET's first TIMING_N prompts that also decodes
 #     target-only (greedy check: output == target-only; speedup with
 #     --timing-repeats EVAL_REPEATS, per-prompt medians).
@@ -56,7 +57,7 @@ if [ "$DEVICE" = cuda ]; then
     # sizes for one H200 (see the step list above)
     : "${REGEN_S:=140}" "${REGEN_BATCH:=256}" "${REGEN_MAX_NEW:=256}" "${REGEN_CTX:=1024}"
     : "${GSM_HOLD:=200}" "${EVAL_N:=48}" "${EVAL_MAX_NEW:=128}" "${EVAL_SET_S:=50}" "${EVAL_REPEATS:=3}"
-    : "${TIMING_N:=10}" "${TIMING_S:=40}"
+    : "${TIMING_N:=8}" "${TIMING_S:=30}"
     : "${TRAIN_S:=140}" "${TRAIN_TOK_S:=150000}" "${TOKEN_BUDGET:=16384}" "${EPOCHS:=12}"
     : "${DRAFTER_LAYERS:=2}" "${BLOCK:=8}" "${ANCHORS:=32}" "${LR:=2e-3}" "${WARMUP:=30}" "${SAVE_EVERY:=200}"
     : "${TRAIN_EXTRA:=}"
@@ -211,13 +212,17 @@ echo "trained drafter: $CKPT (${TRAIN_WALL}s wall)"
 # limit), then one timing run: TIMING_SET's first TIMING_N prompts with
 # target-only decoding too (greedy check, speedup, --timing-repeats EVAL_REPEATS).
 echo "== c) eval of $CKPT"
+# (tau does not depend on timing: the three sets run concurrently on the GPU)
+PIDS=
 for s in $SETS; do
     n=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['prompts'])" "$W/eval/random_$s.json" 2>/dev/null || echo "$EVAL_N")
-    step "eval_trained_$s" $((EVAL_SET_S + 40)) "$W/eval_trained_$s.log" $DL eval $EV_COMMON --drafter "$CKPT" \
+    step "eval_trained_$s" $((EVAL_SET_S * 2 + 30)) "$W/eval_trained_$s.log" $DL eval $EV_COMMON --drafter "$CKPT" \
         --data "$(set_file $s)" --num-prompts "$n" --no-baseline --timing-repeats 1 \
-        --json "$W/eval/trained_$s.json" || FAILED=1
-    grep -E "^tau" "$W/eval_trained_$s.log" | sed "s/^/  $s: /"
+        --json "$W/eval/trained_$s.json" &
+    PIDS="$PIDS $!"
 done
+for p in $PIDS; do wait $p || FAILED=1; done
+for s in $SETS; do grep -E "^tau" "$W/eval_trained_$s.log" | sed "s/^/  $s: /"; done
 step "eval_timing_$TIMING_SET" $((TIMING_S + 40)) "$W/eval_timing.log" $DL eval $EV_COMMON --drafter "$CKPT" \
     --data "$(set_file $TIMING_SET)" --num-prompts "$TIMING_N" --timing-repeats "$EVAL_REPEATS" \
     --max-seconds "$TIMING_S" --json "$W/eval/timing.json" || FAILED=1
