@@ -40,7 +40,9 @@
 #     before/after, train time, samples regenerated, steps, training tokens/s,
 #     decode tokens/s, the commands); logs in $OUT/logs.tgz. An early exit
 #     (failure, SIGTERM) still writes tau.json with what exists.
-# Every size is an environment variable (defaults below, per DEVICE).
+# Every size is an environment variable (defaults below, per DEVICE). A rerun with
+# the same W (default /tmp/tau-work) resumes the regen files, so data accumulates
+# over runs; the training run and the evals start fresh.
 # Exit status: 0 when every step ran and the greedy check matched.
 set -u
 cd "$(dirname "$0")/.."
@@ -95,7 +97,9 @@ for f in "$DL" "$MODEL" "$GSM" "$SGPT" "$MTB" "$HEV"; do
     [ -e "$f" ] || { echo "gpu_tau: $f not found" >&2; exit 2; }
 done
 mkdir -p "$OUT" "$W" "$W/pids"
-rm -f "$W"/pids/*
+# a rerun in the same W resumes the regen files (more samples); everything else is fresh
+rm -rf "$W"/pids/* "$W/eval" "$W/run"
+SETS="mt_bench humaneval gsm8k_heldout"
 FAILED=0
 T_ALL=$(date +%s.%N)
 [ "$DEVICE" = cuda ] && nvidia-smi -L
@@ -141,7 +145,6 @@ report() {
 NGSM=$(wc -l < "$GSM")
 head -n $((NGSM - GSM_HOLD)) "$GSM" > "$W/gsm_train.jsonl"
 tail -n "$GSM_HOLD" "$GSM" > "$W/gsm_heldout.jsonl"
-SETS="mt_bench humaneval gsm8k_heldout"
 set_file() { case $1 in mt_bench) echo "$MTB";; humaneval) echo "$HEV";; gsm8k_heldout) echo "$W/gsm_heldout.jsonl";; esac; }
 mkdir -p "$W/eval"
 EV_COMMON="--target-model $MODEL $DEV --max-new-tokens $EVAL_MAX_NEW --drafter-layers $DRAFTER_LAYERS --block-size $BLOCK --seed $SEED"
