@@ -11,8 +11,9 @@
 #
 # Steps (each under a hard `timeout`; ~7 min wall on one H200 with the defaults):
 #  a) `draftline regen --device cuda` (greedy, batched, resumable, --max-seconds
-#     REGEN_S) over three prompt sources at once, three processes on the same GPU:
-#     GSM8K train questions (all but the last GSM_HOLD, held out for eval), the
+#     REGEN_S) over three prompt sources at once, processes sharing the GPU:
+#     GSM8K train questions (all but the last GSM_HOLD, held out for eval; in
+#     GSM8K_SHARDS interleaved shards, one process each), the
 #     ShareGPT sample's user turns (multi-turn: each turn sees the regenerated
 #     earlier replies), and ~800 generic chat / Python-coding prompts from
 #     scripts/synth_prompts.py (templates x topics; SYNTH=0 leaves them out).
@@ -57,7 +58,7 @@ if [ "$DEVICE" = cuda ]; then
     DEV="--device cuda"
     TOPO="--target-gpus 0 --drafter-gpus 0 --inbox-gb 1"
     # sizes for one H200 (see the step list above)
-    : "${REGEN_S:=140}" "${REGEN_BATCH:=256}" "${REGEN_MAX_NEW:=256}" "${REGEN_CTX:=1024}"
+    : "${REGEN_S:=140}" "${REGEN_BATCH:=256}" "${REGEN_MAX_NEW:=256}" "${REGEN_CTX:=1024}" "${GSM8K_SHARDS:=3}"
     : "${GSM_HOLD:=200}" "${EVAL_N:=48}" "${EVAL_MAX_NEW:=128}" "${EVAL_SET_S:=50}" "${EVAL_REPEATS:=3}"
     : "${TIMING_N:=8}" "${TIMING_S:=30}"
     : "${TRAIN_S:=140}" "${TRAIN_TOK_S:=150000}" "${TOKEN_BUDGET:=16384}" "${EPOCHS:=12}"
@@ -68,7 +69,7 @@ else
     DEV="--device cpu --threads 1"
     TOPO="--device cpu --threads 1"
     [ -n "${MODEL_PARTS:-}" ] || : "${MODEL:=$HOME/.cache/draftline/SmolLM2-135M-Instruct.Q4_1.gguf}"
-    : "${REGEN_S:=20}" "${REGEN_BATCH:=4}" "${REGEN_MAX_NEW:=32}" "${REGEN_CTX:=512}"
+    : "${REGEN_S:=20}" "${REGEN_BATCH:=4}" "${REGEN_MAX_NEW:=32}" "${REGEN_CTX:=512}" "${GSM8K_SHARDS:=2}"
     : "${GSM_HOLD:=20}" "${EVAL_N:=2}" "${EVAL_MAX_NEW:=16}" "${EVAL_SET_S:=30}" "${EVAL_REPEATS:=2}"
     : "${TIMING_N:=2}" "${TIMING_S:=30}"
     : "${TRAIN_S:=40}" "${TRAIN_TOK_S:=100}" "${TOKEN_BUDGET:=512}" "${EPOCHS:=2}"
@@ -144,6 +145,11 @@ report() {
 # ---- prompt sets: GSM8K split into a regen part and a held-out eval part --------
 NGSM=$(wc -l < "$GSM")
 head -n $((NGSM - GSM_HOLD)) "$GSM" > "$W/gsm_train.jsonl"
+# GSM8K_SHARDS regen processes over interleaved shards (regen is host-bound: the
+# logits of every sequence come to the host each step, so more processes use more cores)
+for ((i = 0; i < GSM8K_SHARDS; i++)); do
+    awk -v n="$GSM8K_SHARDS" -v i="$i" '(NR - 1) % n == i' "$W/gsm_train.jsonl" > "$W/gsm_train_$i.jsonl"
+done
 tail -n "$GSM_HOLD" "$GSM" > "$W/gsm_heldout.jsonl"
 set_file() { case $1 in mt_bench) echo "$MTB";; humaneval) echo "$HEV";; gsm8k_heldout) echo "$W/gsm_heldout.jsonl";; esac; }
 mkdir -p "$W/eval"
@@ -153,9 +159,12 @@ EV_COMMON="--target-model $MODEL $DEV --max-new-tokens $EVAL_MAX_NEW --drafter-l
 echo "== a) regen ($DEVICE, ${REGEN_S}s budget, batch $REGEN_BATCH, max new $REGEN_MAX_NEW) + random-drafter tau"
 RG_COMMON="--target-model $MODEL $DEV --batch $REGEN_BATCH --max-new-tokens $REGEN_MAX_NEW --max-ctx $REGEN_CTX --max-seconds $REGEN_S"
 T_A=$(now)
-step regen_gsm8k $((REGEN_S + 40)) "$W/regen_gsm8k.log" $DL regen $RG_COMMON --data "$W/gsm_train.jsonl" \
-    --out "$W/regen_gsm8k.jsonl" &
-P1=$!
+P1=
+for ((i = 0; i < GSM8K_SHARDS; i++)); do
+    step regen_gsm8k_$i $((REGEN_S + 40)) "$W/regen_gsm8k_$i.log" $DL regen $RG_COMMON --data "$W/gsm_train_$i.jsonl" \
+        --out "$W/regen_gsm8k_$i.jsonl" &
+    P1="$P1 $!"
+done
 step regen_sharegpt $((REGEN_S + 40)) "$W/regen_sharegpt.log" $DL regen $RG_COMMON --data "$SGPT" \
     --out "$W/regen_sharegpt.jsonl" &
 P2=$!
@@ -176,20 +185,20 @@ fi
     exit $rc
 ) &
 P3=$!
-wait $P1 || FAILED=1
+for p in $P1; do wait $p || FAILED=1; done
 wait $P2 || FAILED=1
 [ -n "$P4" ] && { wait $P4 || FAILED=1; }
 REGEN_WALL=$(since "$T_A")
 wait $P3 || FAILED=1
 PHASE_A=$(since "$T_A")
 # a timeout kill may leave a partial last line: regen itself truncates it (--limit 0 does nothing else)
-for f in regen_gsm8k regen_sharegpt regen_synth; do
+for f in $(cd "$W" && ls regen_*.jsonl 2>/dev/null | sed 's/\.jsonl$//'); do
     [ -f "$W/$f.jsonl" ] && $DL regen --data "$GSM" --out "$W/$f.jsonl" --limit 0 > /dev/null 2>&1
 done
-N_GSM=$(cat "$W/regen_gsm8k.jsonl" 2>/dev/null | wc -l)
+N_GSM=$(cat "$W"/regen_gsm8k_*.jsonl 2>/dev/null | wc -l)
 N_SGPT=$(cat "$W/regen_sharegpt.jsonl" 2>/dev/null | wc -l)
 N_SYN=$(cat "$W/regen_synth.jsonl" 2>/dev/null | wc -l)
-cat "$W/regen_gsm8k.jsonl" "$W/regen_sharegpt.jsonl" "$W/regen_synth.jsonl" > "$W/train.jsonl" 2>/dev/null
+cat "$W"/regen_gsm8k_*.jsonl "$W/regen_sharegpt.jsonl" "$W/regen_synth.jsonl" > "$W/train.jsonl" 2>/dev/null
 grep -h "regen done\|max-seconds" "$W"/regen_*.log
 echo "regenerated: $N_GSM GSM8K + $N_SGPT ShareGPT + $N_SYN synthetic samples in ${REGEN_WALL}s (phase a ${PHASE_A}s)"
 [ "$N_GSM" -gt 0 ] || { echo "!! no regenerated samples"; exit 1; }
