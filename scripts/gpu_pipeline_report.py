@@ -100,8 +100,14 @@ def main():
     busy = {}
     try:
         # wall-clock window: optimizer metrics from its first counted tokens to the end
+        # (ends at the first line with the final token count: the final checkpoint, GBs of
+        # master weights and moments written to disk, is not training time)
         opt = [r for r in recs if r.get("stage") == "optimizer" and (r.get("tokens") or 0) > 0]
-        t0, t1 = (opt[0]["ts"], opt[-1]["ts"]) if len(opt) >= 2 else (None, None)
+        if len(opt) >= 2:
+            last = next(r for r in opt if r["tokens"] == opt[-1]["tokens"])
+            t0, t1 = opt[0]["ts"], last["ts"]
+        else:
+            t0, t1 = None, None
         for line in open(smi):
             p = [x.strip() for x in line.split(",")]
             if len(p) < 3:
