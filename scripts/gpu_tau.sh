@@ -24,9 +24,10 @@
 #     (pipe_drafter_config) and initialises it with drafter_new(seed S), as the
 #     optimizer of `draftline run --seed S` does before step 1.
 #  b) `draftline run --target-gpus 0 --drafter-gpus 0` on the regenerated jsonl
-#     (OpenAI messages; loss on the assistant turns), --max-steps from the
-#     time budget TRAIN_S and an assumed rate TRAIN_TOK_S (target tokens/s),
-#     capped by EPOCHS; checkpoints every SAVE_EVERY steps so a timeout still
+#     (OpenAI messages; loss on the assistant turns; the optimizer runs on the
+#     drafter's GPU), --max-steps from the time budget TRAIN_S and an assumed
+#     rate TRAIN_TOK_S (target tokens/s; the report prints the measured one, set
+#     it from that next time), capped by EPOCHS; checkpoints every SAVE_EVERY steps so a timeout still
 #     leaves one (the latest is evaluated).
 #     The random drafter's evals (tau only, EVAL_N prompts per set, at most
 #     EVAL_SET_S s each) decide the prompt counts the trained drafter gets.
@@ -61,7 +62,7 @@ if [ "$DEVICE" = cuda ]; then
     : "${REGEN_S:=140}" "${REGEN_BATCH:=256}" "${REGEN_MAX_NEW:=256}" "${REGEN_CTX:=1024}" "${GSM8K_SHARDS:=3}"
     : "${GSM_HOLD:=200}" "${EVAL_N:=48}" "${EVAL_MAX_NEW:=128}" "${EVAL_SET_S:=50}" "${EVAL_REPEATS:=3}"
     : "${TIMING_N:=8}" "${TIMING_S:=30}"
-    : "${TRAIN_S:=140}" "${TRAIN_TOK_S:=150000}" "${TOKEN_BUDGET:=16384}" "${EPOCHS:=12}"
+    : "${TRAIN_S:=140}" "${TRAIN_TOK_S:=200000}" "${TOKEN_BUDGET:=16384}" "${EPOCHS:=12}"
     : "${DRAFTER_LAYERS:=2}" "${BLOCK:=8}" "${ANCHORS:=32}" "${LR:=2e-3}" "${WARMUP:=30}" "${SAVE_EVERY:=200}"
     : "${TRAIN_EXTRA:=}"
 else
