@@ -257,6 +257,12 @@ static void apply_step(opt_t *O) {
     stage_phase_add(&O->st, PHASE_STEP, dt);
     stage_progress(&O->st);
     O->last_loss = loss; O->last_gnorm = gnorm; O->last_lr = lr;
+    /* The last step is checkpointed BEFORE anyone hears of it: its `applied` starts the
+     * supervisor's stop, so a death during the final checkpoint write is then an
+     * ordinary optimizer death mid-run (restarted from the previous checkpoint, the steps
+     * since recomputed), never a run that stops without its final checkpoint. */
+    int final = O->step == O->max_steps;
+    if (final) checkpoint(O);
     /* new weights to every drafter, then the ledger news */
     for (int i = 0; i < O->npeers; i++) if (O->peers[i].alive) send_weights(O, i);
     proto_msg_t a;
@@ -303,7 +309,7 @@ static void apply_step(opt_t *O) {
     }
     log_info("step %llu applied: loss %.4f, |g| %.3g, lr %.3g, %llu tokens", (unsigned long long)applied,
              loss, gnorm, lr, (unsigned long long)toks);
-    if ((O->save_every && O->step % O->save_every == 0) || O->step == O->max_steps) checkpoint(O);
+    if (!final && O->save_every && O->step % O->save_every == 0) checkpoint(O);
     if (O->step == O->max_steps) log_info("reached --max-steps %llu", (unsigned long long)O->max_steps);
 }
 

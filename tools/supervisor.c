@@ -662,12 +662,27 @@ static void reap(sup_t *S) {
                 log_info("%s exited (%s %d)", x->spec->name, WIFEXITED(status) ? "status" : "signal",
                          WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
                 if (x->spec->stage_id == PIPE_ID_OPTIMIZER && !clean && !S->sum->interrupted) {
-                    /* it died between the last step and its final checkpoint: not restarted
-                     * while stopping; the run says so and how to finish */
-                    log_error("the optimizer died while the run was stopping: its final checkpoint may be "
-                              "missing; `draftline run ... --resume %s` finishes the remaining steps",
-                              S->o->out_dir);
-                    S->failed = 1;
+                    /* The optimizer writes the final checkpoint before it announces the last
+                     * step (which starts this stop), so a death now normally lost nothing.
+                     * Only a missing final checkpoint fails the run, with how to finish. */
+                    char dir[4200], sp[4300];
+                    ckpt_state_hdr_t h;
+                    int done = 0;
+                    if (ckpt_resolve(S->o->out_dir, dir, sizeof dir) == 0) {
+                        snprintf(sp, sizeof sp, "%s/state.bin", dir);
+                        FILE *f = fopen(sp, "rb");
+                        done = f && fread(&h, sizeof h, 1, f) == 1 && !memcmp(h.magic, CKPT_MAGIC, 8) &&
+                               h.step >= S->o->max_steps;
+                        if (f) fclose(f);
+                    }
+                    if (done) {
+                        log_info("the optimizer died while stopping, after its final checkpoint (%s)", dir);
+                    } else {
+                        log_error("the optimizer died while the run was stopping: its final checkpoint is "
+                                  "missing; `draftline run ... --resume %s` finishes the remaining steps",
+                                  S->o->out_dir);
+                        S->failed = 1;
+                    }
                 }
                 break;
             }
