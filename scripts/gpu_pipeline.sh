@@ -9,6 +9,7 @@
 #          processes sharing GPU 0 feeding 1 drafter on GPU 1 (GPU 0 alone on a
 #          1-GPU machine) with a small --inbox-gb + --host-inbox-gb.
 #   big:   a Qwen3-8B-shaped random target with a 5-layer drafter, 2 GPUs then 1.
+#   smol:  the embedded SmolLM2 GGUF ($SMOL): 1 GPU, 2 GPUs, 3 targets -> 1 drafter bound.
 #   ref:   the same target and drafter on the reference work (8 x 4096 tokens, 512
 #          anchors per sequence, block 16) from long sequences ($LONG): 1 GPU, 2 GPUs
 #          split, 2 GPUs each with a target and a drafter.
@@ -101,6 +102,16 @@ ref)
         mirror) [ "$NGPU" -ge 2 ] && DATA=$LONG one ref_mirror 0,1 0,1 qwen3-8b ${BIG_TIMEOUT:-200} $R --micro-batches-per-step 2 --max-steps ${BIG_STEPS:-16} ;;
         esac
     done
+    ;;
+smol)
+    # the embedded SmolLM2-135M-Instruct GGUF ($SMOL) on GSM8K ($DATA prepared with its
+    # tokenizer): 1 GPU, 2 GPUs (target 0, drafter 1), and the memory bound with 3 target
+    # processes sharing GPU 0 feeding 1 drafter on GPU 1 (2 GPU slots + 1 host slot)
+    ln -sf "$(readlink -f "${SMOL:?set SMOL to the SmolLM2 GGUF}")" "$W/smollm2.gguf"
+    S="--token-budget 16384 --block-size 8 --num-anchors 32 --drafter-layers 2 --micro-batches-per-step 1"
+    one smol_1gpu 0 0 smollm2.gguf 90 $S --max-steps 200 --inbox-gb 1
+    [ "$NGPU" -ge 2 ] && one smol_2gpu 0 1 smollm2.gguf 90 $S --max-steps 200 --inbox-gb 1
+    [ "$NGPU" -ge 2 ] && one smol_bound 0,0,0 1 smollm2.gguf 90 $S --max-steps 100 --inbox-gb 0.2 --host-inbox-gb 0.1
     ;;
 esac
 echo "FAILED=$FAILED"
