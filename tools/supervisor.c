@@ -645,6 +645,22 @@ static void print_progress(sup_t *S) {
     fflush(stdout);
 }
 
+/* The run's latest checkpoint (ckpt_resolve of the out dir) into dir[cap] and the step
+ * its state.bin header records into *step. 0, or -1 when there is none or it does not
+ * read as a checkpoint state. */
+static int latest_ckpt_step(const sup_t *S, char *dir, size_t cap, uint64_t *step) {
+    if (ckpt_resolve(S->o->out_dir, dir, cap) < 0) return -1;
+    char sp[4300];
+    snprintf(sp, sizeof sp, "%s/state.bin", dir);
+    FILE *f = fopen(sp, "rb");
+    ckpt_state_hdr_t h;
+    int ok = f && fread(&h, sizeof h, 1, f) == 1 && !memcmp(h.magic, CKPT_MAGIC, 8);
+    if (f) fclose(f);
+    if (!ok) return -1;
+    *step = h.step;
+    return 0;
+}
+
 static void reap(sup_t *S) {
     int status;
     pid_t pid;
@@ -665,17 +681,9 @@ static void reap(sup_t *S) {
                     /* The optimizer writes the final checkpoint before it announces the last
                      * step (which starts this stop), so a death now normally lost nothing.
                      * Only a missing final checkpoint fails the run, with how to finish. */
-                    char dir[4200], sp[4300];
-                    ckpt_state_hdr_t h;
-                    int done = 0;
-                    if (ckpt_resolve(S->o->out_dir, dir, sizeof dir) == 0) {
-                        snprintf(sp, sizeof sp, "%s/state.bin", dir);
-                        FILE *f = fopen(sp, "rb");
-                        done = f && fread(&h, sizeof h, 1, f) == 1 && !memcmp(h.magic, CKPT_MAGIC, 8) &&
-                               h.step >= S->o->max_steps;
-                        if (f) fclose(f);
-                    }
-                    if (done) {
+                    char dir[4200];
+                    uint64_t ck;
+                    if (latest_ckpt_step(S, dir, sizeof dir, &ck) == 0 && ck >= S->o->max_steps) {
                         log_info("the optimizer died while stopping, after its final checkpoint (%s)", dir);
                     } else {
                         log_error("the optimizer died while the run was stopping: its final checkpoint is "
@@ -741,19 +749,11 @@ static void reap(sup_t *S) {
                  * step, the drafters with its weights. Work after the checkpoint is
                  * recomputed (bitwise the same); targets keep running. */
                 char dir[4200];
-                uint64_t ck = S->o->start_step;
+                uint64_t ck = S->o->start_step, h_step;
                 S->resume_ckpt[0] = 0;
-                if (ckpt_resolve(S->o->out_dir, dir, sizeof dir) == 0) {
-                    char sp[4300];
-                    snprintf(sp, sizeof sp, "%s/state.bin", dir);
-                    FILE *f = fopen(sp, "rb");
-                    ckpt_state_hdr_t h;
-                    if (f && fread(&h, sizeof h, 1, f) == 1 && !memcmp(h.magic, CKPT_MAGIC, 8) &&
-                        h.step >= S->o->start_step) {
-                        ck = h.step;
-                        snprintf(S->resume_ckpt, sizeof S->resume_ckpt, "%s", dir);
-                    }
-                    if (f) fclose(f);
+                if (latest_ckpt_step(S, dir, sizeof dir, &h_step) == 0 && h_step >= S->o->start_step) {
+                    ck = h_step;
+                    snprintf(S->resume_ckpt, sizeof S->resume_ckpt, "%s", dir);
                 }
                 S->last_applied = (int64_t)ck - 1;
                 uint64_t keep = ck - S->o->start_step;
