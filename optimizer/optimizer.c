@@ -47,6 +47,7 @@
 #include "common/pipe/model.h"
 #include "common/pipe/stage.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -99,6 +100,10 @@ typedef struct {
     const char *out;
     uint8_t cursor[BATCHER_CURSOR_BYTES];
     int have_cursor;
+    /* run settings recorded in each checkpoint for `draftline run --resume`'s check
+     * (--token-budget etc.; 0 token budget: not given, nothing recorded) */
+    uint32_t rec_tb, rec_ml, rec_na, rec_ep, rec_bs, rec_dl;
+    uint64_t rec_tfp;
     FILE *steps_log;
     double t_step0;
     double last_loss, last_gnorm, last_lr;
@@ -164,6 +169,11 @@ static int checkpoint(opt_t *O) {
     h.mbs_per_step = O->K;
     h.lr = O->lr; h.warmup_steps = (double)O->warmup; h.max_steps = (double)O->max_steps;
     h.wd = O->wd; h.clip = O->clip;
+    if (O->rec_tb) {
+        h.settings = CKPT_SETTINGS_V1;
+        h.token_budget = O->rec_tb; h.max_len = O->rec_ml; h.num_anchors = O->rec_na; h.epochs = O->rec_ep;
+        h.block_size = O->rec_bs; h.drafter_layers = O->rec_dl; h.target_fp = O->rec_tfp;
+    }
     uint8_t cur[BATCHER_CURSOR_BYTES];
     if (O->have_cursor) {
         batcher_cursor_t c;
@@ -515,6 +525,9 @@ static void usage(FILE *f) {
         "                             device memory; other GPUs are read by peer access)\n"
         "  --resume DIR               checkpoint dir (or run dir) to continue from exactly\n"
         "  --cursor-base FILE         loader cursor of micro-batch 0 (for checkpoints)\n"
+        "  --token-budget N --max-len N --num-anchors N --epochs N --target-fp HEX\n"
+        "                             the run's settings, only recorded in each checkpoint's state.bin\n"
+        "                             (with --block-size, --drafter-layers) for `draftline run --resume`\n"
         "  --log-level L              error|warn|info|debug\n"
         "  -h, --help                 this help\n");
 }
@@ -525,7 +538,8 @@ int main(int argc, char **argv) {
     const char *run_dir = NULL, *run_id = NULL, *model = NULL, *resume = NULL, *cursor_base = NULL;
     int64_t inc = 1, layers = 1, B = 8, v;
     O.lr = 1e-3; O.clip = 1.0; O.K = 1; O.gpu = -1; O.b1 = 0.9; O.b2 = 0.999; O.eps = 1e-8;
-    enum { O_RUN = 256, O_ID, O_INC, O_OUT, O_TM, O_DL, O_BS, O_LR, O_WU, O_MS, O_K, O_WD, O_CL, O_SE, O_SEED, O_RES, O_CB, O_LL, O_GPU };
+    enum { O_RUN = 256, O_ID, O_INC, O_OUT, O_TM, O_DL, O_BS, O_LR, O_WU, O_MS, O_K, O_WD, O_CL, O_SE, O_SEED, O_RES, O_CB, O_LL, O_GPU,
+           O_RTB, O_RML, O_RNA, O_REP, O_RTFP };
     static const struct option opts[] = {
         {"run-dir", 1, 0, O_RUN}, {"run-id", 1, 0, O_ID}, {"incarnation", 1, 0, O_INC},
         {"out", 1, 0, O_OUT}, {"target-model", 1, 0, O_TM}, {"drafter-layers", 1, 0, O_DL},
@@ -533,7 +547,9 @@ int main(int argc, char **argv) {
         {"max-steps", 1, 0, O_MS}, {"micro-batches-per-step", 1, 0, O_K},
         {"weight-decay", 1, 0, O_WD}, {"clip", 1, 0, O_CL}, {"save-every", 1, 0, O_SE},
         {"seed", 1, 0, O_SEED}, {"resume", 1, 0, O_RES}, {"cursor-base", 1, 0, O_CB},
-        {"log-level", 1, 0, O_LL}, {"gpu", 1, 0, O_GPU}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"log-level", 1, 0, O_LL}, {"gpu", 1, 0, O_GPU}, {"token-budget", 1, 0, O_RTB},
+        {"max-len", 1, 0, O_RML}, {"num-anchors", 1, 0, O_RNA}, {"epochs", 1, 0, O_REP},
+        {"target-fp", 1, 0, O_RTFP}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         int rc = 0;
@@ -556,6 +572,17 @@ int main(int argc, char **argv) {
         case O_RES: resume = optarg; break;
         case O_GPU: rc = cli_parse_i64("--gpu", optarg, 0, 1023, &v); O.gpu = (int)v; break;
         case O_CB: cursor_base = optarg; break;
+        case O_RTB: rc = cli_parse_i64("--token-budget", optarg, 1, UINT32_MAX, &v); O.rec_tb = (uint32_t)v; break;
+        case O_RML: rc = cli_parse_i64("--max-len", optarg, 1, UINT32_MAX, &v); O.rec_ml = (uint32_t)v; break;
+        case O_RNA: rc = cli_parse_i64("--num-anchors", optarg, 1, UINT32_MAX, &v); O.rec_na = (uint32_t)v; break;
+        case O_REP: rc = cli_parse_i64("--epochs", optarg, 1, UINT32_MAX, &v); O.rec_ep = (uint32_t)v; break;
+        case O_RTFP: {
+            char *end = NULL;
+            errno = 0;
+            O.rec_tfp = strtoull(optarg, &end, 16);
+            if (errno || !end || end == optarg || *end) rc = dl_seterr(DL_EINVAL, "--target-fp '%s': not a hex number", optarg);
+            break;
+        }
         case O_LL: { log_level_t l; rc = log_parse_level(optarg, &l); if (!rc) log_set_level(l); break; }
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
@@ -566,6 +593,8 @@ int main(int argc, char **argv) {
         cli_error("optimizer", "--run-dir, --run-id, --out, --target-model and --max-steps are required");
         return 2;
     }
+    O.rec_bs = (uint32_t)B;
+    O.rec_dl = (uint32_t)layers;
     model_config_t mc;
     int rc = pipe_target_config(model, &mc);
     if (rc < 0) return log_rc(rc, "target config"), 1;

@@ -12,6 +12,7 @@
 #include "common/data/chat.h"
 #include "common/data/prepare.h"
 #include "common/data/tokenizer.h"
+#include "common/model/dflash_ckpt.h"
 #include "common/mem/slab.h"
 #include "common/pipe/ckpt.h"
 #include "common/pipe/layout.h"
@@ -323,6 +324,170 @@ static int bin_dir(char *out, size_t cap) {
     return 0;
 }
 
+/* --- the --resume check -----------------------------------------------------
+ * `draftline run --resume` continues a run exactly, so every setting the checkpoint's
+ * state, data order, micro-batch numbering or drafter shape depends on must be the
+ * run's. Checked here, before any stage starts and before anything is written, from
+ * state.bin's header (ckpt_state_hdr_t: seed, K, and the settings recorded since
+ * CKPT_SETTINGS_V1), the drafter's config.json (shapes: every checkpoint has it) and
+ * cursor.bin (dataset fingerprint, batching options). Each mismatch is one line on
+ * stderr naming the flag, both values, why, and the flag to rerun with. Free to change:
+ * --max-steps (warned: the LR schedule), --lr/--warmup-steps/--weight-decay/--clip
+ * (warned: the continuation is no longer the uninterrupted run's), topology, threads,
+ * inbox sizes, --save-every, --progress-every, --prefetch, --hs-min-ready, eval. */
+
+typedef struct {
+    const char *dir;   /* the resolved checkpoint dir */
+    int n;             /* mismatches reported */
+} rcheck_t;
+
+static void rc_mismatch(rcheck_t *r, const char *flag, const char *want, const char *have, const char *why) {
+    fprintf(stderr, "draftline run: --resume %s: %s %s does not match the checkpoint's %s (%s); rerun with %s %s\n",
+            r->dir, flag, want, have, why, flag, have);
+    r->n++;
+}
+
+static void rc_u64(rcheck_t *r, const char *flag, uint64_t want, uint64_t have, const char *why) {
+    if (want == have) return;
+    char a[32], b[32];
+    snprintf(a, sizeof a, "%llu", (unsigned long long)want);
+    snprintf(b, sizeof b, "%llu", (unsigned long long)have);
+    rc_mismatch(r, flag, a, b, why);
+}
+
+/* A double as the optimizer gets it on its command line ("%.9g"), for exact compares
+ * with what state.bin recorded. */
+static double as_passed(double x) {
+    char b[64];
+    snprintf(b, sizeof b, "%.9g", x);
+    return strtod(b, NULL);
+}
+
+/* The settings that need no data: state.bin header and config.json of checkpoint
+ * r->dir against the requested ones (o, its drafter config dc, the target's
+ * fingerprint tfp, 0 when it could not be taken). Mismatches counted in r->n. */
+static void resume_check_settings(rcheck_t *r, const run_opts_t *o, const ckpt_state_hdr_t *h,
+                                  const drafter_config_t *dc, uint64_t tfp) {
+    rc_u64(r, "--seed", (uint64_t)o->seed, h->seed, "the data order, the anchors and the initialisation depend on it");
+    rc_u64(r, "--micro-batches-per-step", (uint64_t)o->mbs_per_step, h->mbs_per_step,
+           "the cursor and the micro-batch numbering depend on it");
+    uint32_t ml = o->max_len > 0 && o->max_len < o->token_budget ? (uint32_t)o->max_len : (uint32_t)o->token_budget;
+    int have_settings = h->settings == CKPT_SETTINGS_V1;
+    if (have_settings) {
+        rc_u64(r, "--token-budget", (uint64_t)o->token_budget, h->token_budget,
+               "the cursor and micro-batch numbering depend on it");
+        if (h->token_budget == (uint32_t)o->token_budget)
+            rc_u64(r, "--max-len", ml, h->max_len, "the packing of the micro-batches depends on it");
+        rc_u64(r, "--num-anchors", (uint64_t)o->num_anchors, h->num_anchors,
+               "the blocks trained per sequence depend on it");
+        rc_u64(r, "--epochs", (uint64_t)o->epochs, h->epochs, "the data order depends on it");
+    } else {
+        log_warn("--resume %s: the checkpoint predates recorded run settings: --token-budget, --max-len, "
+                 "--num-anchors, --epochs and the target model's identity are not checked (the dataset and "
+                 "batching options are, from cursor.bin)", r->dir);
+    }
+    /* drafter shape: config.json (every checkpoint), else the header */
+    drafter_config_t cc;
+    memset(&cc, 0, sizeof cc);
+    int have_cfg = dflash_config_load(r->dir, &cc) == 0;
+    int c_layers = have_cfg ? cc.n_layers : have_settings ? (int)h->drafter_layers : 0;
+    int c_block = have_cfg ? cc.B : have_settings ? (int)h->block_size : 0;
+    if (!have_cfg) log_warn("--resume %s: config.json unreadable (%s)%s", r->dir, dl_errmsg(),
+                            have_settings ? "" : ": the drafter shape is not checked");
+    if (c_layers) rc_u64(r, "--drafter-layers", (uint64_t)o->drafter_layers, (uint64_t)c_layers,
+                         "the drafter's shape and parameter count depend on it");
+    if (c_block) rc_u64(r, "--block-size", (uint64_t)o->block_size, (uint64_t)c_block,
+                        "the drafter's training blocks depend on it");
+    int target_differs = 0;
+    if (have_cfg && (cc.D != dc->D || cc.V != dc->V || cc.H != dc->H || cc.Hkv != dc->Hkv || cc.hd != dc->hd ||
+                     cc.F != dc->F || cc.n_target_layers != dc->n_target_layers)) {
+        char a[160], b[160];
+        snprintf(a, sizeof a, "(hidden %d, %d layers, heads %d/%d, head dim %d, MLP %d, vocabulary %d)", dc->D,
+                 dc->n_target_layers, dc->H, dc->Hkv, dc->hd, dc->F, dc->V);
+        snprintf(b, sizeof b, "(hidden %d, %d layers, heads %d/%d, head dim %d, MLP %d, vocabulary %d)", cc.D,
+                 cc.n_target_layers, cc.H, cc.Hkv, cc.hd, cc.F, cc.V);
+        fprintf(stderr, "draftline run: --resume %s: --target-model %s %s does not match the checkpoint's target "
+                        "%s (the drafter's shapes are the target's); rerun with the run's --target-model\n",
+                r->dir, o->target_model, a, b);
+        r->n++;
+        target_differs = 1;
+    }
+    if (!target_differs && have_settings && h->target_fp && tfp && h->target_fp != tfp) {
+        fprintf(stderr, "draftline run: --resume %s: --target-model %s (fingerprint %016llx) does not match the "
+                        "checkpoint's target (fingerprint %016llx): same shapes, other weights (another model, "
+                        "fine-tune or quantisation; the features the drafter learns from depend on it); rerun "
+                        "with the run's --target-model\n",
+                r->dir, o->target_model, (unsigned long long)tfp, (unsigned long long)h->target_fp);
+        r->n++;
+    }
+    /* free to change, but the continuation is then not the uninterrupted run's */
+    struct { const char *flag; double want, have; } hp[] = {
+        {"--lr", as_passed(o->lr), h->lr}, {"--warmup-steps", (double)o->warmup_steps, h->warmup_steps},
+        {"--weight-decay", as_passed(o->weight_decay), h->wd}, {"--clip", as_passed(o->clip), h->clip}};
+    for (size_t i = 0; i < sizeof hp / sizeof hp[0]; i++)
+        if (hp[i].want != hp[i].have)
+            log_warn("--resume: %s changes from %.9g (the checkpoint's) to %.9g: allowed, but the continuation "
+                     "is no longer the uninterrupted run's; pass %s %.9g to keep it", hp[i].flag, hp[i].have,
+                     hp[i].want, hp[i].flag, hp[i].have);
+}
+
+/* The data: cursor.bin of checkpoint r->dir against the cursor of micro-batch 0 of the
+ * requested cache and batching options (want). have_settings: the header's explicit
+ * settings were checked (an options-hash mismatch is then reported only when they all
+ * matched). Mismatches counted in r->n. */
+static void resume_check_data(rcheck_t *r, const run_opts_t *o, const char *cache, const batcher_cursor_t *want,
+                              int batching_reported) {
+    char p[4300];
+    snprintf(p, sizeof p, "%s/cursor.bin", r->dir);
+    uint8_t buf[BATCHER_CURSOR_BYTES];
+    FILE *f = fopen(p, "rb");
+    size_t got = f ? fread(buf, 1, sizeof buf, f) : 0;
+    if (f) fclose(f);
+    batcher_cursor_t c;
+    if (got != sizeof buf || batcher_cursor_decode(buf, got, &c) < 0) {
+        log_warn("--resume %s: no readable cursor.bin: the dataset is not checked (the loader starts at the "
+                 "checkpoint's step)", r->dir);
+        return;
+    }
+    if (c.data_fingerprint != want->data_fingerprint) {
+        fprintf(stderr, "draftline run: --resume %s: --data %s (cache %s, fingerprint %016llx) does not match the "
+                        "checkpoint's dataset (fingerprint %016llx: other samples, or prepared with another "
+                        "tokenizer; the cursor indexes it); rerun with the run's --data\n",
+                r->dir, o->data, cache, (unsigned long long)want->data_fingerprint,
+                (unsigned long long)c.data_fingerprint);
+        r->n++;
+    }
+    if (c.opts_hash != want->opts_hash && !batching_reported) {
+        fprintf(stderr, "draftline run: --resume %s: the batching options (--token-budget %d, --max-len, "
+                        "--micro-batches-per-step %d, --epochs %d, shuffle buffer, split) do not match the "
+                        "checkpoint's cursor (the micro-batches and their numbering depend on them); rerun with "
+                        "the run's settings\n", r->dir, o->token_budget, o->mbs_per_step, o->epochs);
+        r->n++;
+    }
+}
+
+/* The requested cursor of micro-batch 0 (cache fingerprint, batching options) and the
+ * steps the epochs give (all, may be NULL). */
+static int requested_cursor(const run_opts_t *o, const char *cache, batcher_cursor_t *cur, uint64_t *all) {
+    dlc_t *dc = NULL;
+    batcher_t *b = NULL;
+    batcher_opts_t bo;
+    batcher_opts_default(&bo, 0);
+    bo.seed = (uint64_t)o->seed;
+    bo.token_budget = (uint32_t)o->token_budget;
+    bo.max_len = o->max_len > 0 && o->max_len < o->token_budget ? (uint32_t)o->max_len : (uint32_t)o->token_budget;
+    bo.micro_batches_per_step = (uint32_t)o->mbs_per_step;
+    bo.epochs = (uint32_t)o->epochs;
+    int rc = dlc_open(cache, &dc);
+    if (rc == 0) rc = batcher_new(dc, &bo, &b);
+    if (rc < 0) { dlc_close(&dc); return dl_wraperr(rc, "%s", cache); }
+    if (all) *all = batcher_total_mbs(b) / (uint64_t)o->mbs_per_step;
+    batcher_cursor(b, 0, cur);
+    batcher_destroy(&b);
+    dlc_close(&dc);
+    return 0;
+}
+
 int cmd_run(int argc, char **argv) {
     static run_opts_t o;
     memset(&o, 0, sizeof o);
@@ -475,7 +640,8 @@ int cmd_run(int argc, char **argv) {
     uint64_t start_step = 0;
     char resume_dir[4200] = "";
     ckpt_state_hdr_t resume_hdr;
-    int have_resume_hdr = 0;
+    int have_resume_hdr = 0, batching_reported = 0, data_checked = 0;
+    uint64_t target_fp = 0;
     memset(&resume_hdr, 0, sizeof resume_hdr);
     if (o.resume) {
         if (ckpt_resolve(o.resume, resume_dir, sizeof resume_dir) < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 2; }
@@ -521,6 +687,40 @@ int cmd_run(int argc, char **argv) {
         int64_t tpd = (o.targets + o.drafters - 1) / o.drafters;
         int64_t la = slots - tpd;
         lookahead = (int)(la < 0 ? 0 : la > o.mbs_per_step ? o.mbs_per_step : la);
+        /* --resume: the settings against the checkpoint, before anything is written */
+        if (have_resume_hdr) {
+            uint64_t tfp = 0;
+            if (ckpt_target_fingerprint(o.target_model, &tfp) < 0) {
+                log_warn("--target-model %s: %s (the target is not fingerprinted)", o.target_model, dl_errmsg());
+                tfp = 0;
+            }
+            target_fp = tfp;
+            rcheck_t r = {resume_dir, 0};
+            resume_check_settings(&r, &o, &resume_hdr, &dc, tfp);
+            batching_reported = r.n > 0;
+            /* the data too when its cache is known without preparing (a .dlc, or the
+             * run dir's prepared one) */
+            char early[4300] = "";
+            if (ends_with(o.data, ".dlc")) snprintf(early, sizeof early, "%s", o.data);
+            else {
+                snprintf(early, sizeof early, "%s/data.dlc", out);   /* what prepare_data reuses */
+                if (access(early, R_OK) != 0) early[0] = 0;
+            }
+            if (early[0]) {
+                batcher_cursor_t want;
+                if (requested_cursor(&o, early, &want, NULL) < 0) {
+                    fprintf(stderr, "draftline run: %s\n", dl_errmsg());
+                    return 1;
+                }
+                resume_check_data(&r, &o, early, &want, batching_reported);
+                data_checked = 1;
+            }
+            if (r.n > 0) {
+                fprintf(stderr, "draftline run: --resume %s: refused: %d setting(s) differ from the checkpoint's "
+                                "(nothing was started or written)\n", resume_dir, r.n);
+                return 2;
+            }
+        }
     }
     static sup_opts_t so;
     memset(&so, 0, sizeof so);
@@ -576,24 +776,24 @@ int cmd_run(int argc, char **argv) {
     }
     uint64_t max_steps = (uint64_t)o.max_steps;
     {
-        dlc_t *dc = NULL;
-        batcher_t *b = NULL;
-        batcher_opts_t bo;
-        batcher_opts_default(&bo, 0);
-        bo.seed = (uint64_t)o.seed;
-        bo.token_budget = (uint32_t)o.token_budget;
-        bo.max_len = o.max_len > 0 && o.max_len < o.token_budget ? (uint32_t)o.max_len : (uint32_t)o.token_budget;
-        bo.micro_batches_per_step = (uint32_t)o.mbs_per_step;
-        bo.epochs = (uint32_t)o.epochs;
-        if (dlc_open(cache, &dc) < 0 || batcher_new(dc, &bo, &b) < 0) {
-            fprintf(stderr, "draftline run: %s: %s\n", cache, dl_errmsg());
+        /* the cursor of micro-batch 0 (cache fingerprint, options) for the optimizer's
+         * checkpoints; written before any stage starts (after the --resume data check) */
+        uint64_t all = 0;
+        batcher_cursor_t cur;
+        if (requested_cursor(&o, cache, &cur, &all) < 0) {
+            fprintf(stderr, "draftline run: %s\n", dl_errmsg());
             return 1;
         }
-        uint64_t all = batcher_total_mbs(b) / (uint64_t)o.mbs_per_step;
-        /* the cursor of micro-batch 0 (cache fingerprint, options) for the optimizer's
-         * checkpoints; written before any stage starts */
-        batcher_cursor_t cur;
-        batcher_cursor(b, 0, &cur);
+        if (have_resume_hdr && !data_checked) {
+            rcheck_t r = {resume_dir, 0};
+            resume_check_data(&r, &o, cache, &cur, batching_reported);
+            if (r.n > 0) {
+                fprintf(stderr, "draftline run: --resume %s: refused: the data differs from the checkpoint's "
+                                "(no stage was started)\n", resume_dir);
+                if (strcmp(sock, out) != 0) rmdir(sock);
+                return 2;
+            }
+        }
         uint8_t cb[BATCHER_CURSOR_BYTES];
         batcher_cursor_encode(&cur, cb);
         char cpath[4300];
@@ -603,8 +803,6 @@ int cmd_run(int argc, char **argv) {
             fprintf(stderr, "draftline run: write %s failed\n", cpath);
             return 1;
         }
-        batcher_destroy(&b);
-        dlc_close(&dc);
         if (max_steps == 0 || max_steps > all) {
             if (max_steps > all) log_warn("--max-steps %llu is more than %u epoch(s) give (%llu steps)",
                                           (unsigned long long)max_steps, o.epochs, (unsigned long long)all);
@@ -676,6 +874,12 @@ int cmd_run(int argc, char **argv) {
     add(s, "--micro-batches-per-step"); add(s, K); add(s, "--weight-decay"); add(s, fmt("%.9g", o.weight_decay));
     add(s, "--clip"); add(s, fmt("%.9g", o.clip)); add(s, "--save-every"); add(s, fmt("%lld", (long long)o.save_every));
     add(s, "--seed"); add(s, seed); add(s, "--cursor-base"); add(s, cursor_base);
+    /* recorded in each checkpoint for the --resume check */
+    add(s, "--token-budget"); add(s, tb);
+    add(s, "--max-len"); add(s, fmt("%d", o.max_len > 0 && o.max_len < o.token_budget ? o.max_len : o.token_budget));
+    add(s, "--num-anchors"); add(s, fmt("%d", o.num_anchors)); add(s, "--epochs"); add(s, fmt("%d", o.epochs));
+    if (!target_fp && ckpt_target_fingerprint(o.target_model, &target_fp) < 0) target_fp = 0;
+    if (target_fp) { add(s, "--target-fp"); add(s, fmt("%016llx", (unsigned long long)target_fp)); }
     if (resume_dir[0]) { add(s, "--resume"); add(s, strdup(resume_dir)); }
     /* GPU mode: the optimizer keeps master weights and moments on the first drafter
      * GPU (same-GPU drafters exchange gradients and weights through IPC-mapped device

@@ -4,6 +4,7 @@
 #include "common/base/paths.h"
 #include "common/model/dflash_ckpt.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -120,5 +121,86 @@ int ckpt_resolve(const char *path, char *out, size_t cap) {
     if (n < 0 || (size_t)n >= cap) return dl_seterr(DL_ERANGE, "path too long");
     snprintf(p, sizeof p, "%s/state.bin", out);
     if (stat(p, &s) != 0) return dl_seterr(DL_ENOENT, "--resume: %s missing", p);
+    return 0;
+}
+
+int ckpt_read_hdr(const char *dir, ckpt_state_hdr_t *hdr) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/state.bin", dir);
+    FILE *f = fopen(p, "rb");
+    if (!f) return dl_seterr(DL_ENOENT, "open %s: %s", p, strerror(errno));
+    int ok = fread(hdr, sizeof *hdr, 1, f) == 1 && memcmp(hdr->magic, CKPT_MAGIC, 8) == 0 &&
+             hdr->header_bytes == sizeof *hdr;
+    fclose(f);
+    return ok ? 0 : dl_seterr(DL_EFORMAT, "%s: not a draftline training state", p);
+}
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) { h ^= b[i]; h *= 0x100000001b3ull; }
+    return h;
+}
+
+static int fp_file(const char *path, uint64_t *h) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return dl_seterr(DL_EIO, "target fingerprint: open %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0) { fclose(f); return dl_seterr(DL_EIO, "target fingerprint: stat %s", path); }
+    uint64_t size = (uint64_t)st.st_size;
+    *h = fnv(*h, &size, sizeof size);
+    static uint8_t buf[4096];
+    for (int i = 0; i < 64; i++) {
+        uint64_t off = size > sizeof buf ? (size - sizeof buf) / 63 * (uint64_t)i : 0;
+        if (fseeko(f, (off_t)off, SEEK_SET) != 0) break;
+        size_t n = fread(buf, 1, sizeof buf, f);
+        *h = fnv(*h, buf, n);
+        if (size <= sizeof buf) break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    return bad ? dl_seterr(DL_EIO, "target fingerprint: read %s", path) : 0;
+}
+
+static int name_cmp(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int has_suffix(const char *s, const char *suf) {
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && !strcmp(s + a - b, suf);
+}
+
+int ckpt_target_fingerprint(const char *path, uint64_t *fp) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    struct stat st;
+    if (stat(path, &st) != 0) return dl_seterr(DL_EIO, "target fingerprint: %s: %s", path, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) {
+        DL_TRY(fp_file(path, &h));
+    } else {
+        DIR *d = opendir(path);
+        if (!d) return dl_seterr(DL_EIO, "target fingerprint: %s: %s", path, strerror(errno));
+        char *names[256];
+        int n = 0;
+        struct dirent *e;
+        while ((e = readdir(d)) && n < 256) {
+            if (strcmp(e->d_name, "config.json") != 0 && !has_suffix(e->d_name, ".safetensors") &&
+                !has_suffix(e->d_name, ".gguf"))
+                continue;
+            if (!(names[n] = strdup(e->d_name))) break;
+            n++;
+        }
+        closedir(d);
+        qsort(names, (size_t)n, sizeof names[0], name_cmp);
+        int rc = 0;
+        char p[4400];
+        for (int i = 0; i < n; i++) {
+            h = fnv(h, names[i], strlen(names[i]) + 1);
+            snprintf(p, sizeof p, "%s/%s", path, names[i]);
+            if (rc == 0) rc = fp_file(p, &h);
+            free(names[i]);
+        }
+        if (rc < 0) return rc;
+    }
+    *fp = h ? h : 1;
     return 0;
 }

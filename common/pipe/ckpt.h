@@ -32,8 +32,25 @@ typedef struct {
     uint64_t skipped_steps;  /* NaN/Inf steps skipped */
     uint64_t mbs_per_step;
     double lr, warmup_steps, max_steps, wd, clip;  /* schedule, for a check on resume */
-    uint8_t reserved[64];
+    /* The run settings the continuation depends on, checked by `draftline run --resume`
+     * before any stage starts (tools/cmd_run.c). Carved out of what was 64 reserved
+     * zero bytes: settings == 0 (checkpoints written before they were recorded) means
+     * none of the fields below is set. */
+    uint32_t settings;       /* CKPT_SETTINGS_V1, or 0 */
+    uint32_t token_budget;   /* --token-budget (tokens per micro-batch) */
+    uint32_t max_len;        /* effective --max-len (<= token_budget) */
+    uint32_t num_anchors;    /* --num-anchors */
+    uint32_t epochs;         /* --epochs */
+    uint32_t block_size;     /* --block-size */
+    uint32_t drafter_layers; /* --drafter-layers */
+    uint32_t reserved_u32;   /* 0 */
+    uint64_t target_fp;      /* ckpt_target_fingerprint of --target-model (0: not recorded) */
+    uint8_t reserved[24];
 } ckpt_state_hdr_t;
+
+#define CKPT_SETTINGS_V1 1u
+
+_Static_assert(sizeof(ckpt_state_hdr_t) == 168, "state.bin header layout is on disk");
 
 /* Writes a checkpoint of drafter d with weights master (P f32, host; copied into
  * d's master vector, which on CPU is host memory), Adam moments m, v (P f32 host)
@@ -48,6 +65,19 @@ int ckpt_write(const char *out_dir, drafter_t *d, const ckpt_state_hdr_t *hdr,
  * cursor may be NULL). */
 int ckpt_read(const char *dir, uint64_t expected_params, ckpt_state_hdr_t *hdr, float *master,
               float *m, float *v, uint8_t *cursor);
+
+/* Reads only the header of dir/state.bin into hdr (magic and header_bytes checked:
+ * DL_EFORMAT; DL_ENOENT when missing). */
+int ckpt_read_hdr(const char *dir, ckpt_state_hdr_t *hdr);
+
+/* Fingerprint of a target model for the --resume check: FNV-1a 64 over, for a file
+ * (GGUF), its size and 64 evenly spaced 4 KiB samples of its bytes; for a directory (HF
+ * layout), the same over its config.json and each *.safetensors / *.gguf file in name
+ * order (with the names). Cheap (<= 256 KiB read per file) and independent of the path,
+ * so a moved or copied model keeps it; any change of size or of the sampled bytes (a
+ * different model or quantisation) changes it. Never 0 on success. Returns 0, or DL_EIO
+ * naming the file. */
+int ckpt_target_fingerprint(const char *path, uint64_t *fp);
 
 /* Resolves --resume PATH: a checkpoint dir (has state.bin), or a run dir (its
  * checkpoints/latest). Writes the checkpoint dir into out. DL_ENOENT if none. */

@@ -1,0 +1,327 @@
+/* `draftline run --resume` checks the requested settings against the checkpoint before
+ * any stage starts (tools/cmd_run.c, the --resume check), on the tiny random Llama-shaped
+ * target of test_pipeline and 60 GSM8K samples:
+ *
+ *  - a 2-step run with --save-every 1 (checkpoints step_1, step_2);
+ *  - --resume with a different --token-budget, --drafter-layers, --seed, --num-anchors,
+ *    dataset (a 40-sample cache), target weights (a copy of the tiny target with one
+ *    sampled byte changed), or two of them at once: each refused in < 5 s with exit 2,
+ *    one line per mismatching flag naming both values and the flag to rerun with; no
+ *    stage started (no "draftline run <id>:" start line) and the out dir byte for byte
+ *    and mtime for mtime as it was (every file, the checkpoints too);
+ *  - --resume with the same settings, a bigger --max-steps and a changed --save-every /
+ *    --progress-every: runs to step 4 (steps.jsonl 4 lines, checkpoints/latest step_4);
+ *  - an old checkpoint (state.bin written before the settings were recorded: the
+ *    settings bytes zeroed): warned, and a different --token-budget is still refused
+ *    (from cursor.bin's batching options) and a different --drafter-layers (from
+ *    config.json).
+ * Every child has a hard timeout and is killed and reaped. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "common/base/err.h"
+#include "common/base/paths.h"
+#include "common/pipe/ckpt.h"
+#include "tests/support/pipeline_fixture.h"
+#include "tests/support/proc.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static char root[256], model_dir[300], cache[300], cache40[300], bin[1024], out[400];
+
+static int group_setup(void **state) {
+    (void)state;
+    char gguf[1024];
+    if (paths_default_model(gguf, sizeof gguf) < 0 || access(gguf, R_OK) != 0) {
+        fprintf(stderr, "embedded model missing (make model): its tokenizer prepares the data\n");
+        return -1;
+    }
+    const char *b = getenv("DL_BIN_DIR");
+    snprintf(bin, sizeof bin, "%s", b && *b ? b : "bin");
+    if (bin[0] != '/') {
+        char cwd[512], t[1024];
+        if (getcwd(cwd, sizeof cwd) && strlen(cwd) + strlen(bin) + 2 < sizeof t) {
+            memcpy(t, bin, strlen(bin) + 1);
+            snprintf(bin, sizeof bin, "%s/%.500s", cwd, t);
+        }
+    }
+    snprintf(root, sizeof root, "/tmp/dlrr-%d", (int)getpid());
+    mkdir(root, 0700);
+    snprintf(model_dir, sizeof model_dir, "%s/tiny", root);
+    snprintf(cache, sizeof cache, "%s/gsm8k60.dlc", root);
+    snprintf(cache40, sizeof cache40, "%s/gsm8k40.dlc", root);
+    snprintf(out, sizeof out, "%s/run", root);
+    if (pf_write_tiny_model(model_dir) < 0 || pf_write_cache(root, 60, cache) < 0 ||
+        pf_write_cache(root, 40, cache40) < 0) {
+        fprintf(stderr, "fixture: %s\n", dl_errmsg());
+        return -1;
+    }
+    proc_watchdog(110);
+    return 0;
+}
+
+static int group_teardown(void **state) {
+    (void)state;
+    pf_teardown(root);
+    return 0;
+}
+
+static char exe[1100];
+
+/* `draftline run` + the tiny settings + `--out out --resume out` (when resume) + extra
+ * (NULL-terminated; later flags override the fixed ones), to the end; returns its exit
+ * code and its wall time in *secs. */
+static int run_draftline(const char *log, int resume, const char *const *extra, int timeout_s, double *secs) {
+    static pf_run_args_t a;
+    memset(&a, 0, sizeof a);
+    snprintf(exe, sizeof exe, "%s/draftline", bin);
+    int n = 0;
+    a.argv[n++] = exe;
+    a.argv[n++] = "run";
+    const char *fixed[] = {"--target-model", model_dir, "--data", cache, "--device", "cpu",
+                           "--token-budget", "256", "--block-size", "4", "--num-anchors", "8",
+                           "--drafter-layers", "1", "--lr", "3e-3", "--seed", "5",
+                           "--progress-every", "1", "--threads", "1", "--out", out, NULL};
+    for (int i = 0; fixed[i]; i++) a.argv[n++] = (char *)fixed[i];
+    if (resume) { a.argv[n++] = "--resume"; a.argv[n++] = out; }
+    for (int i = 0; extra[i]; i++) a.argv[n++] = (char *)extra[i];
+    a.argv[n] = NULL;
+    snprintf(a.log, sizeof a.log, "%s", log);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    proc_t p;
+    assert_int_equal(proc_spawn(&p, "draftline run", pf_run_child, &a), 0);
+    int code = -1;
+    assert_int_equal(proc_wait(&p, timeout_s * 1000, &code), 0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    int left = kill(-p.pid, 0) == 0;
+    proc_kill(&p);
+    assert_false(left);
+    if (secs) *secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    return code;
+}
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
+    fclose(f);
+    if (b) b[n] = 0;
+    return b;
+}
+
+/* Appends to sig a line per entry under dir (recursively, in name order): path, type,
+ * size, mtime (ns), and an FNV-1a hash of a file's bytes. */
+static void tree_sig(const char *dir, char **sig, size_t *len) {
+    struct dirent **ents = NULL;
+    int n = scandir(dir, &ents, NULL, alphasort);
+    assert_true(n >= 0);
+    for (int i = 0; i < n; i++) {
+        const char *nm = ents[i]->d_name;
+        if (strcmp(nm, ".") != 0 && strcmp(nm, "..") != 0) {
+            char p[1200];
+            snprintf(p, sizeof p, "%s/%s", dir, nm);
+            struct stat st;
+            assert_int_equal(lstat(p, &st), 0);
+            uint64_t h = 0xcbf29ce484222325ull;
+            if (S_ISREG(st.st_mode)) {
+                char *b = slurp(p);
+                assert_non_null(b);
+                for (off_t k = 0; k < st.st_size; k++) { h ^= (uint8_t)b[k]; h *= 0x100000001b3ull; }
+                free(b);
+            }
+            char line[1400];
+            int m = snprintf(line, sizeof line, "%s %o %lld %lld.%09ld %016llx\n", p, (unsigned)st.st_mode,
+                             (long long)st.st_size, (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec,
+                             (unsigned long long)h);
+            *sig = realloc(*sig, *len + (size_t)m + 1);
+            assert_non_null(*sig);
+            memcpy(*sig + *len, line, (size_t)m + 1);
+            *len += (size_t)m;
+            if (S_ISDIR(st.st_mode)) tree_sig(p, sig, len);
+        }
+        free(ents[i]);
+    }
+    free(ents);
+}
+
+static char *snapshot(void) {
+    char *sig = NULL;
+    size_t len = 0;
+    tree_sig(out, &sig, &len);
+    assert_non_null(sig);
+    return sig;
+}
+
+/* --resume with extra: exit 2 in < 5 s, each of wants[] in the output, no stage started,
+ * the out dir unchanged. */
+static void expect_refused(const char *name, const char *const *extra, const char *const *wants) {
+    char log[500];
+    snprintf(log, sizeof log, "%s/%s.out", root, name);
+    char *before = snapshot();
+    double secs = 0;
+    int code = run_draftline(log, 1, extra, 30, &secs);
+    char *txt = slurp(log);
+    assert_non_null(txt);
+    if (code != 2) fprintf(stderr, "%s: exit %d\n%s\n", name, code, txt);
+    assert_int_equal(code, 2);
+    assert_true(secs < 5.0);
+    for (int i = 0; wants[i]; i++) {
+        if (!strstr(txt, wants[i])) fprintf(stderr, "%s: missing \"%s\" in:\n%s\n", name, wants[i], txt);
+        assert_non_null(strstr(txt, wants[i]));
+    }
+    assert_null(strstr(txt, "draftline run "));   /* the start line: no stage was started */
+    char *after = snapshot();
+    if (strcmp(before, after) != 0) fprintf(stderr, "%s: out dir changed:\n%s---\n%s\n", name, before, after);
+    assert_string_equal(before, after);
+    free(before);
+    free(after);
+    free(txt);
+}
+
+static void test_resume_check(void **state) {
+    (void)state;
+    char log[500], p[1400];
+    /* the run to resume: 2 steps, a checkpoint after each */
+    snprintf(log, sizeof log, "%s/train.out", root);
+    {
+        const char *extra[] = {"--max-steps", "2", "--save-every", "1", NULL};
+        int code = run_draftline(log, 0, extra, 60, NULL);
+        if (code != 0) { char *t = slurp(log); fprintf(stderr, "%s\n", t ? t : ""); free(t); }
+        assert_int_equal(code, 0);
+    }
+    snprintf(p, sizeof p, "%s/steps.jsonl", out);
+    assert_int_equal(pf_count_lines(p), 2);
+    char ck[700];
+    snprintf(ck, sizeof ck, "%s/checkpoints/step_2", out);
+    ckpt_state_hdr_t h;
+    assert_int_equal(ckpt_read_hdr(ck, &h), 0);
+    assert_int_equal(h.step, 2);
+    assert_int_equal(h.settings, CKPT_SETTINGS_V1);
+    assert_int_equal(h.token_budget, 256);
+    assert_int_equal(h.max_len, 256);
+    assert_int_equal(h.num_anchors, 8);
+    assert_int_equal(h.epochs, 1);
+    assert_int_equal(h.block_size, 4);
+    assert_int_equal(h.drafter_layers, 1);
+    uint64_t tfp = 0;
+    assert_int_equal(ckpt_target_fingerprint(model_dir, &tfp), 0);
+    assert_true(tfp != 0);
+    assert_true(h.target_fp == tfp);
+
+    char want[700];
+    snprintf(want, sizeof want, "--resume %s/checkpoints/step_2: --token-budget 512 does not match the "
+                                "checkpoint's 256", out);
+    {
+        const char *extra[] = {"--token-budget", "512", "--max-steps", "4", NULL};
+        const char *wants[] = {want, "rerun with --token-budget 256", "refused: 1 setting(s)", NULL};
+        expect_refused("tb", extra, wants);
+    }
+    {
+        const char *extra[] = {"--drafter-layers", "2", "--max-steps", "4", NULL};
+        const char *wants[] = {"--drafter-layers 2 does not match the checkpoint's 1",
+                               "rerun with --drafter-layers 1", NULL};
+        expect_refused("dl", extra, wants);
+    }
+    {   /* two at once: both named */
+        const char *extra[] = {"--seed", "6", "--num-anchors", "16", "--max-steps", "4", NULL};
+        const char *wants[] = {"--seed 6 does not match the checkpoint's 5", "rerun with --seed 5",
+                               "--num-anchors 16 does not match the checkpoint's 8", "refused: 2 setting(s)", NULL};
+        expect_refused("seed", extra, wants);
+    }
+    {   /* another dataset (40 of the samples): cursor.bin's fingerprint */
+        const char *extra[] = {"--data", cache40, "--max-steps", "4", NULL};
+        const char *wants[] = {"does not match the checkpoint's dataset", "rerun with the run's --data", NULL};
+        expect_refused("data", extra, wants);
+    }
+    {   /* a target of the same shapes with other weights: a copy of the tiny model with one
+         * byte changed at a sampled offset of its weights (sample 10 of 64) */
+        char other[400], cmd[1000], st[500];
+        snprintf(other, sizeof other, "%s/tiny2", root);
+        snprintf(cmd, sizeof cmd, "cp -r %s %s", model_dir, other);
+        assert_int_equal(system(cmd), 0);
+        snprintf(st, sizeof st, "%s/model.safetensors", other);
+        struct stat sb;
+        assert_int_equal(stat(st, &sb), 0);
+        FILE *mf = fopen(st, "r+b");
+        assert_non_null(mf);
+        long at = (long)(((uint64_t)sb.st_size - 4096) / 63 * 10 + 100);
+        assert_int_equal(fseek(mf, at, SEEK_SET), 0);
+        int byte = fgetc(mf);
+        assert_int_equal(fseek(mf, at, SEEK_SET), 0);
+        assert_int_not_equal(fputc(byte ^ 0x40, mf), EOF);
+        assert_int_equal(fclose(mf), 0);
+        uint64_t fp2 = 0;
+        assert_int_equal(ckpt_target_fingerprint(other, &fp2), 0);
+        assert_true(fp2 != tfp);
+        const char *extra[] = {"--target-model", other, "--max-steps", "4", NULL};
+        const char *wants[] = {"same shapes, other weights", "rerun with the run's --target-model", NULL};
+        expect_refused("target", extra, wants);
+    }
+    /* the same settings, more steps, other --save-every / --progress-every: continues */
+    snprintf(log, sizeof log, "%s/resume.out", root);
+    {
+        const char *extra[] = {"--max-steps", "4", "--save-every", "3", "--progress-every", "2", NULL};
+        double secs = 0;
+        int code = run_draftline(log, 1, extra, 60, &secs);
+        char *txt = slurp(log);
+        if (code != 0) fprintf(stderr, "%s\n", txt ? txt : "");
+        assert_int_equal(code, 0);
+        assert_non_null(strstr(txt, "steps 2..4"));
+        assert_null(strstr(txt, "does not match"));
+        free(txt);
+    }
+    assert_int_equal(pf_count_lines(p), 4);
+    snprintf(p, sizeof p, "%s/checkpoints/latest", out);
+    char *latest = slurp(p);
+    assert_non_null(latest);
+    assert_string_equal(latest, "step_4\n");
+    free(latest);
+
+    /* an old checkpoint: the settings bytes zeroed as before they were recorded */
+    snprintf(ck, sizeof ck, "%s/checkpoints/step_4", out);
+    assert_int_equal(ckpt_read_hdr(ck, &h), 0);
+    snprintf(p, sizeof p, "%s/state.bin", ck);
+    FILE *f = fopen(p, "r+b");
+    assert_non_null(f);
+    size_t off = offsetof(ckpt_state_hdr_t, settings);
+    static const uint8_t zero[64];
+    assert_int_equal(fseek(f, (long)off, SEEK_SET), 0);
+    assert_int_equal(fwrite(zero, 1, sizeof h - off, f), sizeof h - off);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(ckpt_read_hdr(ck, &h), 0);
+    assert_int_equal(h.settings, 0);
+    {
+        const char *extra[] = {"--token-budget", "512", "--max-steps", "6", NULL};
+        const char *wants[] = {"predates recorded run settings", "the batching options (--token-budget 512",
+                               "do not match the checkpoint's cursor", NULL};
+        expect_refused("old_tb", extra, wants);
+    }
+    {
+        const char *extra[] = {"--drafter-layers", "2", "--max-steps", "6", NULL};
+        const char *wants[] = {"predates recorded run settings",
+                               "--drafter-layers 2 does not match the checkpoint's 1", NULL};
+        expect_refused("old_dl", extra, wants);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_resume_check),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
