@@ -126,6 +126,7 @@ typedef struct {
     uv_work_t work;
     item_t cur;
     int cur_rc;
+    char cur_err[512];   /* dl_errmsg() of a failed forward/backward, copied on the pool thread */
     drafter_stats_t cur_stats;
     double cur_fb_s, cur_copy_s;
     int32_t *cu, *anchor_buf;
@@ -247,7 +248,7 @@ static const uint8_t *host_at(dw_t *W, const item_t *it, uint64_t off) {
 }
 
 /* ---- compute on the worker thread ---- */
-static void work_cb(uv_work_t *req) {
+static void work_run(uv_work_t *req) {
     dw_t *W = req->data;
     item_t *it = &W->cur;
     const uint8_t *base = slot_base(W, it->slot_id);
@@ -320,6 +321,15 @@ static void work_cb(uv_work_t *req) {
     W->cur_copy_s = clock_mono_s() - t1;
 }
 
+/* Runs on a libuv pool thread: the error detail is thread-local (err.h), so it is
+ * copied here for after_work_cb, which runs on the loop thread. */
+static void work_cb(uv_work_t *req) {
+    dw_t *W = req->data;
+    W->cur_err[0] = 0;
+    work_run(req);
+    if (W->cur_rc < 0) snprintf(W->cur_err, sizeof W->cur_err, "%s", dl_errmsg());
+}
+
 static void load_weights(dw_t *W, int64_t version, uint64_t offset) {
     void *base;
     int rc = hcache_get(W->hc, &W->wslab, &base);
@@ -360,7 +370,7 @@ static void after_work_cb(uv_work_t *req, int status) {
     stage_phase_add(&W->st, PHASE_COPY, W->cur_copy_s);
     if (W->cur_rc < 0) {
         log_error("micro-batch %llu: drafter forward/backward failed: %s", (unsigned long long)it->mb,
-                  dl_errmsg());
+                  W->cur_err);
         exit(1); /* the supervisor restarts the stage; the loader re-issues the work */
     }
     const drafter_stats_t *s = &W->cur_stats;

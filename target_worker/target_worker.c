@@ -78,6 +78,7 @@ typedef struct {
     grant_t cur_g;
     uint8_t *cur_base;
     int cur_rc;
+    char cur_err[512];   /* dl_errmsg() of a failed forward, copied on the pool thread */
     double cur_fwd_s, wait_since, idle_grant_since;
     double blocked_since;      /* a micro-batch in hand, no usable grant: waiting for credit */
     bus_timer_t *idle_timer;
@@ -126,7 +127,7 @@ static void request_work(tw_t *T) {
     if (stage_send(T->loader, NULL, &m) == 0) T->outstanding += want;
 }
 
-static void work_cb(uv_work_t *req) {
+static void work_run(uv_work_t *req) {
     tw_t *T = req->data;
     mb_t *m = &T->cur;
     uint64_t row = (uint64_t)T->dcfg.n_feat * (uint64_t)T->dcfg.D;
@@ -169,6 +170,15 @@ static void work_cb(uv_work_t *req) {
     T->cur_fwd_s = clock_mono_s() - t0;
 }
 
+/* Runs on a libuv pool thread: the error detail is thread-local (err.h), so it is
+ * copied here for after_work_cb, which runs on the loop thread. */
+static void work_cb(uv_work_t *req) {
+    tw_t *T = req->data;
+    T->cur_err[0] = 0;
+    work_run(req);
+    if (T->cur_rc < 0) snprintf(T->cur_err, sizeof T->cur_err, "%s", dl_errmsg());
+}
+
 static void mb_free(mb_t *m) {
     free(m->tokens); free(m->seq_lens); free(m->mask);
     memset(m, 0, sizeof *m);
@@ -181,7 +191,7 @@ static void after_work_cb(uv_work_t *req, int status) {
     mb_t *m = &T->cur;
     stage_phase_add(&T->st, PHASE_FORWARD, T->cur_fwd_s);
     if (T->cur_rc < 0) {
-        log_error("micro-batch %llu: target forward failed: %s", (unsigned long long)m->mb, dl_errmsg());
+        log_error("micro-batch %llu: target forward failed: %s", (unsigned long long)m->mb, T->cur_err);
         exit(1); /* the loader re-issues the work to another target */
     }
     uint64_t row = (uint64_t)T->dcfg.n_feat * (uint64_t)T->dcfg.D;
