@@ -147,6 +147,13 @@ int prep_run(const tok_t *t, const prep_opts_t *o, prep_stats_t *st) {
 
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", o->out_path, (int)getpid()) >= (int)sizeof tmp)
         return dl_seterr(DL_ERANGE, "--out: path too long");
+    { /* refused before the data is read: the rename at the end would fail */
+        struct stat ost;
+        size_t ol = strlen(o->out_path);
+        if ((stat(o->out_path, &ost) == 0 && S_ISDIR(ost.st_mode)) || (ol && o->out_path[ol - 1] == '/'))
+            return dl_seterr(DL_EINVAL, "--out %s is a directory: name the cache file (e.g. %s%sdata.dlc)",
+                             o->out_path, o->out_path, ol && o->out_path[ol - 1] == '/' ? "" : "/");
+    }
     if ((rc = ds_open(o->data_path, &o->ds, &rd)) < 0) return rc;
     out = fopen(tmp, "wb");
     if (!out) { rc = dl_seterr(DL_EIO, "%s: %s", tmp, strerror(errno)); goto done; }
@@ -289,7 +296,11 @@ int prep_run(const tok_t *t, const prep_opts_t *o, prep_stats_t *st) {
     if (fflush(out) != 0 || fsync(fileno(out)) != 0) { rc = dl_seterr(DL_EIO, "%s: fsync: %s", tmp, strerror(errno)); goto done; }
     if (fclose(out) != 0) { out = NULL; rc = dl_seterr(DL_EIO, "%s: close: %s", tmp, strerror(errno)); goto done; }
     out = NULL;
-    if (rename(tmp, o->out_path) != 0) { rc = dl_seterr(DL_EIO, "rename %s -> %s: %s", tmp, o->out_path, strerror(errno)); goto done; }
+    if (rename(tmp, o->out_path) != 0) {
+        rc = dl_seterr(DL_EIO, "rename %s -> %s: %s", tmp, o->out_path, strerror(errno));
+        unlink(tmp);
+        goto done;
+    }
     { /* make the rename durable */
         char dir[4096];
         snprintf(dir, sizeof dir, "%s", o->out_path);
@@ -347,6 +358,10 @@ int dlc_open(const char *path, dlc_t **out) {
     if (h->version != DLC_VERSION) BAD("%s: cache version %u, this build reads %u (re-run prepare)", path, h->version, DLC_VERSION);
     if (h->header_size != sizeof *h) BAD("%s: header_size %u", path, h->header_size);
     if (h->n_tokens > size / 5 || h->n_samples > size / 8) BAD("%s: counts larger than the file", path);
+    /* each offset within the file first, so the sums below cannot wrap */
+    if (h->ids_off > size || h->mask_off > size || h->index_off > size)
+        BAD("%s: section offsets out of bounds (ids %llu, mask %llu, index %llu, size %zu)", path,
+            (unsigned long long)h->ids_off, (unsigned long long)h->mask_off, (unsigned long long)h->index_off, size);
     if (h->ids_off < sizeof *h || h->ids_off % 4 || h->ids_off + h->n_tokens * 4 > h->mask_off ||
         h->mask_off + h->n_tokens > h->index_off || h->index_off % 8 ||
         h->index_off + (h->n_samples + 1) * 8 > size)

@@ -222,7 +222,30 @@ static void test_bad_lines_and_atomic(void **state) {
     fclose(f);
     assert_int_equal(dlc_open(bad, &c), DL_EFORMAT);
     assert_non_null(strstr(dl_errmsg(), "magic"));
+    s[0] = 'D';
+    /* an ids offset near 2^64: ids_off + 4 * n_tokens wraps, still refused */
+    uint64_t huge = UINT64_MAX - 127;
+    memcpy(s + offsetof(dlc_header_t, ids_off), &huge, 8);
+    f = fopen(bad, "wb");
+    fwrite(s, 1, (size_t)n, f);
+    fclose(f);
+    assert_int_equal(dlc_open(bad, &c), DL_EFORMAT);
+    assert_non_null(strstr(dl_errmsg(), "section offsets out of bounds"));
     free(s);
+    /* --out a directory: refused up front with a hint, no temp file left in it or beside it */
+    char odir[160];
+    snprintf(odir, sizeof odir, "%s/outdir", g_dir);
+    assert_int_equal(mkdir(odir, 0700), 0);
+    po.ds.strict = 0;
+    po.out_path = odir;
+    assert_int_equal(prep_run(g_tok, &po, &st), DL_EINVAL);
+    assert_non_null(strstr(dl_errmsg(), "is a directory"));
+    assert_non_null(strstr(dl_errmsg(), "outdir/data.dlc"));
+    strcat(odir, "/");
+    assert_int_equal(prep_run(g_tok, &po, &st), DL_EINVAL);
+    assert_int_not_equal(system(cmd), 0);
+    snprintf(cmd, sizeof cmd, "ls -A %s/outdir | grep -q .", g_dir);
+    assert_int_not_equal(system(cmd), 0);
     assert_int_equal(dlc_open("/nonexistent.dlc", &c), DL_ENOENT);
 }
 
