@@ -14,6 +14,9 @@
  *    checkpoint's state records step N, no process or shared-memory object is left.
  * With 2 GPUs the same job runs as 0,1 -> 0,1 (a target and a drafter per GPU): the
  * optimizer on GPU 0 sums drafter 1's gradient slab in place over peer access.
+ * Memory bound: 3 target processes sharing GPU 0 feed 1 drafter (on GPU 1 when there
+ * are 2 GPUs) whose GPU tier holds 2 slots and host tier 1; every metrics line of the
+ * drafter stays within --inbox-gb + --host-inbox-gb (slabs, bytes in use, high water).
  * Exits 77 without a GPU (found with nvidia-smi: this process never initialises CUDA,
  * since it forks the run). */
 #include <setjmp.h>
@@ -26,6 +29,10 @@
 #include "common/base/paths.h"
 #include "common/mem/slab.h"
 #include "common/pipe/ckpt.h"
+#include "common/pipe/layout.h"
+#include "common/pipe/model.h"
+
+#include <cjson/cJSON.h>
 #include "tests/support/pipeline_fixture.h"
 #include "tests/support/proc.h"
 
@@ -218,6 +225,53 @@ static void test_two_gpus(void **state) {
     compare_to_cpu("0,1 -> 0,1", loss);
 }
 
+static void test_three_targets_inbox_bound(void **state) {
+    (void)state;
+    /* one slot: 512 tokens x n_feat*D bf16 features + ids, lengths, mask (layout.h) */
+    model_config_t mc;
+    drafter_config_t dc;
+    assert_int_equal(pipe_target_config(model_dir, &mc), 0);
+    assert_int_equal(pipe_drafter_config(&mc, 1, 0, 4, &dc), 0);
+    pipe_layout_t l = pipe_layout(512, 512, (uint64_t)dc.n_feat * (uint64_t)dc.D, 2);
+    double gpu_b = 2.0 * (double)l.bytes + 64, host_b = (double)l.bytes + 64;
+    char gpu_gb[32], host_gb[32], out[400], log[400], path[500];
+    snprintf(gpu_gb, sizeof gpu_gb, "%.12f", gpu_b / 1073741824.0);
+    snprintf(host_gb, sizeof host_gb, "%.12f", host_b / 1073741824.0);
+    snprintf(out, sizeof out, "%s/bound", root);
+    snprintf(log, sizeof log, "%s/bound.out", root);
+    assert_int_equal(run_job(out, log, 200, "--target-gpus", "0,0,0", "--drafter-gpus", n_gpus >= 2 ? "1" : "0",
+                             "--inbox-gb", gpu_gb, "--host-inbox-gb", host_gb, NULL), 0);
+    double loss[MAX_STEPS];
+    read_steps(out, loss);
+    double limit = gpu_b + host_b, high = 0;
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[8192];
+    int seen = 0;
+    while (fgets(line, sizeof line, f)) {
+        cJSON *j = cJSON_Parse(line);
+        assert_non_null(j);
+        const cJSON *hw = cJSON_GetObjectItem(j, "inbox_high_water");
+        if (hw) {
+            seen++;
+            double slabs = cJSON_GetObjectItem(j, "inbox_slabs_bytes")->valuedouble;
+            double used = cJSON_GetObjectItem(j, "inbox_gpu_bytes")->valuedouble +
+                          cJSON_GetObjectItem(j, "inbox_host_bytes")->valuedouble;
+            assert_true(slabs <= limit);
+            assert_true(used <= limit);
+            assert_true(hw->valuedouble <= limit);
+            if (hw->valuedouble > high) high = hw->valuedouble;
+        }
+        cJSON_Delete(j);
+    }
+    fclose(f);
+    fprintf(stderr, "bound: slot %llu B, inbox high water %.0f B <= %.0f B (%d metrics lines)\n",
+            (unsigned long long)l.bytes, high, limit, seen);
+    assert_true(seen > 0);
+    assert_true(high > 0);
+}
+
 int main(void) {
     n_gpus = count_gpus();
     if (n_gpus == 0) {
@@ -228,6 +282,7 @@ int main(void) {
         cmocka_unit_test(test_cpu_reference),
         cmocka_unit_test(test_one_gpu),
         cmocka_unit_test(test_two_gpus),
+        cmocka_unit_test(test_three_targets_inbox_bound),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
