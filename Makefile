@@ -29,7 +29,7 @@ CFLAGS  ?=
 CFLAGS  += -std=gnu11 $(OPT) -g -Wall -Wextra -Wno-unused-parameter -fopenmp -fPIC \
            -D_GNU_SOURCE -I. -MMD -MP
 LDFLAGS += -fopenmp
-LDLIBS  := -lzmq -luv -lmsgpackc -lcjson -lpcre2-8 -lopenblas -lyaml -lz -lm -lpthread -ldl -lrt
+LDLIBS  := -lzmq -luv -lmsgpackc -lcjson -lpcre2-8 -lutf8proc -lopenblas -lyaml -lz -lm -lpthread -ldl -lrt
 # draftline plot (common/monitor/plot.c) and the monitor TUI (tools/cmd_monitor.c)
 LDLIBS  += -lcairo -lncurses
 # Sanitizer build: make SAN=1 (address+undefined), used by the fuzz and some tests.

@@ -4,7 +4,7 @@
 #   scripts/deps.sh --check  same, used by `make test` / `make demo`
 set -euo pipefail
 PKGS=(build-essential pkg-config libzmq3-dev libuv1-dev libmsgpack-dev libopenblas-dev
-      libcjson-dev libpcre2-dev libcmocka-dev libyaml-dev zlib1g-dev libncurses-dev libcairo2-dev
+      libcjson-dev libpcre2-dev libutf8proc-dev libcmocka-dev libyaml-dev zlib1g-dev libncurses-dev libcairo2-dev
       python3 python3-pip unzip clang libclang-rt-14-dev)
 missing=()
 for p in "${PKGS[@]}"; do

@@ -1,79 +1,70 @@
-/* NFC normalization, after the sample code of UAX #15 (Unicode Normalization
- * Forms), section 14 / the composition algorithm of the Unicode Standard 3.11. */
+/* NFC normalization with utf8proc's Unicode data and primitives; the steps are
+ * those of UAX #15 / the Unicode Standard, section 3.11 (D109-D117): full
+ * canonical decomposition (utf8proc_decompose_char), canonical ordering by
+ * combining class (utf8proc_get_property), canonical composition of each
+ * unblocked (starter, character) pair (utf8proc_normalize_utf32 on the pair).
+ * The steps run here rather than in one utf8proc_map call because the caller
+ * needs each output byte's source offset, which utf8proc_map does not report,
+ * and because utf8proc 2.8 composes <LV syllable, U+11A7> (see pair_compose). */
 #include "common/data/nfc.h"
 
 #include "common/base/err.h"
-#include "common/data/nfc_tables.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <utf8proc.h>
 
-#define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))
+/* a code point of the decomposed text, with the byte offset and UTF-8 length of
+ * the input character it came from */
+typedef struct {
+    utf8proc_int32_t cp;
+    uint32_t src;
+    uint8_t len;
+} nfc_cp_t;
 
-enum { SBASE = 0xAC00, LBASE = 0x1100, VBASE = 0x1161, TBASE = 0x11A7, LCOUNT = 19, VCOUNT = 21, TCOUNT = 28,
-       NCOUNT = VCOUNT * TCOUNT, SCOUNT = LCOUNT * NCOUNT };
+static int ccc(utf8proc_int32_t c) { return utf8proc_get_property(c)->combining_class; }
 
-static int ccc(uint32_t c) {
-    if (c < 0x300) return 0;
-    size_t lo = 0, hi = N_ELEMS(nfc_ccc);
-    while (lo < hi) {
-        size_t m = (lo + hi) / 2;
-        if (c < nfc_ccc[m][0]) hi = m;
-        else if (c > nfc_ccc[m][1]) lo = m + 1;
-        else return (int)nfc_ccc[m][2];
+/* Primary composite of the pair (a, b), or 0. U+11A7 (= TBase, not a trailing
+ * consonant: Unicode 3.12, TCount) never composes; utf8proc 2.8 wrongly composes
+ * <LV, U+11A7> to LV, dropping the U+11A7 (JuliaStrings/utf8proc#317, fixed
+ * after 2.8). UTF8PROC_STABLE keeps composition exclusions decomposed. */
+static utf8proc_int32_t pair_compose(utf8proc_int32_t a, utf8proc_int32_t b) {
+    if (b == 0x11A7) return 0;
+    utf8proc_int32_t pair[2] = {a, b};
+    return utf8proc_normalize_utf32(pair, 2, UTF8PROC_STABLE | UTF8PROC_COMPOSE) == 1 ? pair[0] : 0;
+}
+
+/* Full canonical decomposition of s[0..n) into *cps (malloc'd, *m entries). */
+static int decompose(const char *s, size_t n, nfc_cp_t **cps, size_t *m) {
+    size_t cap = n + 16, k = 0;
+    nfc_cp_t *v = malloc(cap * sizeof *v);
+    if (!v) return dl_seterr(DL_ENOMEM, "nfc: %zu bytes", n);
+    for (size_t p = 0; p < n;) {
+        utf8proc_int32_t c, d[8];
+        utf8proc_ssize_t l = utf8proc_iterate((const utf8proc_uint8_t *)s + p, (utf8proc_ssize_t)(n - p), &c);
+        if (l <= 0 || c < 0) {
+            free(v);
+            return dl_seterr(DL_EINVAL, "nfc: invalid UTF-8 at byte %zu of %zu", p, n);
+        }
+        /* no canonical decomposition is longer than 4 code points (Unicode 15) */
+        utf8proc_ssize_t dl = utf8proc_decompose_char(c, d, 8, UTF8PROC_STABLE | UTF8PROC_DECOMPOSE, NULL);
+        if (dl < 1 || dl > 8) {
+            free(v);
+            return dl_seterr(DL_EINVAL, "nfc: decomposing U+%04X at byte %zu: %s", (unsigned)c, p,
+                             dl < 0 ? utf8proc_errmsg(dl) : "over 8 code points");
+        }
+        if (k + (size_t)dl > cap) {
+            cap *= 2;
+            nfc_cp_t *nv = realloc(v, cap * sizeof *v);
+            if (!nv) { free(v); return dl_seterr(DL_ENOMEM, "nfc: %zu code points", cap); }
+            v = nv;
+        }
+        for (utf8proc_ssize_t j = 0; j < dl; j++) v[k++] = (nfc_cp_t){d[j], (uint32_t)p, (uint8_t)l};
+        p += (size_t)l;
     }
+    *cps = v;
+    *m = k;
     return 0;
-}
-
-static const uint32_t *decomp(uint32_t c, uint32_t *len) {
-    if (c < 0xC0) return NULL;
-    size_t lo = 0, hi = N_ELEMS(nfc_dec);
-    while (lo < hi) {
-        size_t m = (lo + hi) / 2;
-        if (c < nfc_dec[m][0]) hi = m;
-        else if (c > nfc_dec[m][0]) lo = m + 1;
-        else { *len = nfc_dec[m][2]; return nfc_dec_pool + nfc_dec[m][1]; }
-    }
-    return NULL;
-}
-
-static uint32_t compose(uint32_t a, uint32_t b) {
-    if (a >= LBASE && a < LBASE + LCOUNT && b >= VBASE && b < VBASE + VCOUNT)
-        return SBASE + ((a - LBASE) * VCOUNT + (b - VBASE)) * TCOUNT;
-    if (a >= SBASE && a < SBASE + SCOUNT && (a - SBASE) % TCOUNT == 0 && b > TBASE && b < TBASE + TCOUNT)
-        return a + (b - TBASE);
-    uint64_t k = ((uint64_t)a << 21) | b;
-    size_t lo = 0, hi = N_ELEMS(nfc_comp_key);
-    while (lo < hi) {
-        size_t m = (lo + hi) / 2;
-        if (k < nfc_comp_key[m]) hi = m;
-        else if (k > nfc_comp_key[m]) lo = m + 1;
-        else return nfc_comp_val[m];
-    }
-    return 0;
-}
-
-static int dec_utf8(const unsigned char *s, size_t n, uint32_t *cp) {
-    unsigned c = s[0];
-    if (c < 0x80) { *cp = c; return 1; }
-    int len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
-    if ((size_t)len > n) { *cp = 0xFFFD; return 1; }
-    uint32_t v = c & (0x7F >> len);
-    for (int i = 1; i < len; i++) v = (v << 6) | (s[i] & 0x3F);
-    *cp = v;
-    return len;
-}
-
-static int enc_utf8(uint32_t c, char *o) {
-    if (c < 0x80) { o[0] = (char)c; return 1; }
-    if (c < 0x800) { o[0] = (char)(0xC0 | (c >> 6)); o[1] = (char)(0x80 | (c & 0x3F)); return 2; }
-    if (c < 0x10000) {
-        o[0] = (char)(0xE0 | (c >> 12)); o[1] = (char)(0x80 | ((c >> 6) & 0x3F)); o[2] = (char)(0x80 | (c & 0x3F));
-        return 3;
-    }
-    o[0] = (char)(0xF0 | (c >> 18)); o[1] = (char)(0x80 | ((c >> 12) & 0x3F));
-    o[2] = (char)(0x80 | ((c >> 6) & 0x3F)); o[3] = (char)(0x80 | (c & 0x3F));
-    return 4;
 }
 
 int nfc_normalize(const char *s, size_t n, char **out, size_t *out_len, uint32_t **map) {
@@ -84,78 +75,52 @@ int nfc_normalize(const char *s, size_t n, char **out, size_t *out_len, uint32_t
     size_t i = 0;
     while (i < n && (unsigned char)s[i] < 0xCC) i++;
     if (i == n) return 0;
-    /* decompose: code points with their source offset and length; a full
-     * decomposition is at most 18 code points per input one (U+FDFA); 4 suffices
-     * for canonical ones, allocate 4 per input byte to be safe */
-    size_t cap = n * 4 + 4;
-    uint32_t *cp = malloc(cap * sizeof *cp), *src = malloc(cap * sizeof *src);
-    uint8_t *slen = malloc(cap);
-    if (!cp || !src || !slen) { free(cp); free(src); free(slen); return dl_seterr(DL_ENOMEM, "nfc: %zu bytes", n); }
+    if (n >= UINT32_MAX) return dl_seterr(DL_ERANGE, "nfc: %zu bytes (offsets are 32-bit)", n);
+    nfc_cp_t *v = NULL;
     size_t m = 0;
-    for (size_t p = 0; p < n;) {
-        uint32_t c, dl;
-        int l = dec_utf8((const unsigned char *)s + p, n - p, &c);
-        const uint32_t *d;
-        if (c >= SBASE && c < SBASE + SCOUNT) {
-            uint32_t si = c - SBASE, t = TBASE + si % TCOUNT;
-            cp[m] = LBASE + si / NCOUNT; src[m] = (uint32_t)p; slen[m++] = (uint8_t)l;
-            cp[m] = VBASE + (si % NCOUNT) / TCOUNT; src[m] = (uint32_t)p; slen[m++] = (uint8_t)l;
-            if (t != TBASE) { cp[m] = t; src[m] = (uint32_t)p; slen[m++] = (uint8_t)l; }
-        } else if ((d = decomp(c, &dl)) != NULL) {
-            for (uint32_t k = 0; k < dl; k++) { cp[m] = d[k]; src[m] = (uint32_t)p; slen[m++] = (uint8_t)l; }
-        } else {
-            cp[m] = c; src[m] = (uint32_t)p; slen[m++] = (uint8_t)l;
-        }
-        p += (size_t)l;
-    }
-    /* canonical ordering: stable insertion sort of each run of non-starters by ccc */
+    DL_TRY(decompose(s, n, &v, &m));
+    /* canonical ordering (D108): stable sort of each run of non-starters by ccc */
     for (size_t k = 1; k < m; k++) {
-        int kc = ccc(cp[k]);
+        int kc = ccc(v[k].cp);
         if (kc == 0) continue;
-        size_t j = k;
-        while (j > 0) {
-            int pc = ccc(cp[j - 1]);
+        for (size_t j = k; j > 0; j--) {
+            int pc = ccc(v[j - 1].cp);
             if (pc == 0 || pc <= kc) break;
-            uint32_t tc = cp[j]; cp[j] = cp[j - 1]; cp[j - 1] = tc;
-            uint32_t ts = src[j]; src[j] = src[j - 1]; src[j - 1] = ts;
-            uint8_t tl = slen[j]; slen[j] = slen[j - 1]; slen[j - 1] = tl;
-            j--;
+            nfc_cp_t t = v[j]; v[j] = v[j - 1]; v[j - 1] = t;
         }
     }
-    /* canonical composition */
-    size_t starter = 0, w = 1;
-    int last = m ? ccc(cp[0]) : 0;
-    int have_starter = m && last == 0;
+    /* canonical composition (D117): c joins the last starter unless blocked by a
+     * character in between with ccc 0 or >= ccc(c); the composite keeps the
+     * starter's source */
+    size_t starter = 0, w = m ? 1 : 0;
+    int last = m ? ccc(v[0].cp) : 0, have_starter = m && last == 0;
     if (last != 0) last = 256;
     for (size_t k = 1; k < m; k++) {
-        uint32_t c = cp[k];
-        int kc = ccc(c);
-        uint32_t comp = have_starter ? compose(cp[starter], c) : 0;
-        if (comp && (last < kc || last == 0)) {
-            cp[starter] = comp;
+        int kc = ccc(v[k].cp);
+        utf8proc_int32_t comp = have_starter && (last < kc || last == 0) ? pair_compose(v[starter].cp, v[k].cp) : 0;
+        if (comp) {
+            v[starter].cp = comp;
             continue;
         }
         if (kc == 0) { starter = w; have_starter = 1; }
         last = kc;
-        cp[w] = c; src[w] = src[k]; slen[w] = slen[k];
-        w++;
+        v[w++] = v[k];
     }
     m = w;
     /* encode; compare with the input */
     char *o = malloc(m * 4 + 1);
     uint32_t *mp = map ? malloc((m * 4 + 1) * sizeof *mp) : NULL;
-    if (!o || (map && !mp)) { free(o); free(mp); free(cp); free(src); free(slen); return dl_seterr(DL_ENOMEM, "nfc"); }
+    if (!o || (map && !mp)) { free(o); free(mp); free(v); return dl_seterr(DL_ENOMEM, "nfc: %zu code points", m); }
     size_t on = 0;
     for (size_t k = 0; k < m; k++) {
-        int l = enc_utf8(cp[k], o + on);
+        utf8proc_ssize_t l = utf8proc_encode_char(v[k].cp, (utf8proc_uint8_t *)o + on);
         if (mp)
-            for (int j = 0; j < l; j++) mp[on + (size_t)j] = src[k] + (uint32_t)(j < slen[k] ? j : slen[k] - 1);
+            for (utf8proc_ssize_t j = 0; j < l; j++)
+                mp[on + (size_t)j] = v[k].src + (uint32_t)(j < v[k].len ? j : v[k].len - 1);
         on += (size_t)l;
     }
     o[on] = 0;
-    free(cp);
-    free(src);
-    free(slen);
+    free(v);
     if (on == n && !memcmp(o, s, n)) { free(o); free(mp); return 0; }
     if (mp) {
         /* canonical reordering can move a mark before an earlier one: make the map

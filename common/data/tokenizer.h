@@ -15,7 +15,7 @@
  * Decode concatenates each id's raw bytes (added tokens: their literal text).
  *
  * Normalizers: "NFC" (Qwen2/3; also applied for GGUF pre "qwen2", as HF does)
- * is applied to the text between added tokens (nfc.c, tables from Unicode 14);
+ * is applied to the text between added tokens (nfc.c, utf8proc: Unicode 15);
  * offsets point into the caller's unnormalized text. Other normalizers give
  * DL_ENOTSUP at load.
  *

@@ -222,37 +222,79 @@ static void test_robust_roundtrip(void **state) {
     tok_destroy(&t);
 }
 
-/* nfc_normalize vs Python unicodedata.normalize("NFC") on 300 random strings of
- * combining marks (all classes), Hangul jamo, singletons and exclusions. */
-static void test_nfc(void **state) {
-    (void)state;
-    cJSON *j = load_json("tokenizer/nfc.json");
+/* nfc_normalize of each case of a fixture made by Python's unicodedata.normalize
+ * ("NFC"); the map (monotonic, map[on] = n) and the no-map call give the same
+ * text. Returns the number of cases, *changed those NFC changes. The fixtures
+ * come from Python's unicodedata 14.0.0 and nfc.c uses utf8proc 2.8's Unicode
+ * 15.0.0 data: no fixture character changed its normalization between the two
+ * (15.0 added no decompositions to existing characters). */
+static int check_nfc_fixture(const char *rel, int *changed) {
+    cJSON *j = load_json(rel);
     const cJSON *c;
-    int n = 0, changed = 0;
+    int n = 0;
+    *changed = 0;
     cJSON_ArrayForEach(c, cJSON_GetObjectItem(j, "cases")) {
         const char *in = cJSON_GetArrayItem(c, 0)->valuestring, *want = cJSON_GetArrayItem(c, 1)->valuestring;
-        char *out;
-        size_t on;
+        char *out, *out2;
+        size_t on, on2;
         uint32_t *map;
         size_t inl = strlen(in);
         assert_int_equal(nfc_normalize(in, inl, &out, &on, &map), 0);
         const char *got = out ? out : in;
-        if (strcmp(got, want)) fail_msg("case %d: NFC mismatch", n);
+        if (strcmp(got, want)) fail_msg("%s case %d: NFC mismatch", rel, n);
+        assert_int_equal(nfc_normalize(in, inl, &out2, &on2, NULL), 0);
+        assert_true((out == NULL) == (out2 == NULL));
         if (out) {
-            changed++;
+            (*changed)++;
             assert_int_equal(on, strlen(want));
             assert_int_equal(map[on], inl);
             for (size_t k = 0; k < on; k++) assert_true(map[k] <= map[k + 1] && map[k] < inl);
+            assert_int_equal(on2, on);
+            assert_string_equal(out2, out);
         } else {
             assert_string_equal(in, want);
+            assert_null(map);
         }
         free(out);
+        free(out2);
         free(map);
         n++;
     }
-    assert_int_equal(n, 300);
-    assert_true(changed > 100);
     cJSON_Delete(j);
+    return n;
+}
+
+/* nfc_normalize vs Python unicodedata.normalize("NFC") on 300 random strings of
+ * combining marks (all classes), Hangul jamo, singletons and exclusions
+ * (nfc.json), and on Hangul edge cases with U+11A7 (nfc_edge.json: utf8proc 2.8's
+ * own composition drops U+11A7 after an LV syllable; nfc.c must not). */
+static void test_nfc(void **state) {
+    (void)state;
+    int changed;
+    assert_int_equal(check_nfc_fixture("tokenizer/nfc.json", &changed), 300);
+    assert_true(changed > 100);
+    assert_int_equal(check_nfc_fixture("tokenizer/nfc_edge.json", &changed), 217);
+    assert_true(changed > 20);
+}
+
+/* Invalid UTF-8 (as utf8proc and tokenizer.c's utf8_valid judge it) is DL_EINVAL
+ * with nothing allocated; text below U+0300 is returned unchecked. */
+static void test_nfc_invalid(void **state) {
+    (void)state;
+    static const char *bad[] = {"e\xcc", "\xcc\x81\xff", "\xed\xa0\x80", "\xe0\x80\x80\xcc\x81",
+                                "\xf4\x90\x80\x80", "\xcc\x81\x80"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *out = (char *)1;
+        size_t on;
+        uint32_t *map = (uint32_t *)1;
+        assert_int_equal(nfc_normalize(bad[i], strlen(bad[i]), &out, &on, &map), DL_EINVAL);
+        assert_null(out);
+        assert_null(map);
+    }
+    char *out;
+    size_t on;
+    assert_int_equal(nfc_normalize("a\x80" "b", 3, &out, &on, NULL), 0);
+    assert_null(out);
 }
 
 static void test_errors(void **state) {
@@ -286,6 +328,7 @@ int main(void) {
         cmocka_unit_test(test_llama3_style_json),
         cmocka_unit_test(test_robust_roundtrip),
         cmocka_unit_test(test_nfc),
+        cmocka_unit_test(test_nfc_invalid),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
