@@ -648,16 +648,11 @@ int cmd_run(int argc, char **argv) {
     memset(&resume_hdr, 0, sizeof resume_hdr);
     if (o.resume) {
         if (ckpt_resolve(o.resume, resume_dir, sizeof resume_dir) < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 2; }
-        char p[4300];
-        snprintf(p, sizeof p, "%s/state.bin", resume_dir);
-        FILE *f = fopen(p, "rb");
         ckpt_state_hdr_t h;
-        if (!f || fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, CKPT_MAGIC, 8) != 0) {
-            if (f) fclose(f);
-            fprintf(stderr, "draftline run: --resume %s: unreadable training state\n", resume_dir);
+        if (ckpt_read_hdr(resume_dir, &h) < 0) {
+            fprintf(stderr, "draftline run: --resume %s: unreadable training state (%s)\n", resume_dir, dl_errmsg());
             return 2;
         }
-        fclose(f);
         start_step = h.step;
         resume_hdr = h;
         have_resume_hdr = 1;
