@@ -68,11 +68,11 @@ typedef struct {
     void *feat;              /* (T, n_feat*D) act on the backend, or NULL */
 } co_batch_t;
 
-static void co_drafter_config(drafter_config_t *c) {
+static void co_drafter_config(drafter_config_t *c, int V) {
     drafter_config_defaults(c);
-    /* the pipeline test's tiny target shapes (D 64, H 4, Hkv 2, hd 16, F 128) at a
-     * smaller vocabulary */
-    c->D = 64, c->H = 4, c->Hkv = 2, c->hd = 16, c->F = 128, c->V = 500;
+    /* the pipeline test's tiny target shapes (D 64, H 4, Hkv 2, hd 16, F 128); its
+     * vocabulary is 49152 (the CUDA test runs that too) */
+    c->D = 64, c->H = 4, c->Hkv = 2, c->hd = 16, c->F = 128, c->V = V;
     c->n_target_layers = 4, c->max_position_embeddings = 2048, c->rms_eps = 1e-5f;
     c->rope.theta = 10000.0;
     c->n_layers = 2, c->n_feat = 3;
@@ -206,11 +206,11 @@ static void co_fb_same(const char *what, const co_fb_t *a, const co_fb_t *b, siz
     co_same_f32(w, a->logits, b->logits, nlogits);
 }
 
-/* The drafter case (see the file comment). c runs drafter 1, c_fresh drafter 2
- * (the same context on CPU). */
-static void co_drafter_case(const ops_ctx_t *c, const ops_ctx_t *c_fresh) {
+/* The drafter case (see the file comment) at vocabulary V. c runs drafter 1,
+ * c_fresh drafter 2 (the same context on CPU). */
+static void co_drafter_case(const ops_ctx_t *c, const ops_ctx_t *c_fresh, int V_) {
     drafter_config_t cfg;
-    co_drafter_config(&cfg);
+    co_drafter_config(&cfg, V_);
     size_t D = (size_t)cfg.D, V = (size_t)cfg.V, row = (size_t)cfg.n_feat * D;
     /* frozen embedding and LM head, N(0, 0.05^2) as the tiny target's */
     rng_t r;

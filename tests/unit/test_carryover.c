@@ -13,7 +13,7 @@
 
 static ops_ctx_t g_cpu;
 
-static void test_drafter(void **s) { (void)s; co_drafter_case(&g_cpu, &g_cpu); }
+static void test_drafter(void **s) { (void)s; co_drafter_case(&g_cpu, &g_cpu, 500); }
 static void test_target_tiny_llama(void **s) { (void)s; co_target_tiny_llama(&g_cpu, &g_cpu); }
 static void test_target_qwen3(void **s) { (void)s; co_target_qwen3(&g_cpu, &g_cpu); }
 

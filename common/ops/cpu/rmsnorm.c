@@ -30,16 +30,23 @@ void ops_cpu_rmsnorm_forward(const ops_ctx_t *c, void *out_, float *rstd, const 
 /* With xhat = x * rstd and g = dout * w:
  *   dinp = rstd * (g - xhat * mean(g * xhat))    (assigned; may alias dout)
  *   dweight += sum_rows dout * xhat              (accumulated)
- * rstd may be NULL (then recomputed with eps = 1e-6; pass the saved one to be exact). */
+ * rstd may be NULL (then recomputed with eps = 1e-6; pass the saved one to be exact).
+ * dweight is deterministic for a given thread count: each thread sums its static
+ * share of the rows into its own partial, and the partials are added to dweight in
+ * thread order after the parallel region (an `omp critical` in arrival order made
+ * the last bits vary from run to run: tests/unit/test_carryover.c). */
 void ops_cpu_rmsnorm_backward(const ops_ctx_t *c, void *dinp_, float *dweight, const void *dout_,
                               const void *inp_, const void *weight_, const float *rstd, int N,
                               int C) {
     float *dinp = dinp_;
     const float *dout = dout_, *inp = inp_, *w = weight_;
     int nt = ops_cpu__threads(c);
+    /* (nt, C) per-thread partials; a thread the runtime does not start leaves zeros */
+    float *part = dweight ? calloc((size_t)nt * C, sizeof(float)) : NULL;
+    if (dweight && !part) nt = 1; /* out of memory: one thread, straight into dweight */
 #pragma omp parallel num_threads(nt)
     {
-        float *dw_local = dweight ? calloc((size_t)C, sizeof(float)) : NULL;
+        float *dw_local = part ? part + (size_t)omp_get_thread_num() * C : dweight;
 #pragma omp for schedule(static)
         for (int n = 0; n < N; n++) {
             const float *x = inp + (long)n * C, *dy = dout + (long)n * C;
@@ -54,10 +61,10 @@ void ops_cpu_rmsnorm_backward(const ops_ctx_t *c, void *dinp_, float *dweight, c
                 for (int i = 0; i < C; i++) dx[i] = r * (dy[i] * w[i] - x[i] * r * mean);
             }
         }
-        if (dw_local) {
-#pragma omp critical(ops_cpu_rmsnorm_dw)
-            for (int i = 0; i < C; i++) dweight[i] += dw_local[i];
-            free(dw_local);
-        }
+    }
+    if (part) {
+        for (int t = 0; t < nt; t++)
+            for (int i = 0; i < C; i++) dweight[i] += part[(size_t)t * C + i];
+        free(part);
     }
 }
