@@ -13,8 +13,9 @@
  * passes on the GPU, the difference is not state carried over inside
  * drafter_forward_backward or target_forward_host.
  *
- * Drafter at V 500 and at the pipeline test's V 49152 (one xent block per row over
- * 49152 logits, chunks of 3 blocks); targets: the pipeline tests' tiny Llama and the
+ * Drafter: 2 layers, 3 features, V 500, chunks of 3 blocks, capacity = the larger
+ * batch; and test_pipeline_gpu's drafter shapes (1 layer, 1 feature, V 49152, chunks of
+ * 16 blocks, capacity 512 tokens / 512 blocks). Targets: the pipeline tests' tiny Llama and the
  * Qwen3 parity fixture. Exits 77 ("SKIP: no CUDA device") without a GPU. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -27,8 +28,20 @@
 
 static ops_ctx_t g_gpu, g_gpu2;
 
-static void test_drafter_small_vocab(void **s) { (void)s; co_drafter_case(&g_gpu, &g_gpu2, 500); }
-static void test_drafter_pipeline_vocab(void **s) { (void)s; co_drafter_case(&g_gpu, &g_gpu2, 49152); }
+/* 2 layers, 3 features, chunks of 3 blocks, capacity = batch A */
+static void test_drafter_small_vocab(void **s) {
+    (void)s;
+    co_dopts_t o = {.V = 500, .n_layers = 2, .n_feat = 3, .chunk = 3};
+    co_drafter_case(&g_gpu, &g_gpu2, &o);
+}
+/* test_pipeline_gpu's drafter: V 49152, 1 layer, 1 feature (target layer 2), the
+ * default chunk of 16 blocks, capacity 512 tokens and 512 blocks (--token-budget 512) */
+static void test_drafter_pipeline_shapes(void **s) {
+    (void)s;
+    co_dopts_t o = {.V = 49152, .n_layers = 1, .n_feat = 1, .chunk = 16, .cap_T = 512,
+                    .cap_blocks = 512};
+    co_drafter_case(&g_gpu, &g_gpu2, &o);
+}
 static void test_target_tiny_llama(void **s) { (void)s; co_target_tiny_llama(&g_gpu, &g_gpu2); }
 static void test_target_qwen3(void **s) { (void)s; co_target_qwen3(&g_gpu, &g_gpu2); }
 
@@ -49,7 +62,7 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_drafter_small_vocab),
-        cmocka_unit_test(test_drafter_pipeline_vocab),
+        cmocka_unit_test(test_drafter_pipeline_shapes),
         cmocka_unit_test(test_target_tiny_llama),
         cmocka_unit_test(test_target_qwen3),
     };

@@ -9,9 +9,10 @@
  * context K/V, loss / correct rows or index arrays (cu_seqlens, anchors, ctx_start)
  * of the previous batch would make the second batch's result depend on the first.
  *
- * Drafter: batch A (T 300, 4 sequences, up to 32 blocks: the drafter's full capacity)
- * and batch B (T 110, 3 sequences of other lengths, other anchors, at most 9 blocks,
- * a last logits chunk with fewer blocks). Drafter 1 (seed 7) runs B, then A, then B
+ * Drafter (shapes of the pipeline test's tiny target: D 64, H 4, Hkv 2, hd 16, F 128,
+ * B 4): batch A (T 300, 4 sequences, up to 32 blocks; by default the drafter's full
+ * capacity) and batch B (T 110, 3 sequences of other lengths, other anchors, at most
+ * 9 blocks, with chunk 3 a last logits chunk of fewer blocks). Drafter 1 (seed 7) runs B, then A, then B
  * again (zero_grad before each, grad_scale 1 as drafter_worker); drafter 2 (seed 7,
  * fresh; on CUDA on a second ops context: its own cuBLASLt plan cache and scratch)
  * runs only B. Asserted BITWISE equal: B's loss sum, weight sum, per-position hit
@@ -68,16 +69,23 @@ typedef struct {
     void *feat;              /* (T, n_feat*D) act on the backend, or NULL */
 } co_batch_t;
 
-static void co_drafter_config(drafter_config_t *c, int V) {
+/* Drafter shapes of one case: vocabulary, layers, captured target layers (their ids
+ * spread over the target's 4), blocks per logits chunk, and the capacity the drafter
+ * is created with (0: batch A's T and blocks, i.e. A fills every buffer). */
+typedef struct {
+    int V, n_layers, n_feat, chunk, cap_T, cap_blocks;
+} co_dopts_t;
+
+static void co_drafter_config(drafter_config_t *c, const co_dopts_t *o) {
     drafter_config_defaults(c);
-    /* the pipeline test's tiny target shapes (D 64, H 4, Hkv 2, hd 16, F 128); its
-     * vocabulary is 49152 (the CUDA test runs that too) */
-    c->D = 64, c->H = 4, c->Hkv = 2, c->hd = 16, c->F = 128, c->V = V;
+    /* the pipeline test's tiny target shapes (D 64, H 4, Hkv 2, hd 16, F 128) */
+    c->D = 64, c->H = 4, c->Hkv = 2, c->hd = 16, c->F = 128, c->V = o->V;
     c->n_target_layers = 4, c->max_position_embeddings = 2048, c->rms_eps = 1e-5f;
     c->rope.theta = 10000.0;
-    c->n_layers = 2, c->n_feat = 3;
-    c->target_layer_ids[0] = 0, c->target_layer_ids[1] = 1, c->target_layer_ids[2] = 3;
-    c->B = 4, c->gamma = 0.0f, c->mask_token_id = 1, c->loss_chunk_blocks = 3;
+    c->n_layers = o->n_layers, c->n_feat = o->n_feat;
+    static const int ids3[3] = {0, 1, 3};
+    for (int i = 0; i < o->n_feat; i++) c->target_layer_ids[i] = o->n_feat == 1 ? 2 : ids3[i];
+    c->B = 4, c->gamma = 0.0f, c->mask_token_id = 1, c->loss_chunk_blocks = o->chunk;
     assert_int_equal(drafter_config_finish(c), 0);
 }
 
@@ -206,11 +214,11 @@ static void co_fb_same(const char *what, const co_fb_t *a, const co_fb_t *b, siz
     co_same_f32(w, a->logits, b->logits, nlogits);
 }
 
-/* The drafter case (see the file comment) at vocabulary V. c runs drafter 1,
+/* The drafter case (see the file comment) with shapes o. c runs drafter 1,
  * c_fresh drafter 2 (the same context on CPU). */
-static void co_drafter_case(const ops_ctx_t *c, const ops_ctx_t *c_fresh, int V_) {
+static void co_drafter_case(const ops_ctx_t *c, const ops_ctx_t *c_fresh, const co_dopts_t *o) {
     drafter_config_t cfg;
-    co_drafter_config(&cfg, V_);
+    co_drafter_config(&cfg, o);
     size_t D = (size_t)cfg.D, V = (size_t)cfg.V, row = (size_t)cfg.n_feat * D;
     /* frozen embedding and LM head, N(0, 0.05^2) as the tiny target's */
     rng_t r;
@@ -232,20 +240,22 @@ static void co_drafter_case(const ops_ctx_t *c, const ops_ctx_t *c_fresh, int V_
     co_batch_t A, Bb;
     co_make_batch(c, &A, lens_a, 4, cfg.V, cfg.B, 8, row, 11);
     co_make_batch(c, &Bb, lens_b, 3, cfg.V, cfg.B, 3, row, 12);
-    printf("  batch A: T %d, %d sequences, %d blocks; batch B: T %d, %d sequences, %d blocks\n",
-           A.T, A.nseq, A.nb, Bb.T, Bb.nseq, Bb.nb);
-    assert_true(Bb.nb < A.nb && Bb.T < A.T);
-    assert_true(Bb.nb % cfg.loss_chunk_blocks != 0 || A.nb % cfg.loss_chunk_blocks != 0);
+    int cap_T = o->cap_T > 0 ? o->cap_T : A.T, cap_nb = o->cap_blocks > 0 ? o->cap_blocks : A.nb;
+    printf("  V %d, %d layers, %d features, chunk %d, capacity %d tokens / %d blocks; batch A: "
+           "T %d, %d sequences, %d blocks; batch B: T %d, %d sequences, %d blocks\n", cfg.V,
+           cfg.n_layers, cfg.n_feat, cfg.loss_chunk_blocks, cap_T, cap_nb, A.T, A.nseq, A.nb,
+           Bb.T, Bb.nseq, Bb.nb);
+    assert_true(Bb.nb < A.nb && Bb.T < A.T && A.T <= cap_T && A.nb <= cap_nb);
 
     drafter_t *d1 = NULL, *d2 = NULL;
-    if (drafter_new(c, &cfg, embed, lm, A.T, A.nb, 7, &d1)) fail_msg("drafter_new: %s", dl_errmsg());
+    if (drafter_new(c, &cfg, embed, lm, cap_T, cap_nb, 7, &d1)) fail_msg("drafter_new: %s", dl_errmsg());
     co_fb_t b_first, a_run, b_after, b_fresh;
     co_fb(d1, c, &Bb, &b_first);
     co_fb(d1, c, &A, &a_run);
     co_fb(d1, c, &Bb, &b_after);
     drafter_destroy(&d1);
     c->impl->sync(c);
-    if (drafter_new(c_fresh, &cfg, embed, lm, A.T, A.nb, 7, &d2)) fail_msg("drafter_new: %s", dl_errmsg());
+    if (drafter_new(c_fresh, &cfg, embed, lm, cap_T, cap_nb, 7, &d2)) fail_msg("drafter_new: %s", dl_errmsg());
     co_fb(d2, c_fresh, &Bb, &b_fresh);
     size_t np = drafter_n_params(d2), nl = (size_t)Bb.nb * cfg.B * V;
     drafter_destroy(&d2);

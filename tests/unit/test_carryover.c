@@ -13,7 +13,20 @@
 
 static ops_ctx_t g_cpu;
 
-static void test_drafter(void **s) { (void)s; co_drafter_case(&g_cpu, &g_cpu, 500); }
+/* 2 layers, 3 features, chunks of 3 blocks, capacity = batch A */
+static void test_drafter(void **s) {
+    (void)s;
+    co_dopts_t o = {.V = 500, .n_layers = 2, .n_feat = 3, .chunk = 3};
+    co_drafter_case(&g_cpu, &g_cpu, &o);
+}
+/* test_pipeline_gpu's drafter: V 49152, 1 layer, 1 feature, chunks of 16 blocks,
+ * capacity 512 tokens / 512 blocks (--token-budget 512) */
+static void test_drafter_pipeline_shapes(void **s) {
+    (void)s;
+    co_dopts_t o = {.V = 49152, .n_layers = 1, .n_feat = 1, .chunk = 16, .cap_T = 512,
+                    .cap_blocks = 512};
+    co_drafter_case(&g_cpu, &g_cpu, &o);
+}
 static void test_target_tiny_llama(void **s) { (void)s; co_target_tiny_llama(&g_cpu, &g_cpu); }
 static void test_target_qwen3(void **s) { (void)s; co_target_qwen3(&g_cpu, &g_cpu); }
 
@@ -21,6 +34,7 @@ int main(void) {
     ops_cpu_init(&g_cpu, 0);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_drafter),
+        cmocka_unit_test(test_drafter_pipeline_shapes),
         cmocka_unit_test(test_target_tiny_llama),
         cmocka_unit_test(test_target_qwen3),
     };
