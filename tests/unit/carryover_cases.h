@@ -35,7 +35,9 @@
  * atomics on these shapes (attention_block backward is key-major by design;
  * rmsnorm backward's fast path sums per-team partials in a fixed order; xent is one
  * block per row) and cuBLASLt returns the same bits for the same plan (one cached
- * heuristic choice per shape and alignment). The one float-atomic path is
+ * heuristic choice per shape and alignment; should the heuristic ever pick a split-K
+ * algorithm that reduces with atomics, check (1) fails and says so). The one
+ * float-atomic path of our kernels is
  * rmsnorm_bwd_kernel's shared-memory atomicAdd for dweight, taken only for odd or
  * unaligned C or C/2 > 4096: not reached here (C = 64 and hd = 16).
  *
