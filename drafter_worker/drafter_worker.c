@@ -374,6 +374,13 @@ static void after_work_cb(uv_work_t *req, int status) {
         exit(1); /* the supervisor restarts the stage; the loader re-issues the work */
     }
     const drafter_stats_t *s = &W->cur_stats;
+    /* DL_LOG_LEVEL=debug: per-micro-batch sums, to hold runs of one job on different
+     * layouts (CPU, 1 GPU, 2 GPUs) against each other micro-batch by micro-batch */
+    double rows = 0;
+    for (int k = 0; k < W->dcfg.B; k++) rows += s->count[k];
+    log_debug("micro-batch %llu (step %llu): T %u, %u sequences, %.0f loss rows, loss_sum %.9g, "
+              "weight_sum %.9g", (unsigned long long)it->mb, (unsigned long long)it->step, it->T,
+              it->n_seqs, rows, s->loss_sum, s->weight_sum);
     proto_msg_t m;
     proto_msg_init(&m, PROTO_GRADIENTS_READY);
     proto_gradients_ready_t *g = &m.gradients_ready;
