@@ -2,14 +2,30 @@
  * torch.optim.AdamW (decoupled decay, bias-corrected moments) preceded by
  * torch.nn.utils.clip_grad_norm_ scaling. */
 #include <math.h>
+#include <stdlib.h>
 
 #include "common/ops/cpu/cpu.h"
 
-/* out[0] (+)= sum x^2, accumulated in double. */
+/* out[0] (+)= sum x^2, accumulated in double. Deterministic whatever the thread count:
+ * fixed chunks of SUMSQ_CHUNK elements are summed sequentially (in parallel across
+ * chunks) and the chunk sums added in chunk order (an OpenMP reduction combines the
+ * threads' sums in arrival order: a 1-ulp run-to-run difference in the gradient norm,
+ * hence in the clip scale and the weights). */
+#define SUMSQ_CHUNK 65536
 void ops_cpu_sumsq(const ops_ctx_t *c, float *out, const float *x, size_t n, int accumulate) {
+    size_t nc = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
+    double one, *part = nc > 1 ? malloc(nc * sizeof *part) : &one;
+    if (!part) abort();   /* a few KB per GB of parameters; ops errors abort (ops.h) */
+#pragma omp parallel for num_threads(ops_cpu__threads(c)) schedule(static) if (nc > 1)
+    for (size_t k = 0; k < nc; k++) {
+        size_t i1 = (k + 1) * SUMSQ_CHUNK < n ? (k + 1) * SUMSQ_CHUNK : n;
+        double p = 0.0;
+        for (size_t i = k * SUMSQ_CHUNK; i < i1; i++) p += (double)x[i] * x[i];
+        part[k] = p;
+    }
     double s = 0.0;
-#pragma omp parallel for num_threads(ops_cpu__threads(c)) schedule(static) reduction(+ : s)
-    for (size_t i = 0; i < n; i++) s += (double)x[i] * x[i];
+    for (size_t k = 0; k < nc; k++) s += part[k];
+    if (part != &one) free(part);
     out[0] = accumulate ? (float)(out[0] + s) : (float)s;
 }
 
