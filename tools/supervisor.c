@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -1187,7 +1188,31 @@ static void on_tick(uv_timer_t *t) {
     stall_check(S, now);
 }
 
+static int supervisor_run_locked(const sup_opts_t *o, sup_summary_t *sum);
+
+/* One supervisor per run dir: an exclusive flock on <out>/run.lock, held for the whole
+ * run (two `draftline run --out DIR` started together both pass the run.json liveness
+ * check, then steal each other's ipc sockets and wait forever). */
 int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
+    memset(sum, 0, sizeof *sum);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/run.lock", o->out_dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return dl_seterr(DL_EIO, "run lock %s: %s", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        close(fd);
+        if (e == EWOULDBLOCK)
+            return dl_seterr(DL_ESTATE, "--out %s: another `draftline run` is using this run dir right now "
+                                        "(it holds %s): stop it first, or choose another --out", o->out_dir, path);
+        return dl_seterr(DL_EIO, "run lock %s: flock: %s", path, strerror(e));
+    }
+    int rc = supervisor_run_locked(o, sum);
+    close(fd);
+    return rc;
+}
+
+static int supervisor_run_locked(const sup_opts_t *o, sup_summary_t *sum) {
     static sup_t S;
     memset(&S, 0, sizeof S);
     memset(sum, 0, sizeof *sum);

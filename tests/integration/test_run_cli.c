@@ -10,7 +10,8 @@
  *    a dir whose run applied no step and saved no checkpoint is reused as fresh (and
  *    --resume of one starts fresh); a run stopped by SIGINT exits 130;
  *  - flags that need no data are checked before anything is written: --resume of a
- *    missing path, --resume of a live run, --inbox-gb 0 (no out dir created).
+ *    missing path, --resume of a live run, --inbox-gb 0 (no out dir created);
+ *  - a run dir whose run.lock another process holds is refused (exit 1), not shared.
  * Every child has a hard timeout and is killed and reaped. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -36,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -341,11 +343,45 @@ static void test_fresh_reuse_and_sweeps(void **state) {
     free(txt);
 }
 
+/* One supervisor per run dir: while another process holds <out>/run.lock (what a
+ * second `draftline run --out` started at the same moment meets), the run is refused
+ * with exit 1 and a message naming the dir, instead of both runs stealing each other's
+ * sockets and waiting forever; once the lock is free the same command trains. */
+static void test_run_dir_lock(void **state) {
+    (void)state;
+    char out[400], log[500], p[600];
+    snprintf(out, sizeof out, "%s/locked", root);
+    snprintf(log, sizeof log, "%s/locked.out", root);
+    assert_int_equal(mkdir(out, 0700), 0);
+    snprintf(p, sizeof p, "%s/run.lock", out);
+    int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(flock(fd, LOCK_EX | LOCK_NB), 0);
+    static pf_run_args_t a;
+    const char *extra[] = {"--out", out, "--max-steps", "2", NULL};
+    run_argv(&a, log, extra);
+    assert_int_equal(run_sync(&a, 30), 1);
+    char *txt = slurp(log);
+    assert_non_null(strstr(txt, "another `draftline run` is using this run dir"));
+    assert_non_null(strstr(txt, out));
+    free(txt);
+    snprintf(p, sizeof p, "%s/steps.jsonl", out);
+    assert_int_equal(pf_count_lines(p), 0);
+    close(fd);
+    int code = run_sync(&a, 60);
+    txt = slurp(log);
+    if (code != 0) fprintf(stderr, "%s\n", txt);
+    free(txt);
+    assert_int_equal(code, 0);
+    assert_int_equal(pf_count_lines(p), 2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_supervisor_killed),
         cmocka_unit_test(test_validation_first),
         cmocka_unit_test(test_fresh_reuse_and_sweeps),
+        cmocka_unit_test(test_run_dir_lock),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
