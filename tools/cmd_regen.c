@@ -61,10 +61,15 @@ static void regen_usage(FILE *f) {
             REGEN_MAX_BATCH);
 }
 
-/* Counts the complete lines of path and truncates a partial last line away.
- * Creates the file when missing. Returns the count or <0. */
-static int64_t resume_prepare(const char *path) {
-    int fd = open(path, O_RDWR | O_CREAT, 0644);
+/* Counts the complete lines of path (0 when it does not exist yet; it is created
+ * when the first sample is written). A partial last line (what a kill mid-write
+ * leaves) is reported in *tail_off (its offset) and *tail_len (0: none); it is
+ * truncated away only by resume_drop_tail, after the complete lines are checked.
+ * Returns the count or <0. */
+static int64_t resume_prepare(const char *path, off_t *tail_off, off_t *tail_len) {
+    *tail_off = *tail_len = 0;
+    int fd = open(path, O_RDONLY);
+    if (fd < 0 && errno == ENOENT) return 0;
     if (fd < 0) return dl_seterr(DL_EIO, "--out %s: %s", path, strerror(errno));
     char buf[1 << 16];
     int64_t lines = 0;
@@ -83,16 +88,33 @@ static int64_t resume_prepare(const char *path) {
             }
         pos += n;
     }
-    if (pos != end_of_last) {
-        log_warn("%s: dropping a partial last line (%lld bytes) left by an interrupted run", path,
-                 (long long)(pos - end_of_last));
-        if (ftruncate(fd, end_of_last) != 0 || fsync(fd) != 0) {
-            close(fd);
-            return dl_seterr(DL_EIO, "--out %s: truncate: %s", path, strerror(errno));
-        }
+    close(fd);
+    *tail_off = end_of_last;
+    *tail_len = pos - end_of_last;
+    return lines;
+}
+
+/* Truncates the partial last line at tail_off away when it is the start of a regen
+ * output line ({"messages": ...); anything else is not ours to delete: DL_EFORMAT. */
+static int resume_drop_tail(const char *path, off_t tail_off, off_t tail_len) {
+    static const char want[] = "{\"messages\":";
+    char head[sizeof want] = {0};
+    int fd = open(path, O_RDWR);
+    if (fd < 0) return dl_seterr(DL_EIO, "--out %s: %s", path, strerror(errno));
+    size_t k = tail_len < (off_t)sizeof want - 1 ? (size_t)tail_len : sizeof want - 1;
+    ssize_t n = pread(fd, head, k, tail_off);
+    if (n != (ssize_t)k || memcmp(head, want, k) != 0) {
+        close(fd);
+        return dl_seterr(DL_EFORMAT, "--out %s: its last line (%lld bytes, no newline) is not a regen output "
+                         "line; fix or remove it (or pick another --out)", path, (long long)tail_len);
+    }
+    log_warn("%s: dropping a partial last line (%lld bytes) left by an interrupted run", path, (long long)tail_len);
+    if (ftruncate(fd, tail_off) != 0 || fsync(fd) != 0) {
+        close(fd);
+        return dl_seterr(DL_EIO, "--out %s: truncate: %s", path, strerror(errno));
     }
     close(fd);
-    return lines;
+    return 0;
 }
 
 /* Checks that each of the first `lines` lines of path is a regen output line:
@@ -253,9 +275,11 @@ int cmd_regen(int argc, char **argv) {
     if (!model[0] && paths_default_model(model, sizeof model) < 0) return log_rc(DL_ERANGE, "default model path"), 1;
 
     int rc0;
-    int64_t have = resume_prepare(out_path);
+    off_t tail_off, tail_len;
+    int64_t have = resume_prepare(out_path, &tail_off, &tail_len);
     if (have < 0) return log_rc((int)have, "regen"), 1;
     if (have > 0 && (rc0 = resume_validate(out_path, have)) < 0) return log_rc(rc0, "regen"), 1;
+    if (tail_len > 0 && (rc0 = resume_drop_tail(out_path, tail_off, tail_len)) < 0) return log_rc(rc0, "regen"), 1;
     if (have >= limit) {
         log_info("%s already holds %lld samples (--limit %lld): nothing to do", out_path, (long long)have, (long long)limit);
         return 0;
@@ -295,6 +319,7 @@ int cmd_regen(int argc, char **argv) {
     gp.top_p = (float)top_p;
     int32_t eos = tok_eos_id(tok);
     if (eos >= 0 && gp.n_stop < GEN_MAX_STOP) gp.stop_ids[gp.n_stop++] = eos;
+    int out_existed = access(out_path, F_OK) == 0;
     out = fopen(out_path, "a");
     if (!out) { log_rc(dl_seterr(DL_EIO, "--out %s: %s", out_path, strerror(errno)), "regen"); goto done; }
     if (have) log_info("resuming: %s holds %lld samples; skipping as many prompts of %s", out_path, (long long)have, data);
@@ -385,6 +410,16 @@ int cmd_regen(int argc, char **argv) {
         log_info("regen: %lld samples in %s (%lld this run, %.2f samples/s, %.1f generated tok/s)",
                  (long long)written, out_path, (long long)(written - have), (written - have) / (el + 1e-9),
                  gen_tokens / (el + 1e-9));
+    }
+    if (written == 0 && eof) {
+        /* like prepare: a data set with no usable prompt is an error, not an empty success */
+        log_rc(dl_seterr(DL_EFORMAT, "0 samples from %s (%llu bad records, %lld prompts longer than --max-ctx - "
+                         "--max-new-tokens): nothing to regenerate", data,
+                         (unsigned long long)prompt_reader_skipped(rd), (long long)skipped_long), "regen");
+        fclose(out);
+        out = NULL;
+        if (!out_existed) unlink(out_path);
+        goto done;
     }
     if (fsync(fileno(out)) != 0) log_warn("--out %s: fsync: %s", out_path, strerror(errno));
     log_info("regen done: %lld samples in %s (%lld written now in %.1f s; %lld prompts skipped as too long, %llu bad records)",

@@ -9,7 +9,9 @@
  *    uninterrupted run (greedy decoding is deterministic and batch-independent);
  *  - a third start finds nothing to do and leaves the file as it is;
  *  - --max-seconds already spent stops after one batch; a rerun completes the file
- *    byte-identical to the uninterrupted run.
+ *    byte-identical to the uninterrupted run;
+ *  - a foreign --out keeps every byte (its partial last line is refused, not cut); a
+ *    --data with no usable prompt fails (exit 1) and leaves no empty --out.
  * Exit 77 (skip) when the model or ../shared/data/gsm8k is absent. Hard timeout. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -207,6 +209,54 @@ static void test_regen_max_seconds(void **state) {
     free(b);
 }
 
+/* `draftline regen --data IN --out OUT` with these IN and OUT; returns the exit code. */
+static int run_regen_on(const char *in, const char *out) {
+    char *argv[] = {"draftline", "regen", "--data", (char *)in, "--out", (char *)out,
+                    "--max-new-tokens", "4", "--batch", "1", "--limit", "1", "--threads", "1", NULL};
+    proc_t p;
+    memset(&p, 0, sizeof p);
+    assert_int_equal(proc_spawn_exec(&p, "regen", g_bin, argv), 0);
+    int code = -1;
+    assert_int_equal(proc_wait(&p, TIMEOUT_MS, &code), 0);
+    proc_kill(&p);
+    return code;
+}
+
+/* An --out that is not regen output keeps every byte: a last line without a newline
+ * that is not the start of a regen line is refused, not truncated (it was, before the
+ * complete lines were even checked); a --data with no usable prompt is an error (exit
+ * 1) and leaves no empty --out behind; a missing --data creates no --out. */
+static void test_regen_foreign_and_empty(void **state) {
+    (void)state;
+    static const char *const foreign[] = {"notes without newline",
+                                          "{\"messages\":[]}\nnot json and no newline"};
+    char out[512], in[512];
+    snprintf(out, sizeof out, "%s/foreign.txt", g_dir);
+    for (int i = 0; i < 2; i++) {
+        FILE *f = fopen(out, "wb");
+        assert_non_null(f);
+        fputs(foreign[i], f);
+        fclose(f);
+        assert_int_equal(run_regen_on(g_data, out), 1);
+        size_t n;
+        char *b = slurp(out, &n);
+        assert_non_null(b);
+        assert_int_equal(n, strlen(foreign[i]));
+        assert_memory_equal(b, foreign[i], n);
+        free(b);
+    }
+    snprintf(in, sizeof in, "%s/noprompt.jsonl", g_dir);
+    FILE *f = fopen(in, "w");
+    assert_non_null(f);
+    fputs("{\"foo\": \"bar\"}\n{broken\n", f);
+    fclose(f);
+    snprintf(out, sizeof out, "%s/empty_out.jsonl", g_dir);
+    assert_int_equal(run_regen_on(in, out), 1);
+    assert_int_not_equal(access(out, F_OK), 0);
+    assert_int_equal(run_regen_on("/nonexistent/in.jsonl", out), 1);
+    assert_int_not_equal(access(out, F_OK), 0);
+}
+
 int main(void) {
     char model[1024], shared[1024];
     if (paths_default_model(model, sizeof model) < 0 || access(model, R_OK) != 0) {
@@ -229,7 +279,8 @@ int main(void) {
     if (!mkdtemp(g_dir)) return 1;
     proc_watchdog(300);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_regen_kill_resume),
-                                       cmocka_unit_test(test_regen_max_seconds)};
+                                       cmocka_unit_test(test_regen_max_seconds),
+                                       cmocka_unit_test(test_regen_foreign_and_empty)};
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     proc_watchdog(0);
     proc_kill_all();
