@@ -92,35 +92,54 @@ static int pad_to(FILE *f, uint64_t *off, const char *path) {
 
 /* The top-level field names of a JSON object record into buf ("a, b, c"),
  * or "" when rec is not a JSON object. */
-static void record_fields(const char *rec, size_t len, char *buf, size_t cap) {
+/* The field names of a JSON object record into buf (", "-separated), and into hint
+ * what to pass instead: --prompt-field/--response-field when two string fields look
+ * like a prompt and a response (known names first, else the only two string fields),
+ * or `draftline regen` for prompt-only records (a "turns" list, a lone prompt). */
+static void record_fields(const char *rec, size_t len, char *buf, size_t cap, char *hint, size_t hcap) {
+    static const char *const pnames[] = {"question", "prompt", "instruction", "input", "query", "problem", NULL};
+    static const char *const rnames[] = {"answer", "response", "output", "completion", "canonical_solution",
+                                         "solution", "chosen", NULL};
     buf[0] = 0;
+    hint[0] = 0;
     cJSON *root = cJSON_ParseWithLength(rec, len);
     if (cJSON_IsObject(root)) {
         size_t n = 0;
+        int nstr = 0, turns = 0;
+        const char *s1 = NULL, *s2 = NULL, *p = NULL, *r = NULL;
         const cJSON *it;
         cJSON_ArrayForEach(it, root) {
             if (!it->string) continue;
             int w = snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", it->string);
-            if (w < 0 || (size_t)w >= cap - n) { buf[n] = 0; break; }
-            n += (size_t)w;
+            if (w < 0 || (size_t)w >= cap - n) buf[n] = 0;
+            else n += (size_t)w;
+            if (cJSON_IsArray(it) && !strcmp(it->string, "turns")) turns = 1;
+            if (!cJSON_IsString(it)) continue;
+            if (nstr == 0) s1 = it->string; else if (nstr == 1) s2 = it->string;
+            nstr++;
+            for (int i = 0; !p && pnames[i]; i++) if (!strcmp(it->string, pnames[i])) p = it->string;
+            for (int i = 0; !r && rnames[i]; i++) if (!strcmp(it->string, rnames[i])) r = it->string;
         }
+        if (!p || !r) { p = r = NULL; if (nstr == 2) { p = s1; r = s2; } }
+        if (p && r)
+            snprintf(hint, hcap, "use --prompt-field %s --response-field %s (or --format openai|sharegpt|text)", p, r);
+        else if (turns || nstr <= 1)
+            snprintf(hint, hcap, "prompt-only records have no response to train on: generate one with "
+                                 "`draftline regen --data FILE --out OUT.jsonl`, then prepare OUT.jsonl");
     }
     cJSON_Delete(root);
 }
 
 /* DL_EFORMAT for a run that produced no samples, with a hint from the first
- * skipped record's fields (skip_fields) when it is a JSON object. */
-static int no_samples_error(const prep_opts_t *o, uint64_t skipped, const char *skip_fields, const char *skip_why) {
+ * skipped record's fields (skip_fields, skip_hint) when it is a JSON object. */
+static int no_samples_error(const prep_opts_t *o, uint64_t skipped, const char *skip_fields, const char *skip_hint,
+                            const char *skip_why) {
     if (skipped == 0)
         return dl_seterr(DL_EFORMAT, "0 samples from %s: the file has no records", o->data_path);
     if (skip_fields[0]) {
-        /* two string fields that look like a prompt and a response */
-        char p[128] = "", r[128] = "";
-        if (sscanf(skip_fields, "%127[^,], %127[^,]", p, r) == 2 && !o->ds.prompt_field)
-            return dl_seterr(DL_EFORMAT,
-                             "0 samples from %s (%llu bad lines, first: %s); its records have fields %s: "
-                             "use --prompt-field %s --response-field %s (or --format openai|sharegpt|text)",
-                             o->data_path, (unsigned long long)skipped, skip_why, skip_fields, p, r);
+        if (skip_hint[0] && (!o->ds.prompt_field || !strncmp(skip_hint, "prompt-only", 11)))
+            return dl_seterr(DL_EFORMAT, "0 samples from %s (%llu bad lines, first: %s); its records have fields %s: %s",
+                             o->data_path, (unsigned long long)skipped, skip_why, skip_fields, skip_hint);
         return dl_seterr(DL_EFORMAT, "0 samples from %s (%llu bad lines, first: %s); its records have fields %s",
                          o->data_path, (unsigned long long)skipped, skip_why, skip_fields);
     }
@@ -175,7 +194,7 @@ int prep_run(const tok_t *t, const prep_opts_t *o, prep_stats_t *st) {
     if ((rc = pad_to(out, &off, tmp)) < 0) goto done;
     uint64_t ids_off = off, ntok = 0, nasst = 0, nsamp = 0;
     uint32_t maxlen = 0;
-    char skip_fields[256] = "", skip_why[256] = "";
+    char skip_fields[256] = "", skip_why[256] = "", skip_hint[256] = "";
 
     for (int eof = 0; !eof;) {
         /* 1. read a chunk of raw records (serial) */
@@ -226,7 +245,8 @@ int prep_run(const tok_t *t, const prep_opts_t *o, prep_stats_t *st) {
             if (rc == 0 && r->rc == DL_EFORMAT) {
                 if (ds_skipped(rd) == 0 && nsamp == 0) {
                     snprintf(skip_why, sizeof skip_why, "line %llu: %s", (unsigned long long)rec_line[i], r->err);
-                    record_fields(arena + rec_off[i], rec_off[i + 1] - rec_off[i] - 1, skip_fields, sizeof skip_fields);
+                    record_fields(arena + rec_off[i], rec_off[i + 1] - rec_off[i] - 1, skip_fields, sizeof skip_fields,
+                                  skip_hint, sizeof skip_hint);
                 }
                 rc = ds_report_bad(rd, rec_line[i], r->err);
             } else if (rc == 0 && r->rc < 0) {
@@ -258,7 +278,7 @@ int prep_run(const tok_t *t, const prep_opts_t *o, prep_stats_t *st) {
         }
         if (rc < 0) goto done;
     }
-    if (nsamp == 0) { rc = no_samples_error(o, ds_skipped(rd), skip_fields, skip_why); goto done; }
+    if (nsamp == 0) { rc = no_samples_error(o, ds_skipped(rd), skip_fields, skip_hint, skip_why); goto done; }
     off = ids_off + ntok * sizeof(int32_t);
     if ((rc = pad_to(out, &off, tmp)) < 0) goto done;
     uint64_t mask_off = off;

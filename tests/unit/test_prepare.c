@@ -272,6 +272,24 @@ static void test_zero_samples(void **state) {
     assert_int_equal(prep_run(g_tok, &po, &st), DL_EFORMAT);
     assert_non_null(strstr(dl_errmsg(), "--prompt-field question --response-field answer"));
     assert_int_not_equal(access(out, F_OK), 0);
+    /* HumanEval-shaped: the hint names prompt/canonical_solution, not the first two fields */
+    snprintf(p, sizeof p, "%s/he.jsonl", g_dir);
+    f = fopen(p, "w");
+    fputs("{\"task_id\": \"H/0\", \"prompt\": \"def f():\", \"entry_point\": \"f\", "
+          "\"canonical_solution\": \"  return 1\", \"test\": \"assert f() == 1\"}\n", f);
+    fclose(f);
+    assert_int_equal(prep_run(g_tok, &po, &st), DL_EFORMAT);
+    assert_non_null(strstr(dl_errmsg(), "--prompt-field prompt --response-field canonical_solution"));
+    /* MT-Bench-shaped (a number, a string, a turns list): no field pair, regen */
+    snprintf(p, sizeof p, "%s/mt.jsonl", g_dir);
+    f = fopen(p, "w");
+    fputs("{\"question_id\": 81, \"category\": \"writing\", \"turns\": [\"Write a poem.\"]}\n", f);
+    fclose(f);
+    assert_int_equal(prep_run(g_tok, &po, &st), DL_EFORMAT);
+    assert_null(strstr(dl_errmsg(), "--prompt-field"));
+    assert_non_null(strstr(dl_errmsg(), "draftline regen"));
+    assert_int_not_equal(access(out, F_OK), 0);
+    snprintf(p, sizeof p, "%s/qa.jsonl", g_dir);
     po.ds.prompt_field = "question";
     po.ds.response_field = "answer";
     assert_int_equal(prep_run(g_tok, &po, &st), 0);
