@@ -49,7 +49,7 @@ static void monitor_usage(FILE *f) {
             "                         (with --once: print the Prometheus text once and exit)\n"
             "  --prometheus-host A    IPv4 address to bind (default 0.0.0.0)\n"
             "  --no-nvml              do not query GPUs\n"
-            "TUI keys: q quit, up/down/PgUp/PgDn scroll.\n");
+            "TUI keys: q quit, up/down/PgUp/PgDn scroll. Not a terminal (redirected, piped): as --once.\n");
 }
 
 typedef struct {
@@ -271,6 +271,11 @@ int cmd_monitor(int argc, char **argv) {
         if (rc < 0) { cli_error("monitor", dl_errmsg()); return 2; }
     }
     if (!C.a.dir || optind < argc) { monitor_usage(stderr); return 2; }
+    if (!C.a.once && C.a.prom_port < 0 && !isatty(STDOUT_FILENO)) {
+        /* redirected or piped: the TUI would write escape codes there until killed */
+        fprintf(stderr, "monitor: stdout is not a terminal: printing one snapshot (as --once)\n");
+        C.a.once = 1;
+    }
     if (C.a.once) { /* a snapshot of nothing is a wrong --run, not an empty table */
         char p1[4200], p2[4200];
         snprintf(p1, sizeof p1, "%s/run.json", C.a.dir);

@@ -272,6 +272,15 @@ static void test_cli_once_and_plot(void **state) {
     char *argv4[] = {"draftline", "monitor", "--once", NULL};
     free(run_cli(argv4, &code));
     assert_int_equal(code, 2);
+    /* stdout redirected (not a terminal), no --once: one snapshot and exit 0, not a TUI
+     * writing escape codes into the file until killed */
+    char *argv5[] = {"draftline", "monitor", "--run", "tests/fixtures/monitor/stall", "--stall-s", "20",
+                     "--no-nvml", NULL};
+    out = run_cli(argv5, &code);
+    assert_int_equal(code, 0);
+    assert_non_null(strstr(out, "bottleneck: drafter0 is stuck"));
+    assert_null(strchr(out, '\033'));
+    free(out);
 }
 
 /* ------------------------------------------------------------ live writer */
