@@ -1201,11 +1201,13 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     if (fd < 0) return dl_seterr(DL_EIO, "run lock %s: %s", path, strerror(errno));
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
         int e = errno;
-        close(fd);
-        if (e == EWOULDBLOCK)
+        if (e == EWOULDBLOCK) {
+            close(fd);
             return dl_seterr(DL_ESTATE, "--out %s: another `draftline run` is using this run dir right now "
                                         "(it holds %s): stop it first, or choose another --out", o->out_dir, path);
-        return dl_seterr(DL_EIO, "run lock %s: flock: %s", path, strerror(e));
+        }
+        /* a file system without flock (some NFS): run unguarded, as before the lock */
+        log_warn("run lock %s: flock: %s (two runs in this dir would not be refused)", path, strerror(e));
     }
     int rc = supervisor_run_locked(o, sum);
     close(fd);
