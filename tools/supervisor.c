@@ -1306,15 +1306,26 @@ static int supervisor_run_locked(const sup_opts_t *o, sup_summary_t *sum) {
     sum->failed = S.failed;
     snprintf(path, sizeof path, "%s/checkpoints/latest", o->out_dir);
     FILE *f = fopen(path, "r");
+    unsigned long long latest_step = 0;
+    int have_latest = 0;
     if (f) {
         char name[128] = {0};
         if (fgets(name, sizeof name, f)) {
             name[strcspn(name, "\r\n")] = 0;
             snprintf(sum->checkpoint, sizeof sum->checkpoint, "%s/checkpoints/%s", o->out_dir, name);
+            have_latest = sscanf(name, "step_%llu", &latest_step) == 1;
         }
         fclose(f);
     }
     free(S.losses);
+    /* The optimizer logs a failed checkpoint write (disk full) and goes on; a run whose
+     * last applied step has no checkpoint must not end as a success. */
+    if (!S.failed && sum->steps > o->start_step && (!have_latest || latest_step < sum->steps)) {
+        sum->failed = 1;
+        return dl_seterr(DL_EIO, "the final checkpoint (step_%llu) was not written (disk full? see %s/logs/optimizer.log); "
+                         "the last saved one is %s", (unsigned long long)sum->steps, o->out_dir,
+                         sum->checkpoint[0] ? sum->checkpoint : "(none)");
+    }
     return S.failed ? dl_seterr(DL_ESTATE, "the run failed (a stage died beyond its restarts, or the optimizer died; see above and %s/logs)", o->out_dir) : 0;
 }
 

@@ -54,17 +54,17 @@ int ckpt_write(const char *out_dir, drafter_t *d, const ckpt_state_hdr_t *hdr,
     memcpy(drafter_master(d), master, hdr->n_params * sizeof(float));
     drafter_sync_weights(d);
     int rc = dflash_ckpt_save(d, tmp, "F32", NULL);
-    if (rc < 0) return dl_wraperr(rc, "checkpoint %s", tmp);
+    if (rc < 0) { rc = dl_wraperr(rc, "checkpoint %s", tmp); goto fail; }
     size_t pb = hdr->n_params * sizeof(float);
     snprintf(p, sizeof p, "%s/state.bin", tmp);
-    DL_TRY(write_file(p, hdr, sizeof *hdr, master, pb, m, pb, v, pb));
+    if ((rc = write_file(p, hdr, sizeof *hdr, master, pb, m, pb, v, pb)) < 0) goto fail;
     if (cursor) {
         snprintf(p, sizeof p, "%s/cursor.bin", tmp);
-        DL_TRY(write_file(p, cursor, 40, NULL, 0, NULL, 0, NULL, 0));
+        if ((rc = write_file(p, cursor, 40, NULL, 0, NULL, 0, NULL, 0)) < 0) goto fail;
     }
     fsync_dir(tmp);
     rm_tree(fin);
-    if (rename(tmp, fin) != 0) return dl_seterr(DL_EIO, "rename %s: %s", tmp, strerror(errno));
+    if (rename(tmp, fin) != 0) { rc = dl_seterr(DL_EIO, "rename %s: %s", tmp, strerror(errno)); goto fail; }
     fsync_dir(root);
     char latest[4200], ltmp[4300];
     snprintf(latest, sizeof latest, "%s/latest", root);
@@ -76,6 +76,10 @@ int ckpt_write(const char *out_dir, drafter_t *d, const ckpt_state_hdr_t *hdr,
     fsync_dir(root);
     if (dir_out) snprintf(dir_out, cap, "%s", fin);
     return 0;
+fail:
+    /* a failed write (disk full) leaves no partial step_N.tmp taking the space of the next one */
+    rm_tree(tmp);
+    return rc;
 }
 
 int ckpt_read(const char *dir, uint64_t expected, ckpt_state_hdr_t *hdr, float *master, float *m,

@@ -11,7 +11,8 @@
  *    --resume of one starts fresh); a run stopped by SIGINT exits 130;
  *  - flags that need no data are checked before anything is written: --resume of a
  *    missing path, --resume of a live run, --inbox-gb 0 (no out dir created);
- *  - a run dir whose run.lock another process holds is refused (exit 1), not shared.
+ *  - a run dir whose run.lock another process holds is refused (exit 1), not shared;
+ *  - a run whose final checkpoint cannot be written exits 1.
  * Every child has a hard timeout and is killed and reaped. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -376,12 +377,35 @@ static void test_run_dir_lock(void **state) {
     assert_int_equal(pf_count_lines(p), 2);
 }
 
+/* A final checkpoint that cannot be written (here: checkpoints/latest.tmp is a
+ * directory, so `latest` cannot be updated; on a real machine: a full disk) fails the
+ * run (exit 1, naming the missing step) instead of exiting 0. */
+static void test_final_checkpoint_unwritten(void **state) {
+    (void)state;
+    char out[400], log[500], p[600];
+    snprintf(out, sizeof out, "%s/nockpt", root);
+    snprintf(log, sizeof log, "%s/nockpt.out", root);
+    assert_int_equal(mkdir(out, 0700), 0);
+    snprintf(p, sizeof p, "%s/checkpoints", out);
+    assert_int_equal(mkdir(p, 0755), 0);
+    snprintf(p, sizeof p, "%s/checkpoints/latest.tmp", out);
+    assert_int_equal(mkdir(p, 0755), 0);
+    static pf_run_args_t a;
+    const char *extra[] = {"--out", out, "--max-steps", "2", NULL};
+    run_argv(&a, log, extra);
+    assert_int_equal(run_sync(&a, 60), 1);
+    char *txt = slurp(log);
+    assert_non_null(strstr(txt, "the final checkpoint (step_2) was not written"));
+    free(txt);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_supervisor_killed),
         cmocka_unit_test(test_validation_first),
         cmocka_unit_test(test_fresh_reuse_and_sweeps),
         cmocka_unit_test(test_run_dir_lock),
+        cmocka_unit_test(test_final_checkpoint_unwritten),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
