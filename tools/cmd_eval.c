@@ -14,6 +14,7 @@
 #include "common/data/tokenizer.h"
 #include "common/model/dflash_ckpt.h"
 #include "common/model/specdec.h"
+#include "common/pipe/ckpt.h"
 #include "common/pipe/model.h"
 
 #include <getopt.h>
@@ -29,7 +30,8 @@ static void eval_usage(FILE *f) {
             "Speculative decoding with a DFlash drafter over a prompt set (first user turn,\n"
             "chat template applied), and target-only decoding of the same prompts.\n\n"
             "  --target-model PATH    .gguf or HF model dir (default: the embedded SmolLM2)\n"
-            "  --drafter DIR          DFlash checkpoint dir (config.json + model.safetensors);\n"
+            "  --drafter DIR          DFlash checkpoint dir (config.json + model.safetensors),\n"
+            "                         or a run dir (its checkpoints/latest);\n"
             "                         'random' = fresh random weights (seeded), 'zero' = all\n"
             "                         weights zero (deliberately wrong)\n"
             "  --data PROMPTS         MT-Bench question.jsonl, HumanEval.jsonl.gz, GSM8K jsonl,\n"
@@ -142,6 +144,15 @@ int cmd_eval(int argc, char **argv) {
     if (strcmp(device, "cpu") && strcmp(device, "cuda")) { cli_error("eval", "--device: expected cpu or cuda"); return 2; }
     if (!model[0] && paths_default_model(model, sizeof model) < 0) return log_rc(DL_ERANGE, "default model path"), 1;
     int is_random = !strcmp(drafter_arg, "random"), is_zero = !strcmp(drafter_arg, "zero");
+    static char resolved[4096];
+    if (!is_random && !is_zero) { /* a run dir (`run --out DIR`): its latest checkpoint */
+        char cfgp[4200];
+        snprintf(cfgp, sizeof cfgp, "%s/config.json", drafter_arg);
+        if (access(cfgp, F_OK) != 0 && ckpt_resolve(drafter_arg, resolved, sizeof resolved) == 0) {
+            log_info("--drafter %s: a run dir, evaluating its latest checkpoint %s", drafter_arg, resolved);
+            drafter_arg = resolved;
+        }
+    }
     if (json_out && eval_check_out(json_out) < 0) { cli_error("eval", dl_errmsg()); return 2; }
 
     int rc, ret = 1;
