@@ -167,11 +167,24 @@ int prep_run(const tok_t *t, const prep_opts_t *o, prep_stats_t *st) {
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", o->out_path, (int)getpid()) >= (int)sizeof tmp)
         return dl_seterr(DL_ERANGE, "--out: path too long");
     { /* refused before the data is read: the rename at the end would fail */
-        struct stat ost;
+        struct stat ost, dst;
         size_t ol = strlen(o->out_path);
-        if ((stat(o->out_path, &ost) == 0 && S_ISDIR(ost.st_mode)) || (ol && o->out_path[ol - 1] == '/'))
+        int have_out = stat(o->out_path, &ost) == 0;
+        if ((have_out && S_ISDIR(ost.st_mode)) || (ol && o->out_path[ol - 1] == '/'))
             return dl_seterr(DL_EINVAL, "--out %s is a directory: name the cache file (e.g. %s%sdata.dlc)",
                              o->out_path, o->out_path, ol && o->out_path[ol - 1] == '/' ? "" : "/");
+        /* the rename replaces --out: only an earlier cache (or an empty file) may go */
+        if (have_out && stat(o->data_path, &dst) == 0 && dst.st_dev == ost.st_dev && dst.st_ino == ost.st_ino)
+            return dl_seterr(DL_EINVAL, "--out %s is the --data file itself: it would be overwritten", o->out_path);
+        if (have_out && S_ISREG(ost.st_mode) && ost.st_size > 0) {
+            char magic[8] = {0};
+            FILE *f = fopen(o->out_path, "rb");
+            size_t k = f ? fread(magic, 1, sizeof magic, f) : 0;
+            if (f) fclose(f);
+            if (k != sizeof magic || memcmp(magic, DLC_MAGIC, 8) != 0)
+                return dl_seterr(DL_EINVAL, "--out %s exists and is not a draftline cache: not overwritten (remove "
+                                 "it or pick another --out)", o->out_path);
+        }
     }
     if ((rc = ds_open(o->data_path, &o->ds, &rd)) < 0) return rc;
     out = fopen(tmp, "wb");

@@ -246,6 +246,23 @@ static void test_bad_lines_and_atomic(void **state) {
     assert_int_not_equal(system(cmd), 0);
     snprintf(cmd, sizeof cmd, "ls -A %s/outdir | grep -q .", g_dir);
     assert_int_not_equal(system(cmd), 0);
+    /* --out the --data file itself, or another file that is not a cache: refused, kept */
+    po.out_path = p;
+    assert_int_equal(prep_run(g_tok, &po, &st), DL_EINVAL);
+    assert_non_null(strstr(dl_errmsg(), "is the --data file itself"));
+    char other[160];
+    snprintf(other, sizeof other, "%s/notes.txt", g_dir);
+    f = fopen(other, "w");
+    fputs("keep me\n", f);
+    fclose(f);
+    po.out_path = other;
+    assert_int_equal(prep_run(g_tok, &po, &st), DL_EINVAL);
+    assert_non_null(strstr(dl_errmsg(), "is not a draftline cache"));
+    s = slurp(other, &n);
+    assert_string_equal(s, "keep me\n");
+    free(s);
+    po.out_path = out;
+    assert_int_equal(prep_run(g_tok, &po, &st), 0); /* an earlier cache is replaced */
     assert_int_equal(dlc_open("/nonexistent.dlc", &c), DL_ENOENT);
 }
 
