@@ -268,15 +268,36 @@ static int parse_gpu_list(const char *s, int *out, int cap) {
     return n > 0 ? n : -1;
 }
 
+/* What <out>/data.dlc is prepared from (the real path of --data, its size and mtime,
+ * the fields), kept beside it in data.dlc.source: the cache is reused only for the
+ * same (a dir reused as fresh with another --data trained on the old cache). */
+static void data_source(const run_opts_t *o, char *buf, size_t cap) {
+    char rp[PATH_MAX];
+    struct stat sb;
+    long long sz = -1, mt = -1;
+    if (stat(o->data, &sb) == 0) { sz = (long long)sb.st_size; mt = (long long)sb.st_mtime; }
+    snprintf(buf, cap, "%s\n%lld %lld\n%s\n%s\n", realpath(o->data, rp) ? rp : o->data, sz, mt,
+             o->prompt_field ? o->prompt_field : "", o->response_field ? o->response_field : "");
+}
+
 static int prepare_data(const run_opts_t *o, const char *out_dir, char *cache, size_t cap) {
     if (ends_with(o->data, ".dlc")) { snprintf(cache, cap, "%s", o->data); return 0; }
     snprintf(cache, cap, "%s/data.dlc", out_dir);
+    char want[8400], have[8400] = "", srcp[4300];
+    data_source(o, want, sizeof want);
+    snprintf(srcp, sizeof srcp, "%s.source", cache);
+    FILE *sf = fopen(srcp, "rb");
+    if (sf) { size_t k = fread(have, 1, sizeof have - 1, sf); have[k] = 0; fclose(sf); }
     dlc_t *c = NULL;
-    if (dlc_open(cache, &c) == 0) {
+    if (!strcmp(have, want) && dlc_open(cache, &c) == 0) {
         log_info("using the prepared cache %s (%llu samples)", cache, (unsigned long long)dlc_n_samples(c));
         dlc_close(&c);
         return 0;
     }
+    if (access(cache, F_OK) == 0)
+        log_info("%s: %s: preparing it again from %s", cache,
+                 have[0] ? "prepared from other data, fields or an older version of it" : "its source is not recorded",
+                 o->data);
     tok_t *t = NULL;
     DL_TRY(tok_load(o->target_model, &t));
     chat_template_t ct;
@@ -296,6 +317,10 @@ static int prepare_data(const run_opts_t *o, const char *out_dir, char *cache, s
     rc = prep_run(t, &po, &st);
     tok_destroy(&t);
     if (rc < 0) return dl_wraperr(rc, "prepare %s", o->data);
+    sf = fopen(srcp, "wb");
+    int bad = !sf || fputs(want, sf) < 0;
+    if (sf && fclose(sf) != 0) bad = 1;
+    if (bad) log_warn("%s: %s (the cache will be prepared again next time)", srcp, strerror(errno));
     printf("prepared %llu samples, %llu tokens (%llu trained), %llu skipped, in %.1f s\n",
            (unsigned long long)st.samples, (unsigned long long)st.tokens,
            (unsigned long long)st.assistant_tokens, (unsigned long long)st.skipped, st.seconds);

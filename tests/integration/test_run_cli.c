@@ -12,7 +12,8 @@
  *  - flags that need no data are checked before anything is written: --resume of a
  *    missing path, --resume of a live run, --inbox-gb 0 (no out dir created);
  *  - a run dir whose run.lock another process holds is refused (exit 1), not shared;
- *  - a run whose final checkpoint cannot be written exits 1.
+ *  - a run whose final checkpoint cannot be written exits 1;
+ *  - <out>/data.dlc prepared from other data is prepared again from --data, not reused.
  * Every child has a hard timeout and is killed and reaped. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -399,6 +400,49 @@ static void test_final_checkpoint_unwritten(void **state) {
     free(txt);
 }
 
+/* <out>/data.dlc is reused only when it was prepared from the same --data: a dir that
+ * holds a cache of other data (here the 60 GSM8K samples, with no record of its source)
+ * gets --data prepared again (7 samples), instead of silently training on the old one. */
+static void test_data_cache_source(void **state) {
+    (void)state;
+    char out[400], log[500], p[600], data[500], gguf[1024];
+    assert_int_equal(paths_default_model(gguf, sizeof gguf), 0);
+    snprintf(out, sizeof out, "%s/srcchk", root);
+    snprintf(log, sizeof log, "%s/srcchk.out", root);
+    snprintf(data, sizeof data, "%s/seven.jsonl", root);
+    assert_int_equal(mkdir(out, 0700), 0);
+    {   /* the other data's cache, as a dir reused as fresh may hold it */
+        FILE *in = fopen(cache, "rb");
+        assert_non_null(in);
+        snprintf(p, sizeof p, "%s/data.dlc", out);
+        FILE *o = fopen(p, "wb");
+        assert_non_null(o);
+        char buf[65536];
+        size_t k;
+        while ((k = fread(buf, 1, sizeof buf, in)) > 0) assert_int_equal(fwrite(buf, 1, k, o), k);
+        fclose(in);
+        fclose(o);
+    }
+    FILE *f = fopen(data, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 7; i++) fprintf(f, "{\"text\": \"sample %d: the quick brown fox jumps over the lazy dog\"}\n", i);
+    fclose(f);
+    static pf_run_args_t a;
+    const char *extra[] = {"--out", out, "--data", data, "--target-model", gguf, "--max-steps", "1", NULL};
+    run_argv(&a, log, extra);
+    int code = run_sync(&a, 90);
+    char *txt = slurp(log);
+    if (code != 0) fprintf(stderr, "%s\n", txt);
+    assert_int_equal(code, 0);
+    assert_non_null(strstr(txt, "preparing it again"));
+    free(txt);
+    dlc_t *c = NULL;
+    snprintf(p, sizeof p, "%s/data.dlc", out);
+    assert_int_equal(dlc_open(p, &c), 0);
+    assert_int_equal(dlc_n_samples(c), 7);
+    dlc_close(&c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_supervisor_killed),
@@ -406,6 +450,7 @@ int main(void) {
         cmocka_unit_test(test_fresh_reuse_and_sweeps),
         cmocka_unit_test(test_run_dir_lock),
         cmocka_unit_test(test_final_checkpoint_unwritten),
+        cmocka_unit_test(test_data_cache_source),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
