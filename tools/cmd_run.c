@@ -797,6 +797,36 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "draftline run: %s\n", dl_errmsg());
         return 1;
     }
+    {   /* the cache's token ids must be the target's: ids < V, and the target's tokenizer
+         * (a cache of another tokenizer trained silently on ids that mean other tokens) */
+        dlc_t *dc = NULL;
+        model_config_t tmc;
+        if (dlc_open(cache, &dc) < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 1; }
+        const dlc_header_t *dh = dlc_header(dc);
+        int bad = 0;
+        tok_t *tk = NULL;
+        if (pipe_target_config(o.target_model, &tmc) == 0 && dh->n_vocab > tmc.V) {
+            fprintf(stderr, "draftline run: --data %s: token ids of a %d-token vocabulary, more than the %d of "
+                            "--target-model %s: prepare it with the target's tokenizer (draftline prepare --model)\n",
+                    o.data, dh->n_vocab, tmc.V, o.target_model);
+            bad = 1;
+        } else if (tok_load(o.target_model, &tk) == 0) {
+            if (dh->tok_fingerprint != tok_fingerprint(tk)) {
+                int same_n = dh->n_vocab == tok_n_vocab(tk);
+                if (!same_n) bad = 1;
+                log_msg(same_n ? LOG_WARN : LOG_ERROR, __FILE__, __LINE__,
+                        "--data %s was prepared with another tokenizer than --target-model %s's (%d tokens, the "
+                        "target's %d)%s", cache, o.target_model, dh->n_vocab, tok_n_vocab(tk),
+                        same_n ? "" : ": prepare it with the target's tokenizer (draftline prepare --model)");
+            }
+            tok_destroy(&tk);
+        } else {
+            log_warn("--target-model %s: no tokenizer (%s): the tokenizer of --data %s is not checked", o.target_model,
+                     dl_errmsg(), cache);
+        }
+        dlc_close(&dc);
+        if (bad) return 2;
+    }
     uint64_t max_steps = (uint64_t)o.max_steps;
     {
         /* the cursor of micro-batch 0 (cache fingerprint, options) for the optimizer's

@@ -13,7 +13,8 @@
  *    missing path, --resume of a live run, --inbox-gb 0 (no out dir created);
  *  - a run dir whose run.lock another process holds is refused (exit 1), not shared;
  *  - a run whose final checkpoint cannot be written exits 1;
- *  - <out>/data.dlc prepared from other data is prepared again from --data, not reused.
+ *  - <out>/data.dlc prepared from other data is prepared again from --data, not reused;
+ *  - a cache of another tokenizer than the target's is refused (exit 2).
  * Every child has a hard timeout and is killed and reaped. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -443,6 +444,45 @@ static void test_data_cache_source(void **state) {
     dlc_close(&c);
 }
 
+/* A cache prepared with another tokenizer (the qwen3-style fixture, 3012 tokens) than the
+ * target's (the embedded SmolLM2, 49152) is refused (exit 2) before any stage starts,
+ * instead of training on ids that mean other tokens. */
+static void test_cache_of_another_tokenizer(void **state) {
+    (void)state;
+    char out[400], log[500], other[500], gguf[1024], tj[600];
+    assert_int_equal(paths_default_model(gguf, sizeof gguf), 0);
+    const char *fx = getenv("DL_FIXTURES_DIR");
+    snprintf(tj, sizeof tj, "%s/tokenizer/qwen3_style/tokenizer.json", fx ? fx : "tests/fixtures");
+    if (access(tj, R_OK) != 0) { fprintf(stderr, "skip: %s absent\n", tj); skip(); }
+    snprintf(out, sizeof out, "%s/othertok", root);
+    snprintf(log, sizeof log, "%s/othertok.out", root);
+    snprintf(other, sizeof other, "%s/othertok.dlc", root);
+    char src[500];
+    snprintf(src, sizeof src, "%s/othertok.jsonl", root);
+    FILE *f = fopen(src, "w");
+    assert_non_null(f);
+    for (int i = 0; i < 4; i++) fprintf(f, "{\"text\": \"sample %d of another tokenizer\"}\n", i);
+    fclose(f);
+    tok_t *t = NULL;
+    assert_int_equal(tok_load(tj, &t), 0);
+    chat_template_t ct;
+    assert_int_equal(chat_template_by_name("chatml", &ct), 0);
+    prep_opts_t po = {.data_path = src, .out_path = other, .chat = &ct, .n_threads = 1};
+    prep_stats_t st;
+    assert_int_equal(prep_run(t, &po, &st), 0);
+    tok_destroy(&t);
+    static pf_run_args_t a;
+    const char *extra[] = {"--out", out, "--data", other, "--target-model", gguf, "--max-steps", "1", NULL};
+    run_argv(&a, log, extra);
+    assert_int_equal(run_sync(&a, 60), 2);
+    char *txt = slurp(log);
+    assert_non_null(strstr(txt, "prepared with another tokenizer"));
+    free(txt);
+    char p[600];
+    snprintf(p, sizeof p, "%s/steps.jsonl", out);
+    assert_int_equal(pf_count_lines(p), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_supervisor_killed),
@@ -451,6 +491,7 @@ int main(void) {
         cmocka_unit_test(test_run_dir_lock),
         cmocka_unit_test(test_final_checkpoint_unwritten),
         cmocka_unit_test(test_data_cache_source),
+        cmocka_unit_test(test_cache_of_another_tokenizer),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
