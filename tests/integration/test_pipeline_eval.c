@@ -2,8 +2,8 @@
  * --eval-every 2` on CPU, multi-process, with the tiny random Llama-shaped target
  * of test_pipeline.c (made here; the real SmolLM2 vocabulary size) given the small
  * llama3_style fixture tokenizer (ids < 2506, inside the target's vocabulary) so
- * `draftline eval` can encode the prompts, and 300 GSM8K samples prepared with the
- * embedded model's tokenizer:
+ * `draftline eval` can encode the prompts, and 300 GSM8K samples prepared with that
+ * same tokenizer (`draftline run` refuses a cache of another tokenizer):
  *  - the run writes one {"stage":"eval"} line to metrics.jsonl for a checkpoint whose
  *    step is a multiple of 2, with a finite tau in [1, block size] over the 2
  *    prompts, eval/step_<S>.json exists, "eval step S: tau" is printed;
@@ -81,7 +81,7 @@ static int group_setup(void **state) {
     snprintf(model_dir, sizeof model_dir, "%s/tiny", root);
     snprintf(cache, sizeof cache, "%s/gsm8k300.dlc", root);
     snprintf(prompts, sizeof prompts, "%s/prompts.jsonl", root);
-    if (pf_write_tiny_model(model_dir) < 0 || pf_write_cache(root, 300, cache) < 0) {
+    if (pf_write_tiny_model(model_dir) < 0) {
         fprintf(stderr, "fixture: %s\n", dl_errmsg());
         return -1;
     }
@@ -92,6 +92,11 @@ static int group_setup(void **state) {
         snprintf(from, sizeof from, "%s/tokenizer/llama3_style/%s", fixtures_dir(), files[i]);
         snprintf(to, sizeof to, "%s/%s", model_dir, files[i]);
         if (copy_file(from, to) < 0) { fprintf(stderr, "fixture: copy %s failed\n", from); return -1; }
+    }
+    /* the training data in the target's own tokenizer (run refuses a cache of another) */
+    if (pf_write_cache_tok(root, 300, cache, model_dir) < 0) {
+        fprintf(stderr, "fixture: %s\n", dl_errmsg());
+        return -1;
     }
     FILE *f = fopen(prompts, "w");
     if (!f) return -1;

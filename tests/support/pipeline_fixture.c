@@ -80,6 +80,10 @@ int pf_write_tiny_model(const char *dir) {
 }
 
 int pf_write_cache(const char *root, int n_samples, const char *path) {
+    return pf_write_cache_tok(root, n_samples, path, NULL);
+}
+
+int pf_write_cache_tok(const char *root, int n_samples, const char *path, const char *tokenizer) {
     char data[1024], src[1200], small[400];
     if (paths_shared_data(data, sizeof data) < 0) return -1;
     snprintf(src, sizeof src, "%s/gsm8k/train.jsonl", data);
@@ -95,9 +99,11 @@ int pf_write_cache(const char *root, int n_samples, const char *path) {
     char gguf[1024];
     tok_t *t = NULL;
     chat_template_t ct;
-    if (paths_default_model(gguf, sizeof gguf) < 0 || tok_load(gguf, &t) < 0 ||
-        chat_template_from_tok(t, &ct) < 0)
-        return -1;
+    if (!tokenizer) {
+        if (paths_default_model(gguf, sizeof gguf) < 0) return -1;
+        tokenizer = gguf;
+    }
+    if (tok_load(tokenizer, &t) < 0 || chat_template_from_tok(t, &ct) < 0) return -1;
     prep_opts_t po;
     memset(&po, 0, sizeof po);
     po.data_path = small;

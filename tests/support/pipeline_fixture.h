@@ -19,6 +19,9 @@ int pf_write_tiny_model(const char *dir);
  * the embedded model's tokenizer and chat template, 1 thread) into the cache file path.
  * Needs the embedded model (paths_default_model()). Returns 0 or a negative value. */
 int pf_write_cache(const char *root, int n_samples, const char *path);
+/* The same with the tokenizer (and its chat template) of `tokenizer` (a .gguf,
+ * tokenizer.json or HF model dir); NULL: the embedded model's. */
+int pf_write_cache_tok(const char *root, int n_samples, const char *path, const char *tokenizer);
 
 /* Arguments of pf_run_child: argv (NULL-terminated, argv[0] the program's path), the log file
  * that gets the child's stdout and stderr (truncated), and a working dir (empty: stay). */
