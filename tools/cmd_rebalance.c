@@ -108,8 +108,8 @@ int cmd_rebalance(int argc, char **argv) {
         if (live < 0) { fprintf(stderr, "draftline rebalance: %s (is %s a run dir?)\n", dl_errmsg(), dir); return 1; }
         if (!live) {
             fprintf(stderr, "draftline rebalance: run %s is not running (no supervisor at pid %d): nothing to "
-                            "rebalance; resume it with the split you want (`draftline run --resume %s --out %s "
-                            "%s`)\n", dir, spid, dir, dir,
+                            "rebalance; resume it with the split you want (`draftline run --resume %s "
+                            "%s`)\n", dir, spid, dir,
                     gpu ? "--target-gpus LIST --drafter-gpus LIST" : "--targets N --drafters M");
             return 1;
         }

@@ -1,8 +1,9 @@
 /* `draftline run`: trains a DFlash drafter with the four-stage pipeline.
  * Parses flags (and a YAML config with the same keys; flags override), prepares
  * the dataset into the run directory when it is not a prepared .dlc cache yet,
- * lays out the run (out dir, sockets 0700, logs/), and hands the stage list to the
- * supervisor (tools/supervisor.c). */
+ * lays out the run (out dir, sockets 0700, logs/; <out>/run.lock held to the end), and
+ * hands the stage list to the supervisor (tools/supervisor.c). With --resume, settings not
+ * given are the run's (resume_defaults). */
 #include "common/base/cli.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
@@ -21,7 +22,9 @@
 #include "tools/commands.h"
 #include "tools/supervisor.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <stdarg.h>
 #include <limits.h>
@@ -29,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -46,6 +50,8 @@ typedef struct {
     int metrics_port, test_stall_after_mbs;
     const char *eval_data;
     int eval_every, eval_prompts, eval_max_new;
+    uint8_t given[64];          /* given[code - O_TM]: set by a flag or --config (not a default) */
+    char resume_data[4096];     /* --resume: the run's data cache (o.data points here) */
 } run_opts_t;
 
 enum {
@@ -53,6 +59,7 @@ enum {
     O_LR, O_WU, O_MS, O_EP, O_K, O_SE, O_OUT, O_DET, O_SEED, O_RES, O_IG, O_HG, O_MR, O_CFG,
     O_WD, O_CL, O_TH, O_RS, O_PS, O_PREF, O_MP, O_TSTALL, O_EVD, O_EVE, O_EVP, O_EVM
 };
+_Static_assert(O_EVM - O_TM < 64, "run_opts_t.given holds every option code");
 
 static const struct option run_options[] = {
     {"target-model", 1, 0, O_TM}, {"data", 1, 0, O_DATA}, {"prompt-field", 1, 0, O_PF},
@@ -73,6 +80,7 @@ static const struct option run_options[] = {
 static void run_usage(FILE *f) {
     fprintf(f,
         "usage: draftline run --data FILE [options]\n"
+        "       draftline run --resume DIR [options]   (continues a run with its own settings)\n"
         "Trains a DFlash drafter against a frozen target with the multi-process pipeline\n"
         "(loader -> targets -> drafters -> optimizer), supervised by this process.\n\n"
         "model and data\n"
@@ -117,7 +125,11 @@ static void run_usage(FILE *f) {
         "                             and no applied step, e.g. Ctrl-C at start-up, starts fresh);\n"
         "                             settings the continuation depends on (seed, token budget, max len,\n"
         "                             anchors, epochs, K, drafter layers, block size, target, data) must\n"
-        "                             be the checkpoint's: checked first, a mismatch exits 2 naming it\n"
+        "                             be the checkpoint's: checked first, a mismatch exits 2 naming it;\n"
+        "                             every setting not given (flag or --config) is the run's: those,\n"
+        "                             --max-steps, --lr, --warmup-steps, --weight-decay, --clip, --save-every,\n"
+        "                             --deterministic, --data (its cache), --target-model, --out (the run\n"
+        "                             dir of the checkpoint); one line lists them. Topology as without it\n"
         "  --inbox-gb X               drafter inbox, GPU tier, GiB (default 0.25)\n"
         "  --host-inbox-gb X          drafter inbox, host tier, GiB (default 0)\n"
         "  --hs-min-ready K           drafter pool of ready micro-batches (default 1)\n"
@@ -140,6 +152,7 @@ static void run_usage(FILE *f) {
 
 static int set_opt(run_opts_t *o, int code, const char *v) {
     int64_t x;
+    if (code >= O_TM && code - O_TM < (int)sizeof o->given) o->given[code - O_TM] = 1;
     switch (code) {
     case O_TM: snprintf(o->target_model, sizeof o->target_model, "%s", v); return 0;
     case O_DATA: o->data = v; return 0;
@@ -516,6 +529,133 @@ static int requested_cursor(const run_opts_t *o, const char *cache, batcher_curs
     return 0;
 }
 
+/* The run dir a checkpoint dir belongs to (<run>/checkpoints/step_N: its ../..) into
+ * out; "" when ckpt is not under a checkpoints/ dir. */
+static void run_dir_of_ckpt(const char *ckpt, char *out, size_t cap) {
+    out[0] = 0;
+    const char *last = NULL;
+    for (const char *p = strstr(ckpt, "/checkpoints/"); p; p = strstr(p + 1, "/checkpoints/")) last = p;
+    if (last) snprintf(out, cap, "%.*s", (int)(last - ckpt), ckpt);
+    else if (!strncmp(ckpt, "checkpoints/", 12)) snprintf(out, cap, ".");
+    if (last && last == ckpt) snprintf(out, cap, "/");
+}
+
+/* --resume: every setting not given by a flag or --config takes the run's value, so
+ * `draftline run --resume DIR` alone continues the run: from the checkpoint ckdir ("" when
+ * none) and its state.bin header h (NULL when none): --seed, --micro-batches-per-step,
+ * --lr, --warmup-steps, --weight-decay, --clip, --max-steps, and (CKPT_SETTINGS_V1)
+ * --token-budget, --max-len, --num-anchors, --epochs, --block-size, --drafter-layers
+ * (older checkpoints: the last two from its config.json); from <run_dir>/run.json
+ * ("" / missing: skipped; keys written since these defaults exist): --target-model,
+ * --data (the data cache the run trained on; else <run_dir>/data.dlc when it exists),
+ * --save-every, --deterministic. Explicit settings are left as given (the --resume check
+ * compares them). Appends " --flag value" per setting taken to taken (cap bytes). */
+static void resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_hdr_t *h, const char *run_dir,
+                            char *taken, size_t cap) {
+    size_t n = strlen(taken);
+    /* TAKE(code, fmt, args): when the flag was not given, formats args into taken; the
+     * assignments written into args (o->x = recorded) therefore happen only then */
+#define TAKE(code, ...) do { if (!o->given[(code) - O_TM]) {                                     \
+        int w_ = snprintf(taken + n, n < cap ? cap - n : 0, __VA_ARGS__);                          \
+        if (w_ > 0) n = n + (size_t)w_ < cap ? n + (size_t)w_ : cap - 1; } } while (0)
+    if (h) {
+        TAKE(O_SEED, " --seed %llu", (unsigned long long)(o->seed = (int64_t)h->seed));
+        TAKE(O_K, " --micro-batches-per-step %d", (o->mbs_per_step = (int)h->mbs_per_step));
+        if (h->settings == CKPT_SETTINGS_V1) {
+            TAKE(O_TB, " --token-budget %d", (o->token_budget = (int)h->token_budget));
+            TAKE(O_ML, " --max-len %d", (o->max_len = (int)h->max_len));
+            TAKE(O_NA, " --num-anchors %d", (o->num_anchors = (int)h->num_anchors));
+            TAKE(O_EP, " --epochs %d", (o->epochs = (int)h->epochs));
+            TAKE(O_DL, " --drafter-layers %d", (o->drafter_layers = (int)h->drafter_layers));
+            TAKE(O_BS, " --block-size %d", (o->block_size = (int)h->block_size));
+        } else {
+            drafter_config_t cc;
+            memset(&cc, 0, sizeof cc);
+            if (dflash_config_load(ckdir, &cc) == 0) {
+                TAKE(O_DL, " --drafter-layers %d", (o->drafter_layers = cc.n_layers));
+                TAKE(O_BS, " --block-size %d", (o->block_size = cc.B));
+            }
+        }
+        TAKE(O_LR, " --lr %.9g", (o->lr = h->lr));
+        TAKE(O_WU, " --warmup-steps %lld", (long long)(o->warmup_steps = (int64_t)h->warmup_steps));
+        TAKE(O_WD, " --weight-decay %.9g", (o->weight_decay = h->wd));
+        TAKE(O_CL, " --clip %.9g", (o->clip = h->clip));
+        if (h->max_steps > 0) TAKE(O_MS, " --max-steps %lld", (long long)(o->max_steps = (int64_t)h->max_steps));
+    }
+    if (!run_dir[0]) return;
+    char p[4200];
+    snprintf(p, sizeof p, "%s/run.json", run_dir);
+    cJSON *j = NULL;
+    FILE *f = fopen(p, "rb");
+    if (f) {
+        char buf[1 << 16];
+        size_t k = fread(buf, 1, sizeof buf - 1, f);
+        buf[k] = 0;
+        fclose(f);
+        j = cJSON_Parse(buf);
+    }
+    const cJSON *tm = cJSON_GetObjectItemCaseSensitive(j, "target_model");
+    const cJSON *da = cJSON_GetObjectItemCaseSensitive(j, "data");
+    const cJSON *se = cJSON_GetObjectItemCaseSensitive(j, "save_every");
+    const cJSON *de = cJSON_GetObjectItemCaseSensitive(j, "deterministic");
+    if (cJSON_IsString(tm) && tm->valuestring[0] && !o->given[O_TM - O_TM]) {
+        if (access(tm->valuestring, R_OK) == 0) {
+            snprintf(o->target_model, sizeof o->target_model, "%s", tm->valuestring);
+            TAKE(O_TM, " --target-model %s", o->target_model);
+        } else {
+            log_warn("--resume: the run's target model %s (run.json) is not readable: using %s (pass "
+                     "--target-model)", tm->valuestring, o->target_model);
+        }
+    }
+    if (!o->given[O_DATA - O_TM]) {
+        if (cJSON_IsString(da) && da->valuestring[0] && access(da->valuestring, R_OK) == 0)
+            snprintf(o->resume_data, sizeof o->resume_data, "%s", da->valuestring);
+        else {
+            snprintf(o->resume_data, sizeof o->resume_data, "%s/data.dlc", run_dir);
+            if (access(o->resume_data, R_OK) != 0) o->resume_data[0] = 0;
+        }
+        if (o->resume_data[0]) {
+            o->data = o->resume_data;
+            TAKE(O_DATA, " --data %s", o->data);
+        }
+    }
+    if (cJSON_IsNumber(se) && se->valuedouble >= 0)
+        TAKE(O_SE, " --save-every %lld", (long long)(o->save_every = (int64_t)se->valuedouble));
+    if (cJSON_IsTrue(de) && !o->given[O_DET - O_TM]) {
+        o->deterministic = 1;
+        TAKE(O_DET, " --deterministic");
+    }
+    cJSON_Delete(j);
+#undef TAKE
+}
+
+/* One `draftline run` per run dir: an exclusive flock on <out>/run.lock, taken before
+ * anything in the dir is deleted, prepared or started and held until this process
+ * exits (the supervisor runs in it; O_CLOEXEC: the stages do not hold it). Two runs
+ * started together both pass the run.json liveness check; without it the second
+ * deleted the first's new steps.jsonl (fresh reuse), then both stole each other's
+ * sockets. Returns 0 with the held fd in *fd_out (-1 on a file system without flock:
+ * warned, unguarded), or DL_ESTATE (another process holds it) / DL_EIO, the error set. */
+static int run_lock_take(const char *out, int *fd_out) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/run.lock", out);
+    *fd_out = -1;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return dl_seterr(DL_EIO, "run lock %s: %s", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        close(fd);
+        if (e == EWOULDBLOCK)
+            return dl_seterr(DL_ESTATE, "--out %s: another `draftline run` is using this run dir right now "
+                                        "(it holds %s): stop it first, or choose another --out", out, path);
+        /* a file system without flock (some NFS): run unguarded, as before the lock */
+        log_warn("run lock %s: flock: %s (two runs in this dir would not be refused)", path, strerror(e));
+        return 0;
+    }
+    *fd_out = fd;
+    return 0;
+}
+
 int cmd_run(int argc, char **argv) {
     static run_opts_t o;
     memset(&o, 0, sizeof o);
@@ -559,7 +699,39 @@ int cmd_run(int argc, char **argv) {
         o.drafters = ngd;
     }
     int gpu_mode = ngt > 0;
-    if (!o.data) { cli_error("draftline run", "--data is required"); return 2; }
+    /* --resume: the settings not given default to the run's (resume_defaults), so
+     * `draftline run --resume DIR` alone continues it */
+    char resume_run[4096] = "";   /* the run dir of the checkpoint, or --resume itself (no checkpoint) */
+    if (o.resume) {
+        if (access(o.resume, F_OK) != 0) {
+            fprintf(stderr, "draftline run: --resume %s: %s\n", o.resume, strerror(errno));
+            return 2;
+        }
+        char ck[4096] = "", rj[4200];
+        ckpt_state_hdr_t h;
+        int have_ck = ckpt_resolve(o.resume, ck, sizeof ck) == 0;
+        int have_h = have_ck && ckpt_read_hdr(ck, &h) == 0;
+        snprintf(rj, sizeof rj, "%s/run.json", o.resume);
+        if (have_ck) run_dir_of_ckpt(ck, resume_run, sizeof resume_run);
+        else if (access(rj, F_OK) == 0) snprintf(resume_run, sizeof resume_run, "%s", o.resume);
+        char taken[8192] = "";
+        resume_defaults(&o, ck, have_h ? &h : NULL, resume_run, taken, sizeof taken);
+        if (!o.out && resume_run[0]) {
+            size_t n = strlen(taken);
+            snprintf(taken + n, sizeof taken - n, " --out %s", resume_run);
+        }
+        if (taken[0])
+            log_info("--resume %s: not given, so taken from the %s:%s", have_ck ? ck : o.resume,
+                     have_h ? "checkpoint and its run" : "run", taken);
+    }
+    if (!o.data) {
+        if (o.resume)
+            fprintf(stderr, "draftline run: --data is required: the run of --resume %s records no readable data "
+                            "cache (run.json \"data\", or <run>/data.dlc)\n", o.resume);
+        else
+            cli_error("draftline run", "--data is required");
+        return 2;
+    }
     if (access(o.target_model, R_OK) != 0) {
         fprintf(stderr, "draftline run: target model %s not found (run `make model` or pass --target-model)\n",
                 o.target_model);
@@ -587,27 +759,15 @@ int cmd_run(int argc, char **argv) {
      * before the out dir is created. */
     /* run directory */
     char out[4096];
-    if (o.resume && access(o.resume, F_OK) != 0) {
-        fprintf(stderr, "draftline run: --resume %s: %s\n", o.resume, strerror(errno));
-        return 2;
-    }
     if (o.out) snprintf(out, sizeof out, "%s", o.out);
     else if (o.resume) {
         /* the run dir of --resume: a checkpoint's run (<dir>/checkpoints/step_N) or the dir itself */
-        char cp[4096];
-        if (ckpt_resolve(o.resume, cp, sizeof cp) == 0 && strstr(cp, "/checkpoints/")) {
-            *strstr(cp, "/checkpoints/") = 0;
-            snprintf(out, sizeof out, "%s", cp);
-        } else {
-            char rj[4200];
-            snprintf(rj, sizeof rj, "%s/run.json", o.resume);
-            if (access(rj, F_OK) != 0) {
-                fprintf(stderr, "draftline run: --resume %s is neither a run dir (no run.json) nor a checkpoint "
-                                "of one: pass --out DIR to say where the run goes\n", o.resume);
-                return 2;
-            }
-            snprintf(out, sizeof out, "%s", o.resume);
+        if (!resume_run[0]) {
+            fprintf(stderr, "draftline run: --resume %s is neither a run dir (no run.json) nor a checkpoint "
+                            "of one: pass --out DIR to say where the run goes\n", o.resume);
+            return 2;
         }
+        snprintf(out, sizeof out, "%s", resume_run);
     } else {
         time_t now = time(NULL);
         struct tm tm;
@@ -655,7 +815,7 @@ int cmd_run(int argc, char **argv) {
         } else if (!o.resume && has_prev) {
             if (has_steps || has_ckpt) {
                 fprintf(stderr, "draftline run: --out %s holds a previous run (%s): choose another "
-                                "--out, or continue it with --resume %s\n", out,
+                                "--out, or continue it with `draftline run --resume %s`\n", out,
                         has_ckpt ? "a checkpoint" : "steps.jsonl", out);
                 return 2;
             }
@@ -774,6 +934,27 @@ int cmd_run(int argc, char **argv) {
     }
     /* validation passed: now the out dir */
     if (bus_run_dir_create(out) < 0) { fprintf(stderr, "draftline run: --out %s: %s\n", out, dl_errmsg()); return 1; }
+    /* the run dir is this process's from here to its exit (run_lock_take), before the
+     * fresh reuse below deletes anything and before the data is prepared into it */
+    int lock_fd = -1;
+    if (run_lock_take(out, &lock_fd) < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 1; }
+    {   /* the dir as it is now that it is ours: another run may have trained in it (and
+         * exited) between the checks above and the lock */
+        char p[4200], cp[4096];
+        struct stat sb;
+        snprintf(p, sizeof p, "%s/steps.jsonl", out);
+        if (!o.resume && ((stat(p, &sb) == 0 && sb.st_size > 0) || ckpt_resolve(out, cp, sizeof cp) == 0)) {
+            fprintf(stderr, "draftline run: --out %s: another `draftline run` trained in this dir while this one "
+                            "was starting: choose another --out, or continue it with `draftline run --resume %s`\n",
+                    out, out);
+            return 2;
+        }
+        if (o.resume && ckpt_resolve(o.resume, cp, sizeof cp) == 0 && strcmp(cp, resume_dir) != 0) {
+            fprintf(stderr, "draftline run: --resume %s: another `draftline run` saved %s while this one was "
+                            "starting (it had read %s): run the command again\n", o.resume, cp, resume_dir);
+            return 2;
+        }
+    }
     if (reuse_fresh) {
         char f[4200];
         snprintf(f, sizeof f, "%s/steps.jsonl", out); unlink(f);
@@ -868,8 +1049,8 @@ int cmd_run(int argc, char **argv) {
                  (unsigned long long)resume_hdr.max_steps, (unsigned long long)max_steps,
                  (unsigned long long)resume_hdr.max_steps);
     if (max_steps <= start_step) {
-        fprintf(stderr, "draftline run: nothing to do: the checkpoint is at step %llu of %llu\n",
-                (unsigned long long)start_step, (unsigned long long)max_steps);
+        fprintf(stderr, "draftline run: nothing to do: the checkpoint is at step %llu of %llu (a larger "
+                        "--max-steps trains on)\n", (unsigned long long)start_step, (unsigned long long)max_steps);
         return 2;
     }
     so.bin_dir = bdir;
@@ -891,12 +1072,17 @@ int cmd_run(int argc, char **argv) {
     so.metrics_port = o.metrics_port;
     so.inbox_slots = inbox_slots;
     so.lookahead = lookahead;
+    /* recorded in run.json (absolute paths) for `draftline run --resume DIR` */
+    static char target_abs[PATH_MAX], cache_abs[PATH_MAX];
+    so.target_model = realpath(o.target_model, target_abs) ? target_abs : o.target_model;
+    so.data = realpath(cache, cache_abs) ? cache_abs : cache;
+    so.save_every = o.save_every;
+    so.deterministic = o.deterministic;
     if (o.eval_data) {
         so.eval_data = o.eval_data;
         so.eval_every = o.eval_every;
         so.eval_prompts = o.eval_prompts;
         so.eval_max_new_tokens = o.eval_max_new;
-        so.target_model = o.target_model;
     }
     char *K = fmt("%d", o.mbs_per_step), *seed = fmt("%lld", (long long)o.seed), *tb = fmt("%d", o.token_budget);
     char *bs = fmt("%d", o.block_size), *dl = fmt("%d", o.drafter_layers), *ms = fmt("%llu", (unsigned long long)max_steps);
@@ -980,6 +1166,7 @@ int cmd_run(int argc, char **argv) {
     sup_summary_t sum;
     int rc = supervisor_run(&so, &sum);
     if (strcmp(sock, out) != 0) rmdir(sock);
+    if (lock_fd >= 0) close(lock_fd);   /* the run dir is free again */
     if (sum.n_first > 0)
         printf("\nsummary: %llu steps%s, loss %.4f (mean of the first %d) -> %.4f (mean of the last %d), "
                "%.0f target tokens/s over %.1f s, %d restart(s)\n",

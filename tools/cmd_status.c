@@ -73,8 +73,8 @@ int cmd_status(int argc, char **argv) {
                (int)sup, alive ? "" : ", not running");
     if (stale)
         printf("the supervisor (pid %d) is dead but run.json still says '%s': it was killed without "
-               "finishing (no stage is running). Resume with `draftline run --resume %s --out %s ...`\n",
-               (int)sup, sts, dir, dir);
+               "finishing (no stage is running). Resume with `draftline run --resume %s`\n",
+               (int)sup, sts, dir);
     printf("topology: %g target(s), %g drafter(s) on %s; steps %g..%g, %g micro-batch(es) per step\n",
            num(run, "targets"), num(run, "drafters"),
            cJSON_IsString(cJSON_GetObjectItem(run, "device")) ? cJSON_GetObjectItem(run, "device")->valuestring : "?",

@@ -21,7 +21,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -160,6 +159,11 @@ static void write_run_json(sup_t *S) {
         cJSON_AddStringToObject(j, "metrics_endpoint", ep);
     }
     cJSON_AddNumberToObject(j, "optimizer_recoveries", S->opt_recoveries);
+    /* for `draftline run --resume DIR`'s defaults (cmd_run.c, resume_defaults) */
+    if (o->target_model) cJSON_AddStringToObject(j, "target_model", o->target_model);
+    if (o->data) cJSON_AddStringToObject(j, "data", o->data);
+    cJSON_AddNumberToObject(j, "save_every", (double)o->save_every);
+    cJSON_AddBoolToObject(j, "deterministic", o->deterministic);
     if (S->rb.id[0]) {
         cJSON *r = cJSON_AddObjectToObject(j, "rebalance");
         cJSON_AddStringToObject(r, "id", S->rb.id);
@@ -688,7 +692,7 @@ static void reap(sup_t *S) {
                         log_info("the optimizer died while stopping, after its final checkpoint (%s)", dir);
                     } else {
                         log_error("the optimizer died while the run was stopping: its final checkpoint is "
-                                  "missing; `draftline run ... --resume %s` finishes the remaining steps",
+                                  "missing; `draftline run --resume %s` finishes the remaining steps",
                                   S->o->out_dir);
                         S->failed = 1;
                     }
@@ -1188,33 +1192,10 @@ static void on_tick(uv_timer_t *t) {
     stall_check(S, now);
 }
 
-static int supervisor_run_locked(const sup_opts_t *o, sup_summary_t *sum);
-
-/* One supervisor per run dir: an exclusive flock on <out>/run.lock, held for the whole
- * run (two `draftline run --out DIR` started together both pass the run.json liveness
- * check, then steal each other's ipc sockets and wait forever). */
+/* One supervisor per run dir: the caller (cmd_run) holds the exclusive flock on
+ * <out>/run.lock for the whole run (taken there, before the dir is touched: a second
+ * flock here, on another fd of the same process, would conflict with it). */
 int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
-    memset(sum, 0, sizeof *sum);
-    char path[4200];
-    snprintf(path, sizeof path, "%s/run.lock", o->out_dir);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0) return dl_seterr(DL_EIO, "run lock %s: %s", path, strerror(errno));
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        int e = errno;
-        if (e == EWOULDBLOCK) {
-            close(fd);
-            return dl_seterr(DL_ESTATE, "--out %s: another `draftline run` is using this run dir right now "
-                                        "(it holds %s): stop it first, or choose another --out", o->out_dir, path);
-        }
-        /* a file system without flock (some NFS): run unguarded, as before the lock */
-        log_warn("run lock %s: flock: %s (two runs in this dir would not be refused)", path, strerror(e));
-    }
-    int rc = supervisor_run_locked(o, sum);
-    close(fd);
-    return rc;
-}
-
-static int supervisor_run_locked(const sup_opts_t *o, sup_summary_t *sum) {
     static sup_t S;
     memset(&S, 0, sizeof S);
     memset(sum, 0, sizeof *sum);

@@ -45,7 +45,12 @@ typedef struct {
      * "state":"done", "step", "seconds", "tau", ...} is appended to metrics.jsonl and
      * "eval step S: tau X" printed. Killed and reaped when the run stops. */
     const char *eval_data;      /* prompt set (any format `draftline eval --data` reads) */
-    const char *target_model;   /* the target the drafter is evaluated against */
+    const char *target_model;   /* the target the drafter is evaluated against; in run.json */
+    /* recorded in run.json ("target_model", "data", "save_every", "deterministic"; may be
+     * NULL / 0) for `draftline run --resume DIR`'s defaults */
+    const char *data;           /* the data cache (.dlc) the run trains on */
+    int64_t save_every;
+    int deterministic;
     int eval_every, eval_prompts, eval_max_new_tokens;
     sup_stage_spec_t stages[SUP_MAX_STAGES];
     int n_stages;
@@ -81,8 +86,9 @@ int sup_pid_is_supervisor(int pid);
  * or has no supervisor_pid (then *pid = 0). */
 int sup_run_live(const char *dir, int *pid);
 
-/* Runs the pipeline to the end. Returns 0 (finished or cleanly interrupted) or a
- * negative dl_err (a stage failed beyond max_restarts, sockets). */
+/* Runs the pipeline to the end. The caller holds <out>/run.lock (one run per run dir:
+ * tools/cmd_run.c takes it before it touches the dir). Returns 0 (finished or cleanly
+ * interrupted) or a negative dl_err (a stage failed beyond max_restarts, sockets). */
 int supervisor_run(const sup_opts_t *o, sup_summary_t *sum);
 
 #endif

@@ -11,7 +11,8 @@
  *    --resume of one starts fresh); a run stopped by SIGINT exits 130;
  *  - flags that need no data are checked before anything is written: --resume of a
  *    missing path, --resume of a live run, --inbox-gb 0 (no out dir created);
- *  - a run dir whose run.lock another process holds is refused (exit 1), not shared;
+ *  - a run dir whose run.lock another process holds is refused (exit 1), not shared,
+ *    before anything in it is deleted (the fresh reuse of a dir without steps);
  *  - a run whose final checkpoint cannot be written exits 1;
  *  - <out>/data.dlc prepared from other data is prepared again from --data, not reused;
  *  - a cache of another tokenizer than the target's is refused (exit 2).
@@ -349,13 +350,30 @@ static void test_fresh_reuse_and_sweeps(void **state) {
 /* One supervisor per run dir: while another process holds <out>/run.lock (what a
  * second `draftline run --out` started at the same moment meets), the run is refused
  * with exit 1 and a message naming the dir, instead of both runs stealing each other's
- * sockets and waiting forever; once the lock is free the same command trains. */
+ * sockets and waiting forever, and before it deletes anything: the dir looks like one
+ * left before its first step (reused as fresh: steps.jsonl, metrics.jsonl deleted), as
+ * the other run's own new files do while it starts. Once the lock is free the same
+ * command reuses it and trains. */
 static void test_run_dir_lock(void **state) {
     (void)state;
     char out[400], log[500], p[600];
     snprintf(out, sizeof out, "%s/locked", root);
     snprintf(log, sizeof log, "%s/locked.out", root);
     assert_int_equal(mkdir(out, 0700), 0);
+    snprintf(p, sizeof p, "%s/run.json", out);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"run_id\":\"0ther000\",\"state\":\"running\",\"supervisor_pid\":999999}\n");
+    fclose(f);
+    snprintf(p, sizeof p, "%s/steps.jsonl", out);
+    f = fopen(p, "w");
+    assert_non_null(f);
+    fclose(f);
+    snprintf(p, sizeof p, "%s/metrics.jsonl", out);
+    f = fopen(p, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"stage\":\"other run\"}\n");
+    fclose(f);
     snprintf(p, sizeof p, "%s/run.lock", out);
     int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     assert_true(fd >= 0);
@@ -368,7 +386,10 @@ static void test_run_dir_lock(void **state) {
     assert_non_null(strstr(txt, "another `draftline run` is using this run dir"));
     assert_non_null(strstr(txt, out));
     free(txt);
+    snprintf(p, sizeof p, "%s/metrics.jsonl", out);
+    assert_int_equal(pf_count_lines(p), 1);   /* the lock holder's file is kept */
     snprintf(p, sizeof p, "%s/steps.jsonl", out);
+    assert_int_equal(access(p, F_OK), 0);
     assert_int_equal(pf_count_lines(p), 0);
     close(fd);
     int code = run_sync(&a, 60);

@@ -14,7 +14,14 @@
  *  - an old checkpoint (state.bin written before the settings were recorded: the
  *    settings bytes zeroed): warned, and a different --token-budget is still refused
  *    (from cursor.bin's batching options) and a different --drafter-layers (from
- *    config.json).
+ *    config.json);
+ *  - the settings not given default to the run's: a 4-step --deterministic run A
+ *    (checkpoints step_2, step_4) and two copies of it cut back to step_2 (what Ctrl-C at
+ *    step 2 leaves: checkpoints/latest step_2, steps.jsonl 2 lines): `--resume B
+ *    --max-steps 4` alone and `--resume D/checkpoints/step_2` alone (--max-steps, --out,
+ *    --data, --target-model and every training setting from the checkpoint and run.json)
+ *    both end with A's step_4 state.bin bitwise and A's losses of steps 2 and 3, steps.jsonl
+ *    0..3 in order; an explicit mismatching --token-budget is still refused.
  * Every child has a hard timeout and is killed and reaped. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -29,6 +36,7 @@
 #include "tests/support/proc.h"
 
 #include <dirent.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,6 +86,22 @@ static int group_teardown(void **state) {
 
 static char exe[1100];
 
+/* Runs a (argv, log) to the end: its exit code, its wall time in *secs (may be NULL). */
+static int spawn_run(pf_run_args_t *a, int timeout_s, double *secs) {
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    proc_t p;
+    assert_int_equal(proc_spawn(&p, "draftline run", pf_run_child, a), 0);
+    int code = -1;
+    assert_int_equal(proc_wait(&p, timeout_s * 1000, &code), 0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    int left = kill(-p.pid, 0) == 0;
+    proc_kill(&p);
+    assert_false(left);
+    if (secs) *secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    return code;
+}
+
 /* `draftline run` + the tiny settings + `--out out --resume out` (when resume) + extra
  * (NULL-terminated; later flags override the fixed ones), to the end; returns its exit
  * code and its wall time in *secs. */
@@ -97,18 +121,21 @@ static int run_draftline(const char *log, int resume, const char *const *extra, 
     for (int i = 0; extra[i]; i++) a.argv[n++] = (char *)extra[i];
     a.argv[n] = NULL;
     snprintf(a.log, sizeof a.log, "%s", log);
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    proc_t p;
-    assert_int_equal(proc_spawn(&p, "draftline run", pf_run_child, &a), 0);
-    int code = -1;
-    assert_int_equal(proc_wait(&p, timeout_s * 1000, &code), 0);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    int left = kill(-p.pid, 0) == 0;
-    proc_kill(&p);
-    assert_false(left);
-    if (secs) *secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
-    return code;
+    return spawn_run(&a, timeout_s, secs);
+}
+
+/* `draftline run` + args only (NULL-terminated), to the end: its exit code. */
+static int run_only(const char *log, const char *const *args, int timeout_s) {
+    static pf_run_args_t a;
+    memset(&a, 0, sizeof a);
+    snprintf(exe, sizeof exe, "%s/draftline", bin);
+    int n = 0;
+    a.argv[n++] = exe;
+    a.argv[n++] = "run";
+    for (int i = 0; args[i]; i++) a.argv[n++] = (char *)args[i];
+    a.argv[n] = NULL;
+    snprintf(a.log, sizeof a.log, "%s", log);
+    return spawn_run(&a, timeout_s, NULL);
 }
 
 static char *slurp(const char *path) {
@@ -157,6 +184,14 @@ static void tree_sig(const char *dir, char **sig, size_t *len) {
         free(ents[i]);
     }
     free(ents);
+}
+
+static char *snapshot_of(const char *dir) {
+    char *sig = NULL;
+    size_t len = 0;
+    tree_sig(dir, &sig, &len);
+    assert_non_null(sig);
+    return sig;
 }
 
 static char *snapshot(void) {
@@ -319,9 +354,174 @@ static void test_resume_check(void **state) {
     }
 }
 
+static int same_bytes(const char *a, const char *b) {
+    struct stat sa, sb;
+    if (stat(a, &sa) != 0 || stat(b, &sb) != 0 || sa.st_size != sb.st_size) return 0;
+    char *x = slurp(a), *y = slurp(b);
+    int same = x && y && memcmp(x, y, (size_t)sa.st_size) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+/* A copy of run dir from at dir to, cut back to step 2 as Ctrl-C at step 2 leaves it:
+ * checkpoints/latest names step_2, step_4 is gone, steps.jsonl holds steps 0 and 1. */
+static void copy_cut_to_step2(const char *from, const char *to) {
+    char cmd[1200], p[700];
+    snprintf(cmd, sizeof cmd, "cp -r %s %s && rm -r %s/checkpoints/step_4", from, to, to);
+    assert_int_equal(system(cmd), 0);
+    snprintf(p, sizeof p, "%s/checkpoints/latest", to);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs("step_2\n", f);
+    assert_int_equal(fclose(f), 0);
+    snprintf(p, sizeof p, "%s/steps.jsonl", to);
+    char *txt = slurp(p);
+    assert_non_null(txt);
+    char *third = strstr(txt, "{\"step\":2,");
+    assert_non_null(third);
+    f = fopen(p, "w");
+    assert_non_null(f);
+    assert_int_equal(fwrite(txt, 1, (size_t)(third - txt), f), (size_t)(third - txt));
+    assert_int_equal(fclose(f), 0);
+    free(txt);
+    assert_int_equal(pf_count_lines(p), 2);
+}
+
+/* dir's step_4 state.bin is A's bitwise, its steps.jsonl holds steps 0..3 in order, and
+ * its lines of steps 2 and 3 are A's up to the timestamp. */
+static void expect_as_uninterrupted(const char *a_dir, const char *dir) {
+    char x[700], y[700];
+    snprintf(x, sizeof x, "%s/checkpoints/step_4/state.bin", a_dir);
+    snprintf(y, sizeof y, "%s/checkpoints/step_4/state.bin", dir);
+    assert_true(same_bytes(x, y));
+    snprintf(x, sizeof x, "%s/steps.jsonl", a_dir);
+    snprintf(y, sizeof y, "%s/steps.jsonl", dir);
+    assert_int_equal(pf_count_lines(y), 4);
+    char *ta = slurp(x), *tb = slurp(y);
+    assert_non_null(ta);
+    assert_non_null(tb);
+    const char *at = tb;
+    for (int s = 0; s < 4; s++) {   /* continuous: each step once, in order, one per line */
+        char key[32];
+        snprintf(key, sizeof key, "{\"step\":%d,", s);
+        assert_true(!strncmp(at, key, strlen(key)));
+        at = strchr(at, '\n');
+        assert_non_null(at);
+        at++;
+    }
+    for (int s = 2; s < 4; s++) {
+        char key[32];
+        snprintf(key, sizeof key, "{\"step\":%d,", s);
+        const char *la = strstr(ta, key), *lb = strstr(tb, key);
+        assert_non_null(la);
+        assert_non_null(lb);
+        const char *ea = strstr(la, "\"t\":"), *eb = strstr(lb, "\"t\":");
+        assert_non_null(ea);
+        assert_int_equal(ea - la, eb - lb);
+        assert_memory_equal(la, lb, (size_t)(ea - la));
+    }
+    free(ta);
+    free(tb);
+}
+
+/* --resume alone: every setting not given is the run's (checkpoint, run.json). */
+static void test_resume_defaults(void **state) {
+    (void)state;
+    char a_dir[400], b_dir[400], d_dir[400], d_ck[500], log[500], p[700];
+    snprintf(a_dir, sizeof a_dir, "%s/full", root);
+    snprintf(b_dir, sizeof b_dir, "%s/cut_b", root);
+    snprintf(d_dir, sizeof d_dir, "%s/cut_d", root);
+    snprintf(d_ck, sizeof d_ck, "%s/checkpoints/step_2", d_dir);
+    /* A: the uninterrupted run, every setting given */
+    snprintf(log, sizeof log, "%s/full.out", root);
+    {
+        const char *args[] = {"--target-model", model_dir, "--data", cache, "--device", "cpu",
+                              "--token-budget", "256", "--block-size", "4", "--num-anchors", "8",
+                              "--drafter-layers", "1", "--lr", "3e-3", "--seed", "5", "--threads", "1",
+                              "--max-steps", "4", "--save-every", "2", "--deterministic", "--out", a_dir, NULL};
+        int code = run_only(log, args, 60);
+        if (code != 0) { char *t = slurp(log); fprintf(stderr, "%s\n", t ? t : ""); free(t); }
+        assert_int_equal(code, 0);
+    }
+    {   /* run.json records what --resume defaults to: absolute target and data cache */
+        char rp[PATH_MAX], want[PATH_MAX + 64];
+        snprintf(p, sizeof p, "%s/run.json", a_dir);
+        char *rj = slurp(p);
+        assert_non_null(rj);
+        assert_non_null(realpath(model_dir, rp));
+        snprintf(want, sizeof want, "\"target_model\":\t\"%s\"", rp);
+        assert_non_null(strstr(rj, want));
+        assert_non_null(realpath(cache, rp));
+        snprintf(want, sizeof want, "\"data\":\t\"%s\"", rp);
+        assert_non_null(strstr(rj, want));
+        assert_non_null(strstr(rj, "\"save_every\":\t2"));
+        assert_non_null(strstr(rj, "\"deterministic\":\ttrue"));
+        free(rj);
+    }
+    copy_cut_to_step2(a_dir, b_dir);
+    copy_cut_to_step2(a_dir, d_dir);
+    /* an explicit mismatch is still refused, nothing written */
+    snprintf(log, sizeof log, "%s/cut_tb.out", root);
+    {
+        char *before = snapshot_of(d_dir);
+        const char *args[] = {"--resume", d_ck, "--token-budget", "512", NULL};
+        int code = run_only(log, args, 30);
+        char *txt = slurp(log);
+        assert_non_null(txt);
+        if (code != 2) fprintf(stderr, "exit %d\n%s\n", code, txt);
+        assert_int_equal(code, 2);
+        assert_non_null(strstr(txt, "--token-budget 512 does not match the checkpoint's 256"));
+        assert_non_null(strstr(txt, "refused: 1 setting(s)"));
+        assert_null(strstr(txt, "draftline run "));
+        char *after = snapshot_of(d_dir);
+        assert_string_equal(before, after);
+        free(before);
+        free(after);
+        free(txt);
+    }
+    /* B: --resume RUN_DIR --max-steps 4, nothing else */
+    snprintf(log, sizeof log, "%s/cut_b.out", root);
+    {
+        const char *args[] = {"--resume", b_dir, "--max-steps", "4", NULL};
+        int code = run_only(log, args, 60);
+        char *txt = slurp(log);
+        if (code != 0) fprintf(stderr, "%s\n", txt ? txt : "");
+        assert_int_equal(code, 0);
+        assert_non_null(strstr(txt, "not given, so taken from the checkpoint and its run:"));
+        assert_non_null(strstr(txt, " --token-budget 256 --max-len 256 --num-anchors 8"));
+        assert_non_null(strstr(txt, " --seed 5 "));
+        assert_non_null(strstr(txt, " --deterministic"));
+        assert_null(strstr(txt, " --max-steps 4"));   /* given: not listed */
+        assert_non_null(strstr(txt, "steps 2..4"));
+        assert_null(strstr(txt, "does not match"));
+        assert_null(strstr(txt, "changes from"));
+        free(txt);
+    }
+    expect_as_uninterrupted(a_dir, b_dir);
+    /* D: --resume CKPT_DIR alone (--out is the checkpoint's run, --max-steps its 4) */
+    snprintf(log, sizeof log, "%s/cut_d.out", root);
+    {
+        const char *args[] = {"--resume", d_ck, NULL};
+        int code = run_only(log, args, 60);
+        char *txt = slurp(log);
+        if (code != 0) fprintf(stderr, "%s\n", txt ? txt : "");
+        assert_int_equal(code, 0);
+        char want[600];
+        assert_non_null(strstr(txt, " --max-steps 4 "));
+        snprintf(want, sizeof want, " --save-every 2 --deterministic --out %s", d_dir);
+        if (!strstr(txt, want)) fprintf(stderr, "missing \"%s\" in:\n%s\n", want, txt);
+        assert_non_null(strstr(txt, want));
+        assert_non_null(strstr(txt, "steps 2..4"));
+        free(txt);
+    }
+    expect_as_uninterrupted(a_dir, d_dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resume_check),
+        cmocka_unit_test(test_resume_defaults),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
