@@ -37,7 +37,8 @@ static void eval_usage(FILE *f) {
             "  --data PROMPTS         MT-Bench question.jsonl, HumanEval.jsonl.gz, GSM8K jsonl,\n"
             "                         or OpenAI/ShareGPT jsonl (auto-detected per record)\n"
             "  --num-prompts K        first K prompts (default 10)\n"
-            "  --max-new-tokens N     per prompt (default 128)\n"
+            "  --max-new-tokens N     per prompt (default 128); the longest prompt + N must fit the\n"
+            "                         target's context (max_position_embeddings), else an error (exit 2)\n"
             "  --temperature T        0 = greedy (default); > 0: rejection sampling\n"
             "  --seed S               sampling / random-drafter seed (default 0)\n"
             "  --device cpu|cuda      (default cpu)    --gpu N   CUDA device (default 0)\n"
@@ -216,6 +217,14 @@ int cmd_eval(int argc, char **argv) {
              model, target_config(t)->L, target_config(t)->D, drafter_arg, dc.n_layers, dc.B,
              dc.target_layer_ids[0], dc.mask_token_id, ops.impl->name, clock_mono_s() - t0, np, data,
              prompt_kind_name(ps.items[0].kind));
+    int max_pos = target_config(t)->max_pos;
+    if (max_pos > 0 && max_len + max_new > max_pos) {
+        fprintf(stderr, "eval: --max-new-tokens %d: the longest prompt (%d tokens) + %d = %d tokens exceeds the target's "
+                "context of %d tokens (max_position_embeddings / context_length); lower --max-new-tokens or "
+                "--max-prompt-tokens\n", max_new, max_len, max_new, max_len + max_new, max_pos);
+        ret = 2;
+        goto done;
+    }
     if ((rc = specdec_new(t, d, max_len + max_new + 1, &s)) < 0) { log_rc(rc, "speculative decoder"); goto done; }
     specdec_eval_opts_t eo;
     specdec_eval_opts_default(&eo);

@@ -33,7 +33,8 @@ static void generate_usage(FILE *f) {
             "  --system TEXT          system message (default: the template's own, if any)\n"
             "  --raw                  no chat template: the prompt text is the model input\n"
             "  --chat-template NAME   chatml|qwen|smollm2|llama3 (default: from the model)\n"
-            "  --max-new-tokens N     (default 128)\n"
+            "  --max-new-tokens N     (default 128); the longest prompt + N must fit the model's\n"
+            "                         context (max_position_embeddings), else an error (exit 2)\n"
             "  --temperature T        0 = greedy (default 0)\n"
             "  --top-p P              nucleus sampling mass (default 1)\n"
             "  --seed S               sampling seed (default 0)\n"
@@ -160,6 +161,16 @@ int cmd_generate(int argc, char **argv) {
     log_info("loaded %s (%s, %d layers, D %d, %.1f M params) on %s in %.2f s", model,
              model_family_name(target_config(t)->family), target_config(t)->L, target_config(t)->D,
              model_config_n_params(target_config(t)) / 1e6, ops.impl->name, clock_mono_s() - t0);
+    int max_pos = target_config(t)->max_pos;
+    if (max_pos > 0 && (int64_t)max_len + max_new > max_pos) {
+        /* the KV cache holds prompt + new tokens; past the model's context the
+         * positions are untrained (and --max-new-tokens 1048576 asked for gigabytes) */
+        fprintf(stderr, "generate: --max-new-tokens %d: the longest prompt (%d tokens) + %d = %lld tokens exceeds the model's "
+                "context of %d tokens (max_position_embeddings / context_length); use --max-new-tokens <= %d\n",
+                max_new, max_len, max_new, (long long)max_len + max_new, max_pos, max_pos > max_len ? max_pos - max_len : 0);
+        ret = 2;
+        goto done;
+    }
     if ((rc = generator_new(t, n_prompts, max_len + max_new, &g)) < 0) { log_rc(rc, "generator"); goto done; }
     gen_params_t gp;
     gen_params_default(t, &gp);

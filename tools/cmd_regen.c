@@ -49,7 +49,8 @@ static void regen_usage(FILE *f) {
             "                         question, HumanEval prompt, MT-Bench turns)\n"
             "  --out OUT              output jsonl (appended to; complete lines are kept)\n"
             "  --max-new-tokens N     per assistant turn (default 512)\n"
-            "  --max-ctx N            tokens per conversation (default 2048)\n"
+            "  --max-ctx N            tokens per conversation (default 2048); at most the model's\n"
+            "                         context (max_position_embeddings), else an error (exit 2)\n"
             "  --temperature T        0 = greedy (default)   --top-p P (default 1)\n"
             "  --seed S               sampling seed (default 0)\n"
             "  --batch K              sequences decoded together (default 8, max %d)\n"
@@ -311,6 +312,12 @@ int cmd_regen(int argc, char **argv) {
     int budget = max_ctx > batch ? max_ctx : batch;
     target_opts_t to = {.max_tokens = budget, .max_seqs = batch};
     if ((rc = target_load(model, &ops, &to, &t)) < 0) { log_rc(rc, "loading the target"); goto done; }
+    if (target_config(t)->max_pos > 0 && max_ctx > target_config(t)->max_pos) {
+        fprintf(stderr, "regen: --max-ctx %d exceeds the model's context of %d tokens (max_position_embeddings / "
+                "context_length); use --max-ctx <= %d\n", max_ctx, target_config(t)->max_pos, target_config(t)->max_pos);
+        ret = 2;
+        goto done;
+    }
     if ((rc = generator_new(t, batch, max_ctx, &g)) < 0) { log_rc(rc, "generator"); goto done; }
     gen_params_t gp;
     gen_params_default(t, &gp);

@@ -257,6 +257,24 @@ static void test_regen_foreign_and_empty(void **state) {
     assert_int_not_equal(access(out, F_OK), 0);
 }
 
+/* --max-ctx past the model's context (SmolLM2: 8192 positions) is refused (exit 2)
+ * after the model's config is read, and no --out is created. */
+static void test_regen_max_ctx_past_context(void **state) {
+    (void)state;
+    char out[512];
+    snprintf(out, sizeof out, "%s/too_long.jsonl", g_dir);
+    char *argv[] = {"draftline", "regen", "--data", g_data, "--out", out, "--max-ctx", "100000",
+                    "--max-new-tokens", "4", "--batch", "1", "--limit", "1", "--threads", "1", NULL};
+    proc_t p;
+    memset(&p, 0, sizeof p);
+    assert_int_equal(proc_spawn_exec(&p, "regen", g_bin, argv), 0);
+    int code = -1;
+    assert_int_equal(proc_wait(&p, TIMEOUT_MS, &code), 0);
+    proc_kill(&p);
+    assert_int_equal(code, 2);
+    assert_int_not_equal(access(out, F_OK), 0);
+}
+
 int main(void) {
     char model[1024], shared[1024];
     if (paths_default_model(model, sizeof model) < 0 || access(model, R_OK) != 0) {
@@ -280,7 +298,8 @@ int main(void) {
     proc_watchdog(300);
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_regen_kill_resume),
                                        cmocka_unit_test(test_regen_max_seconds),
-                                       cmocka_unit_test(test_regen_foreign_and_empty)};
+                                       cmocka_unit_test(test_regen_foreign_and_empty),
+                                       cmocka_unit_test(test_regen_max_ctx_past_context)};
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     proc_watchdog(0);
     proc_kill_all();

@@ -335,6 +335,18 @@ static void test_cli_generate(void **s) {
     /* usage errors exit 2 */
     snprintf(cmd, sizeof cmd, "'%s' generate --max-new-tokens 0 --prompt x >/dev/null 2>&1", exe);
     assert_int_equal(WEXITSTATUS(system(cmd)), 2);
+    /* prompt + --max-new-tokens past the model's context (SmolLM2: 8192): refused with
+     * the flag and the limit named, before the KV cache is allocated */
+    snprintf(cmd, sizeof cmd, "timeout 120 '%s' generate --raw --prompt x --max-new-tokens 1048576 2>&1 >/dev/null", exe);
+    f = popen(cmd, "r");
+    assert_non_null(f);
+    n = fread(out, 1, sizeof out - 1, f);
+    out[n] = 0;
+    st = pclose(f);
+    printf("  draftline generate --max-new-tokens 1048576: \"%s\"\n", out);
+    assert_int_equal(WEXITSTATUS(st), 2);
+    assert_non_null(strstr(out, "--max-new-tokens 1048576"));
+    assert_non_null(strstr(out, "context of 8192 tokens"));
 }
 
 int main(void) {
