@@ -51,6 +51,11 @@ int dl_wraperr(int code, const char *fmt, ...) {
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, errmsg, sizeof old);
+    size_t pl = strlen(prefix);
+    /* the detail already names this context ("x.dlc: bad magic" wrapped with "x.dlc"):
+     * once is enough */
+    if (pl && !strncmp(old, prefix, pl) && (old[pl] == 0 || (old[pl] == ':' && old[pl + 1] == ' ')))
+        return code;
     if (old[0]) snprintf(errmsg, sizeof errmsg, "%.500s: %.500s", prefix, old);
     else snprintf(errmsg, sizeof errmsg, "%s", prefix);
     return code;

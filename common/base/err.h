@@ -38,7 +38,9 @@ const char *dl_strerror(int code);
 int dl_seterr(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int dl_vseterr(int code, const char *fmt, va_list ap);
 
-/* Prefixes the current detail with more context: "ctx: old detail". Returns code. */
+/* Prefixes the current detail with more context: "ctx: old detail". A detail that
+ * already starts with "ctx: " (or is "ctx") is left as it is, so a path is not named
+ * twice ("x.dlc: x.dlc: bad magic"). Returns code. */
 int dl_wraperr(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* This thread's detail of the last error ("" if none). */

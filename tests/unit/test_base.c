@@ -21,6 +21,12 @@ static void test_strerror(void **state) {
     assert_string_equal(dl_errmsg(), "field 'mb'");
     dl_wraperr(DL_EINVAL, "file.jsonl:%d", 3);
     assert_string_equal(dl_errmsg(), "file.jsonl:3: field 'mb'");
+    /* a context the detail already starts with is not repeated */
+    dl_seterr(DL_EFORMAT, "wrap.dlc: bad magic");
+    assert_int_equal(dl_wraperr(DL_EFORMAT, "%s", "wrap.dlc"), DL_EFORMAT);
+    assert_string_equal(dl_errmsg(), "wrap.dlc: bad magic");
+    dl_wraperr(DL_EFORMAT, "wrap");       /* a prefix of the path is another context */
+    assert_string_equal(dl_errmsg(), "wrap: wrap.dlc: bad magic");
 }
 
 static void test_cli(void **state) {
