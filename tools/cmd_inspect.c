@@ -236,5 +236,17 @@ int cmd_inspect(int argc, char **argv) {
     size_t plen = strlen(path);
     /* by magic, else by name: an empty or truncated .gguf is reported as GGUF */
     if (!memcmp(magic, "GGUF", 4) || (plen > 5 && !strcmp(path + plen - 5, ".gguf"))) return inspect_gguf(path, all);
+    if (plen <= 12 || strcmp(path + plen - 12, ".safetensors") != 0) {
+        /* neither GGUF magic nor a .safetensors name: say what it is not before the
+         * safetensors parser reports its first 8 bytes as a header length */
+        safetensors_t *st = NULL;
+        if (safetensors_open(path, &st) < 0) {
+            const char *why = dl_errmsg();
+            if (!strncmp(why, path, plen) && why[plen] == ':' && why[plen + 1] == ' ') why += plen + 2;
+            fprintf(stderr, "inspect: %s: not a GGUF or safetensors checkpoint (no GGUF magic; %s)\n", path, why);
+            return 1;
+        }
+        safetensors_close(&st);
+    }
     return inspect_safetensors(path, 0, all);
 }

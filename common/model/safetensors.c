@@ -101,9 +101,15 @@ static int parse_file(safetensors_t *st, int fi) {
     if (f->size < 8) return dl_seterr(DL_EFORMAT, "%s: too short for a safetensors header (%zu bytes)", f->path, f->size);
     uint64_t hlen;
     memcpy(&hlen, f->map, 8);
-    if (hlen > ST_MAX_HEADER || hlen > f->size - 8)
+    if (hlen > ST_MAX_HEADER || hlen > f->size - 8) {
+        /* the first 8 bytes of a text file (JSONL, ...) read as a huge length */
+        if (f->size > 8 && f->map[8] != '{')
+            return dl_seterr(DL_EFORMAT, "%s: not a safetensors file (its first 8 bytes give a header length of %llu "
+                             "bytes > the file's %zu bytes, and no JSON header follows)", f->path,
+                             (unsigned long long)hlen, f->size);
         return dl_seterr(DL_EFORMAT, "%s: header length %llu exceeds the file (%zu bytes) or the "
                          "100 MB limit", f->path, (unsigned long long)hlen, f->size);
+    }
     const uint8_t *data = f->map + 8 + hlen;
     uint64_t data_size = f->size - 8 - hlen;
     cJSON *root = cJSON_ParseWithLength((const char *)f->map + 8, (size_t)hlen);

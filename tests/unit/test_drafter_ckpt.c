@@ -203,6 +203,22 @@ static void test_inspect_cli(void **state) {
     assert_int_equal(system(cmd), 0);
     snprintf(cmd, sizeof cmd, "%s/draftline inspect %s/bad3 >/dev/null 2>&1", bin, g_tmp);
     assert_int_equal(WEXITSTATUS(system(cmd)), 1);
+    /* a JSONL file is not a checkpoint: said so (its first 8 bytes were reported as a
+     * safetensors header length of ~7.6e18), exit 1 */
+    char jl[1024];
+    snprintf(jl, sizeof jl, "%s/data.jsonl", g_tmp);
+    f = fopen(jl, "w");
+    assert_non_null(f);
+    fputs("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n", f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s/draftline inspect %s 2>&1", bin, jl);
+    f = popen(cmd, "r");
+    assert_non_null(f);
+    n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    assert_int_equal(WEXITSTATUS(pclose(f)), 1);
+    assert_non_null(strstr(buf, "not a GGUF or safetensors checkpoint"));
+    assert_non_null(strstr(buf, "not a safetensors file"));
 }
 
 static void test_bad_config(void **state) {
