@@ -1115,6 +1115,15 @@ static void on_signal(uv_signal_t *h, int signum) {
     if (signum == SIGCHLD) { reap(S); return; }
     /* the same Ctrl-C can arrive twice (e.g. through timeout(1)): only a later one kills */
     if (S->stopping && clock_mono_s() - S->t_stop < 2.0) return;
+    if (S->stopping && !S->sum->signal) {
+        /* already stopping on its own (reached --max-steps: `draftline stop` raced the
+         * end): the final checkpoint is being written, so this first signal neither
+         * kills the stages nor makes the finished run an interrupted one */
+        S->sum->signal = signum;
+        S->t_stop = clock_mono_s();
+        log_info("signal %d: the run is already stopping; a second signal kills every stage", signum);
+        return;
+    }
     if (S->stopping) {
         log_warn("second signal: killing every stage");
         for (int i = 0; i < S->n; i++) if (S->st[i].pid > 0) kill(S->st[i].pid, SIGKILL);
@@ -1275,6 +1284,9 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     int swept = slab_sweep(o->run_id);
     if (swept > 0) log_warn("removed %d leftover shared-memory object(s) of run %s", swept, o->run_id);
     sum->steps = S.have_step ? S.last_step_seen + 1 : o->start_step;
+    /* a signal that arrived as the last step was applied (`draftline stop` racing
+     * --max-steps) did not cut the run short: it finished its steps */
+    if (sum->interrupted && sum->steps >= o->max_steps) sum->interrupted = 0, sum->signal = 0;
     uint64_t n = S.n_losses;
     uint64_t k = n < 10 ? n : 10;
     sum->loss_first10 = mean_range(S.losses, 0, k);
