@@ -108,6 +108,11 @@ typedef struct {
     double t_step0;
     double last_loss, last_gnorm, last_lr;
     char last_ckpt_dir[4200];
+    /* --keep-checkpoints (0: keep all) and the checkpoint resumed from (protected from
+     * the retention until a newer one is written; "" when not resumed) */
+    int64_t keep_ckpts;
+    uint64_t resume_step;
+    char resume_dir[4200];
 } opt_t;
 
 static int peer_find(opt_t *O, const char *peer) {
@@ -189,6 +194,13 @@ static int checkpoint(opt_t *O) {
     O->last_ckpt = O->step;
     log_info("checkpoint step %llu written to %s (%.2f s)", (unsigned long long)O->step,
              O->last_ckpt_dir, clock_mono_s() - t0);
+    if (O->keep_ckpts > 0) {
+        /* retention: failures are warnings, the run goes on */
+        const char *protect = O->resume_dir[0] && O->step <= O->resume_step ? O->resume_dir : NULL;
+        int n = ckpt_prune(O->out, O->keep_ckpts, O->P, protect);
+        if (n < 0) log_warn("--keep-checkpoints %lld: %s", (long long)O->keep_ckpts, dl_errmsg());
+        else if (n > 0) log_info("--keep-checkpoints %lld: removed %d older checkpoint(s)", (long long)O->keep_ckpts, n);
+    }
     return 0;
 }
 
@@ -519,6 +531,9 @@ static void usage(FILE *f) {
         "  --weight-decay X           AdamW decoupled weight decay on matrices (default 0)\n"
         "  --clip X                   global gradient-norm clip (default 1.0; 0 = off)\n"
         "  --save-every N             checkpoint every N steps (default 0: only at the end)\n"
+        "  --keep-checkpoints N       after each checkpoint, remove the oldest complete step_* dirs so\n"
+        "                             that at most N remain (never latest's, nor the resumed one;\n"
+        "                             default 0: keep all)\n"
         "  --seed N                   drafter initialisation seed (default 0)\n"
         "  --gpu N                    keep the state and run AdamW on CUDA device N (default: CPU);\n"
         "                             the drafters must run on GPUs too (their gradient slabs are\n"
@@ -539,7 +554,7 @@ int main(int argc, char **argv) {
     int64_t inc = 1, layers = 1, B = 8, v;
     O.lr = 1e-3; O.clip = 1.0; O.K = 1; O.gpu = -1; O.b1 = 0.9; O.b2 = 0.999; O.eps = 1e-8;
     enum { O_RUN = 256, O_ID, O_INC, O_OUT, O_TM, O_DL, O_BS, O_LR, O_WU, O_MS, O_K, O_WD, O_CL, O_SE, O_SEED, O_RES, O_CB, O_LL, O_GPU,
-           O_RTB, O_RML, O_RNA, O_REP, O_RTFP };
+           O_RTB, O_RML, O_RNA, O_REP, O_RTFP, O_KC };
     static const struct option opts[] = {
         {"run-dir", 1, 0, O_RUN}, {"run-id", 1, 0, O_ID}, {"incarnation", 1, 0, O_INC},
         {"out", 1, 0, O_OUT}, {"target-model", 1, 0, O_TM}, {"drafter-layers", 1, 0, O_DL},
@@ -549,7 +564,7 @@ int main(int argc, char **argv) {
         {"seed", 1, 0, O_SEED}, {"resume", 1, 0, O_RES}, {"cursor-base", 1, 0, O_CB},
         {"log-level", 1, 0, O_LL}, {"gpu", 1, 0, O_GPU}, {"token-budget", 1, 0, O_RTB},
         {"max-len", 1, 0, O_RML}, {"num-anchors", 1, 0, O_RNA}, {"epochs", 1, 0, O_REP},
-        {"target-fp", 1, 0, O_RTFP}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"target-fp", 1, 0, O_RTFP}, {"keep-checkpoints", 1, 0, O_KC}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         int rc = 0;
@@ -568,6 +583,7 @@ int main(int argc, char **argv) {
         case O_WD: rc = cli_parse_f64("--weight-decay", optarg, 0, 10, &O.wd); break;
         case O_CL: rc = cli_parse_f64("--clip", optarg, 0, 1e9, &O.clip); break;
         case O_SE: rc = cli_parse_i64("--save-every", optarg, 0, INT64_MAX / 2, &v); O.save_every = (uint64_t)v; break;
+        case O_KC: rc = cli_parse_i64("--keep-checkpoints", optarg, 0, INT32_MAX, &O.keep_ckpts); break;
         case O_SEED: rc = cli_parse_i64("--seed", optarg, 0, INT64_MAX, &v); O.seed = (uint64_t)v; break;
         case O_RES: resume = optarg; break;
         case O_GPU: rc = cli_parse_i64("--gpu", optarg, 0, 1023, &v); O.gpu = (int)v; break;
@@ -643,6 +659,8 @@ int main(int argc, char **argv) {
         O.step = O.last_ckpt = h.step;
         O.tokens = h.tokens;
         O.skipped = h.skipped_steps;
+        O.resume_step = h.step;
+        snprintf(O.resume_dir, sizeof O.resume_dir, "%s", dir);
         log_info("resumed from %s at step %llu", dir, (unsigned long long)O.step);
     }
     char path[4200];

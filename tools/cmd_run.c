@@ -44,7 +44,7 @@ typedef struct {
     const char *target_gpus, *drafter_gpus;
     int targets, drafters, token_budget, max_len, block_size, num_anchors, drafter_layers;
     double lr, weight_decay, clip;
-    int64_t warmup_steps, max_steps, save_every, seed;
+    int64_t warmup_steps, max_steps, save_every, seed, keep_checkpoints;
     int epochs, mbs_per_step, deterministic, hs_min_ready, threads, max_restarts, prefetch;
     double inbox_gb, host_inbox_gb, progress_s;
     int metrics_port, test_stall_after_mbs;
@@ -57,9 +57,9 @@ typedef struct {
 enum {
     O_TM = 256, O_DATA, O_PF, O_RF, O_TG, O_DG, O_DEV, O_NT, O_ND, O_TB, O_ML, O_BS, O_NA, O_DL,
     O_LR, O_WU, O_MS, O_EP, O_K, O_SE, O_OUT, O_DET, O_SEED, O_RES, O_IG, O_HG, O_MR, O_CFG,
-    O_WD, O_CL, O_TH, O_RS, O_PS, O_PREF, O_MP, O_TSTALL, O_EVD, O_EVE, O_EVP, O_EVM
+    O_WD, O_CL, O_TH, O_RS, O_PS, O_PREF, O_MP, O_TSTALL, O_EVD, O_EVE, O_EVP, O_EVM, O_KC
 };
-_Static_assert(O_EVM - O_TM < 64, "run_opts_t.given holds every option code");
+_Static_assert(O_KC - O_TM < 64, "run_opts_t.given holds every option code");
 
 static const struct option run_options[] = {
     {"target-model", 1, 0, O_TM}, {"data", 1, 0, O_DATA}, {"prompt-field", 1, 0, O_PF},
@@ -75,7 +75,8 @@ static const struct option run_options[] = {
     {"threads", 1, 0, O_TH}, {"max-restarts", 1, 0, O_RS}, {"progress-every", 1, 0, O_PS},
     {"prefetch", 1, 0, O_PREF}, {"metrics-port", 1, 0, O_MP},
     {"test-stall-after-mbs", 1, 0, O_TSTALL}, {"eval-data", 1, 0, O_EVD}, {"eval-every", 1, 0, O_EVE},
-    {"eval-prompts", 1, 0, O_EVP}, {"eval-max-new-tokens", 1, 0, O_EVM}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    {"eval-prompts", 1, 0, O_EVP}, {"eval-max-new-tokens", 1, 0, O_EVM},
+    {"keep-checkpoints", 1, 0, O_KC}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
 
 static void run_usage(FILE *f) {
     fprintf(f,
@@ -120,6 +121,9 @@ static void run_usage(FILE *f) {
         "  --out DIR                  run directory: logs/, metrics.jsonl, steps.jsonl, checkpoints/\n"
         "                             (default runs/run-<time>)\n"
         "  --save-every N             checkpoint every N steps (default: only at the end)\n"
+        "  --keep-checkpoints N       keep at most N checkpoints: after each one, the oldest\n"
+        "                             checkpoints/step_* are removed (never the latest, nor the one\n"
+        "                             resumed from until a newer one exists); default 0: keep all\n"
         "  --resume DIR               continue exactly from a checkpoint dir or a run dir's latest\n"
         "                             (refused while that run is live; a run dir with no checkpoint\n"
         "                             and no applied step, e.g. Ctrl-C at start-up, starts fresh);\n"
@@ -128,8 +132,9 @@ static void run_usage(FILE *f) {
         "                             be the checkpoint's: checked first, a mismatch exits 2 naming it;\n"
         "                             every setting not given (flag or --config) is the run's: those,\n"
         "                             --max-steps, --lr, --warmup-steps, --weight-decay, --clip, --save-every,\n"
-        "                             --deterministic, --data (its cache), --target-model, --out (the run\n"
-        "                             dir of the checkpoint); one line lists them. Topology as without it\n"
+        "                             --keep-checkpoints, --deterministic, --data (its cache), --target-model,\n"
+        "                             --out (the run dir of the checkpoint); one line lists them. Topology\n"
+        "                             as without it\n"
         "  --inbox-gb X               drafter inbox, GPU tier, GiB (default 0.25)\n"
         "  --host-inbox-gb X          drafter inbox, host tier, GiB (default 0)\n"
         "  --hs-min-ready K           drafter pool of ready micro-batches (default 1)\n"
@@ -174,6 +179,7 @@ static int set_opt(run_opts_t *o, int code, const char *v) {
     case O_EP: return cli_parse_int("--epochs", v, 1, 1 << 20, &o->epochs);
     case O_K: return cli_parse_int("--micro-batches-per-step", v, 1, 4096, &o->mbs_per_step);
     case O_SE: return cli_parse_i64("--save-every", v, 0, INT32_MAX, &o->save_every);
+    case O_KC: return cli_parse_i64("--keep-checkpoints", v, 0, INT32_MAX, &o->keep_checkpoints);
     case O_OUT: o->out = v; return 0;
     case O_DET: { int b = 1; if (v && cli_parse_bool("--deterministic", v, &b) < 0) return DL_EINVAL; o->deterministic = b; return 0; }
     case O_SEED: return cli_parse_i64("--seed", v, 0, INT64_MAX, &o->seed);
@@ -548,7 +554,7 @@ static void run_dir_of_ckpt(const char *ckpt, char *out, size_t cap) {
  * (older checkpoints: the last two from its config.json); from <run_dir>/run.json
  * ("" / missing: skipped; keys written since these defaults exist): --target-model,
  * --data (the data cache the run trained on; else <run_dir>/data.dlc when it exists),
- * --save-every, --deterministic. Explicit settings are left as given (the --resume check
+ * --save-every, --keep-checkpoints, --deterministic. Explicit settings are left as given (the --resume check
  * compares them). Appends " --flag value" per setting taken to taken (cap bytes). */
 static void resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_hdr_t *h, const char *run_dir,
                             char *taken, size_t cap) {
@@ -597,6 +603,7 @@ static void resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_h
     const cJSON *tm = cJSON_GetObjectItemCaseSensitive(j, "target_model");
     const cJSON *da = cJSON_GetObjectItemCaseSensitive(j, "data");
     const cJSON *se = cJSON_GetObjectItemCaseSensitive(j, "save_every");
+    const cJSON *kc = cJSON_GetObjectItemCaseSensitive(j, "keep_checkpoints");
     const cJSON *de = cJSON_GetObjectItemCaseSensitive(j, "deterministic");
     if (cJSON_IsString(tm) && tm->valuestring[0] && !o->given[O_TM - O_TM]) {
         if (access(tm->valuestring, R_OK) == 0) {
@@ -621,6 +628,8 @@ static void resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_h
     }
     if (cJSON_IsNumber(se) && se->valuedouble >= 0)
         TAKE(O_SE, " --save-every %lld", (long long)(o->save_every = (int64_t)se->valuedouble));
+    if (cJSON_IsNumber(kc) && kc->valuedouble > 0 && kc->valuedouble <= INT32_MAX)
+        TAKE(O_KC, " --keep-checkpoints %lld", (long long)(o->keep_checkpoints = (int64_t)kc->valuedouble));
     if (cJSON_IsTrue(de) && !o->given[O_DET - O_TM]) {
         o->deterministic = 1;
         TAKE(O_DET, " --deterministic");
@@ -1077,6 +1086,7 @@ int cmd_run(int argc, char **argv) {
     so.target_model = realpath(o.target_model, target_abs) ? target_abs : o.target_model;
     so.data = realpath(cache, cache_abs) ? cache_abs : cache;
     so.save_every = o.save_every;
+    so.keep_checkpoints = o.keep_checkpoints;
     so.deterministic = o.deterministic;
     if (o.eval_data) {
         so.eval_data = o.eval_data;
@@ -1113,6 +1123,7 @@ int cmd_run(int argc, char **argv) {
     add(s, "--micro-batches-per-step"); add(s, K); add(s, "--weight-decay"); add(s, fmt("%.9g", o.weight_decay));
     add(s, "--clip"); add(s, fmt("%.9g", o.clip)); add(s, "--save-every"); add(s, fmt("%lld", (long long)o.save_every));
     add(s, "--seed"); add(s, seed); add(s, "--cursor-base"); add(s, cursor_base);
+    if (o.keep_checkpoints > 0) { add(s, "--keep-checkpoints"); add(s, fmt("%lld", (long long)o.keep_checkpoints)); }
     /* recorded in each checkpoint for the --resume check */
     add(s, "--token-budget"); add(s, tb);
     add(s, "--max-len"); add(s, fmt("%d", o.max_len > 0 && o.max_len < o.token_budget ? o.max_len : o.token_budget));

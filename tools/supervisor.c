@@ -163,6 +163,7 @@ static void write_run_json(sup_t *S) {
     if (o->target_model) cJSON_AddStringToObject(j, "target_model", o->target_model);
     if (o->data) cJSON_AddStringToObject(j, "data", o->data);
     cJSON_AddNumberToObject(j, "save_every", (double)o->save_every);
+    cJSON_AddNumberToObject(j, "keep_checkpoints", (double)o->keep_checkpoints);
     cJSON_AddBoolToObject(j, "deterministic", o->deterministic);
     if (S->rb.id[0]) {
         cJSON *r = cJSON_AddObjectToObject(j, "rebalance");

@@ -50,6 +50,7 @@ typedef struct {
      * NULL / 0) for `draftline run --resume DIR`'s defaults */
     const char *data;           /* the data cache (.dlc) the run trains on */
     int64_t save_every;
+    int64_t keep_checkpoints;   /* --keep-checkpoints (0: keep all); in run.json */
     int deterministic;
     int eval_every, eval_prompts, eval_max_new_tokens;
     sup_stage_spec_t stages[SUP_MAX_STAGES];

@@ -1,12 +1,14 @@
 /* Checkpoints (see ckpt.h). */
 #include "common/pipe/ckpt.h"
 #include "common/base/err.h"
+#include "common/base/log.h"
 #include "common/base/paths.h"
 #include "common/model/dflash_ckpt.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -207,4 +209,129 @@ int ckpt_target_fingerprint(const char *path, uint64_t *fp) {
     }
     *fp = h ? h : 1;
     return 0;
+}
+
+/* ---- retention (ckpt_prune) ---- */
+
+static const char *const ckpt_files[] = {"state.bin", "config.json", "model.safetensors", "cursor.bin"};
+#define CKPT_N_FILES (sizeof ckpt_files / sizeof ckpt_files[0])
+
+/* step_<digits>[suffix] -> 1 and *step; anything else (a sign, spaces, an overflow) -> 0 */
+static int step_name(const char *name, const char *suffix, uint64_t *step) {
+    if (strncmp(name, "step_", 5) != 0) return 0;
+    const char *d = name + 5, *e = d;
+    while (*e >= '0' && *e <= '9') e++;
+    if (e == d || e - d > 19 || strcmp(e, suffix) != 0) return 0;
+    uint64_t v = 0;
+    for (const char *c = d; c < e; c++) v = v * 10 + (uint64_t)(*c - '0');
+    *step = v;
+    return 1;
+}
+
+/* 1 when dir holds only files of ckpt_files (regular files); *has gets a bit per file */
+static int only_ckpt_files(const char *dir, unsigned *has) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int ok = 1;
+    *has = 0;
+    struct dirent *e;
+    char p[4400];
+    struct stat st;
+    while (ok && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        size_t i = 0;
+        while (i < CKPT_N_FILES && strcmp(e->d_name, ckpt_files[i]) != 0) i++;
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (i == CKPT_N_FILES || lstat(p, &st) != 0 || !S_ISREG(st.st_mode)) ok = 0;
+        else *has |= 1u << i;
+    }
+    closedir(d);
+    return ok;
+}
+
+/* deletes dir's checkpoint files and dir; 0, or DL_EIO naming what stayed */
+static int rm_ckpt_dir(const char *dir) {
+    char p[4400];
+    for (size_t i = 0; i < CKPT_N_FILES; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, ckpt_files[i]);
+        if (unlink(p) != 0 && errno != ENOENT) return dl_seterr(DL_EIO, "unlink %s: %s", p, strerror(errno));
+    }
+    if (rmdir(dir) != 0) return dl_seterr(DL_EIO, "rmdir %s: %s", dir, strerror(errno));
+    return 0;
+}
+
+static int u64_cmp(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+int ckpt_prune(const char *out_dir, int64_t keep, uint64_t expected_params, const char *protect) {
+    if (keep <= 0) return 0;
+    char root[4096], p[4400];
+    snprintf(root, sizeof root, "%s/checkpoints", out_dir);
+    /* the checkpoint `latest` names (never removed); unreadable: remove nothing */
+    snprintf(p, sizeof p, "%s/latest", root);
+    FILE *f = fopen(p, "r");
+    if (!f) return dl_seterr(DL_ENOENT, "checkpoint retention: open %s: %s", p, strerror(errno));
+    char name[128] = {0};
+    if (!fgets(name, sizeof name, f)) name[0] = 0;
+    fclose(f);
+    name[strcspn(name, "\r\n")] = 0;
+    uint64_t latest;
+    if (!step_name(name, "", &latest))
+        return dl_seterr(DL_EFORMAT, "checkpoint retention: %s names '%s', not step_<N>", p, name);
+    char protect_real[PATH_MAX] = "";
+    if (protect && !realpath(protect, protect_real)) protect_real[0] = 0;
+    DIR *d = opendir(root);
+    if (!d) return dl_seterr(DL_EIO, "checkpoint retention: opendir %s: %s", root, strerror(errno));
+    uint64_t *steps = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        uint64_t s;
+        unsigned has;
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", root, e->d_name);
+        if (step_name(e->d_name, ".deleting", &s)) {   /* an earlier failed removal */
+            if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode) && only_ckpt_files(p, &has)) rm_ckpt_dir(p);
+            continue;
+        }
+        if (!step_name(e->d_name, "", &s) || lstat(p, &st) != 0 || !S_ISDIR(st.st_mode)) continue;
+        /* complete: state.bin, config.json, model.safetensors (bits 0..2), nothing foreign */
+        if (!only_ckpt_files(p, &has) || (has & 7u) != 7u) continue;
+        ckpt_state_hdr_t h;
+        if (ckpt_read_hdr(p, &h) < 0 || h.step != s || h.n_params != expected_params) continue;
+        if (n == cap) {
+            size_t nc = cap ? cap * 2 : 64;
+            uint64_t *t = realloc(steps, nc * sizeof *t);
+            if (!t) break;
+            steps = t;
+            cap = nc;
+        }
+        steps[n++] = s;
+    }
+    closedir(d);
+    if (n) qsort(steps, n, sizeof *steps, u64_cmp);
+    int removed = 0;
+    size_t left = n;
+    for (size_t i = 0; i < n && left > (uint64_t)keep; i++) {
+        if (steps[i] == latest) continue;
+        char dir[4200], del[4300], real[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s/step_%llu", root, (unsigned long long)steps[i]);
+        if (protect_real[0] && realpath(dir, real) && !strcmp(real, protect_real)) continue;
+        snprintf(del, sizeof del, "%s.deleting", dir);
+        if (rename(dir, del) != 0) {
+            log_warn("checkpoint retention: could not remove %s (rename: %s); kept", dir, strerror(errno));
+            continue;
+        }
+        left--;
+        if (rm_ckpt_dir(del) < 0) {
+            log_warn("checkpoint retention: %s (retried at the next checkpoint)", dl_errmsg());
+            continue;
+        }
+        removed++;
+    }
+    free(steps);
+    fsync_dir(root);
+    return removed;
 }

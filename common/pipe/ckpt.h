@@ -83,4 +83,20 @@ int ckpt_target_fingerprint(const char *path, uint64_t *fp);
  * checkpoints/latest). Writes the checkpoint dir into out. DL_ENOENT if none. */
 int ckpt_resolve(const char *path, char *out, size_t cap);
 
+/* Checkpoint retention (`--keep-checkpoints N`, like HF Trainer's save_total_limit), run
+ * by the optimizer right after ckpt_write made `latest` name a new checkpoint: removes the
+ * oldest (lowest step) complete checkpoint dirs of <out_dir>/checkpoints until at most
+ * `keep` remain. Never removes the one `latest` names, nor `protect` (the dir the run
+ * was resumed from, compared by real path; may be NULL; the caller passes it until a
+ * newer checkpoint exists). Conservative: only a directory (not a link) named exactly
+ * step_<digits> that holds state.bin (magic ok, header step == <digits>, n_params ==
+ * expected_params), config.json, model.safetensors, optionally cursor.bin, and nothing
+ * else is a candidate (and counted); anything else is left alone. A removal is a rename
+ * to step_<N>.deleting (a reader sees the whole checkpoint or none), then its files and
+ * the dir are deleted; leftovers of an earlier failed deletion (step_<N>.deleting with
+ * only those files) are deleted again. A removal that fails is logged (warning) and
+ * skipped. keep <= 0: nothing is done (keep all). Returns the number of checkpoints
+ * removed, or DL_ENOENT / DL_EIO (latest or the directory unreadable: nothing removed). */
+int ckpt_prune(const char *out_dir, int64_t keep, uint64_t expected_params, const char *protect);
+
 #endif
