@@ -108,9 +108,11 @@ void mon_diagnose(const mon_stage_view_t *v, const mon_diag_opts_t *o, mon_diag_
         fmt(out->why, sizeof out->why, "no metrics yet");
         return;
     }
-    if (!strcmp(v->state, "stopping")) {
+    if (!strcmp(v->state, "stopping") || !strcmp(v->state, "exited") || !strcmp(v->state, "retired")) {
+        /* exited / retired: set by the report from run.json (the process is gone) */
         out->kind = MON_DIAG_STOPPED;
-        fmt(out->why, sizeof out->why, "stopping");
+        fmt(out->why, sizeof out->why, "%s", !strcmp(v->state, "retired") ? "retired by a rebalance"
+                                             : !strcmp(v->state, "exited") ? "exited" : "stopping");
         return;
     }
     if (v->staleness_s >= silent) {
@@ -208,9 +210,37 @@ int mon_topo_read(const char *dir, mon_topo_t *t) {
         *counts[k] = m;
         if (m) t->gpu_mode = 1;
     }
+    if (cJSON_IsString(c = cJSON_GetObjectItemCaseSensitive(o, "state")))
+        snprintf(t->run_state, sizeof t->run_state, "%s", c->valuestring);
+    c = cJSON_GetObjectItemCaseSensitive(o, "stages");
+    if (cJSON_IsArray(c)) {
+        const cJSON *e;
+        t->n_stages = 0;
+        cJSON_ArrayForEach(e, c) {
+            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
+            const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "stage_id");
+            const cJSON *inc = cJSON_GetObjectItemCaseSensitive(e, "incarnation");
+            const cJSON *pr = cJSON_GetObjectItemCaseSensitive(e, "process");
+            if (!cJSON_IsString(nm) || !*nm->valuestring || strlen(nm->valuestring) >= MON_STAGE_NAME_MAX ||
+                t->n_stages >= MON_MAX_STAGES)
+                continue;
+            mon_topo_stage_t *x = &t->stages[t->n_stages++];
+            memset(x, 0, sizeof *x);
+            snprintf(x->name, sizeof x->name, "%s", nm->valuestring);
+            x->stage_id = cJSON_IsNumber(id) && id->valuedouble >= 0 ? (uint32_t)id->valuedouble : 0;
+            x->incarnation = cJSON_IsNumber(inc) && inc->valuedouble >= 0 ? (uint64_t)inc->valuedouble : 0;
+            if (cJSON_IsString(pr)) snprintf(x->process, sizeof x->process, "%s", pr->valuestring);
+        }
+    }
     cJSON_Delete(o);
     if (!t->max_steps) max_steps_from_log(dir, t);
     return 0;
+}
+
+const mon_topo_stage_t *mon_topo_stage(const mon_topo_t *t, const char *name) {
+    for (int i = 0; t && i < t->n_stages; i++)
+        if (!strcmp(t->stages[i].name, name)) return &t->stages[i];
+    return NULL;
 }
 
 void mon_topo_from_run(const mon_run_t *run, mon_topo_t *t) {

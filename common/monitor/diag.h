@@ -13,7 +13,7 @@
  * [0, 1].
  *
  * Diagnosis (DESIGN.md section 6):
- *   stopping/starting state             -> STOPPED / STARTING
+ *   stopping/exited/retired/starting    -> STOPPED / STARTING
  *   no sample for silent_s              -> SILENT (process hung or gone)
  *   no progress for stall_s:
  *     waiting for input now or share_in >= wait_share          -> STARVED
@@ -81,16 +81,31 @@ void mon_stage_view(const mon_stage_t *s, double now, double window_s, mon_stage
 /* The diagnosis of one stage (rules above). Pure. */
 void mon_diagnose(const mon_stage_view_t *v, const mon_diag_opts_t *o, mon_diag_t *out);
 
+/* One stage of run.json's "stages" list (tools/supervisor.c write_run_json). */
+typedef struct {
+    char name[MON_STAGE_NAME_MAX];
+    uint32_t stage_id;
+    uint64_t incarnation;
+    char process[MON_STATE_MAX];    /* running|restarting|draining|moving|exited|retired */
+} mon_topo_stage_t;
+
 /* Topology the suggestion is phrased in. From <run>/run.json when the supervisor
  * writes one (keys: device "cpu"|"cuda", targets, drafters, target_gpus [..],
- * drafter_gpus [..], max_steps), else counted from the stages seen (CPU phrasing). */
+ * drafter_gpus [..], max_steps, state, stages [..]), else counted from the stages
+ * seen (CPU phrasing). */
 typedef struct {
     int gpu_mode;
     int n_targets, n_drafters;
     int target_gpus[64], n_target_gpus;
     int drafter_gpus[64], n_drafter_gpus;
     uint64_t max_steps;         /* 0 = unknown */
+    char run_state[MON_STATE_MAX];      /* running|rebalancing|stopping|stopped; "" unknown */
+    mon_topo_stage_t stages[MON_MAX_STAGES];    /* the supervisor's stages (live topology, */
+    int n_stages;                               /* plus exited and retired ones); 0 unknown */
 } mon_topo_t;
+
+/* The run.json entry of stage `name`, or NULL (no run.json stages, or not listed). */
+const mon_topo_stage_t *mon_topo_stage(const mon_topo_t *t, const char *name);
 
 /* Reads <dir>/run.json into *t (fields it lacks are left as they are); when that gives
  * no max_steps, takes it from the optimizer's "step S of M" line in

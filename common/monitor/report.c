@@ -65,12 +65,46 @@ double mon_report_now(const mon_run_t *run, double wall, double live_s) {
 int mon_report(const mon_run_t *run, const mon_report_opts_t *o, char **text) {
     out_t b = {0};
     int n = run->n_stages;
-    mon_stage_view_t *views = calloc((size_t)n + 1, sizeof *views);
-    mon_diag_t *diags = calloc((size_t)n + 1, sizeof *diags);
-    if (!views || !diags) { free(views); free(diags); return dl_seterr(DL_ENOMEM, "monitor: out of memory"); }
+    /* run.json's stages (the live topology) that sent no metrics yet get a row too (a
+     * target added by a rebalance, still loading); a retired one does not */
+    const mon_topo_t *rt = &o->topo;
+    int finished = !strcmp(rt->run_state, "stopped");
+    int n_all = n;
+    for (int k = 0; k < rt->n_stages; k++)
+        n_all += !mon_run_stage(run, rt->stages[k].name) && strcmp(rt->stages[k].process, "retired") != 0;
+    mon_stage_view_t *views = calloc((size_t)n_all + 1, sizeof *views);
+    mon_diag_t *diags = calloc((size_t)n_all + 1, sizeof *diags);
+    const char **shown = calloc((size_t)n_all + 1, sizeof *shown);
+    if (!views || !diags || !shown) {
+        free(views); free(diags); free(shown);
+        return dl_seterr(DL_ENOMEM, "monitor: out of memory");
+    }
+    int n_retired = 0;
     for (int i = 0; i < n; i++) {
         mon_stage_view(run->stages[i], o->now, o->diag.window_s, &views[i]);
+        /* the process is gone (run.json of the same incarnation says so, or the run
+         * finished): its last metrics said "stopping", its state is final now */
+        const mon_topo_stage_t *ts = mon_topo_stage(rt, run->stages[i]->name);
+        const char *gone = NULL;
+        if (ts && !strcmp(ts->process, "retired")) gone = "retired";
+        else if (finished || (ts && !strcmp(ts->process, "exited") && ts->incarnation == run->stages[i]->incarnation))
+            gone = "exited";
+        if (gone) snprintf(views[i].state, sizeof views[i].state, "%s", gone);
+        n_retired += gone && !strcmp(gone, "retired");
         mon_diagnose(&views[i], &o->diag, &diags[i]);
+        shown[i] = views[i].state;
+    }
+    for (int k = 0, i = n; k < rt->n_stages && i < n_all; k++) {
+        const mon_topo_stage_t *ts = &rt->stages[k];
+        if (mon_run_stage(run, ts->name) || !strcmp(ts->process, "retired")) continue;
+        mon_stage_view_t *v = &views[i];
+        v->name = ts->name;
+        v->role = mon_role_of(ts->stage_id, ts->name);
+        v->since_progress_s = v->tokens_per_s = v->queued = NAN;
+        v->inbox_used = v->inbox_cap = NAN;
+        v->inbox_gpu_used = v->inbox_gpu_cap = v->inbox_host_used = v->inbox_host_cap = NAN;
+        mon_diagnose(v, &o->diag, &diags[i]);       /* no state: unknown, "no metrics yet" */
+        shown[i++] = finished ? "exited" : ts->process[0] ? ts->process : "-";
     }
     char d1[32], d2[32], d3[32], d4[32];
     /* header */
@@ -80,8 +114,11 @@ int mon_report(const mon_run_t *run, const mon_report_opts_t *o, char **text) {
     } else {
         double ago = o->wall - run->last_ts;
         fmt_dur(ago, d1, sizeof d1);
-        put(&b, "run %s: %d stages, last metrics %s ago%s\n", run->dir[0] ? run->dir : "-", n, d1,
-            o->now < o->wall - 1e-9 ? " (not live: shown as of its last metrics)" : " (live)");
+        char retired[32] = "";
+        if (n_retired) snprintf(retired, sizeof retired, " (+%d retired)", n_retired);
+        put(&b, "run %s: %d stages%s, last metrics %s ago%s\n", run->dir[0] ? run->dir : "-", n_all - n_retired,
+            retired, d1, finished ? " (finished: shown as of its last metrics)"
+                         : o->now < o->wall - 1e-9 ? " (not live: shown as of its last metrics)" : " (live)");
     }
     if (run->bad_lines)
         put(&b, "warning: %llu malformed line(s) skipped (last: %s)\n", (unsigned long long)run->bad_lines,
@@ -110,13 +147,13 @@ int mon_report(const mon_run_t *run, const mon_report_opts_t *o, char **text) {
     mon_topo_t topo = o->topo;
     mon_topo_from_run(run, &topo);
     mon_bottleneck_t bn;
-    mon_bottleneck(views, diags, n, &topo, run->dir, &bn);
+    mon_bottleneck(views, diags, n_all, &topo, run->dir, &bn);
     put(&b, "bottleneck: %s\n", bn.text);
     /* stages */
     put(&b, "\n%-12s %-9s %3s %-9s %9s %5s %7s %7s %9s  %s\n", "STAGE", "ROLE", "INC", "STATE", "TOK/S",
         "BUSY", "WAIT-IN", "WAIT-CR", "NO-PROGR", "DIAGNOSIS");
-    for (int i = 0; i < n; i++) {
-        const mon_stage_t *s = run->stages[i];
+    for (int i = 0; i < n_all; i++) {
+        const mon_stage_t *s = i < n ? run->stages[i] : NULL;
         const mon_stage_view_t *v = &views[i];
         const mon_diag_t *d = &diags[i];
         int have = v->dt > 0;
@@ -127,8 +164,10 @@ int mon_report(const mon_run_t *run, const mon_report_opts_t *o, char **text) {
         char tps[32];
         if (isfinite(v->tokens_per_s)) snprintf(tps, sizeof tps, "%.1f", v->tokens_per_s);
         else snprintf(tps, sizeof tps, "-");
-        put(&b, "%-12s %-9s %3llu %-9s %9s %5s %7s %7s %9s  %s: %s\n", s->name, mon_role_name(s->role),
-            (unsigned long long)s->incarnation, v->state, tps, d1, d2, d3, d4, mon_diag_name(d->kind), d->why);
+        const mon_topo_stage_t *ts = s ? NULL : mon_topo_stage(rt, v->name);
+        put(&b, "%-12s %-9s %3llu %-9s %9s %5s %7s %7s %9s  %s: %s\n", v->name, mon_role_name(v->role),
+            (unsigned long long)(s ? s->incarnation : ts ? ts->incarnation : 0), shown[i], tps, d1, d2, d3, d4,
+            mon_diag_name(d->kind), d->why);
     }
     /* inboxes */
     int any = 0;
@@ -167,6 +206,7 @@ int mon_report(const mon_run_t *run, const mon_report_opts_t *o, char **text) {
     }
     free(views);
     free(diags);
+    free(shown);
     if (b.oom) { free(b.p); return dl_seterr(DL_ENOMEM, "monitor: out of memory"); }
     if (!b.p) put(&b, "%s", "");
     *text = b.p;

@@ -483,6 +483,99 @@ static void test_report_stall_fixture(void **state) {
     mon_run_destroy(&run);
 }
 
+/* The row of `stage` in a snapshot (copied into row), or fails. */
+static void stage_row(const char *text, const char *stage, char *row, size_t cap) {
+    const char *l = strstr(text, stage);
+    while (l && (l[-1] != '\n' || l[strlen(stage)] != ' ')) l = strstr(l + 1, stage);
+    if (!l) fail_msg("no row for %s in:\n%s", stage, text);
+    const char *e = strchr(l, '\n');
+    snprintf(row, cap, "%.*s", (int)(e - l), l);
+}
+
+static void write_in(const char *dir, const char *name, const char *txt) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    write_file(p, "w", txt);
+}
+
+/* run.json (the supervisor's) decides which stages have a row: after a live rebalance
+ * 1+1 -> 2+1 the new target1, which sent no metrics yet, has one (it had none: "4
+ * stages"), a retired drafter1 is marked retired, not counted; once the run is
+ * stopped, every stage shows "exited", not its last metrics' "stopping". */
+static void test_report_topology_rows(void **state) {
+    (void)state;
+    static const char *const stage_lines =
+        "{\"ts\":100.0,\"stage\":\"loader\",\"stage_id\":1,\"incarnation\":1,\"state\":\"blocked\",\"since_progress_s\":0}\n"
+        "{\"ts\":100.0,\"stage\":\"optimizer\",\"stage_id\":2,\"incarnation\":1,\"state\":\"idle\",\"since_progress_s\":0}\n"
+        "{\"ts\":100.0,\"stage\":\"target0\",\"stage_id\":200,\"incarnation\":1,\"state\":\"idle\",\"since_progress_s\":0}\n"
+        "{\"ts\":100.0,\"stage\":\"drafter0\",\"stage_id\":100,\"incarnation\":1,\"state\":\"running\",\"since_progress_s\":0}\n"
+        "{\"ts\":100.0,\"stage\":\"drafter1\",\"stage_id\":101,\"incarnation\":1,\"state\":\"stopping\",\"since_progress_s\":0}\n";
+    write_in(tmpdir, "metrics.jsonl", stage_lines);
+    write_in(tmpdir, "run.json",
+               "{\"device\":\"cpu\",\"targets\":2,\"drafters\":1,\"max_steps\":100,\"state\":\"running\",\"stages\":["
+               "{\"name\":\"loader\",\"stage_id\":1,\"incarnation\":1,\"process\":\"running\"},"
+               "{\"name\":\"optimizer\",\"stage_id\":2,\"incarnation\":1,\"process\":\"running\"},"
+               "{\"name\":\"drafter0\",\"stage_id\":100,\"incarnation\":1,\"process\":\"running\"},"
+               "{\"name\":\"drafter1\",\"stage_id\":101,\"incarnation\":1,\"process\":\"retired\"},"
+               "{\"name\":\"target0\",\"stage_id\":200,\"incarnation\":1,\"process\":\"running\"},"
+               "{\"name\":\"target1\",\"stage_id\":201,\"incarnation\":1,\"process\":\"running\"}]}\n");
+    mon_run_t *run = mon_run_open(tmpdir);
+    assert_non_null(run);
+    assert_int_equal(mon_run_poll(run), 5);
+    mon_report_opts_t ro = {0};
+    ro.wall = ro.now = 101;
+    mon_diag_opts_default(&ro.diag);
+    assert_int_equal(mon_topo_read(tmpdir, &ro.topo), 0);
+    assert_int_equal(ro.topo.n_stages, 6);
+    assert_string_equal(ro.topo.run_state, "running");
+    char *text = NULL, row[256];
+    assert_int_equal(mon_report(run, &ro, &text), 0);
+    assert_non_null(strstr(text, ": 5 stages (+1 retired),"));
+    stage_row(text, "target1", row, sizeof row);
+    assert_non_null(strstr(row, " target "));
+    assert_non_null(strstr(row, " running "));
+    assert_non_null(strstr(row, "unknown: no metrics yet"));
+    stage_row(text, "drafter1", row, sizeof row);
+    assert_non_null(strstr(row, "stopped: retired by a rebalance"));
+    stage_row(text, "drafter0", row, sizeof row);
+    assert_non_null(strstr(row, " running "));
+    free(text);
+    /* the run finished: run.json state stopped, every process exited */
+    write_in(tmpdir, "run.json",
+               "{\"device\":\"cpu\",\"targets\":1,\"drafters\":1,\"max_steps\":100,\"state\":\"stopped\",\"stages\":["
+               "{\"name\":\"loader\",\"stage_id\":1,\"incarnation\":1,\"process\":\"exited\"},"
+               "{\"name\":\"optimizer\",\"stage_id\":2,\"incarnation\":1,\"process\":\"exited\"},"
+               "{\"name\":\"drafter0\",\"stage_id\":100,\"incarnation\":1,\"process\":\"exited\"},"
+               "{\"name\":\"target0\",\"stage_id\":200,\"incarnation\":1,\"process\":\"exited\"}]}\n");
+    write_in(tmpdir, "metrics.jsonl", "");
+    mon_run_destroy(&run);
+    run = mon_run_open(tmpdir);
+    assert_non_null(run);
+    char p[400];
+    snprintf(p, sizeof p, "%s/metrics.jsonl", tmpdir);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    for (const char *st = "loader\0optimizer\0target0\0drafter0\0"; *st; st += strlen(st) + 1)
+        fprintf(f, "{\"ts\":100.0,\"stage\":\"%s\",\"incarnation\":1,\"state\":\"stopping\"}\n", st);
+    fclose(f);
+    assert_int_equal(mon_run_poll(run), 4);
+    memset(&ro.topo, 0, sizeof ro.topo);
+    assert_int_equal(mon_topo_read(tmpdir, &ro.topo), 0);
+    ro.wall = 200;
+    ro.now = mon_report_now(run, ro.wall, 10);
+    assert_int_equal(mon_report(run, &ro, &text), 0);
+    assert_null(strstr(text, "stopping"));
+    assert_non_null(strstr(text, ": 4 stages,"));
+    assert_non_null(strstr(text, "(finished"));
+    const char *const names[] = {"loader", "optimizer", "target0", "drafter0"};
+    for (int i = 0; i < 4; i++) {
+        stage_row(text, names[i], row, sizeof row);
+        if (!strstr(row, " exited ") || !strstr(row, "stopped: exited")) fail_msg("%s: '%s'", names[i], row);
+    }
+    free(text);
+    mon_run_destroy(&run);
+}
+
 /* -------------------------------------------------------------- Prometheus */
 
 static void test_prom_render(void **state) {
@@ -664,6 +757,7 @@ int main(void) {
         cmocka_unit_test(test_backpressured_and_shares),
         cmocka_unit_test(test_bottleneck),
         cmocka_unit_test(test_report_stall_fixture),
+        cmocka_unit_test_setup_teardown(test_report_topology_rows, setup_tmp, teardown_tmp),
         cmocka_unit_test(test_prom_render),
         cmocka_unit_test(test_ingest_proto_equals_line),
         cmocka_unit_test_setup_teardown(test_plot_png, setup_tmp, teardown_tmp),
