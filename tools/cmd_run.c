@@ -208,6 +208,9 @@ static int set_opt(run_opts_t *o, int code, const char *v) {
 /* YAML config: a mapping of flag names (without --) to scalars; a sequence value
  * (target-gpus: [0, 1]) is joined with commas. Strings are kept for the run. */
 static int load_yaml(run_opts_t *o, const char *path) {
+    struct stat cs;
+    if (stat(path, &cs) == 0 && S_ISDIR(cs.st_mode))   /* fopen succeeds, libyaml says "input error" */
+        return dl_seterr(DL_EINVAL, "--config %s: is a directory, not a YAML file", path);
     FILE *f = fopen(path, "rb");
     if (!f) return dl_seterr(DL_EIO, "--config %s: %s", path, strerror(errno));
     yaml_parser_t p;

@@ -246,6 +246,15 @@ static void test_validation_first(void **state) {
         free(txt);
         assert_int_not_equal(access(runs, F_OK), 0);
     }
+    {   /* --config DIR: named as a directory (libyaml said "--config DIR:1: input error") */
+        const char *extra[] = {"--config", cwd, NULL};
+        run_argv(&a, log, extra);
+        assert_int_equal(run_sync(&a, 30), 2);
+        char *txt = slurp(log), want[500];
+        snprintf(want, sizeof want, "--config %s: is a directory, not a YAML file", cwd);
+        assert_non_null(strstr(txt, want));
+        free(txt);
+    }
     {   /* --inbox-gb 0: refused, the out dir is not created */
         char out[500];
         snprintf(out, sizeof out, "%s/noinbox", root);
