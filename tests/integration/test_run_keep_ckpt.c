@@ -31,39 +31,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static char root[256], model_dir[300], cache[300], bin[1024], exe[1100];
+static pf_fixture_t fx;
 
 static int group_setup(void **state) {
     (void)state;
-    char gguf[1024];
-    if (paths_default_model(gguf, sizeof gguf) < 0 || access(gguf, R_OK) != 0) {
-        fprintf(stderr, "embedded model missing (make model): its tokenizer prepares the data\n");
-        return -1;
-    }
-    const char *b = getenv("DL_BIN_DIR");
-    snprintf(bin, sizeof bin, "%s", b && *b ? b : "bin");
-    if (bin[0] != '/') {
-        char cwd[512], t[1024];
-        if (getcwd(cwd, sizeof cwd) && strlen(cwd) + strlen(bin) + 2 < sizeof t) {
-            memcpy(t, bin, strlen(bin) + 1);
-            snprintf(bin, sizeof bin, "%s/%.500s", cwd, t);
-        }
-    }
-    snprintf(root, sizeof root, "/tmp/dlkc-%d", (int)getpid());
-    mkdir(root, 0700);
-    snprintf(model_dir, sizeof model_dir, "%s/tiny", root);
-    snprintf(cache, sizeof cache, "%s/gsm8k60.dlc", root);
-    if (pf_write_tiny_model(model_dir) < 0 || pf_write_cache(root, 60, cache) < 0) {
-        fprintf(stderr, "fixture: %s\n", dl_errmsg());
-        return -1;
-    }
+    if (pf_fixture_setup(&fx, "dlkc", 60) < 0) return -1;
     proc_watchdog(120);
     return 0;
 }
 
 static int group_teardown(void **state) {
     (void)state;
-    pf_teardown(root);
+    pf_teardown(fx.root);
     return 0;
 }
 
@@ -71,11 +50,10 @@ static int group_teardown(void **state) {
  * first (a --resume takes them from the run instead) */
 static void run_argv(pf_run_args_t *a, const char *log, int with_fixed, const char *const *extra) {
     memset(a, 0, sizeof *a);
-    snprintf(exe, sizeof exe, "%s/draftline", bin);
     int n = 0;
-    a->argv[n++] = exe;
+    a->argv[n++] = fx.exe;
     a->argv[n++] = "run";
-    const char *fixed[] = {"--target-model", model_dir, "--data", cache, "--token-budget", "256",
+    const char *fixed[] = {"--target-model", fx.model_dir, "--data", fx.cache, "--token-budget", "256",
                            "--block-size", "4", "--num-anchors", "8", "--drafter-layers", "1",
                            "--lr", "3e-3", "--seed", "5", NULL};
     const char *always[] = {"--device", "cpu", "--progress-every", "1", "--threads", "1", NULL};
@@ -84,17 +62,6 @@ static void run_argv(pf_run_args_t *a, const char *log, int with_fixed, const ch
     for (int i = 0; extra[i]; i++) a->argv[n++] = (char *)extra[i];
     a->argv[n] = NULL;
     snprintf(a->log, sizeof a->log, "%s", log);
-}
-
-static int run_sync(pf_run_args_t *a, int timeout_s) {
-    proc_t p;
-    assert_int_equal(proc_spawn(&p, "draftline", pf_run_child, a), 0);
-    int code = -1;
-    assert_int_equal(proc_wait(&p, timeout_s * 1000, &code), 0);
-    int left = kill(-p.pid, 0) == 0;
-    proc_kill(&p);
-    assert_false(left);
-    return code;
 }
 
 static char *slurp(const char *path) {
@@ -143,8 +110,8 @@ static void expect_latest(const char *out, const char *want) {
 static void test_keep_two_and_resume(void **state) {
     (void)state;
     char out[400], log[500], p[600], ls[1024];
-    snprintf(out, sizeof out, "%s/keep", root);
-    snprintf(log, sizeof log, "%s/keep.out", root);
+    snprintf(out, sizeof out, "%s/keep", fx.root);
+    snprintf(log, sizeof log, "%s/keep.out", fx.root);
     /* someone else's things in checkpoints/, never counted nor removed: a dir that is not
      * step_<digits>, a step_8 dir with a foreign file, a link step_9 to it */
     assert_int_equal(mkdir(out, 0700), 0);
@@ -163,7 +130,7 @@ static void test_keep_two_and_resume(void **state) {
     {
         const char *extra[] = {"--out", out, "--max-steps", "5", "--save-every", "1", "--keep-checkpoints", "2", NULL};
         run_argv(&a, log, 1, extra);
-        int code = run_sync(&a, 60);
+        int code = pf_run_draftline(&a, NULL, 60, NULL);
         char *txt = slurp(log);
         if (code != 0) fprintf(stderr, "%s\n", txt);
         free(txt);
@@ -183,7 +150,7 @@ static void test_keep_two_and_resume(void **state) {
     {   /* resume without the flag: the run's --keep-checkpoints 2 (run.json) */
         const char *extra[] = {"--resume", out, "--max-steps", "7", NULL};
         run_argv(&a, log, 0, extra);
-        int code = run_sync(&a, 60);
+        int code = pf_run_draftline(&a, NULL, 60, NULL);
         char *txt = slurp(log);
         if (code != 0) fprintf(stderr, "%s\n", txt);
         assert_int_equal(code, 0);
@@ -201,9 +168,9 @@ static void test_keep_two_and_resume(void **state) {
 static void test_refused(void **state) {
     (void)state;
     char out[400], log[500], cfg[500];
-    snprintf(out, sizeof out, "%s/refused", root);
-    snprintf(log, sizeof log, "%s/refused.out", root);
-    snprintf(cfg, sizeof cfg, "%s/keep.yaml", root);
+    snprintf(out, sizeof out, "%s/refused", fx.root);
+    snprintf(log, sizeof log, "%s/refused.out", fx.root);
+    snprintf(cfg, sizeof cfg, "%s/keep.yaml", fx.root);
     FILE *f = fopen(cfg, "w");
     assert_non_null(f);
     fputs("max-steps: 2\nkeep_checkpoints: abc\n", f);
@@ -213,7 +180,7 @@ static void test_refused(void **state) {
     for (int i = 0; i < 3; i++) {
         const char *extra[] = {"--out", out, "--max-steps", "2", bad[i][0], bad[i][1], NULL};
         run_argv(&a, log, 1, extra);
-        assert_int_equal(run_sync(&a, 30), 2);
+        assert_int_equal(pf_run_draftline(&a, NULL, 30, NULL), 2);
         char *txt = slurp(log);
         if (!strstr(txt, "--keep-checkpoints")) fprintf(stderr, "%s\n", txt);
         assert_non_null(strstr(txt, "--keep-checkpoints"));

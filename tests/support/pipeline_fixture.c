@@ -1,13 +1,17 @@
 /* Test support: the fixture shared by the pipeline integration tests (test_pipeline,
- * test_pipeline_ops, test_pipeline_eval, test_run_cli): a tiny random Llama-shaped target
- * and a small prepared GSM8K cache. cmocka-free; depends on the library only. */
+ * test_pipeline_ops, test_pipeline_eval, test_run_cli, test_run_resume_check,
+ * test_run_keep_ckpt, gpu test_pipeline_gpu): a tiny random Llama-shaped target, a small
+ * prepared GSM8K cache and running `draftline` to its end with the leftover checks.
+ * cmocka-free; depends on the library and tests/support/proc only. */
 #include "tests/support/pipeline_fixture.h"
 
+#include "common/base/err.h"
 #include "common/base/paths.h"
 #include "common/base/rng.h"
 #include "common/data/chat.h"
 #include "common/data/prepare.h"
 #include "common/data/tokenizer.h"
+#include "common/mem/slab.h"
 #include "common/model/config.h"
 #include "common/model/safetensors.h"
 #include "tests/support/proc.h"
@@ -19,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <signal.h>
 #include <unistd.h>
 
 int pf_write_tiny_model(const char *dir) {
@@ -145,4 +150,90 @@ void pf_teardown(const char *root) {
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", root);
+}
+
+int pf_fixture_setup(pf_fixture_t *fx, const char *prefix, int n_samples) {
+    memset(fx, 0, sizeof *fx);
+    if (n_samples > 0) {
+        char gguf[1024];
+        if (paths_default_model(gguf, sizeof gguf) < 0 || access(gguf, R_OK) != 0) {
+            fprintf(stderr, "embedded model missing (make model): its tokenizer prepares the data\n");
+            return -1;
+        }
+    }
+    const char *b = getenv("DL_BIN_DIR");
+    snprintf(fx->bin, sizeof fx->bin, "%s", b && *b ? b : "bin");
+    if (fx->bin[0] != '/') {   /* children may run in other dirs */
+        char cwd[512], t[1024];
+        if (getcwd(cwd, sizeof cwd) && strlen(cwd) + strlen(fx->bin) + 2 < sizeof t) {
+            memcpy(t, fx->bin, strlen(fx->bin) + 1);
+            snprintf(fx->bin, sizeof fx->bin, "%s/%.500s", cwd, t);
+        }
+    }
+    snprintf(fx->exe, sizeof fx->exe, "%s/draftline", fx->bin);
+    snprintf(fx->root, sizeof fx->root, "/tmp/%.200s-%d", prefix, (int)getpid());
+    if (mkdir(fx->root, 0700) != 0 && errno != EEXIST) {
+        fprintf(stderr, "fixture: mkdir %s: %s\n", fx->root, strerror(errno));
+        return -1;
+    }
+    snprintf(fx->model_dir, sizeof fx->model_dir, "%s/tiny", fx->root);
+    if (pf_write_tiny_model(fx->model_dir) < 0) {
+        fprintf(stderr, "fixture: %s\n", dl_errmsg());
+        return -1;
+    }
+    if (n_samples > 0) {
+        snprintf(fx->cache, sizeof fx->cache, "%s/gsm8k%d.dlc", fx->root, n_samples);
+        if (pf_write_cache(fx->root, n_samples, fx->cache) < 0) {
+            fprintf(stderr, "fixture: %s\n", dl_errmsg());
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int pf_run_finish(proc_t *p, const pf_run_args_t *a, const char *out, int timeout_s, char *run_id) {
+    int code = -1;
+    int rc = proc_wait(p, timeout_s * 1000, &code);
+    int left = kill(-p->pid, 0) == 0;   /* nothing of the run's process group may be left */
+    proc_kill(p);
+    int shm_left = 0;
+    if (run_id) {
+        run_id[0] = 0;
+        FILE *f = fopen(a->log, "r");
+        char line[2048];
+        while (f && fgets(line, sizeof line, f))
+            if (sscanf(line, "draftline run %16[0-9a-f]:", run_id) == 1) break;
+        if (f) fclose(f);
+        if (run_id[0]) {
+            shm_left = slab_count(run_id);
+            slab_sweep(run_id);   /* clean even when the caller's assertion fails */
+        }
+    }
+    if (out && (rc != 0 || code != 0)) {
+        char cmd[1600];
+        snprintf(cmd, sizeof cmd, "tail -n 30 '%s'; tail -n 30 '%s'/logs/*.log", a->log, out);
+        if (system(cmd) != 0) {}
+    }
+    int err = 0;
+    if (rc != 0)
+        err = dl_seterr(DL_ETIMEDOUT, "%s: still running after %d s (killed)", a->argv[0], timeout_s);
+    else if (left)
+        err = dl_seterr(DL_ESTATE, "%s: a process of its group was left after it exited", a->argv[0]);
+    else if (shm_left != 0)
+        err = dl_seterr(DL_ESTATE, "%s: run %s left %d shared-memory objects", a->argv[0], run_id, shm_left);
+    if (err) {
+        fprintf(stderr, "pf_run_finish: %s\n", dl_errmsg());
+        return err;
+    }
+    return code;
+}
+
+int pf_run_draftline(pf_run_args_t *a, const char *out, int timeout_s, char *run_id) {
+    proc_t p;
+    if (proc_spawn(&p, "draftline run", pf_run_child, a) < 0) {
+        if (run_id) run_id[0] = 0;
+        fprintf(stderr, "pf_run_draftline: spawn %s failed\n", a->argv[0]);
+        return dl_seterr(DL_EIO, "spawn %s failed", a->argv[0]);
+    }
+    return pf_run_finish(&p, a, out, timeout_s, run_id);
 }

@@ -9,6 +9,8 @@
 #ifndef DL_TESTS_SUPPORT_PIPELINE_FIXTURE_H
 #define DL_TESTS_SUPPORT_PIPELINE_FIXTURE_H
 
+#include "tests/support/proc.h"
+
 /* Writes the tiny target into dir (created if missing): dir/config.json and
  * dir/model.safetensors (~13 MB of F32). Returns 0 or a negative value (dl_errmsg() may say
  * why when a library call failed). */
@@ -38,6 +40,46 @@ int pf_run_child(void *arg, int report_fd);
 
 /* Number of '\n' in the file at path; 0 when it cannot be opened. */
 int pf_count_lines(const char *path);
+
+/* The paths of one test binary's pipeline fixture, filled by pf_fixture_setup. */
+typedef struct {
+    char root[256];        /* /tmp/<prefix>-<pid>, created 0700; pf_teardown removes it */
+    char model_dir[300];   /* root/tiny: the tiny target (pf_write_tiny_model) */
+    char cache[1024];      /* root/gsm8k<n>.dlc (pf_write_cache), or "" when n_samples is 0 */
+    char bin[1024];        /* $DL_BIN_DIR (default "bin"), made absolute against the cwd */
+    char exe[1100];        /* bin/draftline */
+} pf_fixture_t;
+
+/* Group setup shared by the pipeline tests: fills *fx (see pf_fixture_t), creates fx->root,
+ * writes the tiny target into fx->model_dir and, when n_samples > 0, first checks that the
+ * embedded model (paths_default_model(); its tokenizer prepares the data) is readable, then
+ * prepares the first n_samples GSM8K training samples into fx->cache. n_samples 0: no data
+ * (a test making its own cache, e.g. with another tokenizer, sets fx->cache itself).
+ * Does not arm proc_watchdog (each test picks its own bound). Returns 0, or -1 with the
+ * reason printed to stderr (the fixture dir may then be partly written: pf_teardown(fx->root)
+ * still removes it). */
+int pf_fixture_setup(pf_fixture_t *fx, const char *prefix, int n_samples);
+
+/* Waits up to timeout_s seconds for the `draftline` child p (spawned with pf_run_child and
+ * args a), then checks that nothing of its process group is left and kills/reaps it
+ * (proc_kill) in every case. Then, when run_id is not NULL, reads the run id from the first
+ * "draftline run <16 hex>:" line of a->log into run_id (17 bytes; "" when there is none)
+ * and, when one was found, counts the run's shared-memory objects (slab_count) and removes
+ * them (slab_sweep) whatever the count. When out is not NULL and the run did not exit 0,
+ * prints the last 30 lines of a->log and of each out/logs/<stage>.log to stdout.
+ * cmocka-free: it asserts nothing. Returns the exit code (>= 0: the exit status, or 128 +
+ * the signal), or a negative dl_err with a message on stderr (and dl_errmsg()):
+ * DL_ETIMEDOUT when the child outlived timeout_s (its group is then killed), DL_ESTATE
+ * when a process of its group was left after it exited, or shared-memory objects of
+ * run_id were left (checked in this order). Every caller expecting an exit code >= 0
+ * therefore fails on any of these. */
+int pf_run_finish(proc_t *p, const pf_run_args_t *a, const char *out, int timeout_s, char *run_id);
+
+/* proc_spawn(p, "draftline run", pf_run_child, a) then pf_run_finish(p, a, out, timeout_s,
+ * run_id): a whole `draftline` command (a->argv[0] the binary, e.g. pf_fixture_t.exe) run
+ * to its end. a must stay valid until it returns. Returns as pf_run_finish, or DL_EIO when
+ * the spawn failed. */
+int pf_run_draftline(pf_run_args_t *a, const char *out, int timeout_s, char *run_id);
 
 /* Group teardown of the pipeline tests: proc_kill_all(), then rm -rf root unless
  * $DL_KEEP_TEST_DIR is set (a failure to remove is printed to stderr). */
