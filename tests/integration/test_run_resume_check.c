@@ -45,32 +45,15 @@
 #include <time.h>
 #include <unistd.h>
 
-static char root[256], model_dir[300], cache[300], cache40[300], bin[1024], out[400];
+static pf_fixture_t fx;
+static char cache40[300], out[400];
 
 static int group_setup(void **state) {
     (void)state;
-    char gguf[1024];
-    if (paths_default_model(gguf, sizeof gguf) < 0 || access(gguf, R_OK) != 0) {
-        fprintf(stderr, "embedded model missing (make model): its tokenizer prepares the data\n");
-        return -1;
-    }
-    const char *b = getenv("DL_BIN_DIR");
-    snprintf(bin, sizeof bin, "%s", b && *b ? b : "bin");
-    if (bin[0] != '/') {
-        char cwd[512], t[1024];
-        if (getcwd(cwd, sizeof cwd) && strlen(cwd) + strlen(bin) + 2 < sizeof t) {
-            memcpy(t, bin, strlen(bin) + 1);
-            snprintf(bin, sizeof bin, "%s/%.500s", cwd, t);
-        }
-    }
-    snprintf(root, sizeof root, "/tmp/dlrr-%d", (int)getpid());
-    mkdir(root, 0700);
-    snprintf(model_dir, sizeof model_dir, "%s/tiny", root);
-    snprintf(cache, sizeof cache, "%s/gsm8k60.dlc", root);
-    snprintf(cache40, sizeof cache40, "%s/gsm8k40.dlc", root);
-    snprintf(out, sizeof out, "%s/run", root);
-    if (pf_write_tiny_model(model_dir) < 0 || pf_write_cache(root, 60, cache) < 0 ||
-        pf_write_cache(root, 40, cache40) < 0) {
+    if (pf_fixture_setup(&fx, "dlrr", 60) < 0) return -1;
+    snprintf(cache40, sizeof cache40, "%s/gsm8k40.dlc", fx.root);
+    snprintf(out, sizeof out, "%s/run", fx.root);
+    if (pf_write_cache(fx.root, 40, cache40) < 0) {
         fprintf(stderr, "fixture: %s\n", dl_errmsg());
         return -1;
     }
@@ -80,24 +63,17 @@ static int group_setup(void **state) {
 
 static int group_teardown(void **state) {
     (void)state;
-    pf_teardown(root);
+    pf_teardown(fx.root);
     return 0;
 }
 
-static char exe[1100];
-
-/* Runs a (argv, log) to the end: its exit code, its wall time in *secs (may be NULL). */
+/* Runs a (argv, log) to the end (pf_run_draftline): its exit code, its wall time in *secs
+ * (may be NULL). */
 static int spawn_run(pf_run_args_t *a, int timeout_s, double *secs) {
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    proc_t p;
-    assert_int_equal(proc_spawn(&p, "draftline run", pf_run_child, a), 0);
-    int code = -1;
-    assert_int_equal(proc_wait(&p, timeout_s * 1000, &code), 0);
+    int code = pf_run_draftline(a, NULL, timeout_s, NULL);
     clock_gettime(CLOCK_MONOTONIC, &t1);
-    int left = kill(-p.pid, 0) == 0;
-    proc_kill(&p);
-    assert_false(left);
     if (secs) *secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
     return code;
 }
@@ -108,11 +84,10 @@ static int spawn_run(pf_run_args_t *a, int timeout_s, double *secs) {
 static int run_draftline(const char *log, int resume, const char *const *extra, int timeout_s, double *secs) {
     static pf_run_args_t a;
     memset(&a, 0, sizeof a);
-    snprintf(exe, sizeof exe, "%s/draftline", bin);
     int n = 0;
-    a.argv[n++] = exe;
+    a.argv[n++] = fx.exe;
     a.argv[n++] = "run";
-    const char *fixed[] = {"--target-model", model_dir, "--data", cache, "--device", "cpu",
+    const char *fixed[] = {"--target-model", fx.model_dir, "--data", fx.cache, "--device", "cpu",
                            "--token-budget", "256", "--block-size", "4", "--num-anchors", "8",
                            "--drafter-layers", "1", "--lr", "3e-3", "--seed", "5",
                            "--progress-every", "1", "--threads", "1", "--out", out, NULL};
@@ -128,9 +103,8 @@ static int run_draftline(const char *log, int resume, const char *const *extra, 
 static int run_only(const char *log, const char *const *args, int timeout_s) {
     static pf_run_args_t a;
     memset(&a, 0, sizeof a);
-    snprintf(exe, sizeof exe, "%s/draftline", bin);
     int n = 0;
-    a.argv[n++] = exe;
+    a.argv[n++] = fx.exe;
     a.argv[n++] = "run";
     for (int i = 0; args[i]; i++) a.argv[n++] = (char *)args[i];
     a.argv[n] = NULL;
@@ -206,7 +180,7 @@ static char *snapshot(void) {
  * the out dir unchanged. */
 static void expect_refused(const char *name, const char *const *extra, const char *const *wants) {
     char log[500];
-    snprintf(log, sizeof log, "%s/%s.out", root, name);
+    snprintf(log, sizeof log, "%s/%s.out", fx.root, name);
     char *before = snapshot();
     double secs = 0;
     int code = run_draftline(log, 1, extra, 30, &secs);
@@ -232,7 +206,7 @@ static void test_resume_check(void **state) {
     (void)state;
     char log[500], p[1400];
     /* the run to resume: 2 steps, a checkpoint after each */
-    snprintf(log, sizeof log, "%s/train.out", root);
+    snprintf(log, sizeof log, "%s/train.out", fx.root);
     {
         const char *extra[] = {"--max-steps", "2", "--save-every", "1", NULL};
         int code = run_draftline(log, 0, extra, 60, NULL);
@@ -254,7 +228,7 @@ static void test_resume_check(void **state) {
     assert_int_equal(h.block_size, 4);
     assert_int_equal(h.drafter_layers, 1);
     uint64_t tfp = 0;
-    assert_int_equal(ckpt_target_fingerprint(model_dir, &tfp), 0);
+    assert_int_equal(ckpt_target_fingerprint(fx.model_dir, &tfp), 0);
     assert_true(tfp != 0);
     assert_true(h.target_fp == tfp);
 
@@ -286,8 +260,8 @@ static void test_resume_check(void **state) {
     {   /* a target of the same shapes with other weights: a copy of the tiny model with one
          * byte changed at a sampled offset of its weights (sample 10 of 64) */
         char other[400], cmd[1000], st[500];
-        snprintf(other, sizeof other, "%s/tiny2", root);
-        snprintf(cmd, sizeof cmd, "cp -r %s %s", model_dir, other);
+        snprintf(other, sizeof other, "%s/tiny2", fx.root);
+        snprintf(cmd, sizeof cmd, "cp -r %s %s", fx.model_dir, other);
         assert_int_equal(system(cmd), 0);
         snprintf(st, sizeof st, "%s/model.safetensors", other);
         struct stat sb;
@@ -308,7 +282,7 @@ static void test_resume_check(void **state) {
         expect_refused("target", extra, wants);
     }
     /* the same settings, more steps, other --save-every / --progress-every: continues */
-    snprintf(log, sizeof log, "%s/resume.out", root);
+    snprintf(log, sizeof log, "%s/resume.out", fx.root);
     {
         const char *extra[] = {"--max-steps", "4", "--save-every", "3", "--progress-every", "2", NULL};
         double secs = 0;
@@ -429,14 +403,14 @@ static void expect_as_uninterrupted(const char *a_dir, const char *dir) {
 static void test_resume_defaults(void **state) {
     (void)state;
     char a_dir[400], b_dir[400], d_dir[400], d_ck[500], log[500], p[700];
-    snprintf(a_dir, sizeof a_dir, "%s/full", root);
-    snprintf(b_dir, sizeof b_dir, "%s/cut_b", root);
-    snprintf(d_dir, sizeof d_dir, "%s/cut_d", root);
+    snprintf(a_dir, sizeof a_dir, "%s/full", fx.root);
+    snprintf(b_dir, sizeof b_dir, "%s/cut_b", fx.root);
+    snprintf(d_dir, sizeof d_dir, "%s/cut_d", fx.root);
     snprintf(d_ck, sizeof d_ck, "%s/checkpoints/step_2", d_dir);
     /* A: the uninterrupted run, every setting given */
-    snprintf(log, sizeof log, "%s/full.out", root);
+    snprintf(log, sizeof log, "%s/full.out", fx.root);
     {
-        const char *args[] = {"--target-model", model_dir, "--data", cache, "--device", "cpu",
+        const char *args[] = {"--target-model", fx.model_dir, "--data", fx.cache, "--device", "cpu",
                               "--token-budget", "256", "--block-size", "4", "--num-anchors", "8",
                               "--drafter-layers", "1", "--lr", "3e-3", "--seed", "5", "--threads", "1",
                               "--max-steps", "4", "--save-every", "2", "--deterministic", "--out", a_dir, NULL};
@@ -449,10 +423,10 @@ static void test_resume_defaults(void **state) {
         snprintf(p, sizeof p, "%s/run.json", a_dir);
         char *rj = slurp(p);
         assert_non_null(rj);
-        assert_non_null(realpath(model_dir, rp));
+        assert_non_null(realpath(fx.model_dir, rp));
         snprintf(want, sizeof want, "\"target_model\":\t\"%s\"", rp);
         assert_non_null(strstr(rj, want));
-        assert_non_null(realpath(cache, rp));
+        assert_non_null(realpath(fx.cache, rp));
         snprintf(want, sizeof want, "\"data\":\t\"%s\"", rp);
         assert_non_null(strstr(rj, want));
         assert_non_null(strstr(rj, "\"save_every\":\t2"));
@@ -462,7 +436,7 @@ static void test_resume_defaults(void **state) {
     copy_cut_to_step2(a_dir, b_dir);
     copy_cut_to_step2(a_dir, d_dir);
     /* an explicit mismatch is still refused, nothing written */
-    snprintf(log, sizeof log, "%s/cut_tb.out", root);
+    snprintf(log, sizeof log, "%s/cut_tb.out", fx.root);
     {
         char *before = snapshot_of(d_dir);
         const char *args[] = {"--resume", d_ck, "--token-budget", "512", NULL};
@@ -481,7 +455,7 @@ static void test_resume_defaults(void **state) {
         free(txt);
     }
     /* B: --resume RUN_DIR --max-steps 4, nothing else */
-    snprintf(log, sizeof log, "%s/cut_b.out", root);
+    snprintf(log, sizeof log, "%s/cut_b.out", fx.root);
     {
         const char *args[] = {"--resume", b_dir, "--max-steps", "4", NULL};
         int code = run_only(log, args, 60);
@@ -500,7 +474,7 @@ static void test_resume_defaults(void **state) {
     }
     expect_as_uninterrupted(a_dir, b_dir);
     /* D: --resume CKPT_DIR alone (--out is the checkpoint's run, --max-steps its 4) */
-    snprintf(log, sizeof log, "%s/cut_d.out", root);
+    snprintf(log, sizeof log, "%s/cut_d.out", fx.root);
     {
         const char *args[] = {"--resume", d_ck, NULL};
         int code = run_only(log, args, 60);
