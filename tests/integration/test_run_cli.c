@@ -47,56 +47,32 @@
 #include <time.h>
 #include <unistd.h>
 
-static char root[256], model_dir[300], cache[300], bin[1024];
+static pf_fixture_t fx;
 
-/* ---- fixtures (as in test_pipeline.c) ---- */
+/* ---- fixtures (tests/support/pipeline_fixture) ---- */
 
 static int group_setup(void **state) {
     (void)state;
-    char gguf[1024];
-    if (paths_default_model(gguf, sizeof gguf) < 0 || access(gguf, R_OK) != 0) {
-        fprintf(stderr, "embedded model missing (make model): its tokenizer prepares the data\n");
-        return -1;
-    }
-    const char *b = getenv("DL_BIN_DIR");
-    snprintf(bin, sizeof bin, "%s", b && *b ? b : "bin");
-    if (bin[0] != '/') {   /* children run in other dirs */
-        char cwd[512], t[1024];
-        if (getcwd(cwd, sizeof cwd) && strlen(cwd) + strlen(bin) + 2 < sizeof t) {
-            memcpy(t, bin, strlen(bin) + 1);
-            snprintf(bin, sizeof bin, "%s/%.500s", cwd, t);
-        }
-    }
-    snprintf(root, sizeof root, "/tmp/dlrc-%d", (int)getpid());
-    mkdir(root, 0700);
-    snprintf(model_dir, sizeof model_dir, "%s/tiny", root);
-    snprintf(cache, sizeof cache, "%s/gsm8k60.dlc", root);
-    if (pf_write_tiny_model(model_dir) < 0 || pf_write_cache(root, 60, cache) < 0) {
-        fprintf(stderr, "fixture: %s\n", dl_errmsg());
-        return -1;
-    }
+    if (pf_fixture_setup(&fx, "dlrc", 60) < 0) return -1;
     proc_watchdog(120);
     return 0;
 }
 
 static int group_teardown(void **state) {
     (void)state;
-    pf_teardown(root);
+    pf_teardown(fx.root);
     return 0;
 }
 
 /* ---- children ---- */
 
-static char exe[1100];
-
 /* Fills a with `draftline run` + the tiny settings + extra (NULL-terminated) args. */
 static void run_argv(pf_run_args_t *a, const char *log, const char *const *extra) {
     memset(a, 0, sizeof *a);
-    snprintf(exe, sizeof exe, "%s/draftline", bin);
     int n = 0;
-    a->argv[n++] = exe;
+    a->argv[n++] = fx.exe;
     a->argv[n++] = "run";
-    const char *fixed[] = {"--target-model", model_dir, "--data", cache, "--device", "cpu",
+    const char *fixed[] = {"--target-model", fx.model_dir, "--data", fx.cache, "--device", "cpu",
                            "--token-budget", "256", "--block-size", "4", "--num-anchors", "8",
                            "--drafter-layers", "1", "--lr", "3e-3", "--seed", "5",
                            "--progress-every", "1", "--threads", "1", NULL};
@@ -106,28 +82,15 @@ static void run_argv(pf_run_args_t *a, const char *log, const char *const *extra
     snprintf(a->log, sizeof a->log, "%s", log);
 }
 
-/* Runs `draftline <args>` (tool or run) to the end; returns its exit code. */
-static int run_sync(pf_run_args_t *a, int timeout_s) {
-    proc_t p;
-    assert_int_equal(proc_spawn(&p, "draftline", pf_run_child, a), 0);
-    int code = -1;
-    assert_int_equal(proc_wait(&p, timeout_s * 1000, &code), 0);
-    int left = kill(-p.pid, 0) == 0;
-    proc_kill(&p);
-    assert_false(left);
-    return code;
-}
-
 static int run_tool(const char *log, char *const args[]) {
     static pf_run_args_t a;
     memset(&a, 0, sizeof a);
-    snprintf(exe, sizeof exe, "%s/draftline", bin);
-    a.argv[0] = exe;
+    a.argv[0] = fx.exe;
     int n = 1;
     for (int i = 0; args[i]; i++) a.argv[n++] = args[i];
     a.argv[n] = NULL;
     snprintf(a.log, sizeof a.log, "%s", log);
-    return run_sync(&a, 30);
+    return pf_run_draftline(&a, NULL, 30, NULL);
 }
 
 static char *slurp(const char *path) {
@@ -168,8 +131,8 @@ static void make_shm(const char *name) {
 static void test_supervisor_killed(void **state) {
     (void)state;
     char out[400], log[500], p[600];
-    snprintf(out, sizeof out, "%s/killed", root);
-    snprintf(log, sizeof log, "%s/killed.out", root);
+    snprintf(out, sizeof out, "%s/killed", fx.root);
+    snprintf(log, sizeof log, "%s/killed.out", fx.root);
     static pf_run_args_t a;
     const char *extra[] = {"--out", out, "--max-steps", "400", "--save-every", "2", NULL};
     run_argv(&a, log, extra);
@@ -205,7 +168,7 @@ static void test_supervisor_killed(void **state) {
     assert_int_equal(shm, 0);
     /* status: dead supervisor, no stage running */
     char slog[500];
-    snprintf(slog, sizeof slog, "%s/status.out", root);
+    snprintf(slog, sizeof slog, "%s/status.out", fx.root);
     char *sargs[] = {"status", "--run", out, NULL};
     assert_int_equal(run_tool(slog, sargs), 0);
     char *txt = slurp(slog);
@@ -231,16 +194,16 @@ static void test_supervisor_killed(void **state) {
 static void test_validation_first(void **state) {
     (void)state;
     char cwd[400], log[500], runs[500];
-    snprintf(cwd, sizeof cwd, "%s/cwd", root);
+    snprintf(cwd, sizeof cwd, "%s/cwd", fx.root);
     mkdir(cwd, 0700);
-    snprintf(log, sizeof log, "%s/val.out", root);
+    snprintf(log, sizeof log, "%s/val.out", fx.root);
     snprintf(runs, sizeof runs, "%s/runs", cwd);
     static pf_run_args_t a;
     {   /* --resume of a missing path, no --out: nothing created in cwd */
         const char *extra[] = {"--resume", "/nonexistent/run", NULL};
         run_argv(&a, log, extra);
         snprintf(a.cwd, sizeof a.cwd, "%s", cwd);
-        assert_int_equal(run_sync(&a, 30), 2);
+        assert_int_equal(pf_run_draftline(&a, NULL, 30, NULL), 2);
         char *txt = slurp(log);
         assert_non_null(strstr(txt, "--resume /nonexistent/run"));
         free(txt);
@@ -249,7 +212,7 @@ static void test_validation_first(void **state) {
     {   /* --config DIR: named as a directory (libyaml said "--config DIR:1: input error") */
         const char *extra[] = {"--config", cwd, NULL};
         run_argv(&a, log, extra);
-        assert_int_equal(run_sync(&a, 30), 2);
+        assert_int_equal(pf_run_draftline(&a, NULL, 30, NULL), 2);
         char *txt = slurp(log), want[500];
         snprintf(want, sizeof want, "--config %s: is a directory, not a YAML file", cwd);
         assert_non_null(strstr(txt, want));
@@ -257,10 +220,10 @@ static void test_validation_first(void **state) {
     }
     {   /* --inbox-gb 0: refused, the out dir is not created */
         char out[500];
-        snprintf(out, sizeof out, "%s/noinbox", root);
+        snprintf(out, sizeof out, "%s/noinbox", fx.root);
         const char *extra[] = {"--out", out, "--inbox-gb", "0", NULL};
         run_argv(&a, log, extra);
-        assert_int_equal(run_sync(&a, 30), 2);
+        assert_int_equal(pf_run_draftline(&a, NULL, 30, NULL), 2);
         char *txt = slurp(log);
         assert_non_null(strstr(txt, "cannot hold one micro-batch"));
         free(txt);
@@ -268,8 +231,8 @@ static void test_validation_first(void **state) {
     }
     {   /* --resume of a live run: "the run is live (supervisor pid N); stop it first" */
         char out[500], llog[500], p[600];
-        snprintf(out, sizeof out, "%s/live", root);
-        snprintf(llog, sizeof llog, "%s/live.out", root);
+        snprintf(out, sizeof out, "%s/live", fx.root);
+        snprintf(llog, sizeof llog, "%s/live.out", fx.root);
         static pf_run_args_t b;
         const char *extra[] = {"--out", out, "--max-steps", "400", "--save-every", "2", NULL};
         run_argv(&b, llog, extra);
@@ -280,7 +243,7 @@ static void test_validation_first(void **state) {
         assert_int_equal(access(p, F_OK), 0);
         const char *extra2[] = {"--out", out, "--resume", out, NULL};
         run_argv(&a, log, extra2);
-        assert_int_equal(run_sync(&a, 30), 2);
+        assert_int_equal(pf_run_draftline(&a, NULL, 30, NULL), 2);
         char *txt = slurp(log);
         char want[100];
         snprintf(want, sizeof want, "the run is live (supervisor pid %d); stop it first", (int)run.pid);
@@ -303,8 +266,8 @@ static void test_validation_first(void **state) {
 static void test_fresh_reuse_and_sweeps(void **state) {
     (void)state;
     char out[400], log[500], p[600];
-    snprintf(out, sizeof out, "%s/nostep", root);
-    snprintf(log, sizeof log, "%s/nostep.out", root);
+    snprintf(out, sizeof out, "%s/nostep", fx.root);
+    snprintf(log, sizeof log, "%s/nostep.out", fx.root);
     mkdir(out, 0700);
     /* what Ctrl-C before the first step leaves: run.json of a dead supervisor, empty steps */
     snprintf(p, sizeof p, "%s/run.json", out);
@@ -329,7 +292,7 @@ static void test_fresh_reuse_and_sweeps(void **state) {
     static pf_run_args_t a;
     const char *extra[] = {"--out", out, "--resume", out, "--max-steps", "2", NULL};
     run_argv(&a, log, extra);
-    int code = run_sync(&a, 60);
+    int code = pf_run_draftline(&a, NULL, 60, NULL);
     char *txt = slurp(log);
     if (code != 0) fprintf(stderr, "%s\n", txt);
     assert_int_equal(code, 0);
@@ -347,10 +310,10 @@ static void test_fresh_reuse_and_sweeps(void **state) {
     assert_int_equal(young, 1);
     assert_int_equal(dead, 0);
     /* the same dir now holds steps: a fresh run there is refused */
-    snprintf(log, sizeof log, "%s/nostep2.out", root);
+    snprintf(log, sizeof log, "%s/nostep2.out", fx.root);
     const char *extra2[] = {"--out", out, "--max-steps", "2", NULL};
     run_argv(&a, log, extra2);
-    assert_int_equal(run_sync(&a, 30), 2);
+    assert_int_equal(pf_run_draftline(&a, NULL, 30, NULL), 2);
     txt = slurp(log);
     assert_non_null(strstr(txt, "holds a previous run"));
     free(txt);
@@ -366,8 +329,8 @@ static void test_fresh_reuse_and_sweeps(void **state) {
 static void test_run_dir_lock(void **state) {
     (void)state;
     char out[400], log[500], p[600];
-    snprintf(out, sizeof out, "%s/locked", root);
-    snprintf(log, sizeof log, "%s/locked.out", root);
+    snprintf(out, sizeof out, "%s/locked", fx.root);
+    snprintf(log, sizeof log, "%s/locked.out", fx.root);
     assert_int_equal(mkdir(out, 0700), 0);
     snprintf(p, sizeof p, "%s/run.json", out);
     FILE *f = fopen(p, "w");
@@ -390,7 +353,7 @@ static void test_run_dir_lock(void **state) {
     static pf_run_args_t a;
     const char *extra[] = {"--out", out, "--max-steps", "2", NULL};
     run_argv(&a, log, extra);
-    assert_int_equal(run_sync(&a, 30), 1);
+    assert_int_equal(pf_run_draftline(&a, NULL, 30, NULL), 1);
     char *txt = slurp(log);
     assert_non_null(strstr(txt, "another `draftline run` is using this run dir"));
     assert_non_null(strstr(txt, out));
@@ -401,7 +364,7 @@ static void test_run_dir_lock(void **state) {
     assert_int_equal(access(p, F_OK), 0);
     assert_int_equal(pf_count_lines(p), 0);
     close(fd);
-    int code = run_sync(&a, 60);
+    int code = pf_run_draftline(&a, NULL, 60, NULL);
     txt = slurp(log);
     if (code != 0) fprintf(stderr, "%s\n", txt);
     free(txt);
@@ -415,8 +378,8 @@ static void test_run_dir_lock(void **state) {
 static void test_final_checkpoint_unwritten(void **state) {
     (void)state;
     char out[400], log[500], p[600];
-    snprintf(out, sizeof out, "%s/nockpt", root);
-    snprintf(log, sizeof log, "%s/nockpt.out", root);
+    snprintf(out, sizeof out, "%s/nockpt", fx.root);
+    snprintf(log, sizeof log, "%s/nockpt.out", fx.root);
     assert_int_equal(mkdir(out, 0700), 0);
     snprintf(p, sizeof p, "%s/checkpoints", out);
     assert_int_equal(mkdir(p, 0755), 0);
@@ -425,7 +388,7 @@ static void test_final_checkpoint_unwritten(void **state) {
     static pf_run_args_t a;
     const char *extra[] = {"--out", out, "--max-steps", "2", NULL};
     run_argv(&a, log, extra);
-    assert_int_equal(run_sync(&a, 60), 1);
+    assert_int_equal(pf_run_draftline(&a, NULL, 60, NULL), 1);
     char *txt = slurp(log);
     assert_non_null(strstr(txt, "the final checkpoint (step_2) was not written"));
     free(txt);
@@ -439,8 +402,8 @@ static void test_final_checkpoint_unwritten(void **state) {
 static void test_stop_racing_max_steps(void **state) {
     (void)state;
     char out[400], log[500], steps[600];
-    snprintf(out, sizeof out, "%s/stoprace", root);
-    snprintf(log, sizeof log, "%s/stoprace.out", root);
+    snprintf(out, sizeof out, "%s/stoprace", fx.root);
+    snprintf(log, sizeof log, "%s/stoprace.out", fx.root);
     snprintf(steps, sizeof steps, "%s/steps.jsonl", out);
     static pf_run_args_t a;
     const char *extra[] = {"--out", out, "--max-steps", "3", NULL};
@@ -476,12 +439,12 @@ static void test_data_cache_source(void **state) {
     (void)state;
     char out[400], log[500], p[600], data[500], gguf[1024];
     assert_int_equal(paths_default_model(gguf, sizeof gguf), 0);
-    snprintf(out, sizeof out, "%s/srcchk", root);
-    snprintf(log, sizeof log, "%s/srcchk.out", root);
-    snprintf(data, sizeof data, "%s/seven.jsonl", root);
+    snprintf(out, sizeof out, "%s/srcchk", fx.root);
+    snprintf(log, sizeof log, "%s/srcchk.out", fx.root);
+    snprintf(data, sizeof data, "%s/seven.jsonl", fx.root);
     assert_int_equal(mkdir(out, 0700), 0);
     {   /* the other data's cache, as a dir reused as fresh may hold it */
-        FILE *in = fopen(cache, "rb");
+        FILE *in = fopen(fx.cache, "rb");
         assert_non_null(in);
         snprintf(p, sizeof p, "%s/data.dlc", out);
         FILE *o = fopen(p, "wb");
@@ -499,7 +462,7 @@ static void test_data_cache_source(void **state) {
     static pf_run_args_t a;
     const char *extra[] = {"--out", out, "--data", data, "--target-model", gguf, "--max-steps", "1", NULL};
     run_argv(&a, log, extra);
-    int code = run_sync(&a, 90);
+    int code = pf_run_draftline(&a, NULL, 90, NULL);
     char *txt = slurp(log);
     if (code != 0) fprintf(stderr, "%s\n", txt);
     assert_int_equal(code, 0);
@@ -519,14 +482,14 @@ static void test_cache_of_another_tokenizer(void **state) {
     (void)state;
     char out[400], log[500], other[500], gguf[1024], tj[600];
     assert_int_equal(paths_default_model(gguf, sizeof gguf), 0);
-    const char *fx = getenv("DL_FIXTURES_DIR");
-    snprintf(tj, sizeof tj, "%s/tokenizer/qwen3_style/tokenizer.json", fx ? fx : "tests/fixtures");
+    const char *fxd = getenv("DL_FIXTURES_DIR");
+    snprintf(tj, sizeof tj, "%s/tokenizer/qwen3_style/tokenizer.json", fxd ? fxd : "tests/fixtures");
     if (access(tj, R_OK) != 0) { fprintf(stderr, "skip: %s absent\n", tj); skip(); }
-    snprintf(out, sizeof out, "%s/othertok", root);
-    snprintf(log, sizeof log, "%s/othertok.out", root);
-    snprintf(other, sizeof other, "%s/othertok.dlc", root);
+    snprintf(out, sizeof out, "%s/othertok", fx.root);
+    snprintf(log, sizeof log, "%s/othertok.out", fx.root);
+    snprintf(other, sizeof other, "%s/othertok.dlc", fx.root);
     char src[500];
-    snprintf(src, sizeof src, "%s/othertok.jsonl", root);
+    snprintf(src, sizeof src, "%s/othertok.jsonl", fx.root);
     FILE *f = fopen(src, "w");
     assert_non_null(f);
     for (int i = 0; i < 4; i++) fprintf(f, "{\"text\": \"sample %d of another tokenizer\"}\n", i);
@@ -542,7 +505,7 @@ static void test_cache_of_another_tokenizer(void **state) {
     static pf_run_args_t a;
     const char *extra[] = {"--out", out, "--data", other, "--target-model", gguf, "--max-steps", "1", NULL};
     run_argv(&a, log, extra);
-    assert_int_equal(run_sync(&a, 60), 2);
+    assert_int_equal(pf_run_draftline(&a, NULL, 60, NULL), 2);
     char *txt = slurp(log);
     assert_non_null(strstr(txt, "prepared with another tokenizer"));
     free(txt);
