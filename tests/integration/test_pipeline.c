@@ -48,34 +48,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static char root[256], model_dir[300], cache[300], bin[1024];
+static pf_fixture_t fx;
 
 /* ---- fixtures made once ---- */
 
 static int group_setup(void **state) {
     (void)state;
-    char gguf[1024];
-    if (paths_default_model(gguf, sizeof gguf) < 0 || access(gguf, R_OK) != 0) {
-        fprintf(stderr, "embedded model missing (make model): its tokenizer prepares the data\n");
-        return -1;
-    }
-    const char *b = getenv("DL_BIN_DIR");
-    snprintf(bin, sizeof bin, "%s", b && *b ? b : "bin");
-    snprintf(root, sizeof root, "/tmp/dlpt-%d", (int)getpid());
-    mkdir(root, 0700);
-    snprintf(model_dir, sizeof model_dir, "%s/tiny", root);
-    snprintf(cache, sizeof cache, "%s/gsm8k300.dlc", root);
-    if (pf_write_tiny_model(model_dir) < 0 || pf_write_cache(root, 300, cache) < 0) {
-        fprintf(stderr, "fixture: %s\n", dl_errmsg());
-        return -1;
-    }
+    if (pf_fixture_setup(&fx, "dlpt", 300) < 0) return -1;
     proc_watchdog(280);
     return 0;
 }
 
 static int group_teardown(void **state) {
     (void)state;
-    pf_teardown(root);
+    pf_teardown(fx.root);
     return 0;
 }
 
@@ -99,17 +85,18 @@ static pid_t stage_pid(const char *log, const char *stage) {
     return pid;
 }
 
-/* Runs `draftline run` with the common tiny settings plus extra args; returns the
- * exit code; run_id (17 bytes) gets the run id printed by the supervisor. */
+/* Runs `draftline run` with the common tiny settings plus extra args (NULL-terminated)
+ * to its end (pf_run_finish: nothing of its process group and no shared-memory object of
+ * its run left, log tails printed on failure); returns the exit code, or a negative
+ * dl_err when one of those checks failed; run_id (17 bytes) gets the run id printed by
+ * the supervisor ("" when none). */
 static int run_pipeline(const char *out, const char *run_id_out_path, char *run_id, int timeout_s, ...) {
     static pf_run_args_t a;
     memset(&a, 0, sizeof a);
-    char exe[1100];
-    snprintf(exe, sizeof exe, "%s/draftline", bin);
     int n = 0;
-    a.argv[n++] = exe;
+    a.argv[n++] = fx.exe;
     a.argv[n++] = "run";
-    const char *fixed[] = {"--target-model", model_dir, "--data", cache, "--device", "cpu",
+    const char *fixed[] = {"--target-model", fx.model_dir, "--data", fx.cache, "--device", "cpu",
                            "--token-budget", "256", "--block-size", "4", "--num-anchors", "8",
                            "--drafter-layers", "1", "--lr", "3e-3", "--micro-batches-per-step", "2",
                            "--seed", "5", "--progress-every", "1", "--out", out, NULL};
@@ -122,8 +109,6 @@ static int run_pipeline(const char *out, const char *run_id_out_path, char *run_
     snprintf(a.log, sizeof a.log, "%s", run_id_out_path);
     proc_t p;
     assert_int_equal(proc_spawn(&p, "draftline run", pf_run_child, &a), 0);
-    int code = -1;
-    int rc;
     if (kill_stage) {
         char steps[500];
         snprintf(steps, sizeof steps, "%s/steps.jsonl", out);
@@ -137,30 +122,7 @@ static int run_pipeline(const char *out, const char *run_id_out_path, char *run_
         assert_int_equal(kill(victim, SIGKILL), 0);
         kill_stage = NULL;
     }
-    rc = proc_wait(&p, timeout_s * 1000, &code);
-    /* nothing of the run's process group may be left */
-    int left = kill(-p.pid, 0) == 0;
-    proc_kill(&p);
-    assert_int_equal(rc, 0);
-    assert_false(left);
-    /* the run id, for the shared-memory check */
-    run_id[0] = 0;
-    FILE *f = fopen(run_id_out_path, "r");
-    char line[2048];
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "draftline run %16[0-9a-f]:", run_id) == 1) break;
-    if (f) fclose(f);
-    if (code != 0) {
-        char cmd[1200];
-        snprintf(cmd, sizeof cmd, "tail -n 30 %s; tail -n 20 %s/logs/*.log", run_id_out_path, out);
-        if (system(cmd) != 0) {}
-    }
-    if (run_id[0]) {
-        int shm_left = slab_count(run_id);
-        slab_sweep(run_id); /* clean even when the assertion fails */
-        assert_int_equal(shm_left, 0);
-    }
-    return code;
+    return pf_run_finish(&p, &a, out, timeout_s, run_id);
 }
 
 static void *slurp(const char *path, size_t *len) {
@@ -191,8 +153,8 @@ static int same_file(const char *a, const char *b) {
 static void test_short_run_checkpoint_loads_back(void **state) {
     (void)state;
     char out[400], log[400], id[17];
-    snprintf(out, sizeof out, "%s/a", root);
-    snprintf(log, sizeof log, "%s/a.out", root);
+    snprintf(out, sizeof out, "%s/a", fx.root);
+    snprintf(log, sizeof log, "%s/a.out", fx.root);
     int code = run_pipeline(out, log, id, 120, "--max-steps", "4", "--save-every", "2", "--deterministic", NULL);
     assert_int_equal(code, 0);
     assert_true(id[0]);
@@ -222,7 +184,7 @@ static void test_short_run_checkpoint_loads_back(void **state) {
     assert_int_equal(access(p, R_OK), 0);
     model_config_t mc;
     drafter_config_t dc;
-    assert_int_equal(pipe_target_config(model_dir, &mc), 0);
+    assert_int_equal(pipe_target_config(fx.model_dir, &mc), 0);
     assert_int_equal(pipe_drafter_config(&mc, 1, 0, 4, &dc), 0);
     static const float no_embed[1];
     ops_ctx_t ops;
@@ -305,13 +267,13 @@ static void test_short_run_checkpoint_loads_back(void **state) {
 static void test_deterministic_twice_bitwise(void **state) {
     (void)state;
     char out[400], log[400], id[17], a[600], b[600];
-    snprintf(out, sizeof out, "%s/b", root);
-    snprintf(log, sizeof log, "%s/b.out", root);
+    snprintf(out, sizeof out, "%s/b", fx.root);
+    snprintf(log, sizeof log, "%s/b.out", fx.root);
     assert_int_equal(run_pipeline(out, log, id, 120, "--max-steps", "4", "--save-every", "2", "--deterministic", NULL), 0);
     const char *files[] = {"state.bin", "model.safetensors", "cursor.bin"};
     for (int i = 0; i < 3; i++) {
-        snprintf(a, sizeof a, "%s/a/checkpoints/step_4/%s", root, files[i]);
-        snprintf(b, sizeof b, "%s/b/checkpoints/step_4/%s", root, files[i]);
+        snprintf(a, sizeof a, "%s/a/checkpoints/step_4/%s", fx.root, files[i]);
+        snprintf(b, sizeof b, "%s/b/checkpoints/step_4/%s", fx.root, files[i]);
         assert_true(same_file(a, b));
     }
 }
@@ -319,17 +281,17 @@ static void test_deterministic_twice_bitwise(void **state) {
 static void test_resume_reproduces_next_steps(void **state) {
     (void)state;
     char out[400], log[400], id[17], res[400], a[600], b[600];
-    snprintf(out, sizeof out, "%s/c", root);
-    snprintf(log, sizeof log, "%s/c.out", root);
-    snprintf(res, sizeof res, "%s/a/checkpoints/step_2", root);
+    snprintf(out, sizeof out, "%s/c", fx.root);
+    snprintf(log, sizeof log, "%s/c.out", fx.root);
+    snprintf(res, sizeof res, "%s/a/checkpoints/step_2", fx.root);
     assert_int_equal(run_pipeline(out, log, id, 120, "--max-steps", "4", "--resume", res, "--deterministic", NULL), 0);
-    snprintf(a, sizeof a, "%s/a/checkpoints/step_4/state.bin", root);
-    snprintf(b, sizeof b, "%s/c/checkpoints/step_4/state.bin", root);
+    snprintf(a, sizeof a, "%s/a/checkpoints/step_4/state.bin", fx.root);
+    snprintf(b, sizeof b, "%s/c/checkpoints/step_4/state.bin", fx.root);
     assert_true(same_file(a, b));
     /* and the losses of steps 2 and 3 are the same numbers */
     size_t na, nb;
-    snprintf(a, sizeof a, "%s/a/steps.jsonl", root);
-    snprintf(b, sizeof b, "%s/c/steps.jsonl", root);
+    snprintf(a, sizeof a, "%s/a/steps.jsonl", fx.root);
+    snprintf(b, sizeof b, "%s/c/steps.jsonl", fx.root);
     char *x = slurp(a, &na), *y = slurp(b, &nb);
     assert_non_null(x);
     assert_non_null(y);
@@ -344,8 +306,8 @@ static void test_resume_reproduces_next_steps(void **state) {
 static void test_three_targets_one_drafter_inbox_bound(void **state) {
     (void)state;
     char out[400], log[400], id[17], p[600];
-    snprintf(out, sizeof out, "%s/d", root);
-    snprintf(log, sizeof log, "%s/d.out", root);
+    snprintf(out, sizeof out, "%s/d", fx.root);
+    snprintf(log, sizeof log, "%s/d.out", fx.root);
     /* a slot holds 256 tokens x 64 features f32 + ids, lengths, mask = 67,840 bytes
      * (common/pipe/layout.h): GPU tier 2 slots (136,365 bytes), host tier 1 slot
      * (68,182 bytes), for 3 targets */
@@ -384,8 +346,8 @@ static void test_three_targets_one_drafter_inbox_bound(void **state) {
     /* same micro-batches, same weights: the topology and the drafter's seeded pick
      * among ready items (--hs-min-ready) do not change the math */
     char a[600], b[600];
-    snprintf(a, sizeof a, "%s/a/checkpoints/step_4/state.bin", root);
-    snprintf(b, sizeof b, "%s/d/checkpoints/step_4/state.bin", root);
+    snprintf(a, sizeof a, "%s/a/checkpoints/step_4/state.bin", fx.root);
+    snprintf(b, sizeof b, "%s/d/checkpoints/step_4/state.bin", fx.root);
     assert_true(same_file(a, b));
 }
 
@@ -396,17 +358,17 @@ static void test_three_targets_one_drafter_inbox_bound(void **state) {
 static void test_config_file_and_target_crash(void **state) {
     (void)state;
     char cfg[400], out[400], log[400], id[17], a[600], b[600];
-    snprintf(cfg, sizeof cfg, "%s/run.yaml", root);
+    snprintf(cfg, sizeof cfg, "%s/run.yaml", fx.root);
     FILE *f = fopen(cfg, "w");
     assert_non_null(f);
     fprintf(f, "# same keys as the flags\nmax-steps: 30\nsave-every: 0\ndeterministic: true\n"
                "targets: 2\nprefetch: 2\n");
     fclose(f);
-    snprintf(out, sizeof out, "%s/u", root);
-    snprintf(log, sizeof log, "%s/u.out", root);
+    snprintf(out, sizeof out, "%s/u", fx.root);
+    snprintf(log, sizeof log, "%s/u.out", fx.root);
     assert_int_equal(run_pipeline(out, log, id, 120, "--config", cfg, NULL), 0);
-    snprintf(out, sizeof out, "%s/k", root);
-    snprintf(log, sizeof log, "%s/k.out", root);
+    snprintf(out, sizeof out, "%s/k", fx.root);
+    snprintf(log, sizeof log, "%s/k.out", fx.root);
     kill_stage = "target1";
     kill_after_steps = 10;
     assert_int_equal(run_pipeline(out, log, id, 120, "--config", cfg, NULL), 0);
@@ -417,12 +379,12 @@ static void test_config_file_and_target_crash(void **state) {
     assert_non_null(strstr(txt, "30 steps"));
     assert_non_null(strstr(txt, "1 restart(s)"));
     free(txt);
-    snprintf(a, sizeof a, "%s/u/checkpoints/step_30/state.bin", root);
-    snprintf(b, sizeof b, "%s/k/checkpoints/step_30/state.bin", root);
+    snprintf(a, sizeof a, "%s/u/checkpoints/step_30/state.bin", fx.root);
+    snprintf(b, sizeof b, "%s/k/checkpoints/step_30/state.bin", fx.root);
     assert_true(same_file(a, b));
     /* the drafter dies: what its inbox held is re-issued; same weights again */
-    snprintf(out, sizeof out, "%s/kd", root);
-    snprintf(log, sizeof log, "%s/kd.out", root);
+    snprintf(out, sizeof out, "%s/kd", fx.root);
+    snprintf(log, sizeof log, "%s/kd.out", fx.root);
     kill_stage = "drafter0";
     kill_after_steps = 10;
     assert_int_equal(run_pipeline(out, log, id, 120, "--config", cfg, NULL), 0);
@@ -430,11 +392,11 @@ static void test_config_file_and_target_crash(void **state) {
     assert_non_null(strstr(txt, "drafter0 died (signal 9)"));
     assert_non_null(strstr(txt, "1 restart(s)"));
     free(txt);
-    snprintf(b, sizeof b, "%s/kd/checkpoints/step_30/state.bin", root);
+    snprintf(b, sizeof b, "%s/kd/checkpoints/step_30/state.bin", fx.root);
     assert_true(same_file(a, b));
     /* the loader dies: restarted after the last applied step, targets renew their credit */
-    snprintf(out, sizeof out, "%s/kl", root);
-    snprintf(log, sizeof log, "%s/kl.out", root);
+    snprintf(out, sizeof out, "%s/kl", fx.root);
+    snprintf(log, sizeof log, "%s/kl.out", fx.root);
     kill_stage = "loader";
     kill_after_steps = 10;
     assert_int_equal(run_pipeline(out, log, id, 120, "--config", cfg, NULL), 0);
@@ -442,7 +404,7 @@ static void test_config_file_and_target_crash(void **state) {
     assert_non_null(strstr(txt, "loader died (signal 9)"));
     assert_non_null(strstr(txt, "1 restart(s)"));
     free(txt);
-    snprintf(b, sizeof b, "%s/kl/checkpoints/step_30/state.bin", root);
+    snprintf(b, sizeof b, "%s/kl/checkpoints/step_30/state.bin", fx.root);
     assert_true(same_file(a, b));
 }
 
@@ -452,13 +414,13 @@ static void test_config_file_and_target_crash(void **state) {
 static void test_nan_step_skipped(void **state) {
     (void)state;
     char out[400], log[400], id[17], a[600], b[600];
-    snprintf(out, sizeof out, "%s/n", root);
-    snprintf(log, sizeof log, "%s/n.out", root);
+    snprintf(out, sizeof out, "%s/n", fx.root);
+    snprintf(log, sizeof log, "%s/n.out", fx.root);
     setenv("DL_TEST_NAN_MB", "4", 1);
     int code = run_pipeline(out, log, id, 120, "--max-steps", "4", "--save-every", "1", "--deterministic", NULL);
     unsetenv("DL_TEST_NAN_MB");
     assert_int_equal(code, 0);
-    snprintf(a, sizeof a, "%s/n/steps.jsonl", root);
+    snprintf(a, sizeof a, "%s/n/steps.jsonl", fx.root);
     size_t len;
     char *txt = slurp(a, &len);
     assert_non_null(strstr(txt, "{\"step\":2,\"loss\":null"));
@@ -468,13 +430,13 @@ static void test_nan_step_skipped(void **state) {
     assert_non_null(s3);
     assert_non_null(strstr(s3, "\"skipped\":0"));
     free(txt);
-    snprintf(a, sizeof a, "%s/n/logs/optimizer.log", root);
+    snprintf(a, sizeof a, "%s/n/logs/optimizer.log", fx.root);
     txt = slurp(a, &len);
     assert_non_null(strstr(txt, "step 2 skipped"));
     assert_non_null(strstr(txt, "micro-batches [4,5]"));
     free(txt);
-    snprintf(a, sizeof a, "%s/n/checkpoints/step_2/state.bin", root);
-    snprintf(b, sizeof b, "%s/n/checkpoints/step_3/state.bin", root);
+    snprintf(a, sizeof a, "%s/n/checkpoints/step_2/state.bin", fx.root);
+    snprintf(b, sizeof b, "%s/n/checkpoints/step_3/state.bin", fx.root);
     size_t na, nb;
     char *x = slurp(a, &na), *y = slurp(b, &nb);
     assert_int_equal(na, nb);
@@ -482,7 +444,7 @@ static void test_nan_step_skipped(void **state) {
     assert_memory_equal(x + hdr, y + hdr, na - hdr); /* master, m, v unchanged */
     free(x);
     free(y);
-    snprintf(b, sizeof b, "%s/n/checkpoints/step_4/state.bin", root);
+    snprintf(b, sizeof b, "%s/n/checkpoints/step_4/state.bin", fx.root);
     assert_false(same_file(a, b)); /* step 3 trained again */
 }
 
@@ -490,9 +452,7 @@ static void test_nan_step_skipped(void **state) {
 static int run_tool(const char *path, char *const args[]) {
     static pf_run_args_t a;
     memset(&a, 0, sizeof a);
-    static char exe[1100];
-    snprintf(exe, sizeof exe, "%s/draftline", bin);
-    a.argv[0] = exe;
+    a.argv[0] = fx.exe;
     int n = 1;
     for (int i = 0; args[i]; i++) a.argv[n++] = args[i];
     a.argv[n] = NULL;
@@ -511,21 +471,20 @@ static void test_status_and_stop(void **state) {
     (void)state;
     static pf_run_args_t a;
     memset(&a, 0, sizeof a);
-    char exe[1100], out[400], p[600];
-    snprintf(exe, sizeof exe, "%s/draftline", bin);
-    snprintf(out, sizeof out, "%s/st", root);
-    char *argv[] = {exe, "run", "--target-model", model_dir, "--data", cache, "--token-budget", "256",
+    char out[400], p[600];
+    snprintf(out, sizeof out, "%s/st", fx.root);
+    char *argv[] = {fx.exe, "run", "--target-model", fx.model_dir, "--data", fx.cache, "--token-budget", "256",
                     "--block-size", "4", "--num-anchors", "8", "--targets", "2", "--max-steps", "280",
                     "--out", out, NULL};
     for (int i = 0; argv[i]; i++) a.argv[i] = argv[i];
-    snprintf(a.log, sizeof a.log, "%s/st.out", root);
+    snprintf(a.log, sizeof a.log, "%s/st.out", fx.root);
     proc_t run;
     assert_int_equal(proc_spawn(&run, "draftline run", pf_run_child, &a), 0);
     snprintf(p, sizeof p, "%s/steps.jsonl", out);
     for (int i = 0; i < 3000 && pf_count_lines(p) < 5; i++) usleep(10000);
     assert_true(pf_count_lines(p) >= 5);
     char log[600];
-    snprintf(log, sizeof log, "%s/status.out", root);
+    snprintf(log, sizeof log, "%s/status.out", fx.root);
     char *sargs[] = {"status", "--run", out, NULL};
     assert_int_equal(run_tool(log, sargs), 0);
     size_t len;
@@ -535,15 +494,12 @@ static void test_status_and_stop(void **state) {
     assert_non_null(strstr(txt, "drafter0   running"));
     assert_non_null(strstr(txt, "optimizer  running"));
     free(txt);
-    snprintf(log, sizeof log, "%s/stop.out", root);
+    snprintf(log, sizeof log, "%s/stop.out", fx.root);
     char *kargs[] = {"stop", "--run", out, "--wait", "30", NULL};
     assert_int_equal(run_tool(log, kargs), 0);
-    int code = -1;
-    assert_int_equal(proc_wait(&run, 30000, &code), 0);
-    int left = kill(-run.pid, 0) == 0;
-    proc_kill(&run);
+    /* to its end, nothing of its process group left (else a negative code) */
+    int code = pf_run_finish(&run, &a, NULL, 30, NULL);
     assert_int_equal(code, 143);   /* stopped by SIGTERM (`draftline stop`): 128 + 15 */
-    assert_false(left);
     txt = slurp(a.log, &len);
     assert_non_null(strstr(txt, "(interrupted)"));
     free(txt);
