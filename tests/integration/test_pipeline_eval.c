@@ -46,7 +46,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static char root[256], model_dir[300], cache[300], prompts[300], bin[1024];
+static pf_fixture_t fx;
+static char prompts[300];
 
 static const char *fixtures_dir(void) {
     const char *d = getenv("DL_FIXTURES_DIR");
@@ -69,32 +70,24 @@ static int copy_file(const char *from, const char *to) {
 
 static int group_setup(void **state) {
     (void)state;
-    char gguf[1024];
+    char gguf[1024];   /* the embedded model, as the other pipeline tests need it */
     if (paths_default_model(gguf, sizeof gguf) < 0 || access(gguf, R_OK) != 0) {
-        fprintf(stderr, "embedded model missing (make model): its tokenizer prepares the data\n");
+        fprintf(stderr, "embedded model missing (make model)\n");
         return -1;
     }
-    const char *b = getenv("DL_BIN_DIR");
-    snprintf(bin, sizeof bin, "%s", b && *b ? b : "bin");
-    snprintf(root, sizeof root, "/tmp/dlpe-%d", (int)getpid());
-    mkdir(root, 0700);
-    snprintf(model_dir, sizeof model_dir, "%s/tiny", root);
-    snprintf(cache, sizeof cache, "%s/gsm8k300.dlc", root);
-    snprintf(prompts, sizeof prompts, "%s/prompts.jsonl", root);
-    if (pf_write_tiny_model(model_dir) < 0) {
-        fprintf(stderr, "fixture: %s\n", dl_errmsg());
-        return -1;
-    }
+    if (pf_fixture_setup(&fx, "dlpe", 0) < 0) return -1;   /* the cache is made below */
+    snprintf(fx.cache, sizeof fx.cache, "%s/gsm8k300.dlc", fx.root);
+    snprintf(prompts, sizeof prompts, "%s/prompts.jsonl", fx.root);
     /* the eval needs a tokenizer and a chat template next to the target */
     const char *files[] = {"tokenizer.json", "tokenizer_config.json"};
     for (int i = 0; i < 2; i++) {
         char from[1200], to[700];
         snprintf(from, sizeof from, "%s/tokenizer/llama3_style/%s", fixtures_dir(), files[i]);
-        snprintf(to, sizeof to, "%s/%s", model_dir, files[i]);
+        snprintf(to, sizeof to, "%s/%s", fx.model_dir, files[i]);
         if (copy_file(from, to) < 0) { fprintf(stderr, "fixture: copy %s failed\n", from); return -1; }
     }
     /* the training data in the target's own tokenizer (run refuses a cache of another) */
-    if (pf_write_cache_tok(root, 300, cache, model_dir) < 0) {
+    if (pf_write_cache_tok(fx.root, 300, fx.cache, fx.model_dir) < 0) {
         fprintf(stderr, "fixture: %s\n", dl_errmsg());
         return -1;
     }
@@ -109,7 +102,7 @@ static int group_setup(void **state) {
 
 static int group_teardown(void **state) {
     (void)state;
-    pf_teardown(root);
+    pf_teardown(fx.root);
     return 0;
 }
 
@@ -126,17 +119,17 @@ static char *slurp(const char *path) {
     return b;
 }
 
-/* Runs `draftline run` with the tiny settings plus extra args (NULL-terminated);
- * output into log; returns the exit code. Asserts the run's process group is gone. */
-static int run_pipeline(const char *out, const char *log, int timeout_s, ...) {
+/* Runs `draftline run` with the tiny settings plus extra args (NULL-terminated) to its
+ * end, output into log (pf_run_draftline: nothing of the run's process group may be
+ * left; with run_id (17 bytes, or NULL) no shared-memory object of the run either, and
+ * log tails on failure); returns the exit code, or a negative dl_err when a check failed. */
+static int run_pipeline(const char *out, const char *log, char *run_id, int timeout_s, ...) {
     static pf_run_args_t a;
     memset(&a, 0, sizeof a);
-    static char exe[1100];
-    snprintf(exe, sizeof exe, "%s/draftline", bin);
     int n = 0;
-    a.argv[n++] = exe;
+    a.argv[n++] = fx.exe;
     a.argv[n++] = "run";
-    const char *fixed[] = {"--target-model", model_dir, "--data", cache, "--device", "cpu",
+    const char *fixed[] = {"--target-model", fx.model_dir, "--data", fx.cache, "--device", "cpu",
                            "--token-budget", "256", "--block-size", "4", "--num-anchors", "8",
                            "--drafter-layers", "1", "--lr", "3e-3", "--seed", "5",
                            "--progress-every", "1", "--out", out, NULL};
@@ -147,47 +140,28 @@ static int run_pipeline(const char *out, const char *log, int timeout_s, ...) {
     va_end(ap);
     a.argv[n] = NULL;
     snprintf(a.log, sizeof a.log, "%s", log);
-    proc_t p;
-    assert_int_equal(proc_spawn(&p, "draftline run", pf_run_child, &a), 0);
-    int code = -1;
-    int rc = proc_wait(&p, timeout_s * 1000, &code);
-    int left = kill(-p.pid, 0) == 0;   /* nothing of the run's process group may be left */
-    proc_kill(&p);
-    assert_int_equal(rc, 0);
-    assert_false(left);
-    return code;
+    return pf_run_draftline(&a, run_id ? out : NULL, timeout_s, run_id);
 }
 
 static void test_eval_at_checkpoints(void **state) {
     (void)state;
     char out[400], log[400], p[600];
-    snprintf(out, sizeof out, "%s/a", root);
-    snprintf(log, sizeof log, "%s/a.out", root);
+    snprintf(out, sizeof out, "%s/a", fx.root);
+    snprintf(log, sizeof log, "%s/a.out", fx.root);
     /* --eval-data and --eval-every through the YAML config (underscore keys) */
     char cfg[600];
-    snprintf(cfg, sizeof cfg, "%s/a.yaml", root);
+    snprintf(cfg, sizeof cfg, "%s/a.yaml", fx.root);
     FILE *f = fopen(cfg, "w");
     assert_non_null(f);
     fprintf(f, "eval_data: %s\neval_every: 2\n", prompts);
     assert_int_equal(fclose(f), 0);
-    int code = run_pipeline(out, log, 100, "--max-steps", "40", "--save-every", "2", "--config", cfg,
+    char run_id[17] = "";   /* the run's shared-memory objects are checked with it */
+    int code = run_pipeline(out, log, run_id, 100, "--max-steps", "40", "--save-every", "2", "--config", cfg,
                             "--eval-prompts", "2", "--eval-max-new-tokens", "8", NULL);
     char *txt = slurp(log);
     assert_non_null(txt);
-    if (code != 0) {
-        char cmd[1200];
-        snprintf(cmd, sizeof cmd, "tail -n 30 %s; tail -n 20 %s/logs/*.log", log, out);
-        if (system(cmd) != 0) {}
-    }
     assert_int_equal(code, 0);
-    /* the run id, for the shared-memory check */
-    char run_id[17] = "";
-    const char *rl = strstr(txt, "draftline run ");
-    assert_non_null(rl);
-    assert_int_equal(sscanf(rl, "draftline run %16[0-9a-f]:", run_id), 1);
-    int shm_left = slab_count(run_id);
-    slab_sweep(run_id);
-    assert_int_equal(shm_left, 0);
+    assert_true(run_id[0]);
     /* every eval child that was started is gone */
     int started = 0;
     for (const char *s = txt; (s = strstr(s, "started (pid ")) != NULL; s++) {
@@ -230,16 +204,16 @@ static void test_eval_at_checkpoints(void **state) {
 static void test_eval_flags_validated(void **state) {
     (void)state;
     char out[400], log[400], missing[400];
-    snprintf(out, sizeof out, "%s/b", root);
-    snprintf(log, sizeof log, "%s/b.out", root);
-    snprintf(missing, sizeof missing, "%s/no-such-prompts.jsonl", root);
-    assert_int_equal(run_pipeline(out, log, 30, "--max-steps", "2", "--eval-data", missing, "--eval-every", "2", NULL), 2);
+    snprintf(out, sizeof out, "%s/b", fx.root);
+    snprintf(log, sizeof log, "%s/b.out", fx.root);
+    snprintf(missing, sizeof missing, "%s/no-such-prompts.jsonl", fx.root);
+    assert_int_equal(run_pipeline(out, log, NULL, 30, "--max-steps", "2", "--eval-data", missing, "--eval-every", "2", NULL), 2);
     char *txt = slurp(log);
     assert_non_null(txt);
     assert_non_null(strstr(txt, "--eval-data"));
     free(txt);
-    assert_int_equal(run_pipeline(out, log, 30, "--max-steps", "2", "--eval-data", prompts, "--eval-every", "0", NULL), 2);
-    assert_int_equal(run_pipeline(out, log, 30, "--max-steps", "2", "--eval-data", prompts, NULL), 2);
+    assert_int_equal(run_pipeline(out, log, NULL, 30, "--max-steps", "2", "--eval-data", prompts, "--eval-every", "0", NULL), 2);
+    assert_int_equal(run_pipeline(out, log, NULL, 30, "--max-steps", "2", "--eval-data", prompts, NULL), 2);
     char steps[600];
     snprintf(steps, sizeof steps, "%s/steps.jsonl", out);
     assert_int_not_equal(access(steps, F_OK), 0);   /* nothing started */
@@ -254,13 +228,13 @@ static void test_eval_flags_validated(void **state) {
 static void test_random_drafter_is_step0(void **state) {
     (void)state;
     char out[600], log[600], ck[700];
-    snprintf(out, sizeof out, "%s/run-lr0", root);
-    snprintf(log, sizeof log, "%s/run-lr0.log", root);
-    assert_int_equal(run_pipeline(out, log, 60, "--max-steps", "1", "--lr", "0", NULL), 0);
+    snprintf(out, sizeof out, "%s/run-lr0", fx.root);
+    snprintf(log, sizeof log, "%s/run-lr0.log", fx.root);
+    assert_int_equal(run_pipeline(out, log, NULL, 60, "--max-steps", "1", "--lr", "0", NULL), 0);
     snprintf(ck, sizeof ck, "%s/checkpoints/step_1", out);
     model_config_t mc;
     drafter_config_t dc;
-    assert_int_equal(pipe_target_config(model_dir, &mc), 0);
+    assert_int_equal(pipe_target_config(fx.model_dir, &mc), 0);
     assert_int_equal(pipe_drafter_config(&mc, 1, 0, 4, &dc), 0);  /* run_pipeline: --drafter-layers 1 --block-size 4 */
     dc.loss_chunk_blocks = 1;
     ops_ctx_t ops;
