@@ -122,7 +122,7 @@ static int run_pipeline(const char *out, const char *run_id_out_path, char *run_
         assert_int_equal(kill(victim, SIGKILL), 0);
         kill_stage = NULL;
     }
-    return pf_run_finish(&p, &a, out, timeout_s, run_id);
+    return pf_run_finish(&p, a.log, out, timeout_s, run_id);
 }
 
 static void *slurp(const char *path, size_t *len) {
@@ -498,7 +498,7 @@ static void test_status_and_stop(void **state) {
     char *kargs[] = {"stop", "--run", out, "--wait", "30", NULL};
     assert_int_equal(run_tool(log, kargs), 0);
     /* to its end, nothing of its process group left (else a negative code) */
-    int code = pf_run_finish(&run, &a, NULL, 30, NULL);
+    int code = pf_run_finish(&run, a.log, NULL, 30, NULL);
     assert_int_equal(code, 143);   /* stopped by SIGTERM (`draftline stop`): 128 + 15 */
     txt = slurp(a.log, &len);
     assert_non_null(strstr(txt, "(interrupted)"));

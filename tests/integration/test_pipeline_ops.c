@@ -47,34 +47,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static char root[256], model_dir[300], cache[300], bin[1024];
+static pf_fixture_t fx;
 
 /* ---- fixtures made once ---- */
 
 static int group_setup(void **state) {
     (void)state;
-    char gguf[1024];
-    if (paths_default_model(gguf, sizeof gguf) < 0 || access(gguf, R_OK) != 0) {
-        fprintf(stderr, "embedded model missing (make model): its tokenizer prepares the data\n");
-        return -1;
-    }
-    const char *b = getenv("DL_BIN_DIR");
-    snprintf(bin, sizeof bin, "%s", b && *b ? b : "bin");
-    snprintf(root, sizeof root, "/tmp/dlops-%d", (int)getpid());
-    mkdir(root, 0700);
-    snprintf(model_dir, sizeof model_dir, "%s/tiny", root);
-    snprintf(cache, sizeof cache, "%s/gsm8k300.dlc", root);
-    if (pf_write_tiny_model(model_dir) < 0 || pf_write_cache(root, 300, cache) < 0) {
-        fprintf(stderr, "fixture: %s\n", dl_errmsg());
-        return -1;
-    }
+    if (pf_fixture_setup(&fx, "dlops", 300) < 0) return -1;
     proc_watchdog(480);
     return 0;
 }
 
 static int group_teardown(void **state) {
     (void)state;
-    pf_teardown(root);
+    pf_teardown(fx.root);
     return 0;
 }
 
@@ -165,12 +151,10 @@ static double now_s(void) {
 static void run_start(proc_t *p, const char *out, const char *log, ...) {
     static pf_run_args_t a;
     memset(&a, 0, sizeof a);
-    static char exe[1100];
-    snprintf(exe, sizeof exe, "%s/draftline", bin);
     int n = 0;
-    a.argv[n++] = exe;
+    a.argv[n++] = fx.exe;
     a.argv[n++] = "run";
-    const char *fixed[] = {"--target-model", model_dir, "--data", cache, "--device", "cpu",
+    const char *fixed[] = {"--target-model", fx.model_dir, "--data", fx.cache, "--device", "cpu",
                            "--token-budget", "256", "--block-size", "4", "--num-anchors", "8",
                            "--drafter-layers", "1", "--lr", "3e-3", "--micro-batches-per-step", "2",
                            "--seed", "5", "--progress-every", "1", "--threads", "1", "--out", out, NULL};
@@ -184,31 +168,14 @@ static void run_start(proc_t *p, const char *out, const char *log, ...) {
     assert_int_equal(proc_spawn(p, "draftline run", pf_run_child, &a), 0);
 }
 
-/* Waits for the run; asserts it exited with `want`, left no process of its group
- * and no shared-memory object of its run id. */
+/* Waits for the run (pf_run_finish, log tails when want is 0 and it failed); asserts
+ * it exited with `want`, left no process of its group and no shared-memory object of
+ * its run id. */
 static void run_finish(proc_t *p, const char *out, const char *log, int timeout_s, int want) {
-    int code = -1;
-    int rc = proc_wait(p, timeout_s * 1000, &code);
-    int left = kill(-p->pid, 0) == 0;
-    proc_kill(p);
     char id[17] = "";
-    FILE *f = fopen(log, "r");
-    char line[2048];
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "draftline run %16[0-9a-f]:", id) == 1) break;
-    if (f) fclose(f);
-    if (rc != 0 || code != want) {
-        char cmd[1200];
-        snprintf(cmd, sizeof cmd, "tail -n 30 %s; tail -n 15 %s/logs/*.log", log, out);
-        if (system(cmd) != 0) {}
-    }
-    assert_int_equal(rc, 0);
+    int code = pf_run_finish(p, log, want == 0 ? out : NULL, timeout_s, id);
     assert_int_equal(code, want);
-    assert_false(left);
     assert_true(id[0]);
-    int shm_left = slab_count(id);
-    slab_sweep(id);
-    assert_int_equal(shm_left, 0);
 }
 
 /* steps.jsonl holds steps 0..n-1, each exactly once, in order (the ledger: step s
@@ -244,7 +211,7 @@ static void assert_same_weights(const char *a, const char *b, int step) {
 /* Runs a `draftline` command, its stdout into *out (caller frees); returns the exit code. */
 static int draftline_cmd(char **out, const char *args) {
     char cmd[2000];
-    snprintf(cmd, sizeof cmd, "timeout 90 %s/draftline %s 2>&1", bin, args);
+    snprintf(cmd, sizeof cmd, "timeout 90 %s/draftline %s 2>&1", fx.bin, args);
     FILE *f = popen(cmd, "r");
     if (!f) return -1;
     size_t cap = 1 << 16, n = 0;
@@ -281,8 +248,8 @@ static char base_out[400];
 static void baseline(void) {
     if (base_out[0]) return;
     char log[400];
-    snprintf(base_out, sizeof base_out, "%s/base", root);
-    snprintf(log, sizeof log, "%s/base.out", root);
+    snprintf(base_out, sizeof base_out, "%s/base", fx.root);
+    snprintf(log, sizeof log, "%s/base.out", fx.root);
     proc_t p;
     double t0 = now_s();
     run_start(&p, base_out, log, "--targets", "2", "--drafters", "2", "--max-steps", MAX_STEPS,
@@ -296,8 +263,8 @@ static void test_rebalance(void **state) {
     (void)state;
     baseline();
     char out[400], log[400], args[1200];
-    snprintf(out, sizeof out, "%s/rb", root);
-    snprintf(log, sizeof log, "%s/rb.out", root);
+    snprintf(out, sizeof out, "%s/rb", fx.root);
+    snprintf(log, sizeof log, "%s/rb.out", fx.root);
     proc_t p;
     run_start(&p, out, log, "--targets", "2", "--drafters", "2", "--max-steps", MAX_STEPS, "--save-every", "2",
               "--deterministic", "--inbox-gb", "0.01", NULL);
@@ -373,8 +340,8 @@ static void test_chaos(void **state) {
     (void)state;
     baseline();
     char out[400], log[400];
-    snprintf(out, sizeof out, "%s/chaos", root);
-    snprintf(log, sizeof log, "%s/chaos.out", root);
+    snprintf(out, sizeof out, "%s/chaos", fx.root);
+    snprintf(log, sizeof log, "%s/chaos.out", fx.root);
     proc_t p;
     double t0 = now_s();
     run_start(&p, out, log, "--targets", "2", "--drafters", "2", "--max-steps", MAX_STEPS, "--save-every", "2",
@@ -443,8 +410,8 @@ static int http_get(int port, char *buf, size_t cap) {
 static void test_stall_monitor_prometheus(void **state) {
     (void)state;
     char out[400], log[400], args[1200];
-    snprintf(out, sizeof out, "%s/stall", root);
-    snprintf(log, sizeof log, "%s/stall.out", root);
+    snprintf(out, sizeof out, "%s/stall", fx.root);
+    snprintf(log, sizeof log, "%s/stall.out", fx.root);
     proc_t p;
     /* 1 target feeds drafter0 only; drafter0 hangs after 4 micro-batches */
     run_start(&p, out, log, "--targets", "1", "--drafters", "2", "--max-steps", "50",
@@ -573,8 +540,8 @@ static void test_rebalance_gpu_placement(void **state) {
 #else
     baseline();
     char out[400], log[400], args[1200], proc[32];
-    snprintf(out, sizeof out, "%s/rbgpu", root);
-    snprintf(log, sizeof log, "%s/rbgpu.out", root);
+    snprintf(out, sizeof out, "%s/rbgpu", fx.root);
+    snprintf(log, sizeof log, "%s/rbgpu.out", fx.root);
     setenv("DL_TEST_STRIP_GPU", "1", 1);
     proc_t p;
     run_start(&p, out, log, "--target-gpus", "0", "--drafter-gpus", "1", "--max-steps", MAX_STEPS, "--save-every",

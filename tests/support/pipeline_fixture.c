@@ -191,7 +191,7 @@ int pf_fixture_setup(pf_fixture_t *fx, const char *prefix, int n_samples) {
     return 0;
 }
 
-int pf_run_finish(proc_t *p, const pf_run_args_t *a, const char *out, int timeout_s, char *run_id) {
+int pf_run_finish(proc_t *p, const char *log, const char *out, int timeout_s, char *run_id) {
     int code = -1;
     int rc = proc_wait(p, timeout_s * 1000, &code);
     int left = kill(-p->pid, 0) == 0;   /* nothing of the run's process group may be left */
@@ -199,7 +199,7 @@ int pf_run_finish(proc_t *p, const pf_run_args_t *a, const char *out, int timeou
     int shm_left = 0;
     if (run_id) {
         run_id[0] = 0;
-        FILE *f = fopen(a->log, "r");
+        FILE *f = fopen(log, "r");
         char line[2048];
         while (f && fgets(line, sizeof line, f))
             if (sscanf(line, "draftline run %16[0-9a-f]:", run_id) == 1) break;
@@ -211,16 +211,16 @@ int pf_run_finish(proc_t *p, const pf_run_args_t *a, const char *out, int timeou
     }
     if (out && (rc != 0 || code != 0)) {
         char cmd[1600];
-        snprintf(cmd, sizeof cmd, "tail -n 30 '%s'; tail -n 30 '%s'/logs/*.log", a->log, out);
+        snprintf(cmd, sizeof cmd, "tail -n 30 '%s'; tail -n 30 '%s'/logs/*.log", log, out);
         if (system(cmd) != 0) {}
     }
     int err = 0;
     if (rc != 0)
-        err = dl_seterr(DL_ETIMEDOUT, "%s: still running after %d s (killed)", a->argv[0], timeout_s);
+        err = dl_seterr(DL_ETIMEDOUT, "%s: still running after %d s (killed)", p->name, timeout_s);
     else if (left)
-        err = dl_seterr(DL_ESTATE, "%s: a process of its group was left after it exited", a->argv[0]);
+        err = dl_seterr(DL_ESTATE, "%s: a process of its group was left after it exited", p->name);
     else if (shm_left != 0)
-        err = dl_seterr(DL_ESTATE, "%s: run %s left %d shared-memory objects", a->argv[0], run_id, shm_left);
+        err = dl_seterr(DL_ESTATE, "%s: run %s left %d shared-memory objects", p->name, run_id, shm_left);
     if (err) {
         fprintf(stderr, "pf_run_finish: %s\n", dl_errmsg());
         return err;
@@ -228,12 +228,12 @@ int pf_run_finish(proc_t *p, const pf_run_args_t *a, const char *out, int timeou
     return code;
 }
 
-int pf_run_draftline(pf_run_args_t *a, const char *out, int timeout_s, char *run_id) {
+int pf_run_draftline(const pf_run_args_t *a, const char *out, int timeout_s, char *run_id) {
     proc_t p;
-    if (proc_spawn(&p, "draftline run", pf_run_child, a) < 0) {
+    if (proc_spawn(&p, "draftline run", pf_run_child, (void *)a) < 0) {
         if (run_id) run_id[0] = 0;
         fprintf(stderr, "pf_run_draftline: spawn %s failed\n", a->argv[0]);
         return dl_seterr(DL_EIO, "spawn %s failed", a->argv[0]);
     }
-    return pf_run_finish(&p, a, out, timeout_s, run_id);
+    return pf_run_finish(&p, a->log, out, timeout_s, run_id);
 }

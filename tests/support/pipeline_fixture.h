@@ -60,26 +60,27 @@ typedef struct {
  * still removes it). */
 int pf_fixture_setup(pf_fixture_t *fx, const char *prefix, int n_samples);
 
-/* Waits up to timeout_s seconds for the `draftline` child p (spawned with pf_run_child and
- * args a), then checks that nothing of its process group is left and kills/reaps it
- * (proc_kill) in every case. Then, when run_id is not NULL, reads the run id from the first
- * "draftline run <16 hex>:" line of a->log into run_id (17 bytes; "" when there is none)
- * and, when one was found, counts the run's shared-memory objects (slab_count) and removes
- * them (slab_sweep) whatever the count. When out is not NULL and the run did not exit 0,
- * prints the last 30 lines of a->log and of each out/logs/<stage>.log to stdout.
+/* Waits up to timeout_s seconds for the child p (a `draftline` command spawned with
+ * pf_run_child, its output in the file log), then checks that nothing of its process group
+ * is left and kills/reaps it (proc_kill) in every case. Then, when run_id is not NULL, reads
+ * the run id from the first line of log that starts "draftline run <16 hex>:" into run_id
+ * (17 bytes; "" when there is none) and, when one was found, counts the run's
+ * shared-memory objects (slab_count) and removes them (slab_sweep) whatever the count.
+ * When out (the run's --out dir) is not NULL and the child timed out or did not exit 0,
+ * prints the last 30 lines of log and of each out/logs/<stage>.log to stdout.
  * cmocka-free: it asserts nothing. Returns the exit code (>= 0: the exit status, or 128 +
- * the signal), or a negative dl_err with a message on stderr (and dl_errmsg()):
- * DL_ETIMEDOUT when the child outlived timeout_s (its group is then killed), DL_ESTATE
- * when a process of its group was left after it exited, or shared-memory objects of
- * run_id were left (checked in this order). Every caller expecting an exit code >= 0
- * therefore fails on any of these. */
-int pf_run_finish(proc_t *p, const pf_run_args_t *a, const char *out, int timeout_s, char *run_id);
+ * the signal that ended it), or a negative dl_err with a message on stderr (and in
+ * dl_errmsg()), checked in this order: DL_ETIMEDOUT when the child outlived timeout_s
+ * (its group is then killed), DL_ESTATE when a process of its group was left after it
+ * exited, DL_ESTATE when shared-memory objects of run_id were left. A caller that asserts
+ * an exit code >= 0 therefore fails on any of these. */
+int pf_run_finish(proc_t *p, const char *log, const char *out, int timeout_s, char *run_id);
 
-/* proc_spawn(p, "draftline run", pf_run_child, a) then pf_run_finish(p, a, out, timeout_s,
- * run_id): a whole `draftline` command (a->argv[0] the binary, e.g. pf_fixture_t.exe) run
- * to its end. a must stay valid until it returns. Returns as pf_run_finish, or DL_EIO when
- * the spawn failed. */
-int pf_run_draftline(pf_run_args_t *a, const char *out, int timeout_s, char *run_id);
+/* proc_spawn(&p, "draftline run", pf_run_child, a) then pf_run_finish(&p, a->log, out,
+ * timeout_s, run_id): a whole `draftline` command (a->argv[0] the binary, e.g.
+ * pf_fixture_t.exe; any subcommand) run to its end. a is only read. Returns as
+ * pf_run_finish, or DL_EIO (run_id then "") when the spawn failed. */
+int pf_run_draftline(const pf_run_args_t *a, const char *out, int timeout_s, char *run_id);
 
 /* Group teardown of the pipeline tests: proc_kill_all(), then rm -rf root unless
  * $DL_KEEP_TEST_DIR is set (a failure to remove is printed to stderr). */
