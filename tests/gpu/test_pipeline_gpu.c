@@ -46,7 +46,7 @@
 
 #define MAX_STEPS 8
 
-static char root[256], model_dir[300], cache[1024], bin[1024];
+static pf_fixture_t fx;
 static int n_gpus;
 static double cpu_loss[MAX_STEPS];
 
@@ -62,25 +62,17 @@ static int count_gpus(void) {
 
 static int group_setup(void **state) {
     (void)state;
-    const char *b = getenv("DL_BIN_DIR");
-    snprintf(bin, sizeof bin, "%s", b && *b ? b : "bin");
-    snprintf(root, sizeof root, "/tmp/dlpg-%d", (int)getpid());
-    mkdir(root, 0700);
-    snprintf(model_dir, sizeof model_dir, "%s/tiny", root);
-    if (pf_write_tiny_model(model_dir) < 0) {
-        fprintf(stderr, "fixture: %s\n", dl_errmsg());
-        return -1;
-    }
+    if (pf_fixture_setup(&fx, "dlpg", 0) < 0) return -1;   /* the data is chosen below */
     char gguf[1024];
     const char *dlc = getenv("DL_TEST_DLC");
     if (paths_default_model(gguf, sizeof gguf) == 0 && access(gguf, R_OK) == 0) {
-        snprintf(cache, sizeof cache, "%s/gsm8k300.dlc", root);
-        if (pf_write_cache(root, 300, cache) < 0) {
+        snprintf(fx.cache, sizeof fx.cache, "%s/gsm8k300.dlc", fx.root);
+        if (pf_write_cache(fx.root, 300, fx.cache) < 0) {
             fprintf(stderr, "fixture: %s\n", dl_errmsg());
             return -1;
         }
     } else if (dlc && access(dlc, R_OK) == 0) {
-        snprintf(cache, sizeof cache, "%s", dlc);
+        snprintf(fx.cache, sizeof fx.cache, "%s", dlc);
     } else {
         fprintf(stderr, "embedded model missing (make model) and no $DL_TEST_DLC: nothing to train on\n");
         return -1;
@@ -91,22 +83,23 @@ static int group_setup(void **state) {
 
 static int group_teardown(void **state) {
     (void)state;
-    pf_teardown(root);
+    pf_teardown(fx.root);
     return 0;
 }
 
-/* Runs `draftline run` with the fixed job flags plus the placement args; returns its
- * exit code and leaves nothing of its process group. */
+/* Runs `draftline run` with the fixed job flags plus the placement args (NULL-terminated)
+ * to its end (pf_run_draftline: nothing of its process group and no shared-memory object
+ * of its run left, log tails on failure); returns its exit code, or a negative dl_err
+ * when one of those checks failed. */
 static int run_job(const char *out, const char *log, int timeout_s, ...) {
     static pf_run_args_t a;
     memset(&a, 0, sizeof a);
-    static char exe[1100], steps[16];
-    snprintf(exe, sizeof exe, "%s/draftline", bin);
+    static char steps[16];
     snprintf(steps, sizeof steps, "%d", MAX_STEPS);
     int n = 0;
-    a.argv[n++] = exe;
+    a.argv[n++] = fx.exe;
     a.argv[n++] = "run";
-    const char *fixed[] = {"--target-model", model_dir, "--data", cache, "--token-budget", "512",
+    const char *fixed[] = {"--target-model", fx.model_dir, "--data", fx.cache, "--token-budget", "512",
                            "--block-size", "4", "--num-anchors", "8", "--drafter-layers", "1",
                            "--lr", "3e-3", "--micro-batches-per-step", "2", "--seed", "5",
                            "--max-steps", steps, "--progress-every", "1", "--out", out, NULL};
@@ -117,31 +110,8 @@ static int run_job(const char *out, const char *log, int timeout_s, ...) {
     va_end(ap);
     a.argv[n] = NULL;
     snprintf(a.log, sizeof a.log, "%s", log);
-    proc_t p;
-    assert_int_equal(proc_spawn(&p, "draftline run", pf_run_child, &a), 0);
-    int code = -1;
-    int rc = proc_wait(&p, timeout_s * 1000, &code);
-    int left = kill(-p.pid, 0) == 0;
-    proc_kill(&p);
-    if (code != 0) {
-        char cmd[1400];
-        snprintf(cmd, sizeof cmd, "tail -n 30 %s; tail -n 20 %s/logs/*.log", log, out);
-        if (system(cmd) != 0) {}
-    }
-    /* the run id (first output line) for the shared-memory check */
-    char run_id[32] = "", line[2048];
-    FILE *f = fopen(log, "r");
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "draftline run %16[0-9a-f]:", run_id) == 1) break;
-    if (f) fclose(f);
-    if (run_id[0]) {
-        int shm_left = slab_count(run_id);
-        slab_sweep(run_id);
-        assert_int_equal(shm_left, 0);
-    }
-    assert_int_equal(rc, 0);
-    assert_false(left);
-    return code;
+    char run_id[17];   /* for the shared-memory check */
+    return pf_run_draftline(&a, out, timeout_s, run_id);
 }
 
 /* steps.jsonl: every step 0..MAX_STEPS-1 exactly once; its losses into loss[]. */
@@ -193,8 +163,8 @@ static void compare_to_cpu(const char *what, const double *loss) {
 static void test_cpu_reference(void **state) {
     (void)state;
     char out[400], log[400];
-    snprintf(out, sizeof out, "%s/cpu", root);
-    snprintf(log, sizeof log, "%s/cpu.out", root);
+    snprintf(out, sizeof out, "%s/cpu", fx.root);
+    snprintf(log, sizeof log, "%s/cpu.out", fx.root);
     assert_int_equal(run_job(out, log, 200, "--device", "cpu", "--targets", "1", "--drafters", "1", NULL), 0);
     read_steps(out, cpu_loss);
     check_final_ckpt(out);
@@ -204,8 +174,8 @@ static void test_one_gpu(void **state) {
     (void)state;
     char out[400], log[400];
     double loss[MAX_STEPS];
-    snprintf(out, sizeof out, "%s/gpu1", root);
-    snprintf(log, sizeof log, "%s/gpu1.out", root);
+    snprintf(out, sizeof out, "%s/gpu1", fx.root);
+    snprintf(log, sizeof log, "%s/gpu1.out", fx.root);
     assert_int_equal(run_job(out, log, 200, "--target-gpus", "0", "--drafter-gpus", "0", NULL), 0);
     read_steps(out, loss);
     check_final_ckpt(out);
@@ -217,8 +187,8 @@ static void test_two_gpus(void **state) {
     if (n_gpus < 2) skip();
     char out[400], log[400];
     double loss[MAX_STEPS];
-    snprintf(out, sizeof out, "%s/gpu2", root);
-    snprintf(log, sizeof log, "%s/gpu2.out", root);
+    snprintf(out, sizeof out, "%s/gpu2", fx.root);
+    snprintf(log, sizeof log, "%s/gpu2.out", fx.root);
     assert_int_equal(run_job(out, log, 200, "--target-gpus", "0,1", "--drafter-gpus", "0,1", NULL), 0);
     read_steps(out, loss);
     check_final_ckpt(out);
@@ -230,15 +200,15 @@ static void test_three_targets_inbox_bound(void **state) {
     /* one slot: 512 tokens x n_feat*D bf16 features + ids, lengths, mask (layout.h) */
     model_config_t mc;
     drafter_config_t dc;
-    assert_int_equal(pipe_target_config(model_dir, &mc), 0);
+    assert_int_equal(pipe_target_config(fx.model_dir, &mc), 0);
     assert_int_equal(pipe_drafter_config(&mc, 1, 0, 4, &dc), 0);
     pipe_layout_t l = pipe_layout(512, 512, (uint64_t)dc.n_feat * (uint64_t)dc.D, 2);
     double gpu_b = 2.0 * (double)l.bytes + 64, host_b = (double)l.bytes + 64;
     char gpu_gb[32], host_gb[32], out[400], log[400], path[500];
     snprintf(gpu_gb, sizeof gpu_gb, "%.12f", gpu_b / 1073741824.0);
     snprintf(host_gb, sizeof host_gb, "%.12f", host_b / 1073741824.0);
-    snprintf(out, sizeof out, "%s/bound", root);
-    snprintf(log, sizeof log, "%s/bound.out", root);
+    snprintf(out, sizeof out, "%s/bound", fx.root);
+    snprintf(log, sizeof log, "%s/bound.out", fx.root);
     assert_int_equal(run_job(out, log, 200, "--target-gpus", "0,0,0", "--drafter-gpus", n_gpus >= 2 ? "1" : "0",
                              "--inbox-gb", gpu_gb, "--host-inbox-gb", host_gb, NULL), 0);
     double loss[MAX_STEPS];
