@@ -125,29 +125,6 @@ static int run_pipeline(const char *out, const char *run_id_out_path, char *run_
     return pf_run_finish(&p, a.log, out, timeout_s, run_id);
 }
 
-static void *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
-    fclose(f);
-    if (b) ((char *)b)[n] = 0;
-    *len = (size_t)n;
-    return b;
-}
-
-static int same_file(const char *a, const char *b) {
-    size_t na, nb;
-    void *x = slurp(a, &na), *y = slurp(b, &nb);
-    int same = x && y && na == nb && memcmp(x, y, na) == 0;
-    free(x);
-    free(y);
-    return same;
-}
-
 /* ---- tests ---- */
 
 static void test_short_run_checkpoint_loads_back(void **state) {
@@ -162,7 +139,7 @@ static void test_short_run_checkpoint_loads_back(void **state) {
     char p[4400];
     snprintf(p, sizeof p, "%s/steps.jsonl", out);
     size_t len;
-    char *txt = slurp(p, &len);
+    char *txt = pf_slurp(p, &len);
     assert_non_null(txt);
     int steps = 0;
     for (char *l = strtok(txt, "\n"); l; l = strtok(NULL, "\n")) {
@@ -235,7 +212,7 @@ static void test_short_run_checkpoint_loads_back(void **state) {
     assert_memory_equal(drafter_master(d2), master, P * 4);
     drafter_destroy(&d2);
     snprintf(p, sizeof p, "%s/config.json", dir);
-    txt = slurp(p, &len);
+    txt = pf_slurp(p, &len);
     cJSON *j = cJSON_Parse(txt);
     assert_non_null(j);
     assert_int_equal(cJSON_GetObjectItem(j, "block_size")->valueint, 4);
@@ -248,7 +225,7 @@ static void test_short_run_checkpoint_loads_back(void **state) {
     /* no handle opened in the hot loop: one open per peer slab for the whole run
      * (target: the drafter's inbox tier; drafter: the weights; optimizer: the grads) */
     snprintf(p, sizeof p, "%s/metrics.jsonl", out);
-    txt = slurp(p, &len);
+    txt = pf_slurp(p, &len);
     assert_non_null(txt);
     double opens[3] = {0, 0, 0};
     const char *who[3] = {"target0", "drafter0", "optimizer"};
@@ -274,7 +251,7 @@ static void test_deterministic_twice_bitwise(void **state) {
     for (int i = 0; i < 3; i++) {
         snprintf(a, sizeof a, "%s/a/checkpoints/step_4/%s", fx.root, files[i]);
         snprintf(b, sizeof b, "%s/b/checkpoints/step_4/%s", fx.root, files[i]);
-        assert_true(same_file(a, b));
+        assert_true(pf_same_file(a, b));
     }
 }
 
@@ -287,12 +264,12 @@ static void test_resume_reproduces_next_steps(void **state) {
     assert_int_equal(run_pipeline(out, log, id, 120, "--max-steps", "4", "--resume", res, "--deterministic", NULL), 0);
     snprintf(a, sizeof a, "%s/a/checkpoints/step_4/state.bin", fx.root);
     snprintf(b, sizeof b, "%s/c/checkpoints/step_4/state.bin", fx.root);
-    assert_true(same_file(a, b));
+    assert_true(pf_same_file(a, b));
     /* and the losses of steps 2 and 3 are the same numbers */
     size_t na, nb;
     snprintf(a, sizeof a, "%s/a/steps.jsonl", fx.root);
     snprintf(b, sizeof b, "%s/c/steps.jsonl", fx.root);
-    char *x = slurp(a, &na), *y = slurp(b, &nb);
+    char *x = pf_slurp(a, &na), *y = pf_slurp(b, &nb);
     assert_non_null(x);
     assert_non_null(y);
     char *x2 = strstr(x, "{\"step\":2,"), *y2 = strstr(y, "{\"step\":2,");
@@ -305,7 +282,7 @@ static void test_resume_reproduces_next_steps(void **state) {
 
 static void test_three_targets_one_drafter_inbox_bound(void **state) {
     (void)state;
-    char out[400], log[400], id[17], p[600];
+    char out[400], log[400], id[17];
     snprintf(out, sizeof out, "%s/d", fx.root);
     snprintf(log, sizeof log, "%s/d.out", fx.root);
     /* a slot holds 256 tokens x 64 features f32 + ids, lengths, mask = 67,840 bytes
@@ -316,29 +293,9 @@ static void test_three_targets_one_drafter_inbox_bound(void **state) {
                                   "--hs-min-ready", "2", "--deterministic", NULL), 0);
     double gpu_cap = 0.000127 * 1073741824.0;
     double limit = (0.000127 + 0.0000635) * 1073741824.0;
-    snprintf(p, sizeof p, "%s/metrics.jsonl", out);
-    size_t len;
-    char *txt = slurp(p, &len);
-    assert_non_null(txt);
-    int seen = 0;
+    /* every drafter metrics line within the bound (inbox slabs, bytes in use, high water) */
     double high = 0;
-    for (char *l = strtok(txt, "\n"); l; l = strtok(NULL, "\n")) {
-        cJSON *j = cJSON_Parse(l);
-        assert_non_null(j);
-        const cJSON *hw = cJSON_GetObjectItem(j, "inbox_high_water");
-        if (hw) {
-            seen++;
-            double slabs = cJSON_GetObjectItem(j, "inbox_slabs_bytes")->valuedouble;
-            double used = cJSON_GetObjectItem(j, "inbox_gpu_bytes")->valuedouble +
-                          cJSON_GetObjectItem(j, "inbox_host_bytes")->valuedouble;
-            assert_true(slabs <= limit);
-            assert_true(used <= limit);
-            assert_true(hw->valuedouble <= limit);
-            if (hw->valuedouble > high) high = hw->valuedouble;
-        }
-        cJSON_Delete(j);
-    }
-    free(txt);
+    int seen = pf_inbox_within(out, limit, &high);
     assert_true(seen > 0);
     /* the three targets held three grants at once: the host tier took the third */
     assert_true(high > gpu_cap);
@@ -348,7 +305,7 @@ static void test_three_targets_one_drafter_inbox_bound(void **state) {
     char a[600], b[600];
     snprintf(a, sizeof a, "%s/a/checkpoints/step_4/state.bin", fx.root);
     snprintf(b, sizeof b, "%s/d/checkpoints/step_4/state.bin", fx.root);
-    assert_true(same_file(a, b));
+    assert_true(pf_same_file(a, b));
 }
 
 /* A YAML config with the same keys as the flags; a target, then a drafter, then the
@@ -374,38 +331,38 @@ static void test_config_file_and_target_crash(void **state) {
     assert_int_equal(run_pipeline(out, log, id, 120, "--config", cfg, NULL), 0);
     assert_int_equal(pf_count_lines(log) > 0, 1);
     size_t len;
-    char *txt = slurp(log, &len);
+    char *txt = pf_slurp(log, &len);
     assert_non_null(strstr(txt, "target1 died (signal 9)"));
     assert_non_null(strstr(txt, "30 steps"));
     assert_non_null(strstr(txt, "1 restart(s)"));
     free(txt);
     snprintf(a, sizeof a, "%s/u/checkpoints/step_30/state.bin", fx.root);
     snprintf(b, sizeof b, "%s/k/checkpoints/step_30/state.bin", fx.root);
-    assert_true(same_file(a, b));
+    assert_true(pf_same_file(a, b));
     /* the drafter dies: what its inbox held is re-issued; same weights again */
     snprintf(out, sizeof out, "%s/kd", fx.root);
     snprintf(log, sizeof log, "%s/kd.out", fx.root);
     kill_stage = "drafter0";
     kill_after_steps = 10;
     assert_int_equal(run_pipeline(out, log, id, 120, "--config", cfg, NULL), 0);
-    txt = slurp(log, &len);
+    txt = pf_slurp(log, &len);
     assert_non_null(strstr(txt, "drafter0 died (signal 9)"));
     assert_non_null(strstr(txt, "1 restart(s)"));
     free(txt);
     snprintf(b, sizeof b, "%s/kd/checkpoints/step_30/state.bin", fx.root);
-    assert_true(same_file(a, b));
+    assert_true(pf_same_file(a, b));
     /* the loader dies: restarted after the last applied step, targets renew their credit */
     snprintf(out, sizeof out, "%s/kl", fx.root);
     snprintf(log, sizeof log, "%s/kl.out", fx.root);
     kill_stage = "loader";
     kill_after_steps = 10;
     assert_int_equal(run_pipeline(out, log, id, 120, "--config", cfg, NULL), 0);
-    txt = slurp(log, &len);
+    txt = pf_slurp(log, &len);
     assert_non_null(strstr(txt, "loader died (signal 9)"));
     assert_non_null(strstr(txt, "1 restart(s)"));
     free(txt);
     snprintf(b, sizeof b, "%s/kl/checkpoints/step_30/state.bin", fx.root);
-    assert_true(same_file(a, b));
+    assert_true(pf_same_file(a, b));
 }
 
 /* A NaN loss in micro-batch 4 (step 2; test hook DL_TEST_NAN_MB in the drafter):
@@ -422,7 +379,7 @@ static void test_nan_step_skipped(void **state) {
     assert_int_equal(code, 0);
     snprintf(a, sizeof a, "%s/n/steps.jsonl", fx.root);
     size_t len;
-    char *txt = slurp(a, &len);
+    char *txt = pf_slurp(a, &len);
     assert_non_null(strstr(txt, "{\"step\":2,\"loss\":null"));
     char *s2 = strstr(txt, "{\"step\":2,");
     assert_non_null(strstr(s2, "\"skipped\":1"));
@@ -431,21 +388,21 @@ static void test_nan_step_skipped(void **state) {
     assert_non_null(strstr(s3, "\"skipped\":0"));
     free(txt);
     snprintf(a, sizeof a, "%s/n/logs/optimizer.log", fx.root);
-    txt = slurp(a, &len);
+    txt = pf_slurp(a, &len);
     assert_non_null(strstr(txt, "step 2 skipped"));
     assert_non_null(strstr(txt, "micro-batches [4,5]"));
     free(txt);
     snprintf(a, sizeof a, "%s/n/checkpoints/step_2/state.bin", fx.root);
     snprintf(b, sizeof b, "%s/n/checkpoints/step_3/state.bin", fx.root);
     size_t na, nb;
-    char *x = slurp(a, &na), *y = slurp(b, &nb);
+    char *x = pf_slurp(a, &na), *y = pf_slurp(b, &nb);
     assert_int_equal(na, nb);
     size_t hdr = sizeof(ckpt_state_hdr_t);
     assert_memory_equal(x + hdr, y + hdr, na - hdr); /* master, m, v unchanged */
     free(x);
     free(y);
     snprintf(b, sizeof b, "%s/n/checkpoints/step_4/state.bin", fx.root);
-    assert_false(same_file(a, b)); /* step 3 trained again */
+    assert_false(pf_same_file(a, b)); /* step 3 trained again */
 }
 
 /* Runs a `draftline` command, its output into path; returns the exit code. */
@@ -488,7 +445,7 @@ static void test_status_and_stop(void **state) {
     char *sargs[] = {"status", "--run", out, NULL};
     assert_int_equal(run_tool(log, sargs), 0);
     size_t len;
-    char *txt = slurp(log, &len);
+    char *txt = pf_slurp(log, &len);
     assert_non_null(strstr(txt, "(running, supervisor pid"));
     assert_non_null(strstr(txt, "target0 -> drafter0  target1 -> drafter0"));
     assert_non_null(strstr(txt, "drafter0   running"));
@@ -500,13 +457,13 @@ static void test_status_and_stop(void **state) {
     /* to its end, nothing of its process group left (else a negative code) */
     int code = pf_run_finish(&run, a.log, NULL, 30, NULL);
     assert_int_equal(code, 143);   /* stopped by SIGTERM (`draftline stop`): 128 + 15 */
-    txt = slurp(a.log, &len);
+    txt = pf_slurp(a.log, &len);
     assert_non_null(strstr(txt, "(interrupted)"));
     free(txt);
     char dir[4200];
     assert_int_equal(ckpt_resolve(out, dir, sizeof dir), 0);
     snprintf(p, sizeof p, "%s/run.json", out);
-    txt = slurp(p, &len);
+    txt = pf_slurp(p, &len);
     assert_non_null(strstr(txt, "\"state\":\t\"stopped\""));
     free(txt);
 }

@@ -106,19 +106,6 @@ static int group_teardown(void **state) {
     return 0;
 }
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
-    fclose(f);
-    if (b) b[n] = 0;
-    return b;
-}
-
 /* Runs `draftline run` with the tiny settings plus extra args (NULL-terminated) to its
  * end, output into log (pf_run_draftline: nothing of the run's process group may be
  * left; with run_id (17 bytes, or NULL) no shared-memory object of the run either, and
@@ -158,7 +145,7 @@ static void test_eval_at_checkpoints(void **state) {
     char run_id[17] = "";   /* the run's shared-memory objects are checked with it */
     int code = run_pipeline(out, log, run_id, 100, "--max-steps", "40", "--save-every", "2", "--config", cfg,
                             "--eval-prompts", "2", "--eval-max-new-tokens", "8", NULL);
-    char *txt = slurp(log);
+    char *txt = pf_slurp(log, NULL);
     assert_non_null(txt);
     assert_int_equal(code, 0);
     assert_true(run_id[0]);
@@ -173,7 +160,7 @@ static void test_eval_at_checkpoints(void **state) {
     assert_true(started >= 1);
     /* metrics.jsonl: an eval line for a step that is a multiple of 2, tau in [1, B] */
     snprintf(p, sizeof p, "%s/metrics.jsonl", out);
-    char *m = slurp(p);
+    char *m = pf_slurp(p, NULL);
     assert_non_null(m);
     int evals = 0;
     for (char *l = strtok(m, "\n"); l; l = strtok(NULL, "\n")) {
@@ -208,7 +195,7 @@ static void test_eval_flags_validated(void **state) {
     snprintf(log, sizeof log, "%s/b.out", fx.root);
     snprintf(missing, sizeof missing, "%s/no-such-prompts.jsonl", fx.root);
     assert_int_equal(run_pipeline(out, log, NULL, 30, "--max-steps", "2", "--eval-data", missing, "--eval-every", "2", NULL), 2);
-    char *txt = slurp(log);
+    char *txt = pf_slurp(log, NULL);
     assert_non_null(txt);
     assert_non_null(strstr(txt, "--eval-data"));
     free(txt);

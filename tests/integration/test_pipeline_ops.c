@@ -118,29 +118,6 @@ static int relay_count(const char *endpoint, double seconds, int *saw_drafter0) 
     return n;
 }
 
-static void *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
-    fclose(f);
-    if (b) ((char *)b)[n] = 0;
-    *len = (size_t)n;
-    return b;
-}
-
-static int same_file(const char *a, const char *b) {
-    size_t na, nb;
-    void *x = slurp(a, &na), *y = slurp(b, &nb);
-    int same = x && y && na == nb && memcmp(x, y, na) == 0;
-    free(x);
-    free(y);
-    return same;
-}
-
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -184,7 +161,7 @@ static void assert_ledger(const char *out, int n) {
     char p[500];
     snprintf(p, sizeof p, "%s/steps.jsonl", out);
     size_t len;
-    char *txt = slurp(p, &len);
+    char *txt = pf_slurp(p, &len);
     assert_non_null(txt);
     int k = 0;
     for (char *l = strtok(txt, "\n"); l; l = strtok(NULL, "\n")) {
@@ -202,10 +179,10 @@ static void assert_same_weights(const char *a, const char *b, int step) {
     char pa[600], pb[600];
     snprintf(pa, sizeof pa, "%s/checkpoints/step_%d/model.safetensors", a, step);
     snprintf(pb, sizeof pb, "%s/checkpoints/step_%d/model.safetensors", b, step);
-    assert_true(same_file(pa, pb));
+    assert_true(pf_same_file(pa, pb));
     snprintf(pa, sizeof pa, "%s/checkpoints/step_%d/state.bin", a, step);
     snprintf(pb, sizeof pb, "%s/checkpoints/step_%d/state.bin", b, step);
-    assert_true(same_file(pa, pb));
+    assert_true(pf_same_file(pa, pb));
 }
 
 /* Runs a `draftline` command, its stdout into *out (caller frees); returns the exit code. */
@@ -323,7 +300,7 @@ static pid_t run_json_pid(const char *out, const char *stage) {
     char p[500];
     snprintf(p, sizeof p, "%s/run.json", out);
     size_t len;
-    char *txt = slurp(p, &len);
+    char *txt = pf_slurp(p, &len);
     cJSON *j = txt ? cJSON_Parse(txt) : NULL;
     free(txt);
     pid_t pid = 0;
@@ -421,7 +398,7 @@ static void test_stall_monitor_prometheus(void **state) {
     double t0 = now_s(), t_hang = 0;
     while (now_s() - t0 < 60 && !t_hang) {
         size_t len;
-        char *t = slurp(dlog, &len);
+        char *t = pf_slurp(dlog, &len);
         if (t && strstr(t, "hanging on purpose")) t_hang = now_s();
         free(t);
         usleep(50000);
@@ -431,7 +408,7 @@ static void test_stall_monitor_prometheus(void **state) {
     char rj[500];
     snprintf(rj, sizeof rj, "%s/run.json", out);
     size_t len;
-    char *txt = slurp(rj, &len);
+    char *txt = pf_slurp(rj, &len);
     cJSON *j = cJSON_Parse(txt);
     free(txt);
     int port = (int)cJSON_GetObjectItem(j, "metrics_port")->valuedouble;
@@ -488,7 +465,7 @@ static void test_stall_monitor_prometheus(void **state) {
     /* metrics.jsonl: every line parses */
     char mp[500];
     snprintf(mp, sizeof mp, "%s/metrics.jsonl", out);
-    txt = slurp(mp, &len);
+    txt = pf_slurp(mp, &len);
     assert_non_null(txt);
     int lines = 0;
     for (char *l = strtok(txt, "\n"); l; l = strtok(NULL, "\n")) {
@@ -507,7 +484,7 @@ static void run_json_stage(const char *out, const char *name, int *pid, int *gpu
     char p[500];
     snprintf(p, sizeof p, "%s/run.json", out);
     size_t len;
-    char *txt = slurp(p, &len);
+    char *txt = pf_slurp(p, &len);
     cJSON *j = txt ? cJSON_Parse(txt) : NULL;
     free(txt);
     *pid = *gpu = *inc = -1;

@@ -93,19 +93,6 @@ static int run_tool(const char *log, char *const args[]) {
     return pf_run_draftline(&a, NULL, 30, NULL);
 }
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
-    fclose(f);
-    if (b) b[n] = 0;
-    return b;
-}
-
 static void run_id_of(const char *log, char *id) {
     id[0] = 0;
     FILE *f = fopen(log, "r");
@@ -171,7 +158,7 @@ static void test_supervisor_killed(void **state) {
     snprintf(slog, sizeof slog, "%s/status.out", fx.root);
     char *sargs[] = {"status", "--run", out, NULL};
     assert_int_equal(run_tool(slog, sargs), 0);
-    char *txt = slurp(slog);
+    char *txt = pf_slurp(slog, NULL);
     assert_non_null(txt);
     assert_non_null(strstr(txt, "is dead"));
     assert_non_null(strstr(txt, "not running: supervisor pid"));
@@ -183,7 +170,7 @@ static void test_supervisor_killed(void **state) {
     time_t t0 = time(NULL);
     assert_int_equal(run_tool(slog, rargs), 1);
     assert_true(time(NULL) - t0 < 5);
-    txt = slurp(slog);
+    txt = pf_slurp(slog, NULL);
     assert_non_null(strstr(txt, "is not running"));
     free(txt);
     snprintf(p, sizeof p, "%s/rebalance.request", out);
@@ -204,7 +191,7 @@ static void test_validation_first(void **state) {
         run_argv(&a, log, extra);
         snprintf(a.cwd, sizeof a.cwd, "%s", cwd);
         assert_int_equal(pf_run_draftline(&a, NULL, 30, NULL), 2);
-        char *txt = slurp(log);
+        char *txt = pf_slurp(log, NULL);
         assert_non_null(strstr(txt, "--resume /nonexistent/run"));
         free(txt);
         assert_int_not_equal(access(runs, F_OK), 0);
@@ -213,7 +200,7 @@ static void test_validation_first(void **state) {
         const char *extra[] = {"--config", cwd, NULL};
         run_argv(&a, log, extra);
         assert_int_equal(pf_run_draftline(&a, NULL, 30, NULL), 2);
-        char *txt = slurp(log), want[500];
+        char *txt = pf_slurp(log, NULL), want[500];
         snprintf(want, sizeof want, "--config %s: is a directory, not a YAML file", cwd);
         assert_non_null(strstr(txt, want));
         free(txt);
@@ -224,7 +211,7 @@ static void test_validation_first(void **state) {
         const char *extra[] = {"--out", out, "--inbox-gb", "0", NULL};
         run_argv(&a, log, extra);
         assert_int_equal(pf_run_draftline(&a, NULL, 30, NULL), 2);
-        char *txt = slurp(log);
+        char *txt = pf_slurp(log, NULL);
         assert_non_null(strstr(txt, "cannot hold one micro-batch"));
         free(txt);
         assert_int_not_equal(access(out, F_OK), 0);
@@ -244,7 +231,7 @@ static void test_validation_first(void **state) {
         const char *extra2[] = {"--out", out, "--resume", out, NULL};
         run_argv(&a, log, extra2);
         assert_int_equal(pf_run_draftline(&a, NULL, 30, NULL), 2);
-        char *txt = slurp(log);
+        char *txt = pf_slurp(log, NULL);
         char want[100];
         snprintf(want, sizeof want, "the run is live (supervisor pid %d); stop it first", (int)run.pid);
         assert_non_null(strstr(txt, want));
@@ -255,7 +242,7 @@ static void test_validation_first(void **state) {
         assert_int_equal(proc_wait(&run, 30000, &code), 0);
         proc_kill(&run);
         assert_int_equal(code, 130);
-        txt = slurp(llog);
+        txt = pf_slurp(llog, NULL);
         assert_non_null(strstr(txt, "(interrupted)"));
         free(txt);
     }
@@ -293,7 +280,7 @@ static void test_fresh_reuse_and_sweeps(void **state) {
     const char *extra[] = {"--out", out, "--resume", out, "--max-steps", "2", NULL};
     run_argv(&a, log, extra);
     int code = pf_run_draftline(&a, NULL, 60, NULL);
-    char *txt = slurp(log);
+    char *txt = pf_slurp(log, NULL);
     if (code != 0) fprintf(stderr, "%s\n", txt);
     assert_int_equal(code, 0);
     assert_non_null(strstr(txt, "starting it fresh"));
@@ -314,7 +301,7 @@ static void test_fresh_reuse_and_sweeps(void **state) {
     const char *extra2[] = {"--out", out, "--max-steps", "2", NULL};
     run_argv(&a, log, extra2);
     assert_int_equal(pf_run_draftline(&a, NULL, 30, NULL), 2);
-    txt = slurp(log);
+    txt = pf_slurp(log, NULL);
     assert_non_null(strstr(txt, "holds a previous run"));
     free(txt);
 }
@@ -354,7 +341,7 @@ static void test_run_dir_lock(void **state) {
     const char *extra[] = {"--out", out, "--max-steps", "2", NULL};
     run_argv(&a, log, extra);
     assert_int_equal(pf_run_draftline(&a, NULL, 30, NULL), 1);
-    char *txt = slurp(log);
+    char *txt = pf_slurp(log, NULL);
     assert_non_null(strstr(txt, "another `draftline run` is using this run dir"));
     assert_non_null(strstr(txt, out));
     free(txt);
@@ -365,7 +352,7 @@ static void test_run_dir_lock(void **state) {
     assert_int_equal(pf_count_lines(p), 0);
     close(fd);
     int code = pf_run_draftline(&a, NULL, 60, NULL);
-    txt = slurp(log);
+    txt = pf_slurp(log, NULL);
     if (code != 0) fprintf(stderr, "%s\n", txt);
     free(txt);
     assert_int_equal(code, 0);
@@ -389,7 +376,7 @@ static void test_final_checkpoint_unwritten(void **state) {
     const char *extra[] = {"--out", out, "--max-steps", "2", NULL};
     run_argv(&a, log, extra);
     assert_int_equal(pf_run_draftline(&a, NULL, 60, NULL), 1);
-    char *txt = slurp(log);
+    char *txt = pf_slurp(log, NULL);
     assert_non_null(strstr(txt, "the final checkpoint (step_2) was not written"));
     free(txt);
 }
@@ -420,7 +407,7 @@ static void test_stop_racing_max_steps(void **state) {
     int code = -1;
     assert_int_equal(proc_wait(&run, 60000, &code), 0);
     proc_kill(&run);
-    char *txt = slurp(log);
+    char *txt = pf_slurp(log, NULL);
     assert_non_null(txt);
     if (logged < 3) {   /* the pipeline waited for the held supervisor: a real interrupt */
         fprintf(stderr, "  (step 3 was not applied while the supervisor was held: interrupted run)\n");
@@ -463,7 +450,7 @@ static void test_data_cache_source(void **state) {
     const char *extra[] = {"--out", out, "--data", data, "--target-model", gguf, "--max-steps", "1", NULL};
     run_argv(&a, log, extra);
     int code = pf_run_draftline(&a, NULL, 90, NULL);
-    char *txt = slurp(log);
+    char *txt = pf_slurp(log, NULL);
     if (code != 0) fprintf(stderr, "%s\n", txt);
     assert_int_equal(code, 0);
     assert_non_null(strstr(txt, "preparing it again"));
@@ -506,7 +493,7 @@ static void test_cache_of_another_tokenizer(void **state) {
     const char *extra[] = {"--out", out, "--data", other, "--target-model", gguf, "--max-steps", "1", NULL};
     run_argv(&a, log, extra);
     assert_int_equal(pf_run_draftline(&a, NULL, 60, NULL), 2);
-    char *txt = slurp(log);
+    char *txt = pf_slurp(log, NULL);
     assert_non_null(strstr(txt, "prepared with another tokenizer"));
     free(txt);
     char p[600];

@@ -64,19 +64,6 @@ static void run_argv(pf_run_args_t *a, const char *log, int with_fixed, const ch
     snprintf(a->log, sizeof a->log, "%s", log);
 }
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
-    fclose(f);
-    if (b) b[n] = 0;
-    return b;
-}
-
 /* The entries of dir, sorted, joined by ' ' into out (cap bytes). */
 static void list_dir(const char *dir, char *out, size_t cap) {
     char names[64][256];
@@ -100,7 +87,7 @@ static void list_dir(const char *dir, char *out, size_t cap) {
 static void expect_latest(const char *out, const char *want) {
     char p[600];
     snprintf(p, sizeof p, "%s/checkpoints/latest", out);
-    char *txt = slurp(p);
+    char *txt = pf_slurp(p, NULL);
     assert_non_null(txt);
     txt[strcspn(txt, "\n")] = 0;
     assert_string_equal(txt, want);
@@ -131,7 +118,7 @@ static void test_keep_two_and_resume(void **state) {
         const char *extra[] = {"--out", out, "--max-steps", "5", "--save-every", "1", "--keep-checkpoints", "2", NULL};
         run_argv(&a, log, 1, extra);
         int code = pf_run_draftline(&a, NULL, 60, NULL);
-        char *txt = slurp(log);
+        char *txt = pf_slurp(log, NULL);
         if (code != 0) fprintf(stderr, "%s\n", txt);
         free(txt);
         assert_int_equal(code, 0);
@@ -141,7 +128,7 @@ static void test_keep_two_and_resume(void **state) {
     assert_string_equal(ls, "latest step_1x step_4 step_5 step_8 step_9");
     expect_latest(out, "step_5");
     snprintf(p, sizeof p, "%s/run.json", out);
-    char *rj = slurp(p);
+    char *rj = pf_slurp(p, NULL);
     assert_non_null(rj);
     assert_non_null(strstr(rj, "\"keep_checkpoints\":\t2"));
     free(rj);
@@ -151,7 +138,7 @@ static void test_keep_two_and_resume(void **state) {
         const char *extra[] = {"--resume", out, "--max-steps", "7", NULL};
         run_argv(&a, log, 0, extra);
         int code = pf_run_draftline(&a, NULL, 60, NULL);
-        char *txt = slurp(log);
+        char *txt = pf_slurp(log, NULL);
         if (code != 0) fprintf(stderr, "%s\n", txt);
         assert_int_equal(code, 0);
         assert_non_null(strstr(txt, " --keep-checkpoints 2"));
@@ -181,7 +168,7 @@ static void test_refused(void **state) {
         const char *extra[] = {"--out", out, "--max-steps", "2", bad[i][0], bad[i][1], NULL};
         run_argv(&a, log, 1, extra);
         assert_int_equal(pf_run_draftline(&a, NULL, 30, NULL), 2);
-        char *txt = slurp(log);
+        char *txt = pf_slurp(log, NULL);
         if (!strstr(txt, "--keep-checkpoints")) fprintf(stderr, "%s\n", txt);
         assert_non_null(strstr(txt, "--keep-checkpoints"));
         free(txt);

@@ -112,19 +112,6 @@ static int run_only(const char *log, const char *const *args, int timeout_s) {
     return spawn_run(&a, timeout_s, NULL);
 }
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
-    fclose(f);
-    if (b) b[n] = 0;
-    return b;
-}
-
 /* Appends to sig a line per entry under dir (recursively, in name order): path, type,
  * size, mtime (ns), and an FNV-1a hash of a file's bytes. */
 static void tree_sig(const char *dir, char **sig, size_t *len) {
@@ -140,7 +127,7 @@ static void tree_sig(const char *dir, char **sig, size_t *len) {
             assert_int_equal(lstat(p, &st), 0);
             uint64_t h = 0xcbf29ce484222325ull;
             if (S_ISREG(st.st_mode)) {
-                char *b = slurp(p);
+                char *b = pf_slurp(p, NULL);
                 assert_non_null(b);
                 for (off_t k = 0; k < st.st_size; k++) { h ^= (uint8_t)b[k]; h *= 0x100000001b3ull; }
                 free(b);
@@ -184,7 +171,7 @@ static void expect_refused(const char *name, const char *const *extra, const cha
     char *before = snapshot();
     double secs = 0;
     int code = run_draftline(log, 1, extra, 30, &secs);
-    char *txt = slurp(log);
+    char *txt = pf_slurp(log, NULL);
     assert_non_null(txt);
     if (code != 2) fprintf(stderr, "%s: exit %d\n%s\n", name, code, txt);
     assert_int_equal(code, 2);
@@ -210,7 +197,7 @@ static void test_resume_check(void **state) {
     {
         const char *extra[] = {"--max-steps", "2", "--save-every", "1", NULL};
         int code = run_draftline(log, 0, extra, 60, NULL);
-        if (code != 0) { char *t = slurp(log); fprintf(stderr, "%s\n", t ? t : ""); free(t); }
+        if (code != 0) { char *t = pf_slurp(log, NULL); fprintf(stderr, "%s\n", t ? t : ""); free(t); }
         assert_int_equal(code, 0);
     }
     snprintf(p, sizeof p, "%s/steps.jsonl", out);
@@ -287,7 +274,7 @@ static void test_resume_check(void **state) {
         const char *extra[] = {"--max-steps", "4", "--save-every", "3", "--progress-every", "2", NULL};
         double secs = 0;
         int code = run_draftline(log, 1, extra, 60, &secs);
-        char *txt = slurp(log);
+        char *txt = pf_slurp(log, NULL);
         if (code != 0) fprintf(stderr, "%s\n", txt ? txt : "");
         assert_int_equal(code, 0);
         assert_non_null(strstr(txt, "steps 2..4"));
@@ -296,7 +283,7 @@ static void test_resume_check(void **state) {
     }
     assert_int_equal(pf_count_lines(p), 4);
     snprintf(p, sizeof p, "%s/checkpoints/latest", out);
-    char *latest = slurp(p);
+    char *latest = pf_slurp(p, NULL);
     assert_non_null(latest);
     assert_string_equal(latest, "step_4\n");
     free(latest);
@@ -331,7 +318,7 @@ static void test_resume_check(void **state) {
 static int same_bytes(const char *a, const char *b) {
     struct stat sa, sb;
     if (stat(a, &sa) != 0 || stat(b, &sb) != 0 || sa.st_size != sb.st_size) return 0;
-    char *x = slurp(a), *y = slurp(b);
+    char *x = pf_slurp(a, NULL), *y = pf_slurp(b, NULL);
     int same = x && y && memcmp(x, y, (size_t)sa.st_size) == 0;
     free(x);
     free(y);
@@ -350,7 +337,7 @@ static void copy_cut_to_step2(const char *from, const char *to) {
     fputs("step_2\n", f);
     assert_int_equal(fclose(f), 0);
     snprintf(p, sizeof p, "%s/steps.jsonl", to);
-    char *txt = slurp(p);
+    char *txt = pf_slurp(p, NULL);
     assert_non_null(txt);
     char *third = strstr(txt, "{\"step\":2,");
     assert_non_null(third);
@@ -372,7 +359,7 @@ static void expect_as_uninterrupted(const char *a_dir, const char *dir) {
     snprintf(x, sizeof x, "%s/steps.jsonl", a_dir);
     snprintf(y, sizeof y, "%s/steps.jsonl", dir);
     assert_int_equal(pf_count_lines(y), 4);
-    char *ta = slurp(x), *tb = slurp(y);
+    char *ta = pf_slurp(x, NULL), *tb = pf_slurp(y, NULL);
     assert_non_null(ta);
     assert_non_null(tb);
     const char *at = tb;
@@ -415,13 +402,13 @@ static void test_resume_defaults(void **state) {
                               "--drafter-layers", "1", "--lr", "3e-3", "--seed", "5", "--threads", "1",
                               "--max-steps", "4", "--save-every", "2", "--deterministic", "--out", a_dir, NULL};
         int code = run_only(log, args, 60);
-        if (code != 0) { char *t = slurp(log); fprintf(stderr, "%s\n", t ? t : ""); free(t); }
+        if (code != 0) { char *t = pf_slurp(log, NULL); fprintf(stderr, "%s\n", t ? t : ""); free(t); }
         assert_int_equal(code, 0);
     }
     {   /* run.json records what --resume defaults to: absolute target and data cache */
         char rp[PATH_MAX], want[PATH_MAX + 64];
         snprintf(p, sizeof p, "%s/run.json", a_dir);
-        char *rj = slurp(p);
+        char *rj = pf_slurp(p, NULL);
         assert_non_null(rj);
         assert_non_null(realpath(fx.model_dir, rp));
         snprintf(want, sizeof want, "\"target_model\":\t\"%s\"", rp);
@@ -441,7 +428,7 @@ static void test_resume_defaults(void **state) {
         char *before = snapshot_of(d_dir);
         const char *args[] = {"--resume", d_ck, "--token-budget", "512", NULL};
         int code = run_only(log, args, 30);
-        char *txt = slurp(log);
+        char *txt = pf_slurp(log, NULL);
         assert_non_null(txt);
         if (code != 2) fprintf(stderr, "exit %d\n%s\n", code, txt);
         assert_int_equal(code, 2);
@@ -459,7 +446,7 @@ static void test_resume_defaults(void **state) {
     {
         const char *args[] = {"--resume", b_dir, "--max-steps", "4", NULL};
         int code = run_only(log, args, 60);
-        char *txt = slurp(log);
+        char *txt = pf_slurp(log, NULL);
         if (code != 0) fprintf(stderr, "%s\n", txt ? txt : "");
         assert_int_equal(code, 0);
         assert_non_null(strstr(txt, "not given, so taken from the checkpoint and its run:"));
@@ -478,7 +465,7 @@ static void test_resume_defaults(void **state) {
     {
         const char *args[] = {"--resume", d_ck, NULL};
         int code = run_only(log, args, 60);
-        char *txt = slurp(log);
+        char *txt = pf_slurp(log, NULL);
         if (code != 0) fprintf(stderr, "%s\n", txt ? txt : "");
         assert_int_equal(code, 0);
         char want[600];

@@ -16,6 +16,7 @@
 #include "common/model/safetensors.h"
 #include "tests/support/proc.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -236,4 +237,68 @@ int pf_run_draftline(const pf_run_args_t *a, const char *out, int timeout_s, cha
         return dl_seterr(DL_EIO, "spawn %s failed", a->argv[0]);
     }
     return pf_run_finish(&p, a->log, out, timeout_s, run_id);
+}
+
+char *pf_slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *b = NULL;
+    long n = -1;
+    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) {
+        b = malloc((size_t)n + 1);
+        if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
+    }
+    fclose(f);
+    if (!b) return NULL;
+    b[n] = 0;
+    if (len) *len = (size_t)n;
+    return b;
+}
+
+int pf_same_file(const char *a, const char *b) {
+    size_t na = 0, nb = 0;
+    char *x = pf_slurp(a, &na), *y = pf_slurp(b, &nb);
+    int same = x && y && na == nb && memcmp(x, y, na) == 0;
+    free(x);
+    free(y);
+    return same;
+}
+
+int pf_inbox_within(const char *out, double limit, double *high) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out);
+    *high = 0;
+    char *txt = pf_slurp(path, NULL);
+    if (!txt) return dl_seterr(DL_EIO, "%s: cannot read", path);
+    int seen = 0, rc = 0, ln = 0;
+    char *save = NULL;
+    for (char *l = strtok_r(txt, "\n", &save); l && rc == 0; l = strtok_r(NULL, "\n", &save)) {
+        ln++;
+        cJSON *j = cJSON_Parse(l);
+        if (!j) { rc = dl_seterr(DL_EFORMAT, "%s:%d: not JSON", path, ln); break; }
+        const cJSON *hw = cJSON_GetObjectItem(j, "inbox_high_water");
+        if (hw) {
+            seen++;
+            const cJSON *sl = cJSON_GetObjectItem(j, "inbox_slabs_bytes");
+            const cJSON *gb = cJSON_GetObjectItem(j, "inbox_gpu_bytes");
+            const cJSON *hb = cJSON_GetObjectItem(j, "inbox_host_bytes");
+            if (!cJSON_IsNumber(hw) || !cJSON_IsNumber(sl) || !cJSON_IsNumber(gb) || !cJSON_IsNumber(hb)) {
+                rc = dl_seterr(DL_EFORMAT, "%s:%d: an inbox line without inbox_slabs_bytes, "
+                               "inbox_gpu_bytes, inbox_host_bytes or a numeric inbox_high_water", path, ln);
+            } else {
+                double slabs = sl->valuedouble, used = gb->valuedouble + hb->valuedouble;
+                if (slabs > limit || used > limit || hw->valuedouble > limit)
+                    rc = dl_seterr(DL_ERANGE, "%s:%d: inbox slabs %.0f B, in use %.0f B, high water %.0f B: "
+                                   "over the bound %.0f B", path, ln, slabs, used, hw->valuedouble, limit);
+                if (hw->valuedouble > *high) *high = hw->valuedouble;
+            }
+        }
+        cJSON_Delete(j);
+    }
+    free(txt);
+    if (rc < 0) {
+        fprintf(stderr, "pf_inbox_within: %s\n", dl_errmsg());
+        return rc;
+    }
+    return seen;
 }

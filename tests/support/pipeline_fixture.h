@@ -82,6 +82,23 @@ int pf_run_finish(proc_t *p, const char *log, const char *out, int timeout_s, ch
  * pf_run_finish, or DL_EIO (run_id then "") when the spawn failed. */
 int pf_run_draftline(const pf_run_args_t *a, const char *out, int timeout_s, char *run_id);
 
+/* Reads the whole file at path into a new NUL-terminated buffer (the caller frees it);
+ * *len (may be NULL) gets its size in bytes, not counting the NUL. Returns NULL when the
+ * file cannot be opened or read, or memory runs out. */
+char *pf_slurp(const char *path, size_t *len);
+
+/* 1 when the files at a and b can both be read and hold the same bytes, else 0. */
+int pf_same_file(const char *a, const char *b);
+
+/* Checks the drafter inbox memory bound in out/metrics.jsonl (a run's --out dir): every
+ * line that has "inbox_high_water" (a drafter's metrics) must have inbox_slabs_bytes,
+ * inbox_gpu_bytes + inbox_host_bytes and inbox_high_water each <= limit (bytes; e.g.
+ * (--inbox-gb + --host-inbox-gb) * 2^30). *high gets the largest inbox_high_water seen
+ * (0 when none). Returns the number of such lines (>= 0), or DL_EIO (file unreadable),
+ * DL_EFORMAT (a line that is not JSON, or an inbox line without one of those numbers) or
+ * DL_ERANGE (a value over limit), with the file and line on stderr and in dl_errmsg(). */
+int pf_inbox_within(const char *out, double limit, double *high);
+
 /* Group teardown of the pipeline tests: proc_kill_all(), then rm -rf root unless
  * $DL_KEEP_TEST_DIR is set (a failure to remove is printed to stderr). */
 void pf_teardown(const char *root);
