@@ -27,7 +27,6 @@
 
 #include "common/base/err.h"
 #include "common/base/paths.h"
-#include "common/mem/slab.h"
 #include "common/pipe/ckpt.h"
 #include "common/pipe/layout.h"
 #include "common/pipe/model.h"

@@ -21,13 +21,10 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "common/base/err.h"
-#include "common/base/paths.h"
 #include "common/base/rng.h"
 #include "common/data/chat.h"
 #include "common/data/prepare.h"
 #include "common/data/tokenizer.h"
-#include "common/mem/slab.h"
 #include "common/model/config.h"
 #include "common/model/dflash_ckpt.h"
 #include "common/model/drafter.h"

@@ -25,7 +25,6 @@
 #include "common/data/chat.h"
 #include "common/data/prepare.h"
 #include "common/data/tokenizer.h"
-#include "common/mem/slab.h"
 #include "common/model/config.h"
 #include "common/model/safetensors.h"
 #include "common/model/dflash_ckpt.h"

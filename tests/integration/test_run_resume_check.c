@@ -30,14 +30,12 @@
 #include <cmocka.h>
 
 #include "common/base/err.h"
-#include "common/base/paths.h"
 #include "common/pipe/ckpt.h"
 #include "tests/support/pipeline_fixture.h"
 #include "tests/support/proc.h"
 
 #include <dirent.h>
 #include <limits.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
