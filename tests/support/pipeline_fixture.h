@@ -4,7 +4,12 @@
  * Hkv=2, hd=16, F=128, the real SmolLM2 vocabulary size V=49152 so the real tokenizer's ids
  * fit; float32, tied embeddings; norms 1, other weights 0.05 * N(0,1) from rng seed 77) and a
  * data cache of the first n GSM8K training samples prepared with the embedded model's tokenizer
- * and chat template. cmocka-free: usable from any test binary.
+ * and chat template (pf_fixture_setup makes both under /tmp/<prefix>-<pid>); running a
+ * `draftline` command to its end with the checks every pipeline test makes (time-out, nothing
+ * of its process group left, no shared-memory object of its run left: pf_run_draftline,
+ * pf_run_finish); small readers (pf_slurp, pf_same_file, pf_count_lines, pf_inbox_within).
+ * cmocka-free: nothing here asserts; failures are returned (negative dl_err codes or -1) and
+ * said on stderr, and the tests assert on the results. Usable from any test binary.
  */
 #ifndef DL_TESTS_SUPPORT_PIPELINE_FIXTURE_H
 #define DL_TESTS_SUPPORT_PIPELINE_FIXTURE_H
@@ -50,7 +55,9 @@ typedef struct {
     char exe[1100];        /* bin/draftline */
 } pf_fixture_t;
 
-/* Group setup shared by the pipeline tests: fills *fx (see pf_fixture_t), creates fx->root,
+/* Group setup shared by the pipeline tests: fills *fx (see pf_fixture_t; prefix: a short
+ * file-name word, at most 200 bytes used, e.g. "dlpt"), creates fx->root (an existing one is
+ * reused),
  * writes the tiny target into fx->model_dir and, when n_samples > 0, first checks that the
  * embedded model (paths_default_model(); its tokenizer prepares the data) is readable, then
  * prepares the first n_samples GSM8K training samples into fx->cache. n_samples 0: no data
@@ -73,13 +80,15 @@ int pf_fixture_setup(pf_fixture_t *fx, const char *prefix, int n_samples);
  * dl_errmsg()), checked in this order: DL_ETIMEDOUT when the child outlived timeout_s
  * (its group is then killed), DL_ESTATE when a process of its group was left after it
  * exited, DL_ESTATE when shared-memory objects of run_id were left. A caller that asserts
- * an exit code >= 0 therefore fails on any of these. */
+ * an exit code >= 0 therefore fails on any of these. p is reaped and its report pipe closed
+ * on return: do not wait on it again. */
 int pf_run_finish(proc_t *p, const char *log, const char *out, int timeout_s, char *run_id);
 
 /* proc_spawn(&p, "draftline run", pf_run_child, a) then pf_run_finish(&p, a->log, out,
- * timeout_s, run_id): a whole `draftline` command (a->argv[0] the binary, e.g.
- * pf_fixture_t.exe; any subcommand) run to its end. a is only read. Returns as
- * pf_run_finish, or DL_EIO (run_id then "") when the spawn failed. */
+ * timeout_s, run_id): a whole `draftline` command (a->argv NULL-terminated, argv[0] the
+ * binary, e.g. pf_fixture_t.exe; any subcommand; a->log its output) run to its end, at most
+ * timeout_s seconds. a is only read. Returns as pf_run_finish, or DL_EIO (run_id then "")
+ * when the fork failed. */
 int pf_run_draftline(const pf_run_args_t *a, const char *out, int timeout_s, char *run_id);
 
 /* Reads the whole file at path into a new NUL-terminated buffer (the caller frees it);
@@ -94,7 +103,8 @@ int pf_same_file(const char *a, const char *b);
  * line that has "inbox_high_water" (a drafter's metrics) must have inbox_slabs_bytes,
  * inbox_gpu_bytes + inbox_host_bytes and inbox_high_water each <= limit (bytes; e.g.
  * (--inbox-gb + --host-inbox-gb) * 2^30). *high gets the largest inbox_high_water seen
- * (0 when none). Returns the number of such lines (>= 0), or DL_EIO (file unreadable),
+ * (0 when none; on an error, the largest up to that line). Returns the number of such lines
+ * (>= 0), or DL_EIO (file unreadable),
  * DL_EFORMAT (a line that is not JSON, or an inbox line without one of those numbers) or
  * DL_ERANGE (a value over limit), with the file and line on stderr and in dl_errmsg(). */
 int pf_inbox_within(const char *out, double limit, double *high);
