@@ -216,8 +216,10 @@ int pf_run_finish(proc_t *p, const char *log, const char *out, int timeout_s, ch
         if (system(cmd) != 0) {}
     }
     int err = 0;
-    if (rc != 0)
+    if (rc == DL_ETIMEDOUT)
         err = dl_seterr(DL_ETIMEDOUT, "%s: still running after %d s (killed)", p->name, timeout_s);
+    else if (rc != 0)
+        err = rc;   /* proc_wait's DL_EINVAL / DL_EIO, its message kept */
     else if (left)
         err = dl_seterr(DL_ESTATE, "%s: a process of its group was left after it exited", p->name);
     else if (shm_left != 0)

@@ -78,7 +78,8 @@ int pf_fixture_setup(pf_fixture_t *fx, const char *prefix, int n_samples);
  * cmocka-free: it asserts nothing. Returns the exit code (>= 0: the exit status, or 128 +
  * the signal that ended it), or a negative dl_err with a message on stderr (and in
  * dl_errmsg()), checked in this order: DL_ETIMEDOUT when the child outlived timeout_s
- * (its group is then killed), DL_ESTATE when a process of its group was left after it
+ * (its group is then killed), proc_wait's DL_EINVAL / DL_EIO (not spawned, waitpid
+ * failed), DL_ESTATE when a process of its group was left after it
  * exited, DL_ESTATE when shared-memory objects of run_id were left. A caller that asserts
  * an exit code >= 0 therefore fails on any of these. p is reaped and its report pipe closed
  * on return: do not wait on it again. */
