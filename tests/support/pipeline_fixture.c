@@ -196,6 +196,7 @@ int pf_run_finish(proc_t *p, const char *log, const char *out, int timeout_s, ch
     int code = -1;
     int rc = proc_wait(p, timeout_s * 1000, &code);
     int left = kill(-p->pid, 0) == 0;   /* nothing of the run's process group may be left */
+    if (left) kill(-p->pid, SIGKILL);   /* proc_kill skips a reaped leader's group */
     proc_kill(p);
     int shm_left = 0;
     if (run_id) {

@@ -69,7 +69,7 @@ int pf_fixture_setup(pf_fixture_t *fx, const char *prefix, int n_samples);
 
 /* Waits up to timeout_s seconds for the child p (a `draftline` command spawned with
  * pf_run_child, its output in the file log), then checks that nothing of its process group
- * is left and kills/reaps it (proc_kill) in every case. Then, when run_id is not NULL, reads
+ * is left (what is left gets SIGKILL) and kills/reaps it (proc_kill) in every case. Then, when run_id is not NULL, reads
  * the run id from the first line of log that starts "draftline run <16 hex>:" into run_id
  * (17 bytes; "" when there is none) and, when one was found, counts the run's
  * shared-memory objects (slab_count) and removes them (slab_sweep) whatever the count.
