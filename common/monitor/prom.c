@@ -9,56 +9,32 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---------------------------------------------------------------- text buffer */
+#include "common/base/sbuf.h"
 
-typedef struct {
-    char *p;
-    size_t len, cap;
-    int oom;
-} sbuf_t;
-
-static void sb_printf(sbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void sb_printf(sbuf_t *b, const char *fmt, ...) {
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        size_t room = b->cap - b->len;
-        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? room : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) { b->oom = 1; return; }
-        if (b->p && (size_t)n < room) { b->len += (size_t)n; return; }
-        size_t cap = b->cap ? b->cap * 2 : 8192;
-        while (cap < b->len + (size_t)n + 1) cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q) { b->oom = 1; return; }
-        b->p = q;
-        b->cap = cap;
-    }
-}
+/* ---------------------------------------------------------------- text (common/base/sbuf) */
 
 static void sb_value(sbuf_t *b, double v) {
-    if (isnan(v)) sb_printf(b, " NaN\n");
-    else if (isinf(v)) sb_printf(b, v > 0 ? " +Inf\n" : " -Inf\n");
+    if (isnan(v)) sbuf_printf(b, " NaN\n");
+    else if (isinf(v)) sbuf_printf(b, v > 0 ? " +Inf\n" : " -Inf\n");
     else {
         /* shortest of %.15g / %.17g that reads back exactly */
         char t[40];
         snprintf(t, sizeof t, "%.15g", v);
         if (strtod(t, NULL) != v) snprintf(t, sizeof t, "%.17g", v);
-        sb_printf(b, " %s\n", t);
+        sbuf_printf(b, " %s\n", t);
     }
 }
 
 /* label value: backslash, double quote and newline escaped (exposition format) */
 static void sb_label(sbuf_t *b, const char *k, const char *v, int first) {
-    sb_printf(b, "%s%s=\"", first ? "" : ",", k);
+    sbuf_printf(b, "%s%s=\"", first ? "" : ",", k);
     for (const char *c = v; *c; c++) {
-        if (*c == '\\') sb_printf(b, "\\\\");
-        else if (*c == '"') sb_printf(b, "\\\"");
-        else if (*c == '\n') sb_printf(b, "\\n");
-        else sb_printf(b, "%c", *c);
+        if (*c == '\\') sbuf_printf(b, "\\\\");
+        else if (*c == '"') sbuf_printf(b, "\\\"");
+        else if (*c == '\n') sbuf_printf(b, "\\n");
+        else sbuf_printf(b, "%c", *c);
     }
-    sb_printf(b, "\"");
+    sbuf_printf(b, "\"");
 }
 
 void mon_prom_sanitize(const char *prefix, const char *name, char *out, size_t cap) {
@@ -97,13 +73,13 @@ static void prom_name(const char *raw, char *out, size_t cap) {
 }
 
 static void stage_labels(sbuf_t *b, const mon_stage_t *s) {
-    sb_printf(b, "{");
+    sbuf_printf(b, "{");
     sb_label(b, "stage", s->name, 1);
     sb_label(b, "role", mon_role_name(s->role), 0);
 }
 
 static void family(sbuf_t *b, const char *name, const char *type, const char *help) {
-    sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    sbuf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 int mon_prom_render(const mon_run_t *run, double now, const mon_diag_opts_t *dopt,
@@ -146,9 +122,9 @@ int mon_prom_render(const mon_run_t *run, double now, const mon_diag_opts_t *dop
                     if (strcmp(pn, pn2)) continue;
                     double v = mon_stage_get(s2, 0, s2->names[j2]);
                     if (!mon_stage_sample(s2, 0)) break;
-                    sb_printf(&b, "%s", pn);
+                    sbuf_printf(&b, "%s", pn);
                     stage_labels(&b, s2);
-                    sb_printf(&b, "}");
+                    sbuf_printf(&b, "}");
                     sb_value(&b, v);
                     break;                  /* one sample per stage per family */
                 }
@@ -158,41 +134,41 @@ int mon_prom_render(const mon_run_t *run, double now, const mon_diag_opts_t *dop
     /* per-stage synthesised families */
     family(&b, "draftline_stage_up", "gauge", "1 while the stage publishes metrics and is not stopping.");
     for (int i = 0; i < n; i++) {
-        sb_printf(&b, "draftline_stage_up");
+        sbuf_printf(&b, "draftline_stage_up");
         stage_labels(&b, run->stages[i]);
-        sb_printf(&b, "}");
+        sbuf_printf(&b, "}");
         sb_value(&b, diags[i].kind == MON_DIAG_SILENT || diags[i].kind == MON_DIAG_STOPPED ? 0 : 1);
     }
     family(&b, "draftline_stage_incarnation", "gauge", "Incarnation of the stage process (1 + restarts).");
     for (int i = 0; i < n; i++) {
-        sb_printf(&b, "draftline_stage_incarnation");
+        sbuf_printf(&b, "draftline_stage_incarnation");
         stage_labels(&b, run->stages[i]);
-        sb_printf(&b, "}");
+        sbuf_printf(&b, "}");
         sb_value(&b, (double)run->stages[i]->incarnation);
     }
     family(&b, "draftline_stage_last_seen_seconds", "gauge", "Seconds since the stage's last metrics.");
     for (int i = 0; i < n; i++) {
-        sb_printf(&b, "draftline_stage_last_seen_seconds");
+        sbuf_printf(&b, "draftline_stage_last_seen_seconds");
         stage_labels(&b, run->stages[i]);
-        sb_printf(&b, "}");
+        sbuf_printf(&b, "}");
         sb_value(&b, views[i].staleness_s);
     }
     family(&b, "draftline_stage_state", "gauge", "1 for the stage's current state.");
     for (int i = 0; i < n; i++) {
         if (!views[i].state[0]) continue;
-        sb_printf(&b, "draftline_stage_state");
+        sbuf_printf(&b, "draftline_stage_state");
         stage_labels(&b, run->stages[i]);
         sb_label(&b, "state", views[i].state, 0);
-        sb_printf(&b, "}");
+        sbuf_printf(&b, "}");
         sb_value(&b, 1);
     }
     family(&b, "draftline_stage_diagnosis", "gauge",
            "1 for the stall diagnosis: ok, starved, back-pressured, stuck, silent, starting, stopped.");
     for (int i = 0; i < n; i++) {
-        sb_printf(&b, "draftline_stage_diagnosis");
+        sbuf_printf(&b, "draftline_stage_diagnosis");
         stage_labels(&b, run->stages[i]);
         sb_label(&b, "diagnosis", mon_diag_name(diags[i].kind), 0);
-        sb_printf(&b, "}");
+        sbuf_printf(&b, "}");
         sb_value(&b, 1);
     }
     /* training progress from the latest applied step */
@@ -209,7 +185,7 @@ int mon_prom_render(const mon_run_t *run, double now, const mon_diag_opts_t *dop
         for (size_t i = 0; i < sizeof tr / sizeof *tr; i++) {
             if (isnan(tr[i].v)) continue;
             family(&b, tr[i].name, tr[i].type, tr[i].help);
-            sb_printf(&b, "%s", tr[i].name);
+            sbuf_printf(&b, "%s", tr[i].name);
             sb_value(&b, tr[i].v);
         }
         int any = 0;
@@ -220,9 +196,9 @@ int mon_prom_render(const mon_run_t *run, double now, const mon_diag_opts_t *dop
                 if (isnan(st->acc[k])) continue;
                 char pos[16];
                 snprintf(pos, sizeof pos, "%d", k);
-                sb_printf(&b, "draftline_train_accuracy{");
+                sbuf_printf(&b, "draftline_train_accuracy{");
                 sb_label(&b, "position", pos, 1);
-                sb_printf(&b, "}");
+                sbuf_printf(&b, "}");
                 sb_value(&b, st->acc[k]);
             }
         }
@@ -233,16 +209,13 @@ int mon_prom_render(const mon_run_t *run, double now, const mon_diag_opts_t *dop
     mon_bottleneck_t bn;
     mon_bottleneck(views, diags, n, &topo, run->dir, &bn);
     family(&b, "draftline_bottleneck", "gauge", "1 for the stage role that limits throughput (none if unclear).");
-    sb_printf(&b, "draftline_bottleneck{");
+    sbuf_printf(&b, "draftline_bottleneck{");
     sb_label(&b, "role", bn.kind == MON_ROLE_UNKNOWN ? "none" : mon_role_name(bn.kind), 1);
-    sb_printf(&b, "}");
+    sbuf_printf(&b, "}");
     sb_value(&b, 1);
     free(views);
     free(diags);
-    if (b.oom) { free(b.p); return dl_seterr(DL_ENOMEM, "prometheus: out of memory"); }
-    if (!b.p) sb_printf(&b, "%s", "");
-    *text = b.p;
-    *len = b.len;
+    if (sbuf_take(&b, text, len) < 0) return dl_seterr(DL_ENOMEM, "prometheus: out of memory");
     return 0;
 }
 

@@ -8,31 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct {
-    char *p;
-    size_t len, cap;
-    int oom;
-} out_t;
-
-static void put(out_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(out_t *b, const char *fmt, ...) {
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        size_t room = b->cap - b->len;
-        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? room : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) { b->oom = 1; return; }
-        if (b->p && (size_t)n < room) { b->len += (size_t)n; return; }
-        size_t cap = b->cap ? b->cap * 2 : 4096;
-        while (cap < b->len + (size_t)n + 1) cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q) { b->oom = 1; return; }
-        b->p = q;
-        b->cap = cap;
-    }
-}
+#include "common/base/sbuf.h"
 
 static void fmt_bytes(double v, char *out, size_t cap) {
     if (!isfinite(v)) { snprintf(out, cap, "n/a"); return; }
@@ -63,7 +39,7 @@ double mon_report_now(const mon_run_t *run, double wall, double live_s) {
 }
 
 int mon_report(const mon_run_t *run, const mon_report_opts_t *o, char **text) {
-    out_t b = {0};
+    sbuf_t b = {0};
     int n = run->n_stages;
     /* run.json's stages (the live topology) that sent no metrics yet get a row too (a
      * target added by a rebalance, still loading); a retired one does not */
@@ -109,19 +85,19 @@ int mon_report(const mon_run_t *run, const mon_report_opts_t *o, char **text) {
     char d1[32], d2[32], d3[32], d4[32];
     /* header */
     if (run->last_ts <= 0) {
-        put(&b, "run %s: no metrics yet (%llu lines)\n", run->dir[0] ? run->dir : "-",
+        sbuf_printf(&b, "run %s: no metrics yet (%llu lines)\n", run->dir[0] ? run->dir : "-",
             (unsigned long long)run->lines);
     } else {
         double ago = o->wall - run->last_ts;
         fmt_dur(ago, d1, sizeof d1);
         char retired[32] = "";
         if (n_retired) snprintf(retired, sizeof retired, " (+%d retired)", n_retired);
-        put(&b, "run %s: %d stages%s, last metrics %s ago%s\n", run->dir[0] ? run->dir : "-", n_all - n_retired,
+        sbuf_printf(&b, "run %s: %d stages%s, last metrics %s ago%s\n", run->dir[0] ? run->dir : "-", n_all - n_retired,
             retired, d1, finished ? " (finished: shown as of its last metrics)"
                          : o->now < o->wall - 1e-9 ? " (not live: shown as of its last metrics)" : " (live)");
     }
     if (run->bad_lines)
-        put(&b, "warning: %llu malformed line(s) skipped (last: %s)\n", (unsigned long long)run->bad_lines,
+        sbuf_printf(&b, "warning: %llu malformed line(s) skipped (last: %s)\n", (unsigned long long)run->bad_lines,
             run->last_error);
     /* training */
     const mon_step_t *st = mon_run_last_step(run);
@@ -133,24 +109,24 @@ int mon_report(const mon_run_t *run, const mon_report_opts_t *o, char **text) {
         if (o->topo.max_steps) snprintf(steps, sizeof steps, "%llu/%llu", (unsigned long long)(st->step + 1),
                                         (unsigned long long)o->topo.max_steps);
         else snprintf(steps, sizeof steps, "%llu", (unsigned long long)(st->step + 1));
-        put(&b, "training: step %s  loss %.4f  acc %.3f  %.0f tok/s  ETA %s\n", steps, st->loss,
+        sbuf_printf(&b, "training: step %s  loss %.4f  acc %.3f  %.0f tok/s  ETA %s\n", steps, st->loss,
             st->acc_mean, isfinite(tps) ? tps : 0.0, o->topo.max_steps ? d1 : "? (max steps unknown)");
         if (st->n_acc > 1) {
-            put(&b, "accuracy by position:");
+            sbuf_printf(&b, "accuracy by position:");
             for (int k = 1; k < st->n_acc; k++)
-                if (isfinite(st->acc[k])) put(&b, " %d:%.3f", k, st->acc[k]);
-            put(&b, "\n");
+                if (isfinite(st->acc[k])) sbuf_printf(&b, " %d:%.3f", k, st->acc[k]);
+            sbuf_printf(&b, "\n");
         }
     } else {
-        put(&b, "training: no step applied yet\n");
+        sbuf_printf(&b, "training: no step applied yet\n");
     }
     mon_topo_t topo = o->topo;
     mon_topo_from_run(run, &topo);
     mon_bottleneck_t bn;
     mon_bottleneck(views, diags, n_all, &topo, run->dir, &bn);
-    put(&b, "bottleneck: %s\n", bn.text);
+    sbuf_printf(&b, "bottleneck: %s\n", bn.text);
     /* stages */
-    put(&b, "\n%-12s %-9s %3s %-9s %9s %5s %7s %7s %9s  %s\n", "STAGE", "ROLE", "INC", "STATE", "TOK/S",
+    sbuf_printf(&b, "\n%-12s %-9s %3s %-9s %9s %5s %7s %7s %9s  %s\n", "STAGE", "ROLE", "INC", "STATE", "TOK/S",
         "BUSY", "WAIT-IN", "WAIT-CR", "NO-PROGR", "DIAGNOSIS");
     for (int i = 0; i < n_all; i++) {
         const mon_stage_t *s = i < n ? run->stages[i] : NULL;
@@ -165,7 +141,7 @@ int mon_report(const mon_run_t *run, const mon_report_opts_t *o, char **text) {
         if (isfinite(v->tokens_per_s)) snprintf(tps, sizeof tps, "%.1f", v->tokens_per_s);
         else snprintf(tps, sizeof tps, "-");
         const mon_topo_stage_t *ts = s ? NULL : mon_topo_stage(rt, v->name);
-        put(&b, "%-12s %-9s %3llu %-9s %9s %5s %7s %7s %9s  %s: %s\n", v->name, mon_role_name(v->role),
+        sbuf_printf(&b, "%-12s %-9s %3llu %-9s %9s %5s %7s %7s %9s  %s: %s\n", v->name, mon_role_name(v->role),
             (unsigned long long)(s ? s->incarnation : ts ? ts->incarnation : 0), shown[i], tps, d1, d2, d3, d4,
             mon_diag_name(d->kind), d->why);
     }
@@ -174,7 +150,7 @@ int mon_report(const mon_run_t *run, const mon_report_opts_t *o, char **text) {
     for (int i = 0; i < n; i++) {
         const mon_stage_view_t *v = &views[i];
         if (v->role != MON_ROLE_DRAFTER || !isfinite(v->inbox_used)) continue;
-        if (!any) put(&b, "\n%-12s %-26s %-26s %6s\n", "INBOX", "GPU TIER (used / cap)", "HOST TIER (used / cap)", "FILL");
+        if (!any) sbuf_printf(&b, "\n%-12s %-26s %-26s %6s\n", "INBOX", "GPU TIER (used / cap)", "HOST TIER (used / cap)", "FILL");
         any = 1;
         char g[80], h[80];
         fmt_bytes(v->inbox_gpu_used, d1, sizeof d1);
@@ -186,29 +162,28 @@ int mon_report(const mon_run_t *run, const mon_report_opts_t *o, char **text) {
         char fill[16];
         if (v->inbox_cap > 0) snprintf(fill, sizeof fill, "%.1f%%", 100 * v->inbox_used / v->inbox_cap);
         else snprintf(fill, sizeof fill, "-");
-        put(&b, "%-12s %-26s %-26s %6s\n", v->name, g, h, fill);
+        sbuf_printf(&b, "%-12s %-26s %-26s %6s\n", v->name, g, h, fill);
     }
-    if (!any) put(&b, "\nINBOX        n/a (no drafter has published inbox bytes yet)\n");
+    if (!any) sbuf_printf(&b, "\nINBOX        n/a (no drafter has published inbox bytes yet)\n");
     /* GPUs */
     if (!o->gpus) {
-        put(&b, "\nGPU          n/a%s%s%s\n", o->nvml_why ? " (" : "", o->nvml_why ? o->nvml_why : "",
+        sbuf_printf(&b, "\nGPU          n/a%s%s%s\n", o->nvml_why ? " (" : "", o->nvml_why ? o->nvml_why : "",
             o->nvml_why ? ")" : "");
     } else {
-        put(&b, "\n%-4s %-28s %5s %24s\n", "GPU", "NAME", "UTIL", "MEMORY (used / total)");
+        sbuf_printf(&b, "\n%-4s %-28s %5s %24s\n", "GPU", "NAME", "UTIL", "MEMORY (used / total)");
         for (int g = 0; g < o->n_gpus; g++) {
             const mon_gpu_t *x = &o->gpus[g];
             fmt_bytes((double)x->mem_used, d1, sizeof d1);
             fmt_bytes((double)x->mem_total, d2, sizeof d2);
             char m[80];
             snprintf(m, sizeof m, "%s / %s", d1, d2);
-            put(&b, "%-4d %-28.28s %4u%% %24s\n", x->index, x->name, x->util_gpu_pct, m);
+            sbuf_printf(&b, "%-4d %-28.28s %4u%% %24s\n", x->index, x->name, x->util_gpu_pct, m);
         }
     }
     free(views);
     free(diags);
     free(shown);
-    if (b.oom) { free(b.p); return dl_seterr(DL_ENOMEM, "monitor: out of memory"); }
-    if (!b.p) put(&b, "%s", "");
-    *text = b.p;
+    size_t text_len;
+    if (sbuf_take(&b, text, &text_len) < 0) return dl_seterr(DL_ENOMEM, "monitor: out of memory");
     return 0;
 }
