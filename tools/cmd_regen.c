@@ -287,11 +287,7 @@ int cmd_regen(int argc, char **argv) {
     }
     int rc, ret = 1;
     ops_ctx_t ops;
-    if (!strcmp(device, "cuda")) {
-        if ((rc = ops_cuda_init(&ops, gpu)) < 0) return log_rc(rc, "--device cuda"), 1;
-    } else {
-        ops_cpu_init(&ops, threads);
-    }
+    if ((rc = ops_init_named(&ops, device, gpu, threads)) < 0) return log_rc(rc, "--device"), 1;
     tok_t *tok = NULL;
     target_t *t = NULL;
     generator_t *g = NULL;

@@ -31,6 +31,13 @@ int ops_cuda_init(ops_ctx_t *c, int device) {
 }
 #endif
 
+int ops_init_named(ops_ctx_t *c, const char *device, int gpu, int nthreads) {
+    if (!strcmp(device, "cuda")) return ops_cuda_init(c, gpu);
+    if (strcmp(device, "cpu")) return dl_seterr(DL_EINVAL, "device '%s': expected cpu or cuda", device);
+    ops_cpu_init(c, nthreads);
+    return 0;
+}
+
 #ifdef DL_CUDA
 /* Releases what ops_cuda_init created (common/ops/cuda/ops_cuda.cu). */
 void ops_cuda_ctx_destroy(ops_ctx_t *c);

@@ -185,6 +185,10 @@ struct ops_impl {
 void ops_cpu_init(ops_ctx_t *c, int nthreads);
 int ops_cuda_init(ops_ctx_t *c, int device);
 void ops_ctx_destroy(ops_ctx_t *c);
+/* The backend a command's `--device cpu|cuda` names: "cpu" -> ops_cpu_init(c, nthreads),
+ * "cuda" -> ops_cuda_init(c, gpu). Returns 0, ops_cuda_init's errors, or DL_EINVAL naming
+ * any other string. */
+int ops_init_named(ops_ctx_t *c, const char *device, int gpu, int nthreads);
 
 /* Bytes of one act element on this backend (4 on CPU, 2 on CUDA). */
 static inline size_t ops_act_bytes(const ops_ctx_t *c) { return c->backend == OPS_CPU ? 4 : 2; }
