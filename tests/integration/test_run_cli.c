@@ -82,6 +82,18 @@ static void run_argv(pf_run_args_t *a, const char *log, const char *const *extra
     snprintf(a->log, sizeof a->log, "%s", log);
 }
 
+/* Runs `draftline run` with the fixed flags plus extra (NULL-terminated), asserts its exit
+ * code is `code` (timeout_s seconds at most, nothing of it left behind) and returns its
+ * output (stdout + stderr, from log; the caller frees it). */
+static char *run_expect(const char *log, const char *const *extra, int timeout_s, int code) {
+    static pf_run_args_t a;
+    run_argv(&a, log, extra);
+    assert_int_equal(pf_run_draftline(&a, NULL, timeout_s, NULL), code);
+    char *txt = pf_slurp(log, NULL);
+    assert_non_null(txt);
+    return txt;
+}
+
 static int run_tool(const char *log, char *const args[]) {
     static pf_run_args_t a;
     memset(&a, 0, sizeof a);
@@ -209,9 +221,7 @@ static void test_validation_first(void **state) {
         char out[500];
         snprintf(out, sizeof out, "%s/noinbox", fx.root);
         const char *extra[] = {"--out", out, "--inbox-gb", "0", NULL};
-        run_argv(&a, log, extra);
-        assert_int_equal(pf_run_draftline(&a, NULL, 30, NULL), 2);
-        char *txt = pf_slurp(log, NULL);
+        char *txt = run_expect(log, extra, 30, 2);
         assert_non_null(strstr(txt, "cannot hold one micro-batch"));
         free(txt);
         assert_int_not_equal(access(out, F_OK), 0);
@@ -229,9 +239,7 @@ static void test_validation_first(void **state) {
         for (int i = 0; i < 3000 && access(p, F_OK) != 0; i++) usleep(10000);
         assert_int_equal(access(p, F_OK), 0);
         const char *extra2[] = {"--out", out, "--resume", out, NULL};
-        run_argv(&a, log, extra2);
-        assert_int_equal(pf_run_draftline(&a, NULL, 30, NULL), 2);
-        char *txt = pf_slurp(log, NULL);
+        char *txt = run_expect(log, extra2, 30, 2);
         char want[100];
         snprintf(want, sizeof want, "the run is live (supervisor pid %d); stop it first", (int)run.pid);
         assert_non_null(strstr(txt, want));
@@ -299,9 +307,7 @@ static void test_fresh_reuse_and_sweeps(void **state) {
     /* the same dir now holds steps: a fresh run there is refused */
     snprintf(log, sizeof log, "%s/nostep2.out", fx.root);
     const char *extra2[] = {"--out", out, "--max-steps", "2", NULL};
-    run_argv(&a, log, extra2);
-    assert_int_equal(pf_run_draftline(&a, NULL, 30, NULL), 2);
-    txt = pf_slurp(log, NULL);
+    txt = run_expect(log, extra2, 30, 2);
     assert_non_null(strstr(txt, "holds a previous run"));
     free(txt);
 }
@@ -339,7 +345,7 @@ static void test_run_dir_lock(void **state) {
     assert_int_equal(flock(fd, LOCK_EX | LOCK_NB), 0);
     static pf_run_args_t a;
     const char *extra[] = {"--out", out, "--max-steps", "2", NULL};
-    run_argv(&a, log, extra);
+    run_argv(&a, log, extra);   /* kept in a: the same command runs again below */
     assert_int_equal(pf_run_draftline(&a, NULL, 30, NULL), 1);
     char *txt = pf_slurp(log, NULL);
     assert_non_null(strstr(txt, "another `draftline run` is using this run dir"));
@@ -372,11 +378,8 @@ static void test_final_checkpoint_unwritten(void **state) {
     assert_int_equal(mkdir(p, 0755), 0);
     snprintf(p, sizeof p, "%s/checkpoints/latest.tmp", out);
     assert_int_equal(mkdir(p, 0755), 0);
-    static pf_run_args_t a;
     const char *extra[] = {"--out", out, "--max-steps", "2", NULL};
-    run_argv(&a, log, extra);
-    assert_int_equal(pf_run_draftline(&a, NULL, 60, NULL), 1);
-    char *txt = pf_slurp(log, NULL);
+    char *txt = run_expect(log, extra, 60, 1);
     assert_non_null(strstr(txt, "the final checkpoint (step_2) was not written"));
     free(txt);
 }
@@ -489,11 +492,8 @@ static void test_cache_of_another_tokenizer(void **state) {
     prep_stats_t st;
     assert_int_equal(prep_run(t, &po, &st), 0);
     tok_destroy(&t);
-    static pf_run_args_t a;
     const char *extra[] = {"--out", out, "--data", other, "--target-model", gguf, "--max-steps", "1", NULL};
-    run_argv(&a, log, extra);
-    assert_int_equal(pf_run_draftline(&a, NULL, 60, NULL), 2);
-    char *txt = pf_slurp(log, NULL);
+    char *txt = run_expect(log, extra, 60, 2);
     assert_non_null(strstr(txt, "prepared with another tokenizer"));
     free(txt);
     char p[600];
