@@ -199,6 +199,23 @@ static int draftline_cmd(char **out, const char *args) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* Runs `draftline <fmt...>` (printf-formatted arguments), copies its output to stderr,
+ * asserts its exit code is `code` and returns the output (caller frees). */
+static char *cmd_expect(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static char *cmd_expect(int code, const char *fmt, ...) {
+    char args[1500];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    char *txt = NULL;
+    int rc = draftline_cmd(&txt, args);
+    fprintf(stderr, "%s", txt ? txt : "");
+    assert_int_equal(rc, code);
+    assert_non_null(txt);
+    return txt;
+}
+
 static int steps_done(const char *out) {
     char p[500];
     snprintf(p, sizeof p, "%s/steps.jsonl", out);
@@ -262,30 +279,21 @@ static void test_rebalance(void **state) {
         assert_non_null(strstr(txt, gpu_req[i].says));
         free(txt);
     }
-    snprintf(args, sizeof args, "status --run %s", out);
-    assert_int_equal(draftline_cmd(&txt, args), 0);
+    txt = cmd_expect(0, "status --run %s", out);
     assert_non_null(strstr(txt, "on cpu;"));
     assert_null(strstr(txt, "placement:"));   /* no GPU placement line on CPU */
     assert_non_null(strstr(txt, " gpu "));    /* the GPU column, "-" for CPU stages */
     free(txt);
-    snprintf(args, sizeof args, "rebalance --run %s --targets 3 --drafters 1 --wait 60", out);
-    int rc = draftline_cmd(&txt, args);
-    fprintf(stderr, "%s", txt ? txt : "");
-    assert_int_equal(rc, 0);
+    txt = cmd_expect(0, "rebalance --run %s --targets 3 --drafters 1 --wait 60", out);
     free(txt);
-    snprintf(args, sizeof args, "status --run %s", out);
-    assert_int_equal(draftline_cmd(&txt, args), 0);
-    fprintf(stderr, "%s", txt);
+    txt = cmd_expect(0, "status --run %s", out);
     assert_non_null(strstr(txt, "target2 -> drafter0"));
     assert_non_null(strstr(txt, "target1 -> drafter0"));
     assert_non_null(strstr(txt, "retired"));
     free(txt);
     int at = steps_done(out);
     assert_int_equal(wait_steps(out, at + 3, 60), 0);
-    snprintf(args, sizeof args, "rebalance --run %s --targets 2 --drafters 2 --wait 60", out);
-    rc = draftline_cmd(&txt, args);
-    fprintf(stderr, "%s", txt ? txt : "");
-    assert_int_equal(rc, 0);
+    txt = cmd_expect(0, "rebalance --run %s --targets 2 --drafters 2 --wait 60", out);
     free(txt);
     run_finish(&p, out, log, 120, 0);
     assert_ledger(out, atoi(MAX_STEPS));
@@ -513,7 +521,7 @@ static void test_rebalance_gpu_placement(void **state) {
     skip();   /* `draftline run --target-gpus` needs a CUDA build */
 #else
     baseline();
-    char out[400], log[400], args[1200], proc[32];
+    char out[400], log[400], proc[32];
     snprintf(out, sizeof out, "%s/rbgpu", fx.root);
     snprintf(log, sizeof log, "%s/rbgpu.out", fx.root);
     setenv("DL_TEST_STRIP_GPU", "1", 1);
@@ -531,16 +539,12 @@ static void test_rebalance_gpu_placement(void **state) {
     fprintf(stderr, "optimizer gpu %d\n", gpu);
     char *txt = NULL;
     /* a CPU-style request on a GPU run: refused, naming the placement */
-    snprintf(args, sizeof args, "rebalance --run %s --targets 2 --drafters 1 --wait 30", out);
-    assert_int_equal(draftline_cmd(&txt, args), 1);
-    fprintf(stderr, "%s", txt);
+    txt = cmd_expect(1, "rebalance --run %s --targets 2 --drafters 1 --wait 30", out);
     assert_non_null(strstr(txt, "this run is in GPU mode"));
     assert_non_null(strstr(txt, "now --target-gpus 0 --drafter-gpus 1"));
     free(txt);
     /* 1-1 -> 2 targets sharing GPU 0 */
-    snprintf(args, sizeof args, "rebalance --run %s --target-gpus 0,0 --drafter-gpus 1 --wait 60", out);
-    assert_int_equal(draftline_cmd(&txt, args), 0);
-    fprintf(stderr, "%s", txt);
+    txt = cmd_expect(0, "rebalance --run %s --target-gpus 0,0 --drafter-gpus 1 --wait 60", out);
     assert_non_null(strstr(txt, "1+1 -> 2+1 in"));
     assert_non_null(strstr(txt, "2 kept, 1 started, 0 moved, 0 retired"));
     free(txt);
@@ -552,9 +556,7 @@ static void test_rebalance_gpu_placement(void **state) {
     run_json_stage(out, "target1", &pid, &gpu, &inc, proc, sizeof proc);
     assert_int_equal(gpu, 0);
     assert_string_equal(proc, "running");
-    snprintf(args, sizeof args, "status --run %s", out);
-    assert_int_equal(draftline_cmd(&txt, args), 0);
-    fprintf(stderr, "%s", txt);
+    txt = cmd_expect(0, "status --run %s", out);
     assert_non_null(strstr(txt, "on cuda;"));
     assert_non_null(strstr(txt, "placement: target GPUs 0,0, drafter GPUs 1"));
     assert_non_null(strstr(txt, "target1 -> drafter0"));
@@ -562,9 +564,7 @@ static void test_rebalance_gpu_placement(void **state) {
     int at = steps_done(out);
     assert_int_equal(wait_steps(out, at + 3, 60), 0);
     /* moves: target0 0 -> 1 and drafter0 1 -> 0 restart there; target1 retires, drafter1 starts */
-    snprintf(args, sizeof args, "rebalance --run %s --target-gpus 1 --drafter-gpus 0,0 --wait 60", out);
-    assert_int_equal(draftline_cmd(&txt, args), 0);
-    fprintf(stderr, "%s", txt);
+    txt = cmd_expect(0, "rebalance --run %s --target-gpus 1 --drafter-gpus 0,0 --wait 60", out);
     assert_non_null(strstr(txt, "2+1 -> 1+2 in"));
     assert_non_null(strstr(txt, "0 kept, 1 started, 2 moved, 1 retired"));
     free(txt);
@@ -583,9 +583,7 @@ static void test_rebalance_gpu_placement(void **state) {
     at = steps_done(out);
     assert_int_equal(wait_steps(out, at + 3, 60), 0);
     /* the drafter count back to 1: drafter1 drains and retires, the rest is kept */
-    snprintf(args, sizeof args, "rebalance --run %s --target-gpus 1 --drafter-gpus 0 --wait 60", out);
-    assert_int_equal(draftline_cmd(&txt, args), 0);
-    fprintf(stderr, "%s", txt);
+    txt = cmd_expect(0, "rebalance --run %s --target-gpus 1 --drafter-gpus 0 --wait 60", out);
     assert_non_null(strstr(txt, "2 kept, 0 started, 0 moved, 1 retired"));
     free(txt);
     run_json_stage(out, "drafter1", &pid, &gpu, &inc, proc, sizeof proc);
