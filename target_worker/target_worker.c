@@ -361,21 +361,7 @@ static void on_drafter_msg(bus_t *bus, const char *peer, const void *data, size_
             T->drafter_inc = e->incarnation;
         }
         slab_handle_t *h = &T->slabs[e->slab_id & 3];
-        memset(h, 0, sizeof *h);
-        h->kind = e->handle_len ? SLAB_CUDA : SLAB_HOST;
-        h->owner_id = e->owner_id;
-        h->incarnation = e->incarnation;
-        h->slab_id = e->slab_id;
-        h->bytes = e->bytes;
-        snprintf(h->name, sizeof h->name, "%s", e->shm_name);
-        snprintf(h->gpu_uuid, sizeof h->gpu_uuid, "%s", e->gpu_uuid);
-        if (e->handle_len == SLAB_IPC_BYTES) {
-            memcpy(h->ipc, e->handle, SLAB_IPC_BYTES);
-            /* a CUDA slab has no shm name on the wire: the cache key is made from
-             * (owner, incarnation, slab id) */
-            snprintf(h->name, sizeof h->name, "/dl-ipc-%u-%llu-%u", e->owner_id,
-                     (unsigned long long)e->incarnation, e->slab_id);
-        }
+        stage_slab_from_export(e, h);   /* a CUDA slab gets its cache key from (owner, incarnation, id) */
         if (h->kind == SLAB_CUDA && T->gpu < 0) {
             log_error("drafter %u exports GPU memory but this target runs on CPU (start it with --gpu)", e->owner_id);
             break;
