@@ -1,0 +1,130 @@
+/* The checkpoint of a --deterministic CPU run against one made by an earlier version of
+ * draftline (issue 12: the structure changed, the math must not).
+ *
+ * tests/fixtures/pipeline/ref_step4/{state.bin,model.safetensors,cursor.bin} were written by
+ * the code at commit 6209905 (before the supervisor/run-configuration redesign) with exactly
+ * the run below: the tiny random Llama-shaped target of test_pipeline, the first 60 GSM8K
+ * training samples, 2 targets + 2 drafters on CPU, 1 thread each, --max-steps 4
+ * --save-every 2 --deterministic. The test runs the same command with the current code and
+ * asserts that step_4's three files are bitwise equal to the reference.
+ *
+ * The CPU math goes through OpenBLAS, whose kernels depend on the CPU it picks at run time
+ * (its "core name"); the reference was made with the kernels OpenBLAS picks here
+ * (tests/fixtures/pipeline/ref_step4/corename). On a machine where OpenBLAS picks another
+ * core the test says so and skips (a different kernel sums in another order, so bitwise
+ * equality is not expected there), instead of failing for a reason that is not the code.
+ *
+ * To write the reference anew (only when the math is meant to change, and say so in the
+ * commit): DL_REF_WRITE=tests/fixtures/pipeline/ref_step4 build/tests/test_run_reference_ckpt.
+ * Every child has a hard timeout and is killed and reaped. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "tests/support/pipeline_fixture.h"
+#include "tests/support/proc.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define REF_DIR "tests/fixtures/pipeline/ref_step4"
+
+extern char *openblas_get_corename(void);
+
+static pf_fixture_t fx;
+
+static int group_setup(void **state) {
+    (void)state;
+    if (pf_fixture_setup(&fx, "dlrc", 60) < 0) return -1;
+    proc_watchdog(280);
+    return 0;
+}
+
+static int group_teardown(void **state) {
+    (void)state;
+    pf_teardown(fx.root);
+    return 0;
+}
+
+static int copy_file(const char *from, const char *to) {
+    size_t n;
+    char *b = pf_slurp(from, &n);
+    if (!b) return -1;
+    FILE *f = fopen(to, "wb");
+    int ok = f && fwrite(b, 1, n, f) == n;
+    if (f && fclose(f) != 0) ok = 0;
+    free(b);
+    return ok ? 0 : -1;
+}
+
+static void test_step4_equals_reference(void **state) {
+    (void)state;
+    char corefile[300], want_core[64] = "";
+    snprintf(corefile, sizeof corefile, "%s/corename", REF_DIR);
+    const char *write_dir = getenv("DL_REF_WRITE");
+    const char *core = openblas_get_corename();
+    if (!write_dir) {
+        size_t n;
+        char *c = pf_slurp(corefile, &n);
+        assert_non_null(c); /* the reference is committed; a missing one is a failure */
+        snprintf(want_core, sizeof want_core, "%.*s", (int)strcspn(c, "\n"), c);
+        free(c);
+        if (strcasecmp(want_core, core) != 0) {
+            printf("SKIP: OpenBLAS core '%s' here, the reference was made with '%s'\n", core, want_core);
+            skip();
+        }
+    }
+    char out[400], log[400];
+    snprintf(out, sizeof out, "%s/ref", fx.root);
+    snprintf(log, sizeof log, "%s/ref.out", fx.root);
+    static pf_run_args_t a;
+    memset(&a, 0, sizeof a);
+    const char *argv[] = {fx.exe, "run", "--target-model", fx.model_dir, "--data", fx.cache,
+                          "--device", "cpu", "--targets", "2", "--drafters", "2", "--threads", "1",
+                          "--token-budget", "256", "--block-size", "4", "--num-anchors", "8",
+                          "--drafter-layers", "1", "--lr", "3e-3", "--micro-batches-per-step", "2",
+                          "--seed", "5", "--max-steps", "4", "--save-every", "2", "--deterministic",
+                          "--progress-every", "1", "--out", out, NULL};
+    for (int i = 0; argv[i]; i++) a.argv[i] = (char *)argv[i];
+    snprintf(a.log, sizeof a.log, "%s", log);
+    proc_t p;
+    assert_int_equal(proc_spawn(&p, "draftline run", pf_run_child, &a), 0);
+    char id[17];
+    assert_int_equal(pf_run_finish(&p, a.log, out, 200, id), 0);
+
+    const char *files[] = {"state.bin", "model.safetensors", "cursor.bin"};
+    char got[600], want[600];
+    if (write_dir) {
+        for (int i = 0; i < 3; i++) {
+            snprintf(got, sizeof got, "%s/checkpoints/step_4/%s", out, files[i]);
+            snprintf(want, sizeof want, "%s/%s", write_dir, files[i]);
+            assert_int_equal(copy_file(got, want), 0);
+        }
+        snprintf(want, sizeof want, "%s/corename", write_dir);
+        FILE *f = fopen(want, "w");
+        assert_non_null(f);
+        fprintf(f, "%s\n", core);
+        fclose(f);
+        printf("reference written to %s (OpenBLAS core %s)\n", write_dir, core);
+        return;
+    }
+    for (int i = 0; i < 3; i++) {
+        snprintf(got, sizeof got, "%s/checkpoints/step_4/%s", out, files[i]);
+        snprintf(want, sizeof want, "%s/%s", REF_DIR, files[i]);
+        int same = pf_same_file(got, want);
+        if (!same) printf("%s differs from the reference %s\n", got, want);
+        assert_true(same);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_step4_equals_reference),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
