@@ -32,6 +32,10 @@ LDFLAGS += -fopenmp
 LDLIBS  := -lzmq -luv -lmsgpackc -lcjson -lpcre2-8 -lutf8proc -lopenblas -lyaml -lz -lm -lpthread -ldl -lrt
 # draftline plot (common/monitor/plot.c) and the monitor TUI (tools/cmd_monitor.c)
 LDLIBS  += -lcairo -lncurses
+# Release build: make RELEASE=1 compiles the test hooks out (common/base/testhook.h).
+ifeq ($(RELEASE),1)
+  CFLAGS  += -DDL_RELEASE
+endif
 # Sanitizer build: make SAN=1 (address+undefined), used by the fuzz and some tests.
 ifeq ($(SAN),1)
   CFLAGS  += -fsanitize=address,undefined -fno-omit-frame-pointer

@@ -10,6 +10,9 @@
 #include "common/base/cli.h"
 #include "common/base/err.h"
 #include "common/base/rng.h"
+#include "common/base/testhook.h"
+
+#include <stdlib.h>
 
 static void test_strerror(void **state) {
     (void)state;
@@ -78,11 +81,36 @@ static void test_rng(void **state) {
     for (int i = 0; i < 100; i++) assert_int_equal(seen[i], 1);
 }
 
+/* DL_TEST_HOOKS is parsed once: well-formed entries are found, malformed ones (no '=', not an
+ * integer, a name with other characters) are skipped without hiding the others. */
+static void test_testhook(void **state) {
+    (void)state;
+    setenv("DL_TEST_HOOKS", "nan_mb=4,bad,drafter0.stall_after_mbs=12,x=1y,Upper=3,neg=-7", 1);
+    int64_t v = 99;
+    assert_int_equal(testhook_i64("nan_mb", &v), 1);
+    assert_int_equal(v, 4);
+    assert_int_equal(testhook_i64("drafter0.stall_after_mbs", &v), 1);
+    assert_int_equal(v, 12);
+    assert_int_equal(testhook_i64("neg", &v), 1);
+    assert_int_equal(v, -7);
+    v = 99;
+    assert_int_equal(testhook_i64("x", &v), 0);
+    assert_int_equal(testhook_i64("Upper", &v), 0);
+    assert_int_equal(testhook_i64("bad", &v), 0);
+    assert_int_equal(testhook_i64("stall_after_mbs", &v), 0);
+    assert_int_equal(v, 99);
+    /* parsed once: a later change of the environment is not seen */
+    setenv("DL_TEST_HOOKS", "late=1", 1);
+    assert_int_equal(testhook_i64("late", &v), 0);
+    unsetenv("DL_TEST_HOOKS");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_strerror),
         cmocka_unit_test(test_cli),
         cmocka_unit_test(test_rng),
+        cmocka_unit_test(test_testhook),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
