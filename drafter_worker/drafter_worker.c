@@ -37,6 +37,7 @@
 #include "common/base/err.h"
 #include "common/base/log.h"
 #include "common/base/rng.h"
+#include "common/base/testhook.h"
 #include "common/mem/hcache.h"
 #ifdef DL_CUDA
 #include "common/mem/cuda/mem_cuda.h"
@@ -48,6 +49,7 @@
 #include "common/ops/ops.h"
 #include "common/pipe/layout.h"
 #include "common/pipe/model.h"
+#include "common/pipe/slot.h"
 #include "common/pipe/stage.h"
 
 #include <getopt.h>
@@ -59,9 +61,6 @@
 
 #define DW_MAX_PEERS 64
 #define DW_MAX_SLOTS 1024
-#define SLAB_ID_GPU 1
-#define SLAB_ID_HOST 2
-#define SLAB_ID_GRAD 3
 #define DW_MAX_EVENTS 256
 
 typedef struct {
@@ -138,7 +137,8 @@ typedef struct {
     uint64_t computed, dropped, tokens;
     double t_rate; uint64_t tokens_at; double rate;
     stage_rate_t rate_win;   /* tokens_per_s over the last 5 s */
-    int64_t stall_after;       /* --test-stall-after-mbs: hang before micro-batch N+1 (-1 off) */
+    int64_t stall_after;       /* hook <name>.stall_after_mbs: hang before micro-batch N+1 (-1 off) */
+    int64_t nan_mb;            /* hook nan_mb: poison this micro-batch's loss (-1 off) */
     uint64_t started;          /* micro-batches whose compute began (worker thread) */
     /* GPU mode (--gpu N >= 0) */
     int gpu;
@@ -161,19 +161,19 @@ static int peer_find(dw_t *W, const char *peer) {
     return -1;
 }
 
-/* Inbox slab ids on the wire carry this incarnation: (incarnation << 2) | 1..2
- * (targets index by the low 2 bits). A hidden_states_ready for a grant of an earlier
- * incarnation (queued in a target's pipe across our restart, or written by a target
- * that had not heard of it yet) names an old id and is refused, even when this
- * incarnation granted the same slot id to the same target. */
-static uint32_t wire_slab_id(const dw_t *W, uint32_t base) {
-    return (uint32_t)((W->st.incarnation & 0x3fffffffu) << 2) | base;
+/* Inbox slab ids on the wire carry this incarnation (common/pipe/slot.h): a
+ * hidden_states_ready for a grant of an earlier incarnation (queued in a target's pipe
+ * across our restart, or written by a target that had not heard of it yet) names an
+ * old id and is refused, even when this incarnation granted the same slot id to the
+ * same target. */
+static uint32_t wire_slab_id(const dw_t *W, uint32_t index) {
+    return slot_slab_id(W->st.incarnation, index);
 }
 
 static void export_slab(dw_t *W, bus_t *bus, const char *peer, const slab_t *s) {
     const slab_handle_t *h = slab_handle(s);
     proto_msg_t m;
-    stage_slab_export_msg(h, h->slab_id == SLAB_ID_GRAD ? h->slab_id : wire_slab_id(W, h->slab_id), &m);
+    stage_slab_export_msg(h, h->slab_id == SLOT_SLAB_GRAD ? h->slab_id : wire_slab_id(W, h->slab_id), &m);
     stage_send(bus, peer, &m);
 }
 
@@ -211,7 +211,7 @@ static void grant_all(dw_t *W) {
         m.slot_grant.slot_id = s.id;
         /* CPU run: both tiers are shared host memory */
         m.slot_grant.tier = W->gpu >= 0 && s.tier == INBOX_GPU ? PROTO_TIER_GPU : PROTO_TIER_HOST;
-        m.slot_grant.slab_id = wire_slab_id(W, s.tier == INBOX_GPU ? SLAB_ID_GPU : SLAB_ID_HOST);
+        m.slot_grant.slab_id = wire_slab_id(W, s.tier == INBOX_GPU ? SLOT_SLAB_GPU : SLOT_SLAB_HOST);
         m.slot_grant.offset = s.offset;
         m.slot_grant.bytes = s.bytes;
         if (stage_send(W->srv, p->peer, &m) < 0) {
@@ -252,12 +252,13 @@ static void work_run(uv_work_t *req) {
     dw_t *W = req->data;
     item_t *it = &W->cur;
     const uint8_t *base = slot_base(W, it->slot_id);
-    /* test hook (--test-stall-after-mbs N): after N micro-batches the compute hangs
+    /* test hook (<name>.stall_after_mbs=N): after N micro-batches the compute hangs
      * (heartbeats and metrics go on, state "running", no progress): what the
      * monitor must call stuck. A stop request ends the hang. */
     if (W->stall_after >= 0 && W->started++ >= (uint64_t)W->stall_after) {
         if (W->started == (uint64_t)W->stall_after + 1)
-            log_warn("--test-stall-after-mbs %lld: hanging on purpose", (long long)W->stall_after);
+            log_warn("test hook %s.stall_after_mbs=%lld: hanging on purpose", W->st.name,
+                     (long long)W->stall_after);
         while (!__atomic_load_n(&W->st.stopping, __ATOMIC_RELAXED)) usleep(100000);
     }
     const void *features = base;
@@ -397,15 +398,14 @@ static void after_work_cb(uv_work_t *req, int status) {
     g->weight_sum = s->weight_sum;
     g->acc = acc;
     g->n_acc = (uint32_t)W->dcfg.B;
-    g->slab_id = SLAB_ID_GRAD;
+    g->slab_id = SLOT_SLAB_GRAD;
     g->offset = (uint64_t)it->mb_in_step * W->P * sizeof(float);
     g->bytes = W->P * sizeof(float);
     g->n_params = W->P;
     if (!isfinite(g->weight_sum) || g->weight_sum < 0) g->weight_sum = 0;
-    /* test hook: DL_TEST_NAN_MB=<mb> poisons that micro-batch's loss (the optimizer
-     * must skip its step and report it) */
-    const char *nan_mb = getenv("DL_TEST_NAN_MB");
-    if (nan_mb && strtoull(nan_mb, NULL, 10) == it->mb) g->loss_sum = NAN;
+    /* test hook nan_mb=<mb> poisons that micro-batch's loss (the optimizer must skip
+     * its step and report it) */
+    if (W->nan_mb >= 0 && (uint64_t)W->nan_mb == it->mb) g->loss_sum = NAN;
     stage_send(W->opt, NULL, &m);
     W->sent[it->mb_in_step] = 1;
     W->computed++;
@@ -490,7 +490,7 @@ static void on_hs_ready(dw_t *W, int pi, const proto_hidden_states_ready_t *h) {
     }
     inbox_slot_t s;
     inbox_get(W->ib, h->slot_id, &s);
-    if (h->slab_id != wire_slab_id(W, s.tier == INBOX_GPU ? SLAB_ID_GPU : SLAB_ID_HOST)) {
+    if (h->slab_id != wire_slab_id(W, s.tier == INBOX_GPU ? SLOT_SLAB_GPU : SLOT_SLAB_HOST)) {
         /* the slot stays granted: the target answers for this grant later */
         log_warn("%s: hidden_states_ready for micro-batch %llu names slab %u of an earlier incarnation: dropped",
                  p->peer, (unsigned long long)h->mb, h->slab_id);
@@ -749,7 +749,6 @@ static void usage(FILE *f) {
         "  --threads N                OpenMP threads (default: all)\n"
         "  --gpu N                    run on CUDA device N, GPU-tier inbox there (CUDA builds)\n"
         "  --log-level L              error|warn|info|debug\n"
-        "  --test-stall-after-mbs N   test hook: hang (busy, no progress) before micro-batch N+1\n"
         "  -h, --help                 this help\n");
 }
 
@@ -760,16 +759,15 @@ int main(int argc, char **argv) {
     int64_t inc = 1, layers = 1, B = 8, v, threads = 0, index = -1, gpu = -1;
     size_t inbox_b = 256u << 20, host_b = 0;
     W.token_budget = 1024; W.anchors = 32; W.K = 1; W.min_ready = 1;
-    enum { O_RUN = 256, O_ID, O_INC, O_IDX, O_TM, O_DL, O_BS, O_NA, O_TB, O_K, O_IG, O_HG, O_MR, O_SEED, O_TH, O_LL, O_STALL, O_GPU };
+    enum { O_RUN = 256, O_ID, O_INC, O_IDX, O_TM, O_DL, O_BS, O_NA, O_TB, O_K, O_IG, O_HG, O_MR, O_SEED, O_TH, O_LL, O_GPU };
     static const struct option opts[] = {
         {"run-dir", 1, 0, O_RUN}, {"run-id", 1, 0, O_ID}, {"incarnation", 1, 0, O_INC},
         {"index", 1, 0, O_IDX}, {"target-model", 1, 0, O_TM}, {"drafter-layers", 1, 0, O_DL},
         {"block-size", 1, 0, O_BS}, {"num-anchors", 1, 0, O_NA}, {"token-budget", 1, 0, O_TB},
         {"micro-batches-per-step", 1, 0, O_K}, {"inbox-gb", 1, 0, O_IG}, {"host-inbox-gb", 1, 0, O_HG},
         {"hs-min-ready", 1, 0, O_MR}, {"seed", 1, 0, O_SEED}, {"threads", 1, 0, O_TH},
-        {"log-level", 1, 0, O_LL}, {"test-stall-after-mbs", 1, 0, O_STALL}, {"gpu", 1, 0, O_GPU},
+        {"log-level", 1, 0, O_LL}, {"gpu", 1, 0, O_GPU},
         {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
-    W.stall_after = -1;
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         int rc = 0;
@@ -791,7 +789,6 @@ int main(int argc, char **argv) {
         case O_TH: rc = cli_parse_i64("--threads", optarg, 0, 1024, &threads); break;
         case O_GPU: rc = cli_parse_i64("--gpu", optarg, 0, 1023, &gpu); break;
         case O_LL: { log_level_t l; rc = log_parse_level(optarg, &l); if (!rc) log_set_level(l); break; }
-        case O_STALL: rc = cli_parse_i64("--test-stall-after-mbs", optarg, 0, INT64_MAX, &W.stall_after); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -805,6 +802,12 @@ int main(int argc, char **argv) {
     char name[32];
     snprintf(name, sizeof name, "drafter%d", W.index);
     log_init(name, log_get_level());
+    /* test hooks, read once here (never in the hot loop): see common/base/testhook.h */
+    W.stall_after = W.nan_mb = -1;
+    char hook[64];
+    snprintf(hook, sizeof hook, "%s.stall_after_mbs", name);
+    testhook_i64(hook, &W.stall_after);
+    testhook_i64("nan_mb", &W.nan_mb);
     model_config_t mc;
     int rc = pipe_target_config(model, &mc);
     if (rc < 0) return log_rc(rc, "target config"), 1;
@@ -875,13 +878,13 @@ int main(int argc, char **argv) {
 #endif
     if (rc == 0 && caps[0])
         rc = slab_create(&W.tier[0], on_gpu ? SLAB_CUDA : SLAB_HOST, run_id, name, W.st.stage_id, (uint64_t)inc,
-                         SLAB_ID_GPU, "ibg", caps[0], W.gpu, 0);
-    if (rc == 0 && caps[1]) rc = slab_create(&W.tier[1], SLAB_HOST, run_id, name, W.st.stage_id, (uint64_t)inc, SLAB_ID_HOST, "ibh", caps[1], -1, on_gpu);
+                         SLOT_SLAB_GPU, "ibg", caps[0], W.gpu, 0);
+    if (rc == 0 && caps[1]) rc = slab_create(&W.tier[1], SLAB_HOST, run_id, name, W.st.stage_id, (uint64_t)inc, SLOT_SLAB_HOST, "ibh", caps[1], -1, on_gpu);
     if (rc == 0 && !W.tier[0]) { W.tier[0] = W.tier[1]; W.tier[1] = NULL; caps[0] = caps[1]; caps[1] = 0; }
     /* gradients: one slot of P f32 per micro-batch of a step; device memory on GPU
      * (the optimizer maps it by IPC and reads it in place) */
     if (rc == 0) rc = slab_create(&W.grad, on_gpu ? SLAB_CUDA : SLAB_HOST, run_id, name, W.st.stage_id,
-                                  (uint64_t)inc, SLAB_ID_GRAD, "grad", (size_t)W.K * W.P * sizeof(float), W.gpu, 0);
+                                  (uint64_t)inc, SLOT_SLAB_GRAD, "grad", (size_t)W.K * W.P * sizeof(float), W.gpu, 0);
     if (rc == 0 && on_gpu && (caps[1] || slab_handle(W.tier[0])->kind == SLAB_HOST)) {
         /* host-tier items are copied here before the math (compute memory, not inbox) */
         W.staging = W.ops.impl->malloc_(&W.ops, (size_t)W.token_budget * row * W.elem);

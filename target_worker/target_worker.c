@@ -31,6 +31,7 @@
 #include "common/ops/ops.h"
 #include "common/pipe/layout.h"
 #include "common/pipe/model.h"
+#include "common/pipe/slot.h"
 #include "common/pipe/stage.h"
 
 #include <getopt.h>
@@ -69,8 +70,8 @@ typedef struct {
     int qn;
     grant_t g[TW_MAX_GRANTS];
     int gn;
-    slab_handle_t slabs[4];    /* the routed drafter's inbox slabs by slab_id (1..3) */
-    int have_slab[4];
+    slab_handle_t slabs[SLOT_SLAB_MAX]; /* the routed drafter's inbox slabs by slot_slab_index */
+    int have_slab[SLOT_SLAB_MAX];
     hcache_t *hc;
     int busy;
     uv_work_t work;
@@ -139,7 +140,7 @@ static void work_run(uv_work_t *req) {
     if (T->gpu >= 0) {
         /* features by device copies straight into the drafter's GPU slot (peer
          * memory when it is on another GPU), or via scratch into its host tier */
-        int host = (T->cur_g.slab_id & 3) != 1;
+        int host = slot_slab_index(T->cur_g.slab_id) != SLOT_SLAB_GPU;
         void *stream = T->ops.stream;
         int rc = mem_cuda_set_device(T->gpu);   /* per thread: this is a libuv worker */
         if (rc == 0 && host && !T->scratch) {
@@ -203,7 +204,7 @@ static void after_work_cb(uv_work_t *req, int status) {
     h->drafter_id = PIPE_ID_DRAFTER0 + (uint32_t)T->route;
     h->slab_id = T->cur_g.slab_id;
     h->slot_id = T->cur_g.slot_id;
-    h->tier = T->slabs[T->cur_g.slab_id & 3].kind == SLAB_CUDA ? PROTO_TIER_GPU : PROTO_TIER_HOST;
+    h->tier = T->slabs[slot_slab_index(T->cur_g.slab_id)].kind == SLAB_CUDA ? PROTO_TIER_GPU : PROTO_TIER_HOST;
     h->offset = T->cur_g.offset;
     h->bytes = l.bytes;
     h->dtype = T->gpu >= 0 ? PROTO_DTYPE_BF16 : PROTO_DTYPE_F32;
@@ -265,16 +266,16 @@ static void pump(tw_t *T) {
     uint64_t row = (uint64_t)T->dcfg.n_feat * (uint64_t)T->dcfg.D;
     pipe_layout_t l = pipe_layout(m->T, m->n_seqs, row, T->elem);
     int gi = -1;
-    for (int i = 0; i < T->gn; i++) if (T->g[i].bytes >= l.bytes && T->have_slab[T->g[i].slab_id & 3]) { gi = i; break; }
+    for (int i = 0; i < T->gn; i++) if (T->g[i].bytes >= l.bytes && T->have_slab[slot_slab_index(T->g[i].slab_id)]) { gi = i; break; }
     if (gi < 0) {
         T->st.state = PROTO_STATE_BLOCKED;
         if (T->blocked_since == 0) T->blocked_since = clock_mono_s();
         return;
     }
     void *base;
-    int rc = hcache_get(T->hc, &T->slabs[T->g[gi].slab_id & 3], &base);
+    int rc = hcache_get(T->hc, &T->slabs[slot_slab_index(T->g[gi].slab_id)], &base);
     if (rc < 0) { log_rc(rc, "map the drafter's inbox"); return; }
-    if (T->g[gi].offset + l.bytes > T->slabs[T->g[gi].slab_id & 3].bytes) {
+    if (T->g[gi].offset + l.bytes > T->slabs[slot_slab_index(T->g[gi].slab_id)].bytes) {
         log_error("grant of slot %u lies outside the drafter's slab", T->g[gi].slot_id);
         T->g[gi] = T->g[--T->gn];
         return;
@@ -351,8 +352,8 @@ static void on_drafter_msg(bus_t *bus, const char *peer, const void *data, size_
     switch (m.type) {
     case PROTO_SLAB_EXPORT: {
         const proto_slab_export_t *e = &m.slab_export;
-        /* inbox slab ids: (drafter incarnation << 2) | 1..3 on the wire (see drafter_worker) */
-        if (e->owner_id != want || (e->slab_id & 3) < 1) {
+        /* inbox slab ids carry the drafter's incarnation (common/pipe/slot.h) */
+        if (e->owner_id != want || slot_slab_index(e->slab_id) < SLOT_SLAB_GPU) {
             log_warn("slab export from owner %u (routed to %u): ignored", e->owner_id, want);
             break;
         }
@@ -360,13 +361,13 @@ static void on_drafter_msg(bus_t *bus, const char *peer, const void *data, size_
             forget_drafter(T);
             T->drafter_inc = e->incarnation;
         }
-        slab_handle_t *h = &T->slabs[e->slab_id & 3];
+        slab_handle_t *h = &T->slabs[slot_slab_index(e->slab_id)];
         stage_slab_from_export(e, h);   /* a CUDA slab gets its cache key from (owner, incarnation, id) */
         if (h->kind == SLAB_CUDA && T->gpu < 0) {
             log_error("drafter %u exports GPU memory but this target runs on CPU (start it with --gpu)", e->owner_id);
             break;
         }
-        T->have_slab[e->slab_id & 3] = 1;
+        T->have_slab[slot_slab_index(e->slab_id)] = 1;
         break;
     }
     case PROTO_SLOT_GRANT:

@@ -362,7 +362,7 @@ static void test_config_file_and_target_crash(void **state) {
     assert_true(pf_same_file(a, b));
 }
 
-/* A NaN loss in micro-batch 4 (step 2; test hook DL_TEST_NAN_MB in the drafter):
+/* A NaN loss in micro-batch 4 (step 2; test hook nan_mb in the drafter):
  * the optimizer skips step 2, reports it, and leaves weights and moments unchanged;
  * training goes on. */
 static void test_nan_step_skipped(void **state) {
@@ -370,9 +370,9 @@ static void test_nan_step_skipped(void **state) {
     char out[400], log[400], id[17], a[600], b[600];
     snprintf(out, sizeof out, "%s/n", fx.root);
     snprintf(log, sizeof log, "%s/n.out", fx.root);
-    setenv("DL_TEST_NAN_MB", "4", 1);
+    setenv("DL_TEST_HOOKS", "nan_mb=4", 1);
     int code = run_pipeline(out, log, id, 120, "--max-steps", "4", "--save-every", "1", "--deterministic", NULL);
-    unsetenv("DL_TEST_NAN_MB");
+    unsetenv("DL_TEST_HOOKS");
     assert_int_equal(code, 0);
     snprintf(a, sizeof a, "%s/n/steps.jsonl", fx.root);
     size_t len;

@@ -9,7 +9,7 @@
  *  - chaos: 20 seeded kill -9 of random stages (loader, optimizer, drafters,
  *    targets): the run finishes, every step applied once, final weights bitwise
  *    equal to the undisturbed run's, no process or shared-memory object left;
- *  - a drafter hung on purpose (--test-stall-after-mbs) is reported stuck by
+ *  - a drafter hung on purpose (hook drafter0.stall_after_mbs) is reported stuck by
  *    `draftline monitor --once` within --stall-s, the drafter no target feeds is
  *    starved, not stuck; the Prometheus endpoint is scraped over TCP; every line of
  *    metrics.jsonl parses.
@@ -395,9 +395,11 @@ static void test_stall_monitor_prometheus(void **state) {
     snprintf(out, sizeof out, "%s/stall", fx.root);
     snprintf(log, sizeof log, "%s/stall.out", fx.root);
     proc_t p;
-    /* 1 target feeds drafter0 only; drafter0 hangs after 4 micro-batches */
+    /* 1 target feeds drafter0 only; drafter0 hangs after 4 micro-batches (test hook) */
+    setenv("DL_TEST_HOOKS", "drafter0.stall_after_mbs=4", 1);
     run_start(&p, out, log, "--targets", "1", "--drafters", "2", "--max-steps", "50",
-              "--test-stall-after-mbs", "4", "--metrics-port", "0", NULL);
+              "--metrics-port", "0", NULL);
+    unsetenv("DL_TEST_HOOKS");
     char dlog[500];
     snprintf(dlog, sizeof dlog, "%s/logs/drafter0.log", out);
     double t0 = now_s(), t_hang = 0;
