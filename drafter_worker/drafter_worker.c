@@ -38,10 +38,8 @@
 #include "common/base/log.h"
 #include "common/base/rng.h"
 #include "common/base/testhook.h"
+#include "common/mem/dev.h"
 #include "common/mem/hcache.h"
-#ifdef DL_CUDA
-#include "common/mem/cuda/mem_cuda.h"
-#endif
 #include "common/mem/inbox.h"
 #include "common/mem/slab.h"
 #include "common/model/drafter.h"
@@ -49,6 +47,7 @@
 #include "common/ops/ops.h"
 #include "common/pipe/layout.h"
 #include "common/pipe/model.h"
+#include "common/pipe/peers.h"
 #include "common/pipe/slot.h"
 #include "common/pipe/stage.h"
 
@@ -59,15 +58,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#define DW_MAX_PEERS 64
 #define DW_MAX_SLOTS 1024
 #define DW_MAX_EVENTS 256
 
+/* What a drafter keeps per target beside the registry (same index). */
 typedef struct {
-    char peer[BUS_ID_MAX + 1];
-    uint32_t target_id;
-    uint64_t incarnation;
-    int alive;
     int granted;               /* outstanding unused grants */
     double declined_at;        /* last time it handed a grant back unused */
 } tpeer_t;
@@ -109,8 +104,8 @@ typedef struct {
     inbox_t *ib;
     uint64_t slot_bytes;
     uint32_t slot_owner[DW_MAX_SLOTS]; /* peer index + 1 for granted-unused slots, 0 otherwise */
-    tpeer_t peers[DW_MAX_PEERS];
-    int npeers;
+    peers_t peers;             /* the targets that said hello (common/pipe/peers.h) */
+    tpeer_t tp[PEERS_MAX];     /* their grants, by registry index */
     item_t *items;             /* ready items (capacity DW_MAX_SLOTS) */
     /* weights */
     hcache_t *hc;
@@ -156,11 +151,6 @@ typedef struct {
 static void try_compute(dw_t *W);
 static void grant_all(dw_t *W);
 
-static int peer_find(dw_t *W, const char *peer) {
-    for (int i = 0; i < W->npeers; i++) if (!strcmp(W->peers[i].peer, peer)) return i;
-    return -1;
-}
-
 /* Inbox slab ids on the wire carry this incarnation (common/pipe/slot.h): a
  * hidden_states_ready for a grant of an earlier incarnation (queued in a target's pipe
  * across our restart, or written by a target that had not heard of it yet) names an
@@ -184,20 +174,21 @@ static void reclaim(dw_t *W, int i) {
             inbox_free(W->ib, s);
             W->slot_owner[s] = 0;
         }
-    W->peers[i].granted = 0;
+    W->tp[i].granted = 0;
 }
 
 /* One outstanding grant per target, round robin; a target that just handed a
  * grant back unused (it had no work) is passed over for a while so the room goes
  * to one that has work (the grant timer retries). */
 static void grant_all(dw_t *W) {
-    if (W->st.stopping || W->npeers == 0) return;
+    if (W->st.stopping || W->peers.n == 0) return;
     double now = clock_mono_s();
-    for (int n = 0; n < W->npeers; n++) {
-        int i = (W->rr + n) % W->npeers;
-        tpeer_t *p = &W->peers[i];
-        if (!p->alive || p->granted > 0 || now - p->declined_at < 0.3) continue;
-        W->rr = (i + 1) % W->npeers;
+    for (int n = 0; n < W->peers.n; n++) {
+        int i = (W->rr + n) % W->peers.n;
+        const peer_info_t *pi = &W->peers.p[i];
+        tpeer_t *p = &W->tp[i];
+        if (!pi->alive || p->granted > 0 || now - p->declined_at < 0.3) continue;
+        W->rr = (i + 1) % W->peers.n;
         inbox_slot_t s;
         int rc = inbox_alloc(W->ib, W->slot_bytes, 1, &s);
         if (rc == DL_EAGAIN) return;     /* back-pressure: the target waits for credit */
@@ -207,14 +198,14 @@ static void grant_all(dw_t *W) {
         proto_msg_t m;
         proto_msg_init(&m, PROTO_SLOT_GRANT);
         m.slot_grant.drafter_id = W->st.stage_id;
-        m.slot_grant.target_id = p->target_id;
+        m.slot_grant.target_id = pi->stage_id;
         m.slot_grant.slot_id = s.id;
         /* CPU run: both tiers are shared host memory */
         m.slot_grant.tier = W->gpu >= 0 && s.tier == INBOX_GPU ? PROTO_TIER_GPU : PROTO_TIER_HOST;
         m.slot_grant.slab_id = wire_slab_id(W, s.tier == INBOX_GPU ? SLOT_SLAB_GPU : SLOT_SLAB_HOST);
         m.slot_grant.offset = s.offset;
         m.slot_grant.bytes = s.bytes;
-        if (stage_send(W->srv, p->peer, &m) < 0) {
+        if (stage_send(W->srv, pi->id, &m) < 0) {
             inbox_free(W->ib, s.id);
             W->slot_owner[s.id] = 0;
             p->granted--;
@@ -224,13 +215,14 @@ static void grant_all(dw_t *W) {
 
 static void release_item(dw_t *W, const item_t *it) {
     inbox_free(W->ib, it->slot_id);
-    if (it->peer >= 0 && W->peers[it->peer].alive && W->peers[it->peer].incarnation == it->peer_inc) {
+    const peer_info_t *p = it->peer >= 0 ? &W->peers.p[it->peer] : NULL;
+    if (p && p->alive && p->incarnation == it->peer_inc) {
         proto_msg_t m;
         proto_msg_init(&m, PROTO_SLOT_RELEASE);
         m.slot_release.drafter_id = W->st.stage_id;
         m.slot_release.slot_id = it->slot_id;
         m.slot_release.mb = it->mb;
-        stage_send(W->srv, W->peers[it->peer].peer, &m);
+        stage_send(W->srv, p->id, &m);
     }
 }
 
@@ -266,22 +258,20 @@ static void work_run(uv_work_t *req) {
     W->cu[0] = 0;
     for (uint32_t s = 0; s < it->n_seqs; s++) W->cu[s + 1] = W->cu[s] + lens[s];
     const uint8_t *mask = host_at(W, it, it->loss_mask_off);
-#ifdef DL_CUDA
     if (W->gpu >= 0) {
-        int rc = mem_cuda_set_device(W->gpu);   /* per thread: this is a libuv worker */
+        int rc = dev_set(W->gpu);   /* per thread: this is a libuv worker */
         /* producer -> consumer ordering on the GPU: our stream waits for the
          * target's writes (no host wait) */
-        if (rc == 0) rc = mem_cuda_stream_wait(W->ops.stream, it->ev);
+        if (rc == 0) rc = dev_stream_wait(W->ops.stream, it->ev);
         inbox_slot_t sl;
         inbox_get(W->ib, it->slot_id, &sl);
         if (rc == 0 && slab_handle(W->tier[sl.tier])->kind == SLAB_HOST) {
-            rc = mem_cuda_memcpy_async(W->staging, base, (size_t)it->T * W->dcfg.n_feat * W->dcfg.D * W->elem,
-                                       W->ops.stream);
+            rc = dev_copy_async(W->staging, base, (size_t)it->T * W->dcfg.n_feat * W->dcfg.D * W->elem,
+                                W->ops.stream);
             features = W->staging;
         }
         if (rc < 0) { W->cur_rc = rc; return; }
     }
-#endif
     rng_t r;
     rng_seed(&r, rng_mix(W->seed, it->mb, 0xA17C));
     /* at most max_blocks blocks (GPU: activation memory); over it, fewer anchors per
@@ -337,17 +327,16 @@ static void load_weights(dw_t *W, int64_t version, uint64_t offset) {
     if (rc < 0) { log_rc(rc, "map the optimizer's weights"); return; }
     double t0 = clock_mono_s();
     const float *src = (const float *)((const uint8_t *)base + offset);
-#ifdef DL_CUDA
     if (W->wslab.kind == SLAB_CUDA) {
         /* the optimizer's device slab (this GPU or a peer): one device copy, then the
          * bf16 working weights, both on the compute stream (ordered before the next
          * micro-batch; the optimizer overwrites this half only two versions later) */
-        rc = mem_cuda_memcpy_async(drafter_master(W->d), src, W->P * sizeof(float), W->ops.stream);
+        rc = dev_copy_async(drafter_master(W->d), src, W->P * sizeof(float), W->ops.stream);
         if (rc < 0) { log_rc(rc, "copy the optimizer's weights"); exit(1); }
         drafter_sync_weights(W->d);
-    } else
-#endif
+    } else {
         drafter_upload_master(W->d, src);
+    }
     stage_phase_add(&W->st, PHASE_COPY, clock_mono_s() - t0);
     W->version = version;
     memset(W->sent, 0, W->K);
@@ -483,9 +472,10 @@ static void try_compute(dw_t *W) {
 }
 
 static void on_hs_ready(dw_t *W, int pi, const proto_hidden_states_ready_t *h) {
-    tpeer_t *p = &W->peers[pi];
+    const peer_info_t *p = &W->peers.p[pi];
+    tpeer_t *x = &W->tp[pi];
     if (h->slot_id >= DW_MAX_SLOTS || W->slot_owner[h->slot_id] != (uint32_t)pi + 1) {
-        log_warn("%s: hidden_states_ready for slot %u it was not granted: dropped", p->peer, h->slot_id);
+        log_warn("%s: hidden_states_ready for slot %u it was not granted: dropped", p->id, h->slot_id);
         return;
     }
     inbox_slot_t s;
@@ -493,7 +483,7 @@ static void on_hs_ready(dw_t *W, int pi, const proto_hidden_states_ready_t *h) {
     if (h->slab_id != wire_slab_id(W, s.tier == INBOX_GPU ? SLOT_SLAB_GPU : SLOT_SLAB_HOST)) {
         /* the slot stays granted: the target answers for this grant later */
         log_warn("%s: hidden_states_ready for micro-batch %llu names slab %u of an earlier incarnation: dropped",
-                 p->peer, (unsigned long long)h->mb, h->slab_id);
+                 p->id, (unsigned long long)h->mb, h->slab_id);
         return;
     }
     /* never compute on another GPU's memory (host tiers always pass) */
@@ -512,16 +502,16 @@ static void on_hs_ready(dw_t *W, int pi, const proto_hidden_states_ready_t *h) {
     if (bad) {
         log_warn("%s: hidden_states_ready for micro-batch %llu does not match this drafter "
                  "(shape %llux%llu, expected rows of %llu f32, K %u): dropped",
-                 p->peer, (unsigned long long)h->mb, (unsigned long long)h->shape[0],
+                 p->id, (unsigned long long)h->mb, (unsigned long long)h->shape[0],
                  (unsigned long long)h->shape[1], (unsigned long long)row, W->K);
         inbox_free(W->ib, h->slot_id);
         W->slot_owner[h->slot_id] = 0;
-        p->granted--;
+        x->granted--;
         grant_all(W);
         return;
     }
     W->slot_owner[h->slot_id] = 0;
-    p->granted--;
+    x->granted--;
     int k = 0;
     while (k < DW_MAX_SLOTS && W->items[k].used) k++;
     if (k == DW_MAX_SLOTS) { /* cannot happen: one item per live slot, at most DW_MAX_SLOTS */
@@ -544,7 +534,6 @@ static void on_hs_ready(dw_t *W, int pi, const proto_hidden_states_ready_t *h) {
     it->seq_lens_off = h->seq_lens_off;
     it->loss_mask_off = h->loss_mask_off;
     it->t_ready = clock_mono_s();
-#ifdef DL_CUDA
     if (W->gpu >= 0) {
         /* the producer's event: opened once per (target, incarnation, handle) */
         int e = 0;
@@ -553,7 +542,7 @@ static void on_hs_ready(dw_t *W, int pi, const proto_hidden_states_ready_t *h) {
         int rc = 0;
         if (e == W->nevc) {
             if (W->nevc == DW_MAX_EVENTS) rc = dl_seterr(DL_ENOMEM, "event cache full");
-            else rc = mem_cuda_event_open(h->event, &W->evc[e].ev);
+            else rc = dev_event_open(h->event, &W->evc[e].ev);
             if (rc == 0) {
                 W->evc[e].peer = pi; W->evc[e].inc = p->incarnation;
                 memcpy(W->evc[e].h, h->event, 64);
@@ -566,17 +555,16 @@ static void on_hs_ready(dw_t *W, int pi, const proto_hidden_states_ready_t *h) {
             rc = dl_seterr(DL_ENOMEM, "metadata buffer");
         uint64_t mb_bytes = l.bytes - l.tokens_off;
         if (rc == 0 && mb_bytes > W->meta_bytes) rc = dl_seterr(DL_ERANGE, "metadata larger than a full micro-batch's");
-        if (rc == 0) rc = mem_cuda_stream_wait(W->side, W->evc[e].ev);
-        if (rc == 0) rc = mem_cuda_memcpy_async(W->meta[h->slot_id], slot_base(W, h->slot_id) + l.tokens_off,
-                                                mb_bytes, W->side);
-        if (rc == 0) rc = mem_cuda_stream_sync(W->side);   /* the side stream only */
+        if (rc == 0) rc = dev_stream_wait(W->side, W->evc[e].ev);
+        if (rc == 0) rc = dev_copy_async(W->meta[h->slot_id], slot_base(W, h->slot_id) + l.tokens_off,
+                                         mb_bytes, W->side);
+        if (rc == 0) rc = dev_stream_sync(W->side);   /* the side stream only */
         if (rc < 0) {
             log_error("micro-batch %llu: %s", (unsigned long long)h->mb, dl_errmsg());
             exit(1);
         }
         it->ev = W->evc[e].ev;
     }
-#endif
     /* the sequence lengths must add up to T (a peer's bad data never reaches the math) */
     const int32_t *lens = (const int32_t *)host_at(W, it, it->seq_lens_off);
     const int32_t *ids = (const int32_t *)host_at(W, it, it->tokens_off);
@@ -586,7 +574,7 @@ static void on_hs_ready(dw_t *W, int pi, const proto_hidden_states_ready_t *h) {
     for (uint32_t t = 0; t < it->T && ok; t++) if (ids[t] < 0 || ids[t] >= W->dcfg.V) ok = 0;
     if (!ok || sum != it->T) {
         log_warn("%s: micro-batch %llu has inconsistent sequence lengths or token ids: dropped",
-                 p->peer, (unsigned long long)h->mb);
+                 p->id, (unsigned long long)h->mb);
         release_item(W, it);
         it->used = 0;
         return;
@@ -600,30 +588,25 @@ static void on_target_msg(bus_t *bus, const char *peer, const void *data, size_t
     dw_t *W = arg;
     proto_msg_t m;
     if (stage_decode(W->st.name, peer, data, len, &m) < 0) return;
-    int i = peer_find(W, peer);
+    int i = peers_find(&W->peers, peer);
     switch (m.type) {
     case PROTO_HELLO:
         if (i < 0) {
-            if (W->npeers == DW_MAX_PEERS) break;
-            i = W->npeers++;
-            memset(&W->peers[i], 0, sizeof W->peers[i]);
-            snprintf(W->peers[i].peer, sizeof W->peers[i].peer, "%s", peer);
+            if ((i = peers_add(&W->peers, peer)) < 0) break;
+            memset(&W->tp[i], 0, sizeof W->tp[i]);
         }
-        if (W->peers[i].incarnation && W->peers[i].incarnation != m.hello.incarnation) reclaim(W, i);
-        W->peers[i].target_id = m.hello.stage_id;
-        W->peers[i].incarnation = m.hello.incarnation;
-        W->peers[i].alive = 1;
+        /* a restarted target's unused grants are reclaimed */
+        if (peers_hello(&W->peers, i, m.hello.stage_id, m.hello.incarnation, NULL) == PEERS_RESTARTED)
+            reclaim(W, i);
         log_info("hello from %s (target %u, incarnation %llu)", peer, m.hello.stage_id,
                  (unsigned long long)m.hello.incarnation);
-#ifdef DL_CUDA
         /* events of an earlier incarnation of this target are dead */
         for (int e = 0; e < W->nevc;) {
             if (W->evc[e].peer == i && W->evc[e].inc != m.hello.incarnation) {
-                mem_cuda_event_destroy(W->evc[e].ev);
+                dev_event_destroy(W->evc[e].ev);
                 W->evc[e] = W->evc[--W->nevc];
             } else e++;
         }
-#endif
         export_slab(W, W->srv, peer, W->tier[0]);
         if (W->tier[1]) export_slab(W, W->srv, peer, W->tier[1]);
         grant_all(W);
@@ -639,8 +622,8 @@ static void on_target_msg(bus_t *bus, const char *peer, const void *data, size_t
             W->slot_owner[m.slot_release.slot_id] == (uint32_t)i + 1) {
             inbox_free(W->ib, m.slot_release.slot_id);
             W->slot_owner[m.slot_release.slot_id] = 0;
-            W->peers[i].granted--;
-            W->peers[i].declined_at = clock_mono_s();
+            W->tp[i].granted--;
+            W->tp[i].declined_at = clock_mono_s();
             grant_all(W);
         }
         break;
@@ -653,10 +636,10 @@ static void on_target_msg(bus_t *bus, const char *peer, const void *data, size_t
 static void on_target_dead(bus_t *bus, const char *peer, uint64_t silent_ms, void *arg) {
     (void)bus;
     dw_t *W = arg;
-    int i = peer_find(W, peer);
+    int i = peers_find(&W->peers, peer);
     if (i < 0) return;
     log_warn("%s silent for %llu ms: its unused grants are reclaimed", peer, (unsigned long long)silent_ms);
-    W->peers[i].alive = 0;
+    W->peers.p[i].alive = 0;
     reclaim(W, i);
     grant_all(W);
 }
@@ -816,16 +799,15 @@ int main(int argc, char **argv) {
     W.gpu = (int)gpu;
     W.elem = 4;
     if (W.gpu >= 0) {
-#ifdef DL_CUDA
+        if (!dev_available()) {
+            log_error("--gpu %d: this build has no CUDA", W.gpu);
+            return 2;
+        }
         /* CUDA is initialised here, after exec: nothing CUDA crossed the fork */
         rc = ops_cuda_init(&W.ops, W.gpu);
-        if (rc == 0) rc = mem_cuda_stream_new(W.gpu, &W.side);
+        if (rc == 0) rc = dev_stream_new(W.gpu, &W.side);
         if (rc < 0) return log_rc(rc, "CUDA device (--gpu)"), 1;
         W.elem = ops_act_bytes(&W.ops);
-#else
-        log_error("--gpu %d: this build has no CUDA", W.gpu);
-        return 2;
-#endif
     } else {
         ops_cpu_init(&W.ops, (int)threads);
     }
@@ -870,12 +852,10 @@ int main(int argc, char **argv) {
     uint64_t caps[2] = {inbox_b >= W.slot_bytes ? inbox_b : 0, host_b};
     /* the slabs are the inbox: exactly the two capacities, nothing else */
     int on_gpu = W.gpu >= 0;
-#ifdef DL_CUDA
     if (on_gpu) {
         W.st.gpu_index = W.gpu;
-        rc = mem_cuda_uuid(W.gpu, W.st.gpu_uuid, sizeof W.st.gpu_uuid);
+        rc = dev_uuid(W.gpu, W.st.gpu_uuid, sizeof W.st.gpu_uuid);
     }
-#endif
     if (rc == 0 && caps[0])
         rc = slab_create(&W.tier[0], on_gpu ? SLAB_CUDA : SLAB_HOST, run_id, name, W.st.stage_id, (uint64_t)inc,
                          SLOT_SLAB_GPU, "ibg", caps[0], W.gpu, 0);
@@ -930,11 +910,9 @@ int main(int argc, char **argv) {
     slab_destroy(&W.tier[0]);
     slab_destroy(&W.tier[1]);
     slab_destroy(&W.grad);
-#ifdef DL_CUDA
-    for (int e = 0; e < W.nevc; e++) mem_cuda_event_destroy(W.evc[e].ev);
+    for (int e = 0; e < W.nevc; e++) dev_event_destroy(W.evc[e].ev);
     if (W.staging) W.ops.impl->free_(&W.ops, W.staging);
-    mem_cuda_stream_destroy(W.side);
-#endif
+    dev_stream_destroy(W.side);
     for (int k = 0; k < DW_MAX_SLOTS; k++) free(W.meta[k]);
     drafter_destroy(&W.d);
     target_destroy(&W.tgt);

@@ -18,6 +18,7 @@
 #include "common/base/log.h"
 #include "common/data/batcher.h"
 #include "common/data/prepare.h"
+#include "common/pipe/peers.h"
 #include "common/pipe/stage.h"
 
 #include <getopt.h>
@@ -25,15 +26,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define LOADER_MAX_PEERS 256
-
-typedef struct {
-    char peer[BUS_ID_MAX + 1];
-    uint32_t target_id;
-    uint64_t incarnation;
-    uint32_t credit;        /* micro-batches the target asked for and has not received */
-    int alive;
-} peer_t;
 
 typedef struct {
     uint64_t mb;
@@ -51,8 +43,8 @@ typedef struct {
     uint64_t end_mb;        /* one past the last micro-batch to issue */
     uint64_t applied_steps; /* steps the optimizer applied: step A is current */
     uint64_t lookahead;     /* micro-batches allowed past the current step */
-    peer_t peers[LOADER_MAX_PEERS];
-    int npeers;
+    peers_t peers;          /* targets (and others) that said hello (common/pipe/peers.h) */
+    uint32_t credit[PEERS_MAX]; /* by registry index: micro-batches asked for, not received */
     inflight_t *inflight;   /* unapplied micro-batches handed out or queued again */
     size_t ninflight, capinflight;
     /* packing buffers, sized by the token budget */
@@ -69,20 +61,10 @@ typedef struct {
     bus_timer_t *watchdog;
 } loader_t;
 
-static int peer_find(loader_t *L, const char *peer) {
-    for (int i = 0; i < L->npeers; i++)
-        if (!strcmp(L->peers[i].peer, peer)) return i;
-    return -1;
-}
-
+/* Registry index of `peer`, added (alive, no credit) if unknown; -1 when full. */
 static int peer_get(loader_t *L, const char *peer) {
-    int i = peer_find(L, peer);
-    if (i >= 0) return i;
-    if (L->npeers == LOADER_MAX_PEERS) return -1;
-    i = L->npeers++;
-    memset(&L->peers[i], 0, sizeof L->peers[i]);
-    snprintf(L->peers[i].peer, sizeof L->peers[i].peer, "%s", peer);
-    L->peers[i].alive = 1;
+    int n = L->peers.n, i = peers_add(&L->peers, peer);
+    if (i >= n) L->credit[i] = 0;
     return i;
 }
 
@@ -92,8 +74,8 @@ static void requeue_peer(loader_t *L, int i, const char *why) {
     int n = 0;
     for (size_t k = 0; k < L->ninflight; k++)
         if (L->inflight[k].peer == i) { L->inflight[k].peer = -1; n++; }
-    L->peers[i].credit = 0;
-    if (n) log_warn("%s %s: %d micro-batch(es) queued for re-issue", L->peers[i].peer, why, n);
+    L->credit[i] = 0;
+    if (n) log_warn("%s %s: %d micro-batch(es) queued for re-issue", L->peers.p[i].id, why, n);
 }
 
 static uint64_t step_limit(const loader_t *L) {
@@ -120,7 +102,7 @@ static int send_mb(loader_t *L, int pi, uint64_t mb) {
     x->tokens = L->ids; x->n_tokens = m.n_tokens;
     x->seq_lens = L->lens; x->n_seq_lens = m.n_seqs;
     x->loss_mask = L->mask; x->n_loss_mask = m.n_tokens;
-    rc = stage_send(L->srv, L->peers[pi].peer, &o);
+    rc = stage_send(L->srv, L->peers.p[pi].id, &o);
     if (rc < 0) return rc;
     L->issued++;
     L->tokens_out += m.n_tokens;
@@ -132,9 +114,10 @@ static void serve(loader_t *L) {
     if (L->st.stopping) return;
     for (int progress = 1; progress;) {
         progress = 0;
-        for (int i = 0; i < L->npeers; i++) {
-            peer_t *p = &L->peers[i];
-            if (!p->alive || p->credit == 0) continue;
+        for (int i = 0; i < L->peers.n; i++) {
+            const peer_info_t *p = &L->peers.p[i];
+            uint32_t *credit = &L->credit[i];
+            if (!p->alive || *credit == 0) continue;
             /* re-issue first (lowest mb first: it holds up the oldest step) */
             size_t best = SIZE_MAX;
             for (size_t k = 0; k < L->ninflight; k++)
@@ -145,10 +128,10 @@ static void serve(loader_t *L) {
                 if (send_mb(L, i, L->inflight[best].mb) == 0) {
                     L->inflight[best].peer = i;
                     L->inflight[best].issued_s = clock_mono_s();
-                    p->credit--;
+                    (*credit)--;
                     L->reissued++;
                     log_info("re-issued micro-batch %llu to %s",
-                             (unsigned long long)L->inflight[best].mb, p->peer);
+                             (unsigned long long)L->inflight[best].mb, p->id);
                     progress = 1;
                 }
                 continue;
@@ -164,14 +147,14 @@ static void serve(loader_t *L) {
             if (send_mb(L, i, L->next_mb) == 0) {
                 L->inflight[L->ninflight++] = (inflight_t){L->next_mb, i, clock_mono_s()};
                 L->next_mb++;
-                p->credit--;
+                (*credit)--;
                 progress = 1;
                 stage_progress(&L->st);
             }
         }
     }
     int waiting = 0;
-    for (int i = 0; i < L->npeers; i++) waiting |= L->peers[i].alive && L->peers[i].credit > 0;
+    for (int i = 0; i < L->peers.n; i++) waiting |= L->peers.p[i].alive && L->credit[i] > 0;
     L->st.state = waiting ? PROTO_STATE_BLOCKED : PROTO_STATE_IDLE;
     if (L->applied_steps * L->bo.micro_batches_per_step >= L->end_mb && !L->done_logged) {
         log_info("every micro-batch up to %llu applied", (unsigned long long)L->end_mb);
@@ -218,14 +201,11 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
     case PROTO_HELLO: {
         int i = peer_get(L, peer);
         if (i < 0) { log_error("too many peers"); break; }
-        peer_t *p = &L->peers[i];
-        if (m.hello.role == PROTO_ROLE_TARGET) {
-            if (p->incarnation && p->incarnation != m.hello.incarnation)
-                requeue_peer(L, i, "restarted");
-            p->target_id = m.hello.stage_id;
-            p->incarnation = m.hello.incarnation;
-        }
-        p->alive = 1;
+        /* a restarted target's unapplied work goes back to the queue */
+        if (m.hello.role == PROTO_ROLE_TARGET &&
+            peers_hello(&L->peers, i, m.hello.stage_id, m.hello.incarnation, NULL) == PEERS_RESTARTED)
+            requeue_peer(L, i, "restarted");
+        L->peers.p[i].alive = 1;
         log_info("hello from %s (%s %u, incarnation %llu)", peer, proto_role_name(m.hello.role),
                  m.hello.stage_id, (unsigned long long)m.hello.incarnation);
         break;
@@ -233,9 +213,9 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
     case PROTO_WORK_REQUEST: {
         int i = peer_get(L, peer);
         if (i < 0) break;
-        L->peers[i].alive = 1;
-        L->peers[i].target_id = m.work_request.target_id;
-        L->peers[i].credit += m.work_request.count;
+        L->peers.p[i].alive = 1;
+        L->peers.p[i].stage_id = m.work_request.target_id;
+        L->credit[i] += m.work_request.count;
         serve(L);
         break;
     }
@@ -282,9 +262,9 @@ static void on_watchdog(bus_t *bus, void *arg) {
 static void on_dead(bus_t *bus, const char *peer, uint64_t silent_ms, void *arg) {
     (void)bus;
     loader_t *L = arg;
-    int i = peer_find(L, peer);
+    int i = peers_find(&L->peers, peer);
     if (i < 0) return;
-    L->peers[i].alive = 0;
+    L->peers.p[i].alive = 0;
     char why[64];
     snprintf(why, sizeof why, "silent for %llu ms", (unsigned long long)silent_ms);
     requeue_peer(L, i, why);
@@ -308,9 +288,9 @@ static void on_control(stage_t *st, const proto_control_t *c, void *arg) {
                          (long long)(c->ints[j] - PIPE_ID_DRAFTER0), n);
             }
         for (uint32_t j = 0; j < c->n_ints; j++)
-            for (int i = 0; i < L->npeers; i++)
-                if (L->peers[i].target_id == (uint32_t)c->ints[j] && c->ints[j] >= PIPE_ID_TARGET0) {
-                    L->peers[i].alive = 0;
+            for (int i = 0; i < L->peers.n; i++)
+                if (L->peers.p[i].stage_id == (uint32_t)c->ints[j] && c->ints[j] >= PIPE_ID_TARGET0) {
+                    L->peers.p[i].alive = 0;
                     requeue_peer(L, i, "reported gone by the supervisor");
                 }
         serve(L);

@@ -36,15 +36,14 @@
 #include "common/base/err.h"
 #include "common/base/log.h"
 #include "common/data/batcher.h"
+#include "common/mem/dev.h"
 #include "common/mem/hcache.h"
-#ifdef DL_CUDA
-#include "common/mem/cuda/mem_cuda.h"
-#endif
 #include "common/mem/slab.h"
 #include "common/model/drafter.h"
 #include "common/ops/ops.h"
 #include "common/pipe/ckpt.h"
 #include "common/pipe/model.h"
+#include "common/pipe/peers.h"
 #include "common/pipe/stage.h"
 
 #include <errno.h>
@@ -55,13 +54,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#define OPT_MAX_PEERS 64
-
+/* What the optimizer keeps per drafter beside the registry (same index). */
 typedef struct {
-    char peer[BUS_ID_MAX + 1];
-    uint32_t drafter_id;
-    uint64_t incarnation;
-    int alive;
     slab_handle_t grad;        /* its gradient slab (from slab_export) */
     int have_grad;
 } dpeer_t;
@@ -90,8 +84,8 @@ typedef struct {
     float *h_master, *h_m, *h_v;  /* host copies for checkpoints (== the above on CPU) */
     slab_t *wslab;             /* 2 * P f32: weights of versions v%2 (device on GPU) */
     hcache_t *hc;
-    dpeer_t peers[OPT_MAX_PEERS];
-    int npeers;
+    peers_t peers;             /* the drafters that said hello (common/pipe/peers.h) */
+    dpeer_t dp[PEERS_MAX];     /* their gradient slabs, by registry index */
     /* schedule and state */
     uint64_t step, max_steps, K, save_every, warmup, seed, tokens, skipped, last_ckpt;
     double lr, wd, clip, b1, b2, eps;
@@ -115,11 +109,6 @@ typedef struct {
     char resume_dir[4200];
 } opt_t;
 
-static int peer_find(opt_t *O, const char *peer) {
-    for (int i = 0; i < O->npeers; i++) if (!strcmp(O->peers[i].peer, peer)) return i;
-    return -1;
-}
-
 static float *wbuf(opt_t *O, uint64_t version) {
     return (float *)slab_ptr(O->wslab) + (version % 2) * O->P;
 }
@@ -133,7 +122,7 @@ static void send_weights(opt_t *O, int i) {
     m.weights_version.bytes = O->P * sizeof(float);
     m.weights_version.n_params = O->P;
     m.weights_version.dtype = PROTO_DTYPE_F32;
-    stage_send(O->srv, O->peers[i].peer, &m);
+    stage_send(O->srv, O->peers.p[i].id, &m);
 }
 
 static void export_slab(bus_t *bus, const char *peer, const slab_handle_t *h) {
@@ -286,7 +275,7 @@ static void apply_step(opt_t *O) {
     int final = O->step == O->max_steps;
     if (final) checkpoint(O);
     /* new weights to every drafter, then the ledger news */
-    for (int i = 0; i < O->npeers; i++) if (O->peers[i].alive) send_weights(O, i);
+    for (int i = 0; i < O->peers.n; i++) if (O->peers.p[i].alive) send_weights(O, i);
     proto_msg_t a;
     proto_msg_init(&a, PROTO_APPLIED);
     a.applied.step = applied;
@@ -340,23 +329,23 @@ static void on_grads(opt_t *O, int pi, const proto_gradients_ready_t *g) {
     if (O->max_steps && g->step >= O->max_steps) { O->stale_dropped++; return; }
     if (g->step > O->step || g->weights_version != O->step) {
         log_warn("%s: gradients for step %llu with weights %llu while at step %llu: dropped",
-                 O->peers[pi].peer, (unsigned long long)g->step,
+                 O->peers.p[pi].id, (unsigned long long)g->step,
                  (unsigned long long)g->weights_version, (unsigned long long)O->step);
         O->stale_dropped++;
         return;
     }
     if (g->n_mbs != 1 || g->n_params != O->P || g->bytes != O->P * 4) {
         log_warn("%s: gradients_ready with %u micro-batches / %llu params: expected 1 / %zu",
-                 O->peers[pi].peer, g->n_mbs, (unsigned long long)g->n_params, O->P);
+                 O->peers.p[pi].id, g->n_mbs, (unsigned long long)g->n_params, O->P);
         return;
     }
     uint64_t mb = g->mbs[0];
     if (mb / O->K != g->step) { log_warn("micro-batch %llu is not in step %llu", (unsigned long long)mb, (unsigned long long)g->step); return; }
     contrib_t *c = &O->c[mb % O->K];
     if (c->present) { O->dup_dropped++; log_info("duplicate of micro-batch %llu dropped", (unsigned long long)mb); return; }
-    dpeer_t *p = &O->peers[pi];
+    dpeer_t *p = &O->dp[pi];
     if (!p->have_grad || p->grad.slab_id != g->slab_id || g->offset + g->bytes > p->grad.bytes) {
-        log_warn("%s: gradients in an unknown slab %u / out of range", p->peer, g->slab_id);
+        log_warn("%s: gradients in an unknown slab %u / out of range", O->peers.p[pi].id, g->slab_id);
         return;
     }
     void *base;
@@ -379,25 +368,21 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
     opt_t *O = arg;
     proto_msg_t m;
     if (stage_decode("optimizer", peer, data, len, &m) < 0) return;
-    int i = peer_find(O, peer);
+    int i = peers_find(&O->peers, peer);
     switch (m.type) {
     case PROTO_HELLO:
         if (i < 0) {
-            if (O->npeers == OPT_MAX_PEERS) break;
-            i = O->npeers++;
-            memset(&O->peers[i], 0, sizeof O->peers[i]);
-            snprintf(O->peers[i].peer, sizeof O->peers[i].peer, "%s", peer);
+            if ((i = peers_add(&O->peers, peer)) < 0) break;
+            memset(&O->dp[i], 0, sizeof O->dp[i]);
         }
-        if (O->peers[i].incarnation != m.hello.incarnation) {
+        /* a new incarnation (or the first): what an earlier one exported is gone */
+        if (peers_hello(&O->peers, i, m.hello.stage_id, m.hello.incarnation, NULL) != PEERS_SAME) {
             hcache_drop_owner(O->hc, m.hello.stage_id);
-            O->peers[i].have_grad = 0;
+            O->dp[i].have_grad = 0;
             /* its unapplied contributions point into a dead mapping: forget them */
             for (uint64_t j = 0; j < O->K; j++)
                 if (O->c[j].present && O->c[j].peer == i) O->c[j].present = 0;
         }
-        O->peers[i].drafter_id = m.hello.stage_id;
-        O->peers[i].incarnation = m.hello.incarnation;
-        O->peers[i].alive = 1;
         log_info("hello from %s (drafter %u, incarnation %llu)", peer, m.hello.stage_id,
                  (unsigned long long)m.hello.incarnation);
         export_slab(O->srv, peer, slab_handle(O->wslab));
@@ -405,16 +390,16 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
         break;
     case PROTO_SLAB_EXPORT:
         if (i < 0) break;
-        stage_slab_from_export(&m.slab_export, &O->peers[i].grad);
+        stage_slab_from_export(&m.slab_export, &O->dp[i].grad);
         /* the sum reads gradients where the step runs: device memory on GPU, host on CPU */
-        if ((O->peers[i].grad.kind == SLAB_CUDA) != (O->gpu >= 0)) {
+        if ((O->dp[i].grad.kind == SLAB_CUDA) != (O->gpu >= 0)) {
             log_error("%s: gradient slab in %s memory, but this optimizer runs on %s: ignored "
                       "(start drafters and optimizer both with or both without --gpu)", peer,
-                      O->peers[i].grad.kind == SLAB_CUDA ? "GPU" : "host", O->gpu >= 0 ? "a GPU" : "the CPU");
-            O->peers[i].have_grad = 0;
+                      O->dp[i].grad.kind == SLAB_CUDA ? "GPU" : "host", O->gpu >= 0 ? "a GPU" : "the CPU");
+            O->dp[i].have_grad = 0;
             break;
         }
-        O->peers[i].have_grad = 1;
+        O->dp[i].have_grad = 1;
         break;
     case PROTO_GRADIENTS_READY:
         if (i >= 0) on_grads(O, i, &m.gradients_ready);
@@ -459,10 +444,10 @@ static void steps_log_rewind(const char *path, uint64_t step) {
 static void on_dead(bus_t *bus, const char *peer, uint64_t silent_ms, void *arg) {
     (void)bus;
     opt_t *O = arg;
-    int i = peer_find(O, peer);
+    int i = peers_find(&O->peers, peer);
     if (i < 0) return;
     log_warn("%s silent for %llu ms", peer, (unsigned long long)silent_ms);
-    O->peers[i].alive = 0;
+    O->peers.p[i].alive = 0;
 }
 
 /* MEMBERSHIP from the supervisor: drafters retired by a rebalance (ints: stage ids).
@@ -473,18 +458,18 @@ static void on_control(stage_t *st, const proto_control_t *c, void *arg) {
     (void)st;
     if (c->op != PROTO_CTL_MEMBERSHIP) return;
     for (uint32_t j = 0; j < c->n_ints; j++)
-        for (int i = 0; i < O->npeers; i++)
-            if (O->peers[i].drafter_id == (uint32_t)c->ints[j]) {
-                O->peers[i].alive = 0;
+        for (int i = 0; i < O->peers.n; i++)
+            if (O->peers.p[i].stage_id == (uint32_t)c->ints[j]) {
+                O->peers.p[i].alive = 0;
                 /* its gradient slab stays mapped while a pending contribution points
                  * into it; else the mapping is closed now */
                 int used = 0;
                 for (uint64_t k = 0; k < O->K; k++) used |= O->c[k].present && O->c[k].peer == i;
-                if (!used && O->peers[i].have_grad) {
-                    hcache_drop_owner(O->hc, O->peers[i].drafter_id);
-                    O->peers[i].have_grad = 0;
+                if (!used && O->dp[i].have_grad) {
+                    hcache_drop_owner(O->hc, O->peers.p[i].stage_id);
+                    O->dp[i].have_grad = 0;
                 }
-                log_info("%s left the membership%s", O->peers[i].peer, used ? "" : " (mapping closed)");
+                log_info("%s left the membership%s", O->peers.p[i].id, used ? "" : " (mapping closed)");
             }
 }
 
@@ -618,14 +603,13 @@ int main(int argc, char **argv) {
     if (rc < 0) return log_rc(rc, "drafter config"), 1;
     ops_cpu_init(&O.lops, 0);
     if (O.gpu >= 0) {
-#ifdef DL_CUDA
+        if (!dev_available()) {
+            log_error("--gpu %d: this build has no CUDA", O.gpu);
+            return 2;
+        }
         /* CUDA is initialised here, after exec: nothing CUDA crossed the fork */
         rc = ops_cuda_init(&O.ops, O.gpu);
         if (rc < 0) return log_rc(rc, "CUDA device (--gpu)"), 1;
-#else
-        log_error("--gpu %d: this build has no CUDA", O.gpu);
-        return 2;
-#endif
     } else {
         ops_cpu_init(&O.ops, 0);
     }

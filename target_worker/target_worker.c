@@ -22,10 +22,8 @@
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
+#include "common/mem/dev.h"
 #include "common/mem/hcache.h"
-#ifdef DL_CUDA
-#include "common/mem/cuda/mem_cuda.h"
-#endif
 #include "common/mem/slab.h"
 #include "common/model/target.h"
 #include "common/ops/ops.h"
@@ -136,32 +134,30 @@ static void work_run(uv_work_t *req) {
     T->cu[0] = 0;
     for (uint32_t s = 0; s < m->n_seqs; s++) T->cu[s + 1] = T->cu[s] + m->seq_lens[s];
     double t0 = clock_mono_s();
-#ifdef DL_CUDA
     if (T->gpu >= 0) {
         /* features by device copies straight into the drafter's GPU slot (peer
          * memory when it is on another GPU), or via scratch into its host tier */
         int host = slot_slab_index(T->cur_g.slab_id) != SLOT_SLAB_GPU;
         void *stream = T->ops.stream;
-        int rc = mem_cuda_set_device(T->gpu);   /* per thread: this is a libuv worker */
+        int rc = dev_set(T->gpu);   /* per thread: this is a libuv worker */
         if (rc == 0 && host && !T->scratch) {
             T->scratch = T->ops.impl->malloc_(&T->ops, T->scratch_bytes);
             if (!T->scratch) rc = dl_seterr(DL_ENOMEM, "device scratch of %zu bytes", T->scratch_bytes);
         }
         void *feat = host ? T->scratch : T->cur_base;
         if (rc == 0) rc = target_forward_host(T->t, m->tokens, NULL, T->cu, (int)m->n_seqs, (int)m->T, feat, NULL);
-        if (rc == 0 && host) rc = mem_cuda_memcpy_async(T->cur_base, T->scratch, (size_t)m->T * row * T->elem, stream);
-        if (rc == 0) rc = mem_cuda_memcpy_async(T->cur_base + l.tokens_off, m->tokens, (size_t)m->T * 4, stream);
-        if (rc == 0) rc = mem_cuda_memcpy_async(T->cur_base + l.seq_lens_off, m->seq_lens, (size_t)m->n_seqs * 4, stream);
-        if (rc == 0) rc = mem_cuda_memcpy_async(T->cur_base + l.loss_mask_off, m->mask, m->T, stream);
+        if (rc == 0 && host) rc = dev_copy_async(T->cur_base, T->scratch, (size_t)m->T * row * T->elem, stream);
+        if (rc == 0) rc = dev_copy_async(T->cur_base + l.tokens_off, m->tokens, (size_t)m->T * 4, stream);
+        if (rc == 0) rc = dev_copy_async(T->cur_base + l.seq_lens_off, m->seq_lens, (size_t)m->n_seqs * 4, stream);
+        if (rc == 0) rc = dev_copy_async(T->cur_base + l.loss_mask_off, m->mask, m->T, stream);
         T->cur_ev = T->ev_next;
         T->ev_next = (T->ev_next + 1) % TW_N_EVENTS;
-        if (rc == 0) rc = mem_cuda_event_record(T->ev[T->cur_ev], stream);
-        if (rc == 0) rc = mem_cuda_stream_sync(stream);   /* this stream only */
+        if (rc == 0) rc = dev_event_record(T->ev[T->cur_ev], stream);
+        if (rc == 0) rc = dev_stream_sync(stream);   /* this stream only */
         T->cur_rc = rc;
         T->cur_fwd_s = clock_mono_s() - t0;
         return;
     }
-#endif
     /* features straight into the drafter's slot: no staging copy */
     T->cur_rc = target_forward_host(T->t, m->tokens, NULL, T->cu, (int)m->n_seqs, (int)m->T,
                                     T->cur_base, NULL);
@@ -581,17 +577,16 @@ int main(int argc, char **argv) {
     T.gpu = (int)gpu;
     T.elem = 4;
     if (T.gpu >= 0) {
-#ifdef DL_CUDA
+        if (!dev_available()) {
+            log_error("--gpu %d: this build has no CUDA", T.gpu);
+            return 2;
+        }
         /* CUDA is initialised here, after exec: nothing CUDA crossed the fork */
         rc = ops_cuda_init(&T.ops, T.gpu);
         if (rc < 0) return log_rc(rc, "CUDA device (--gpu)"), 1;
         T.elem = ops_act_bytes(&T.ops);
-        for (int i = 0; i < TW_N_EVENTS && rc == 0; i++) rc = mem_cuda_event_create(&T.ev[i], T.evh[i]);
+        for (int i = 0; i < TW_N_EVENTS && rc == 0; i++) rc = dev_event_create(&T.ev[i], T.evh[i]);
         if (rc < 0) return log_rc(rc, "interprocess events"), 1;
-#else
-        log_error("--gpu %d: this build has no CUDA", T.gpu);
-        return 2;
-#endif
     } else {
         ops_cpu_init(&T.ops, (int)threads);
     }
@@ -610,15 +605,13 @@ int main(int argc, char **argv) {
     rc = stage_init(&T.st, PROTO_ROLE_TARGET, PIPE_ID_TARGET0 + (uint32_t)T.index, (uint64_t)inc, name, run_dir, run_id);
     if (rc < 0) return log_rc(rc, "stage init"), 1;
     hcache_new(&T.hc, T.gpu);
-#ifdef DL_CUDA
     if (T.gpu >= 0) {
-        rc = mem_cuda_uuid(T.gpu, T.st.gpu_uuid, sizeof T.st.gpu_uuid);
+        rc = dev_uuid(T.gpu, T.st.gpu_uuid, sizeof T.st.gpu_uuid);
         T.scratch_bytes = (size_t)T.token_budget * T.dcfg.n_feat * T.dcfg.D * T.elem;
         if (rc < 0) return log_rc(rc, "GPU UUID"), 1;
         T.st.gpu_index = T.gpu;
         log_info("on GPU %d (%s)", T.gpu, T.st.gpu_uuid);
     }
-#endif
     T.loader = stage_bus(&T.st, BUS_DEALER, "loader");
     if (!T.loader) return log_rc(DL_EIO, "connect to the loader"), 1;
     bus_on_message(T.loader, on_loader_msg, &T);
@@ -638,10 +631,8 @@ int main(int argc, char **argv) {
     bus_destroy(&T.drafter);
     stage_fini(&T.st);
     hcache_destroy(&T.hc);
-#ifdef DL_CUDA
-    for (int i = 0; i < TW_N_EVENTS; i++) mem_cuda_event_destroy(T.ev[i]);
+    for (int i = 0; i < TW_N_EVENTS; i++) dev_event_destroy(T.ev[i]);
     if (T.scratch) T.ops.impl->free_(&T.ops, T.scratch);
-#endif
     target_destroy(&T.t);
     ops_ctx_destroy(&T.ops);
     for (int i = 0; i < T.qn; i++) mb_free(&T.q[i]);
