@@ -735,6 +735,71 @@ static void usage(FILE *f) {
         "  -h, --help                 this help\n");
 }
 
+/* The inbox tiers (caps[0] GPU tier, caps[1] host tier, in bytes; a tier of 0 is not
+ * made, and a lone host tier becomes tier 0), the gradient slab (K * P f32) and, on a
+ * GPU, the staging buffer for host-tier items. Logs and returns a negative error code
+ * on failure. */
+static int dw_slabs(dw_t *W, const char *run_id, const char *name, int64_t inc, uint64_t caps[2]) {
+    int rc = 0;
+    uint64_t row = (uint64_t)W->dcfg.n_feat * (uint64_t)W->dcfg.D;
+    /* the slabs are the inbox: exactly the two capacities, nothing else */
+    int on_gpu = W->gpu >= 0;
+    if (on_gpu) {
+        W->st.gpu_index = W->gpu;
+        rc = dev_uuid(W->gpu, W->st.gpu_uuid, sizeof W->st.gpu_uuid);
+    }
+    if (rc == 0 && caps[0])
+        rc = slab_create(&W->tier[0], on_gpu ? SLAB_CUDA : SLAB_HOST, run_id, name, W->st.stage_id, (uint64_t)inc,
+                         SLOT_SLAB_GPU, "ibg", caps[0], W->gpu, 0);
+    if (rc == 0 && caps[1]) rc = slab_create(&W->tier[1], SLAB_HOST, run_id, name, W->st.stage_id, (uint64_t)inc, SLOT_SLAB_HOST, "ibh", caps[1], -1, on_gpu);
+    if (rc == 0 && !W->tier[0]) { W->tier[0] = W->tier[1]; W->tier[1] = NULL; caps[0] = caps[1]; caps[1] = 0; }
+    /* gradients: one slot of P f32 per micro-batch of a step; device memory on GPU
+     * (the optimizer maps it by IPC and reads it in place) */
+    if (rc == 0) rc = slab_create(&W->grad, on_gpu ? SLAB_CUDA : SLAB_HOST, run_id, name, W->st.stage_id,
+                                  (uint64_t)inc, SLOT_SLAB_GRAD, "grad", (size_t)W->K * W->P * sizeof(float), W->gpu, 0);
+    if (rc == 0 && on_gpu && (caps[1] || slab_handle(W->tier[0])->kind == SLAB_HOST)) {
+        /* host-tier items are copied here before the math (compute memory, not inbox) */
+        W->staging = W->ops.impl->malloc_(&W->ops, (size_t)W->token_budget * row * W->elem);
+        if (!W->staging) rc = DL_ENOMEM;
+    }
+    if (rc == 0 && on_gpu)
+        log_info("on GPU %d (%s): GPU-tier inbox exported by CUDA IPC", W->gpu, W->st.gpu_uuid);
+    if (rc < 0) log_rc(rc, "inbox slabs");
+    return rc;
+}
+
+/* Says hello to the optimizer (it answers with its weights slab). */
+static void send_hello(dw_t *W) {
+    proto_msg_t h;
+    proto_msg_init(&h, PROTO_HELLO);
+    h.hello.role = PROTO_ROLE_DRAFTER;
+    h.hello.stage_id = W->st.stage_id;
+    h.hello.incarnation = W->st.incarnation;
+    h.hello.pid = (uint32_t)getpid();
+    h.hello.proto_version = DL_PROTO_VERSION;
+    h.hello.capabilities = PROTO_CAP_SHM | PROTO_CAP_HOST_TIER;
+    stage_send(W->opt, NULL, &h);
+}
+
+/* Releases what main and dw_slabs made (after stage_run). */
+static void dw_fini(dw_t *W) {
+    bus_destroy(&W->srv);
+    bus_destroy(&W->opt);
+    stage_fini(&W->st);
+    hcache_destroy(&W->hc);
+    inbox_destroy(&W->ib);
+    slab_destroy(&W->tier[0]);
+    slab_destroy(&W->tier[1]);
+    slab_destroy(&W->grad);
+    for (int e = 0; e < W->nevc; e++) dev_event_destroy(W->evc[e].ev);
+    if (W->staging) W->ops.impl->free_(&W->ops, W->staging);
+    dev_stream_destroy(W->side);
+    for (int k = 0; k < DW_MAX_SLOTS; k++) free(W->meta[k]);
+    drafter_destroy(&W->d);
+    target_destroy(&W->tgt);
+    ops_ctx_destroy(&W->ops);
+}
+
 int main(int argc, char **argv) {
     log_init("drafter", LOG_INFO);
     static dw_t W;
@@ -850,29 +915,7 @@ int main(int argc, char **argv) {
                     run_dir, run_id);
     if (rc < 0) return log_rc(rc, "stage init"), 1;
     uint64_t caps[2] = {inbox_b >= W.slot_bytes ? inbox_b : 0, host_b};
-    /* the slabs are the inbox: exactly the two capacities, nothing else */
-    int on_gpu = W.gpu >= 0;
-    if (on_gpu) {
-        W.st.gpu_index = W.gpu;
-        rc = dev_uuid(W.gpu, W.st.gpu_uuid, sizeof W.st.gpu_uuid);
-    }
-    if (rc == 0 && caps[0])
-        rc = slab_create(&W.tier[0], on_gpu ? SLAB_CUDA : SLAB_HOST, run_id, name, W.st.stage_id, (uint64_t)inc,
-                         SLOT_SLAB_GPU, "ibg", caps[0], W.gpu, 0);
-    if (rc == 0 && caps[1]) rc = slab_create(&W.tier[1], SLAB_HOST, run_id, name, W.st.stage_id, (uint64_t)inc, SLOT_SLAB_HOST, "ibh", caps[1], -1, on_gpu);
-    if (rc == 0 && !W.tier[0]) { W.tier[0] = W.tier[1]; W.tier[1] = NULL; caps[0] = caps[1]; caps[1] = 0; }
-    /* gradients: one slot of P f32 per micro-batch of a step; device memory on GPU
-     * (the optimizer maps it by IPC and reads it in place) */
-    if (rc == 0) rc = slab_create(&W.grad, on_gpu ? SLAB_CUDA : SLAB_HOST, run_id, name, W.st.stage_id,
-                                  (uint64_t)inc, SLOT_SLAB_GRAD, "grad", (size_t)W.K * W.P * sizeof(float), W.gpu, 0);
-    if (rc == 0 && on_gpu && (caps[1] || slab_handle(W.tier[0])->kind == SLAB_HOST)) {
-        /* host-tier items are copied here before the math (compute memory, not inbox) */
-        W.staging = W.ops.impl->malloc_(&W.ops, (size_t)W.token_budget * row * W.elem);
-        if (!W.staging) rc = DL_ENOMEM;
-    }
-    if (rc == 0 && on_gpu)
-        log_info("on GPU %d (%s): GPU-tier inbox exported by CUDA IPC", W.gpu, W.st.gpu_uuid);
-    if (rc < 0) return log_rc(rc, "inbox slabs"), 1;
+    if (dw_slabs(&W, run_id, name, inc, caps) < 0) return 1;
     rc = inbox_new(&W.ib, caps, DW_MAX_SLOTS);
     if (rc < 0) return log_rc(rc, "inbox"), 1;
     hcache_new(&W.hc, W.gpu);
@@ -884,15 +927,7 @@ int main(int argc, char **argv) {
     bus_on_message(W.opt, on_opt_msg, &W);
     stage_on_metrics(&W.st, on_metrics, &W);
     stage_on_stop(&W.st, on_stop, &W);
-    proto_msg_t h;
-    proto_msg_init(&h, PROTO_HELLO);
-    h.hello.role = PROTO_ROLE_DRAFTER;
-    h.hello.stage_id = W.st.stage_id;
-    h.hello.incarnation = W.st.incarnation;
-    h.hello.pid = (uint32_t)getpid();
-    h.hello.proto_version = DL_PROTO_VERSION;
-    h.hello.capabilities = PROTO_CAP_SHM | PROTO_CAP_HOST_TIER;
-    stage_send(W.opt, NULL, &h);
+    send_hello(&W);
     export_slab(&W, W.opt, NULL, W.grad);
     W.t_rate = W.idle_since = clock_mono_s();
     bus_timer_start(W.srv, 100, 100, on_grant_timer, &W, &W.grant_timer);
@@ -902,21 +937,7 @@ int main(int argc, char **argv) {
              W.token_budget, (unsigned long long)row);
     stage_run(&W.st);
     uint64_t opens = hcache_opens(W.hc);
-    bus_destroy(&W.srv);
-    bus_destroy(&W.opt);
-    stage_fini(&W.st);
-    hcache_destroy(&W.hc);
-    inbox_destroy(&W.ib);
-    slab_destroy(&W.tier[0]);
-    slab_destroy(&W.tier[1]);
-    slab_destroy(&W.grad);
-    for (int e = 0; e < W.nevc; e++) dev_event_destroy(W.evc[e].ev);
-    if (W.staging) W.ops.impl->free_(&W.ops, W.staging);
-    dev_stream_destroy(W.side);
-    for (int k = 0; k < DW_MAX_SLOTS; k++) free(W.meta[k]);
-    drafter_destroy(&W.d);
-    target_destroy(&W.tgt);
-    ops_ctx_destroy(&W.ops);
+    dw_fini(&W);
     log_info("stopped: %llu micro-batches computed, %llu dropped, %llu handle opens, %llu event opens",
              (unsigned long long)W.computed, (unsigned long long)W.dropped, (unsigned long long)opens,
              (unsigned long long)W.event_opens);

@@ -532,6 +532,69 @@ static void usage(FILE *f) {
         "  -h, --help                 this help\n");
 }
 
+/* The backend state (the host arrays themselves on CPU, device copies on GPU), the
+ * weights slab holding version O->step, and the handle cache. Logs and returns a
+ * negative error code on failure. */
+static int opt_state_init(opt_t *O, const char *run_id, int64_t inc) {
+    const ops_impl_t *x = O->ops.impl;
+    if (O->gpu >= 0) {
+        size_t b = O->P * 4;
+        O->master = x->malloc_(&O->ops, b); O->m = x->malloc_(&O->ops, b); O->v = x->malloc_(&O->ops, b);
+        O->gsum = x->malloc_(&O->ops, b); O->norm_sq = x->malloc_(&O->ops, sizeof(float));
+        if (!O->master || !O->m || !O->v || !O->gsum || !O->norm_sq) {
+            log_error("GPU %d: out of memory for the optimizer state (%zu parameters: %.2f GiB)", O->gpu,
+                      O->P, 4.0 * b / 1073741824.0);
+            return DL_ENOMEM;
+        }
+        x->upload(&O->ops, O->master, O->h_master, b);
+        x->upload(&O->ops, O->m, O->h_m, b);
+        x->upload(&O->ops, O->v, O->h_v, b);
+    } else {
+        O->master = O->h_master; O->m = O->h_m; O->v = O->h_v;
+        O->gsum = malloc(O->P * 4); O->norm_sq = malloc(sizeof(float));
+        if (!O->gsum || !O->norm_sq) { log_error("out of memory for %zu parameters", O->P); return DL_ENOMEM; }
+    }
+    int rc = slab_create(&O->wslab, O->gpu >= 0 ? SLAB_CUDA : SLAB_HOST, run_id, "optimizer", PIPE_ID_OPTIMIZER,
+                     (uint64_t)inc, 1, "wts", 2 * O->P * sizeof(float), O->gpu, 0);
+    if (rc < 0) return log_rc(rc, "weights slab");
+    x->copy(&O->ops, wbuf(O, O->step), O->master, O->P * 4);
+    x->sync(&O->ops);
+    hcache_new(&O->hc, O->gpu);
+    return 0;
+}
+
+/* Says hello to the loader (it learns of applied steps from us). */
+static void send_hello(opt_t *O) {
+    proto_msg_t h;
+    proto_msg_init(&h, PROTO_HELLO);
+    h.hello.role = PROTO_ROLE_OPTIMIZER;
+    h.hello.stage_id = PIPE_ID_OPTIMIZER;
+    h.hello.incarnation = O->st.incarnation;
+    h.hello.pid = (uint32_t)getpid();
+    h.hello.proto_version = DL_PROTO_VERSION;
+    h.hello.capabilities = PROTO_CAP_SHM;
+    stage_send(O->loader, NULL, &h);
+}
+
+/* Releases what main and opt_state_init made (after stage_run). */
+static void opt_fini(opt_t *O) {
+    bus_destroy(&O->srv);
+    bus_destroy(&O->loader);
+    stage_fini(&O->st);
+    hcache_destroy(&O->hc);
+    slab_destroy(&O->wslab);
+    drafter_destroy(&O->layout);
+    if (O->gpu >= 0) {
+        void *dev[] = {O->master, O->m, O->v, O->gsum, O->norm_sq};
+        for (size_t j = 0; j < sizeof dev / sizeof dev[0]; j++) O->ops.impl->free_(&O->ops, dev[j]);
+    } else {
+        free(O->gsum); free(O->norm_sq);
+    }
+    ops_ctx_destroy(&O->ops);
+    ops_ctx_destroy(&O->lops);
+    free(O->h_master); free(O->h_m); free(O->h_v); free(O->c);
+}
+
 int main(int argc, char **argv) {
     log_init("optimizer", LOG_INFO);
     static opt_t O;
@@ -653,31 +716,7 @@ int main(int argc, char **argv) {
     O.steps_log = fopen(path, "a");
     rc = stage_init(&O.st, PROTO_ROLE_OPTIMIZER, PIPE_ID_OPTIMIZER, (uint64_t)inc, "optimizer", run_dir, run_id);
     if (rc < 0) return log_rc(rc, "stage init"), 1;
-    /* the backend state: the host arrays themselves on CPU, device copies on GPU */
-    const ops_impl_t *x = O.ops.impl;
-    if (O.gpu >= 0) {
-        size_t b = O.P * 4;
-        O.master = x->malloc_(&O.ops, b); O.m = x->malloc_(&O.ops, b); O.v = x->malloc_(&O.ops, b);
-        O.gsum = x->malloc_(&O.ops, b); O.norm_sq = x->malloc_(&O.ops, sizeof(float));
-        if (!O.master || !O.m || !O.v || !O.gsum || !O.norm_sq) {
-            log_error("GPU %d: out of memory for the optimizer state (%zu parameters: %.2f GiB)", O.gpu,
-                      O.P, 4.0 * b / 1073741824.0);
-            return 1;
-        }
-        x->upload(&O.ops, O.master, O.h_master, b);
-        x->upload(&O.ops, O.m, O.h_m, b);
-        x->upload(&O.ops, O.v, O.h_v, b);
-    } else {
-        O.master = O.h_master; O.m = O.h_m; O.v = O.h_v;
-        O.gsum = malloc(O.P * 4); O.norm_sq = malloc(sizeof(float));
-        if (!O.gsum || !O.norm_sq) { log_error("out of memory for %zu parameters", O.P); return 1; }
-    }
-    rc = slab_create(&O.wslab, O.gpu >= 0 ? SLAB_CUDA : SLAB_HOST, run_id, "optimizer", PIPE_ID_OPTIMIZER,
-                     (uint64_t)inc, 1, "wts", 2 * O.P * sizeof(float), O.gpu, 0);
-    if (rc < 0) return log_rc(rc, "weights slab"), 1;
-    x->copy(&O.ops, wbuf(&O, O.step), O.master, O.P * 4);
-    x->sync(&O.ops);
-    hcache_new(&O.hc, O.gpu);
+    if (opt_state_init(&O, run_id, inc) < 0) return 1;
     if (O.gpu >= 0) log_info("on GPU %d: master weights, moments and AdamW on the device", O.gpu);
     O.srv = stage_bus(&O.st, BUS_ROUTER, "optimizer");
     O.loader = stage_bus(&O.st, BUS_DEALER, "loader");
@@ -687,37 +726,15 @@ int main(int argc, char **argv) {
     stage_on_metrics(&O.st, on_metrics, &O);
     stage_on_control(&O.st, on_control, &O);
     stage_on_stop(&O.st, on_stop, &O);
-    proto_msg_t h;
-    proto_msg_init(&h, PROTO_HELLO);
-    h.hello.role = PROTO_ROLE_OPTIMIZER;
-    h.hello.stage_id = PIPE_ID_OPTIMIZER;
-    h.hello.incarnation = O.st.incarnation;
-    h.hello.pid = (uint32_t)getpid();
-    h.hello.proto_version = DL_PROTO_VERSION;
-    h.hello.capabilities = PROTO_CAP_SHM;
-    stage_send(O.loader, NULL, &h);
+    send_hello(&O);
     O.t_step0 = clock_mono_s();
     O.st.state = PROTO_STATE_IDLE;
     log_info("drafter: %d layers, block %d, %d features, %zu parameters; step %llu of %llu, %llu micro-batches per step",
              O.dcfg.n_layers, O.dcfg.B, O.dcfg.n_feat, O.P, (unsigned long long)O.step,
              (unsigned long long)O.max_steps, (unsigned long long)O.K);
     stage_run(&O.st);
-    bus_destroy(&O.srv);
-    bus_destroy(&O.loader);
-    stage_fini(&O.st);
-    hcache_destroy(&O.hc);
-    slab_destroy(&O.wslab);
+    opt_fini(&O);
     if (O.steps_log) fclose(O.steps_log);
-    drafter_destroy(&O.layout);
-    if (O.gpu >= 0) {
-        void *dev[] = {O.master, O.m, O.v, O.gsum, O.norm_sq};
-        for (size_t j = 0; j < sizeof dev / sizeof dev[0]; j++) O.ops.impl->free_(&O.ops, dev[j]);
-    } else {
-        free(O.gsum); free(O.norm_sq);
-    }
-    ops_ctx_destroy(&O.ops);
-    ops_ctx_destroy(&O.lops);
-    free(O.h_master); free(O.h_m); free(O.h_v); free(O.c);
     log_info("stopped at step %llu (%llu duplicates, %llu stale contributions dropped)",
              (unsigned long long)O.step, (unsigned long long)O.dup_dropped, (unsigned long long)O.stale_dropped);
     return 0;
