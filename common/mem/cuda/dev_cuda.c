@@ -3,6 +3,11 @@
 #include "common/mem/dev.h"
 #include "common/mem/cuda/mem_cuda.h"
 
+/* Empty unless DL_CUDA: the Makefile's `$(filter %/cuda/%, ...)` has two '%' (only the first is
+ * a wildcard), so the .c files under cuda/ are compiled into CPU builds too, where this file must not define
+ * the dev_* that common/mem/dev.c defines. */
+#ifdef DL_CUDA
+
 _Static_assert(DEV_EVENT_BYTES == 64, "mem_cuda event handles are 64 bytes");
 
 int dev_available(void) { return 1; }
@@ -21,3 +26,4 @@ int dev_event_create(void **ev, uint8_t handle[DEV_EVENT_BYTES]) { return mem_cu
 int dev_event_open(const uint8_t handle[DEV_EVENT_BYTES], void **ev) { return mem_cuda_event_open(handle, ev); }
 void dev_event_destroy(void *ev) { mem_cuda_event_destroy(ev); }
 int dev_event_record(void *ev, void *stream) { return mem_cuda_event_record(ev, stream); }
+#endif
