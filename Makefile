@@ -52,8 +52,9 @@ endif
 LDFLAGS += -Wl,-rpath,'$$ORIGIN/../lib'
 
 ALL_LIB_C  := $(shell find common proto -name '*.c' -not -path '*/fuzz/*' 2>/dev/null | sort)
-CUDA_LIB_C := $(filter %/cuda/%,$(ALL_LIB_C))
-LIB_C      := $(filter-out %/cuda/%,$(ALL_LIB_C))
+# (a filter pattern has one wildcard: %/cuda/% would match nothing, so pick them by substring)
+CUDA_LIB_C := $(foreach f,$(ALL_LIB_C),$(if $(findstring /cuda/,$(f)),$(f)))
+LIB_C      := $(filter-out $(CUDA_LIB_C),$(ALL_LIB_C))
 LIB_CU     :=
 ifeq ($(CUDA),1)
   LIB_C  += $(CUDA_LIB_C)
