@@ -20,7 +20,7 @@
 #include "common/pipe/model.h"
 #include "common/pipe/stage.h"
 #include "tools/commands.h"
-#include "tools/supervisor.h"
+#include "supervisor/supervisor.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
