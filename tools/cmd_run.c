@@ -47,7 +47,7 @@ typedef struct {
     int64_t warmup_steps, max_steps, save_every, seed, keep_checkpoints;
     int epochs, mbs_per_step, deterministic, hs_min_ready, threads, max_restarts, prefetch;
     double inbox_gb, host_inbox_gb, progress_s;
-    int metrics_port, test_stall_after_mbs;
+    int metrics_port;
     const char *eval_data;
     int eval_every, eval_prompts, eval_max_new;
     uint8_t given[64];          /* given[code - O_TM]: set by a flag or --config (not a default) */
@@ -57,7 +57,7 @@ typedef struct {
 enum {
     O_TM = 256, O_DATA, O_PF, O_RF, O_TG, O_DG, O_DEV, O_NT, O_ND, O_TB, O_ML, O_BS, O_NA, O_DL,
     O_LR, O_WU, O_MS, O_EP, O_K, O_SE, O_OUT, O_DET, O_SEED, O_RES, O_IG, O_HG, O_MR, O_CFG,
-    O_WD, O_CL, O_TH, O_RS, O_PS, O_PREF, O_MP, O_TSTALL, O_EVD, O_EVE, O_EVP, O_EVM, O_KC
+    O_WD, O_CL, O_TH, O_RS, O_PS, O_PREF, O_MP, O_EVD, O_EVE, O_EVP, O_EVM, O_KC
 };
 _Static_assert(O_KC - O_TM < 64, "run_opts_t.given holds every option code");
 
@@ -74,7 +74,7 @@ static const struct option run_options[] = {
     {"config", 1, 0, O_CFG}, {"weight-decay", 1, 0, O_WD}, {"clip", 1, 0, O_CL},
     {"threads", 1, 0, O_TH}, {"max-restarts", 1, 0, O_RS}, {"progress-every", 1, 0, O_PS},
     {"prefetch", 1, 0, O_PREF}, {"metrics-port", 1, 0, O_MP},
-    {"test-stall-after-mbs", 1, 0, O_TSTALL}, {"eval-data", 1, 0, O_EVD}, {"eval-every", 1, 0, O_EVE},
+    {"eval-data", 1, 0, O_EVD}, {"eval-every", 1, 0, O_EVE},
     {"eval-prompts", 1, 0, O_EVP}, {"eval-max-new-tokens", 1, 0, O_EVM},
     {"keep-checkpoints", 1, 0, O_KC}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
 
@@ -144,7 +144,6 @@ static void run_usage(FILE *f) {
         "  --progress-every S         seconds between progress lines (default 5)\n"
         "  --metrics-port P           serve the metrics in the Prometheus text format on\n"
         "                             0.0.0.0:P/metrics (0: any free port, see run.json; default off)\n"
-        "  --test-stall-after-mbs N   test hook: drafter0 hangs after N micro-batches (monitor test)\n"
         "training-time eval (a `draftline eval` child process on CPU, one at a time)\n"
         "  --eval-data PROMPTS        held-out prompt set (any format `draftline eval --data` reads)\n"
         "  --eval-every N             tau eval of each checkpoint whose step is a multiple of N (needs\n"
@@ -195,7 +194,6 @@ static int set_opt(run_opts_t *o, int code, const char *v) {
     case O_PS: return cli_parse_f64("--progress-every", v, 0.2, 3600, &o->progress_s);
     case O_PREF: return cli_parse_int("--prefetch", v, 1, 8, &o->prefetch);
     case O_MP: return cli_parse_int("--metrics-port", v, 0, 65535, &o->metrics_port);
-    case O_TSTALL: return cli_parse_int("--test-stall-after-mbs", v, 0, INT32_MAX, &o->test_stall_after_mbs);
     case O_EVD: o->eval_data = v; return 0;
     case O_EVE: return cli_parse_int("--eval-every", v, 1, INT32_MAX, &o->eval_every);
     case O_EVP: return cli_parse_int("--eval-prompts", v, 1, 1 << 20, &o->eval_prompts);
@@ -675,7 +673,7 @@ int cmd_run(int argc, char **argv) {
     o.targets = 1; o.drafters = 1; o.token_budget = 1024; o.block_size = 8; o.num_anchors = 32;
     o.drafter_layers = 1; o.lr = 1e-3; o.clip = 1.0; o.epochs = 1; o.mbs_per_step = 1;
     o.inbox_gb = 0.25; o.hs_min_ready = 1; o.max_restarts = 5; o.progress_s = 5; o.prefetch = 1;
-    o.metrics_port = -1; o.test_stall_after_mbs = -1; o.eval_prompts = 4; o.eval_max_new = 48;
+    o.metrics_port = -1; o.eval_prompts = 4; o.eval_max_new = 48;
     if (paths_default_model(o.target_model, sizeof o.target_model) < 0) o.target_model[0] = 0;
     /* the config file first, so flags override it */
     for (int i = 1; i < argc; i++) {
@@ -1152,7 +1150,6 @@ int cmd_run(int argc, char **argv) {
         add(s, "--hs-min-ready"); add(s, fmt("%d", o.hs_min_ready)); add(s, "--seed"); add(s, seed);
         add(s, "--threads"); add(s, thr);
         if (gpu_mode) { add(s, "--gpu"); add(s, fmt("%d", dgpu[i])); }
-        if (i == 0 && o.test_stall_after_mbs >= 0) { add(s, "--test-stall-after-mbs"); add(s, fmt("%d", o.test_stall_after_mbs)); }
     }
     for (int i = 0; i < o.targets; i++) {
         s = &so.stages[so.n_stages++];
