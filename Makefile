@@ -6,6 +6,7 @@
 #   common/**.c, proto/*.c          -> build/libdraftline.a
 #   common/**/cuda/*.{c,cu}         -> same library, only when CUDA=1
 #   <stage>/*.c                     -> $(BIN)/<stage>   (loader, target_worker, ...)
+#   supervisor/*.c                  -> build/libsupervisor.a (linked into $(BIN)/draftline)
 #   tools/*.c                       -> $(BIN)/draftline
 # BUILD (default build) and BIN (default bin) can be overridden for side-by-side builds;
 # tests find the stage executables through $DL_BIN_DIR (set by `make test`).
@@ -67,6 +68,9 @@ STAGES  := loader target_worker drafter_worker optimizer
 STAGE_BINS := $(foreach s,$(STAGES),$(if $(wildcard $(s)/*.c),$(BIN)/$(s)))
 TOOLS_C := $(sort $(wildcard tools/*.c))
 TOOLS_OBJ := $(TOOLS_C:%.c=$(BUILD)/%.o)
+SUP_C   := $(sort $(wildcard supervisor/*.c))
+SUP_OBJ := $(SUP_C:%.c=$(BUILD)/%.o)
+SUP_LIB := $(if $(SUP_C),$(BUILD)/libsupervisor.a)
 
 UNIT_C  := $(sort $(wildcard tests/unit/test_*.c tests/integration/test_*.c))
 GPU_C   := $(if $(filter 1,$(CUDA)),$(sort $(wildcard tests/gpu/test_*.c)))
@@ -115,9 +119,13 @@ $(BIN)/%: $(LIB) $$(addprefix $(BUILD)/,$$(addsuffix .o,$$(basename $$(wildcard 
 	@mkdir -p $(BIN)
 	$(CC) $(LDFLAGS) -o $@ $(patsubst %.c,$(BUILD)/%.o,$(wildcard $*/*.c)) $(LIB) $(LDLIBS)
 
-$(BIN)/draftline: $(TOOLS_OBJ) $(LIB)
+$(SUP_LIB): $(SUP_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BIN)/draftline: $(TOOLS_OBJ) $(SUP_LIB) $(LIB)
 	@mkdir -p $(BIN)
-	$(CC) $(LDFLAGS) -o $@ $(TOOLS_OBJ) $(LIB) $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $(TOOLS_OBJ) $(SUP_LIB) $(LIB) $(LDLIBS)
 
 $(BUILD)/tests/test_%: $(BUILD)/tests/unit/test_%.o $(TEST_SUPPORT_OBJ) $(LIB)
 	@mkdir -p $(dir $@)

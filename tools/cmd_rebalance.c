@@ -18,7 +18,7 @@
 #include "common/base/err.h"
 #include "common/pipe/rbplan.h"
 #include "tools/commands.h"
-#include "tools/supervisor.h"
+#include "supervisor/supervisor.h"
 
 #include <cjson/cJSON.h>
 #include <getopt.h>

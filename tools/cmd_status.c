@@ -4,7 +4,7 @@
 #include "common/base/cli.h"
 #include "common/base/err.h"
 #include "tools/commands.h"
-#include "tools/supervisor.h"
+#include "supervisor/supervisor.h"
 
 #include <cjson/cJSON.h>
 #include <getopt.h>

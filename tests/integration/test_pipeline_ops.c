@@ -510,9 +510,10 @@ static void run_json_stage(const char *out, const char *name, int *pid, int *gpu
 #endif
 
 /* A GPU run's placement and live GPU rebalance, with CPU stages: in CUDA builds the
- * supervisor's DL_TEST_STRIP_GPU hook drops `--gpu N` at exec, so everything the
- * supervisor does for GPU runs (placement in run.json/status, per-index keep/start/
- * move/retire, the moved stage's restart, refusals) runs on a machine without GPUs.
+ * supervisor's test hook strip_gpu (DL_TEST_HOOKS=strip_gpu=1) drops `--gpu N` at exec,
+ * so everything the supervisor does for GPU runs (placement in run.json/status,
+ * per-index keep/start/move/retire, the moved stage's restart, refusals) runs on a
+ * machine without GPUs.
  * 0 / 1 -> 0,0 / 1 (target1 starts on GPU 0, target0 and drafter0 keep their
  * processes) -> 1 / 0,0 (target0 and drafter0 move: new processes; target1 retires,
  * drafter1 starts) -> 1 / 0 (drafter1 drains and retires). Every step applied once;
@@ -526,11 +527,11 @@ static void test_rebalance_gpu_placement(void **state) {
     char out[400], log[400], proc[32];
     snprintf(out, sizeof out, "%s/rbgpu", fx.root);
     snprintf(log, sizeof log, "%s/rbgpu.out", fx.root);
-    setenv("DL_TEST_STRIP_GPU", "1", 1);
+    setenv("DL_TEST_HOOKS", "strip_gpu=1", 1);
     proc_t p;
     run_start(&p, out, log, "--target-gpus", "0", "--drafter-gpus", "1", "--max-steps", MAX_STEPS, "--save-every",
               "2", "--deterministic", NULL);
-    unsetenv("DL_TEST_STRIP_GPU");
+    unsetenv("DL_TEST_HOOKS");
     assert_int_equal(wait_steps(out, 3, 60), 0);
     int t0pid, d0pid, pid, gpu, inc;
     run_json_stage(out, "target0", &t0pid, &gpu, &inc, NULL, 0);

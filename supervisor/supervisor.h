@@ -8,8 +8,8 @@
  * everything at --max-steps or on SIGINT/SIGTERM (stages checkpoint on the way
  * out), removes leftover shared-memory objects of the run, and prints a summary.
  */
-#ifndef DL_TOOLS_SUPERVISOR_H
-#define DL_TOOLS_SUPERVISOR_H
+#ifndef DL_SUPERVISOR_SUPERVISOR_H
+#define DL_SUPERVISOR_SUPERVISOR_H
 
 #include <stdint.h>
 
@@ -88,7 +88,7 @@ int sup_pid_is_supervisor(int pid);
 int sup_run_live(const char *dir, int *pid);
 
 /* Runs the pipeline to the end. The caller holds <out>/run.lock (one run per run dir:
- * tools/cmd_run.c takes it before it touches the dir). Returns 0 (finished or cleanly
+ * tools/cmd_run.c, through sup_launch, takes it before it touches the dir). Returns 0 (finished or cleanly
  * interrupted) or a negative dl_err (a stage failed beyond max_restarts, sockets). */
 int supervisor_run(const sup_opts_t *o, sup_summary_t *sum);
 

@@ -1,0 +1,345 @@
+/* sup_launch: `draftline run` after its flags (see launch.h). The phases, in order:
+ * GPU lists, --resume defaults, checks that need nothing on disk, the run dir (live
+ * runs refused, a fresh reuse), the --resume checks, inbox slots and lookahead, the
+ * stage executables, then the run dir taken (run.lock), the data, the loader cursor,
+ * the stage list, the supervisor and the summary. Nothing is written before the
+ * run dir is taken. */
+#include "supervisor/launch_int.h"
+#include "common/base/cli.h"
+#include "common/base/err.h"
+#include "common/base/log.h"
+#include "common/base/paths.h"
+#include "common/bus/bus.h"
+#include "common/mem/slab.h"
+#include "common/pipe/layout.h"
+#include "common/pipe/model.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* "0,0,1" -> out[] = {0, 0, 1}; returns the count (>= 1) or -1 (malformed, an
+ * ordinal outside 0..1023, more than cap entries). */
+static int parse_gpu_list(const char *s, int *out, int cap) {
+    int n = 0;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v > 1023 || n == cap) return -1;
+        out[n++] = (int)v;
+        if (*end == ',') p = end + 1;
+        else if (*end == 0) p = end;
+        else return -1;
+    }
+    return n > 0 ? n : -1;
+}
+
+static int bin_dir(char *out, size_t cap) {
+    const char *e = getenv("DL_BIN_DIR");
+    if (e && *e) { snprintf(out, cap, "%s", e); return 0; }
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return dl_seterr(DL_EIO, "readlink /proc/self/exe: %s", strerror(errno));
+    self[n] = 0;
+    char *slash = strrchr(self, '/');
+    if (slash) *slash = 0;
+    snprintf(out, cap, "%s", self);
+    return 0;
+}
+
+/* One `draftline run` per run dir: an exclusive flock on <out>/run.lock, taken before
+ * anything in the dir is deleted, prepared or started and held until this process
+ * exits (the supervisor runs in it; O_CLOEXEC: the stages do not hold it). Two runs
+ * started together both pass the run.json liveness check; without it the second
+ * deleted the first's new steps.jsonl (fresh reuse), then both stole each other's
+ * sockets. Returns 0 with the held fd in *fd_out (-1 on a file system without flock:
+ * warned, unguarded), or DL_ESTATE (another process holds it) / DL_EIO, the error set. */
+static int run_lock_take(const char *out, int *fd_out) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s/run.lock", out);
+    *fd_out = -1;
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return dl_seterr(DL_EIO, "run lock %s: %s", path, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        close(fd);
+        if (e == EWOULDBLOCK)
+            return dl_seterr(DL_ESTATE, "--out %s: another `draftline run` is using this run dir right now "
+                                        "(it holds %s): stop it first, or choose another --out", out, path);
+        /* a file system without flock (some NFS): run unguarded, as before the lock */
+        log_warn("run lock %s: flock: %s (two runs in this dir would not be refused)", path, strerror(e));
+        return 0;
+    }
+    *fd_out = fd;
+    return 0;
+}
+
+/* GPU mode: one target process per --target-gpus entry, one drafter per
+ * --drafter-gpus entry; each stage selects its GPU itself after exec (--gpu N):
+ * CUDA is never initialised here, before the forks. */
+static int lc_gpu_lists(launch_t *L) {
+    run_opts_t *o = L->o;
+    if (o->target_gpus || o->drafter_gpus || (o->device && strcmp(o->device, "cpu") != 0)) {
+        L->ngt = o->target_gpus ? parse_gpu_list(o->target_gpus, L->tgpu, PIPE_MAX_TARGETS) : -1;
+        L->ngd = o->drafter_gpus ? parse_gpu_list(o->drafter_gpus, L->dgpu, PIPE_MAX_DRAFTERS) : -1;
+        if (L->ngt < 1 || L->ngd < 1) {
+            fprintf(stderr, "draftline run: GPU mode needs --target-gpus and --drafter-gpus, lists of CUDA "
+                            "device ordinals such as 0,0,1 (one process per entry)\n");
+            return 2;
+        }
+#ifndef DL_CUDA
+        fprintf(stderr, "draftline run: this build has no CUDA (built with CUDA=0): use --device cpu\n");
+        return 2;
+#endif
+        o->targets = L->ngt;
+        o->drafters = L->ngd;
+    }
+    L->gpu_mode = L->ngt > 0;
+    return 0;
+}
+
+/* The checks that need nothing on disk but the inputs. */
+static int lc_validate(launch_t *L) {
+    run_opts_t *o = L->o;
+    if (!o->data) {
+        if (o->resume)
+            fprintf(stderr, "draftline run: --data is required: the run of --resume %s records no readable data "
+                            "cache (run.json \"data\", or <run>/data.dlc)\n", o->resume);
+        else
+            cli_error("draftline run", "--data is required");
+        return 2;
+    }
+    if (access(o->target_model, R_OK) != 0) {
+        fprintf(stderr, "draftline run: target model %s not found (run `make model` or pass --target-model)\n",
+                o->target_model);
+        return 2;
+    }
+    if (o->deterministic && o->threads == 0) o->threads = 1;
+    if (o->eval_data || o->eval_every) {
+        if (!o->eval_data || o->eval_every < 1) {
+            cli_error("draftline run", "--eval-data PROMPTS and --eval-every N (>= 1) go together");
+            return 2;
+        }
+        if (access(o->eval_data, R_OK) != 0) {
+            fprintf(stderr, "draftline run: --eval-data %s: %s\n", o->eval_data, strerror(errno));
+            return 2;
+        }
+        if (o->save_every == 0)
+            log_warn("--eval-every %d: checkpoints are evaluated, and without --save-every there is only the "
+                     "final one (not evaluated): no eval will run", o->eval_every);
+    }
+    if (o->drafters > o->targets)
+        log_warn("%d drafters for %d target(s): target i feeds drafter i mod %d, so drafter%d..%d get no "
+                 "input and sit idle (use --drafters <= --targets)", o->drafters, o->targets, o->drafters,
+                 o->targets, o->drafters - 1);
+    return 0;
+}
+
+/* The run directory (--out, the run of --resume, or runs/run-<time>); a live run there
+ * (or at --resume) is refused. */
+static int lc_out_dir(launch_t *L) {
+    const run_opts_t *o = L->o;
+    char *out = L->out;
+    size_t cap = sizeof L->out;
+    if (o->out) snprintf(out, cap, "%s", o->out);
+    else if (o->resume) {
+        /* the run dir of --resume: a checkpoint's run (<dir>/checkpoints/step_N) or the dir itself */
+        if (!L->resume_run[0]) {
+            fprintf(stderr, "draftline run: --resume %s is neither a run dir (no run.json) nor a checkpoint "
+                            "of one: pass --out DIR to say where the run goes\n", o->resume);
+            return 2;
+        }
+        snprintf(out, cap, "%s", L->resume_run);
+    } else {
+        time_t now = time(NULL);
+        struct tm tm;
+        gmtime_r(&now, &tm);
+        strftime(out, cap, "runs/run-%Y%m%d-%H%M%S", &tm);
+    }
+    int spid = 0;
+    if (sup_run_live(out, &spid) == 1) {
+        fprintf(stderr, "draftline run: %s: the run is live (supervisor pid %d); stop it first "
+                        "(`draftline stop --run %s --wait 60`)\n", out, spid, out);
+        return 2;
+    }
+    if (o->resume && strcmp(o->resume, out) != 0 && sup_run_live(o->resume, &spid) == 1) {
+        fprintf(stderr, "draftline run: --resume %s: the run is live (supervisor pid %d); stop it first\n",
+                o->resume, spid);
+        return 2;
+    }
+    return 0;
+}
+
+/* Inbox slots per drafter (each sized for a full micro-batch) bound how far the
+ * loader may run ahead of the current step: items of the next step wait in the
+ * inbox until the step is applied, and every routed target may hold one grant, so
+ * lookahead <= slots - targets per drafter keeps room for the current step. Then the
+ * --resume settings against the checkpoint, before anything is written. */
+static int lc_inbox(launch_t *L) {
+    const run_opts_t *o = L->o;
+    model_config_t mc;
+    drafter_config_t dc;
+    if (pipe_target_config(o->target_model, &mc) < 0 ||
+        pipe_drafter_config(&mc, o->drafter_layers, 0, o->block_size, &dc) < 0) {
+        fprintf(stderr, "draftline run: %s: %s\n", o->target_model, dl_errmsg());
+        return 1;
+    }
+    uint64_t slot = pipe_layout((uint64_t)o->token_budget, (uint64_t)o->token_budget,
+                                (uint64_t)dc.n_feat * (uint64_t)dc.D, L->gpu_mode ? 2 : 4).bytes;
+    uint64_t gpu = (uint64_t)(o->inbox_gb * 1073741824.0) / 256 * 256;
+    uint64_t host = (uint64_t)(o->host_inbox_gb * 1073741824.0) / 256 * 256;
+    int64_t slots = (int64_t)(gpu / slot + host / slot);
+    if (slots < 1) {
+        fprintf(stderr, "draftline run: --inbox-gb %g + --host-inbox-gb %g cannot hold one micro-batch "
+                        "of %d tokens (%.4f GiB of hidden states): raise --inbox-gb or lower --token-budget\n",
+                o->inbox_gb, o->host_inbox_gb, o->token_budget, (double)slot / 1073741824.0);
+        return 2;
+    }
+    L->inbox_slots = (int)(slots > INT32_MAX ? INT32_MAX : slots);
+    int64_t tpd = (o->targets + o->drafters - 1) / o->drafters;
+    int64_t la = slots - tpd;
+    L->lookahead = (int)(la < 0 ? 0 : la > o->mbs_per_step ? o->mbs_per_step : la);
+    return sup__resume_check_early(L, &dc);
+}
+
+/* The stage executables (and draftline itself for --eval-data); shared memory of dead
+ * runs (a supervisor killed with SIGKILL) swept: see slab_sweep_dead. */
+static int lc_bins(launch_t *L) {
+    const run_opts_t *o = L->o;
+    if (bin_dir(L->bdir, sizeof L->bdir) < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 1; }
+    static const char *const exes[] = {"loader", "optimizer", "drafter_worker", "target_worker"};
+    for (int i = 0; i < 4; i++) {
+        char e[4200];
+        snprintf(e, sizeof e, "%s/%s", L->bdir, exes[i]);
+        if (access(e, X_OK) != 0) {
+            fprintf(stderr, "draftline run: stage executable %s not found (build with `make`, or set "
+                            "DL_BIN_DIR)\n", e);
+            return 1;
+        }
+    }
+    if (o->eval_data) {
+        char e[4200];
+        snprintf(e, sizeof e, "%s/draftline", L->bdir);
+        if (access(e, X_OK) != 0) {
+            fprintf(stderr, "draftline run: --eval-data: %s not found (build with `make`, or set DL_BIN_DIR)\n", e);
+            return 1;
+        }
+    }
+    int swept = slab_sweep_dead(60.0);
+    if (swept > 0) log_warn("removed %d shared-memory object(s) of dead runs from /dev/shm", swept);
+    return 0;
+}
+
+/* Validation passed: the out dir is created and taken (run_lock_take) before the fresh
+ * reuse below deletes anything and before the data is prepared into it; then logs/,
+ * the run id and the socket dir. */
+static int lc_take_dir(launch_t *L) {
+    const run_opts_t *o = L->o;
+    const char *out = L->out;
+    if (bus_run_dir_create(out) < 0) { fprintf(stderr, "draftline run: --out %s: %s\n", out, dl_errmsg()); return 1; }
+    if (run_lock_take(out, &L->lock_fd) < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 1; }
+    {   /* the dir as it is now that it is ours: another run may have trained in it (and
+         * exited) between the checks above and the lock */
+        char p[4200], cp[4096];
+        struct stat sb;
+        snprintf(p, sizeof p, "%s/steps.jsonl", out);
+        if (!o->resume && ((stat(p, &sb) == 0 && sb.st_size > 0) || ckpt_resolve(out, cp, sizeof cp) == 0)) {
+            fprintf(stderr, "draftline run: --out %s: another `draftline run` trained in this dir while this one "
+                            "was starting: choose another --out, or continue it with `draftline run --resume %s`\n",
+                    out, out);
+            return 2;
+        }
+        if (o->resume && ckpt_resolve(o->resume, cp, sizeof cp) == 0 && strcmp(cp, L->resume_dir) != 0) {
+            fprintf(stderr, "draftline run: --resume %s: another `draftline run` saved %s while this one was "
+                            "starting (it had read %s): run the command again\n", o->resume, cp, L->resume_dir);
+            return 2;
+        }
+    }
+    if (L->reuse_fresh) {
+        char f[4200];
+        snprintf(f, sizeof f, "%s/steps.jsonl", out); unlink(f);
+        snprintf(f, sizeof f, "%s/metrics.jsonl", out); unlink(f);
+    }
+    char logs[4200];
+    snprintf(logs, sizeof logs, "%s/logs", out);
+    if (paths_mkdir_p(logs, 0700) < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 1; }
+    snprintf(L->run_id, sizeof L->run_id, "%08x",
+             (unsigned)(((uint64_t)time(NULL) * 2654435761u) ^ (uint64_t)getpid() * 40503u));
+    snprintf(L->sock, sizeof L->sock, "%s", out);
+    char probe[BUS_ENDPOINT_MAX];
+    if (bus_endpoint(L->sock, "optimizer", probe, sizeof probe) < 0) {
+        snprintf(L->sock, sizeof L->sock, "/tmp/dl-%s", L->run_id);
+        if (bus_run_dir_create(L->sock) < 0) {
+            fprintf(stderr, "draftline run: %s: %s\n", L->sock, dl_errmsg());
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void lc_banner(const launch_t *L) {
+    const run_opts_t *o = L->o;
+    if (L->gpu_mode) {
+        printf("GPU mode: target GPUs");
+        for (int i = 0; i < L->ngt; i++) printf("%s%d", i ? "," : " ", L->tgpu[i]);
+        printf(", drafter GPUs");
+        for (int i = 0; i < L->ngd; i++) printf("%s%d", i ? "," : " ", L->dgpu[i]);
+        printf("\n");
+    }
+    printf("draftline run %s: %d target(s), %d drafter(s) on %s, %d thread(s) each; steps %llu..%llu, "
+           "%d micro-batch(es) of <= %d tokens per step, lookahead %d; logs in %s/logs\n",
+           L->run_id, o->targets, o->drafters, L->gpu_mode ? "GPU" : "CPU", L->so.threads_per_stage,
+           (unsigned long long)L->start_step, (unsigned long long)L->max_steps, o->mbs_per_step, o->token_budget,
+           L->lookahead, L->out);
+    fflush(stdout);
+}
+
+/* Runs the supervisor, frees the run dir and prints the summary; the exit status. */
+static int lc_supervise(launch_t *L) {
+    sup_summary_t sum;
+    int rc = supervisor_run(&L->so, &sum);
+    if (strcmp(L->sock, L->out) != 0) rmdir(L->sock);
+    if (L->lock_fd >= 0) close(L->lock_fd);   /* the run dir is free again */
+    if (sum.n_first > 0)
+        printf("\nsummary: %llu steps%s, loss %.4f (mean of the first %d) -> %.4f (mean of the last %d), "
+               "%.0f target tokens/s over %.1f s, %d restart(s)\n",
+               (unsigned long long)sum.steps, sum.interrupted ? " (interrupted)" : "", sum.loss_first10,
+               sum.n_first, sum.loss_last10, sum.n_last, sum.tokens_per_s, sum.seconds, sum.restarts);
+    else
+        printf("\nsummary: no step applied%s, %d restart(s)\n", sum.interrupted ? " (interrupted)" : "",
+               sum.restarts);
+    printf("checkpoint: %s\n", sum.checkpoint[0] ? sum.checkpoint : "(none)");
+    fflush(stdout);
+    if (rc < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 1; }
+    /* the shell convention for a run stopped by a signal (the final checkpoint is written) */
+    if (sum.interrupted) return sum.signal == SIGTERM ? 143 : 130;
+    return 0;
+}
+
+int sup_launch(run_opts_t *o) {
+    static launch_t L;
+    memset(&L, 0, sizeof L);
+    L.o = o;
+    L.lock_fd = -1;
+    /* Everything that does not need the data is checked before the data is prepared and
+     * before the out dir is created. */
+    int (*const phases[])(launch_t *) = {
+        lc_gpu_lists, sup__resume_take_defaults, lc_validate, lc_out_dir, sup__resume_fresh,
+        sup__resume_read, lc_inbox, lc_bins, lc_take_dir, sup__data_prepare, sup__data_cursor,
+    };
+    for (size_t i = 0; i < sizeof phases / sizeof phases[0]; i++) {
+        int rc = phases[i](&L);
+        if (rc) return rc;
+    }
+    sup__build_stages(&L);
+    lc_banner(&L);
+    return lc_supervise(&L);
+}

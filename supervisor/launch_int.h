@@ -1,0 +1,80 @@
+/* Internal to supervisor/launch.c, resume.c, data.c, stages.c: the state of one
+ * sup_launch (launch_t; static, one per process) and the phases those files share.
+ * Each phase returns 0 to go on, or the exit status of `draftline run` (1 or 2) after
+ * printing why on stderr.
+ *
+ *   launch.c   sup_launch: GPU lists, checks, out dir, run lock, bin dir, summary
+ *   resume.c   --resume: defaults from the run, fresh reuse, the checks against the
+ *              checkpoint (state.bin header, config.json, cursor.bin)
+ *   data.c     data preparation into <out>/data.dlc, the cache/target check, the
+ *              loader cursor of micro-batch 0, max-steps
+ *   stages.c   sup_opts_t and every stage's argv
+ */
+#ifndef DL_SUPERVISOR_LAUNCH_INT_H
+#define DL_SUPERVISOR_LAUNCH_INT_H
+
+#include "supervisor/launch.h"
+#include "supervisor/supervisor.h"
+#include "common/data/batcher.h"
+#include "common/model/dflash_ckpt.h"
+#include "common/pipe/ckpt.h"
+#include "common/pipe/stage.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    run_opts_t *o;
+    int tgpu[PIPE_MAX_TARGETS], dgpu[PIPE_MAX_DRAFTERS], ngt, ngd;
+    int gpu_mode;               /* --target-gpus/--drafter-gpus given (ngt > 0) */
+    char resume_run[4096];      /* the run dir of the checkpoint, or --resume itself (no checkpoint) */
+    char out[4096];             /* the run dir */
+    int reuse_fresh;            /* out held a run with nothing to continue: started anew */
+    uint64_t start_step, max_steps;
+    char resume_dir[4200];      /* the resolved checkpoint dir of --resume ("" none) */
+    ckpt_state_hdr_t resume_hdr;
+    int have_resume_hdr, batching_reported, data_checked;
+    uint64_t target_fp;         /* the target's fingerprint (0: not taken yet) */
+    int lookahead, inbox_slots; /* the loader's --lookahead-mbs; full micro-batch slots per inbox */
+    char bdir[4096];            /* the stage executables' dir */
+    int lock_fd;                /* <out>/run.lock, held to the exit (-1: none) */
+    char run_id[17];
+    char sock[4200];            /* socket dir: out, or /tmp/dl-<run_id> when out's path is too long */
+    char cache[4200];           /* the data cache (.dlc) the run trains on */
+    sup_opts_t so;
+} launch_t;
+
+/* resume.c */
+/* --resume: settings not given default to the run's; logs the ones taken. */
+int sup__resume_take_defaults(launch_t *L);
+/* out holds an earlier run: refused, reused as fresh (L->reuse_fresh), or --resume dropped
+ * when the run saved nothing. */
+int sup__resume_fresh(launch_t *L);
+/* Reads the checkpoint of --resume (L->resume_dir, resume_hdr, start_step). */
+int sup__resume_read(launch_t *L);
+/* The settings against the checkpoint (dc: the requested drafter config), and its data
+ * when the cache is known without preparing; before anything is written. */
+int sup__resume_check_early(launch_t *L, const drafter_config_t *dc);
+/* The data against the checkpoint's cursor.bin once the cache is prepared (cur: the
+ * requested cursor of micro-batch 0), unless sup__resume_check_early did it. */
+int sup__resume_check_late(launch_t *L, const batcher_cursor_t *cur);
+
+/* data.c */
+/* 1 when s ends with suf. */
+int sup__ends_with(const char *s, const char *suf);
+/* The requested cursor of micro-batch 0 of cache (fingerprint, batching options of o)
+ * and the steps the epochs give (*all; all may be NULL). 0 or a dl_err, the error set. */
+int sup__requested_cursor(const run_opts_t *o, const char *cache, batcher_cursor_t *cur, uint64_t *all);
+/* Prepares --data into L->cache (or takes a .dlc as is) and checks its token ids and
+ * tokenizer against the target's. */
+int sup__data_prepare(launch_t *L);
+/* Writes <out>/loader.cursor (after the late --resume data check) and settles
+ * L->max_steps from the epochs. */
+int sup__data_cursor(launch_t *L);
+
+/* stages.c */
+/* Fills L->so: the supervisor's options and every stage's spec (argv). Strings made here
+ * live as long as the process. */
+void sup__build_stages(launch_t *L);
+
+#endif

@@ -1,0 +1,278 @@
+/* Supervisor, process table: spawn, reap, restarts with backoff, routes (see sup_int.h). */
+#include "supervisor/sup_int.h"
+#include "common/base/clock.h"
+#include "common/base/err.h"
+#include "common/base/log.h"
+#include "common/pipe/ckpt.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* The GPU ordinal a stage spec starts on (the value of its --gpu flag), or -1 (CPU
+ * stage, or a stage without one: loader; the optimizer's GPU, when it has one, is
+ * not moved by a rebalance). */
+int sup__spec_gpu(const sup_stage_spec_t *sp) {
+    for (int a = 0; a + 1 < sp->argc; a++)
+        if (!strcmp(sp->argv[a], "--gpu")) return atoi(sp->argv[a + 1]);
+    return -1;
+}
+
+
+void sup__spawn(sup_t *S, sstage_t *x) {
+    const sup_opts_t *o = S->o;
+    char log_path[4200];
+    snprintf(log_path, sizeof log_path, "%s/logs/%s.log", o->out_dir, x->spec->name);
+    char exe[4200];
+    snprintf(exe, sizeof exe, "%s/%s", o->bin_dir, x->spec->exe);
+    x->incarnation++;
+    x->since_progress_s = -1;
+    char inc[32];
+    snprintf(inc, sizeof inc, "%llu", (unsigned long long)x->incarnation);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        log_error("fork %s: %s", x->spec->name, strerror(errno));
+        x->exited = 1;
+        return;
+    }
+    if (pid == 0) {
+        /* a stage never outlives its supervisor (even one killed with SIGKILL): SIGUSR1,
+         * which the stage runtime turns into one SIGTERM (common/pipe/stage.c) */
+        prctl(PR_SET_PDEATHSIG, SIGUSR1);
+        if (getppid() != parent) _exit(1);
+        int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); if (fd > 2) close(fd); }
+        int nfd = open("/dev/null", O_RDONLY);
+        if (nfd >= 0) { dup2(nfd, 0); if (nfd > 0) close(nfd); }
+        /* default signal dispositions and mask for the stage */
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        signal(SIGINT, SIG_DFL); signal(SIGTERM, SIG_DFL); signal(SIGCHLD, SIG_DFL); signal(SIGPIPE, SIG_IGN);
+        char thr[16];
+        snprintf(thr, sizeof thr, "%d", o->threads_per_stage > 0 ? o->threads_per_stage : 1);
+        setenv("OMP_NUM_THREADS", thr, 1);
+        setenv("OPENBLAS_NUM_THREADS", thr, 1);
+        char *argv[SUP_MAX_ARGS + 6];
+        int a = 0;
+        argv[a++] = exe;
+        /* test hook strip_gpu=1 (S->strip_gpu) drops every "--gpu N" at exec, so the GPU-run
+         * logic of this supervisor (placement, GPU rebalance, moves) is tested with CPU
+         * stages on a machine without GPUs (test_pipeline_ops, CUDA builds) */
+        for (int i = 0; i < x->spec->argc; i++) {
+            if (S->strip_gpu && !strcmp(x->spec->argv[i], "--gpu") && i + 1 < x->spec->argc) { i++; continue; }
+            argv[a++] = x->spec->argv[i];
+        }
+        argv[a++] = "--incarnation";
+        argv[a++] = inc;
+        /* a restarted loader resumes after the last applied step (later flags win) */
+        char start[32];
+        if (x->spec->stage_id == PIPE_ID_LOADER && x->incarnation > 1 && S->last_applied >= 0) {
+            snprintf(start, sizeof start, "%lld", (long long)S->last_applied + 1);
+            argv[a++] = "--start-step";
+            argv[a++] = start;
+        }
+        /* a restarted optimizer resumes from the run's last checkpoint */
+        if (x->spec->stage_id == PIPE_ID_OPTIMIZER && x->incarnation > 1 && S->resume_ckpt[0]) {
+            argv[a++] = "--resume";
+            argv[a++] = S->resume_ckpt;
+        }
+        argv[a] = NULL;
+        execv(exe, argv);
+        fprintf(stderr, "exec %s: %s\n", exe, strerror(errno));
+        _exit(127);
+    }
+    x->pid = pid;
+    x->exited = 0;
+    x->helloed = 0;
+    x->restart_at = 0;
+    x->active = 1;
+    x->t_spawn = clock_mono_s();
+    log_info("started %s (pid %d, incarnation %llu), log %s", x->spec->name, (int)pid,
+             (unsigned long long)x->incarnation, log_path);
+    sup__write_run_json(S);
+}
+
+sstage_t *sup__by_id(sup_t *S, uint32_t id) {
+    for (int i = 0; i < S->n; i++) if (S->st[i].spec->stage_id == id) return &S->st[i];
+    return NULL;
+}
+
+void sup__send_ctl(sup_t *S, sstage_t *x, proto_ctl_op_t op, const int64_t *ints, uint32_t n) {
+    if (!x->helloed || x->exited) return;
+    proto_msg_t m;
+    proto_msg_init(&m, PROTO_CONTROL);
+    m.control.op = op;
+    m.control.ints = ints;
+    m.control.n_ints = n;
+    stage_send(S->bus, x->peer, &m);
+}
+
+void sup__push_route(sup_t *S, sstage_t *x) {
+    int64_t pair[2];
+    uint32_t t = x->spec->stage_id - PIPE_ID_TARGET0;
+    pair[0] = x->spec->stage_id;
+    (void)t;
+    pair[1] = PIPE_ID_DRAFTER0 + (uint32_t)route_of(S, x->spec->stage_id);
+    sup__send_ctl(S, x, PROTO_CTL_ROUTE, pair, 2);
+}
+
+/* The run's latest checkpoint (ckpt_resolve of the out dir) into dir[cap] and the step
+ * its state.bin header records into *step. 0, or -1 when there is none or it does not
+ * read as a checkpoint state. */
+static int latest_ckpt_step(const sup_t *S, char *dir, size_t cap, uint64_t *step) {
+    if (ckpt_resolve(S->o->out_dir, dir, cap) < 0) return -1;
+    char sp[4300];
+    snprintf(sp, sizeof sp, "%s/state.bin", dir);
+    FILE *f = fopen(sp, "rb");
+    ckpt_state_hdr_t h;
+    int ok = f && fread(&h, sizeof h, 1, f) == 1 && !memcmp(h.magic, CKPT_MAGIC, 8);
+    if (f) fclose(f);
+    if (!ok) return -1;
+    *step = h.step;
+    return 0;
+}
+
+void sup__reap(sup_t *S) {
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        if (S->ev.pid > 0 && pid == S->ev.pid) { sup__ev_done(S, status); continue; }
+        for (int i = 0; i < S->n; i++) {
+            sstage_t *x = &S->st[i];
+            if (x->pid != pid) continue;
+            x->exited = 1;
+            x->status = status;
+            x->pid = -1;
+            sup__write_run_json(S);
+            int clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+            if (S->stopping) {
+                log_info("%s exited (%s %d)", x->spec->name, WIFEXITED(status) ? "status" : "signal",
+                         WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+                if (x->spec->stage_id == PIPE_ID_OPTIMIZER && !clean && !S->sum->interrupted) {
+                    /* The optimizer writes the final checkpoint before it announces the last
+                     * step (which starts this stop), so a death now normally lost nothing.
+                     * Only a missing final checkpoint fails the run, with how to finish. */
+                    char dir[4200];
+                    uint64_t ck;
+                    if (latest_ckpt_step(S, dir, sizeof dir, &ck) == 0 && ck >= S->o->max_steps) {
+                        log_info("the optimizer died while stopping, after its final checkpoint (%s)", dir);
+                    } else {
+                        log_error("the optimizer died while the run was stopping: its final checkpoint is "
+                                  "missing; `draftline run --resume %s` finishes the remaining steps",
+                                  S->o->out_dir);
+                        S->failed = 1;
+                    }
+                }
+                break;
+            }
+            (void)clean;
+            if (x->retiring || !x->active) {
+                /* rebalance: a retired stage is gone for good; its work goes again */
+                log_info("%s retired (%s %d)", x->spec->name, WIFEXITED(status) ? "status" : "signal",
+                         WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+                x->retiring = 0;
+                x->active = 0;
+                x->term_at = 0;
+                int64_t id = x->spec->stage_id;
+                sstage_t *L = sup__by_id(S, PIPE_ID_LOADER);
+                if (L) sup__send_ctl(S, L, PROTO_CTL_MEMBERSHIP, &id, 1);
+                sstage_t *O = sup__by_id(S, PIPE_ID_OPTIMIZER);
+                if (O && is_drafter(x)) sup__send_ctl(S, O, PROTO_CTL_MEMBERSHIP, &id, 1);
+                sup__write_run_json(S);
+                break;
+            }
+            if (x->moving) {
+                /* GPU rebalance: stopped to start again on its new GPU, at once (not a
+                 * failure); its work goes again, as after a death: a target's held
+                 * micro-batches, or every unapplied one for a drafter (the ledger drops
+                 * duplicates); its successor's hello re-introduces it to its peers */
+                log_info("%s stopped (%s %d): starting it on GPU %d", x->spec->name,
+                         WIFEXITED(status) ? "status" : "signal", WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status),
+                         sup__spec_gpu(x->spec));
+                x->moving = 0;
+                x->planned = 0;
+                x->term_at = 0;
+                int64_t id = x->spec->stage_id;
+                sstage_t *L = sup__by_id(S, PIPE_ID_LOADER);
+                if (L) sup__send_ctl(S, L, PROTO_CTL_MEMBERSHIP, &id, 1);
+                x->restart_at = clock_mono_s();
+                sup__write_run_json(S);
+                break;
+            }
+            if (x->planned) {
+                /* killed by the supervisor to re-sync with a restarted optimizer */
+                x->planned = 0;
+                x->restart_at = clock_mono_s();
+                sup__write_run_json(S);
+                break;
+            }
+            log_warn("%s died (%s %d)", x->spec->name, WIFEXITED(status) ? "status" : "signal",
+                     WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+            if (clock_mono_s() - x->t_spawn > 10) x->fails = 0;  /* it had been healthy */
+            if (x->spec->stage_id != PIPE_ID_OPTIMIZER && (x->t_died <= 0 || x->t_back > 0)) {
+                x->t_died = clock_mono_s();   /* a death while restarting keeps the first one */
+                x->t_back = 0;
+            }
+            if (x->restarts < S->o->max_restarts && x->spec->stage_id == PIPE_ID_OPTIMIZER) {
+                /* The optimizer's state since its last checkpoint is gone: it restarts
+                 * from that checkpoint, and the loader and drafters (whose steps ran
+                 * ahead of it) are restarted with it: the loader from the checkpoint's
+                 * step, the drafters with its weights. Work after the checkpoint is
+                 * recomputed (bitwise the same); targets keep running. */
+                char dir[4200];
+                uint64_t ck = S->o->start_step, h_step;
+                S->resume_ckpt[0] = 0;
+                if (latest_ckpt_step(S, dir, sizeof dir, &h_step) == 0 && h_step >= S->o->start_step) {
+                    ck = h_step;
+                    snprintf(S->resume_ckpt, sizeof S->resume_ckpt, "%s", dir);
+                }
+                S->last_applied = (int64_t)ck - 1;
+                uint64_t keep = ck - S->o->start_step;
+                if (S->n_losses > keep) S->n_losses = keep;
+                S->opt_recoveries++;
+                S->t_opt_died = clock_mono_s();
+                log_warn("the optimizer died: restarting it from %s (step %llu); the loader and the "
+                         "drafters restart with it", S->resume_ckpt[0] ? S->resume_ckpt : "its initial state",
+                         (unsigned long long)ck);
+                for (int k = 0; k < S->n; k++) {
+                    sstage_t *y = &S->st[k];
+                    if (y == x || !y->active || y->retiring) continue;
+                    if (y->spec->stage_id != PIPE_ID_LOADER && !is_drafter(y)) continue;
+                    if (!y->exited && y->pid > 0) { y->planned = 1; kill(y->pid, SIGKILL); }
+                    else if (y->restart_at > 0) y->restart_at = clock_mono_s();
+                }
+            }
+            if (x->restarts >= S->o->max_restarts) {
+                log_error("%s failed %d times: giving up (see %s/logs/%s.log)", x->spec->name,
+                          x->restarts + 1, S->o->out_dir, x->spec->name);
+                S->failed = 1;
+                sup__begin_stop(S, "a stage keeps failing");
+                break;
+            }
+            double backoff = 0.5 * (double)(1 << (x->fails < 5 ? x->fails : 5));
+            x->fails++;
+            x->restarts++;
+            S->sum->restarts++;
+            x->restart_at = clock_mono_s() + backoff;
+            /* the loader re-issues the work of a dead target right away; a dead
+             * drafter loses what its inbox held, so all unapplied work goes again
+             * (the ledger drops the duplicates) */
+            if (x->spec->stage_id >= PIPE_ID_DRAFTER0) {
+                int64_t id = x->spec->stage_id;
+                sstage_t *L = sup__by_id(S, PIPE_ID_LOADER);
+                if (L) sup__send_ctl(S, L, PROTO_CTL_MEMBERSHIP, &id, 1);
+            }
+            log_info("restarting %s in %.1f s", x->spec->name, backoff);
+            sup__write_run_json(S);
+            break;
+        }
+    }
+}

@@ -1,0 +1,229 @@
+/* Supervisor, what the stages tell it: hellos, the metrics relay (metrics.jsonl, PUB,
+ * Prometheus), the loss history, the progress line and the stall check. */
+#include "supervisor/sup_int.h"
+#include "common/base/clock.h"
+#include "common/base/log.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void json_str(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\') fputc('\\', f);
+        if ((unsigned char)*s < 0x20) continue;
+        fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+static void on_metrics(sup_t *S, const char *peer, const proto_metrics_t *m) {
+    if (S->mon) mon_run_ingest_proto(S->mon, peer, m);
+    for (int i = 0; i < S->n; i++)
+        if (S->st[i].spec->stage_id == m->stage_id)
+            for (uint32_t k = 0; k < m->n_metrics; k++)
+                if (!strcmp(m->metrics[k].name, "since_progress_s")) S->st[i].since_progress_s = m->metrics[k].value;
+    if (m->role == PROTO_ROLE_DRAFTER) {
+        sstage_t *x = NULL;
+        for (int i = 0; i < S->n; i++) if (S->st[i].spec->stage_id == m->stage_id) x = &S->st[i];
+        double b = 0;
+        for (uint32_t i = 0; i < m->n_metrics; i++)
+            if (!strcmp(m->metrics[i].name, "inbox_gpu_bytes") || !strcmp(m->metrics[i].name, "inbox_host_bytes"))
+                b += m->metrics[i].value;
+        if (x) x->inbox_bytes = b;
+    }
+    if (S->metrics) {
+        fprintf(S->metrics, "{\"ts\":%.3f,\"stage\":", (double)m->ts_ns / 1e9);
+        json_str(S->metrics, peer);
+        fprintf(S->metrics, ",\"stage_id\":%u,\"incarnation\":%llu,\"state\":", m->stage_id,
+                (unsigned long long)m->incarnation);
+        json_str(S->metrics, m->state);
+        for (uint32_t i = 0; i < m->n_metrics; i++) {
+            fputc(',', S->metrics);
+            json_str(S->metrics, m->metrics[i].name);
+            double v = m->metrics[i].value;
+            if (isfinite(v)) fprintf(S->metrics, ":%.9g", v);
+            else fprintf(S->metrics, ":null");
+        }
+        fprintf(S->metrics, "}\n");
+        fflush(S->metrics);
+    }
+    if (m->role != PROTO_ROLE_OPTIMIZER || strcmp(m->state, "step") != 0) return;
+    double step = -1, loss = NAN, acc_mean = 0, tokens = 0, elapsed = 0;
+    S->n_acc = 0;
+    for (uint32_t i = 0; i < m->n_metrics; i++) {
+        const char *n = m->metrics[i].name;
+        double v = m->metrics[i].value;
+        if (!strcmp(n, "step")) step = v;
+        else if (!strcmp(n, "loss")) loss = v;
+        else if (!strcmp(n, "acc_mean")) acc_mean = v;
+        else if (!strcmp(n, "tokens")) tokens = v;
+        else if (!strcmp(n, "elapsed_s")) elapsed = v;
+        else if (!strncmp(n, "acc_", 4) && S->n_acc < 16) S->acc[S->n_acc++] = v;
+    }
+    if (step < 0) return;
+    for (int i = 0; i < S->n; i++) {
+        /* the first step applied after a restarted stage's successor said hello */
+        sstage_t *x = &S->st[i];
+        if (x->t_died <= 0 || x->t_back <= 0) continue;
+        double now = clock_mono_s();
+        x->last_up_s = x->t_back - x->t_died;
+        x->last_recovery_s = now - x->t_died;
+        x->t_died = x->t_back = 0;
+        log_info("%s recovery: its successor was up %.2f s after its death, step %.0f applied %.2f s after it",
+                 x->spec->name, x->last_up_s, step, x->last_recovery_s);
+        sup__write_run_json(S);
+    }
+    if (S->t_opt_died > 0) {
+        /* first step of a restarted optimizer: the recovery is over */
+        S->last_recovery_s = clock_mono_s() - S->t_opt_died;
+        S->t_opt_died = 0;
+        log_info("optimizer recovery: first step %.0f applied %.2f s after its death", step, S->last_recovery_s);
+    }
+    if (!S->have_step) {
+        S->t_first_step = clock_mono_s();
+        S->tokens_first = tokens;
+        S->elapsed_first = elapsed;
+    }
+    S->have_step = 1;
+    if (!S->t_last_step || (uint64_t)step != S->last_step_seen) S->t_last_step = clock_mono_s();
+    S->last_step_seen = (uint64_t)step;
+    S->last_loss = loss;
+    S->last_acc_mean = acc_mean;
+    S->tokens = tokens;
+    S->elapsed = elapsed;
+    if (S->n_losses < SUP_LOSS_HIST) S->losses[S->n_losses++] = loss;
+}
+
+void sup__on_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg) {
+    (void)bus;
+    sup_t *S = arg;
+    proto_msg_t m;
+    if (stage_decode("supervisor", peer, data, len, &m) < 0) return;
+    switch (m.type) {
+    case PROTO_HELLO: {
+        sstage_t *x = sup__by_id(S, m.hello.stage_id);
+        if (!x) { log_warn("hello from unknown stage %u (%s)", m.hello.stage_id, peer); break; }
+        x->helloed = 1;
+        snprintf(x->peer, sizeof x->peer, "%s", peer);
+        if (x->t_died > 0 && x->t_back == 0) x->t_back = clock_mono_s();
+        log_info("%s is up (pid %u, incarnation %llu)", peer, m.hello.pid,
+                 (unsigned long long)m.hello.incarnation);
+        if (m.hello.stage_id >= PIPE_ID_TARGET0) sup__push_route(S, x);
+        /* a drafter started by a rebalance: the targets routed to it may move now */
+        if (is_drafter(x) && m.hello.incarnation == 1)
+            for (int i = 0; i < S->n; i++)
+                if (is_target(&S->st[i]) && S->st[i].active && !S->st[i].retiring &&
+                    route_of(S, S->st[i].spec->stage_id) == (int)(x->spec->stage_id - PIPE_ID_DRAFTER0))
+                    sup__push_route(S, &S->st[i]);
+        /* a restarted drafter or loader must hear from the targets again: re-push their
+         * routes (a target re-introduces itself to its drafter and the loader) */
+        if (((m.hello.stage_id >= PIPE_ID_DRAFTER0 && m.hello.stage_id < PIPE_ID_TARGET0) ||
+             m.hello.stage_id == PIPE_ID_LOADER) && m.hello.incarnation > 1)
+            for (int i = 0; i < S->n; i++)
+                if (S->st[i].spec->stage_id >= PIPE_ID_TARGET0) sup__push_route(S, &S->st[i]);
+        /* a restarted drafter: whatever targets wrote into its predecessor's slots
+         * since the death was reported is lost too: the loader re-issues every
+         * unapplied micro-batch once more (the ledger drops duplicates) */
+        if (is_drafter(x) && m.hello.incarnation > 1) {
+            int64_t id = x->spec->stage_id;
+            sstage_t *L = sup__by_id(S, PIPE_ID_LOADER);
+            if (L) sup__send_ctl(S, L, PROTO_CTL_MEMBERSHIP, &id, 1);
+        }
+        if (S->stopping && x->pid > 0) kill(x->pid, SIGTERM);
+        break;
+    }
+    case PROTO_METRICS:
+        on_metrics(S, peer, &m.metrics);
+        if (S->pub) bus_send(S->pub, peer, data, len); /* the relay: one PUB, topic = stage */
+        break;
+    case PROTO_APPLIED: {
+        /* news from an optimizer already reaped (queued before its death) would undo
+         * the rewind to its checkpoint: only the live incarnation counts */
+        sstage_t *O = sup__by_id(S, PIPE_ID_OPTIMIZER);
+        if (O && (O->exited || !O->helloed)) break;
+        if ((int64_t)m.applied.step > S->last_applied) S->last_applied = (int64_t)m.applied.step;
+        if (m.applied.step + 1 >= S->o->max_steps) sup__begin_stop(S, "reached --max-steps");
+        break;
+    }
+    default:
+        break;
+    }
+    proto_msg_free(&m);
+}
+
+double sup__mean_range(const double *v, uint64_t a, uint64_t b) {
+    double s = 0;
+    uint64_t n = 0;
+    for (uint64_t i = a; i < b; i++) if (isfinite(v[i])) { s += v[i]; n++; }
+    return n ? s / (double)n : NAN;
+}
+
+static void fmt_dur(double s, char *out, size_t cap) {
+    if (!isfinite(s) || s < 0) { snprintf(out, cap, "?"); return; }
+    long t = (long)(s + 0.5);
+    if (t >= 3600) snprintf(out, cap, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+    else if (t >= 60) snprintf(out, cap, "%ldm%02lds", t / 60, t % 60);
+    else snprintf(out, cap, "%lds", t);
+}
+
+void sup__print_progress(sup_t *S) {
+    double now = clock_mono_s();
+    if (!S->have_step) {
+        int up = 0;
+        for (int i = 0; i < S->n; i++) up += S->st[i].helloed && !S->st[i].exited;
+        printf("[%5.0fs] starting: %d/%d stages up, waiting for the first step\n", now - S->t0, up, S->n);
+        fflush(stdout);
+        return;
+    }
+    uint64_t done = S->last_step_seen + 1 - S->o->start_step;
+    uint64_t left = S->o->max_steps > S->last_step_seen + 1 ? S->o->max_steps - S->last_step_seen - 1 : 0;
+    double dt = now - S->t_first_step;
+    double per_step = done > 1 ? dt / (double)(done - 1) : NAN;
+    if (S->last_tokens_t > 0 && now > S->last_tokens_t) {
+        double r = (S->tokens - S->last_tokens) / (now - S->last_tokens_t);
+        if (r > 0 || S->tok_rate == 0) S->tok_rate = r;
+    }
+    S->last_tokens = S->tokens;
+    S->last_tokens_t = now;
+    char eta[32], accs[128] = "";
+    fmt_dur(per_step * (double)left, eta, sizeof eta);
+    int n = 0;
+    for (int k = 0; k < S->n_acc && k < 4; k++)
+        n += snprintf(accs + n, sizeof accs - (size_t)n, "%s%.2f", k ? " " : "", S->acc[k]);
+    double avg_rate = S->elapsed > S->elapsed_first ? (S->tokens - S->tokens_first) / (S->elapsed - S->elapsed_first) : 0;
+    printf("[%5.0fs] step %llu/%llu  loss %.4f  acc %.3f [pos 1-4: %s]  %.0f tok/s  ETA %s\n", now - S->t0,
+           (unsigned long long)(S->last_step_seen + 1), (unsigned long long)S->o->max_steps, S->last_loss,
+           S->last_acc_mean, accs, avg_rate, eta);
+    fflush(stdout);
+}
+
+/* A run with no applied step for max(60 s, 10 x the mean step time) says so in its own
+ * output once, and again every minute while it lasts: the stages whose own progress
+ * counter (since_progress_s) is as old, and where to look (`draftline monitor`). */
+void sup__stall_check(sup_t *S, double now) {
+    double since = now - (S->have_step ? S->t_last_step : S->t0);
+    uint64_t done = S->have_step ? S->last_step_seen + 1 - S->o->start_step : 0;
+    double mean = done > 1 ? (S->t_last_step - S->t_first_step) / (double)(done - 1) : 0;
+    const char *env = getenv("DL_STALL_WARN_S");   /* tests: a shorter floor than 60 s */
+    double floor_s = env && atof(env) > 0 ? atof(env) : 60;
+    double limit = 10 * mean > floor_s ? 10 * mean : floor_s;
+    if (since < limit || now - S->last_stall_warn < (floor_s < 60 ? floor_s : 60)) return;
+    S->last_stall_warn = now;
+    char who[512] = "";
+    size_t n = 0;
+    for (int i = 0; i < S->n; i++) {
+        sstage_t *x = &S->st[i];
+        if (!x->active || x->exited || !x->helloed) continue;
+        if (x->since_progress_s >= 0 && x->since_progress_s < limit) continue;
+        n += (size_t)snprintf(who + n, n < sizeof who ? sizeof who - n : 0, "%s%s", n ? ", " : "", x->spec->name);
+        if (n >= sizeof who) break;
+    }
+    printf("[%5.0fs] WARNING: no step applied for %.0f s%s; stages with no progress: %s. See `draftline "
+           "monitor --run %s` (and %s/logs)\n", now - S->t0, since, S->have_step ? "" : " (none yet)",
+           who[0] ? who : "(every stage reports progress: waiting on each other?)", S->o->out_dir, S->o->out_dir);
+    fflush(stdout);
+}

@@ -1,0 +1,396 @@
+/* `draftline run --resume`: the settings not given default to the run's, a run dir with
+ * nothing to continue is reused as fresh, and the settings and data are checked against
+ * the checkpoint before anything is written (see launch_int.h). */
+#include "supervisor/launch_int.h"
+#include "common/base/err.h"
+#include "common/base/log.h"
+
+#include <cjson/cJSON.h>
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* --- the --resume check -----------------------------------------------------
+ * `draftline run --resume` continues a run exactly, so every setting the checkpoint's
+ * state, data order, micro-batch numbering or drafter shape depends on must be the
+ * run's. Checked here, before any stage starts and before anything is written, from
+ * state.bin's header (ckpt_state_hdr_t: seed, K, and the settings recorded since
+ * CKPT_SETTINGS_V1), the drafter's config.json (shapes: every checkpoint has it) and
+ * cursor.bin (dataset fingerprint, batching options). Each mismatch is one line on
+ * stderr naming the flag, both values, why, and the flag to rerun with. Free to change:
+ * --max-steps (warned: the LR schedule), --lr/--warmup-steps/--weight-decay/--clip
+ * (warned: the continuation is no longer the uninterrupted run's), topology, threads,
+ * inbox sizes, --save-every, --progress-every, --prefetch, --hs-min-ready, eval. */
+
+typedef struct {
+    const char *dir;   /* the resolved checkpoint dir */
+    int n;             /* mismatches reported */
+} rcheck_t;
+
+static void rc_mismatch(rcheck_t *r, const char *flag, const char *want, const char *have, const char *why) {
+    fprintf(stderr, "draftline run: --resume %s: %s %s does not match the checkpoint's %s (%s); rerun with %s %s\n",
+            r->dir, flag, want, have, why, flag, have);
+    r->n++;
+}
+
+static void rc_u64(rcheck_t *r, const char *flag, uint64_t want, uint64_t have, const char *why) {
+    if (want == have) return;
+    char a[32], b[32];
+    snprintf(a, sizeof a, "%llu", (unsigned long long)want);
+    snprintf(b, sizeof b, "%llu", (unsigned long long)have);
+    rc_mismatch(r, flag, a, b, why);
+}
+
+/* A double as the optimizer gets it on its command line ("%.9g"), for exact compares
+ * with what state.bin recorded. */
+static double as_passed(double x) {
+    char b[64];
+    snprintf(b, sizeof b, "%.9g", x);
+    return strtod(b, NULL);
+}
+
+/* The settings that need no data: state.bin header and config.json of checkpoint
+ * r->dir against the requested ones (o, its drafter config dc, the target's
+ * fingerprint tfp, 0 when it could not be taken). Mismatches counted in r->n. */
+static void resume_check_settings(rcheck_t *r, const run_opts_t *o, const ckpt_state_hdr_t *h,
+                                  const drafter_config_t *dc, uint64_t tfp) {
+    rc_u64(r, "--seed", (uint64_t)o->seed, h->seed, "the data order, the anchors and the initialisation depend on it");
+    rc_u64(r, "--micro-batches-per-step", (uint64_t)o->mbs_per_step, h->mbs_per_step,
+           "the cursor and the micro-batch numbering depend on it");
+    uint32_t ml = o->max_len > 0 && o->max_len < o->token_budget ? (uint32_t)o->max_len : (uint32_t)o->token_budget;
+    int have_settings = h->settings == CKPT_SETTINGS_V1;
+    if (have_settings) {
+        rc_u64(r, "--token-budget", (uint64_t)o->token_budget, h->token_budget,
+               "the cursor and micro-batch numbering depend on it");
+        if (h->token_budget == (uint32_t)o->token_budget)
+            rc_u64(r, "--max-len", ml, h->max_len, "the packing of the micro-batches depends on it");
+        rc_u64(r, "--num-anchors", (uint64_t)o->num_anchors, h->num_anchors,
+               "the blocks trained per sequence depend on it");
+        rc_u64(r, "--epochs", (uint64_t)o->epochs, h->epochs, "the data order depends on it");
+    } else {
+        log_warn("--resume %s: the checkpoint predates recorded run settings: --token-budget, --max-len, "
+                 "--num-anchors, --epochs and the target model's identity are not checked (the dataset and "
+                 "batching options are, from cursor.bin)", r->dir);
+    }
+    /* drafter shape: config.json (every checkpoint), else the header */
+    drafter_config_t cc;
+    memset(&cc, 0, sizeof cc);
+    int have_cfg = dflash_config_load(r->dir, &cc) == 0;
+    int c_layers = have_cfg ? cc.n_layers : have_settings ? (int)h->drafter_layers : 0;
+    int c_block = have_cfg ? cc.B : have_settings ? (int)h->block_size : 0;
+    if (!have_cfg) log_warn("--resume %s: config.json unreadable (%s)%s", r->dir, dl_errmsg(),
+                            have_settings ? "" : ": the drafter shape is not checked");
+    if (c_layers) rc_u64(r, "--drafter-layers", (uint64_t)o->drafter_layers, (uint64_t)c_layers,
+                         "the drafter's shape and parameter count depend on it");
+    if (c_block) rc_u64(r, "--block-size", (uint64_t)o->block_size, (uint64_t)c_block,
+                        "the drafter's training blocks depend on it");
+    int target_differs = 0;
+    if (have_cfg && (cc.D != dc->D || cc.V != dc->V || cc.H != dc->H || cc.Hkv != dc->Hkv || cc.hd != dc->hd ||
+                     cc.F != dc->F || cc.n_target_layers != dc->n_target_layers)) {
+        char a[160], b[160];
+        snprintf(a, sizeof a, "(hidden %d, %d layers, heads %d/%d, head dim %d, MLP %d, vocabulary %d)", dc->D,
+                 dc->n_target_layers, dc->H, dc->Hkv, dc->hd, dc->F, dc->V);
+        snprintf(b, sizeof b, "(hidden %d, %d layers, heads %d/%d, head dim %d, MLP %d, vocabulary %d)", cc.D,
+                 cc.n_target_layers, cc.H, cc.Hkv, cc.hd, cc.F, cc.V);
+        fprintf(stderr, "draftline run: --resume %s: --target-model %s %s does not match the checkpoint's target "
+                        "%s (the drafter's shapes are the target's); rerun with the run's --target-model\n",
+                r->dir, o->target_model, a, b);
+        r->n++;
+        target_differs = 1;
+    }
+    if (!target_differs && have_settings && h->target_fp && tfp && h->target_fp != tfp) {
+        fprintf(stderr, "draftline run: --resume %s: --target-model %s (fingerprint %016llx) does not match the "
+                        "checkpoint's target (fingerprint %016llx): same shapes, other weights (another model, "
+                        "fine-tune or quantisation; the features the drafter learns from depend on it); rerun "
+                        "with the run's --target-model\n",
+                r->dir, o->target_model, (unsigned long long)tfp, (unsigned long long)h->target_fp);
+        r->n++;
+    }
+    /* free to change, but the continuation is then not the uninterrupted run's */
+    struct { const char *flag; double want, have; } hp[] = {
+        {"--lr", as_passed(o->lr), h->lr}, {"--warmup-steps", (double)o->warmup_steps, h->warmup_steps},
+        {"--weight-decay", as_passed(o->weight_decay), h->wd}, {"--clip", as_passed(o->clip), h->clip}};
+    for (size_t i = 0; i < sizeof hp / sizeof hp[0]; i++)
+        if (hp[i].want != hp[i].have)
+            log_warn("--resume: %s changes from %.9g (the checkpoint's) to %.9g: allowed, but the continuation "
+                     "is no longer the uninterrupted run's; pass %s %.9g to keep it", hp[i].flag, hp[i].have,
+                     hp[i].want, hp[i].flag, hp[i].have);
+}
+
+/* The data: cursor.bin of checkpoint r->dir against the cursor of micro-batch 0 of the
+ * requested cache and batching options (want). have_settings: the header's explicit
+ * settings were checked (an options-hash mismatch is then reported only when they all
+ * matched). Mismatches counted in r->n. */
+static void resume_check_data(rcheck_t *r, const run_opts_t *o, const char *cache, const batcher_cursor_t *want,
+                              int batching_reported) {
+    char p[4300];
+    snprintf(p, sizeof p, "%s/cursor.bin", r->dir);
+    uint8_t buf[BATCHER_CURSOR_BYTES];
+    FILE *f = fopen(p, "rb");
+    size_t got = f ? fread(buf, 1, sizeof buf, f) : 0;
+    if (f) fclose(f);
+    batcher_cursor_t c;
+    if (got != sizeof buf || batcher_cursor_decode(buf, got, &c) < 0) {
+        log_warn("--resume %s: no readable cursor.bin: the dataset is not checked (the loader starts at the "
+                 "checkpoint's step)", r->dir);
+        return;
+    }
+    if (c.data_fingerprint != want->data_fingerprint) {
+        fprintf(stderr, "draftline run: --resume %s: --data %s (cache %s, fingerprint %016llx) does not match the "
+                        "checkpoint's dataset (fingerprint %016llx: other samples, or prepared with another "
+                        "tokenizer; the cursor indexes it); rerun with the run's --data\n",
+                r->dir, o->data, cache, (unsigned long long)want->data_fingerprint,
+                (unsigned long long)c.data_fingerprint);
+        r->n++;
+    }
+    if (c.opts_hash != want->opts_hash && !batching_reported) {
+        fprintf(stderr, "draftline run: --resume %s: the batching options (--token-budget %d, --max-len, "
+                        "--micro-batches-per-step %d, --epochs %d, shuffle buffer, split) do not match the "
+                        "checkpoint's cursor (the micro-batches and their numbering depend on them); rerun with "
+                        "the run's settings\n", r->dir, o->token_budget, o->mbs_per_step, o->epochs);
+        r->n++;
+    }
+}
+
+/* The run dir a checkpoint dir belongs to (<run>/checkpoints/step_N: its ../..) into
+ * out; "" when ckpt is not under a checkpoints/ dir. */
+static void run_dir_of_ckpt(const char *ckpt, char *out, size_t cap) {
+    out[0] = 0;
+    const char *last = NULL;
+    for (const char *p = strstr(ckpt, "/checkpoints/"); p; p = strstr(p + 1, "/checkpoints/")) last = p;
+    if (last) snprintf(out, cap, "%.*s", (int)(last - ckpt), ckpt);
+    else if (!strncmp(ckpt, "checkpoints/", 12)) snprintf(out, cap, ".");
+    if (last && last == ckpt) snprintf(out, cap, "/");
+}
+
+/* --resume: every setting not given by a flag or --config takes the run's value, so
+ * `draftline run --resume DIR` alone continues the run: from the checkpoint ckdir ("" when
+ * none) and its state.bin header h (NULL when none): --seed, --micro-batches-per-step,
+ * --lr, --warmup-steps, --weight-decay, --clip, --max-steps, and (CKPT_SETTINGS_V1)
+ * --token-budget, --max-len, --num-anchors, --epochs, --block-size, --drafter-layers
+ * (older checkpoints: the last two from its config.json); from <run_dir>/run.json
+ * ("" / missing: skipped; keys written since these defaults exist): --target-model,
+ * --data (the data cache the run trained on; else <run_dir>/data.dlc when it exists),
+ * --save-every, --keep-checkpoints, --deterministic. Explicit settings are left as given (the --resume check
+ * compares them). Appends " --flag value" per setting taken to taken (cap bytes). */
+static void resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_hdr_t *h, const char *run_dir,
+                            char *taken, size_t cap) {
+    size_t n = strlen(taken);
+    /* TAKE(code, fmt, args): when the flag was not given, formats args into taken; the
+     * assignments written into args (o->x = recorded) therefore happen only then */
+#define TAKE(code, ...) do { if (!o->given[(code) - RUN_O_TM]) {                                     \
+        int w_ = snprintf(taken + n, n < cap ? cap - n : 0, __VA_ARGS__);                          \
+        if (w_ > 0) n = n + (size_t)w_ < cap ? n + (size_t)w_ : cap - 1; } } while (0)
+    if (h) {
+        TAKE(RUN_O_SEED, " --seed %llu", (unsigned long long)(o->seed = (int64_t)h->seed));
+        TAKE(RUN_O_K, " --micro-batches-per-step %d", (o->mbs_per_step = (int)h->mbs_per_step));
+        if (h->settings == CKPT_SETTINGS_V1) {
+            TAKE(RUN_O_TB, " --token-budget %d", (o->token_budget = (int)h->token_budget));
+            TAKE(RUN_O_ML, " --max-len %d", (o->max_len = (int)h->max_len));
+            TAKE(RUN_O_NA, " --num-anchors %d", (o->num_anchors = (int)h->num_anchors));
+            TAKE(RUN_O_EP, " --epochs %d", (o->epochs = (int)h->epochs));
+            TAKE(RUN_O_DL, " --drafter-layers %d", (o->drafter_layers = (int)h->drafter_layers));
+            TAKE(RUN_O_BS, " --block-size %d", (o->block_size = (int)h->block_size));
+        } else {
+            drafter_config_t cc;
+            memset(&cc, 0, sizeof cc);
+            if (dflash_config_load(ckdir, &cc) == 0) {
+                TAKE(RUN_O_DL, " --drafter-layers %d", (o->drafter_layers = cc.n_layers));
+                TAKE(RUN_O_BS, " --block-size %d", (o->block_size = cc.B));
+            }
+        }
+        TAKE(RUN_O_LR, " --lr %.9g", (o->lr = h->lr));
+        TAKE(RUN_O_WU, " --warmup-steps %lld", (long long)(o->warmup_steps = (int64_t)h->warmup_steps));
+        TAKE(RUN_O_WD, " --weight-decay %.9g", (o->weight_decay = h->wd));
+        TAKE(RUN_O_CL, " --clip %.9g", (o->clip = h->clip));
+        if (h->max_steps > 0) TAKE(RUN_O_MS, " --max-steps %lld", (long long)(o->max_steps = (int64_t)h->max_steps));
+    }
+    if (!run_dir[0]) return;
+    char p[4200];
+    snprintf(p, sizeof p, "%s/run.json", run_dir);
+    cJSON *j = NULL;
+    FILE *f = fopen(p, "rb");
+    if (f) {
+        char buf[1 << 16];
+        size_t k = fread(buf, 1, sizeof buf - 1, f);
+        buf[k] = 0;
+        fclose(f);
+        j = cJSON_Parse(buf);
+    }
+    const cJSON *tm = cJSON_GetObjectItemCaseSensitive(j, "target_model");
+    const cJSON *da = cJSON_GetObjectItemCaseSensitive(j, "data");
+    const cJSON *se = cJSON_GetObjectItemCaseSensitive(j, "save_every");
+    const cJSON *kc = cJSON_GetObjectItemCaseSensitive(j, "keep_checkpoints");
+    const cJSON *de = cJSON_GetObjectItemCaseSensitive(j, "deterministic");
+    if (cJSON_IsString(tm) && tm->valuestring[0] && !o->given[RUN_O_TM - RUN_O_TM]) {
+        if (access(tm->valuestring, R_OK) == 0) {
+            snprintf(o->target_model, sizeof o->target_model, "%s", tm->valuestring);
+            TAKE(RUN_O_TM, " --target-model %s", o->target_model);
+        } else {
+            log_warn("--resume: the run's target model %s (run.json) is not readable: using %s (pass "
+                     "--target-model)", tm->valuestring, o->target_model);
+        }
+    }
+    if (!o->given[RUN_O_DATA - RUN_O_TM]) {
+        if (cJSON_IsString(da) && da->valuestring[0] && access(da->valuestring, R_OK) == 0)
+            snprintf(o->resume_data, sizeof o->resume_data, "%s", da->valuestring);
+        else {
+            if (snprintf(o->resume_data, sizeof o->resume_data, "%s/data.dlc", run_dir) < 0 ||
+                access(o->resume_data, R_OK) != 0) o->resume_data[0] = 0;
+        }
+        if (o->resume_data[0]) {
+            o->data = o->resume_data;
+            TAKE(RUN_O_DATA, " --data %s", o->data);
+        }
+    }
+    if (cJSON_IsNumber(se) && se->valuedouble >= 0)
+        TAKE(RUN_O_SE, " --save-every %lld", (long long)(o->save_every = (int64_t)se->valuedouble));
+    if (cJSON_IsNumber(kc) && kc->valuedouble > 0 && kc->valuedouble <= INT32_MAX)
+        TAKE(RUN_O_KC, " --keep-checkpoints %lld", (long long)(o->keep_checkpoints = (int64_t)kc->valuedouble));
+    if (cJSON_IsTrue(de) && !o->given[RUN_O_DET - RUN_O_TM]) {
+        o->deterministic = 1;
+        TAKE(RUN_O_DET, " --deterministic");
+    }
+    cJSON_Delete(j);
+#undef TAKE
+}
+
+int sup__resume_take_defaults(launch_t *L) {
+    run_opts_t *o = L->o;
+    if (!o->resume) return 0;
+    if (access(o->resume, F_OK) != 0) {
+        fprintf(stderr, "draftline run: --resume %s: %s\n", o->resume, strerror(errno));
+        return 2;
+    }
+    char ck[4096] = "", rj[4200];
+    ckpt_state_hdr_t h;
+    int have_ck = ckpt_resolve(o->resume, ck, sizeof ck) == 0;
+    int have_h = have_ck && ckpt_read_hdr(ck, &h) == 0;
+    snprintf(rj, sizeof rj, "%s/run.json", o->resume);
+    if (have_ck) run_dir_of_ckpt(ck, L->resume_run, sizeof L->resume_run);
+    else if (access(rj, F_OK) == 0) snprintf(L->resume_run, sizeof L->resume_run, "%s", o->resume);
+    char taken[8192] = "";
+    resume_defaults(o, ck, have_h ? &h : NULL, L->resume_run, taken, sizeof taken);
+    if (!o->out && L->resume_run[0]) {
+        size_t n = strlen(taken);
+        snprintf(taken + n, sizeof taken - n, " --out %s", L->resume_run);
+    }
+    if (taken[0])
+        log_info("--resume %s: not given, so taken from the %s:%s", have_ck ? ck : o->resume,
+                 have_h ? "checkpoint and its run" : "run", taken);
+    return 0;
+}
+
+/* A dir whose run saved no checkpoint and applied no step (e.g. Ctrl-C while the
+ * stages were starting) holds nothing to continue: it is reused as a fresh run,
+ * with or without --resume (its steps.jsonl and metrics.jsonl are started anew). */
+int sup__resume_fresh(launch_t *L) {
+    run_opts_t *o = L->o;
+    const char *out = L->out;
+    char prev[4200], cp[4096];
+    struct stat sb;
+    snprintf(prev, sizeof prev, "%s/steps.jsonl", out);
+    int has_steps = stat(prev, &sb) == 0 && sb.st_size > 0;
+    int has_prev = access(prev, F_OK) == 0;
+    snprintf(prev, sizeof prev, "%s/run.json", out);
+    has_prev |= access(prev, F_OK) == 0;
+    int has_ckpt = ckpt_resolve(o->resume ? o->resume : out, cp, sizeof cp) == 0;
+    if (o->resume && !has_ckpt) {
+        if (!has_steps && (!strcmp(o->resume, out) || has_prev)) {
+            log_info("--resume %s: the run saved no checkpoint and applied no step: starting it fresh in %s",
+                     o->resume, out);
+            o->resume = NULL;
+            L->reuse_fresh = has_prev;
+        } else {
+            fprintf(stderr, "draftline run: --resume %s: no checkpoint to resume from (no state.bin and no "
+                            "checkpoints/latest)%s\n", o->resume,
+                    has_steps ? "; the run applied steps but saved none: start a fresh run with another --out" : "");
+            return 2;
+        }
+    } else if (!o->resume && has_prev) {
+        if (has_steps || has_ckpt) {
+            fprintf(stderr, "draftline run: --out %s holds a previous run (%s): choose another "
+                            "--out, or continue it with `draftline run --resume %s`\n", out,
+                    has_ckpt ? "a checkpoint" : "steps.jsonl", out);
+            return 2;
+        }
+        log_info("--out %s: the previous run there saved no checkpoint and applied no step: reusing it as "
+                 "a fresh run", out);
+        L->reuse_fresh = 1;
+    }
+    return 0;
+}
+
+/* the checkpoint to resume: read (and checked) before anything is written */
+int sup__resume_read(launch_t *L) {
+    run_opts_t *o = L->o;
+    if (!o->resume) return 0;
+    if (ckpt_resolve(o->resume, L->resume_dir, sizeof L->resume_dir) < 0) {
+        fprintf(stderr, "draftline run: %s\n", dl_errmsg());
+        return 2;
+    }
+    ckpt_state_hdr_t h;
+    if (ckpt_read_hdr(L->resume_dir, &h) < 0) {
+        fprintf(stderr, "draftline run: --resume %s: unreadable training state (%s)\n", L->resume_dir, dl_errmsg());
+        return 2;
+    }
+    L->start_step = h.step;
+    L->resume_hdr = h;
+    L->have_resume_hdr = 1;
+    return 0;
+}
+
+int sup__resume_check_early(launch_t *L, const drafter_config_t *dc) {
+    run_opts_t *o = L->o;
+    if (!L->have_resume_hdr) return 0;
+    uint64_t tfp = 0;
+    if (ckpt_target_fingerprint(o->target_model, &tfp) < 0) {
+        log_warn("--target-model %s: %s (the target is not fingerprinted)", o->target_model, dl_errmsg());
+        tfp = 0;
+    }
+    L->target_fp = tfp;
+    rcheck_t r = {L->resume_dir, 0};
+    resume_check_settings(&r, o, &L->resume_hdr, dc, tfp);
+    L->batching_reported = r.n > 0;
+    /* the data too when its cache is known without preparing (a .dlc, or the
+     * run dir's prepared one) */
+    char early[4300] = "";
+    if (sup__ends_with(o->data, ".dlc")) snprintf(early, sizeof early, "%s", o->data);
+    else {
+        snprintf(early, sizeof early, "%s/data.dlc", L->out);   /* what the data preparation reuses */
+        if (access(early, R_OK) != 0) early[0] = 0;
+    }
+    if (early[0]) {
+        batcher_cursor_t want;
+        if (sup__requested_cursor(o, early, &want, NULL) < 0) {
+            fprintf(stderr, "draftline run: %s\n", dl_errmsg());
+            return 1;
+        }
+        resume_check_data(&r, o, early, &want, L->batching_reported);
+        L->data_checked = 1;
+    }
+    if (r.n > 0) {
+        fprintf(stderr, "draftline run: --resume %s: refused: %d setting(s) differ from the checkpoint's "
+                        "(nothing was started or written)\n", L->resume_dir, r.n);
+        return 2;
+    }
+    return 0;
+}
+
+int sup__resume_check_late(launch_t *L, const batcher_cursor_t *cur) {
+    if (!L->have_resume_hdr || L->data_checked) return 0;
+    rcheck_t r = {L->resume_dir, 0};
+    resume_check_data(&r, L->o, L->cache, cur, L->batching_reported);
+    if (r.n > 0) {
+        fprintf(stderr, "draftline run: --resume %s: refused: the data differs from the checkpoint's "
+                        "(no stage was started)\n", L->resume_dir);
+        if (strcmp(L->sock, L->out) != 0) rmdir(L->sock);
+        return 2;
+    }
+    return 0;
+}

@@ -1,0 +1,221 @@
+/* Supervisor, supervisor_run: the loop, signals, the stop and the summary (see supervisor.h). */
+#include "supervisor/sup_int.h"
+#include "common/base/clock.h"
+#include "common/base/err.h"
+#include "common/base/log.h"
+#include "common/base/testhook.h"
+#include "common/mem/slab.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+void sup__begin_stop(sup_t *S, const char *why) {
+    if (S->stopping) return;
+    S->stopping = 1;
+    S->t_stop = clock_mono_s();
+    log_info("stopping the pipeline: %s", why);
+    if (S->rb.running) {
+        S->rb.running = 0;
+        snprintf(S->rb.status, sizeof S->rb.status, "rejected");
+        snprintf(S->rb.message, sizeof S->rb.message, "the run stopped during the rebalance");
+    }
+    prom_server_destroy(&S->prom);
+    sup__write_run_json(S);
+    for (int i = 0; i < S->n; i++) {
+        sstage_t *x = &S->st[i];
+        x->restart_at = 0;
+        if (!x->exited && x->pid > 0) kill(x->pid, SIGTERM);
+    }
+    if (S->ev.pid > 0) kill(S->ev.pid, SIGTERM);   /* the eval child stops with the run */
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+    sup_t *S = h->data;
+    if (signum == SIGCHLD) { sup__reap(S); return; }
+    /* the same Ctrl-C can arrive twice (e.g. through timeout(1)): only a later one kills */
+    if (S->stopping && clock_mono_s() - S->t_stop < 2.0) return;
+    if (S->stopping && !S->sum->signal) {
+        /* already stopping on its own (reached --max-steps: `draftline stop` raced the
+         * end): the final checkpoint is being written, so this first signal neither
+         * kills the stages nor makes the finished run an interrupted one */
+        S->sum->signal = signum;
+        S->t_stop = clock_mono_s();
+        log_info("signal %d: the run is already stopping; a second signal kills every stage", signum);
+        return;
+    }
+    if (S->stopping) {
+        log_warn("second signal: killing every stage");
+        for (int i = 0; i < S->n; i++) if (S->st[i].pid > 0) kill(S->st[i].pid, SIGKILL);
+        if (S->ev.pid > 0) kill(S->ev.pid, SIGKILL);
+        return;
+    }
+    S->sum->interrupted = 1;
+    if (!S->sum->signal) S->sum->signal = signum;
+    sup__begin_stop(S, signum == SIGINT ? "interrupted (Ctrl-C); stages write a final checkpoint" : "SIGTERM");
+}
+
+static void on_tick(uv_timer_t *t) {
+    sup_t *S = t->data;
+    double now = clock_mono_s();
+    sup__reap(S);
+    for (int i = 0; i < S->n; i++) {
+        sstage_t *x = &S->st[i];
+        if (x->exited && x->restart_at > 0 && now >= x->restart_at && !S->stopping && x->active) sup__spawn(S, x);
+    }
+    if (S->stopping) {
+        int alive = 0;
+        for (int i = 0; i < S->n; i++) alive += !S->st[i].exited;
+        alive += S->ev.pid > 0;
+        if (!alive) {
+            uv_timer_stop(&S->tick);
+            uv_close((uv_handle_t *)&S->tick, NULL);
+            uv_close((uv_handle_t *)&S->sig_int, NULL);
+            uv_close((uv_handle_t *)&S->sig_term, NULL);
+            uv_close((uv_handle_t *)&S->sig_chld, NULL);
+            bus_close(S->bus, NULL, NULL);
+            if (S->pub) bus_close(S->pub, NULL, NULL);
+            return;
+        }
+        if (now - S->t_stop > 60) {
+            for (int i = 0; i < S->n; i++)
+                if (S->st[i].pid > 0) { log_warn("%s did not stop in 60 s: SIGKILL", S->st[i].spec->name); kill(S->st[i].pid, SIGKILL); }
+            if (S->ev.pid > 0) kill(S->ev.pid, SIGKILL);
+        }
+        return;
+    }
+    sup__rb_poll(S);
+    sup__rb_tick(S);
+    sup__ev_poll(S);
+    if (now - S->last_progress_print >= S->o->progress_every_s) {
+        S->last_progress_print = now;
+        sup__print_progress(S);
+    }
+    sup__stall_check(S, now);
+}
+
+/* One supervisor per run dir: the caller (cmd_run) holds the exclusive flock on
+ * <out>/run.lock for the whole run (taken there, before the dir is touched: a second
+ * flock here, on another fd of the same process, would conflict with it). */
+int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
+    static sup_t S;
+    memset(&S, 0, sizeof S);
+    memset(sum, 0, sizeof *sum);
+    S.o = o;
+    S.sum = sum;
+    int64_t strip = 0;   /* test hook (see sup_t.strip_gpu), read once before any spawn */
+    S.strip_gpu = testhook_i64("strip_gpu", &strip) == 1 && strip == 1;
+    S.losses = calloc(SUP_LOSS_HIST, sizeof(double));
+    S.last_applied = (int64_t)o->start_step - 1;
+    if (!S.losses) return dl_seterr(DL_ENOMEM, "supervisor: out of memory");
+    uv_loop_init(&S.loop);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
+    S.metrics = fopen(path, "a");
+    char ep[BUS_ENDPOINT_MAX];
+    DL_TRY(bus_endpoint(o->sock_dir, "sup", ep, sizeof ep));
+    bus_opts_t bo = {0};
+    bo.kind = BUS_ROUTER;
+    bo.name = "supervisor";
+    bo.heartbeat_interval_ms = PIPE_HEARTBEAT_MS;
+    bo.heartbeat_timeout_ms = PIPE_DEAD_MS;
+    S.bus = bus_new(&S.loop, &bo);
+    if (!S.bus) return DL_EIO;
+    DL_TRY(bus_bind(S.bus, ep));
+    bus_on_message(S.bus, sup__on_msg, &S);
+    S.nt = o->n_targets;
+    S.nd = o->n_drafters;
+    S.mon = mon_run_new();
+    /* the metrics relay: every stage's METRICS payload on one PUB (topic = stage name) */
+    if (bus_endpoint(o->sock_dir, "metrics", ep, sizeof ep) == 0) {
+        bus_opts_t po = {0};
+        po.kind = BUS_PUB;
+        po.name = "metrics";
+        S.pub = bus_new(&S.loop, &po);
+        if (S.pub && bus_bind(S.pub, ep) < 0) { log_warn("metrics relay %s: %s", ep, dl_errmsg()); bus_destroy(&S.pub); }
+    }
+    if (o->metrics_port >= 0 && S.mon) {
+        S.prom = prom_server_new(&S.loop, o->metrics_port, mon_prom_render_run, S.mon);
+        if (!S.prom) log_warn("--metrics-port %d: %s (no Prometheus endpoint)", o->metrics_port, dl_errmsg());
+        else {
+            S.prom_port = prom_server_port(S.prom);
+            log_info("Prometheus metrics on http://0.0.0.0:%d/metrics", S.prom_port);
+        }
+    }
+    /* SIGCHLD, SIGINT, SIGTERM through the loop */
+    uv_signal_init(&S.loop, &S.sig_int); S.sig_int.data = &S;
+    uv_signal_init(&S.loop, &S.sig_term); S.sig_term.data = &S;
+    uv_signal_init(&S.loop, &S.sig_chld); S.sig_chld.data = &S;
+    uv_signal_start(&S.sig_int, on_signal, SIGINT);
+    uv_signal_start(&S.sig_term, on_signal, SIGTERM);
+    uv_signal_start(&S.sig_chld, on_signal, SIGCHLD);
+    uv_timer_init(&S.loop, &S.tick);
+    S.tick.data = &S;
+    S.t0 = clock_mono_s();
+    S.last_progress_print = S.t0;
+    S.ev.last_ckpt = sup__ev_latest_step(&S);   /* a resumed run's checkpoint is not evaluated again */
+    {
+        /* a request left by an earlier `draftline rebalance` that timed out (its run was
+         * not there to answer) is never applied to this run */
+        char rq[4200];
+        snprintf(rq, sizeof rq, "%s/" SUP_REBALANCE_REQUEST, o->out_dir);
+        if (unlink(rq) == 0) log_warn("removed a stale %s (left by an earlier `draftline rebalance`); not applied", rq);
+    }
+    S.n = o->n_stages;
+    for (int i = 0; i < S.n; i++) S.st[i].spec = &o->stages[i];
+    for (int i = 0; i < S.n; i++) S.gpu_mode |= is_target(&S.st[i]) && sup__spec_gpu(S.st[i].spec) >= 0;
+    for (int i = 0; i < S.n; i++) sup__spawn(&S, &S.st[i]);
+    uv_timer_start(&S.tick, on_tick, 200, 200);
+    uv_run(&S.loop, UV_RUN_DEFAULT);
+    bus_destroy(&S.bus);
+    bus_destroy(&S.pub);
+    prom_server_destroy(&S.prom);
+    uv_run(&S.loop, UV_RUN_DEFAULT);
+    mon_run_destroy(&S.mon);
+    S.done = 1;
+    sup__write_run_json(&S);
+    uv_loop_close(&S.loop);
+    if (S.metrics) fclose(S.metrics);
+    int swept = slab_sweep(o->run_id);
+    if (swept > 0) log_warn("removed %d leftover shared-memory object(s) of run %s", swept, o->run_id);
+    sum->steps = S.have_step ? S.last_step_seen + 1 : o->start_step;
+    /* a signal that arrived as the last step was applied (`draftline stop` racing
+     * --max-steps) did not cut the run short: it finished its steps */
+    if (sum->interrupted && sum->steps >= o->max_steps) sum->interrupted = 0, sum->signal = 0;
+    uint64_t n = S.n_losses;
+    uint64_t k = n < 10 ? n : 10;
+    sum->loss_first10 = sup__mean_range(S.losses, 0, k);
+    sum->loss_last10 = sup__mean_range(S.losses, n - k, n);
+    sum->n_first = sum->n_last = (int)k;
+    sum->tokens = (uint64_t)S.tokens;
+    /* steady state: from the first applied step to the last (model loading excluded) */
+    sum->seconds = S.elapsed - S.elapsed_first;
+    sum->tokens_per_s = sum->seconds > 0 ? (S.tokens - S.tokens_first) / sum->seconds : 0;
+    sum->failed = S.failed;
+    snprintf(path, sizeof path, "%s/checkpoints/latest", o->out_dir);
+    FILE *f = fopen(path, "r");
+    unsigned long long latest_step = 0;
+    int have_latest = 0;
+    if (f) {
+        char name[128] = {0};
+        if (fgets(name, sizeof name, f)) {
+            name[strcspn(name, "\r\n")] = 0;
+            snprintf(sum->checkpoint, sizeof sum->checkpoint, "%s/checkpoints/%s", o->out_dir, name);
+            have_latest = sscanf(name, "step_%llu", &latest_step) == 1;
+        }
+        fclose(f);
+    }
+    free(S.losses);
+    /* The optimizer logs a failed checkpoint write (disk full) and goes on; a run whose
+     * last applied step has no checkpoint must not end as a success. */
+    if (!S.failed && sum->steps > o->start_step && (!have_latest || latest_step < sum->steps)) {
+        sum->failed = 1;
+        return dl_seterr(DL_EIO, "the final checkpoint (step_%llu) was not written (disk full? see %s/logs/optimizer.log); "
+                         "the last saved one is %s", (unsigned long long)sum->steps, o->out_dir,
+                         sum->checkpoint[0] ? sum->checkpoint : "(none)");
+    }
+    return S.failed ? dl_seterr(DL_ESTATE, "the run failed (a stage died beyond its restarts, or the optimizer died; see above and %s/logs)", o->out_dir) : 0;
+}

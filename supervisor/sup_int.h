@@ -1,0 +1,172 @@
+/* Internal to supervisor/: the state of one `draftline run` supervisor (sup_t, one per
+ * process, owned by supervisor_run in run.c) and the calls its files make into each
+ * other (module__name: not part of the public API in supervisor.h).
+ *
+ *   proc.c       process table: spawn, reap, restarts with backoff, routes, control
+ *   rebalance.c  live rebalance (request file, placement plan, drain and retire)
+ *   eval.c       the training-time eval child
+ *   relay.c      hellos, metrics relay (metrics.jsonl, PUB, Prometheus), progress line,
+ *                loss history, stall check
+ *   runjson.c    <out>/run.json (writer) and the liveness check of a run dir
+ *   run.c        supervisor_run: the loop, signals, stop, summary
+ *
+ * Single-threaded: everything runs on the supervisor's libuv loop.
+ */
+#ifndef DL_SUPERVISOR_SUP_INT_H
+#define DL_SUPERVISOR_SUP_INT_H
+
+#include "supervisor/supervisor.h"
+#include "common/bus/bus.h"
+#include "common/monitor/prom.h"
+#include "common/monitor/run.h"
+#include "common/pipe/stage.h"
+#include "proto/codec.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#define SUP_LOSS_HIST 100000
+
+typedef struct {
+    const sup_stage_spec_t *spec;
+    pid_t pid;
+    uint64_t incarnation;
+    int restarts;
+    int exited;                 /* not running now */
+    int status;
+    double restart_at;          /* monotonic s; 0 = none scheduled */
+    int helloed;
+    char peer[BUS_ID_MAX + 1];
+    double metrics[8];          /* a few metrics kept for the progress line */
+    int active;                 /* part of the current topology (started, not retired) */
+    int retiring;               /* rebalance: draining, then stopped; never restarted */
+    int moving;                 /* GPU rebalance: SIGTERM sent, restarts at once with a new --gpu */
+    int planned;                /* killed by the supervisor to re-sync: restart at once */
+    int fails;                  /* consecutive short-lived incarnations (backoff exponent) */
+    double t_spawn, retire_t0;
+    double term_at;             /* retiring: when SIGTERM was sent (SIGKILL 20 s later) */
+    int64_t retire_after;       /* a drafter retires once a step > this was applied */
+    double inbox_bytes;         /* drafter: latest inbox_gpu_bytes + inbox_host_bytes */
+    double since_progress_s;    /* latest since_progress_s metric (-1: none yet) */
+    /* recovery from a death (restart with backoff; not the optimizer, which has its
+     * own figure): monotonic s of the death and of its successor's hello (0: none
+     * pending); the last figures, death -> successor up and death -> first step
+     * applied after that hello (0: none yet) */
+    double t_died, t_back, last_up_s, last_recovery_s;
+} sstage_t;
+
+typedef struct {
+    const sup_opts_t *o;
+    sup_summary_t *sum;
+    uv_loop_t loop;
+    bus_t *bus;
+    uv_signal_t sig_int, sig_term, sig_chld;
+    uv_timer_t tick;
+    sstage_t st[SUP_MAX_STAGES];
+    int n;
+    int strip_gpu;              /* test hook strip_gpu=1 (read once): drop "--gpu N" at exec */
+    int stopping, failed, done;
+    double t_stop;
+    FILE *metrics;
+    double t0, t_first_step;
+    double *losses;
+    uint64_t n_losses;
+    uint64_t last_step_seen;
+    int64_t last_applied;       /* last step the optimizer reported applied; -1 none */
+    int have_step;
+    double last_loss, last_acc_mean, acc[16];
+    int n_acc;
+    double tokens, elapsed, tok_rate, tokens_first, elapsed_first;
+    double last_tokens, last_tokens_t;
+    double last_progress_print;
+    double t_last_step, last_stall_warn;   /* stall warning: last step seen, last warning */
+    /* live topology (rebalance) */
+    int nt, nd;
+    int gpu_mode;               /* the stage specs carry --gpu N (GPU run) */
+    sup_stage_spec_t xspec[SUP_MAX_STAGES];   /* specs of stages added by a rebalance */
+    int nx;
+    struct {
+        char id[64];
+        int running;
+        double t0, seconds;
+        int from_t, from_d, to_t, to_d;
+        char to_gpus[160];      /* GPU runs: " (targets on GPUs L, drafters on GPUs L)" */
+        char status[16], message[256];
+    } rb;
+    char resume_ckpt[4200];     /* the optimizer restarts from here ("" = its first args) */
+    int opt_recoveries;
+    double t_opt_died, last_recovery_s;
+    /* metrics relay */
+    bus_t *pub;
+    mon_run_t *mon;
+    prom_server_t *prom;
+    int prom_port;
+    /* training-time eval child (see sup_opts_t.eval_data) */
+    struct {
+        pid_t pid;              /* running `draftline eval`; 0: none */
+        uint64_t step;          /* the step it evaluates */
+        uint64_t last_ckpt;     /* last step_<S> seen in checkpoints/latest */
+        double t0;
+        char json[4300];        /* <out>/eval/step_<S>.json */
+    } ev;
+} sup_t;
+
+static inline int is_target(const sstage_t *x) { return x->spec->stage_id >= PIPE_ID_TARGET0; }
+static inline int is_drafter(const sstage_t *x) {
+    return x->spec->stage_id >= PIPE_ID_DRAFTER0 && x->spec->stage_id < PIPE_ID_TARGET0;
+}
+static inline int route_of(const sup_t *S, uint32_t target_id) {
+    return (int)((target_id - PIPE_ID_TARGET0) % (uint32_t)S->nd);
+}
+
+/* proc.c */
+/* The GPU ordinal a stage spec starts on (its --gpu value), or -1 (CPU stage, loader). */
+int sup__spec_gpu(const sup_stage_spec_t *sp);
+/* Starts incarnation x->incarnation + 1 of x (fork + exec, log to <out>/logs/<name>.log);
+ * a fork failure is logged and leaves x exited. Rewrites run.json. */
+void sup__spawn(sup_t *S, sstage_t *x);
+/* The stage slot of stage_id id, or NULL. */
+sstage_t *sup__by_id(sup_t *S, uint32_t id);
+/* Sends a CONTROL op with ints[n] (borrowed) to x, when x is up (helloed, not exited). */
+void sup__send_ctl(sup_t *S, sstage_t *x, proto_ctl_op_t op, const int64_t *ints, uint32_t n);
+/* Sends target x its route (target i -> drafter i mod nd). */
+void sup__push_route(sup_t *S, sstage_t *x);
+/* waitpid(WNOHANG) of every exited child: stages (restart with backoff, retire, move,
+ * optimizer recovery) and the eval child (sup__ev_done). */
+void sup__reap(sup_t *S);
+
+/* run.c */
+/* Starts the stop (idempotent): SIGTERM to every stage and the eval child; why is logged. */
+void sup__begin_stop(sup_t *S, const char *why);
+
+/* runjson.c */
+/* Replaces <out>/run.json atomically with the live topology (tmp + rename; errors ignored). */
+void sup__write_run_json(sup_t *S);
+
+/* relay.c */
+/* The bus callback of the supervisor's ROUTER (hello, metrics, applied). */
+void sup__on_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg);
+/* Mean of the finite v[a..b), NAN when there is none. */
+double sup__mean_range(const double *v, uint64_t a, uint64_t b);
+/* One progress line on stdout. */
+void sup__print_progress(sup_t *S);
+/* The no-step-applied warning (see relay.c); now: monotonic s. */
+void sup__stall_check(sup_t *S, double now);
+
+/* eval.c */
+/* The step of <out>/checkpoints/latest ("step_<S>"), or 0 when there is none. */
+uint64_t sup__ev_latest_step(const sup_t *S);
+/* Starts an eval of a new checkpoint when one is due (see eval.c). */
+void sup__ev_poll(sup_t *S);
+/* The eval child exited with waitpid status: its report goes to metrics.jsonl. */
+void sup__ev_done(sup_t *S, int status);
+
+/* rebalance.c */
+/* Picks up <out>/rebalance.request (if any) and rejects, answers or starts it. */
+void sup__rb_poll(sup_t *S);
+/* Advances a running rebalance (drain, SIGTERM/SIGKILL of retiring stages, done). */
+void sup__rb_tick(sup_t *S);
+
+#endif
