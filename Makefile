@@ -166,6 +166,12 @@ bench: all
 fuzz:
 	@bash scripts/fuzz.sh
 
+# Structure rules of issue 12 (file and function length, DL_CUDA in stages, the
+# include graph between areas); not part of `make test` yet.
+.PHONY: check-structure
+check-structure:
+	@python3 scripts/check_structure.py
+
 bundle: all
 	@bash scripts/bundle.sh
 

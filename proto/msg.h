@@ -1,6 +1,6 @@
 /* draftline wire protocol: message definitions (version DL_PROTO_VERSION).
  *
- * Every message between stages is one proto_msg_t, encoded by proto/codec.c
+ * Every message between stages is one proto_msg_t, encoded by proto/codec*.c
  * into one msgpack array  [type, version, field_1, ..., field_n]  (positional,
  * fixed arity per type and version; see proto/PROTOCOL.md for the table of
  * fields, their wire types, ranges, senders and receivers). The payload is one
@@ -310,7 +310,7 @@ typedef struct proto_msg {
     void *owned_;                /* decode-owned array storage; freed by proto_msg_free */
 } proto_msg_t;
 
-/* ---- helpers (proto/codec.c) ---- */
+/* ---- helpers (proto/codec_desc.c, codec_check.c, codec.c) ---- */
 
 /* Names: "hidden_states_ready", "drafter", "running", "gpu", "bf16", "route".
  * Never NULL; out-of-range values give "?". */

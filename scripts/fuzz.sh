@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make fuzz`: builds the protocol decoder fuzzer (proto/fuzz/fuzz_decode.c with
-# clang -fsanitize=fuzzer,address,undefined, linked with proto/codec.c and
+# clang -fsanitize=fuzzer,address,undefined, linked with proto/codec*.c and
 # common/base/*.c only), seeds a corpus with encoded valid messages of every type
 # and runs libFuzzer for FUZZ_RUNS executions (default 1000000).
 # Env: FUZZ_RUNS, FUZZ_DIR (default build/fuzz), CLANG (default clang or clang-14),
@@ -18,7 +18,7 @@ RUNS="${FUZZ_RUNS:-1000000}"
 mkdir -p "$DIR/seeds" "$DIR/corpus"
 
 CFLAGS=(-std=gnu11 -g -O1 -D_GNU_SOURCE -I. -Wall -Wextra -Wno-unused-parameter)
-SRC=(proto/codec.c common/base/*.c)
+SRC=(proto/codec*.c common/base/*.c)
 echo "fuzz: building $DIR/fuzz_decode with $CLANG"
 "$CLANG" "${CFLAGS[@]}" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
   -fno-omit-frame-pointer proto/fuzz/fuzz_decode.c "${SRC[@]}" -lmsgpackc -lm -o "$DIR/fuzz_decode"

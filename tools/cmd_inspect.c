@@ -6,8 +6,8 @@
 #include "common/base/log.h"
 #include "common/model/config.h"
 #include "common/model/dflash_ckpt.h"
-#include "common/model/gguf.h"
-#include "common/model/safetensors.h"
+#include "common/format/gguf.h"
+#include "common/format/safetensors.h"
 
 #include <cjson/cJSON.h>
 #include <getopt.h>

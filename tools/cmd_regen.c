@@ -232,7 +232,40 @@ static char *sample_line(const sample_t *s) {
     return line;
 }
 
-int cmd_regen(int argc, char **argv) {
+/* The flags of `draftline regen`, after regen_parse_flags. */
+typedef struct {
+    char model[4096];                   /* target: .gguf or HF dir */
+    const char *data, *out_path, *device;
+    int max_new, max_ctx, batch, gpu, threads;
+    double temp, top_p, max_seconds;    /* --max-seconds in s */
+    int64_t seed, limit;
+} regen_opts_t;
+
+/* What one regen holds; released by regen_free. Per-batch arrays have
+ * o.batch entries. */
+typedef struct {
+    ops_ctx_t ops;
+    tok_t *tok;
+    target_t *t;
+    generator_t *g;
+    prompt_reader_t *rd;
+    FILE *out;
+    chat_template_t ct;
+    gen_params_t gp;
+    sample_t *sb;                       /* the batch's samples */
+    tok_ids_t *ids;                     /* a round's prompts, tokenized */
+    int32_t **gen;                      /* a round's generated tokens (malloc'd by the generator) */
+    int *gen_len, *lens;
+    const int32_t **pp;
+    int *who;                           /* a round's row -> sample in sb */
+    int64_t have;                       /* samples OUT held at start */
+    int64_t index, written, gen_tokens, skipped_long;
+    int out_existed;
+} regen_t;
+
+/* Parses and checks argv into *o (defaults first). Returns -1 to go on, else
+ * the exit code: 0 after --help, 2 for a bad flag, 1 without a default model. */
+static int regen_parse_flags(int argc, char **argv, regen_opts_t *o) {
     enum { O_TM = 256, O_DATA, O_OUT, O_MNT, O_CTX, O_TEMP, O_TOPP, O_SEED, O_BATCH, O_LIMIT,
            O_DEV, O_GPU, O_THR, O_MAXS, O_HELP };
     static const struct option opts[] = {
@@ -241,204 +274,254 @@ int cmd_regen(int argc, char **argv) {
         {"top-p", 1, 0, O_TOPP}, {"seed", 1, 0, O_SEED}, {"batch", 1, 0, O_BATCH},
         {"limit", 1, 0, O_LIMIT}, {"device", 1, 0, O_DEV}, {"gpu", 1, 0, O_GPU},
         {"threads", 1, 0, O_THR}, {"max-seconds", 1, 0, O_MAXS}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
-    char model[4096] = "";
-    const char *data = NULL, *out_path = NULL, *device = "cpu";
-    int max_new = 512, max_ctx = 2048, batch = 8, gpu = 0, threads = 0, c;
-    double temp = 0, top_p = 1, max_seconds = 0;
-    int64_t seed = 0, limit = INT64_MAX;
+    int c;
+    memset(o, 0, sizeof *o);
+    o->device = "cpu";
+    o->max_new = 512, o->max_ctx = 2048, o->batch = 8, o->top_p = 1, o->limit = INT64_MAX;
     optind = 1;
 #define FLAG(call) do { if ((call) < 0) { cli_error("regen", dl_errmsg()); return 2; } } while (0)
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
-        case O_TM: snprintf(model, sizeof model, "%s", optarg); break;
-        case O_DATA: data = optarg; break;
-        case O_OUT: out_path = optarg; break;
-        case O_MNT: FLAG(cli_parse_int("--max-new-tokens", optarg, 1, 1 << 16, &max_new)); break;
-        case O_CTX: FLAG(cli_parse_int("--max-ctx", optarg, 16, 1 << 20, &max_ctx)); break;
-        case O_TEMP: FLAG(cli_parse_f64("--temperature", optarg, 0, 100, &temp)); break;
-        case O_TOPP: FLAG(cli_parse_f64("--top-p", optarg, 1e-6, 1, &top_p)); break;
-        case O_SEED: FLAG(cli_parse_i64("--seed", optarg, 0, INT64_MAX, &seed)); break;
-        case O_BATCH: FLAG(cli_parse_int("--batch", optarg, 1, REGEN_MAX_BATCH, &batch)); break;
-        case O_LIMIT: FLAG(cli_parse_i64("--limit", optarg, 0, INT64_MAX, &limit)); break;
-        case O_DEV: device = optarg; break;
-        case O_GPU: FLAG(cli_parse_int("--gpu", optarg, 0, 1023, &gpu)); break;
-        case O_THR: FLAG(cli_parse_int("--threads", optarg, 1, 1024, &threads)); break;
-        case O_MAXS: FLAG(cli_parse_f64("--max-seconds", optarg, 0, 1e9, &max_seconds)); break;
+        case O_TM: snprintf(o->model, sizeof o->model, "%s", optarg); break;
+        case O_DATA: o->data = optarg; break;
+        case O_OUT: o->out_path = optarg; break;
+        case O_MNT: FLAG(cli_parse_int("--max-new-tokens", optarg, 1, 1 << 16, &o->max_new)); break;
+        case O_CTX: FLAG(cli_parse_int("--max-ctx", optarg, 16, 1 << 20, &o->max_ctx)); break;
+        case O_TEMP: FLAG(cli_parse_f64("--temperature", optarg, 0, 100, &o->temp)); break;
+        case O_TOPP: FLAG(cli_parse_f64("--top-p", optarg, 1e-6, 1, &o->top_p)); break;
+        case O_SEED: FLAG(cli_parse_i64("--seed", optarg, 0, INT64_MAX, &o->seed)); break;
+        case O_BATCH: FLAG(cli_parse_int("--batch", optarg, 1, REGEN_MAX_BATCH, &o->batch)); break;
+        case O_LIMIT: FLAG(cli_parse_i64("--limit", optarg, 0, INT64_MAX, &o->limit)); break;
+        case O_DEV: o->device = optarg; break;
+        case O_GPU: FLAG(cli_parse_int("--gpu", optarg, 0, 1023, &o->gpu)); break;
+        case O_THR: FLAG(cli_parse_int("--threads", optarg, 1, 1024, &o->threads)); break;
+        case O_MAXS: FLAG(cli_parse_f64("--max-seconds", optarg, 0, 1e9, &o->max_seconds)); break;
         case 'h': case O_HELP: regen_usage(stdout); return 0;
         default: regen_usage(stderr); return 2;
         }
     }
 #undef FLAG
     if (optind < argc) { fprintf(stderr, "regen: unexpected argument '%s'\n", argv[optind]); return 2; }
-    if (!data || !out_path) { cli_error("regen", "--data and --out are required"); return 2; }
-    if (max_new >= max_ctx) { cli_error("regen", "--max-new-tokens must be below --max-ctx"); return 2; }
-    if (strcmp(device, "cpu") && strcmp(device, "cuda")) { cli_error("regen", "--device: expected cpu or cuda"); return 2; }
-    if (!model[0] && paths_default_model(model, sizeof model) < 0) return log_rc(DL_ERANGE, "default model path"), 1;
+    if (!o->data || !o->out_path) { cli_error("regen", "--data and --out are required"); return 2; }
+    if (o->max_new >= o->max_ctx) { cli_error("regen", "--max-new-tokens must be below --max-ctx"); return 2; }
+    if (strcmp(o->device, "cpu") && strcmp(o->device, "cuda")) { cli_error("regen", "--device: expected cpu or cuda"); return 2; }
+    if (!o->model[0] && paths_default_model(o->model, sizeof o->model) < 0) return log_rc(DL_ERANGE, "default model path"), 1;
+    return -1;
+}
 
+/* Counts and checks the samples OUT already holds (*have) and cuts a partial
+ * last line. Returns -1 to go on, else the exit code: 1 on error, 0 when OUT
+ * already holds --limit samples. */
+static int regen_resume(const regen_opts_t *o, int64_t *have_out) {
     int rc0;
     off_t tail_off, tail_len;
-    int64_t have = resume_prepare(out_path, &tail_off, &tail_len);
+    int64_t have = resume_prepare(o->out_path, &tail_off, &tail_len);
     if (have < 0) return log_rc((int)have, "regen"), 1;
-    if (have > 0 && (rc0 = resume_validate(out_path, have)) < 0) return log_rc(rc0, "regen"), 1;
-    if (tail_len > 0 && (rc0 = resume_drop_tail(out_path, tail_off, tail_len)) < 0) return log_rc(rc0, "regen"), 1;
-    if (have >= limit) {
-        log_info("%s already holds %lld samples (--limit %lld): nothing to do", out_path, (long long)have, (long long)limit);
+    if (have > 0 && (rc0 = resume_validate(o->out_path, have)) < 0) return log_rc(rc0, "regen"), 1;
+    if (tail_len > 0 && (rc0 = resume_drop_tail(o->out_path, tail_off, tail_len)) < 0) return log_rc(rc0, "regen"), 1;
+    *have_out = have;
+    if (have >= o->limit) {
+        log_info("%s already holds %lld samples (--limit %lld): nothing to do", o->out_path, (long long)have,
+                 (long long)o->limit);
         return 0;
     }
-    int rc, ret = 1;
-    ops_ctx_t ops;
-    if ((rc = ops_init_named(&ops, device, gpu, threads)) < 0) return log_rc(rc, "--device"), 1;
-    tok_t *tok = NULL;
-    target_t *t = NULL;
-    generator_t *g = NULL;
-    prompt_reader_t *rd = NULL;
-    FILE *out = NULL;
-    sample_t *sb = calloc((size_t)batch, sizeof *sb);
-    tok_ids_t *ids = calloc((size_t)batch, sizeof *ids);
-    int32_t **gen = calloc((size_t)batch, sizeof *gen);
-    int *gen_len = calloc((size_t)batch, sizeof *gen_len), *lens = calloc((size_t)batch, sizeof *lens);
-    const int32_t **pp = calloc((size_t)batch, sizeof *pp);
-    int *who = calloc((size_t)batch, sizeof *who);
-    int nb = 0;
-    if (!sb || !ids || !gen || !gen_len || !lens || !pp || !who) { log_rc(DL_ENOMEM, "regen"); goto done; }
-    if ((rc = tok_load(model, &tok)) < 0) { log_rc(rc, "tokenizer"); goto done; }
-    chat_template_t ct;
-    if ((rc = chat_template_from_tok(tok, &ct)) < 0) { log_rc(rc, "chat template"); goto done; }
-    if ((rc = prompt_reader_open(data, &rd)) < 0) { log_rc(rc, "--data"); goto done; }
-    int budget = max_ctx > batch ? max_ctx : batch;
-    target_opts_t to = {.max_tokens = budget, .max_seqs = batch};
-    if ((rc = target_load(model, &ops, &to, &t)) < 0) { log_rc(rc, "loading the target"); goto done; }
-    if (target_config(t)->max_pos > 0 && max_ctx > target_config(t)->max_pos) {
-        fprintf(stderr, "regen: --max-ctx %d exceeds the model's context of %d tokens (max_position_embeddings / "
-                "context_length); use --max-ctx <= %d\n", max_ctx, target_config(t)->max_pos, target_config(t)->max_pos);
-        ret = 2;
-        goto done;
-    }
-    if ((rc = generator_new(t, batch, max_ctx, &g)) < 0) { log_rc(rc, "generator"); goto done; }
-    gen_params_t gp;
-    gen_params_default(t, &gp);
-    gp.max_new_tokens = max_new;
-    gp.temperature = (float)temp;
-    gp.top_p = (float)top_p;
-    int32_t eos = tok_eos_id(tok);
-    if (eos >= 0 && gp.n_stop < GEN_MAX_STOP) gp.stop_ids[gp.n_stop++] = eos;
-    int out_existed = access(out_path, F_OK) == 0;
-    out = fopen(out_path, "a");
-    if (!out) { log_rc(dl_seterr(DL_EIO, "--out %s: %s", out_path, strerror(errno)), "regen"); goto done; }
-    if (have) log_info("resuming: %s holds %lld samples; skipping as many prompts of %s", out_path, (long long)have, data);
+    return -1;
+}
 
-    int64_t index = 0, written = have, gen_tokens = 0, skipped_long = 0;
+/* Allocates the batch, loads the tokenizer, the prompt reader, the target and
+ * the generator, sets the sampling parameters and opens OUT for appending.
+ * r->ops is initialised. Returns 0, or the exit code (1 after logging why, 2
+ * when --max-ctx exceeds the model's context). */
+static int regen_open(const regen_opts_t *o, regen_t *r) {
+    int rc, batch = o->batch;
+    r->sb = calloc((size_t)batch, sizeof *r->sb);
+    r->ids = calloc((size_t)batch, sizeof *r->ids);
+    r->gen = calloc((size_t)batch, sizeof *r->gen);
+    r->gen_len = calloc((size_t)batch, sizeof *r->gen_len), r->lens = calloc((size_t)batch, sizeof *r->lens);
+    r->pp = calloc((size_t)batch, sizeof *r->pp);
+    r->who = calloc((size_t)batch, sizeof *r->who);
+    if (!r->sb || !r->ids || !r->gen || !r->gen_len || !r->lens || !r->pp || !r->who) return log_rc(DL_ENOMEM, "regen"), 1;
+    if ((rc = tok_load(o->model, &r->tok)) < 0) return log_rc(rc, "tokenizer"), 1;
+    if ((rc = chat_template_from_tok(r->tok, &r->ct)) < 0) return log_rc(rc, "chat template"), 1;
+    if ((rc = prompt_reader_open(o->data, &r->rd)) < 0) return log_rc(rc, "--data"), 1;
+    int budget = o->max_ctx > batch ? o->max_ctx : batch;
+    target_opts_t to = {.max_tokens = budget, .max_seqs = batch};
+    if ((rc = target_load(o->model, &r->ops, &to, &r->t)) < 0) return log_rc(rc, "loading the target"), 1;
+    int max_pos = target_config(r->t)->max_pos;
+    if (max_pos > 0 && o->max_ctx > max_pos) {
+        fprintf(stderr, "regen: --max-ctx %d exceeds the model's context of %d tokens (max_position_embeddings / "
+                "context_length); use --max-ctx <= %d\n", o->max_ctx, max_pos, max_pos);
+        return 2;
+    }
+    if ((rc = generator_new(r->t, batch, o->max_ctx, &r->g)) < 0) return log_rc(rc, "generator"), 1;
+    gen_params_t *gp = &r->gp;
+    gen_params_default(r->t, gp);
+    gp->max_new_tokens = o->max_new;
+    gp->temperature = (float)o->temp;
+    gp->top_p = (float)o->top_p;
+    int32_t eos = tok_eos_id(r->tok);
+    if (eos >= 0 && gp->n_stop < GEN_MAX_STOP) gp->stop_ids[gp->n_stop++] = eos;
+    r->out_existed = access(o->out_path, F_OK) == 0;
+    r->out = fopen(o->out_path, "a");
+    if (!r->out) return log_rc(dl_seterr(DL_EIO, "--out %s: %s", o->out_path, strerror(errno)), "regen"), 1;
+    if (r->have)
+        log_info("resuming: %s holds %lld samples; skipping as many prompts of %s", o->out_path, (long long)r->have,
+                 o->data);
+    return 0;
+}
+
+/* Fills sb[0..*nb) with the next samples whose first turn fits, skipping the
+ * ones OUT already holds; *eof = 1 at the end of the data. Returns 0, or 1
+ * after logging why. */
+static int regen_fill_batch(const regen_opts_t *o, regen_t *r, int *nb_out, int *eof) {
+    int rc, nb = 0, fit_max = o->max_ctx - o->max_new;
+    *nb_out = 0;
+    while (nb < o->batch && r->written + nb < o->limit) {
+        sample_t *s = &r->sb[nb];
+        rc = prompt_reader_next(r->rd, &s->p);
+        if (rc < 0) return log_rc(rc, "--data"), 1;
+        if (rc == 0) { *eof = 1; break; }
+        tok_ids_t tmp = {0};
+        if ((rc = prompt_encode(&s->p, 1, NULL, &r->ct, r->tok, &tmp)) < 0) {
+            tok_ids_free(&tmp);
+            return log_rc(rc, "tokenizing"), 1;
+        }
+        int fits = (int)tmp.n <= fit_max;
+        tok_ids_free(&tmp);
+        if (!fits) {
+            r->skipped_long++;
+            log_warn("%s:%llu: first turn longer than --max-ctx - --max-new-tokens = %d tokens (skipped)",
+                     o->data, (unsigned long long)s->p.line, fit_max);
+            prompt_free(&s->p);
+            continue;
+        }
+        if (r->index++ < r->have) { prompt_free(&s->p); continue; }
+        s->n_turns = prompt_n_turns(&s->p);
+        s->replies = calloc((size_t)s->n_turns, sizeof *s->replies);
+        if (!s->replies) return log_rc(DL_ENOMEM, "regen"), 1;
+        nb++;
+        *nb_out = nb;
+    }
+    return 0;
+}
+
+/* Turn by turn: every sample of sb[0..nb) still going gets its next reply
+ * (one batched generation per round). Returns 0, or 1 after logging why. */
+static int regen_replies(const regen_opts_t *o, regen_t *r, int nb) {
+    int rc;
+    for (int round = 0;; round++) {
+        int n = 0;
+        for (int i = 0; i < nb; i++) {
+            sample_t *s = &r->sb[i];
+            if (s->n_done != round || round >= s->n_turns) continue;
+            r->ids[n].n = 0;
+            if ((rc = prompt_encode(&s->p, round + 1, (const char *const *)s->replies, &r->ct, r->tok, &r->ids[n])) < 0)
+                return log_rc(rc, "tokenizing"), 1;
+            if ((int)r->ids[n].n > o->max_ctx - o->max_new) { s->n_turns = round; continue; } /* ends here */
+            r->pp[n] = r->ids[n].ids;
+            r->lens[n] = (int)r->ids[n].n;
+            r->who[n++] = i;
+        }
+        if (!n) return 0;
+        r->gp.seed = rng_mix((uint64_t)o->seed, (uint64_t)(r->written), (uint64_t)round);
+        if ((rc = generator_run(r->g, &r->gp, n, r->pp, r->lens, r->gen, r->gen_len, NULL, NULL, NULL)) < 0)
+            return log_rc(rc, "generate"), 1;
+        for (int j = 0; j < n; j++) {
+            sample_t *s = &r->sb[r->who[j]];
+            char *txt = NULL;
+            size_t tl = 0;
+            r->gen_tokens += r->gen_len[j];
+            rc = tok_decode(r->tok, r->gen[j], (size_t)r->gen_len[j], 1, &txt, &tl);
+            free(r->gen[j]);
+            r->gen[j] = NULL;
+            if (rc < 0) return log_rc(rc, "decode"), 1;
+            s->replies[s->n_done] = utf8_clean(txt, tl);
+            free(txt);
+            if (!s->replies[s->n_done]) return log_rc(DL_ENOMEM, "regen"), 1;
+            s->n_done++;
+        }
+    }
+}
+
+/* Appends sb[0..nb) to OUT, one flushed write per line (a kill leaves whole
+ * lines, or one partial last line), freeing each sample written. Returns 0,
+ * or 1 after logging why. */
+static int regen_write_batch(const regen_opts_t *o, regen_t *r, int nb) {
+    for (int i = 0; i < nb; i++) {
+        char *line = sample_line(&r->sb[i]);
+        if (!line) return log_rc(DL_ENOMEM, "regen"), 1;
+        size_t ln = strlen(line);
+        int bad = fwrite(line, 1, ln, r->out) != ln || fflush(r->out) != 0;
+        free(line);
+        if (bad) return log_rc(dl_seterr(DL_EIO, "--out %s: write: %s", o->out_path, strerror(errno)), "regen"), 1;
+        r->written++;
+        sample_free(&r->sb[i]);
+    }
+    return 0;
+}
+
+static void regen_free(const regen_opts_t *o, regen_t *r) {
+    int batch = o->batch;
+    if (r->out) fclose(r->out);
+    for (int i = 0; r->sb && i < batch; i++) sample_free(&r->sb[i]);
+    for (int i = 0; r->ids && i < batch; i++) tok_ids_free(&r->ids[i]);
+    for (int i = 0; r->gen && i < batch; i++) free(r->gen[i]);
+    free(r->sb), free(r->ids), free(r->gen), free(r->gen_len), free(r->lens), free(r->pp), free(r->who);
+    prompt_reader_close(&r->rd);
+    generator_destroy(&r->g);
+    target_destroy(&r->t);
+    tok_destroy(&r->tok);
+    ops_ctx_destroy(&r->ops);
+}
+
+/* Batches until the data, --limit or --max-seconds ends it, then the end of
+ * run checks. Returns the exit code. */
+static int regen_loop(const regen_opts_t *o, regen_t *r) {
+    r->written = r->have;
     double t0 = clock_mono_s();
     int eof = 0;
-    while (!eof && written < limit) {
-        if (max_seconds > 0 && clock_mono_s() - t0 >= max_seconds) {
-            log_info("regen: --max-seconds %g reached; run again with the same flags to resume", max_seconds);
+    while (!eof && r->written < o->limit) {
+        if (o->max_seconds > 0 && clock_mono_s() - t0 >= o->max_seconds) {
+            log_info("regen: --max-seconds %g reached; run again with the same flags to resume", o->max_seconds);
             break;
         }
-        /* fill a batch with samples whose first turn fits; skip the already written ones */
-        nb = 0;
-        while (nb < batch && written + nb < limit) {
-            sample_t *s = &sb[nb];
-            rc = prompt_reader_next(rd, &s->p);
-            if (rc < 0) { log_rc(rc, "--data"); goto done; }
-            if (rc == 0) { eof = 1; break; }
-            tok_ids_t tmp = {0};
-            if ((rc = prompt_encode(&s->p, 1, NULL, &ct, tok, &tmp)) < 0) { tok_ids_free(&tmp); log_rc(rc, "tokenizing"); goto done; }
-            int fits = (int)tmp.n <= max_ctx - max_new;
-            tok_ids_free(&tmp);
-            if (!fits) {
-                skipped_long++;
-                log_warn("%s:%llu: first turn longer than --max-ctx - --max-new-tokens = %d tokens (skipped)",
-                         data, (unsigned long long)s->p.line, max_ctx - max_new);
-                prompt_free(&s->p);
-                continue;
-            }
-            if (index++ < have) { prompt_free(&s->p); continue; }
-            s->n_turns = prompt_n_turns(&s->p);
-            s->replies = calloc((size_t)s->n_turns, sizeof *s->replies);
-            if (!s->replies) { log_rc(DL_ENOMEM, "regen"); goto done; }
-            nb++;
-        }
+        int nb = 0;
+        if (regen_fill_batch(o, r, &nb, &eof)) return 1;
         if (!nb) break;
-        /* turn by turn: every sample still going gets its next reply */
-        for (int round = 0;; round++) {
-            int n = 0;
-            for (int i = 0; i < nb; i++) {
-                sample_t *s = &sb[i];
-                if (s->n_done != round || round >= s->n_turns) continue;
-                ids[n].n = 0;
-                if ((rc = prompt_encode(&s->p, round + 1, (const char *const *)s->replies, &ct, tok, &ids[n])) < 0) {
-                    log_rc(rc, "tokenizing");
-                    goto done;
-                }
-                if ((int)ids[n].n > max_ctx - max_new) { s->n_turns = round; continue; } /* ends here */
-                pp[n] = ids[n].ids;
-                lens[n] = (int)ids[n].n;
-                who[n++] = i;
-            }
-            if (!n) break;
-            gp.seed = rng_mix((uint64_t)seed, (uint64_t)(written), (uint64_t)round);
-            if ((rc = generator_run(g, &gp, n, pp, lens, gen, gen_len, NULL, NULL, NULL)) < 0) {
-                log_rc(rc, "generate");
-                goto done;
-            }
-            for (int j = 0; j < n; j++) {
-                sample_t *s = &sb[who[j]];
-                char *txt = NULL;
-                size_t tl = 0;
-                gen_tokens += gen_len[j];
-                rc = tok_decode(tok, gen[j], (size_t)gen_len[j], 1, &txt, &tl);
-                free(gen[j]);
-                gen[j] = NULL;
-                if (rc < 0) { log_rc(rc, "decode"); goto done; }
-                s->replies[s->n_done] = utf8_clean(txt, tl);
-                free(txt);
-                if (!s->replies[s->n_done]) { log_rc(DL_ENOMEM, "regen"); goto done; }
-                s->n_done++;
-            }
-        }
-        for (int i = 0; i < nb; i++) {
-            char *line = sample_line(&sb[i]);
-            if (!line) { log_rc(DL_ENOMEM, "regen"); goto done; }
-            size_t ln = strlen(line);
-            /* one write per line, flushed: a kill leaves whole lines (or one partial last line) */
-            int bad = fwrite(line, 1, ln, out) != ln || fflush(out) != 0;
-            free(line);
-            if (bad) { log_rc(dl_seterr(DL_EIO, "--out %s: write: %s", out_path, strerror(errno)), "regen"); goto done; }
-            written++;
-            sample_free(&sb[i]);
-        }
-        nb = 0;
+        if (regen_replies(o, r, nb) || regen_write_batch(o, r, nb)) return 1;
         double el = clock_mono_s() - t0;
+        int64_t now = r->written - r->have;
         log_info("regen: %lld samples in %s (%lld this run, %.2f samples/s, %.1f generated tok/s)",
-                 (long long)written, out_path, (long long)(written - have), (written - have) / (el + 1e-9),
-                 gen_tokens / (el + 1e-9));
+                 (long long)r->written, o->out_path, (long long)now, now / (el + 1e-9), r->gen_tokens / (el + 1e-9));
     }
-    if (written == 0 && eof) {
+    if (r->written == 0 && eof) {
         /* like prepare: a data set with no usable prompt is an error, not an empty success */
         log_rc(dl_seterr(DL_EFORMAT, "0 samples from %s (%llu bad records, %lld prompts longer than --max-ctx - "
-                         "--max-new-tokens): nothing to regenerate", data,
-                         (unsigned long long)prompt_reader_skipped(rd), (long long)skipped_long), "regen");
-        fclose(out);
-        out = NULL;
-        if (!out_existed) unlink(out_path);
-        goto done;
+                         "--max-new-tokens): nothing to regenerate", o->data,
+                         (unsigned long long)prompt_reader_skipped(r->rd), (long long)r->skipped_long), "regen");
+        fclose(r->out);
+        r->out = NULL;
+        if (!r->out_existed) unlink(o->out_path);
+        return 1;
     }
-    if (fsync(fileno(out)) != 0) log_warn("--out %s: fsync: %s", out_path, strerror(errno));
+    if (fsync(fileno(r->out)) != 0) log_warn("--out %s: fsync: %s", o->out_path, strerror(errno));
     log_info("regen done: %lld samples in %s (%lld written now in %.1f s; %lld prompts skipped as too long, %llu bad records)",
-             (long long)written, out_path, (long long)(written - have), clock_mono_s() - t0,
-             (long long)skipped_long, (unsigned long long)prompt_reader_skipped(rd));
-    ret = 0;
-done:
-    if (out) fclose(out);
-    for (int i = 0; sb && i < batch; i++) sample_free(&sb[i]);
-    for (int i = 0; ids && i < batch; i++) tok_ids_free(&ids[i]);
-    for (int i = 0; gen && i < batch; i++) free(gen[i]);
-    free(sb), free(ids), free(gen), free(gen_len), free(lens), free(pp), free(who);
-    prompt_reader_close(&rd);
-    generator_destroy(&g);
-    target_destroy(&t);
-    tok_destroy(&tok);
-    ops_ctx_destroy(&ops);
+             (long long)r->written, o->out_path, (long long)(r->written - r->have), clock_mono_s() - t0,
+             (long long)r->skipped_long, (unsigned long long)prompt_reader_skipped(r->rd));
+    return 0;
+}
+
+int cmd_regen(int argc, char **argv) {
+    regen_opts_t o;
+    regen_t r;
+    memset(&r, 0, sizeof r);
+    int ret = regen_parse_flags(argc, argv, &o);
+    if (ret < 0) ret = regen_resume(&o, &r.have);
+    if (ret >= 0) return ret;
+    int rc;
+    if ((rc = ops_init_named(&r.ops, o.device, o.gpu, o.threads)) < 0) return log_rc(rc, "--device"), 1;
+    ret = regen_open(&o, &r);
+    if (ret == 0) ret = regen_loop(&o, &r);
+    regen_free(&o, &r);
     return ret;
 }

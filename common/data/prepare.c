@@ -147,192 +147,243 @@ static int no_samples_error(const prep_opts_t *o, uint64_t skipped, const char *
                      o->data_path, (unsigned long long)skipped, skip_why);
 }
 
-int prep_run(const tok_t *t, const prep_opts_t *o, prep_stats_t *st) {
-    double t0 = now_s();
-    memset(st, 0, sizeof *st);
-    ds_reader_t *rd = NULL;
-    FILE *out = NULL, *mtmp = NULL;
+/* One prep_run: the cache being written (tmp, renamed over out_path at the
+ * end), the masks spooled to a temp file, the chunk buffers and the totals. */
+typedef struct {
+    const tok_t *t;
+    const prep_opts_t *o;
+    ds_reader_t *rd;
+    FILE *out, *mtmp;
     char tmp[4096];
-    uint64_t *index = NULL;
-    size_t index_cap = 0;
-    char *arena = NULL;
-    size_t arena_cap = 0;
-    size_t *rec_off = NULL;
-    uint64_t *rec_line = NULL;
-    result_t *res = NULL;
-    int rc = 0;
-    uint32_t chunk = o->chunk_records ? o->chunk_records : 2048;
-    int nt = o->n_threads > 0 ? o->n_threads : omp_get_max_threads();
+    uint64_t *index;        /* (nsamp + 1) token offsets */
+    size_t index_cap;
+    char *arena;            /* the chunk's raw records, each NUL-terminated */
+    size_t arena_cap;
+    size_t *rec_off;        /* (chunk + 1) record offsets into arena */
+    uint64_t *rec_line;     /* (chunk) line number of each record */
+    result_t *res;          /* (chunk) tokenized records */
+    uint32_t chunk;
+    int nt;
+    uint64_t ids_off, ntok, nasst, nsamp;
+    uint32_t maxlen;
+    char skip_fields[256], skip_why[256], skip_hint[256];
+} prep_ctx_t;
 
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", o->out_path, (int)getpid()) >= (int)sizeof tmp)
-        return dl_seterr(DL_ERANGE, "--out: path too long");
-    { /* refused before the data is read: the rename at the end would fail */
-        struct stat ost, dst;
-        size_t ol = strlen(o->out_path);
-        int have_out = stat(o->out_path, &ost) == 0;
-        if ((have_out && S_ISDIR(ost.st_mode)) || (ol && o->out_path[ol - 1] == '/'))
-            return dl_seterr(DL_EINVAL, "--out %s is a directory: name the cache file (e.g. %s%sdata.dlc)",
-                             o->out_path, o->out_path, ol && o->out_path[ol - 1] == '/' ? "" : "/");
-        /* the rename replaces --out: only an earlier cache (or an empty file) may go */
-        if (have_out && stat(o->data_path, &dst) == 0 && dst.st_dev == ost.st_dev && dst.st_ino == ost.st_ino)
-            return dl_seterr(DL_EINVAL, "--out %s is the --data file itself: it would be overwritten", o->out_path);
-        if (have_out && S_ISREG(ost.st_mode) && ost.st_size > 0) {
-            char magic[8] = {0};
-            FILE *f = fopen(o->out_path, "rb");
-            size_t k = f ? fread(magic, 1, sizeof magic, f) : 0;
-            if (f) fclose(f);
-            if (k != sizeof magic || memcmp(magic, DLC_MAGIC, 8) != 0)
-                return dl_seterr(DL_EINVAL, "--out %s exists and is not a draftline cache: not overwritten (remove "
-                                 "it or pick another --out)", o->out_path);
-        }
+/* Refuses an --out that the rename at the end would fail on or should not
+ * replace; runs before the data is read. */
+static int check_out_path(const prep_opts_t *o) {
+    struct stat ost, dst;
+    size_t ol = strlen(o->out_path);
+    int have_out = stat(o->out_path, &ost) == 0;
+    if ((have_out && S_ISDIR(ost.st_mode)) || (ol && o->out_path[ol - 1] == '/'))
+        return dl_seterr(DL_EINVAL, "--out %s is a directory: name the cache file (e.g. %s%sdata.dlc)",
+                         o->out_path, o->out_path, ol && o->out_path[ol - 1] == '/' ? "" : "/");
+    /* the rename replaces --out: only an earlier cache (or an empty file) may go */
+    if (have_out && stat(o->data_path, &dst) == 0 && dst.st_dev == ost.st_dev && dst.st_ino == ost.st_ino)
+        return dl_seterr(DL_EINVAL, "--out %s is the --data file itself: it would be overwritten", o->out_path);
+    if (have_out && S_ISREG(ost.st_mode) && ost.st_size > 0) {
+        char magic[8] = {0};
+        FILE *f = fopen(o->out_path, "rb");
+        size_t k = f ? fread(magic, 1, sizeof magic, f) : 0;
+        if (f) fclose(f);
+        if (k != sizeof magic || memcmp(magic, DLC_MAGIC, 8) != 0)
+            return dl_seterr(DL_EINVAL, "--out %s exists and is not a draftline cache: not overwritten (remove "
+                             "it or pick another --out)", o->out_path);
     }
-    if ((rc = ds_open(o->data_path, &o->ds, &rd)) < 0) return rc;
-    out = fopen(tmp, "wb");
-    if (!out) { rc = dl_seterr(DL_EIO, "%s: %s", tmp, strerror(errno)); goto done; }
-    setvbuf(out, NULL, _IOFBF, 1 << 20);
-    mtmp = tmpfile();
-    if (!mtmp) { rc = dl_seterr(DL_EIO, "prepare: temp file for masks: %s", strerror(errno)); goto done; }
-    rec_off = malloc((chunk + 1) * sizeof *rec_off);
-    rec_line = malloc(chunk * sizeof *rec_line);
-    res = calloc(chunk, sizeof *res);
-    index_cap = 1024;
-    index = malloc(index_cap * sizeof *index);
-    if (!rec_off || !rec_line || !res || !index) { rc = dl_seterr(DL_ENOMEM, "prepare: chunk buffers"); goto done; }
-    index[0] = 0;
+    return 0;
+}
+
+/* Opens the temp outputs, allocates the chunk buffers and writes a zero
+ * header (rewritten by prep_finish). */
+static int prep_open(prep_ctx_t *c) {
+    c->out = fopen(c->tmp, "wb");
+    if (!c->out) return dl_seterr(DL_EIO, "%s: %s", c->tmp, strerror(errno));
+    setvbuf(c->out, NULL, _IOFBF, 1 << 20);
+    c->mtmp = tmpfile();
+    if (!c->mtmp) return dl_seterr(DL_EIO, "prepare: temp file for masks: %s", strerror(errno));
+    c->rec_off = malloc((c->chunk + 1) * sizeof *c->rec_off);
+    c->rec_line = malloc(c->chunk * sizeof *c->rec_line);
+    c->res = calloc(c->chunk, sizeof *c->res);
+    c->index_cap = 1024;
+    c->index = malloc(c->index_cap * sizeof *c->index);
+    if (!c->rec_off || !c->rec_line || !c->res || !c->index) return dl_seterr(DL_ENOMEM, "prepare: chunk buffers");
+    c->index[0] = 0;
 
     dlc_header_t h;
     memset(&h, 0, sizeof h);
     uint64_t off = sizeof h;
-    if ((rc = write_all(out, &h, sizeof h, tmp)) < 0) goto done;
-    if ((rc = pad_to(out, &off, tmp)) < 0) goto done;
-    uint64_t ids_off = off, ntok = 0, nasst = 0, nsamp = 0;
-    uint32_t maxlen = 0;
-    char skip_fields[256] = "", skip_why[256] = "", skip_hint[256] = "";
+    DL_TRY(write_all(c->out, &h, sizeof h, c->tmp));
+    DL_TRY(pad_to(c->out, &off, c->tmp));
+    c->ids_off = off;
+    return 0;
+}
 
-    for (int eof = 0; !eof;) {
-        /* 1. read a chunk of raw records (serial) */
-        uint32_t n = 0;
-        size_t used = 0;
-        while (n < chunk) {
-            const char *rec;
-            size_t len;
-            uint64_t line;
-            int r = ds_next_raw(rd, &rec, &len, &line);
-            if (r < 0) { rc = r; goto done; }
-            if (r == 0) { eof = 1; break; }
-            if (used + len + 1 > arena_cap) {
-                size_t cap = arena_cap ? arena_cap : (1u << 20);
-                while (cap < used + len + 1) cap *= 2;
-                char *na = realloc(arena, cap);
-                if (!na) { rc = dl_seterr(DL_ENOMEM, "prepare: chunk of %zu bytes", cap); goto done; }
-                arena = na;
-                arena_cap = cap;
-            }
-            memcpy(arena + used, rec, len);
-            arena[used + len] = 0;
-            rec_off[n] = used;
-            rec_line[n] = line;
-            used += len + 1;
-            n++;
-            rec_off[n] = used;
+/* Reads up to chunk raw records into the arena (serial); *n = records read,
+ * *eof = 1 at the end of the data. */
+static int prep_read_chunk(prep_ctx_t *c, uint32_t *n_out, int *eof) {
+    uint32_t n = 0;
+    size_t used = 0;
+    while (n < c->chunk) {
+        const char *rec;
+        size_t len;
+        uint64_t line;
+        int r = ds_next_raw(c->rd, &rec, &len, &line);
+        if (r < 0) return r;
+        if (r == 0) { *eof = 1; break; }
+        if (used + len + 1 > c->arena_cap) {
+            size_t cap = c->arena_cap ? c->arena_cap : (1u << 20);
+            while (cap < used + len + 1) cap *= 2;
+            char *na = realloc(c->arena, cap);
+            if (!na) return dl_seterr(DL_ENOMEM, "prepare: chunk of %zu bytes", cap);
+            c->arena = na;
+            c->arena_cap = cap;
         }
-        if (n == 0) break;
-        /* 2. parse + tokenize (parallel, each record independent) */
-#pragma omp parallel num_threads(nt)
-        {
-            ds_sample_t s = {0};
-            tok_ids_t ids = {0};
-            uint8_t *mask = NULL;
-            size_t mask_cap = 0;
-#pragma omp for schedule(dynamic, 8)
-            for (uint32_t i = 0; i < n; i++)
-                tokenize_one(t, o, arena + rec_off[i], rec_off[i + 1] - rec_off[i] - 1, &s, &ids, &mask, &mask_cap,
-                             &res[i]);
-            ds_sample_free(&s);
-            tok_ids_free(&ids);
-            free(mask);
-        }
-        /* 3. write in order (serial) */
-        for (uint32_t i = 0; i < n; i++) {
-            result_t *r = &res[i];
-            if (rc == 0 && r->rc == DL_EFORMAT) {
-                if (ds_skipped(rd) == 0 && nsamp == 0) {
-                    snprintf(skip_why, sizeof skip_why, "line %llu: %s", (unsigned long long)rec_line[i], r->err);
-                    record_fields(arena + rec_off[i], rec_off[i + 1] - rec_off[i] - 1, skip_fields, sizeof skip_fields,
-                                  skip_hint, sizeof skip_hint);
-                }
-                rc = ds_report_bad(rd, rec_line[i], r->err);
-            } else if (rc == 0 && r->rc < 0) {
-                rc = dl_seterr(r->rc, "%s:%llu: %s", o->data_path, (unsigned long long)rec_line[i], r->err);
-            } else if (rc == 0 && r->n == 0) {
-                if (ds_skipped(rd) == 0 && nsamp == 0)
-                    snprintf(skip_why, sizeof skip_why, "line %llu: sample has no tokens", (unsigned long long)rec_line[i]);
-                rc = ds_report_bad(rd, rec_line[i], "sample has no tokens");
-            } else if (rc == 0) {
-                if ((rc = write_all(out, r->ids, r->n * sizeof *r->ids, tmp)) == 0 &&
-                    (rc = write_all(mtmp, r->mask, r->n, "mask temp file")) == 0) {
-                    if (nsamp + 2 > index_cap) {
-                        index_cap *= 2;
-                        uint64_t *ni = realloc(index, index_cap * sizeof *ni);
-                        if (!ni) rc = dl_seterr(DL_ENOMEM, "prepare: index of %zu", index_cap);
-                        else index = ni;
-                    }
-                    if (rc == 0) {
-                        ntok += r->n;
-                        nasst += r->n_asst;
-                        if (r->n > maxlen) maxlen = r->n;
-                        index[++nsamp] = ntok;
-                    }
-                }
-            }
-            free(r->ids);
-            free(r->mask);
-            memset(r, 0, sizeof *r);
-        }
-        if (rc < 0) goto done;
+        memcpy(c->arena + used, rec, len);
+        c->arena[used + len] = 0;
+        c->rec_off[n] = used;
+        c->rec_line[n] = line;
+        used += len + 1;
+        n++;
+        c->rec_off[n] = used;
+        *n_out = n;
     }
-    if (nsamp == 0) { rc = no_samples_error(o, ds_skipped(rd), skip_fields, skip_hint, skip_why); goto done; }
-    off = ids_off + ntok * sizeof(int32_t);
-    if ((rc = pad_to(out, &off, tmp)) < 0) goto done;
+    return 0;
+}
+
+/* Parses + tokenizes records [0, n) of the chunk into res (parallel, each
+ * record independent). */
+static void prep_tokenize_chunk(prep_ctx_t *c, uint32_t n) {
+    const tok_t *t = c->t;
+    const prep_opts_t *o = c->o;
+    const char *arena = c->arena;
+    const size_t *rec_off = c->rec_off;
+    result_t *res = c->res;
+#pragma omp parallel num_threads(c->nt)
+    {
+        ds_sample_t s = {0};
+        tok_ids_t ids = {0};
+        uint8_t *mask = NULL;
+        size_t mask_cap = 0;
+#pragma omp for schedule(dynamic, 8)
+        for (uint32_t i = 0; i < n; i++)
+            tokenize_one(t, o, arena + rec_off[i], rec_off[i + 1] - rec_off[i] - 1, &s, &ids, &mask, &mask_cap,
+                         &res[i]);
+        ds_sample_free(&s);
+        tok_ids_free(&ids);
+        free(mask);
+    }
+}
+
+/* Appends one tokenized sample: ids to the cache, mask to the temp file, its
+ * end offset to the index. */
+static int prep_append(prep_ctx_t *c, const result_t *r) {
+    int rc;
+    if ((rc = write_all(c->out, r->ids, r->n * sizeof *r->ids, c->tmp)) == 0 &&
+        (rc = write_all(c->mtmp, r->mask, r->n, "mask temp file")) == 0) {
+        if (c->nsamp + 2 > c->index_cap) {
+            c->index_cap *= 2;
+            uint64_t *ni = realloc(c->index, c->index_cap * sizeof *ni);
+            if (!ni) rc = dl_seterr(DL_ENOMEM, "prepare: index of %zu", c->index_cap);
+            else c->index = ni;
+        }
+        if (rc == 0) {
+            c->ntok += r->n;
+            c->nasst += r->n_asst;
+            if (r->n > c->maxlen) c->maxlen = r->n;
+            c->index[++c->nsamp] = c->ntok;
+        }
+    }
+    return rc;
+}
+
+/* Keeps why the first bad record was skipped, for no_samples_error (cut to
+ * the 255 bytes of skip_why, as before). */
+static void prep_note_skip(prep_ctx_t *c, unsigned long long line, const char *why) {
+    size_t cap = sizeof c->skip_why;
+    size_t k = (size_t)snprintf(c->skip_why, cap, "line %llu: ", line);   /* < 40 bytes */
+    size_t n = strnlen(why, cap - 1 - k);
+    memcpy(c->skip_why + k, why, n);
+    c->skip_why[k + n] = 0;
+}
+
+/* Writes records [0, n) of the chunk in input order (serial), reporting bad
+ * ones to the reader; frees every result, also after an error. */
+static int prep_write_chunk(prep_ctx_t *c, uint32_t n) {
+    int rc = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        result_t *r = &c->res[i];
+        const char *rec = c->arena + c->rec_off[i];
+        size_t len = c->rec_off[i + 1] - c->rec_off[i] - 1;
+        unsigned long long line = (unsigned long long)c->rec_line[i];
+        if (rc == 0 && r->rc == DL_EFORMAT) {
+            if (ds_skipped(c->rd) == 0 && c->nsamp == 0) {
+                prep_note_skip(c, line, r->err);
+                record_fields(rec, len, c->skip_fields, sizeof c->skip_fields, c->skip_hint, sizeof c->skip_hint);
+            }
+            rc = ds_report_bad(c->rd, c->rec_line[i], r->err);
+        } else if (rc == 0 && r->rc < 0) {
+            rc = dl_seterr(r->rc, "%s:%llu: %s", c->o->data_path, line, r->err);
+        } else if (rc == 0 && r->n == 0) {
+            if (ds_skipped(c->rd) == 0 && c->nsamp == 0)
+                prep_note_skip(c, line, "sample has no tokens");
+            rc = ds_report_bad(c->rd, c->rec_line[i], "sample has no tokens");
+        } else if (rc == 0) {
+            rc = prep_append(c, r);
+        }
+        free(r->ids);
+        free(r->mask);
+        memset(r, 0, sizeof *r);
+    }
+    return rc;
+}
+
+/* Copies the masks after the ids, writes the index and the real header,
+ * fsyncs, closes and renames tmp over out_path (and fsyncs its directory). */
+static int prep_finish(prep_ctx_t *c) {
+    const prep_opts_t *o = c->o;
+    int rc = 0;
+    uint64_t off = c->ids_off + c->ntok * sizeof(int32_t);
+    DL_TRY(pad_to(c->out, &off, c->tmp));
     uint64_t mask_off = off;
-    if (fflush(mtmp) != 0 || fseek(mtmp, 0, SEEK_SET) != 0) { rc = dl_seterr(DL_EIO, "mask temp file: %s", strerror(errno)); goto done; }
+    if (fflush(c->mtmp) != 0 || fseek(c->mtmp, 0, SEEK_SET) != 0)
+        return dl_seterr(DL_EIO, "mask temp file: %s", strerror(errno));
     {
         char buf[1 << 16];
         size_t k;
-        while ((k = fread(buf, 1, sizeof buf, mtmp)) > 0)
-            if ((rc = write_all(out, buf, k, tmp)) < 0) goto done;
-        if (ferror(mtmp)) { rc = dl_seterr(DL_EIO, "mask temp file: read"); goto done; }
+        while ((k = fread(buf, 1, sizeof buf, c->mtmp)) > 0) DL_TRY(write_all(c->out, buf, k, c->tmp));
+        if (ferror(c->mtmp)) return dl_seterr(DL_EIO, "mask temp file: read");
     }
-    off = mask_off + ntok;
-    if ((rc = pad_to(out, &off, tmp)) < 0) goto done;
+    off = mask_off + c->ntok;
+    DL_TRY(pad_to(c->out, &off, c->tmp));
     uint64_t index_off = off;
-    if ((rc = write_all(out, index, (nsamp + 1) * sizeof *index, tmp)) < 0) goto done;
+    DL_TRY(write_all(c->out, c->index, (c->nsamp + 1) * sizeof *c->index, c->tmp));
 
+    dlc_header_t h;
+    memset(&h, 0, sizeof h);
     memcpy(h.magic, DLC_MAGIC, 8);
     h.version = DLC_VERSION;
     h.header_size = sizeof h;
-    h.n_samples = nsamp;
-    h.n_tokens = ntok;
-    h.n_assistant = nasst;
-    h.n_skipped = ds_skipped(rd);
-    h.tok_fingerprint = tok_fingerprint(t);
-    h.ids_off = ids_off;
+    h.n_samples = c->nsamp;
+    h.n_tokens = c->ntok;
+    h.n_assistant = c->nasst;
+    h.n_skipped = ds_skipped(c->rd);
+    h.tok_fingerprint = tok_fingerprint(c->t);
+    h.ids_off = c->ids_off;
     h.mask_off = mask_off;
     h.index_off = index_off;
-    h.n_vocab = tok_n_vocab(t);
+    h.n_vocab = tok_n_vocab(c->t);
     h.chat_family = o->chat ? (uint32_t)o->chat->family : 0;
-    h.max_sample_len = maxlen;
-    if (fseek(out, 0, SEEK_SET) != 0 || (rc = write_all(out, &h, sizeof h, tmp)) < 0) {
-        rc = rc ? rc : dl_seterr(DL_EIO, "%s: seek", tmp);
-        goto done;
-    }
-    if (fflush(out) != 0 || fsync(fileno(out)) != 0) { rc = dl_seterr(DL_EIO, "%s: fsync: %s", tmp, strerror(errno)); goto done; }
-    if (fclose(out) != 0) { out = NULL; rc = dl_seterr(DL_EIO, "%s: close: %s", tmp, strerror(errno)); goto done; }
-    out = NULL;
-    if (rename(tmp, o->out_path) != 0) {
-        rc = dl_seterr(DL_EIO, "rename %s -> %s: %s", tmp, o->out_path, strerror(errno));
-        unlink(tmp);
-        goto done;
+    h.max_sample_len = c->maxlen;
+    if (fseek(c->out, 0, SEEK_SET) != 0 || (rc = write_all(c->out, &h, sizeof h, c->tmp)) < 0)
+        return rc ? rc : dl_seterr(DL_EIO, "%s: seek", c->tmp);
+    if (fflush(c->out) != 0 || fsync(fileno(c->out)) != 0)
+        return dl_seterr(DL_EIO, "%s: fsync: %s", c->tmp, strerror(errno));
+    if (fclose(c->out) != 0) { c->out = NULL; return dl_seterr(DL_EIO, "%s: close: %s", c->tmp, strerror(errno)); }
+    c->out = NULL;
+    if (rename(c->tmp, o->out_path) != 0) {
+        rc = dl_seterr(DL_EIO, "rename %s -> %s: %s", c->tmp, o->out_path, strerror(errno));
+        unlink(c->tmp);
+        return rc;
     }
     { /* make the rename durable */
         char dir[4096];
@@ -342,24 +393,58 @@ int prep_run(const tok_t *t, const prep_opts_t *o, prep_stats_t *st) {
         int dfd = open(dir, O_RDONLY | O_DIRECTORY);
         if (dfd >= 0) { (void)fsync(dfd); close(dfd); }
     }
-    st->samples = nsamp;
-    st->tokens = ntok;
-    st->assistant_tokens = nasst;
-    st->skipped = ds_skipped(rd);
-    st->bytes_in = ds_bytes_read(rd);
-    st->max_len = maxlen;
-    st->seconds = now_s() - t0;
-done:
-    if (out) { fclose(out); unlink(tmp); }
-    if (mtmp) fclose(mtmp);
-    if (res)
-        for (uint32_t i = 0; i < chunk; i++) { free(res[i].ids); free(res[i].mask); }
-    free(res);
-    free(rec_off);
-    free(rec_line);
-    free(arena);
-    free(index);
-    ds_close(&rd);
+    return 0;
+}
+
+/* Releases everything prep_open and the chunks allocated; removes tmp when it
+ * was not renamed. */
+static void prep_close(prep_ctx_t *c) {
+    if (c->out) { fclose(c->out); unlink(c->tmp); }
+    if (c->mtmp) fclose(c->mtmp);
+    if (c->res)
+        for (uint32_t i = 0; i < c->chunk; i++) { free(c->res[i].ids); free(c->res[i].mask); }
+    free(c->res);
+    free(c->rec_off);
+    free(c->rec_line);
+    free(c->arena);
+    free(c->index);
+    ds_close(&c->rd);
+}
+
+int prep_run(const tok_t *t, const prep_opts_t *o, prep_stats_t *st) {
+    double t0 = now_s();
+    memset(st, 0, sizeof *st);
+    prep_ctx_t c;
+    memset(&c, 0, sizeof c);
+    c.t = t;
+    c.o = o;
+    c.chunk = o->chunk_records ? o->chunk_records : 2048;
+    c.nt = o->n_threads > 0 ? o->n_threads : omp_get_max_threads();
+
+    if (snprintf(c.tmp, sizeof c.tmp, "%s.tmp.%d", o->out_path, (int)getpid()) >= (int)sizeof c.tmp)
+        return dl_seterr(DL_ERANGE, "--out: path too long");
+    DL_TRY(check_out_path(o));
+    int rc = ds_open(o->data_path, &o->ds, &c.rd);
+    if (rc < 0) return rc;
+    rc = prep_open(&c);
+    for (int eof = 0; rc == 0 && !eof;) {
+        uint32_t n = 0;
+        if ((rc = prep_read_chunk(&c, &n, &eof)) < 0 || n == 0) break;
+        prep_tokenize_chunk(&c, n);
+        rc = prep_write_chunk(&c, n);
+    }
+    if (rc == 0 && c.nsamp == 0) rc = no_samples_error(o, ds_skipped(c.rd), c.skip_fields, c.skip_hint, c.skip_why);
+    if (rc == 0) rc = prep_finish(&c);
+    if (rc == 0) {
+        st->samples = c.nsamp;
+        st->tokens = c.ntok;
+        st->assistant_tokens = c.nasst;
+        st->skipped = ds_skipped(c.rd);
+        st->bytes_in = ds_bytes_read(c.rd);
+        st->max_len = c.maxlen;
+        st->seconds = now_s() - t0;
+    }
+    prep_close(&c);
     return rc;
 }
 

@@ -5,7 +5,7 @@
 
 #include "common/base/err.h"
 #include "common/data/nfc.h"
-#include "common/model/gguf.h"
+#include "common/format/gguf.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 
-#include "common/model/gguf.h"
+#include "common/format/gguf.h"
 #include "common/ops/ops.h"
 
 typedef enum { MODEL_LLAMA = 0, MODEL_QWEN2 = 1, MODEL_QWEN3 = 2 } model_family_t;

@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "common/base/err.h"
-#include "common/model/safetensors.h"
+#include "common/format/safetensors.h"
 
 #define DFLASH_STATE_FORMAT 1
 #define DFLASH_PATH_MAX 4096

@@ -5,7 +5,7 @@
 #include "common/base/log.h"
 #include "common/base/paths.h"
 #include "common/base/rng.h"
-#include "common/model/safetensors.h"
+#include "common/format/safetensors.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -4,8 +4,8 @@
 
 #include "common/base/err.h"
 #include "common/base/log.h"
-#include "common/model/gguf.h"
-#include "common/model/safetensors.h"
+#include "common/format/gguf.h"
+#include "common/format/safetensors.h"
 
 #include <limits.h>
 #include <math.h>

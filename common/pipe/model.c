@@ -1,7 +1,7 @@
 /* See model.h. */
 #include "common/pipe/model.h"
 #include "common/base/err.h"
-#include "common/model/gguf.h"
+#include "common/format/gguf.h"
 
 #include <string.h>
 #include <sys/stat.h>

@@ -41,7 +41,7 @@
 #include "common/data/tokenizer.h"
 #include "common/model/config.h"
 #include "common/model/generate.h"
-#include "common/model/safetensors.h"
+#include "common/format/safetensors.h"
 #include "common/model/target.h"
 #include "common/ops/ops.h"
 

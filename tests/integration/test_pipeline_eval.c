@@ -26,7 +26,7 @@
 #include "common/data/prepare.h"
 #include "common/data/tokenizer.h"
 #include "common/model/config.h"
-#include "common/model/safetensors.h"
+#include "common/format/safetensors.h"
 #include "common/model/dflash_ckpt.h"
 #include "common/model/drafter.h"
 #include "common/ops/ops.h"

@@ -27,7 +27,7 @@
 #include "common/model/config.h"
 #include "common/model/dflash_ckpt.h"
 #include "common/model/drafter.h"
-#include "common/model/safetensors.h"
+#include "common/format/safetensors.h"
 #include "common/pipe/ckpt.h"
 #include "common/pipe/model.h"
 #include "tests/support/pipeline_fixture.h"

@@ -13,7 +13,7 @@
 #include "common/data/tokenizer.h"
 #include "common/mem/slab.h"
 #include "common/model/config.h"
-#include "common/model/safetensors.h"
+#include "common/format/safetensors.h"
 #include "tests/support/proc.h"
 
 #include <cjson/cJSON.h>

@@ -18,7 +18,7 @@
 #include "common/base/err.h"
 #include "common/model/dflash_ckpt.h"
 #include "common/model/drafter.h"
-#include "common/model/safetensors.h"
+#include "common/format/safetensors.h"
 #include "tests/unit/test_ops_fixture.h"
 
 static ops_ctx_t g_ctx;

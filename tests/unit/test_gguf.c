@@ -1,4 +1,4 @@
-/* common/model/gguf: metadata, tensor infos and dequantization checked against the gguf
+/* common/format/gguf: metadata, tensor infos and dequantization checked against the gguf
  * Python package (tests/fixtures/gguf/make_fixtures.py): sha256 of the fp32 output of
  * gguf.quants.dequantize per tensor, bit for bit; malformed files give clean errors. */
 #include <setjmp.h>
@@ -14,7 +14,7 @@
 #include "common/base/err.h"
 #include "common/base/paths.h"
 #include "common/base/rng.h"
-#include "common/model/gguf.h"
+#include "common/format/gguf.h"
 
 /* ---- SHA-256 (FIPS 180-4), for comparing with Python's hashlib ---- */
 typedef struct { uint32_t h[8]; uint8_t buf[64]; uint64_t len; size_t n; } sha256_t;

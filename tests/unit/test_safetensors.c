@@ -1,4 +1,4 @@
-/* common/model/safetensors: reading HF-written files (fixtures made by the Python
+/* common/format/safetensors: reading HF-written files (fixtures made by the Python
  * safetensors package via transformers: F32, BF16, F16, sharded index), the streaming
  * writer (round trip), dtype conversions, and malformed headers. */
 #include <setjmp.h>
@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "common/base/err.h"
-#include "common/model/safetensors.h"
+#include "common/format/safetensors.h"
 
 static const char *fixtures_dir(void) {
     const char *d = getenv("DL_FIXTURES_DIR");

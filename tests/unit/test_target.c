@@ -20,7 +20,7 @@
 #include "common/base/paths.h"
 #include "common/model/config.h"
 #include "common/model/mkmodel.h"
-#include "common/model/safetensors.h"
+#include "common/format/safetensors.h"
 #include "common/model/target.h"
 #include "common/ops/ops.h"
 

@@ -7,8 +7,8 @@
  * Ownership: gguf_t owns the mapping; strings and arrays returned point into it
  * and live until gguf_close.
  */
-#ifndef DL_MODEL_GGUF_H
-#define DL_MODEL_GGUF_H
+#ifndef DL_FORMAT_GGUF_H
+#define DL_FORMAT_GGUF_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -16,8 +16,8 @@
  * Ownership: safetensors_t owns its mappings; st_tensor_t pointers (names,
  * data) live until safetensors_close.
  */
-#ifndef DL_MODEL_SAFETENSORS_H
-#define DL_MODEL_SAFETENSORS_H
+#ifndef DL_FORMAT_SAFETENSORS_H
+#define DL_FORMAT_SAFETENSORS_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,5 +1,5 @@
 /* safetensors reader and streaming writer. See safetensors.h. */
-#include "common/model/safetensors.h"
+#include "common/format/safetensors.h"
 
 #include "common/base/err.h"
 

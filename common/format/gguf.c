@@ -10,7 +10,7 @@
  * computes each element with the same fp32 operations, in the same order, as the
  * gguf Python package's gguf/quants.py, so the results are bit-identical to it.
  */
-#include "common/model/gguf.h"
+#include "common/format/gguf.h"
 
 #include "common/base/err.h"
 

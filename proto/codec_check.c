@@ -1,0 +1,282 @@
+/* draftline wire protocol codec: validation. One walker checks every field of
+ * a message against its descriptor (range, length, printable strings); one
+ * function per type checks the cross-field rules of PROTOCOL.md. The decoder
+ * runs the same proto_validate as the encoder.
+ */
+#include "proto/codec_int.h"
+
+#include "common/base/err.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ---------------------------------------------------------- validation */
+
+static int check_str(const char *tn, const char *fn, const char *s, uint32_t min_n, uint32_t max_n,
+                     int flags) {
+    size_t n = strnlen(s, (size_t)max_n + 1);
+    if (n > max_n) return dl_seterr(DL_EPROTO, "%s.%s: not NUL-terminated within %u chars", tn, fn, max_n);
+    if (n < min_n) return dl_seterr(DL_EPROTO, "%s.%s: empty", tn, fn);
+    if (flags & FL_PRINTABLE) {
+        for (size_t i = 0; i < n; i++) {
+            unsigned char c = (unsigned char)s[i];
+            if (c < 0x20 || c > 0x7e)
+                return dl_seterr(DL_EPROTO, "%s.%s: byte 0x%02x at %zu is not printable ASCII", tn, fn, c, i);
+        }
+    }
+    return 0;
+}
+
+static int check_double(const char *tn, const char *fn, long idx, double v, const field_t *f) {
+    char where[24] = "";
+    if (idx >= 0) snprintf(where, sizeof where, "[%ld]", idx);
+    if (!isfinite(v)) {
+        if (f->flags & FL_NONFINITE) return 0;
+        return dl_seterr(DL_EPROTO, "%s.%s%s: %g is not finite", tn, fn, where, v);
+    }
+    if (v < f->dlo || v > f->dhi)
+        return dl_seterr(DL_EPROTO, "%s.%s%s: %g out of range [%g, %g]", tn, fn, where, v, f->dlo, f->dhi);
+    return 0;
+}
+
+static int validate_field(const proto_msg_t *m, const field_t *f, const char *tn) {
+    const char *fn = f->name;
+    switch ((kind_t)f->kind) {
+    case K_U32: case K_U64: case K_ENUM: {
+        uint64_t v = get_u(m, f);
+        if (v < f->ulo || v > f->uhi)
+            return dl_seterr(DL_EPROTO, "%s.%s: %llu out of range [%llu, %llu]", tn, fn,
+                             (unsigned long long)v, (unsigned long long)f->ulo, (unsigned long long)f->uhi);
+        return 0;
+    }
+    case K_I32: {
+        int32_t v; memcpy(&v, (const char *)m + f->off, 4);
+        if (v < f->slo || v > f->shi)
+            return dl_seterr(DL_EPROTO, "%s.%s: %d out of range [%lld, %lld]", tn, fn, v,
+                             (long long)f->slo, (long long)f->shi);
+        return 0;
+    }
+    case K_F64: {
+        double v; memcpy(&v, (const char *)m + f->off, 8);
+        return check_double(tn, fn, -1, v, f);
+    }
+    case K_STR:
+        return check_str(tn, fn, (const char *)m + f->off, f->min_n, f->max_n, f->flags);
+    case K_OPAQUE: {
+        uint32_t n = get_n(m, f);
+        if (n != 0 && n != f->max_n)
+            return dl_seterr(DL_EPROTO, "%s.%s: length %u, expected 0 or %u", tn, fn, n, f->max_n);
+        return 0;
+    }
+    case K_DIMS: {
+        uint32_t n = get_n(m, f);
+        if (n < f->min_n || n > f->max_n)
+            return dl_seterr(DL_EPROTO, "%s.%s: %u dims, expected %u..%u", tn, fn, n, f->min_n, f->max_n);
+        const uint64_t *d = (const uint64_t *)((const char *)m + f->off);
+        for (uint32_t i = 0; i < n; i++) {
+            if (d[i] < f->ulo || d[i] > f->uhi)
+                return dl_seterr(DL_EPROTO, "%s.%s[%u]: %llu out of range [%llu, %llu]", tn, fn, i,
+                                 (unsigned long long)d[i], (unsigned long long)f->ulo,
+                                 (unsigned long long)f->uhi);
+        }
+        return 0;
+    }
+    case K_METRICS: {
+        uint32_t n = get_n(m, f);
+        if (n > f->max_n)
+            return dl_seterr(DL_EPROTO, "%s.%s: %u entries, at most %u", tn, fn, n, f->max_n);
+        const proto_metric_t *mt = (const proto_metric_t *)((const char *)m + f->off);
+        for (uint32_t i = 0; i < n; i++) {
+            char fname[32];
+            snprintf(fname, sizeof fname, "metrics[%u].name", i);
+            DL_TRY(check_str(tn, fname, mt[i].name, 1, DL_PROTO_NAME_MAX, FL_PRINTABLE));
+        }
+        return 0;
+    }
+    case K_I32BIN: case K_U8BIN: case K_U64S: case K_I64S: case K_F32S: {
+        uint32_t n = get_n(m, f);
+        const void *p = get_ptr(m, f);
+        if (n < f->min_n || n > f->max_n)
+            return dl_seterr(DL_EPROTO, "%s.%s: %u elements, expected %u..%u", tn, fn, n, f->min_n, f->max_n);
+        if (n > 0 && !p) return dl_seterr(DL_EPROTO, "%s.%s: NULL array of %u elements", tn, fn, n);
+        for (uint32_t i = 0; i < n; i++) {
+            switch ((kind_t)f->kind) {
+            case K_I32BIN: {
+                int32_t v = ((const int32_t *)p)[i];
+                if (v < f->slo || v > f->shi)
+                    return dl_seterr(DL_EPROTO, "%s.%s[%u]: %d out of range [%lld, %lld]", tn, fn, i, v,
+                                     (long long)f->slo, (long long)f->shi);
+                break;
+            }
+            case K_U8BIN: {
+                uint8_t v = ((const uint8_t *)p)[i];
+                if (v < f->ulo || v > f->uhi)
+                    return dl_seterr(DL_EPROTO, "%s.%s[%u]: %u out of range [%llu, %llu]", tn, fn, i, v,
+                                     (unsigned long long)f->ulo, (unsigned long long)f->uhi);
+                break;
+            }
+            case K_U64S: {
+                uint64_t v = ((const uint64_t *)p)[i];
+                if (v < f->ulo || v > f->uhi)
+                    return dl_seterr(DL_EPROTO, "%s.%s[%u]: %llu out of range [%llu, %llu]", tn, fn, i,
+                                     (unsigned long long)v, (unsigned long long)f->ulo,
+                                     (unsigned long long)f->uhi);
+                break;
+            }
+            case K_I64S: {
+                int64_t v = ((const int64_t *)p)[i];
+                if (v < f->slo || v > f->shi)
+                    return dl_seterr(DL_EPROTO, "%s.%s[%u]: %lld out of range [%lld, %lld]", tn, fn, i,
+                                     (long long)v, (long long)f->slo, (long long)f->shi);
+                break;
+            }
+            default:
+                DL_TRY(check_double(tn, fn, i, ((const float *)p)[i], f));
+                break;
+            }
+        }
+        return 0;
+    }
+    }
+    return dl_seterr(DL_EPROTO, "%s.%s: internal: unknown field kind %d", tn, fn, f->kind);
+}
+
+static int check_strictly_increasing(const char *tn, const char *fn, const uint64_t *v, uint32_t n) {
+    for (uint32_t i = 1; i < n; i++) {
+        if (v[i] <= v[i - 1])
+            return dl_seterr(DL_EPROTO, "%s.%s[%u]: %llu not greater than previous %llu (must be strictly "
+                             "increasing)", tn, fn, i, (unsigned long long)v[i], (unsigned long long)v[i - 1]);
+    }
+    return 0;
+}
+
+int proto__check_micro_batch(const proto_msg_t *m, const char *tn) {
+    const proto_micro_batch_t *b = &m->micro_batch;
+    if (b->mb_in_step >= b->mbs_in_step)
+        return dl_seterr(DL_EPROTO, "%s.mb_in_step: %u not below mbs_in_step %u", tn, b->mb_in_step,
+                         b->mbs_in_step);
+    if (b->n_seq_lens != b->n_seqs)
+        return dl_seterr(DL_EPROTO, "%s.seq_lens: %u entries, n_seqs is %u", tn, b->n_seq_lens, b->n_seqs);
+    if (b->n_loss_mask != b->n_tokens)
+        return dl_seterr(DL_EPROTO, "%s.loss_mask: %u entries, tokens has %u", tn, b->n_loss_mask, b->n_tokens);
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < b->n_seq_lens; i++) sum += (uint64_t)b->seq_lens[i];
+    if (sum != b->n_tokens)
+        return dl_seterr(DL_EPROTO, "%s.seq_lens: sum %llu != tokens length %u", tn, (unsigned long long)sum,
+                         b->n_tokens);
+    return 0;
+}
+
+int proto__check_slab_export(const proto_msg_t *m, const char *tn) {
+    const proto_slab_export_t *s = &m->slab_export;
+    bool has_handle = s->handle_len != 0, has_shm = s->shm_name[0] != 0;
+    if (has_handle == has_shm)
+        return dl_seterr(DL_EPROTO, "%s.handle: exactly one of handle (CUDA IPC) and shm_name must be set "
+                         "(handle %u bytes, shm_name '%s')", tn, s->handle_len, s->shm_name);
+    return 0;
+}
+
+typedef struct { const char *name; uint64_t lo, hi; } region_t;
+
+int proto__check_hidden_states_ready(const proto_msg_t *m, const char *tn) {
+    const proto_hidden_states_ready_t *h = &m->hidden_states_ready;
+    uint64_t T = h->shape[0], cols = h->shape[1];
+    if (T > DL_PROTO_MAX_TOKENS)
+        return dl_seterr(DL_EPROTO, "%s.shape[0]: %llu tokens, at most %u", tn, (unsigned long long)T,
+                         DL_PROTO_MAX_TOKENS);
+    if (cols % h->n_feat != 0)
+        return dl_seterr(DL_EPROTO, "%s.shape[1]: %llu not a multiple of n_feat %u", tn,
+                         (unsigned long long)cols, h->n_feat);
+    if (h->n_seqs > T)
+        return dl_seterr(DL_EPROTO, "%s.n_seqs: %u sequences in %llu tokens", tn, h->n_seqs,
+                         (unsigned long long)T);
+    if (h->mb_in_step >= h->mbs_in_step)
+        return dl_seterr(DL_EPROTO, "%s.mb_in_step: %u not below mbs_in_step %u", tn, h->mb_in_step,
+                         h->mbs_in_step);
+    if (h->tokens_off % 4 || h->seq_lens_off % 4)
+        return dl_seterr(DL_EPROTO, "%s.%s: offset %llu not 4-byte aligned", tn,
+                         h->tokens_off % 4 ? "tokens_off" : "seq_lens_off",
+                         (unsigned long long)(h->tokens_off % 4 ? h->tokens_off : h->seq_lens_off));
+    /* All terms are bounded by the field ranges: T <= 2^21, cols <= 2^32,
+     * offsets <= 2^40, so no sum or product below overflows 64 bits. */
+    region_t r[4] = {
+        { "shape", 0, T * cols * proto_dtype_size(h->dtype) },
+        { "tokens_off", h->tokens_off, h->tokens_off + 4 * T },
+        { "seq_lens_off", h->seq_lens_off, h->seq_lens_off + 4ull * h->n_seqs },
+        { "loss_mask_off", h->loss_mask_off, h->loss_mask_off + T },
+    };
+    for (int i = 0; i < 4; i++) {
+        if (r[i].hi > h->bytes)
+            return dl_seterr(DL_EPROTO, "%s.%s: region [%llu, %llu) ends past bytes %llu", tn, r[i].name,
+                             (unsigned long long)r[i].lo, (unsigned long long)r[i].hi,
+                             (unsigned long long)h->bytes);
+        for (int j = 0; j < i; j++) {
+            if (r[i].lo < r[j].hi && r[j].lo < r[i].hi)
+                return dl_seterr(DL_EPROTO, "%s.%s: region [%llu, %llu) overlaps %s [%llu, %llu)", tn, r[i].name,
+                                 (unsigned long long)r[i].lo, (unsigned long long)r[i].hi, r[j].name,
+                                 (unsigned long long)r[j].lo, (unsigned long long)r[j].hi);
+        }
+    }
+    return 0;
+}
+
+int proto__check_gradients_ready(const proto_msg_t *m, const char *tn) {
+    const proto_gradients_ready_t *g = &m->gradients_ready;
+    DL_TRY(check_strictly_increasing(tn, "mbs", g->mbs, g->n_mbs));
+    if (g->bytes != 4 * g->n_params)
+        return dl_seterr(DL_EPROTO, "%s.bytes: %llu, expected 4 * n_params = %llu", tn,
+                         (unsigned long long)g->bytes, (unsigned long long)(4 * g->n_params));
+    return 0;
+}
+
+int proto__check_weights_version(const proto_msg_t *m, const char *tn) {
+    const proto_weights_version_t *w = &m->weights_version;
+    uint64_t want = w->n_params * proto_dtype_size(w->dtype);
+    if (w->bytes != want)
+        return dl_seterr(DL_EPROTO, "%s.bytes: %llu, expected n_params * %s size = %llu", tn,
+                         (unsigned long long)w->bytes, proto_dtype_name(w->dtype), (unsigned long long)want);
+    return 0;
+}
+
+int proto__check_control(const proto_msg_t *m, const char *tn) {
+    const proto_control_t *c = &m->control;
+    switch (c->op) {
+    case PROTO_CTL_ROUTE: case PROTO_CTL_REBALANCE:
+        if (c->n_ints % 2)
+            return dl_seterr(DL_EPROTO, "%s.ints: %s needs pairs, got %u ints", tn, proto_ctl_op_name(c->op),
+                             c->n_ints);
+        for (uint32_t i = 0; i < c->n_ints; i++) {
+            int64_t v = c->ints[i];
+            bool role = c->op == PROTO_CTL_REBALANCE && (i % 2) == 1;
+            int64_t lo = role ? 1 : 0, hi = role ? PROTO_ROLE_COUNT_ - 1 : DL_PROTO_MAX_STAGE_ID;
+            if (v < lo || v > hi)
+                return dl_seterr(DL_EPROTO, "%s.ints[%u]: %lld out of range [%lld, %lld] for %s", tn, i,
+                                 (long long)v, (long long)lo, (long long)hi, proto_ctl_op_name(c->op));
+        }
+        return 0;
+    case PROTO_CTL_MEMBERSHIP:
+        for (uint32_t i = 0; i < c->n_ints; i++) {
+            if (c->ints[i] < 0 || c->ints[i] > DL_PROTO_MAX_STAGE_ID)
+                return dl_seterr(DL_EPROTO, "%s.ints[%u]: stage id %lld out of range [0, %u]", tn, i,
+                                 (long long)c->ints[i], DL_PROTO_MAX_STAGE_ID);
+        }
+        return 0;
+    default:
+        return 0;
+    }
+}
+
+int proto__check_applied(const proto_msg_t *m, const char *tn) {
+    return check_strictly_increasing(tn, "mbs", m->applied.mbs, m->applied.n_mbs);
+}
+
+int proto_validate(const proto_msg_t *m) {
+    if (!m) return dl_seterr(DL_EINVAL, "proto_validate: NULL message");
+    const msgdef_t *d = def_of((uint64_t)m->type);
+    if (!d) return dl_seterr(DL_EPROTO, "message: unknown type %u", (unsigned)m->type);
+    const char *tn = proto_type_name(m->type);
+    for (uint32_t i = 0; i < d->n_fields; i++) DL_TRY(validate_field(m, &d->fields[i], tn));
+    return d->check ? d->check(m, tn) : 0;
+}

@@ -1,0 +1,148 @@
+/* Test-only helpers shared by tests/unit/test_proto.c (round trips, wire
+ * layout) and tests/unit/test_proto_reject.c (malformed input): a valid sample
+ * of every message type, and encoding into an exact-size heap buffer.
+ * Header-only (static functions) because tests link one .c each; include it
+ * after <cmocka.h>. */
+#ifndef DL_TESTS_TEST_PROTO_FIXTURE_H
+#define DL_TESTS_TEST_PROTO_FIXTURE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/base/err.h"
+#include "proto/codec.h"
+
+/* ------------------------------------------------------------ samples */
+
+/* Storage for sample arrays, big enough for the max-size variant. */
+static int32_t g_tokens[DL_PROTO_MAX_TOKENS];
+static int32_t g_seq_lens[DL_PROTO_MAX_SEQS];
+static uint8_t g_mask[DL_PROTO_MAX_TOKENS];
+static uint64_t g_mbs[DL_PROTO_MAX_MBS];
+static float g_acc[DL_PROTO_MAX_BLOCK];
+static int64_t g_ints[DL_PROTO_MAX_INTS];
+
+static inline void fill_handle(uint8_t *h, uint8_t seed) {
+    for (unsigned i = 0; i < DL_PROTO_HANDLE_BYTES; i++) h[i] = (uint8_t)(seed + 37 * i);
+}
+
+/* A valid message of type t with every field non-zero and distinct where the
+ * ranges allow; big: arrays at their maximum length. */
+static inline void make_sample(int t, bool big, proto_msg_t *m) {
+    proto_msg_init(m, (proto_type_t)t);
+    switch (t) {
+    case PROTO_HELLO:
+        m->hello.role = PROTO_ROLE_DRAFTER; m->hello.stage_id = 4097; m->hello.incarnation = 0x123456789abcull;
+        m->hello.pid = 31337; m->hello.capabilities = PROTO_CAP_CUDA_IPC | PROTO_CAP_HOST_TIER;
+        strcpy(m->hello.gpu_uuid, "GPU-8d1a2b3c-0000-1111-2222-333344445555");
+        break;
+    case PROTO_HEARTBEAT:
+        m->heartbeat.stage_id = 12; m->heartbeat.incarnation = 77; m->heartbeat.seq = 1ull << 40;
+        m->heartbeat.state = PROTO_STATE_BLOCKED;
+        break;
+    case PROTO_WORK_REQUEST:
+        m->work_request.target_id = 3; m->work_request.count = big ? DL_PROTO_MAX_COUNT : 4;
+        break;
+    case PROTO_MICRO_BATCH: {
+        proto_micro_batch_t *b = &m->micro_batch;
+        uint32_t T = big ? DL_PROTO_MAX_TOKENS : 13, S = big ? DL_PROTO_MAX_SEQS : 3;
+        b->mb = 0xfffffffffull; b->step = 99; b->epoch = 2; b->mb_in_step = 5; b->mbs_in_step = 8; b->n_seqs = S;
+        for (uint32_t i = 0; i < T; i++) { g_tokens[i] = (int32_t)((i * 2654435761u) % 151936u); g_mask[i] = (i % 3) != 0; }
+        if (big) { for (uint32_t s = 0; s < S; s++) g_seq_lens[s] = (int32_t)(T / S); }
+        else { g_seq_lens[0] = 5; g_seq_lens[1] = 1; g_seq_lens[2] = 7; }
+        b->tokens = g_tokens; b->n_tokens = T;
+        b->seq_lens = g_seq_lens; b->n_seq_lens = S;
+        b->loss_mask = g_mask; b->n_loss_mask = T;
+        break;
+    }
+    case PROTO_SLAB_EXPORT:
+        m->slab_export.owner_id = 9; m->slab_export.incarnation = 5; m->slab_export.slab_id = 2;
+        m->slab_export.tier = PROTO_TIER_GPU; m->slab_export.bytes = 3ull << 30;
+        fill_handle(m->slab_export.handle, 11); m->slab_export.handle_len = DL_PROTO_HANDLE_BYTES;
+        strcpy(m->slab_export.gpu_uuid, "GPU-aaaa");
+        break;
+    case PROTO_SLOT_GRANT:
+        m->slot_grant.drafter_id = 7; m->slot_grant.target_id = 2; m->slot_grant.slot_id = 41;
+        m->slot_grant.tier = PROTO_TIER_HOST; m->slot_grant.slab_id = 1; m->slot_grant.offset = 1ull << 33;
+        m->slot_grant.bytes = 123456789;
+        break;
+    case PROTO_HIDDEN_STATES_READY: {
+        proto_hidden_states_ready_t *h = &m->hidden_states_ready;
+        h->target_id = 2; h->drafter_id = 7; h->slab_id = 1; h->slot_id = 41; h->tier = PROTO_TIER_GPU;
+        h->offset = 1ull << 33; h->dtype = PROTO_DTYPE_BF16; h->ndim = 2; h->shape[0] = 6; h->shape[1] = 40;
+        h->n_feat = 5; h->mb = 1234; h->step = 99; h->mb_in_step = 3; h->mbs_in_step = 8; h->n_seqs = 2;
+        h->tokens_off = 480; h->seq_lens_off = 504; h->loss_mask_off = 512; h->bytes = 520;
+        fill_handle(h->event, 3); h->event_len = DL_PROTO_HANDLE_BYTES;
+        strcpy(h->gpu_uuid, "GPU-bbbb");
+        break;
+    }
+    case PROTO_SLOT_RELEASE:
+        m->slot_release.drafter_id = 7; m->slot_release.slot_id = 41; m->slot_release.mb = 1234;
+        break;
+    case PROTO_GRADIENTS_READY: {
+        proto_gradients_ready_t *g = &m->gradients_ready;
+        uint32_t n = big ? DL_PROTO_MAX_MBS : 3, B = big ? DL_PROTO_MAX_BLOCK : 16;
+        for (uint32_t i = 0; i < n; i++) g_mbs[i] = 1000 + 7ull * i;
+        for (uint32_t k = 0; k < B; k++) g_acc[k] = 1.0f / (float)(k + 1.5);
+        g->drafter_id = 7; g->step = 100; g->weights_version = 99; g->mbs = g_mbs; g->n_mbs = n;
+        g->n_tokens = 65536; g->loss_sum = 1234.5678; g->weight_sum = 321.25; g->acc = g_acc; g->n_acc = B;
+        g->slab_id = 3; g->offset = 4096; g->n_params = 25000000; g->bytes = 100000000;
+        fill_handle(g->event, 5); g->event_len = DL_PROTO_HANDLE_BYTES;
+        break;
+    }
+    case PROTO_WEIGHTS_VERSION:
+        m->weights_version.version = 100; m->weights_version.slab_id = 4; m->weights_version.offset = 8192;
+        m->weights_version.n_params = 25000000; m->weights_version.dtype = PROTO_DTYPE_BF16;
+        m->weights_version.bytes = 50000000;
+        fill_handle(m->weights_version.event, 9); m->weights_version.event_len = DL_PROTO_HANDLE_BYTES;
+        break;
+    case PROTO_METRICS: {
+        proto_metrics_t *x = &m->metrics;
+        x->stage_id = 5; x->role = PROTO_ROLE_TARGET; x->incarnation = 3; x->ts_ns = 1796000000123456789ull;
+        strcpy(x->state, "blocked");
+        x->n_metrics = big ? DL_PROTO_MAX_METRICS : 3;
+        for (uint32_t i = 0; i < x->n_metrics; i++) {
+            snprintf(x->metrics[i].name, sizeof x->metrics[i].name, "metric_%u.rate", i);
+            x->metrics[i].value = 1.5e9 / (i + 1) - 0.25;
+        }
+        if (!big) strcpy(x->metrics[0].name, "tokens_per_s");
+        break;
+    }
+    case PROTO_CONTROL: {
+        proto_control_t *c = &m->control;
+        uint32_t n = big ? DL_PROTO_MAX_INTS : 4;
+        for (uint32_t i = 0; i < n; i++) g_ints[i] = (i % 2) ? 100 + i : i;
+        c->op = PROTO_CTL_ROUTE; c->seq = 17; c->step = 250; c->ints = g_ints; c->n_ints = n;
+        strcpy(c->arg, "routing after rebalance 2-2 -> 3-1");
+        break;
+    }
+    case PROTO_APPLIED: {
+        uint32_t n = big ? DL_PROTO_MAX_MBS : 2;
+        for (uint32_t i = 0; i < n; i++) g_mbs[i] = 5000 + 3ull * i;
+        m->applied.step = 250; m->applied.mbs = g_mbs; m->applied.n_mbs = n;
+        break;
+    }
+    case PROTO_ERROR:
+        m->error.code = DL_EPROTO; m->error.ref_type = PROTO_MICRO_BATCH;
+        strcpy(m->error.message, "micro_batch.seq_lens: sum 12 != tokens length 13");
+        break;
+    }
+}
+
+/* Encodes m into a fresh exact-size heap buffer (so ASan sees any over-read). */
+static inline uint8_t *encode_heap(const proto_msg_t *m, size_t *len) {
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    int rc = proto_encode(m, &sb);
+    if (rc) fail_msg("encode %s: %s", proto_type_name(m->type), dl_errmsg());
+    uint8_t *p = malloc(sb.size);
+    assert_non_null(p);
+    memcpy(p, sb.data, sb.size);
+    *len = sb.size;
+    msgpack_sbuffer_destroy(&sb);
+    return p;
+}
+
+#endif
