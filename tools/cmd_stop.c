@@ -48,14 +48,12 @@ int cmd_stop(int argc, char **argv) {
         } else return 2;
     }
     if (!dir) { cli_error("draftline stop", "--run DIR is required"); return 2; }
-    rundir_run_t *run = malloc(sizeof *run);
-    int rc = run ? rundir_run_read(dir, run) : DL_ENOMEM;
-    pid_t pid = rc == 0 ? (pid_t)run->supervisor_pid : -1;
-    free(run);
-    if (rc < 0 || pid == -1) {      /* -1: no supervisor_pid key */
+    int spid = 0;
+    if (rundir_run_supervisor_pid(dir, &spid) < 0) {
         fprintf(stderr, "draftline stop: %s/%s: missing or malformed\n", dir, RUNDIR_RUN_JSON);
         return 1;
     }
+    pid_t pid = (pid_t)spid;
     if (!is_supervisor(pid)) {
         printf("run %s is not running (no supervisor at pid %d)\n", dir, (int)pid);
         return 0;

@@ -121,6 +121,12 @@ int rundir_run_read(const char *dir, rundir_run_t *r);
  * errors (e.g. the path). */
 int rundir_run_parse(const char *text, size_t len, const char *what, rundir_run_t *r);
 
+/* supervisor_pid of <dir>/run.json into *pid (0 on error). Returns 0; DL_ENOENT when
+ * the file is missing or has no supervisor_pid (detail "<path>: no supervisor_pid");
+ * rundir_run_read's errors otherwise. Whether that pid is still the supervisor is the
+ * caller's question (/proc, tools/supervisor.h sup_pid_is_supervisor). */
+int rundir_run_supervisor_pid(const char *dir, int *pid);
+
 /* The run.json stage named `name`, or NULL. */
 const rundir_stage_t *rundir_run_stage(const rundir_run_t *r, const char *name);
 

@@ -320,3 +320,14 @@ int rundir_run_read(const char *dir, rundir_run_t *r) {
     free(buf);
     return rc;
 }
+
+int rundir_run_supervisor_pid(const char *dir, int *pid) {
+    *pid = 0;
+    rundir_run_t *r = malloc(sizeof *r);
+    if (!r) return dl_seterr(DL_ENOMEM, "run.json: out of memory");
+    int rc = rundir_run_read(dir, r);
+    if (rc == 0 && r->supervisor_pid == -1) rc = dl_seterr(DL_ENOENT, "%s/%s: no supervisor_pid", dir, RUNDIR_RUN_JSON);
+    if (rc == 0) *pid = r->supervisor_pid;
+    free(r);
+    return rc;
+}

@@ -211,6 +211,9 @@ static void test_run_json_errors(void **state) {
     (void)state;
     rundir_run_t *r = malloc(sizeof *r);
     assert_int_equal(rundir_run_read(tmpdir, r), DL_ENOENT);
+    int spid = 5;
+    assert_int_equal(rundir_run_supervisor_pid(tmpdir, &spid), DL_ENOENT);
+    assert_int_equal(spid, 0);
     const char *partial = "{\"device\": \"cpu\", \"targets\": 2, \"drafters\": 2, \"max_steps\": 100}\n";
     write_in(tmpdir, RUNDIR_RUN_JSON, partial, strlen(partial));
     assert_int_equal(rundir_run_read(tmpdir, r), 0);
@@ -221,6 +224,11 @@ static void test_run_json_errors(void **state) {
     assert_int_equal(r->deterministic, -1);
     assert_int_equal(r->n_stages, 0);
     assert_string_equal(r->state, "");
+    assert_int_equal(rundir_run_supervisor_pid(tmpdir, &spid), DL_ENOENT);
+    assert_non_null(strstr(dl_errmsg(), "no supervisor_pid"));
+    write_in(tmpdir, RUNDIR_RUN_JSON, REF_RUN_JSON, strlen(REF_RUN_JSON));
+    assert_int_equal(rundir_run_supervisor_pid(tmpdir, &spid), 0);
+    assert_int_equal(spid, 12752);
     /* every prefix of the reference text is malformed (only the whole is an object) */
     size_t n = strlen(REF_RUN_JSON);
     for (size_t k = 0; k + 2 < n; k += 7) {
