@@ -45,6 +45,7 @@
 #include "common/pipe/model.h"
 #include "common/pipe/peers.h"
 #include "common/pipe/stage.h"
+#include "common/rundir/rundir.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -98,7 +99,7 @@ typedef struct {
      * (--token-budget etc.; 0 token budget: not given, nothing recorded) */
     uint32_t rec_tb, rec_ml, rec_na, rec_ep, rec_bs, rec_dl;
     uint64_t rec_tfp;
-    FILE *steps_log;
+    rundir_steps_t *steps_log;     /* <out>/steps.jsonl */
     double t_step0;
     double last_loss, last_gnorm, last_lr;
     char last_ckpt_dir[4200];
@@ -309,14 +310,9 @@ static void apply_step(opt_t *O) {
     stage_metric(&mm.metrics, "acc_mean", n_acc > 1 ? accm / (n_acc - 1) : 0);
     stage_send(O->st.sup, NULL, &mm);
     if (O->steps_log) {
-        char ls[32], gs[32]; /* JSON has no NaN: null */
-        snprintf(ls, sizeof ls, isfinite(loss) ? "%.9g" : "null", loss);
-        snprintf(gs, sizeof gs, isfinite(gnorm) ? "%.9g" : "null", gnorm);
-        fprintf(O->steps_log, "{\"step\":%llu,\"loss\":%s,\"grad_norm\":%s,\"lr\":%.9g,\"tokens\":%llu,"
-                "\"skipped\":%d,\"acc_mean\":%.6f,\"t\":%.3f}\n", (unsigned long long)applied, ls, gs,
-                lr, (unsigned long long)O->tokens, skip, n_acc > 1 ? accm / (n_acc - 1) : 0.0,
-                now - O->t_step0);
-        fflush(O->steps_log);
+        rundir_step_t sl = {applied, loss, gnorm, lr, O->tokens, skip, n_acc > 1 ? accm / (n_acc - 1) : 0.0,
+                            now - O->t_step0};
+        rundir_steps_append(O->steps_log, &sl);
     }
     log_info("step %llu applied: loss %.4f, |g| %.3g, lr %.3g, %llu tokens", (unsigned long long)applied,
              loss, gnorm, lr, (unsigned long long)toks);
@@ -408,37 +404,6 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
         log_warn("unexpected %s from %s", proto_type_name(m.type), peer);
     }
     proto_msg_free(&m);
-}
-
-/* A resumed optimizer (an operator's --resume, or the supervisor restarting a dead
- * optimizer from its last checkpoint) undoes every step from `step` on: their lines
- * leave steps.jsonl (rewritten to a .tmp and renamed), so the log is the ledger of
- * the weights' actual history, each step once. Lines that do not parse are kept. */
-static void steps_log_rewind(const char *path, uint64_t step) {
-    FILE *in = fopen(path, "r");
-    if (!in) return;
-    char tmp[4300];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *out = fopen(tmp, "w");
-    if (!out) { fclose(in); return; }
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    uint64_t dropped = 0;
-    while ((n = getline(&line, &cap, in)) > 0) {
-        unsigned long long s;
-        if (line[n - 1] != '\n') { dropped++; continue; }  /* torn last line of a killed writer */
-        if (sscanf(line, "{\"step\":%llu", &s) == 1 && s >= step) { dropped++; continue; }
-        fputs(line, out);
-    }
-    free(line);
-    fclose(in);
-    if (fclose(out) == 0 && rename(tmp, path) == 0) {
-        if (dropped) log_info("steps.jsonl: %llu line(s) of undone steps (>= %llu) removed",
-                              (unsigned long long)dropped, (unsigned long long)step);
-    } else {
-        unlink(tmp);
-    }
 }
 
 static void on_dead(bus_t *bus, const char *peer, uint64_t silent_ms, void *arg) {
@@ -710,10 +675,8 @@ int main(int argc, char **argv) {
         snprintf(O.resume_dir, sizeof O.resume_dir, "%s", dir);
         log_info("resumed from %s at step %llu", dir, (unsigned long long)O.step);
     }
-    char path[4200];
-    snprintf(path, sizeof path, "%s/steps.jsonl", O.out);
-    if (resume || inc > 1) steps_log_rewind(path, O.step);
-    O.steps_log = fopen(path, "a");
+    /* a resumed optimizer undoes every step from O.step on: their lines leave steps.jsonl */
+    O.steps_log = rundir_steps_open(O.out, resume || inc > 1 ? (int64_t)O.step : -1);
     rc = stage_init(&O.st, PROTO_ROLE_OPTIMIZER, PIPE_ID_OPTIMIZER, (uint64_t)inc, "optimizer", run_dir, run_id);
     if (rc < 0) return log_rc(rc, "stage init"), 1;
     if (opt_state_init(&O, run_id, inc) < 0) return 1;
@@ -734,7 +697,7 @@ int main(int argc, char **argv) {
              (unsigned long long)O.max_steps, (unsigned long long)O.K);
     stage_run(&O.st);
     opt_fini(&O);
-    if (O.steps_log) fclose(O.steps_log);
+    rundir_steps_close(&O.steps_log);
     log_info("stopped at step %llu (%llu duplicates, %llu stale contributions dropped)",
              (unsigned long long)O.step, (unsigned long long)O.dup_dropped, (unsigned long long)O.stale_dropped);
     return 0;

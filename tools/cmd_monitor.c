@@ -15,6 +15,7 @@
 #include "common/monitor/prom.h"
 #include "common/monitor/report.h"
 #include "common/monitor/run.h"
+#include "common/rundir/rundir.h"
 
 #include <getopt.h>
 #include <math.h>
@@ -278,9 +279,9 @@ int cmd_monitor(int argc, char **argv) {
     }
     if (C.a.once) { /* a snapshot of nothing is a wrong --run, not an empty table */
         char p1[4200], p2[4200];
-        snprintf(p1, sizeof p1, "%s/run.json", C.a.dir);
-        snprintf(p2, sizeof p2, "%s/metrics.jsonl", C.a.dir);
-        if (access(p1, F_OK) != 0 && access(p2, F_OK) != 0) {
+        if (rundir_path(p1, sizeof p1, C.a.dir, RUNDIR_RUN_JSON) < 0 ||
+            rundir_path(p2, sizeof p2, C.a.dir, RUNDIR_METRICS) < 0 ||
+            (access(p1, F_OK) != 0 && access(p2, F_OK) != 0)) {
             fprintf(stderr, "monitor: %s: not a draftline run dir (no run.json / metrics.jsonl)\n", C.a.dir);
             return 1;
         }

@@ -16,6 +16,7 @@
 #include "common/base/cli.h"
 #include "common/base/clock.h"
 #include "common/base/err.h"
+#include "common/rundir/rundir.h"
 #include "common/pipe/rbplan.h"
 #include "tools/commands.h"
 #include "supervisor/supervisor.h"
@@ -104,7 +105,8 @@ int cmd_rebalance(int argc, char **argv) {
     }
     {
         int spid = 0;
-        int live = sup_run_live(dir, &spid);
+        int live = rundir_run_supervisor_pid(dir, &spid);
+        if (live == 0) live = sup_pid_is_supervisor(spid);
         if (live < 0) { fprintf(stderr, "draftline rebalance: %s (is %s a run dir?)\n", dl_errmsg(), dir); return 1; }
         if (!live) {
             fprintf(stderr, "draftline rebalance: run %s is not running (no supervisor at pid %d): nothing to "

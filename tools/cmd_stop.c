@@ -4,9 +4,9 @@
  * is checked against /proc/<pid>/cmdline ("draftline" "run") before signalling. */
 #include "common/base/cli.h"
 #include "common/base/err.h"
+#include "common/rundir/rundir.h"
 #include "tools/commands.h"
 
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
@@ -48,22 +48,12 @@ int cmd_stop(int argc, char **argv) {
         } else return 2;
     }
     if (!dir) { cli_error("draftline stop", "--run DIR is required"); return 2; }
-    char p[4200];
-    snprintf(p, sizeof p, "%s/run.json", dir);
-    FILE *f = fopen(p, "rb");
-    char txt[1 << 16];
-    size_t n = f ? fread(txt, 1, sizeof txt - 1, f) : 0;
-    if (f) fclose(f);
-    txt[n] = 0;
-    cJSON *j = cJSON_Parse(txt);
-    const cJSON *pj = j ? cJSON_GetObjectItemCaseSensitive(j, "supervisor_pid") : NULL;
-    if (!cJSON_IsNumber(pj)) {
-        fprintf(stderr, "draftline stop: %s: missing or malformed\n", p);
-        cJSON_Delete(j);
+    int spid = 0;
+    if (rundir_run_supervisor_pid(dir, &spid) < 0) {
+        fprintf(stderr, "draftline stop: %s/%s: missing or malformed\n", dir, RUNDIR_RUN_JSON);
         return 1;
     }
-    pid_t pid = (pid_t)pj->valueint;
-    cJSON_Delete(j);
+    pid_t pid = (pid_t)spid;
     if (!is_supervisor(pid)) {
         printf("run %s is not running (no supervisor at pid %d)\n", dir, (int)pid);
         return 0;

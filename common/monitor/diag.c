@@ -1,8 +1,8 @@
 /* Stall diagnosis and bottleneck analysis (see diag.h). */
 #include "common/monitor/diag.h"
+#include "common/rundir/rundir.h"
 #include "common/base/err.h"
 
-#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -177,64 +177,47 @@ static void max_steps_from_log(const char *dir, mon_topo_t *t) {
     fclose(f);
 }
 
+/* The run.json fields the suggestion needs; absent ones leave *t as it is. */
+static void topo_from_runjson(const rundir_run_t *r, mon_topo_t *t) {
+    if (r->device[0]) t->gpu_mode = strcmp(r->device, "cpu") != 0;
+    if (r->targets >= 0) t->n_targets = r->targets;
+    if (r->drafters >= 0) t->n_drafters = r->drafters;
+    if (r->max_steps > 0) t->max_steps = (uint64_t)r->max_steps;
+    if (r->n_target_gpus) {
+        memcpy(t->target_gpus, r->target_gpus, sizeof(int) * (size_t)r->n_target_gpus);
+        t->n_target_gpus = r->n_target_gpus;
+        t->gpu_mode = 1;
+    }
+    if (r->n_drafter_gpus) {
+        memcpy(t->drafter_gpus, r->drafter_gpus, sizeof(int) * (size_t)r->n_drafter_gpus);
+        t->n_drafter_gpus = r->n_drafter_gpus;
+        t->gpu_mode = 1;
+    }
+    if (r->state[0]) snprintf(t->run_state, sizeof t->run_state, "%s", r->state);
+    if (r->n_stages) t->n_stages = 0;
+    for (int i = 0; i < r->n_stages && t->n_stages < MON_MAX_STAGES; i++) {
+        const rundir_stage_t *e = &r->stages[i];
+        if (!e->name[0]) continue;
+        mon_topo_stage_t *x = &t->stages[t->n_stages++];
+        memset(x, 0, sizeof *x);
+        snprintf(x->name, sizeof x->name, "%s", e->name);
+        x->stage_id = e->stage_id;
+        x->incarnation = e->incarnation > 0 ? (uint64_t)e->incarnation : 0;
+        snprintf(x->process, sizeof x->process, "%s", e->process);
+    }
+}
+
 int mon_topo_read(const char *dir, mon_topo_t *t) {
-    char p[4200];
-    snprintf(p, sizeof p, "%s/run.json", dir);
-    FILE *f = fopen(p, "rb");
-    if (!f) {
+    rundir_run_t *r = malloc(sizeof *r);
+    if (!r) return dl_seterr(DL_ENOMEM, "monitor: out of memory");
+    int rc = rundir_run_read(dir, r);
+    if (rc == 0) topo_from_runjson(r, t);
+    free(r);
+    if (rc == DL_ENOENT || rc == DL_EIO || rc == 0) {   /* unreadable: as if absent */
         if (!t->max_steps) max_steps_from_log(dir, t);
-        return dl_seterr(DL_ENOENT, "%s: not found", p);
+        return rc ? DL_ENOENT : 0;
     }
-    char buf[65536];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    cJSON *o = cJSON_Parse(buf);
-    if (!cJSON_IsObject(o)) { cJSON_Delete(o); return dl_seterr(DL_EFORMAT, "%s: not a JSON object", p); }
-    const cJSON *c;
-    if (cJSON_IsString(c = cJSON_GetObjectItemCaseSensitive(o, "device")))
-        t->gpu_mode = strcmp(c->valuestring, "cpu") != 0;
-    if (cJSON_IsNumber(c = cJSON_GetObjectItemCaseSensitive(o, "targets"))) t->n_targets = c->valueint;
-    if (cJSON_IsNumber(c = cJSON_GetObjectItemCaseSensitive(o, "drafters"))) t->n_drafters = c->valueint;
-    if (cJSON_IsNumber(c = cJSON_GetObjectItemCaseSensitive(o, "max_steps")) && c->valuedouble > 0)
-        t->max_steps = (uint64_t)c->valuedouble;
-    const char *keys[2] = {"target_gpus", "drafter_gpus"};
-    int *lists[2] = {t->target_gpus, t->drafter_gpus};
-    int *counts[2] = {&t->n_target_gpus, &t->n_drafter_gpus};
-    for (int k = 0; k < 2; k++) {
-        c = cJSON_GetObjectItemCaseSensitive(o, keys[k]);
-        if (!cJSON_IsArray(c)) continue;
-        int m = 0;
-        const cJSON *e;
-        cJSON_ArrayForEach(e, c) if (cJSON_IsNumber(e) && m < 64) lists[k][m++] = e->valueint;
-        *counts[k] = m;
-        if (m) t->gpu_mode = 1;
-    }
-    if (cJSON_IsString(c = cJSON_GetObjectItemCaseSensitive(o, "state")))
-        snprintf(t->run_state, sizeof t->run_state, "%s", c->valuestring);
-    c = cJSON_GetObjectItemCaseSensitive(o, "stages");
-    if (cJSON_IsArray(c)) {
-        const cJSON *e;
-        t->n_stages = 0;
-        cJSON_ArrayForEach(e, c) {
-            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
-            const cJSON *id = cJSON_GetObjectItemCaseSensitive(e, "stage_id");
-            const cJSON *inc = cJSON_GetObjectItemCaseSensitive(e, "incarnation");
-            const cJSON *pr = cJSON_GetObjectItemCaseSensitive(e, "process");
-            if (!cJSON_IsString(nm) || !*nm->valuestring || strlen(nm->valuestring) >= MON_STAGE_NAME_MAX ||
-                t->n_stages >= MON_MAX_STAGES)
-                continue;
-            mon_topo_stage_t *x = &t->stages[t->n_stages++];
-            memset(x, 0, sizeof *x);
-            snprintf(x->name, sizeof x->name, "%s", nm->valuestring);
-            x->stage_id = cJSON_IsNumber(id) && id->valuedouble >= 0 ? (uint32_t)id->valuedouble : 0;
-            x->incarnation = cJSON_IsNumber(inc) && inc->valuedouble >= 0 ? (uint64_t)inc->valuedouble : 0;
-            if (cJSON_IsString(pr)) snprintf(x->process, sizeof x->process, "%s", pr->valuestring);
-        }
-    }
-    cJSON_Delete(o);
-    if (!t->max_steps) max_steps_from_log(dir, t);
-    return 0;
+    return DL_EFORMAT;      /* detail: rundir_run_read's (file and key) */
 }
 
 const mon_topo_stage_t *mon_topo_stage(const mon_topo_t *t, const char *name) {

@@ -81,7 +81,7 @@ void mon_stage_view(const mon_stage_t *s, double now, double window_s, mon_stage
 /* The diagnosis of one stage (rules above). Pure. */
 void mon_diagnose(const mon_stage_view_t *v, const mon_diag_opts_t *o, mon_diag_t *out);
 
-/* One stage of run.json's "stages" list (tools/supervisor.c write_run_json). */
+/* One stage of run.json's "stages" list (common/rundir/rundir.h). */
 typedef struct {
     char name[MON_STAGE_NAME_MAX];
     uint32_t stage_id;
@@ -107,9 +107,10 @@ typedef struct {
 /* The run.json entry of stage `name`, or NULL (no run.json stages, or not listed). */
 const mon_topo_stage_t *mon_topo_stage(const mon_topo_t *t, const char *name);
 
-/* Reads <dir>/run.json into *t (fields it lacks are left as they are); when that gives
- * no max_steps, takes it from the optimizer's "step S of M" line in
- * <dir>/logs/optimizer.log. Returns 0, DL_ENOENT (no run.json) or DL_EFORMAT. */
+/* Reads <dir>/run.json (rundir_run_read) into *t (fields it lacks are left as they
+ * are); when that gives no max_steps, takes it from the optimizer's "step S of M" line
+ * in <dir>/logs/optimizer.log. Returns 0, DL_ENOENT (no run.json), DL_EFORMAT
+ * (malformed: the detail names the file and key) or DL_ENOMEM. */
 int mon_topo_read(const char *dir, mon_topo_t *t);
 /* Counts targets/drafters from the stages of a run (when run.json gave none). */
 void mon_topo_from_run(const mon_run_t *run, mon_topo_t *t);

@@ -2,8 +2,8 @@
 #include "common/monitor/run.h"
 #include "common/base/err.h"
 #include "common/monitor/tail.h"
+#include "common/rundir/rundir.h"
 
-#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,9 +44,9 @@ mon_run_t *mon_run_open(const char *dir) {
     if (!run) { dl_seterr(DL_ENOMEM, "monitor: out of memory"); return NULL; }
     snprintf(run->dir, sizeof run->dir, "%s", dir);
     char p[4200];
-    snprintf(p, sizeof p, "%s/metrics.jsonl", dir);
+    rundir_path(p, sizeof p, dir, RUNDIR_METRICS);    /* fits: dir checked above */
     run->tail_metrics = mon_tail_new(p);
-    snprintf(p, sizeof p, "%s/steps.jsonl", dir);
+    rundir_path(p, sizeof p, dir, RUNDIR_STEPS);
     run->tail_steps = mon_tail_new(p);
     if (!run->tail_metrics || !run->tail_steps) {
         mon_run_destroy(&run);
@@ -240,63 +240,37 @@ int mon_run_ingest_metrics_line(mon_run_t *run, const char *line, size_t len) {
     run->lines++;
     while (len && (line[len - 1] == ' ' || line[len - 1] == '\t')) len--;
     if (!len) { run->lines--; return 0; }          /* blank line */
-    cJSON *o = cJSON_ParseWithLength(line, len);
-    if (!o || !cJSON_IsObject(o)) { cJSON_Delete(o); return bad(run, "metrics line is not a JSON object"); }
-    const cJSON *ts = cJSON_GetObjectItemCaseSensitive(o, "ts");
-    const cJSON *stage = cJSON_GetObjectItemCaseSensitive(o, "stage");
-    const cJSON *id = cJSON_GetObjectItemCaseSensitive(o, "stage_id");
-    const cJSON *inc = cJSON_GetObjectItemCaseSensitive(o, "incarnation");
-    const cJSON *state = cJSON_GetObjectItemCaseSensitive(o, "state");
-    if (!cJSON_IsNumber(ts) || !cJSON_IsString(stage) || !cJSON_IsString(state)) {
-        cJSON_Delete(o);
-        return bad(run, "metrics line without ts/stage/state");
+    rundir_metrics_rec_t x;
+    char why[sizeof run->last_error];
+    if (rundir_metrics_parse_line(line, len, &x) < 0) {
+        snprintf(why, sizeof why, "%s", dl_errmsg());
+        rundir_metrics_rec_free(&x);
+        return bad(run, why);
     }
-    const char *names[MON_MAX_METRICS];
-    double values[MON_MAX_METRICS];
-    int n = 0;
-    for (const cJSON *c = o->child; c && n < MON_MAX_METRICS; c = c->next) {
-        if (!c->string || c == ts || c == stage || c == id || c == inc || c == state) continue;
-        if (cJSON_IsNumber(c)) values[n] = c->valuedouble;
-        else if (cJSON_IsNull(c)) values[n] = NAN;
-        else continue;                              /* strings etc.: not a metric */
-        names[n++] = c->string;
-    }
-    uint32_t sid = cJSON_IsNumber(id) && id->valuedouble >= 0 ? (uint32_t)id->valuedouble : 0;
-    uint64_t incv = cJSON_IsNumber(inc) && inc->valuedouble >= 0 ? (uint64_t)inc->valuedouble : 1;
-    int rc = mon_run_ingest_metrics(run, ts->valuedouble, stage->valuestring, sid, incv,
-                                    state->valuestring, names, values, n);
-    cJSON_Delete(o);
+    int rc = mon_run_ingest_metrics(run, x.ts, x.stage, x.stage_id, x.incarnation, x.state, x.names,
+                                    x.values, x.n);
+    rundir_metrics_rec_free(&x);
     if (rc < 0) return bad(run, dl_errmsg());
     return 0;
-}
-
-static double num(const cJSON *o, const char *k) {
-    const cJSON *c = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsNumber(c) ? c->valuedouble : NAN;
 }
 
 int mon_run_ingest_steps_line(mon_run_t *run, const char *line, size_t len) {
     run->lines++;
     while (len && (line[len - 1] == ' ' || line[len - 1] == '\t')) len--;
     if (!len) { run->lines--; return 0; }
-    cJSON *o = cJSON_ParseWithLength(line, len);
-    if (!o || !cJSON_IsObject(o)) { cJSON_Delete(o); return bad(run, "steps line is not a JSON object"); }
-    mon_step_t *s = step_slot(run, num(o, "step"));
-    if (!s) { cJSON_Delete(o); return bad(run, "steps line without a valid step"); }
+    rundir_step_rec_t x;
+    if (rundir_steps_parse_line(line, len, &x) < 0) return bad(run, "steps line is not a JSON object");
+    mon_step_t *s = step_slot(run, x.step);
+    if (!s) return bad(run, "steps line without a valid step");
     s->have |= 1;
-    double v;
-    if (!isnan(v = num(o, "loss"))) s->loss = v;
-    if (!isnan(v = num(o, "grad_norm"))) s->grad_norm = v;
-    if (!isnan(v = num(o, "lr"))) s->lr = v;
-    if (!isnan(v = num(o, "tokens"))) s->tokens = v;
-    if (!isnan(v = num(o, "acc_mean"))) s->acc_mean = v;
-    if (!isnan(v = num(o, "t"))) s->t = v;
-    if (!isnan(v = num(o, "skipped"))) s->skipped = v != 0;
-    char k[16];
-    for (int pos = 1; pos < MON_MAX_ACC; pos++) {   /* per-position accuracies if present */
-        snprintf(k, sizeof k, "acc_%d", pos);
-        if (!isnan(v = num(o, k))) { s->acc[pos] = v; if (pos + 1 > s->n_acc) s->n_acc = pos + 1; }
-    }
-    cJSON_Delete(o);
+    if (!isnan(x.loss)) s->loss = x.loss;
+    if (!isnan(x.grad_norm)) s->grad_norm = x.grad_norm;
+    if (!isnan(x.lr)) s->lr = x.lr;
+    if (!isnan(x.tokens)) s->tokens = x.tokens;
+    if (!isnan(x.acc_mean)) s->acc_mean = x.acc_mean;
+    if (!isnan(x.t)) s->t = x.t;
+    if (!isnan(x.skipped)) s->skipped = x.skipped != 0;
+    for (int pos = 1; pos < MON_MAX_ACC && pos < RUNDIR_MAX_ACC; pos++)   /* per-position accuracies if present */
+        if (!isnan(x.acc[pos])) { s->acc[pos] = x.acc[pos]; if (pos + 1 > s->n_acc) s->n_acc = pos + 1; }
     return 0;
 }

@@ -4,7 +4,7 @@
  * <run>/steps.jsonl (one object per applied step). `draftline monitor`, `draftline
  * plot` and the Prometheus renderer all read a mon_run_t.
  *
- * metrics.jsonl line (tools/supervisor.c on_metrics):
+ * metrics.jsonl line (common/rundir/rundir.h, written by the supervisor):
  *   {"ts": wall s, "stage": "drafter0", "stage_id": 100, "incarnation": 1,
  *    "state": "idle|running|blocked|starting|draining|stopping|step",
  *    "<metric>": number | null, ...}
@@ -12,7 +12,7 @@
  * step_s) are cumulative seconds since the stage's incarnation started
  * (common/pipe/stage.h); since_progress_s is seconds since the stage last made
  * progress, at ts.
- * steps.jsonl line (optimizer/optimizer.c):
+ * steps.jsonl line (common/rundir/rundir.h, written by the optimizer):
  *   {"step":k,"loss":x,"grad_norm":x,"lr":x,"tokens":cumulative,"skipped":0|1,
  *    "acc_mean":x,"t":seconds since the optimizer's first step}
  *
