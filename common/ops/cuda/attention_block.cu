@@ -35,6 +35,143 @@
 // Task of warp w in block (j, hk, z): task = z*AB_WARPS + w -> (hg, qc), query
 // head h = hk*group + hg, query rows j*B + qc*16 + r (valid while qc*16 + r < B).
 // K/V tiles are double-buffered (cp.async prefetch of the next tile).
+//
+// The phases of one warp's tile step are the helpers below (force-inlined: the
+// kernel compiles as one body). Fragments are per-thread registers in
+// the mma.sync C/A layouts (attention_common.cuh); shared tiles are (rows x LD)
+// bf16, LD = HDP + 8.
+
+// S = Q K^T for a 16-query x 64-key tile: sc[AB_BN/8][4] (f32 C fragments, raw, unscaled),
+// from Q fragments qf (forward, already in registers) or Qw (backward, 16 x LD shared rows)
+// and the K tile Ks (AB_BN x LD shared rows).
+template <int HDP, bool BWD>
+__device__ __forceinline__ void ab_q_scores(float (*sc)[4], const uint32_t (*qf)[4],
+                                            const bf16 *Qw, const bf16 *Ks, int lane) {
+    constexpr int LD = HDP + 8;
+#pragma unroll
+    for (int nt = 0; nt < AB_BN / 8; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < HDP / 16; kk++) {
+        uint32_t a[4];
+        if (BWD) ldsm_a<LD>(a, Qw, 0, kk * 16, lane);
+#pragma unroll
+        for (int nt = 0; nt < AB_BN / 8; nt += 2) {
+            uint32_t b0[2], b1[2];
+            ldsm_b_nk<LD>(b0, b1, Ks, nt * 8, kk * 16, lane);
+            mma_bf16_16816(sc[nt], BWD ? a : qf[BWD ? 0 : kk], b0);
+            mma_bf16_16816(sc[nt + 1], BWD ? a : qf[BWD ? 0 : kk], b1);
+        }
+    }
+}
+
+// Forward step on one tile: online softmax of sc (keys k0.., valid while < nk) into the
+// running max mrow[2] / partial sum lrow[2] (log2 units), then O acc[HDP/8][4] += P V
+// with V from Vs (AB_BN x LD shared rows). sc is left holding P.
+template <int HDP>
+__device__ __forceinline__ void ab_q_fwd_tile(float (*sc)[4], float *mrow, float *lrow,
+                                              float (*acc)[4], const bf16 *Vs, int k0, int nk,
+                                              bool need_mask, float scale_log2, int lane, int t) {
+    constexpr int LD = HDP + 8;
+    // no causal mask inside the block/context window: queries = INT_MAX
+    online_softmax_tile<AB_BN, HDP>(sc, mrow, lrow, acc, k0, INT_MAX, INT_MAX, nk,
+                                    need_mask, scale_log2, t);
+#pragma unroll
+    for (int kk = 0; kk < AB_BN / 16; kk++) {
+        uint32_t a[4];
+        c_to_a(a, sc[2 * kk], sc[2 * kk + 1]);
+#pragma unroll
+        for (int nt = 0; nt < HDP / 8; nt += 2) {
+            uint32_t b0[2], b1[2];
+            ldsm_b_kn<LD>(b0, b1, Vs, kk * 16, nt * 8, lane);
+            mma_bf16_16816(acc[nt], a, b0);
+            mma_bf16_16816(acc[nt + 1], a, b1);
+        }
+    }
+}
+
+// Backward (dQ) step on one tile: P = exp2(S*scale*log2e - lse2) (lse2[2]: rows g, g+8,
+// log2 units), dP = dO V^T (dO: dOw, 16 x LD shared rows), dS = P (dP - Dr), then
+// dQ acc[HDP/8][4] += dS K (unscaled; the caller multiplies by scale). sc is left holding dS.
+template <int HDP>
+__device__ __forceinline__ void ab_q_bwd_tile(float (*sc)[4], float (*acc)[4], const bf16 *dOw,
+                                              const bf16 *Ks, const bf16 *Vs, const float *lse2,
+                                              const float *Dr, int k0, int nk, bool need_mask,
+                                              float scale_log2, int lane, int t) {
+    constexpr int LD = HDP + 8;
+    // P = exp2(S*scale*log2e - lse*log2e), masked keys -> 0
+#pragma unroll
+    for (int nt = 0; nt < AB_BN / 8; nt++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int u = k0 + nt * 8 + 2 * t + (e & 1);
+            sc[nt][e] = (!need_mask || u < nk)
+                            ? exp2f(sc[nt][e] * scale_log2 - lse2[e >> 1]) : 0.0f;
+        }
+    }
+    float dp[AB_BN / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < AB_BN / 8; nt++) dp[nt][0] = dp[nt][1] = dp[nt][2] = dp[nt][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < HDP / 16; kk++) {
+        uint32_t a[4];
+        ldsm_a<LD>(a, dOw, 0, kk * 16, lane);
+#pragma unroll
+        for (int nt = 0; nt < AB_BN / 8; nt += 2) {
+            uint32_t b0[2], b1[2];
+            ldsm_b_nk<LD>(b0, b1, Vs, nt * 8, kk * 16, lane);
+            mma_bf16_16816(dp[nt], a, b0);
+            mma_bf16_16816(dp[nt + 1], a, b1);
+        }
+    }
+    // dS = P (dP - D), into sc
+#pragma unroll
+    for (int nt = 0; nt < AB_BN / 8; nt++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) sc[nt][e] = sc[nt][e] * (dp[nt][e] - Dr[e >> 1]);
+    }
+#pragma unroll
+    for (int kk = 0; kk < AB_BN / 16; kk++) {
+        uint32_t a[4];
+        c_to_a(a, sc[2 * kk], sc[2 * kk + 1]);
+#pragma unroll
+        for (int nt = 0; nt < HDP / 8; nt += 2) {
+            uint32_t b0[2], b1[2];
+            ldsm_b_kn<LD>(b0, b1, Ks, kk * 16, nt * 8, lane);
+            mma_bf16_16816(acc[nt], a, b0);
+            mma_bf16_16816(acc[nt + 1], a, b1);
+        }
+    }
+}
+
+// Forward write-out of an active warp: sums lrow over the quad, writes lse[row*H + h]
+// (natural log, f32; skipped when lse is NULL) and out = acc / l (bf16 rows of stride
+// qstride; skipped when out is NULL). qrow_index(r): global query row of fragment row r,
+// or -1. (The dQ write-out stays in the kernel: as a helper it changed the codegen.)
+template <int HDP, typename QRowFn>
+__device__ __forceinline__ void ab_q_write_fwd(bf16 *out, float *lse, float (*acc)[4],
+                                               const float *mrow, float *lrow, QRowFn qrow_index,
+                                               int H, int h, int hd, size_t qstride, int g, int t) {
+    lrow[0] += __shfl_xor_sync(0xffffffffu, lrow[0], 1);
+    lrow[0] += __shfl_xor_sync(0xffffffffu, lrow[0], 2);
+    lrow[1] += __shfl_xor_sync(0xffffffffu, lrow[1], 1);
+    lrow[1] += __shfl_xor_sync(0xffffffffu, lrow[1], 2);
+    if (lse && t == 0) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            long row = qrow_index(g + 8 * i);
+            if (row >= 0) lse[row * H + h] = (mrow[i] + log2f(lrow[i])) * ATTN_LN2;
+        }
+    }
+    if (out) {
+        float inv0 = lrow[0] > 0.0f ? 1.0f / lrow[0] : 0.0f;
+        float inv1 = lrow[1] > 0.0f ? 1.0f / lrow[1] : 0.0f;
+        store_rows<HDP>(acc, inv0, inv1, [&](int r) -> bf16 * {
+            long row = qrow_index(r);
+            return row >= 0 ? out + row * qstride + (size_t)h * hd : nullptr;
+        }, hd, g, t);
+    }
+}
+
 template <int HDP, bool BWD>
 __global__ void __launch_bounds__(128)
 attn_block_qmajor_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout, const float *lse_in,
@@ -127,106 +264,19 @@ attn_block_qmajor_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout, cons
                     ldsm_a<LD>(qf[kk], Qw, 0, kk * 16, lane);
             }
             float sc[AB_BN / 8][4];
-#pragma unroll
-            for (int nt = 0; nt < AB_BN / 8; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
-#pragma unroll
-            for (int kk = 0; kk < HDP / 16; kk++) {
-                uint32_t a[4];
-                if (BWD) ldsm_a<LD>(a, Qw, 0, kk * 16, lane);
-#pragma unroll
-                for (int nt = 0; nt < AB_BN / 8; nt += 2) {
-                    uint32_t b0[2], b1[2];
-                    ldsm_b_nk<LD>(b0, b1, Ks, nt * 8, kk * 16, lane);
-                    mma_bf16_16816(sc[nt], BWD ? a : qf[BWD ? 0 : kk], b0);
-                    mma_bf16_16816(sc[nt + 1], BWD ? a : qf[BWD ? 0 : kk], b1);
-                }
-            }
+            ab_q_scores<HDP, BWD>(sc, qf, Qw, Ks, lane);
             const bool need_mask = k0 + AB_BN > nk;
-            if (!BWD) {
-                // no causal mask inside the block/context window: queries = INT_MAX
-                online_softmax_tile<AB_BN, HDP>(sc, mrow, lrow, acc, k0, INT_MAX, INT_MAX, nk,
-                                                need_mask, scale_log2, t);
-#pragma unroll
-                for (int kk = 0; kk < AB_BN / 16; kk++) {
-                    uint32_t a[4];
-                    c_to_a(a, sc[2 * kk], sc[2 * kk + 1]);
-#pragma unroll
-                    for (int nt = 0; nt < HDP / 8; nt += 2) {
-                        uint32_t b0[2], b1[2];
-                        ldsm_b_kn<LD>(b0, b1, Vs, kk * 16, nt * 8, lane);
-                        mma_bf16_16816(acc[nt], a, b0);
-                        mma_bf16_16816(acc[nt + 1], a, b1);
-                    }
-                }
-            } else {
-                // P = exp2(S*scale*log2e - lse*log2e), masked keys -> 0
-#pragma unroll
-                for (int nt = 0; nt < AB_BN / 8; nt++) {
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        int u = k0 + nt * 8 + 2 * t + (e & 1);
-                        sc[nt][e] = (!need_mask || u < nk)
-                                        ? exp2f(sc[nt][e] * scale_log2 - lse2[e >> 1]) : 0.0f;
-                    }
-                }
-                float dp[AB_BN / 8][4];
-#pragma unroll
-                for (int nt = 0; nt < AB_BN / 8; nt++) dp[nt][0] = dp[nt][1] = dp[nt][2] = dp[nt][3] = 0.0f;
-#pragma unroll
-                for (int kk = 0; kk < HDP / 16; kk++) {
-                    uint32_t a[4];
-                    ldsm_a<LD>(a, dOw, 0, kk * 16, lane);
-#pragma unroll
-                    for (int nt = 0; nt < AB_BN / 8; nt += 2) {
-                        uint32_t b0[2], b1[2];
-                        ldsm_b_nk<LD>(b0, b1, Vs, nt * 8, kk * 16, lane);
-                        mma_bf16_16816(dp[nt], a, b0);
-                        mma_bf16_16816(dp[nt + 1], a, b1);
-                    }
-                }
-                // dS = P (dP - D), into sc
-#pragma unroll
-                for (int nt = 0; nt < AB_BN / 8; nt++) {
-#pragma unroll
-                    for (int e = 0; e < 4; e++) sc[nt][e] = sc[nt][e] * (dp[nt][e] - Dr[e >> 1]);
-                }
-#pragma unroll
-                for (int kk = 0; kk < AB_BN / 16; kk++) {
-                    uint32_t a[4];
-                    c_to_a(a, sc[2 * kk], sc[2 * kk + 1]);
-#pragma unroll
-                    for (int nt = 0; nt < HDP / 8; nt += 2) {
-                        uint32_t b0[2], b1[2];
-                        ldsm_b_kn<LD>(b0, b1, Ks, kk * 16, nt * 8, lane);
-                        mma_bf16_16816(acc[nt], a, b0);
-                        mma_bf16_16816(acc[nt + 1], a, b1);
-                    }
-                }
-            }
+            if (!BWD)
+                ab_q_fwd_tile<HDP>(sc, mrow, lrow, acc, Vs, k0, nk, need_mask, scale_log2, lane, t);
+            else
+                ab_q_bwd_tile<HDP>(sc, acc, dOw, Ks, Vs, lse2, Dr, k0, nk, need_mask, scale_log2,
+                                   lane, t);
         }
         __syncthreads();  // this stage is refilled two iterations on
     }
     if (!active) return;
     if (!BWD) {
-        lrow[0] += __shfl_xor_sync(0xffffffffu, lrow[0], 1);
-        lrow[0] += __shfl_xor_sync(0xffffffffu, lrow[0], 2);
-        lrow[1] += __shfl_xor_sync(0xffffffffu, lrow[1], 1);
-        lrow[1] += __shfl_xor_sync(0xffffffffu, lrow[1], 2);
-        if (lse && t == 0) {
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                long row = qrow_index(g + 8 * i);
-                if (row >= 0) lse[row * H + h] = (mrow[i] + log2f(lrow[i])) * ATTN_LN2;
-            }
-        }
-        if (out) {
-            float inv0 = lrow[0] > 0.0f ? 1.0f / lrow[0] : 0.0f;
-            float inv1 = lrow[1] > 0.0f ? 1.0f / lrow[1] : 0.0f;
-            store_rows<HDP>(acc, inv0, inv1, [&](int r) -> bf16 * {
-                long row = qrow_index(r);
-                return row >= 0 ? out + row * qstride + (size_t)h * hd : nullptr;
-            }, hd, g, t);
-        }
+        ab_q_write_fwd<HDP>(out, lse, acc, mrow, lrow, qrow_index, H, h, hd, qstride, g, t);
     } else if (dq) {
         store_rows<HDP>(acc, scale, scale, [&](int r) -> bf16 * {
             long row = qrow_index(r);
@@ -255,6 +305,97 @@ __global__ void attn_block_dot_kernel(float *D, const bf16 *dout, const bf16 *ou
 // heads of the group); each item's Q, dO, lse and D are staged in shared memory,
 // double-buffered (the next item is fetched while the current one is used).
 #define AB_GH 4
+// The blocks that see any key of this tile, for blocks ch*128 .. ch*128+127 (context
+// tile, keys key0 .. key0+63 as context rows) or just own_j (own tile): written to
+// list[128] in ascending block order, via the per-warp counts wcount[4] (both shared);
+// returns how many. All 128 threads of the block must call it (it holds barriers).
+__device__ __forceinline__ int ab_dkv_list(int *list, int *wcount, const int32_t *ctx_start,
+                                           const int32_t *ctx_len, bool is_ctx, int ch, int Nb,
+                                           int key0, int own_j, int tid, int warp, int lane) {
+    int n_list;
+    if (is_ctx) {
+        int jj = ch * 128 + tid;
+        bool f = false;
+        if (jj < Nb) {
+            int cs = ctx_start[jj], cl = ctx_len[jj];
+            f = cl > 0 && cs < key0 + 64 && cs + cl > key0;
+        }
+        unsigned m = __ballot_sync(0xffffffffu, f);
+        __syncthreads();  // list/wcount of the previous chunk fully consumed
+        if (lane == 0) wcount[warp] = __popc(m);
+        __syncthreads();
+        int off = 0;
+        for (int w = 0; w < warp; w++) off += wcount[w];
+        if (f) list[off + __popc(m & ((1u << lane) - 1u))] = jj;
+        n_list = wcount[0] + wcount[1] + wcount[2] + wcount[3];
+        __syncthreads();
+    } else {
+        n_list = 1;
+        if (tid == 0) list[0] = own_j;
+        __syncthreads();
+    }
+    return n_list;
+}
+
+// One work item for a warp's 16 keys (rows wk0.. of the K/V tiles Ks, Vs: 64 x LD
+// shared): for each query head hl of head batch hb (hb*AB_GH + hl < group), with the
+// item's staged Q rows Qb, dO rows Ob (AB_GH*16 x LD shared) and lse (log2 units) Lb,
+// D Db (AB_GH*16 f32 shared), accumulates dV dv[HDP/8][4] += P^T dO and
+// dK dk[HDP/8][4] += dS^T Q (unscaled; the caller multiplies by scale).
+// ka / kb_ok: whether keys g / g+8 of the warp are visible to the item's block.
+template <int HDP>
+__device__ __forceinline__ void ab_dkv_item(float (*dk)[4], float (*dv)[4], const bf16 *Ks,
+                                            const bf16 *Vs, const bf16 *Qb, const bf16 *Ob,
+                                            const float *Lb, const float *Db, int hb, int group,
+                                            int wk0, bool ka, bool kb_ok, float scale_log2,
+                                            int lane, int t) {
+    constexpr int LD = HDP + 8;
+    for (int hl = 0; hl < AB_GH && hb * AB_GH + hl < group; hl++) {
+        const bf16 *Qh = Qb + hl * 16 * LD, *Oh = Ob + hl * 16 * LD;
+        // S^T (16 keys x 16 queries) = K_w Q^T; dP^T = V_w dO^T
+        float s0[4] = {0, 0, 0, 0}, s1[4] = {0, 0, 0, 0};
+        float p0[4] = {0, 0, 0, 0}, p1[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int kk = 0; kk < HDP / 16; kk++) {
+            uint32_t ak[4], av[4], b0[2], b1[2];
+            ldsm_a<LD>(ak, Ks, wk0, kk * 16, lane);
+            ldsm_a<LD>(av, Vs, wk0, kk * 16, lane);
+            ldsm_b_nk<LD>(b0, b1, Qh, 0, kk * 16, lane);
+            mma_bf16_16816(s0, ak, b0);
+            mma_bf16_16816(s1, ak, b1);
+            ldsm_b_nk<LD>(b0, b1, Oh, 0, kk * 16, lane);
+            mma_bf16_16816(p0, av, b0);
+            mma_bf16_16816(p1, av, b1);
+        }
+        // P^T and dS^T; element e: key row (e < 2 ? g : g+8), query col nt*8+2t+(e&1)
+        const float *Lh = Lb + hl * 16, *Dh = Db + hl * 16;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int qi0 = 2 * t + (e & 1), qi1 = 8 + qi0;
+            bool kv = e < 2 ? ka : kb_ok;
+            float pa = kv ? exp2f(s0[e] * scale_log2 - Lh[qi0]) : 0.0f;
+            float pb = kv ? exp2f(s1[e] * scale_log2 - Lh[qi1]) : 0.0f;
+            s0[e] = pa;
+            s1[e] = pb;
+            p0[e] = pa * (p0[e] - Dh[qi0]);
+            p1[e] = pb * (p1[e] - Dh[qi1]);
+        }
+        uint32_t ap[4], ads[4];
+        c_to_a(ap, s0, s1);
+        c_to_a(ads, p0, p1);
+#pragma unroll
+        for (int nt = 0; nt < HDP / 8; nt += 2) {
+            uint32_t b0[2], b1[2];
+            ldsm_b_kn<LD>(b0, b1, Oh, 0, nt * 8, lane);
+            mma_bf16_16816(dv[nt], ap, b0);
+            mma_bf16_16816(dv[nt + 1], ap, b1);
+            ldsm_b_kn<LD>(b0, b1, Qh, 0, nt * 8, lane);
+            mma_bf16_16816(dk[nt], ads, b0);
+            mma_bf16_16816(dk[nt + 1], ads, b1);
+        }
+    }
+}
+
 template <int HDP>
 __global__ void __launch_bounds__(128)
 attn_block_dkv_kernel(bf16 *dkb, bf16 *dvb, bf16 *dkc, bf16 *dvc, const bf16 *dout,
@@ -337,28 +478,8 @@ attn_block_dkv_kernel(bf16 *dkb, bf16 *dvb, bf16 *dkc, bf16 *dvc, const bf16 *do
     const int nchunks = is_ctx ? (Nb + 127) / 128 : 1;
     for (int ch = 0; ch < nchunks; ch++) {
         // ---- the blocks that see any key of this tile
-        int n_list;
-        if (is_ctx) {
-            int jj = ch * 128 + tid;
-            bool f = false;
-            if (jj < Nb) {
-                int cs = ctx_start[jj], cl = ctx_len[jj];
-                f = cl > 0 && cs < key0 + 64 && cs + cl > key0;
-            }
-            unsigned m = __ballot_sync(0xffffffffu, f);
-            __syncthreads();  // list/wcount of the previous chunk fully consumed
-            if (lane == 0) wcount[warp] = __popc(m);
-            __syncthreads();
-            int off = 0;
-            for (int w = 0; w < warp; w++) off += wcount[w];
-            if (f) list[off + __popc(m & ((1u << lane) - 1u))] = jj;
-            n_list = wcount[0] + wcount[1] + wcount[2] + wcount[3];
-            __syncthreads();
-        } else {
-            n_list = 1;
-            if (tid == 0) list[0] = own_j;
-            __syncthreads();
-        }
+        const int n_list = ab_dkv_list(list, wcount, ctx_start, ctx_len, is_ctx, ch, Nb, key0,
+                                       own_j, tid, warp, lane);
         const int n_items = n_list * nqc * nhb;
         if (n_items > 0) {
             issue(0, 0);
@@ -390,50 +511,8 @@ attn_block_dkv_kernel(bf16 *dkb, bf16 *dvb, bf16 *dkc, bf16 *dvc, const bf16 *do
             if (__any_sync(0xffffffffu, ka || kb_ok)) {
                 const bf16 *Qb = stQ(st), *Ob = stO(st);
                 const float *Lb = stL(st), *Db = stD(st);
-                for (int hl = 0; hl < AB_GH && hb * AB_GH + hl < group; hl++) {
-                    const bf16 *Qh = Qb + hl * 16 * LD, *Oh = Ob + hl * 16 * LD;
-                    // S^T (16 keys x 16 queries) = K_w Q^T; dP^T = V_w dO^T
-                    float s0[4] = {0, 0, 0, 0}, s1[4] = {0, 0, 0, 0};
-                    float p0[4] = {0, 0, 0, 0}, p1[4] = {0, 0, 0, 0};
-#pragma unroll
-                    for (int kk = 0; kk < HDP / 16; kk++) {
-                        uint32_t ak[4], av[4], b0[2], b1[2];
-                        ldsm_a<LD>(ak, Ks, wk0, kk * 16, lane);
-                        ldsm_a<LD>(av, Vs, wk0, kk * 16, lane);
-                        ldsm_b_nk<LD>(b0, b1, Qh, 0, kk * 16, lane);
-                        mma_bf16_16816(s0, ak, b0);
-                        mma_bf16_16816(s1, ak, b1);
-                        ldsm_b_nk<LD>(b0, b1, Oh, 0, kk * 16, lane);
-                        mma_bf16_16816(p0, av, b0);
-                        mma_bf16_16816(p1, av, b1);
-                    }
-                    // P^T and dS^T; element e: key row (e < 2 ? g : g+8), query col nt*8+2t+(e&1)
-                    const float *Lh = Lb + hl * 16, *Dh = Db + hl * 16;
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        int qi0 = 2 * t + (e & 1), qi1 = 8 + qi0;
-                        bool kv = e < 2 ? ka : kb_ok;
-                        float pa = kv ? exp2f(s0[e] * scale_log2 - Lh[qi0]) : 0.0f;
-                        float pb = kv ? exp2f(s1[e] * scale_log2 - Lh[qi1]) : 0.0f;
-                        s0[e] = pa;
-                        s1[e] = pb;
-                        p0[e] = pa * (p0[e] - Dh[qi0]);
-                        p1[e] = pb * (p1[e] - Dh[qi1]);
-                    }
-                    uint32_t ap[4], ads[4];
-                    c_to_a(ap, s0, s1);
-                    c_to_a(ads, p0, p1);
-#pragma unroll
-                    for (int nt = 0; nt < HDP / 8; nt += 2) {
-                        uint32_t b0[2], b1[2];
-                        ldsm_b_kn<LD>(b0, b1, Oh, 0, nt * 8, lane);
-                        mma_bf16_16816(dv[nt], ap, b0);
-                        mma_bf16_16816(dv[nt + 1], ap, b1);
-                        ldsm_b_kn<LD>(b0, b1, Qh, 0, nt * 8, lane);
-                        mma_bf16_16816(dk[nt], ads, b0);
-                        mma_bf16_16816(dk[nt + 1], ads, b1);
-                    }
-                }
+                ab_dkv_item<HDP>(dk, dv, Ks, Vs, Qb, Ob, Lb, Db, hb, group, wk0, ka, kb_ok,
+                                 scale_log2, lane, t);
             }
             __syncthreads();  // this stage is refilled two items on
         }
