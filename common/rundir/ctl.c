@@ -8,7 +8,9 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 #include <uv.h>
 
 typedef struct qmsg {
@@ -61,12 +63,24 @@ static void on_dead(bus_t *bus, const char *peer, uint64_t silent_ms, void *arg)
     uv_stop(&c->loop);
 }
 
+/* A socket file nobody listens on (left by a supervisor killed with SIGKILL) refuses a
+ * plain connect at once, where ZeroMQ would retry quietly until the timeout. */
+static int ipc_probe(const char *path) {
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof a.sun_path) return dl_seterr(DL_ERANGE, "%s: path too long for a socket", path);
+    memcpy(a.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return dl_seterr(DL_EIO, "socket: %s", strerror(errno));
+    int rc = connect(fd, (struct sockaddr *)&a, sizeof a), e = errno;
+    close(fd);
+    if (rc == 0) return 0;
+    if (e == ENOENT) return dl_seterr(DL_ENOENT, "%s: %s", path, strerror(e));
+    return dl_seterr(DL_ECLOSED, "%s: %s", path, strerror(e));
+}
+
 int rundir_ctl_connect(const char *endpoint, rundir_ctl_t **out) {
     *out = NULL;
-    if (!strncmp(endpoint, "ipc://", 6)) {
-        struct stat sb;
-        if (stat(endpoint + 6, &sb) != 0) return dl_seterr(DL_ENOENT, "%s: %s", endpoint + 6, strerror(errno));
-    }
+    if (!strncmp(endpoint, "ipc://", 6)) DL_TRY(ipc_probe(endpoint + 6));
     rundir_ctl_t *c = calloc(1, sizeof *c);
     if (!c) return dl_seterr(DL_ENOMEM, "control client: out of memory");
     if (uv_loop_init(&c->loop) != 0) { free(c); return dl_seterr(DL_EIO, "control client: uv_loop_init"); }

@@ -36,8 +36,9 @@ typedef struct rundir_ctl rundir_ctl_t;
 int rundir_ctl_endpoint(const char *dir, char *ep, size_t cap);
 
 /* Connects to endpoint (ZeroMQ syntax) into *out (NULL on error). For ipc:// the
- * socket file must exist (DL_ENOENT otherwise: the run is not live). Returns 0 or an
- * error (dl_errmsg names the endpoint). */
+ * socket file must exist (DL_ENOENT otherwise) and accept a connection (DL_ECLOSED:
+ * a file left by a killed supervisor): the run is not live. Returns 0 or an error
+ * (dl_errmsg names the endpoint). */
 int rundir_ctl_connect(const char *endpoint, rundir_ctl_t **out);
 /* Closes the socket (unsent messages dropped) and frees *c; nulls it. NULL is fine. */
 void rundir_ctl_destroy(rundir_ctl_t **c);

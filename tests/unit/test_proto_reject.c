@@ -560,7 +560,18 @@ static void test_semantic_rules(void **state) {
     m.metrics.metrics[1].name[0] = 0;
     expect_invalid(&m, "metrics.metrics[1].name: empty");
 
-    /* ctl_request: counts xor GPU lists on a rebalance, nothing on other ops */
+
+    m.type = 0;
+    assert_int_equal(proto_validate(&m), DL_EPROTO);
+    m.type = PROTO_TYPE_COUNT_;
+    assert_int_equal(proto_validate(&m), DL_EPROTO);
+}
+
+/* The control socket's messages: counts xor GPU lists on a rebalance, nothing on
+ * other ops, the reply's state and text bounds. */
+static void test_ctl_rules(void **state) {
+    (void)state;
+    proto_msg_t m;
     make_sample(PROTO_CTL_REQUEST, false, &m);
     m.ctl_request.targets = 2;
     expect_invalid(&m, "ctl_request.targets: rebalance gives counts or GPU lists, not both");
@@ -591,11 +602,6 @@ static void test_semantic_rules(void **state) {
     m.ctl_reply.code = 0;
     m.ctl_reply.n_text = DL_PROTO_CTL_TEXT_MAX + 1;
     expect_invalid(&m, "ctl_reply.text: 1048577 elements, expected 0..1048576");
-
-    m.type = 0;
-    assert_int_equal(proto_validate(&m), DL_EPROTO);
-    m.type = PROTO_TYPE_COUNT_;
-    assert_int_equal(proto_validate(&m), DL_EPROTO);
 }
 
 static void test_decode_rejects_semantics_on_wire(void **state) {
@@ -705,6 +711,7 @@ int main(void) {
         cmocka_unit_test(test_trailing_and_structure),
         cmocka_unit_test(test_over_limits),
         cmocka_unit_test(test_semantic_rules),
+        cmocka_unit_test(test_ctl_rules),
         cmocka_unit_test(test_decode_rejects_semantics_on_wire),
         cmocka_unit_test(test_random_mutations),
     };
