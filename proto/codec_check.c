@@ -272,6 +272,25 @@ int proto__check_applied(const proto_msg_t *m, const char *tn) {
     return check_strictly_increasing(tn, "mbs", m->applied.mbs, m->applied.n_mbs);
 }
 
+/* Rebalance: counts (CPU) xor both GPU lists (GPU); other ops carry no arguments. */
+int proto__check_ctl_request(const proto_msg_t *m, const char *tn) {
+    const proto_ctl_request_t *r = &m->ctl_request;
+    bool counts = r->targets || r->drafters, lists = r->n_target_gpus || r->n_drafter_gpus;
+    if (r->op != PROTO_CTLREQ_REBALANCE) {
+        if (counts || lists)
+            return dl_seterr(DL_EPROTO, "%s.targets: %s takes no targets, drafters or GPU lists", tn,
+                             proto_ctlreq_op_name(r->op));
+        return 0;
+    }
+    if (counts && lists)
+        return dl_seterr(DL_EPROTO, "%s.targets: rebalance gives counts or GPU lists, not both", tn);
+    if (lists && (!r->n_target_gpus || !r->n_drafter_gpus))
+        return dl_seterr(DL_EPROTO, "%s.target_gpus: a GPU rebalance needs both lists", tn);
+    if (!lists && (r->targets < 1 || r->drafters < 1))
+        return dl_seterr(DL_EPROTO, "%s.targets: rebalance needs targets and drafters >= 1 (or GPU lists)", tn);
+    return 0;
+}
+
 int proto_validate(const proto_msg_t *m) {
     if (!m) return dl_seterr(DL_EINVAL, "proto_validate: NULL message");
     const msgdef_t *d = def_of((uint64_t)m->type);

@@ -15,7 +15,8 @@
 
 _Static_assert(sizeof(proto_type_t) == 4 && sizeof(proto_role_t) == 4 &&
                sizeof(proto_state_t) == 4 && sizeof(proto_tier_t) == 4 &&
-               sizeof(proto_dtype_t) == 4 && sizeof(proto_ctl_op_t) == 4,
+               sizeof(proto_dtype_t) == 4 && sizeof(proto_ctl_op_t) == 4 &&
+               sizeof(proto_ctlreq_op_t) == 4,
                "enum fields are stored as 4-byte values");
 
 /* ------------------------------------------------------------------ names */
@@ -23,13 +24,16 @@ _Static_assert(sizeof(proto_type_t) == 4 && sizeof(proto_role_t) == 4 &&
 static const char *const TYPE_NAMES[PROTO_TYPE_COUNT_] = {
     "?", "hello", "heartbeat", "work_request", "micro_batch", "slab_export",
     "slot_grant", "hidden_states_ready", "slot_release", "gradients_ready",
-    "weights_version", "metrics", "control", "applied", "error",
+    "weights_version", "metrics", "control", "applied", "error", "ctl_request", "ctl_reply",
 };
 static const char *const ROLE_NAMES[PROTO_ROLE_COUNT_] = {
     "?", "loader", "target", "drafter", "optimizer", "supervisor", "monitor",
 };
 static const char *const STATE_NAMES[PROTO_STATE_COUNT_] = {
     "?", "starting", "idle", "running", "blocked", "draining", "stopping",
+};
+static const char *const CTLREQ_NAMES[PROTO_CTLREQ_COUNT_] = {
+    "?", "status", "stop", "rebalance", "subscribe",
 };
 static const char *const TIER_NAMES[PROTO_TIER_COUNT_] = { "?", "gpu", "host" };
 static const char *const DTYPE_NAMES[PROTO_DTYPE_COUNT_] = { "?", "bf16", "f16", "f32" };
@@ -44,6 +48,7 @@ const char *proto_state_name(proto_state_t s) { return NAME_OF(STATE_NAMES, PROT
 const char *proto_tier_name(proto_tier_t t) { return NAME_OF(TIER_NAMES, PROTO_TIER_COUNT_, t); }
 const char *proto_dtype_name(proto_dtype_t d) { return NAME_OF(DTYPE_NAMES, PROTO_DTYPE_COUNT_, d); }
 const char *proto_ctl_op_name(proto_ctl_op_t op) { return NAME_OF(CTL_NAMES, PROTO_CTL_COUNT_, op); }
+const char *proto_ctlreq_op_name(proto_ctlreq_op_t op) { return NAME_OF(CTLREQ_NAMES, PROTO_CTLREQ_COUNT_, op); }
 
 int proto_role_parse(const char *s, proto_role_t *out) {
     for (int r = 1; r < PROTO_ROLE_COUNT_; r++) {
@@ -208,6 +213,23 @@ static const field_t F_ERROR[] = {
     F_U32(error, ref_type, 0, PROTO_TYPE_COUNT_ - 1),
     F_STR(error, message, 0, DL_PROTO_ERRMSG_MAX, 0),
 };
+static const field_t F_CTL_REQUEST[] = {
+    F_U64(ctl_request, id, 0, UANY),
+    F_ENUM(ctl_request, op, PROTO_CTLREQ_COUNT_),
+    F_U32(ctl_request, flags, 0, PROTO_CTLREQ_FLAGS_ALL_),
+    F_U32(ctl_request, targets, 0, DL_PROTO_CTL_STAGES_MAX),
+    F_U32(ctl_request, drafters, 0, DL_PROTO_CTL_STAGES_MAX),
+    { F_ARR(K_I64S, ctl_request, target_gpus, n_target_gpus, 0, DL_PROTO_CTL_GPUS_MAX),
+      .slo = 0, .shi = DL_PROTO_CTL_GPU_MAX },
+    { F_ARR(K_I64S, ctl_request, drafter_gpus, n_drafter_gpus, 0, DL_PROTO_CTL_GPUS_MAX),
+      .slo = 0, .shi = DL_PROTO_CTL_GPU_MAX },
+};
+static const field_t F_CTL_REPLY[] = {
+    F_U64(ctl_reply, id, 0, UANY),
+    F_I32(ctl_reply, code, -1000, 0),
+    F_STR(ctl_reply, state, 1, DL_PROTO_NAME_MAX, FL_PRINTABLE),
+    { F_ARR(K_U8BIN, ctl_reply, text, n_text, 0, DL_PROTO_CTL_TEXT_MAX), .ulo = 0, .uhi = 255 },
+};
 
 #define DEF(tab, chk) { tab, (uint32_t)(sizeof(tab) / sizeof(tab[0])), chk }
 const msgdef_t proto__defs[PROTO_TYPE_COUNT_] = {
@@ -225,4 +247,6 @@ const msgdef_t proto__defs[PROTO_TYPE_COUNT_] = {
     [PROTO_CONTROL] = DEF(F_CONTROL, proto__check_control),
     [PROTO_APPLIED] = DEF(F_APPLIED, proto__check_applied),
     [PROTO_ERROR] = DEF(F_ERROR, NULL),
+    [PROTO_CTL_REQUEST] = DEF(F_CTL_REQUEST, proto__check_ctl_request),
+    [PROTO_CTL_REPLY] = DEF(F_CTL_REPLY, NULL),
 };

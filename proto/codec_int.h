@@ -55,6 +55,7 @@ int proto__check_gradients_ready(const proto_msg_t *m, const char *tn);
 int proto__check_weights_version(const proto_msg_t *m, const char *tn);
 int proto__check_control(const proto_msg_t *m, const char *tn);
 int proto__check_applied(const proto_msg_t *m, const char *tn);
+int proto__check_ctl_request(const proto_msg_t *m, const char *tn);
 
 typedef struct {
     const field_t *fields;

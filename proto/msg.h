@@ -53,6 +53,10 @@
 #define DL_PROTO_SHM_NAME_MAX  63u          /* POSIX shm object name "/dl-..." */
 #define DL_PROTO_ARG_MAX       255u         /* control string argument */
 #define DL_PROTO_ERRMSG_MAX    511u         /* error message text */
+#define DL_PROTO_CTL_TEXT_MAX  (1u << 20)   /* ctl_reply text, bytes (the status document) */
+#define DL_PROTO_CTL_GPUS_MAX  64u          /* ctl_request GPU list entries (RBPLAN_MAX) */
+#define DL_PROTO_CTL_GPU_MAX   1023         /* a CUDA ordinal in a ctl_request GPU list */
+#define DL_PROTO_CTL_STAGES_MAX 64u         /* ctl_request targets / drafters (PIPE_MAX_*) */
 
 #define DL_PROTO_MB_NONE   UINT64_MAX  /* "no micro-batch" (slot_release of an unused grant) */
 
@@ -72,7 +76,9 @@ typedef enum {
     PROTO_CONTROL             = 12,  /* supervisor -> stages */
     PROTO_APPLIED             = 13,  /* optimizer -> loader (and supervisor) */
     PROTO_ERROR               = 14,  /* any -> any, answer to a refused message */
-    PROTO_TYPE_COUNT_         = 15
+    PROTO_CTL_REQUEST         = 15,  /* control client -> supervisor (its control socket) */
+    PROTO_CTL_REPLY           = 16,  /* supervisor -> control client */
+    PROTO_TYPE_COUNT_         = 17
 } proto_type_t;
 
 typedef enum {
@@ -105,6 +111,19 @@ typedef enum {
     PROTO_CTL_RESUME     = 6,  /* take work again after DRAIN */
     PROTO_CTL_COUNT_     = 7
 } proto_ctl_op_t;
+
+/* What a control client asks the supervisor (ctl_request.op). */
+typedef enum {
+    PROTO_CTLREQ_STATUS    = 1,  /* reply: the status document (JSON) */
+    PROTO_CTLREQ_STOP      = 2,  /* stop as on SIGTERM; flags WAIT: a second reply when it exits */
+    PROTO_CTLREQ_REBALANCE = 3,  /* targets/drafters (CPU) or the GPU lists (GPU runs) */
+    PROTO_CTLREQ_SUBSCRIBE = 4,  /* every relayed METRICS message follows, until the client dies */
+    PROTO_CTLREQ_COUNT_    = 5
+} proto_ctlreq_op_t;
+
+/* ctl_request.flags bits. */
+#define PROTO_CTLREQ_WAIT  (1u << 0)   /* stop: also reply "stopped" just before the supervisor exits */
+#define PROTO_CTLREQ_FLAGS_ALL_ ((1u << 1) - 1)
 
 /* hello.capabilities bits. */
 #define PROTO_CAP_CUDA_IPC  (1ull << 0)  /* can export/open CUDA IPC mem + event handles */
@@ -286,6 +305,30 @@ typedef struct {
     char message[DL_PROTO_ERRMSG_MAX + 1];
 } proto_error_t;
 
+/* A control client's request to a run's supervisor (docs/ARCHITECTURE.md, control
+ * socket). id: chosen by the client, echoed in every reply. Rebalance: either
+ * targets, drafters in 1..DL_PROTO_CTL_STAGES_MAX and no GPU lists (CPU runs), or
+ * both GPU lists non-empty (entry i = CUDA ordinal of target / drafter i) and
+ * targets = drafters = 0 (GPU runs). Other ops: targets = drafters = 0, no lists. */
+typedef struct {
+    uint64_t id;
+    proto_ctlreq_op_t op;
+    uint32_t flags;                              /* PROTO_CTLREQ_* bits */
+    uint32_t targets, drafters;
+    const int64_t *target_gpus; uint32_t n_target_gpus;     /* 0..DL_PROTO_CTL_GPUS_MAX */
+    const int64_t *drafter_gpus; uint32_t n_drafter_gpus;   /* 0..DL_PROTO_CTL_GPUS_MAX */
+} proto_ctl_request_t;
+
+/* The supervisor's answer. code: 0 or a negative dl_err; state: "ok", "stopping",
+ * "stopped", "running", "done", "rejected" (printable, non-empty); text: UTF-8
+ * bytes, not NUL-terminated (the status document as JSON, or a message). */
+typedef struct {
+    uint64_t id;
+    int32_t code;
+    char state[DL_PROTO_NAME_MAX + 1];
+    const uint8_t *text; uint32_t n_text;        /* 0..DL_PROTO_CTL_TEXT_MAX */
+} proto_ctl_reply_t;
+
 /* One message. `version` is filled by proto_decode (always DL_PROTO_VERSION on
  * success); the encoder always writes DL_PROTO_VERSION. */
 typedef struct proto_msg {
@@ -306,6 +349,8 @@ typedef struct proto_msg {
         proto_control_t control;
         proto_applied_t applied;
         proto_error_t error;
+        proto_ctl_request_t ctl_request;
+        proto_ctl_reply_t ctl_reply;
     };
     void *owned_;                /* decode-owned array storage; freed by proto_msg_free */
 } proto_msg_t;
@@ -320,6 +365,8 @@ const char *proto_state_name(proto_state_t s);
 const char *proto_tier_name(proto_tier_t t);
 const char *proto_dtype_name(proto_dtype_t d);
 const char *proto_ctl_op_name(proto_ctl_op_t op);
+/* "status", "stop", "rebalance", "subscribe"; "?" out of range. */
+const char *proto_ctlreq_op_name(proto_ctlreq_op_t op);
 /* Parses a role name ("loader", ...); returns 0 or DL_EINVAL. */
 int proto_role_parse(const char *s, proto_role_t *out);
 /* Bytes per element of dtype (2, 2, 4); 0 for an invalid dtype. */

@@ -1,6 +1,7 @@
 /* Supervisor, the training-time eval child (see sup_opts_t.eval_data). */
 #include "supervisor/sup_int.h"
 #include "common/base/clock.h"
+#include "common/base/err.h"
 #include "common/base/log.h"
 
 #include <cjson/cJSON.h>
@@ -20,14 +21,8 @@
 
 /* The step of <out>/checkpoints/latest ("step_<S>"), or 0 when there is none. */
 uint64_t sup__ev_latest_step(const sup_t *S) {
-    char p[4200], name[128] = "";
-    snprintf(p, sizeof p, "%s/checkpoints/latest", S->o->out_dir);
-    FILE *f = fopen(p, "r");
-    if (!f) return 0;
-    unsigned long long st = 0;
-    if (!fgets(name, sizeof name, f) || sscanf(name, "step_%llu", &st) != 1) st = 0;
-    fclose(f);
-    return (uint64_t)st;
+    uint64_t st = 0;
+    return rundir_latest_read(S->o->out_dir, NULL, 0, &st) == 1 ? st : 0;
 }
 
 static void ev_spawn(sup_t *S, uint64_t step) {
@@ -120,21 +115,13 @@ void sup__ev_done(sup_t *S, int status) {
         cJSON_Delete(r);
         return;
     }
-    cJSON *line = cJSON_CreateObject();
-    cJSON_AddNumberToObject(line, "ts", clock_wall_s());
-    cJSON_AddStringToObject(line, "stage", "eval");
-    cJSON_AddStringToObject(line, "state", "done");   /* read by `draftline monitor` like a stage's line */
-    cJSON_AddNumberToObject(line, "step", (double)step);
-    cJSON_AddNumberToObject(line, "seconds", secs);
-    for (const cJSON *c = r->child; c; c = c->next)   /* the report's scalars */
-        if (cJSON_IsNumber(c) && c->string) cJSON_AddNumberToObject(line, c->string, c->valuedouble);
-    char *txt = cJSON_PrintUnformatted(line);
-    if (txt && S->metrics) {
-        fprintf(S->metrics, "%s\n", txt);
-        fflush(S->metrics);
-    }
-    free(txt);
-    cJSON_Delete(line);
+    const char *names[64];
+    double values[64];
+    int nv = 0;
+    for (const cJSON *c = r->child; c && nv < 64; c = c->next)   /* the report's scalars */
+        if (cJSON_IsNumber(c) && c->string) names[nv] = c->string, values[nv++] = c->valuedouble;
+    if (S->metrics && rundir_metrics_append_eval(S->metrics, clock_wall_s(), step, secs, names, values, nv) < 0)
+        log_warn("%s", dl_errmsg());
     printf("eval step %llu: tau %.3f (%d prompts, %.1f s)\n", (unsigned long long)step, tau->valuedouble,
            S->o->eval_prompts, secs);
     fflush(stdout);

@@ -13,8 +13,11 @@
 #include <string.h>
 #include <unistd.h>
 
-/* ---- live rebalance (see supervisor.h and docs/ARCHITECTURE.md) ---- */
+/* ---- live rebalance (see docs/ARCHITECTURE.md) ---- */
 
+/* The rebalance's status as JSON {"id", "status", "message", "seconds", "targets",
+ * "drafters"[, "target_gpus", "drafter_gpus"]} to the client that asked (the text of
+ * its reply), and run.json. */
 static void rb_write_result(sup_t *S) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "id", S->rb.id);
@@ -37,15 +40,7 @@ static void rb_write_result(sup_t *S) {
     }
     char *txt = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
-    if (!txt) return;
-    char p[4200], tmp[4300];
-    snprintf(p, sizeof p, "%s/" SUP_REBALANCE_RESULT, S->o->out_dir);
-    snprintf(tmp, sizeof tmp, "%s.tmp", p);
-    FILE *f = fopen(tmp, "w");
-    if (f) {
-        fprintf(f, "%s\n", txt);
-        if (fclose(f) == 0) rename(tmp, p);
-    }
+    sup__ctl_rb_update(S, txt ? txt : "{}");
     free(txt);
     sup__write_run_json(S);
 }
@@ -201,28 +196,9 @@ static void rb_start(sup_t *S, const char *id, int N, int M, const rbplan_t *p) 
     rb_write_result(S);
 }
 
-void sup__rb_poll(sup_t *S) {
-    char p[4200];
-    snprintf(p, sizeof p, "%s/" SUP_REBALANCE_REQUEST, S->o->out_dir);
-    FILE *f = fopen(p, "rb");
-    if (!f) return;
-    char buf[4096];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    unlink(p);
-    buf[n] = 0;
-    cJSON *j = cJSON_Parse(buf);
-    const cJSON *jid = j ? cJSON_GetObjectItemCaseSensitive(j, "id") : NULL;
-    const cJSON *jt = j ? cJSON_GetObjectItemCaseSensitive(j, "targets") : NULL;
-    const cJSON *jd = j ? cJSON_GetObjectItemCaseSensitive(j, "drafters") : NULL;
-    const cJSON *jtg = j ? cJSON_GetObjectItemCaseSensitive(j, "target_gpus") : NULL;
-    const cJSON *jdg = j ? cJSON_GetObjectItemCaseSensitive(j, "drafter_gpus") : NULL;
-    char id[64];
-    snprintf(id, sizeof id, "%s", cJSON_IsString(jid) ? jid->valuestring : "?");
+void sup__rb_request(sup_t *S, const char *id, int N, int M, const int *tg, int ntg, const int *dg, int ndg) {
     char msg[256];
-    int N = cJSON_IsNumber(jt) ? jt->valueint : -1, M = cJSON_IsNumber(jd) ? jd->valueint : -1;
-    const char *tgs = cJSON_IsString(jtg) ? jtg->valuestring : "", *dgs = cJSON_IsString(jdg) ? jdg->valuestring : "";
-    int gpu_req = tgs[0] || dgs[0];
+    int gpu_req = ntg > 0 || ndg > 0;
     /* GPU runs: the plan per stage index (common/pipe/rbplan.h) */
     rbplan_t plan;
     memset(&plan, 0, sizeof plan);
@@ -238,17 +214,14 @@ void sup__rb_poll(sup_t *S) {
         for (int i = 0; i < RBPLAN_MAX && cg[i] >= 0; i++) k = i + 1;
         rbplan_format_gpus(cg, k, cur_dg, sizeof cur_dg);
     }
-    if (j && S->gpu_mode && gpu_req) {
-        int tg[RBPLAN_MAX], dg[RBPLAN_MAX], ct[RBPLAN_MAX], cd[RBPLAN_MAX];
-        int nt = rbplan_parse_gpus("--target-gpus", tgs, tg, RBPLAN_MAX);
-        int nd = nt < 0 ? nt : rbplan_parse_gpus("--drafter-gpus", dgs, dg, RBPLAN_MAX);
+    if (S->gpu_mode && gpu_req) {
+        int ct[RBPLAN_MAX], cd[RBPLAN_MAX];
         rb_live_gpus(S, 1, ct);
         rb_live_gpus(S, 0, cd);
-        plan_rc = nd < 0 ? nd : rbplan_make(ct, cd, tg, nt, dg, nd, &plan);
+        plan_rc = rbplan_make(ct, cd, tg, ntg, dg, ndg, &plan);
         if (plan_rc == 0) { N = plan.n_targets; M = plan.n_drafters; }
     }
-    if (!j) rb_reject(S, id, "malformed request");
-    else if (S->stopping) rb_reject(S, id, "the run is stopping");
+    if (S->stopping) rb_reject(S, id, "the run is stopping");
     else if (S->rb.running) rb_reject(S, id, "a rebalance is already running");
     else if (gpu_req && !S->gpu_mode)
         rb_reject(S, id, "--target-gpus/--drafter-gpus: this run is in CPU mode (use --targets/--drafters)");
@@ -278,7 +251,6 @@ void sup__rb_poll(sup_t *S) {
     } else {
         rb_start(S, id, N, M, &plan);
     }
-    cJSON_Delete(j);
 }
 
 void sup__rb_tick(sup_t *S) {

@@ -2,6 +2,7 @@
  * Prometheus), the loss history, the progress line and the stall check. */
 #include "supervisor/sup_int.h"
 #include "common/base/clock.h"
+#include "common/base/err.h"
 #include "common/base/log.h"
 
 #include <math.h>
@@ -9,16 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static void json_str(FILE *f, const char *s) {
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\') fputc('\\', f);
-        if ((unsigned char)*s < 0x20) continue;
-        fputc(*s, f);
-    }
-    fputc('"', f);
-}
 
 static void on_metrics(sup_t *S, const char *peer, const proto_metrics_t *m) {
     if (S->mon) mon_run_ingest_proto(S->mon, peer, m);
@@ -36,20 +27,14 @@ static void on_metrics(sup_t *S, const char *peer, const proto_metrics_t *m) {
         if (x) x->inbox_bytes = b;
     }
     if (S->metrics) {
-        fprintf(S->metrics, "{\"ts\":%.3f,\"stage\":", (double)m->ts_ns / 1e9);
-        json_str(S->metrics, peer);
-        fprintf(S->metrics, ",\"stage_id\":%u,\"incarnation\":%llu,\"state\":", m->stage_id,
-                (unsigned long long)m->incarnation);
-        json_str(S->metrics, m->state);
-        for (uint32_t i = 0; i < m->n_metrics; i++) {
-            fputc(',', S->metrics);
-            json_str(S->metrics, m->metrics[i].name);
-            double v = m->metrics[i].value;
-            if (isfinite(v)) fprintf(S->metrics, ":%.9g", v);
-            else fprintf(S->metrics, ":null");
+        const char *names[DL_PROTO_MAX_METRICS];
+        double values[DL_PROTO_MAX_METRICS];
+        for (uint32_t i = 0; i < m->n_metrics; i++) names[i] = m->metrics[i].name, values[i] = m->metrics[i].value;
+        if (rundir_metrics_append(S->metrics, m->ts_ns, peer, m->stage_id, m->incarnation, m->state, names, values,
+                                  (int)m->n_metrics) < 0 && !S->metrics_warned) {
+            S->metrics_warned = 1;
+            log_warn("%s", dl_errmsg());
         }
-        fprintf(S->metrics, "}\n");
-        fflush(S->metrics);
     }
     if (m->role != PROTO_ROLE_OPTIMIZER || strcmp(m->state, "step") != 0) return;
     double step = -1, loss = NAN, acc_mean = 0, tokens = 0, elapsed = 0;
@@ -138,6 +123,7 @@ void sup__on_msg(bus_t *bus, const char *peer, const void *data, size_t len, voi
     }
     case PROTO_METRICS:
         on_metrics(S, peer, &m.metrics);
+        sup__ctl_on_metrics(S, peer, &m.metrics, data, len);
         if (S->pub) bus_send(S->pub, peer, data, len); /* the relay: one PUB, topic = stage */
         break;
     case PROTO_APPLIED: {

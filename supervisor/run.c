@@ -22,6 +22,7 @@ void sup__begin_stop(sup_t *S, const char *why) {
         S->rb.running = 0;
         snprintf(S->rb.status, sizeof S->rb.status, "rejected");
         snprintf(S->rb.message, sizeof S->rb.message, "the run stopped during the rebalance");
+        sup__ctl_rb_update(S, NULL);
     }
     prom_server_destroy(&S->prom);
     sup__write_run_json(S);
@@ -36,6 +37,10 @@ void sup__begin_stop(sup_t *S, const char *why) {
 static void on_signal(uv_signal_t *h, int signum) {
     sup_t *S = h->data;
     if (signum == SIGCHLD) { sup__reap(S); return; }
+    sup__on_stop_signal(S, signum);
+}
+
+void sup__on_stop_signal(sup_t *S, int signum) {
     /* the same Ctrl-C can arrive twice (e.g. through timeout(1)): only a later one kills */
     if (S->stopping && clock_mono_s() - S->t_stop < 2.0) return;
     if (S->stopping && !S->sum->signal) {
@@ -78,6 +83,11 @@ static void on_tick(uv_timer_t *t) {
             uv_close((uv_handle_t *)&S->sig_chld, NULL);
             bus_close(S->bus, NULL, NULL);
             if (S->pub) bus_close(S->pub, NULL, NULL);
+            /* every stage is gone: run.json says so before the clients waiting for
+             * the stop hear "stopped" */
+            S->done = 1;
+            sup__write_run_json(S);
+            sup__ctl_close(S);
             return;
         }
         if (now - S->t_stop > 60) {
@@ -87,7 +97,6 @@ static void on_tick(uv_timer_t *t) {
         }
         return;
     }
-    sup__rb_poll(S);
     sup__rb_tick(S);
     sup__ev_poll(S);
     if (now - S->last_progress_print >= S->o->progress_every_s) {
@@ -112,9 +121,8 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     S.last_applied = (int64_t)o->start_step - 1;
     if (!S.losses) return dl_seterr(DL_ENOMEM, "supervisor: out of memory");
     uv_loop_init(&S.loop);
-    char path[4200];
-    snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
-    S.metrics = fopen(path, "a");
+    S.metrics = rundir_metrics_open(o->out_dir);
+    if (!S.metrics) log_warn("%s (no metrics.jsonl for this run)", dl_errmsg());
     char ep[BUS_ENDPOINT_MAX];
     DL_TRY(bus_endpoint(o->sock_dir, "sup", ep, sizeof ep));
     bus_opts_t bo = {0};
@@ -145,6 +153,7 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
             log_info("Prometheus metrics on http://0.0.0.0:%d/metrics", S.prom_port);
         }
     }
+    sup__ctl_start(&S);
     /* SIGCHLD, SIGINT, SIGTERM through the loop */
     uv_signal_init(&S.loop, &S.sig_int); S.sig_int.data = &S;
     uv_signal_init(&S.loop, &S.sig_term); S.sig_term.data = &S;
@@ -158,10 +167,10 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     S.last_progress_print = S.t0;
     S.ev.last_ckpt = sup__ev_latest_step(&S);   /* a resumed run's checkpoint is not evaluated again */
     {
-        /* a request left by an earlier `draftline rebalance` that timed out (its run was
-         * not there to answer) is never applied to this run */
+        /* rebalance requests travel on the control socket now; a request file left by
+         * an older `draftline rebalance` is never applied */
         char rq[4200];
-        snprintf(rq, sizeof rq, "%s/" SUP_REBALANCE_REQUEST, o->out_dir);
+        snprintf(rq, sizeof rq, "%s/rebalance.request", o->out_dir);
         if (unlink(rq) == 0) log_warn("removed a stale %s (left by an earlier `draftline rebalance`); not applied", rq);
     }
     S.n = o->n_stages;
@@ -172,13 +181,14 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     uv_run(&S.loop, UV_RUN_DEFAULT);
     bus_destroy(&S.bus);
     bus_destroy(&S.pub);
+    bus_destroy(&S.ctl.bus);
     prom_server_destroy(&S.prom);
     uv_run(&S.loop, UV_RUN_DEFAULT);
     mon_run_destroy(&S.mon);
     S.done = 1;
     sup__write_run_json(&S);
     uv_loop_close(&S.loop);
-    if (S.metrics) fclose(S.metrics);
+    rundir_metrics_close(&S.metrics);
     int swept = slab_sweep(o->run_id);
     if (swept > 0) log_warn("removed %d leftover shared-memory object(s) of run %s", swept, o->run_id);
     sum->steps = S.have_step ? S.last_step_seen + 1 : o->start_step;
@@ -195,19 +205,11 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     sum->seconds = S.elapsed - S.elapsed_first;
     sum->tokens_per_s = sum->seconds > 0 ? (S.tokens - S.tokens_first) / sum->seconds : 0;
     sum->failed = S.failed;
-    snprintf(path, sizeof path, "%s/checkpoints/latest", o->out_dir);
-    FILE *f = fopen(path, "r");
-    unsigned long long latest_step = 0;
-    int have_latest = 0;
-    if (f) {
-        char name[128] = {0};
-        if (fgets(name, sizeof name, f)) {
-            name[strcspn(name, "\r\n")] = 0;
-            snprintf(sum->checkpoint, sizeof sum->checkpoint, "%s/checkpoints/%s", o->out_dir, name);
-            have_latest = sscanf(name, "step_%llu", &latest_step) == 1;
-        }
-        fclose(f);
-    }
+    char name[128];
+    uint64_t latest_step = 0;
+    int lr = rundir_latest_read(o->out_dir, name, sizeof name, &latest_step);
+    if (lr >= 0) snprintf(sum->checkpoint, sizeof sum->checkpoint, "%s/checkpoints/%s", o->out_dir, name);
+    int have_latest = lr == 1;
     free(S.losses);
     /* The optimizer logs a failed checkpoint write (disk full) and goes on; a run whose
      * last applied step has no checkpoint must not end as a success. */

@@ -3,11 +3,12 @@
  * other (module__name: not part of the public API in supervisor.h).
  *
  *   proc.c       process table: spawn, reap, restarts with backoff, routes, control
- *   rebalance.c  live rebalance (request file, placement plan, drain and retire)
+ *   rebalance.c  live rebalance (checks, placement plan, drain and retire)
  *   eval.c       the training-time eval child
  *   relay.c      hellos, metrics relay (metrics.jsonl, PUB, Prometheus), progress line,
  *                loss history, stall check
- *   runjson.c    <out>/run.json (writer) and the liveness check of a run dir
+ *   runjson.c    <out>/run.json (through common/rundir)
+ *   ctl.c        the control socket: status, stop, rebalance, subscribe
  *   run.c        supervisor_run: the loop, signals, stop, summary
  *
  * Single-threaded: everything runs on the supervisor's libuv loop.
@@ -20,6 +21,7 @@
 #include "common/monitor/prom.h"
 #include "common/monitor/run.h"
 #include "common/pipe/stage.h"
+#include "common/rundir/rundir.h"
 #include "proto/codec.h"
 
 #include <stdint.h>
@@ -28,6 +30,13 @@
 #include <uv.h>
 
 #define SUP_LOSS_HIST 100000
+#define SUP_CTL_MAX_CLIENTS 64      /* subscribers, and clients waiting for a stop, at once */
+
+/* A client of the control socket waiting for a later reply (or a subscriber). */
+typedef struct {
+    char peer[BUS_ID_MAX + 1];
+    uint64_t id;                /* its request's id */
+} sup_ctl_client_t;
 
 typedef struct {
     const sup_stage_spec_t *spec;
@@ -69,7 +78,9 @@ typedef struct {
     int strip_gpu;              /* test hook strip_gpu=1 (read once): drop "--gpu N" at exec */
     int stopping, failed, done;
     double t_stop;
-    FILE *metrics;
+    rundir_metrics_t *metrics;  /* <out>/metrics.jsonl */
+    int metrics_warned;
+    rundir_run_t run;           /* what run.json holds (sup__fill_run) */
     double t0, t_first_step;
     double *losses;
     uint64_t n_losses;
@@ -103,6 +114,19 @@ typedef struct {
     mon_run_t *mon;
     prom_server_t *prom;
     int prom_port;
+    /* the control socket (ctl.c) */
+    struct {
+        bus_t *bus;
+        char endpoint[BUS_ENDPOINT_MAX];            /* "" when it could not be bound */
+        sup_ctl_client_t subs[SUP_CTL_MAX_CLIENTS]; /* subscribe: relayed METRICS go here */
+        int n_subs;
+        sup_ctl_client_t waiters[SUP_CTL_MAX_CLIENTS];  /* stop with WAIT: "stopped" at the end */
+        int n_waiters;
+        sup_ctl_client_t rb;                        /* who asked for the current rebalance ("" none) */
+        /* each stage's latest non-step METRICS (status), in order of first appearance */
+        struct { char peer[BUS_ID_MAX + 1]; proto_metrics_t m; } last[RUNDIR_MAX_STAGES];
+        int n_last;
+    } ctl;
     /* training-time eval child (see sup_opts_t.eval_data) */
     struct {
         pid_t pid;              /* running `draftline eval`; 0: none */
@@ -140,10 +164,29 @@ void sup__reap(sup_t *S);
 /* run.c */
 /* Starts the stop (idempotent): SIGTERM to every stage and the eval child; why is logged. */
 void sup__begin_stop(sup_t *S, const char *why);
+/* SIGINT/SIGTERM (or `draftline stop`, as SIGTERM): the first stops the run
+ * (interrupted), a later one kills every stage (see run.c). */
+void sup__on_stop_signal(sup_t *S, int signum);
 
 /* runjson.c */
-/* Replaces <out>/run.json atomically with the live topology (tmp + rename; errors ignored). */
+/* Fills S->run with the live picture (what run.json holds). */
+void sup__fill_run(sup_t *S);
+/* Replaces <out>/run.json atomically with S->run after sup__fill_run (errors logged). */
 void sup__write_run_json(sup_t *S);
+
+/* ctl.c */
+/* Binds the control socket (ipc://<out>/ctl.sock, or <sock_dir>/ctl.sock when that
+ * path is too long) on S->loop; S->ctl.endpoint stays "" (and a warning is logged)
+ * when it cannot be bound: the run goes on without one. */
+void sup__ctl_start(sup_t *S);
+/* A relayed METRICS message (payload data/len, decoded m) from peer: kept as the
+ * stage's latest for status, forwarded to every subscriber. */
+void sup__ctl_on_metrics(sup_t *S, const char *peer, const proto_metrics_t *m, const void *data, size_t len);
+/* The current rebalance's status changed (S->rb; json: the result document): a
+ * reply (state = S->rb.status) to the client that asked. */
+void sup__ctl_rb_update(sup_t *S, const char *json);
+/* The run is over: "stopped" to every client that asked to wait, then the socket closes. */
+void sup__ctl_close(sup_t *S);
 
 /* relay.c */
 /* The bus callback of the supervisor's ROUTER (hello, metrics, applied). */
@@ -164,8 +207,12 @@ void sup__ev_poll(sup_t *S);
 void sup__ev_done(sup_t *S, int status);
 
 /* rebalance.c */
-/* Picks up <out>/rebalance.request (if any) and rejects, answers or starts it. */
-void sup__rb_poll(sup_t *S);
+/* A rebalance request (`draftline rebalance` through the control socket; id names it
+ * in logs and run.json): N targets and M drafters (CPU runs), or the whole new
+ * placement tg[ntg] / dg[ndg] (GPU runs; ntg + ndg > 0). Rejects it, answers it
+ * ("done": nothing to change) or starts it; every status change goes through
+ * sup__ctl_rb_update. */
+void sup__rb_request(sup_t *S, const char *id, int N, int M, const int *tg, int ntg, const int *dg, int ndg);
 /* Advances a running rebalance (drain, SIGTERM/SIGKILL of retiring stages, done). */
 void sup__rb_tick(sup_t *S);
 

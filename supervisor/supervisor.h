@@ -70,21 +70,11 @@ typedef struct {
     char checkpoint[4200];
 } sup_summary_t;
 
-/* Live rebalance (CPU mode): `draftline rebalance` writes <out>/rebalance.request
- * (JSON {"id", "targets", "drafters"[, "target_gpus", "drafter_gpus"]}, by rename);
- * the supervisor picks it up within 0.2 s, answers in <out>/rebalance.result (JSON
- * {"id", "status": "running"|"done"|"rejected", "message", "seconds"}) and keeps
- * run.json current. See docs/ARCHITECTURE.md (pipeline, rebalance). */
-#define SUP_REBALANCE_REQUEST "rebalance.request"
-#define SUP_REBALANCE_RESULT "rebalance.result"
-
-/* 1 when pid is a live `draftline run` supervisor (/proc/<pid>/cmdline is
- * "...draftline" "run"), else 0 (dead, or the pid was reused by something else). */
-int sup_pid_is_supervisor(int pid);
-
-/* Reads supervisor_pid from <dir>/run.json into *pid. Returns 1 when that supervisor is
- * alive (sup_pid_is_supervisor), 0 when it is not, DL_ENOENT when run.json is missing
- * or has no supervisor_pid (then *pid = 0). */
+/* Whether the run in dir is live: its control socket (run.json's "control", else
+ * <dir>/ctl.sock) answers a status request within RUNDIR_CTL_ANSWER_MS. Returns 1
+ * (live; *pid = run.json's supervisor_pid, informative), 0 (not live: no socket, or
+ * no answer), DL_ENOENT when dir has no run.json (then *pid = 0). No /proc: the
+ * answer is the supervisor's own. */
 int sup_run_live(const char *dir, int *pid);
 
 /* Runs the pipeline to the end. The caller holds <out>/run.lock (one run per run dir:

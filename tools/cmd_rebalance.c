@@ -5,21 +5,19 @@
  * The lists are checked here (both given, 1..64 ordinals 0..1023 each) before anything
  * is written; whether the run is in GPU mode is the supervisor's answer.
  *
- * The request travels as a file: <DIR>/rebalance.request (JSON {"id", "targets",
- * "drafters", "target_gpus", "drafter_gpus"}, written to a .tmp and renamed), which
- * the supervisor picks up within 0.2 s; it answers in <DIR>/rebalance.result (JSON
- * {"id", "status": running|done|rejected, "message", "seconds", "targets",
- * "drafters"}). This command waits (default 120 s) for the answer with its id and
- * exits 0 (done), 1 (rejected, timeout, or the run's supervisor is not alive: refused at
- * once, nothing written) or 2 (usage). A request left unanswered at the timeout is
- * removed again, and a supervisor deletes any stale request when it starts. */
+ * The request travels on the run's control socket (common/rundir/ctl.h, a
+ * CTL_REQUEST rebalance); the supervisor answers "running", then "done" or
+ * "rejected" (text: JSON {"id", "status", "message", "seconds", "targets",
+ * "drafters"[, "target_gpus", "drafter_gpus"]}). This command waits (default 120 s)
+ * for the final answer and exits 0 (done), 1 (rejected, timeout, or the run does not
+ * answer: not running, refused at once) or 2 (usage). Nothing is written anywhere. */
 #include "common/base/cli.h"
 #include "common/base/clock.h"
 #include "common/base/err.h"
+#include "common/rundir/ctl.h"
 #include "common/rundir/rundir.h"
 #include "common/pipe/rbplan.h"
 #include "tools/commands.h"
-#include "supervisor/supervisor.h"
 
 #include <cjson/cJSON.h>
 #include <getopt.h>
@@ -29,14 +27,15 @@
 #include <time.h>
 #include <unistd.h>
 
-static cJSON *read_json(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char buf[8192];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    return cJSON_Parse(buf);
+/* Prints the final answer r (done / rejected) of request id; returns the exit code. */
+static int print_final(const char *id, const proto_ctl_reply_t *r) {
+    char *txt = rundir_ctl_text(r);
+    cJSON *j = txt ? cJSON_Parse(txt) : NULL;
+    const cJSON *msg = cJSON_GetObjectItemCaseSensitive(j, "message");
+    printf("rebalance %s %s: %s\n", id, r->state, cJSON_IsString(msg) ? msg->valuestring : txt ? txt : "");
+    cJSON_Delete(j);
+    free(txt);
+    return strcmp(r->state, "done") ? 1 : 0;
 }
 
 int cmd_rebalance(int argc, char **argv) {
@@ -85,8 +84,8 @@ int cmd_rebalance(int argc, char **argv) {
                                          "--drafter-gpus LIST (GPU run)");
         return 2;
     }
+    int tgl[RBPLAN_MAX], dgl[RBPLAN_MAX];
     if (gpu) {  /* N, M follow from the lists */
-        int l[RBPLAN_MAX];
         if (!tg || !dg) {
             cli_error("draftline rebalance", "a GPU rebalance gives the whole new placement: both --target-gpus "
                                              "LIST and --drafter-gpus LIST (e.g. --target-gpus 0,0 --drafter-gpus 1)");
@@ -97,73 +96,63 @@ int cmd_rebalance(int argc, char **argv) {
                                              "the lengths of --target-gpus/--drafter-gpus");
             return 2;
         }
-        if ((targets = rbplan_parse_gpus("--target-gpus", tg, l, RBPLAN_MAX)) < 0 ||
-            (drafters = rbplan_parse_gpus("--drafter-gpus", dg, l, RBPLAN_MAX)) < 0) {
+        if ((targets = rbplan_parse_gpus("--target-gpus", tg, tgl, RBPLAN_MAX)) < 0 ||
+            (drafters = rbplan_parse_gpus("--drafter-gpus", dg, dgl, RBPLAN_MAX)) < 0) {
             cli_error("draftline rebalance", dl_errmsg());
             return 2;
         }
     }
-    {
+    char id[64];
+    time_t now = time(NULL);
+    snprintf(id, sizeof id, "rb-%ld-%d", (long)now, (int)getpid());
+    proto_ctl_request_t q = {.id = ((uint64_t)now << 22) | ((uint64_t)getpid() & ((1u << 22) - 1)),
+                             .op = PROTO_CTLREQ_REBALANCE};
+    int64_t tq[RBPLAN_MAX], dq[RBPLAN_MAX];
+    if (gpu) {
+        for (int i = 0; i < targets; i++) tq[i] = tgl[i];
+        for (int i = 0; i < drafters; i++) dq[i] = dgl[i];
+        q.target_gpus = tq, q.n_target_gpus = (uint32_t)targets;
+        q.drafter_gpus = dq, q.n_drafter_gpus = (uint32_t)drafters;
+    } else {
+        q.targets = (uint32_t)targets, q.drafters = (uint32_t)drafters;
+    }
+    proto_msg_t r;
+    rundir_ctl_t *cl = NULL;
+    if (rundir_ctl_call(dir, &q, RUNDIR_CTL_ANSWER_MS, &r, &cl) < 0) {
         int spid = 0;
-        int live = rundir_run_supervisor_pid(dir, &spid);
-        if (live == 0) live = sup_pid_is_supervisor(spid);
-        if (live < 0) { fprintf(stderr, "draftline rebalance: %s (is %s a run dir?)\n", dl_errmsg(), dir); return 1; }
-        if (!live) {
-            fprintf(stderr, "draftline rebalance: run %s is not running (no supervisor at pid %d): nothing to "
-                            "rebalance; resume it with the split you want (`draftline run --resume %s "
-                            "%s`)\n", dir, spid, dir,
-                    gpu ? "--target-gpus LIST --drafter-gpus LIST" : "--targets N --drafters M");
+        if (rundir_run_supervisor_pid(dir, &spid) < 0) {
+            fprintf(stderr, "draftline rebalance: %s (is %s a run dir?)\n", dl_errmsg(), dir);
             return 1;
         }
-    }
-    char id[64];
-    snprintf(id, sizeof id, "rb-%ld-%d", (long)time(NULL), (int)getpid());
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddStringToObject(j, "id", id);
-    cJSON_AddNumberToObject(j, "targets", targets);
-    cJSON_AddNumberToObject(j, "drafters", drafters);
-    cJSON_AddStringToObject(j, "target_gpus", tg ? tg : "");
-    cJSON_AddStringToObject(j, "drafter_gpus", dg ? dg : "");
-    char *txt = cJSON_PrintUnformatted(j);
-    cJSON_Delete(j);
-    char p[4200], tmp[4300], res[4200];
-    snprintf(p, sizeof p, "%s/" SUP_REBALANCE_REQUEST, dir);
-    snprintf(tmp, sizeof tmp, "%s.%d.tmp", p, (int)getpid());
-    snprintf(res, sizeof res, "%s/" SUP_REBALANCE_RESULT, dir);
-    FILE *f = fopen(tmp, "w");
-    if (!f || !txt || fprintf(f, "%s\n", txt) < 0 || fclose(f) != 0 || rename(tmp, p) != 0) {
-        fprintf(stderr, "draftline rebalance: cannot write %s\n", p);
-        free(txt);
+        fprintf(stderr, "draftline rebalance: run %s is not running (no supervisor at pid %d): nothing to "
+                        "rebalance; resume it with the split you want (`draftline run --resume %s "
+                        "%s`)\n", dir, spid, dir,
+                gpu ? "--target-gpus LIST --drafter-gpus LIST" : "--targets N --drafters M");
         return 1;
     }
-    free(txt);
     if (gpu) printf("rebalance %s requested: %d target(s) on GPUs %s, %d drafter(s) on GPUs %s\n", id, targets, tg,
                     drafters, dg);
     else printf("rebalance %s requested: %d target(s), %d drafter(s)\n", id, targets, drafters);
     fflush(stdout);
-    if (wait_s <= 0) return 0;
+    int ret = -1;
     double t0 = clock_mono_s();
-    while (clock_mono_s() - t0 < wait_s) {
-        cJSON *r = read_json(res);
-        const cJSON *rid = r ? cJSON_GetObjectItemCaseSensitive(r, "id") : NULL;
-        const cJSON *st = r ? cJSON_GetObjectItemCaseSensitive(r, "status") : NULL;
-        const cJSON *msg = r ? cJSON_GetObjectItemCaseSensitive(r, "message") : NULL;
-        if (cJSON_IsString(rid) && !strcmp(rid->valuestring, id) && cJSON_IsString(st) &&
-            strcmp(st->valuestring, "running") != 0) {
-            int ok = !strcmp(st->valuestring, "done");
-            printf("rebalance %s %s: %s\n", id, st->valuestring, cJSON_IsString(msg) ? msg->valuestring : "");
-            cJSON_Delete(r);
-            return ok ? 0 : 1;
+    while (ret < 0) {
+        if (strcmp(r.ctl_reply.state, "running") != 0) ret = print_final(id, &r.ctl_reply);
+        proto_msg_free(&r);
+        if (ret >= 0 || wait_s <= 0) break;
+        double left = wait_s - (clock_mono_s() - t0);
+        int rc = left > 0 ? rundir_ctl_recv(cl, &r, (int)(left * 1000) + 1) : DL_ETIMEDOUT;
+        while (rc == 0 && (r.type != PROTO_CTL_REPLY || r.ctl_reply.id != q.id)) {
+            proto_msg_free(&r);
+            left = wait_s - (clock_mono_s() - t0);
+            rc = left > 0 ? rundir_ctl_recv(cl, &r, (int)(left * 1000) + 1) : DL_ETIMEDOUT;
         }
-        cJSON_Delete(r);
-        usleep(100000);
+        if (rc < 0) {
+            fprintf(stderr, "draftline rebalance: no answer from the supervisor in %.0f s (is the run live? see "
+                            "`draftline status --run %s`)\n", wait_s, dir);
+            ret = 1;
+        }
     }
-    /* take back our own request if it was never picked up, so no later run applies it */
-    cJSON *left = read_json(p);
-    const cJSON *lid = left ? cJSON_GetObjectItemCaseSensitive(left, "id") : NULL;
-    if (cJSON_IsString(lid) && !strcmp(lid->valuestring, id)) unlink(p);
-    cJSON_Delete(left);
-    fprintf(stderr, "draftline rebalance: no answer from the supervisor in %.0f s (is the run live? see "
-                    "`draftline status --run %s`)\n", wait_s, dir);
-    return 1;
+    rundir_ctl_destroy(&cl);
+    return ret < 0 ? 0 : ret;
 }

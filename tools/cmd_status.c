@@ -1,11 +1,15 @@
 /* `draftline status --run DIR`: the topology, routing table and each stage's
- * state of a run, from <DIR>/run.json (written by the supervisor) and the last
- * metrics of every stage in <DIR>/metrics.jsonl. Works on live and finished runs. */
+ * state of a run. A live run answers on its control socket (common/rundir/ctl.h)
+ * with the supervisor's own picture (run.json's keys and every stage's latest
+ * metrics); a run that does not answer is printed from <DIR>/run.json and the last
+ * metrics of every stage in <DIR>/metrics.jsonl, as not running. */
 #include "common/base/cli.h"
 #include "common/base/err.h"
+#include "common/rundir/ctl.h"
 #include "common/rundir/rundir.h"
 #include "tools/commands.h"
-#include "supervisor/supervisor.h"
+
+#include <cjson/cJSON.h>
 
 #include <getopt.h>
 #include <math.h>
@@ -14,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define STATUS_TAIL_BYTES (1u << 20) /* the last MiB of metrics.jsonl holds every stage's latest */
 
@@ -93,6 +98,37 @@ static void print_stage(const rundir_stage_t *e, const rundir_metrics_rec_t *x, 
            x ? num(x, "wait_input_s") : 0, x ? num(x, "wait_credit_s") : 0, compute, detail);
 }
 
+/* The status document of a live run (supervisor/ctl.c) into run and the latest
+ * metrics records. Returns 0, or < 0 when the run did not answer (not live) or the
+ * answer is malformed. */
+static int status_live(const char *dir, rundir_run_t *run, rundir_metrics_rec_t **recs, int *n) {
+    *recs = NULL;
+    *n = 0;
+    proto_ctl_request_t q = {.id = (uint64_t)getpid(), .op = PROTO_CTLREQ_STATUS};
+    proto_msg_t r;
+    DL_TRY(rundir_ctl_call(dir, &q, RUNDIR_CTL_ANSWER_MS, &r, NULL));
+    char *txt = r.ctl_reply.code == 0 ? rundir_ctl_text(&r.ctl_reply) : NULL;
+    proto_msg_free(&r);
+    cJSON *doc = txt ? cJSON_Parse(txt) : NULL;
+    free(txt);
+    const cJSON *jr = cJSON_GetObjectItemCaseSensitive(doc, "run");
+    const cJSON *jm = cJSON_GetObjectItemCaseSensitive(doc, "metrics"), *e;
+    char *rt = cJSON_IsObject(jr) ? cJSON_PrintUnformatted(jr) : NULL;
+    int rc = rt ? rundir_run_parse(rt, strlen(rt), "status reply", run) : dl_seterr(DL_EPROTO, "malformed status reply");
+    free(rt);
+    int cap = cJSON_GetArraySize(jm);
+    if (rc == 0 && cap > 0 && !(*recs = calloc((size_t)cap, sizeof **recs))) rc = DL_ENOMEM;
+    const cJSON *list = cJSON_IsArray(jm) && rc == 0 ? jm : NULL;
+    cJSON_ArrayForEach(e, list) {
+        char *line = cJSON_PrintUnformatted(e);
+        if (line && rundir_metrics_parse_line(line, strlen(line), &(*recs)[*n]) == 0) (*n)++;
+        else rundir_metrics_rec_free(&(*recs)[*n]);
+        free(line);
+    }
+    cJSON_Delete(doc);
+    return rc;
+}
+
 int cmd_status(int argc, char **argv) {
     const char *dir = NULL;
     static const struct option opts[] = {{"run", 1, 0, 'r'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
@@ -111,17 +147,21 @@ int cmd_status(int argc, char **argv) {
     if (!dir) { cli_error("draftline status", "--run DIR is required"); return 2; }
     rundir_run_t *run = malloc(sizeof *run);
     if (!run) { fprintf(stderr, "draftline status: out of memory\n"); return 1; }
-    if (rundir_run_read(dir, run) < 0) {
-        fprintf(stderr, "draftline status: %s/%s: missing or malformed\n", dir, RUNDIR_RUN_JSON);
-        free(run);
-        return 1;
-    }
-    int alive = sup_pid_is_supervisor(run->supervisor_pid);
-    print_run(run, dir, alive);
-    /* latest metrics per stage */
     rundir_metrics_rec_t *last = NULL;
     int nl = 0;
-    rundir_metrics_latest(dir, STATUS_TAIL_BYTES, &last, &nl);
+    int alive = status_live(dir, run, &last, &nl) == 0;
+    if (!alive) {
+        /* not live: the files, as the supervisor last wrote them */
+        rundir_metrics_latest_free(&last, nl);
+        nl = 0;
+        if (rundir_run_read(dir, run) < 0) {
+            fprintf(stderr, "draftline status: %s/%s: missing or malformed\n", dir, RUNDIR_RUN_JSON);
+            free(run);
+            return 1;
+        }
+        rundir_metrics_latest(dir, STATUS_TAIL_BYTES, &last, &nl);
+    }
+    print_run(run, dir, alive);
     printf("%-10s %-8s %7s %4s %3s %4s  %-11s %10s %9s %9s %9s  %s\n", "stage", "process", "pid", "inc", "rst",
            "gpu", "state", "tokens/s", "wait_in", "wait_cr", "compute", "detail");
     for (int i = 0; i < run->n_stages; i++)

@@ -1,34 +1,19 @@
-/* `draftline stop --run DIR`: asks a run's supervisor to stop (SIGTERM, the same
- * as Ctrl-C: every stage stops, the optimizer writes a final checkpoint), and with
- * --wait waits for it to finish. The supervisor's pid comes from <DIR>/run.json and
- * is checked against /proc/<pid>/cmdline ("draftline" "run") before signalling. */
+/* `draftline stop --run DIR`: asks a run's supervisor, on its control socket
+ * (common/rundir/ctl.h), to stop: the same path as SIGTERM or Ctrl-C (every stage
+ * stops, the optimizer writes a final checkpoint); with --wait it waits for the
+ * supervisor's "stopped" (or for it to go silent). A run whose socket does not
+ * answer is not running. */
 #include "common/base/cli.h"
 #include "common/base/err.h"
+#include "common/rundir/ctl.h"
 #include "common/rundir/rundir.h"
 #include "tools/commands.h"
 
-#include <errno.h>
 #include <getopt.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
-
-static int is_supervisor(pid_t pid) {
-    char p[64], buf[4096];
-    snprintf(p, sizeof p, "/proc/%d/cmdline", (int)pid);
-    FILE *f = fopen(p, "rb");
-    if (!f) return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    /* argv is NUL-separated: look for "...draftline" followed by "run" */
-    const char *a0 = buf;
-    const char *a1 = buf + strlen(buf) + 1;
-    return n > 0 && strstr(a0, "draftline") && a1 < buf + n && !strcmp(a1, "run");
-}
 
 int cmd_stop(int argc, char **argv) {
     const char *dir = NULL;
@@ -53,21 +38,41 @@ int cmd_stop(int argc, char **argv) {
         fprintf(stderr, "draftline stop: %s/%s: missing or malformed\n", dir, RUNDIR_RUN_JSON);
         return 1;
     }
-    pid_t pid = (pid_t)spid;
-    if (!is_supervisor(pid)) {
-        printf("run %s is not running (no supervisor at pid %d)\n", dir, (int)pid);
+    proto_ctl_request_t q = {.id = (uint64_t)getpid(), .op = PROTO_CTLREQ_STOP,
+                             .flags = wait_s > 0 ? PROTO_CTLREQ_WAIT : 0};
+    proto_msg_t r;
+    rundir_ctl_t *cl = NULL;
+    int rc = rundir_ctl_call(dir, &q, RUNDIR_CTL_ANSWER_MS, &r, &cl);
+    if (rc < 0) {
+        printf("run %s is not running (no supervisor at pid %d)\n", dir, spid);
         return 0;
     }
-    if (kill(pid, SIGTERM) != 0) {
-        fprintf(stderr, "draftline stop: kill %d: %s\n", (int)pid, strerror(errno));
+    int code = r.ctl_reply.code;
+    char *txt = rundir_ctl_text(&r.ctl_reply);
+    proto_msg_free(&r);
+    if (code < 0) {
+        fprintf(stderr, "draftline stop: the supervisor refused: %s\n", txt ? txt : "");
+        free(txt);
+        rundir_ctl_destroy(&cl);
         return 1;
     }
-    printf("asked the supervisor of %s (pid %d) to stop\n", dir, (int)pid);
-    for (int i = 0; i < wait_s * 10; i++) {
-        if (!is_supervisor(pid)) { printf("stopped\n"); return 0; }
-        struct timespec ts = {0, 100000000};
-        nanosleep(&ts, NULL);
+    printf("asked the supervisor of %s (pid %d) to stop\n", dir, txt && atoi(txt) > 0 ? atoi(txt) : spid);
+    free(txt);
+    fflush(stdout);
+    int ret = 0;
+    while (wait_s > 0) {
+        rc = rundir_ctl_recv(cl, &r, wait_s * 1000);
+        if (rc == DL_ECLOSED || (rc == 0 && r.type == PROTO_CTL_REPLY && r.ctl_reply.id == q.id &&
+                                 !strcmp(r.ctl_reply.state, "stopped"))) {
+            if (rc == 0) proto_msg_free(&r);
+            printf("stopped\n");
+            break;
+        }
+        if (rc == 0) { proto_msg_free(&r); continue; }
+        fprintf(stderr, "draftline stop: still running after %d s\n", wait_s);
+        ret = 1;
+        break;
     }
-    if (wait_s > 0) { fprintf(stderr, "draftline stop: still running after %d s\n", wait_s); return 1; }
-    return 0;
+    rundir_ctl_destroy(&cl);
+    return ret;
 }

@@ -52,10 +52,8 @@ static int flushed(rundir_metrics_t *w) {
     return 0;
 }
 
-int rundir_metrics_append(rundir_metrics_t *w, uint64_t ts_ns, const char *stage, uint32_t stage_id,
-                          uint64_t incarnation, const char *state, const char *const *names,
-                          const double *values, int n) {
-    FILE *f = w->f;
+static void write_line(FILE *f, uint64_t ts_ns, const char *stage, uint32_t stage_id, uint64_t incarnation,
+                       const char *state, const char *const *names, const double *values, int n) {
     fprintf(f, "{\"ts\":%.3f,\"stage\":", (double)ts_ns / 1e9);
     json_str(f, stage);
     fprintf(f, ",\"stage_id\":%u,\"incarnation\":%llu,\"state\":", stage_id, (unsigned long long)incarnation);
@@ -68,7 +66,25 @@ int rundir_metrics_append(rundir_metrics_t *w, uint64_t ts_ns, const char *stage
         else fprintf(f, ":null");
     }
     fprintf(f, "}\n");
+}
+
+int rundir_metrics_append(rundir_metrics_t *w, uint64_t ts_ns, const char *stage, uint32_t stage_id,
+                          uint64_t incarnation, const char *state, const char *const *names,
+                          const double *values, int n) {
+    write_line(w->f, ts_ns, stage, stage_id, incarnation, state, names, values, n);
     return flushed(w);
+}
+
+int rundir_metrics_format(char **out, size_t *len, uint64_t ts_ns, const char *stage, uint32_t stage_id,
+                          uint64_t incarnation, const char *state, const char *const *names,
+                          const double *values, int n) {
+    *out = NULL;
+    *len = 0;
+    FILE *f = open_memstream(out, len);
+    if (!f) return dl_seterr(DL_ENOMEM, "metrics line: out of memory");
+    write_line(f, ts_ns, stage, stage_id, incarnation, state, names, values, n);
+    if (fclose(f) != 0 || !*out) { free(*out); *out = NULL; return dl_seterr(DL_ENOMEM, "metrics line: out of memory"); }
+    return 0;
 }
 
 int rundir_metrics_append_eval(rundir_metrics_t *w, double ts, uint64_t step, double seconds,

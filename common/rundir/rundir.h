@@ -10,7 +10,8 @@
  *   {"run_id", "device": "cpu"|"cuda", "targets", "drafters", "target_gpus": [..],
  *    "drafter_gpus": [..], "max_steps", "start_step", "micro_batches_per_step",
  *    "supervisor_pid", "sock_dir", "state": running|rebalancing|stopping|stopped,
- *    "metrics_port" (-1 off), "metrics_endpoint" ("" none), "optimizer_recoveries",
+ *    "metrics_port" (-1 off), "metrics_endpoint" ("" none), ["control"] (the
+ *    supervisor's control socket, e.g. "ipc://<run>/ctl.sock"), "optimizer_recoveries",
  *    ["target_model"], ["data"], "save_every", "keep_checkpoints", "deterministic",
  *    ["rebalance": {"id", "status", "message", "seconds"}],
  *    "stages": [{"name", "stage_id", "pid" (0: exited), "incarnation", "restarts",
@@ -84,6 +85,7 @@ typedef struct {
     char state[RUNDIR_STATE_MAX];       /* running|rebalancing|stopping|stopped */
     int metrics_port;                   /* Prometheus port, -1 off */
     char metrics_endpoint[128];         /* the metrics PUB ("" none; BUS_ENDPOINT_MAX) */
+    char control[128];                  /* the control socket ("" = not written; BUS_ENDPOINT_MAX) */
     int optimizer_recoveries;
     char target_model[RUNDIR_PATH_MAX]; /* absolute; "" = not written */
     char data[RUNDIR_PATH_MAX];         /* absolute data cache; "" = not written */
@@ -123,8 +125,8 @@ int rundir_run_parse(const char *text, size_t len, const char *what, rundir_run_
 
 /* supervisor_pid of <dir>/run.json into *pid (0 on error). Returns 0; DL_ENOENT when
  * the file is missing or has no supervisor_pid (detail "<path>: no supervisor_pid");
- * rundir_run_read's errors otherwise. Whether that pid is still the supervisor is the
- * caller's question (/proc, tools/supervisor.h sup_pid_is_supervisor). */
+ * rundir_run_read's errors otherwise. Informative only: whether the run is live is
+ * whether its control socket answers (common/rundir/ctl.h). */
 int rundir_run_supervisor_pid(const char *dir, int *pid);
 
 /* The run.json stage named `name`, or NULL. */
@@ -144,6 +146,12 @@ void rundir_metrics_close(rundir_metrics_t **w);
  * values[i], i < n (non-finite values are written as null). Strings lose control
  * characters, '"' and '\\' are escaped. Returns 0 or DL_EIO. */
 int rundir_metrics_append(rundir_metrics_t *w, uint64_t ts_ns, const char *stage, uint32_t stage_id,
+                          uint64_t incarnation, const char *state, const char *const *names,
+                          const double *values, int n);
+/* The same line (with its '\n') into a malloc'd NUL-terminated string (*out, caller
+ * frees; *len its length without the NUL): the supervisor's status document carries
+ * each stage's latest line. Returns 0 or DL_ENOMEM. */
+int rundir_metrics_format(char **out, size_t *len, uint64_t ts_ns, const char *stage, uint32_t stage_id,
                           uint64_t incarnation, const char *state, const char *const *names,
                           const double *values, int n);
 /* Appends one eval line ("stage":"eval","state":"done"): ts wall s, the step the

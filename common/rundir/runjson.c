@@ -68,6 +68,7 @@ static cJSON *run_json(const rundir_run_t *r) {
     cJSON_AddStringToObject(j, "state", r->state);
     cJSON_AddNumberToObject(j, "metrics_port", r->metrics_port);
     cJSON_AddStringToObject(j, "metrics_endpoint", r->metrics_endpoint);
+    if (r->control[0]) cJSON_AddStringToObject(j, "control", r->control);
     cJSON_AddNumberToObject(j, "optimizer_recoveries", r->optimizer_recoveries);
     /* for `draftline run --resume DIR`'s defaults */
     if (r->target_model[0]) cJSON_AddStringToObject(j, "target_model", r->target_model);
@@ -270,6 +271,7 @@ static int read_obj(const rctx_t *c, const cJSON *o, rundir_run_t *r) {
     DL_TRY(get_str(c, o, "state", r->state, sizeof r->state));
     DL_TRY(get_int(c, o, "metrics_port", &r->metrics_port));
     DL_TRY(get_str(c, o, "metrics_endpoint", r->metrics_endpoint, sizeof r->metrics_endpoint));
+    DL_TRY(get_str(c, o, "control", r->control, sizeof r->control));
     DL_TRY(get_int(c, o, "optimizer_recoveries", &r->optimizer_recoveries));
     DL_TRY(get_str(c, o, "target_model", r->target_model, sizeof r->target_model));
     DL_TRY(get_str(c, o, "data", r->data, sizeof r->data));

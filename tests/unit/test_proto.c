@@ -69,6 +69,11 @@ static void assert_msg_equal(const proto_msg_t *x, const proto_msg_t *y) {
         EQ(step); EQA(mbs, n_mbs); break; }
     case PROTO_ERROR: { const proto_error_t *a = &x->error, *b = &y->error;
         EQ(code); EQ(ref_type); EQS(message); break; }
+    case PROTO_CTL_REQUEST: { const proto_ctl_request_t *a = &x->ctl_request, *b = &y->ctl_request;
+        EQ(id); EQ(op); EQ(flags); EQ(targets); EQ(drafters); EQA(target_gpus, n_target_gpus);
+        EQA(drafter_gpus, n_drafter_gpus); break; }
+    case PROTO_CTL_REPLY: { const proto_ctl_reply_t *a = &x->ctl_reply, *b = &y->ctl_reply;
+        EQ(id); EQ(code); EQS(state); EQA(text, n_text); break; }
     default: fail_msg("unexpected type %d", x->type);
     }
 }

@@ -23,6 +23,8 @@ static uint8_t g_mask[DL_PROTO_MAX_TOKENS];
 static uint64_t g_mbs[DL_PROTO_MAX_MBS];
 static float g_acc[DL_PROTO_MAX_BLOCK];
 static int64_t g_ints[DL_PROTO_MAX_INTS];
+static int64_t g_gpus[2][DL_PROTO_CTL_GPUS_MAX];
+static uint8_t g_text[DL_PROTO_CTL_TEXT_MAX];
 
 static inline void fill_handle(uint8_t *h, uint8_t seed) {
     for (unsigned i = 0; i < DL_PROTO_HANDLE_BYTES; i++) h[i] = (uint8_t)(seed + 37 * i);
@@ -128,6 +130,22 @@ static inline void make_sample(int t, bool big, proto_msg_t *m) {
         m->error.code = DL_EPROTO; m->error.ref_type = PROTO_MICRO_BATCH;
         strcpy(m->error.message, "micro_batch.seq_lens: sum 12 != tokens length 13");
         break;
+    case PROTO_CTL_REQUEST: {
+        proto_ctl_request_t *r = &m->ctl_request;
+        uint32_t nt = big ? DL_PROTO_CTL_GPUS_MAX : 2, nd = big ? DL_PROTO_CTL_GPUS_MAX : 1;
+        for (uint32_t i = 0; i < DL_PROTO_CTL_GPUS_MAX; i++) { g_gpus[0][i] = i % 8; g_gpus[1][i] = (i + 3) % 8; }
+        r->id = 0xc0ffee0000000001ull; r->op = PROTO_CTLREQ_REBALANCE; r->flags = PROTO_CTLREQ_WAIT;
+        r->target_gpus = g_gpus[0]; r->n_target_gpus = nt; r->drafter_gpus = g_gpus[1]; r->n_drafter_gpus = nd;
+        break;
+    }
+    case PROTO_CTL_REPLY: {
+        proto_ctl_reply_t *r = &m->ctl_reply;
+        uint32_t n = big ? DL_PROTO_CTL_TEXT_MAX : 24;
+        for (uint32_t i = 0; i < n; i++) g_text[i] = (uint8_t)(i * 131u + 7u);   /* any bytes */
+        r->id = 0xc0ffee0000000001ull; r->code = DL_EINVAL; strcpy(r->state, "rejected");
+        r->text = g_text; r->n_text = n;
+        break;
+    }
     }
 }
 

@@ -46,6 +46,8 @@ static const char *const SPEC[PROTO_TYPE_COUNT_][24] = {
     [PROTO_CONTROL] = { "op", "seq", "step", "ints", "arg" },
     [PROTO_APPLIED] = { "step", "mbs" },
     [PROTO_ERROR] = { "code", "ref_type", "message" },
+    [PROTO_CTL_REQUEST] = { "id", "op", "flags", "targets", "drafters", "target_gpus", "drafter_gpus" },
+    [PROTO_CTL_REPLY] = { "id", "code", "state", "text" },
 };
 
 static unsigned spec_n(int t) {
@@ -558,10 +560,48 @@ static void test_semantic_rules(void **state) {
     m.metrics.metrics[1].name[0] = 0;
     expect_invalid(&m, "metrics.metrics[1].name: empty");
 
+
     m.type = 0;
     assert_int_equal(proto_validate(&m), DL_EPROTO);
     m.type = PROTO_TYPE_COUNT_;
     assert_int_equal(proto_validate(&m), DL_EPROTO);
+}
+
+/* The control socket's messages: counts xor GPU lists on a rebalance, nothing on
+ * other ops, the reply's state and text bounds. */
+static void test_ctl_rules(void **state) {
+    (void)state;
+    proto_msg_t m;
+    make_sample(PROTO_CTL_REQUEST, false, &m);
+    m.ctl_request.targets = 2;
+    expect_invalid(&m, "ctl_request.targets: rebalance gives counts or GPU lists, not both");
+    m.ctl_request.targets = 0; m.ctl_request.n_drafter_gpus = 0;
+    expect_invalid(&m, "ctl_request.target_gpus: a GPU rebalance needs both lists");
+    m.ctl_request.n_target_gpus = 0; m.ctl_request.targets = 2;
+    expect_invalid(&m, "ctl_request.targets: rebalance needs targets and drafters >= 1");
+    m.ctl_request.drafters = 1;
+    assert_int_equal(proto_validate(&m), 0);
+    m.ctl_request.op = PROTO_CTLREQ_STOP;
+    expect_invalid(&m, "ctl_request.targets: stop takes no targets");
+    m.ctl_request.targets = m.ctl_request.drafters = 0;
+    assert_int_equal(proto_validate(&m), 0);
+    m.ctl_request.op = PROTO_CTLREQ_COUNT_;
+    expect_invalid(&m, "ctl_request.op: 5 out of range");
+    m.ctl_request.op = PROTO_CTLREQ_STATUS; m.ctl_request.flags = 2;
+    expect_invalid(&m, "ctl_request.flags: 2 out of range");
+    make_sample(PROTO_CTL_REQUEST, false, &m);
+    g_gpus[0][1] = DL_PROTO_CTL_GPU_MAX + 1;
+    expect_invalid(&m, "ctl_request.target_gpus[1]: 1024 out of range");
+    g_gpus[0][1] = 1;
+    make_sample(PROTO_CTL_REPLY, false, &m);
+    m.ctl_reply.state[0] = 0;
+    expect_invalid(&m, "ctl_reply.state: ");
+    make_sample(PROTO_CTL_REPLY, false, &m);
+    m.ctl_reply.code = 1;
+    expect_invalid(&m, "ctl_reply.code: 1 out of range [-1000, 0]");
+    m.ctl_reply.code = 0;
+    m.ctl_reply.n_text = DL_PROTO_CTL_TEXT_MAX + 1;
+    expect_invalid(&m, "ctl_reply.text: 1048577 elements, expected 0..1048576");
 }
 
 static void test_decode_rejects_semantics_on_wire(void **state) {
@@ -671,6 +711,7 @@ int main(void) {
         cmocka_unit_test(test_trailing_and_structure),
         cmocka_unit_test(test_over_limits),
         cmocka_unit_test(test_semantic_rules),
+        cmocka_unit_test(test_ctl_rules),
         cmocka_unit_test(test_decode_rejects_semantics_on_wire),
         cmocka_unit_test(test_random_mutations),
     };

@@ -171,6 +171,7 @@ static void test_run_json_roundtrip(void **state) {
     r->max_steps = 5000000000LL;
     r->metrics_port = 9400;
     snprintf(r->metrics_endpoint, sizeof r->metrics_endpoint, "ipc:///tmp/dl-x/metrics");
+    snprintf(r->control, sizeof r->control, "ipc:///tmp/dl-x/ctl.sock");
     r->optimizer_recoveries = 3;
     r->deterministic = 1;
     r->keep_checkpoints = 0;
@@ -188,6 +189,7 @@ static void test_run_json_roundtrip(void **state) {
     assert_non_null(strstr(t, "\"deterministic\":\ttrue"));
     assert_non_null(strstr(t, "\"last_recovery_s\":\t2.75"));
     assert_non_null(strstr(t, "\"target_gpus\":\t[0, 1]"));
+    assert_non_null(strstr(t, "\"metrics_endpoint\":\t\"ipc:///tmp/dl-x/metrics\",\n\t\"control\":\t\"ipc:///tmp/dl-x/ctl.sock\",\n"));
     assert_int_equal(rundir_run_read(tmpdir, b), 0);
     assert_int_equal(memcmp(r, b, sizeof *r), 0);
     const rundir_stage_t *x = rundir_run_stage(b, "drafter0");
@@ -195,12 +197,13 @@ static void test_run_json_roundtrip(void **state) {
     assert_int_equal(x->pid, 4242);
     assert_null(rundir_run_stage(b, "drafter9"));
     /* optional keys left out when unset */
-    r->target_model[0] = r->data[0] = r->rebalance.id[0] = 0;
+    r->target_model[0] = r->data[0] = r->rebalance.id[0] = r->control[0] = 0;
     assert_int_equal(rundir_run_write(tmpdir, r), 0);
     t = slurp(tmpdir, RUNDIR_RUN_JSON);
     assert_null(strstr(t, "target_model"));
     assert_null(strstr(t, "\"data\""));
     assert_null(strstr(t, "rebalance"));
+    assert_null(strstr(t, "control"));
     free(r);
     free(b);
 }
