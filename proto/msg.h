@@ -53,6 +53,9 @@
 #define DL_PROTO_SHM_NAME_MAX  63u          /* POSIX shm object name "/dl-..." */
 #define DL_PROTO_ARG_MAX       255u         /* control string argument */
 #define DL_PROTO_ERRMSG_MAX    511u         /* error message text */
+#define DL_PROTO_PATH_MAX      4095u        /* run_config paths (PATH_MAX - 1) */
+#define DL_PROTO_RUN_ID_MAX    16u          /* run_config run id ([A-Za-z0-9_.]) */
+#define DL_PROTO_MAX_PLACE     64u          /* run_config targets / drafters listed */
 
 #define DL_PROTO_MB_NONE   UINT64_MAX  /* "no micro-batch" (slot_release of an unused grant) */
 
@@ -72,7 +75,9 @@ typedef enum {
     PROTO_CONTROL             = 12,  /* supervisor -> stages */
     PROTO_APPLIED             = 13,  /* optimizer -> loader (and supervisor) */
     PROTO_ERROR               = 14,  /* any -> any, answer to a refused message */
-    PROTO_TYPE_COUNT_         = 15
+    /* 15, 16: reserved (the supervisor's control socket, CTL_*) */
+    PROTO_RUN_CONFIG          = 17,  /* supervisor -> stage, the answer to its hello */
+    PROTO_TYPE_COUNT_         = 18
 } proto_type_t;
 
 typedef enum {
@@ -286,6 +291,44 @@ typedef struct {
     char message[DL_PROTO_ERRMSG_MAX + 1];
 } proto_error_t;
 
+/* The run's settings, sent by the supervisor to a stage in answer to its hello
+ * (common/pipe/runcfg.h holds the same settings as run_config_t and converts).
+ * Per stage and incarnation the supervisor sets start_step, cursor_in, resume_dir
+ * and gpu/drafter; the rest is the run's. Paths are absolute or relative to the
+ * supervisor's working directory (the stages inherit it); "" = not set. Units:
+ * token_budget and max_len in tokens (max_len 0 = no limit), inbox sizes in GiB,
+ * lr per step. Placement: target_gpus[i] / drafter_gpus[i] the CUDA ordinal of
+ * target i / drafter i (-1 = CPU), target_drafters[i] target i's drafter index;
+ * gpu is the receiving stage's own GPU (-1 = CPU), drafter its route (targets;
+ * -1 for the other roles). */
+typedef struct {
+    uint32_t stage_id;           /* the stage this answers */
+    uint64_t incarnation;        /* its incarnation (the hello's) */
+    char run_id[DL_PROTO_RUN_ID_MAX + 1];
+    char data_cache[DL_PROTO_PATH_MAX + 1];
+    char target_model[DL_PROTO_PATH_MAX + 1];
+    char out_dir[DL_PROTO_PATH_MAX + 1];
+    char cursor_base[DL_PROTO_PATH_MAX + 1];
+    char cursor_in[DL_PROTO_PATH_MAX + 1];
+    char resume_dir[DL_PROTO_PATH_MAX + 1];
+    uint64_t target_fp;          /* 0 = unknown */
+    uint64_t seed;
+    uint32_t token_budget, max_len, mbs_per_step, epochs;
+    uint64_t max_steps, start_step;
+    uint32_t lookahead_mbs, drafter_layers, block_size, num_anchors;
+    double lr;
+    uint64_t warmup_steps;
+    double weight_decay, clip;
+    uint64_t save_every;
+    uint32_t keep_checkpoints;   /* 0 = keep all */
+    double inbox_gb, host_inbox_gb;
+    uint32_t hs_min_ready, prefetch, threads, deterministic;
+    int32_t gpu, drafter;
+    const int64_t *target_gpus; uint32_t n_target_gpus;         /* 1..DL_PROTO_MAX_PLACE */
+    const int64_t *drafter_gpus; uint32_t n_drafter_gpus;       /* 1..DL_PROTO_MAX_PLACE */
+    const int64_t *target_drafters; uint32_t n_target_drafters; /* == n_target_gpus */
+} proto_run_config_t;
+
 /* One message. `version` is filled by proto_decode (always DL_PROTO_VERSION on
  * success); the encoder always writes DL_PROTO_VERSION. */
 typedef struct proto_msg {
@@ -306,6 +349,7 @@ typedef struct proto_msg {
         proto_control_t control;
         proto_applied_t applied;
         proto_error_t error;
+        proto_run_config_t run_config;
     };
     void *owned_;                /* decode-owned array storage; freed by proto_msg_free */
 } proto_msg_t;
