@@ -47,6 +47,7 @@
 #include "common/ops/ops.h"
 #include "common/pipe/layout.h"
 #include "common/pipe/model.h"
+#include "common/pipe/runcfg.h"
 #include "common/pipe/peers.h"
 #include "common/pipe/slot.h"
 #include "common/pipe/stage.h"
@@ -59,6 +60,7 @@
 #include <unistd.h>
 
 #define DW_MAX_SLOTS 1024
+_Static_assert(DW_MAX_SLOTS == RUNCFG_HS_MIN_READY_MAX, "--hs-min-ready limit is the run config's");
 #define DW_MAX_EVENTS 256
 
 /* What a drafter keeps per target beside the registry (same index). */

@@ -291,6 +291,23 @@ int proto__check_ctl_request(const proto_msg_t *m, const char *tn) {
     return 0;
 }
 
+int proto__check_run_config(const proto_msg_t *m, const char *tn) {
+    const proto_run_config_t *c = &m->run_config;
+    if (c->max_len == 1)
+        return dl_seterr(DL_EPROTO, "%s.max_len: 1 (0 = no limit, else >= 2)", tn);
+    if (c->n_target_drafters != c->n_target_gpus)
+        return dl_seterr(DL_EPROTO, "%s.target_drafters: %u entries for %u targets", tn,
+                         c->n_target_drafters, c->n_target_gpus);
+    for (uint32_t i = 0; i < c->n_target_drafters; i++) {
+        if (c->target_drafters[i] >= (int64_t)c->n_drafter_gpus)
+            return dl_seterr(DL_EPROTO, "%s.target_drafters[%u]: drafter %lld of %u", tn, i,
+                             (long long)c->target_drafters[i], c->n_drafter_gpus);
+    }
+    if (c->drafter >= (int32_t)c->n_drafter_gpus)
+        return dl_seterr(DL_EPROTO, "%s.drafter: drafter %d of %u", tn, c->drafter, c->n_drafter_gpus);
+    return 0;
+}
+
 int proto_validate(const proto_msg_t *m) {
     if (!m) return dl_seterr(DL_EINVAL, "proto_validate: NULL message");
     const msgdef_t *d = def_of((uint64_t)m->type);

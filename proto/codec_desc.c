@@ -25,6 +25,7 @@ static const char *const TYPE_NAMES[PROTO_TYPE_COUNT_] = {
     "?", "hello", "heartbeat", "work_request", "micro_batch", "slab_export",
     "slot_grant", "hidden_states_ready", "slot_release", "gradients_ready",
     "weights_version", "metrics", "control", "applied", "error", "ctl_request", "ctl_reply",
+    [PROTO_RUN_CONFIG] = "run_config",
 };
 static const char *const ROLE_NAMES[PROTO_ROLE_COUNT_] = {
     "?", "loader", "target", "drafter", "optimizer", "supervisor", "monitor",
@@ -41,7 +42,7 @@ static const char *const CTL_NAMES[PROTO_CTL_COUNT_] = {
     "?", "rebalance", "drain", "stop", "route", "membership", "resume",
 };
 
-#define NAME_OF(tab, n, v) ((unsigned)(v) < (unsigned)(n) ? (tab)[(unsigned)(v)] : "?")
+#define NAME_OF(tab, n, v) ((unsigned)(v) < (unsigned)(n) && (tab)[(unsigned)(v)] ? (tab)[(unsigned)(v)] : "?")
 const char *proto_type_name(proto_type_t t) { return NAME_OF(TYPE_NAMES, PROTO_TYPE_COUNT_, t); }
 const char *proto_role_name(proto_role_t r) { return NAME_OF(ROLE_NAMES, PROTO_ROLE_COUNT_, r); }
 const char *proto_state_name(proto_state_t s) { return NAME_OF(STATE_NAMES, PROTO_STATE_COUNT_, s); }
@@ -230,6 +231,47 @@ static const field_t F_CTL_REPLY[] = {
     F_STR(ctl_reply, state, 1, DL_PROTO_NAME_MAX, FL_PRINTABLE),
     { F_ARR(K_U8BIN, ctl_reply, text, n_text, 0, DL_PROTO_CTL_TEXT_MAX), .ulo = 0, .uhi = 255 },
 };
+#define F_PATH(f) F_STR(run_config, f, 0, DL_PROTO_PATH_MAX, 0)
+#define F_PLACE(f, nf) { F_ARR(K_I64S, run_config, f, nf, 1, DL_PROTO_MAX_PLACE), .slo = -1, .shi = 1023 }
+/* Wire ranges: what any stage could take; run_config_t's validation
+ * (common/pipe/runcfg.c) holds the stages' own, stricter limits. */
+static const field_t F_RUN_CONFIG[] = {
+    F_STAGE(run_config, stage_id),
+    F_U64(run_config, incarnation, 1, UANY),
+    F_STR(run_config, run_id, 1, DL_PROTO_RUN_ID_MAX, FL_PRINTABLE),
+    F_PATH(data_cache), F_PATH(target_model), F_PATH(out_dir), F_PATH(cursor_base),
+    F_PATH(cursor_in), F_PATH(resume_dir),
+    F_U64(run_config, target_fp, 0, UANY),
+    F_U64(run_config, seed, 0, INT64_MAX),
+    F_U32(run_config, token_budget, 1, DL_PROTO_MAX_TOKENS),
+    F_U32(run_config, max_len, 0, DL_PROTO_MAX_TOKENS),
+    F_U32(run_config, mbs_per_step, 1, DL_PROTO_MAX_MBS),
+    F_U32(run_config, epochs, 0, U32ANY),
+    F_U64(run_config, max_steps, 0, INT64_MAX),
+    F_U64(run_config, start_step, 0, INT64_MAX),
+    F_U32(run_config, lookahead_mbs, 0, U32ANY),
+    F_U32(run_config, drafter_layers, 1, U32ANY),
+    F_U32(run_config, block_size, 2, DL_PROTO_MAX_BLOCK),
+    F_U32(run_config, num_anchors, 1, U32ANY),
+    F_F64(run_config, lr, 0.0, DBL_MAX, 0),
+    F_U64(run_config, warmup_steps, 0, INT64_MAX),
+    F_F64(run_config, weight_decay, 0.0, DBL_MAX, 0),
+    F_F64(run_config, clip, 0.0, DBL_MAX, 0),
+    F_U64(run_config, save_every, 0, INT64_MAX),
+    F_U32(run_config, keep_checkpoints, 0, INT32_MAX),
+    F_F64(run_config, inbox_gb, 0.0, DBL_MAX, 0),
+    F_F64(run_config, host_inbox_gb, 0.0, DBL_MAX, 0),
+    F_U32(run_config, hs_min_ready, 1, U32ANY),
+    F_U32(run_config, prefetch, 1, U32ANY),
+    F_U32(run_config, threads, 0, U32ANY),
+    F_U32(run_config, deterministic, 0, 1),
+    F_I32(run_config, gpu, -1, 1023),
+    F_I32(run_config, drafter, -1, DL_PROTO_MAX_PLACE - 1),
+    F_PLACE(target_gpus, n_target_gpus),
+    F_PLACE(drafter_gpus, n_drafter_gpus),
+    { F_ARR(K_I64S, run_config, target_drafters, n_target_drafters, 1, DL_PROTO_MAX_PLACE),
+      .slo = 0, .shi = DL_PROTO_MAX_PLACE - 1 },
+};
 
 #define DEF(tab, chk) { tab, (uint32_t)(sizeof(tab) / sizeof(tab[0])), chk }
 const msgdef_t proto__defs[PROTO_TYPE_COUNT_] = {
@@ -249,4 +291,5 @@ const msgdef_t proto__defs[PROTO_TYPE_COUNT_] = {
     [PROTO_ERROR] = DEF(F_ERROR, NULL),
     [PROTO_CTL_REQUEST] = DEF(F_CTL_REQUEST, proto__check_ctl_request),
     [PROTO_CTL_REPLY] = DEF(F_CTL_REPLY, NULL),
+    [PROTO_RUN_CONFIG] = DEF(F_RUN_CONFIG, proto__check_run_config),
 };

@@ -56,6 +56,7 @@ int proto__check_weights_version(const proto_msg_t *m, const char *tn);
 int proto__check_control(const proto_msg_t *m, const char *tn);
 int proto__check_applied(const proto_msg_t *m, const char *tn);
 int proto__check_ctl_request(const proto_msg_t *m, const char *tn);
+int proto__check_run_config(const proto_msg_t *m, const char *tn);
 
 typedef struct {
     const field_t *fields;
@@ -64,11 +65,11 @@ typedef struct {
 } msgdef_t;
 
 /* The descriptor of each type, indexed by proto_type_t (proto/codec_desc.c);
- * entry 0 is unused. */
+ * entry 0 and reserved type numbers are unused (no fields: unknown type). */
 extern const msgdef_t proto__defs[PROTO_TYPE_COUNT_];
 
 static inline const msgdef_t *def_of(uint64_t type) {
-    return (type >= 1 && type < PROTO_TYPE_COUNT_) ? &proto__defs[type] : NULL;
+    return (type >= 1 && type < PROTO_TYPE_COUNT_ && proto__defs[type].fields) ? &proto__defs[type] : NULL;
 }
 
 /* Typed access to a field of a message through its descriptor (memcpy keeps it

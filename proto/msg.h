@@ -57,6 +57,9 @@
 #define DL_PROTO_CTL_GPUS_MAX  64u          /* ctl_request GPU list entries (RBPLAN_MAX) */
 #define DL_PROTO_CTL_GPU_MAX   1023         /* a CUDA ordinal in a ctl_request GPU list */
 #define DL_PROTO_CTL_STAGES_MAX 64u         /* ctl_request targets / drafters (PIPE_MAX_*) */
+#define DL_PROTO_PATH_MAX      4095u        /* run_config paths (PATH_MAX - 1) */
+#define DL_PROTO_RUN_ID_MAX    16u          /* run_config run id ([A-Za-z0-9_.]) */
+#define DL_PROTO_MAX_PLACE     64u          /* run_config targets / drafters listed */
 
 #define DL_PROTO_MB_NONE   UINT64_MAX  /* "no micro-batch" (slot_release of an unused grant) */
 
@@ -78,7 +81,8 @@ typedef enum {
     PROTO_ERROR               = 14,  /* any -> any, answer to a refused message */
     PROTO_CTL_REQUEST         = 15,  /* control client -> supervisor (its control socket) */
     PROTO_CTL_REPLY           = 16,  /* supervisor -> control client */
-    PROTO_TYPE_COUNT_         = 17
+    PROTO_RUN_CONFIG          = 17,  /* supervisor -> stage, the answer to its hello */
+    PROTO_TYPE_COUNT_         = 18
 } proto_type_t;
 
 typedef enum {
@@ -329,6 +333,44 @@ typedef struct {
     const uint8_t *text; uint32_t n_text;        /* 0..DL_PROTO_CTL_TEXT_MAX */
 } proto_ctl_reply_t;
 
+/* The run's settings, sent by the supervisor to a stage in answer to its hello
+ * (common/pipe/runcfg.h holds the same settings as run_config_t and converts).
+ * Per stage and incarnation the supervisor sets start_step, cursor_in, resume_dir
+ * and gpu/drafter; the rest is the run's. Paths are absolute or relative to the
+ * supervisor's working directory (the stages inherit it); "" = not set. Units:
+ * token_budget and max_len in tokens (max_len 0 = no limit), inbox sizes in GiB,
+ * lr per step. Placement: target_gpus[i] / drafter_gpus[i] the CUDA ordinal of
+ * target i / drafter i (-1 = CPU), target_drafters[i] target i's drafter index;
+ * gpu is the receiving stage's own GPU (-1 = CPU), drafter its route (targets;
+ * -1 for the other roles). */
+typedef struct {
+    uint32_t stage_id;           /* the stage this answers */
+    uint64_t incarnation;        /* its incarnation (the hello's) */
+    char run_id[DL_PROTO_RUN_ID_MAX + 1];
+    char data_cache[DL_PROTO_PATH_MAX + 1];
+    char target_model[DL_PROTO_PATH_MAX + 1];
+    char out_dir[DL_PROTO_PATH_MAX + 1];
+    char cursor_base[DL_PROTO_PATH_MAX + 1];
+    char cursor_in[DL_PROTO_PATH_MAX + 1];
+    char resume_dir[DL_PROTO_PATH_MAX + 1];
+    uint64_t target_fp;          /* 0 = unknown */
+    uint64_t seed;
+    uint32_t token_budget, max_len, mbs_per_step, epochs;
+    uint64_t max_steps, start_step;
+    uint32_t lookahead_mbs, drafter_layers, block_size, num_anchors;
+    double lr;
+    uint64_t warmup_steps;
+    double weight_decay, clip;
+    uint64_t save_every;
+    uint32_t keep_checkpoints;   /* 0 = keep all */
+    double inbox_gb, host_inbox_gb;
+    uint32_t hs_min_ready, prefetch, threads, deterministic;
+    int32_t gpu, drafter;
+    const int64_t *target_gpus; uint32_t n_target_gpus;         /* 1..DL_PROTO_MAX_PLACE */
+    const int64_t *drafter_gpus; uint32_t n_drafter_gpus;       /* 1..DL_PROTO_MAX_PLACE */
+    const int64_t *target_drafters; uint32_t n_target_drafters; /* == n_target_gpus */
+} proto_run_config_t;
+
 /* One message. `version` is filled by proto_decode (always DL_PROTO_VERSION on
  * success); the encoder always writes DL_PROTO_VERSION. */
 typedef struct proto_msg {
@@ -351,6 +393,7 @@ typedef struct proto_msg {
         proto_error_t error;
         proto_ctl_request_t ctl_request;
         proto_ctl_reply_t ctl_reply;
+        proto_run_config_t run_config;
     };
     void *owned_;                /* decode-owned array storage; freed by proto_msg_free */
 } proto_msg_t;

@@ -4,8 +4,7 @@
 #include "supervisor/launch_int.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
-
-#include <cjson/cJSON.h>
+#include "common/rundir/rundir.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -211,36 +210,24 @@ static void resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_h
         if (h->max_steps > 0) TAKE(RUN_O_MS, " --max-steps %lld", (long long)(o->max_steps = (int64_t)h->max_steps));
     }
     if (!run_dir[0]) return;
-    char p[4200];
-    snprintf(p, sizeof p, "%s/run.json", run_dir);
-    cJSON *j = NULL;
-    FILE *f = fopen(p, "rb");
-    if (f) {
-        char buf[1 << 16];
-        size_t k = fread(buf, 1, sizeof buf - 1, f);
-        buf[k] = 0;
-        fclose(f);
-        j = cJSON_Parse(buf);
-    }
-    const cJSON *tm = cJSON_GetObjectItemCaseSensitive(j, "target_model");
-    const cJSON *da = cJSON_GetObjectItemCaseSensitive(j, "data");
-    const cJSON *se = cJSON_GetObjectItemCaseSensitive(j, "save_every");
-    const cJSON *kc = cJSON_GetObjectItemCaseSensitive(j, "keep_checkpoints");
-    const cJSON *de = cJSON_GetObjectItemCaseSensitive(j, "deterministic");
-    if (cJSON_IsString(tm) && tm->valuestring[0] && !o->given[RUN_O_TM - RUN_O_TM]) {
-        if (access(tm->valuestring, R_OK) == 0) {
-            snprintf(o->target_model, sizeof o->target_model, "%s", tm->valuestring);
+    /* an unreadable or malformed run.json counts as empty: the defaults stay */
+    rundir_run_t *j = malloc(sizeof *j);
+    if (!j) return;
+    if (rundir_run_read(run_dir, j) < 0) rundir_run_init(j);
+    if (j->target_model[0] && !o->given[RUN_O_TM - RUN_O_TM]) {
+        if (access(j->target_model, R_OK) == 0) {
+            snprintf(o->target_model, sizeof o->target_model, "%s", j->target_model);
             TAKE(RUN_O_TM, " --target-model %s", o->target_model);
         } else {
             log_warn("--resume: the run's target model %s (run.json) is not readable: using %s (pass "
-                     "--target-model)", tm->valuestring, o->target_model);
+                     "--target-model)", j->target_model, o->target_model);
         }
     }
     if (!o->given[RUN_O_DATA - RUN_O_TM]) {
-        if (cJSON_IsString(da) && da->valuestring[0] && access(da->valuestring, R_OK) == 0)
-            snprintf(o->resume_data, sizeof o->resume_data, "%s", da->valuestring);
+        if (j->data[0] && access(j->data, R_OK) == 0)
+            snprintf(o->resume_data, sizeof o->resume_data, "%s", j->data);
         else {
-            if (snprintf(o->resume_data, sizeof o->resume_data, "%s/data.dlc", run_dir) < 0 ||
+            if (rundir_path(o->resume_data, sizeof o->resume_data, run_dir, "data.dlc") < 0 ||
                 access(o->resume_data, R_OK) != 0) o->resume_data[0] = 0;
         }
         if (o->resume_data[0]) {
@@ -248,15 +235,15 @@ static void resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_h
             TAKE(RUN_O_DATA, " --data %s", o->data);
         }
     }
-    if (cJSON_IsNumber(se) && se->valuedouble >= 0)
-        TAKE(RUN_O_SE, " --save-every %lld", (long long)(o->save_every = (int64_t)se->valuedouble));
-    if (cJSON_IsNumber(kc) && kc->valuedouble > 0 && kc->valuedouble <= INT32_MAX)
-        TAKE(RUN_O_KC, " --keep-checkpoints %lld", (long long)(o->keep_checkpoints = (int64_t)kc->valuedouble));
-    if (cJSON_IsTrue(de) && !o->given[RUN_O_DET - RUN_O_TM]) {
+    if (j->save_every >= 0)
+        TAKE(RUN_O_SE, " --save-every %lld", (long long)(o->save_every = j->save_every));
+    if (j->keep_checkpoints > 0 && j->keep_checkpoints <= INT32_MAX)
+        TAKE(RUN_O_KC, " --keep-checkpoints %lld", (long long)(o->keep_checkpoints = j->keep_checkpoints));
+    if (j->deterministic == 1 && !o->given[RUN_O_DET - RUN_O_TM]) {
         o->deterministic = 1;
         TAKE(RUN_O_DET, " --deterministic");
     }
-    cJSON_Delete(j);
+    free(j);
 #undef TAKE
 }
 
@@ -271,9 +258,9 @@ int sup__resume_take_defaults(launch_t *L) {
     ckpt_state_hdr_t h;
     int have_ck = ckpt_resolve(o->resume, ck, sizeof ck) == 0;
     int have_h = have_ck && ckpt_read_hdr(ck, &h) == 0;
-    snprintf(rj, sizeof rj, "%s/run.json", o->resume);
+    int have_rj = rundir_path(rj, sizeof rj, o->resume, RUNDIR_RUN_JSON) == 0 && access(rj, F_OK) == 0;
     if (have_ck) run_dir_of_ckpt(ck, L->resume_run, sizeof L->resume_run);
-    else if (access(rj, F_OK) == 0) snprintf(L->resume_run, sizeof L->resume_run, "%s", o->resume);
+    else if (have_rj) snprintf(L->resume_run, sizeof L->resume_run, "%s", o->resume);
     char taken[8192] = "";
     resume_defaults(o, ck, have_h ? &h : NULL, L->resume_run, taken, sizeof taken);
     if (!o->out && L->resume_run[0]) {
@@ -294,11 +281,10 @@ int sup__resume_fresh(launch_t *L) {
     const char *out = L->out;
     char prev[4200], cp[4096];
     struct stat sb;
-    snprintf(prev, sizeof prev, "%s/steps.jsonl", out);
-    int has_steps = stat(prev, &sb) == 0 && sb.st_size > 0;
-    int has_prev = access(prev, F_OK) == 0;
-    snprintf(prev, sizeof prev, "%s/run.json", out);
-    has_prev |= access(prev, F_OK) == 0;
+    int fits = rundir_path(prev, sizeof prev, out, RUNDIR_STEPS) == 0;
+    int has_steps = fits && stat(prev, &sb) == 0 && sb.st_size > 0;
+    int has_prev = fits && access(prev, F_OK) == 0;
+    has_prev |= rundir_path(prev, sizeof prev, out, RUNDIR_RUN_JSON) == 0 && access(prev, F_OK) == 0;
     int has_ckpt = ckpt_resolve(o->resume ? o->resume : out, cp, sizeof cp) == 0;
     if (o->resume && !has_ckpt) {
         if (!has_steps && (!strcmp(o->resume, out) || has_prev)) {

@@ -29,6 +29,7 @@
 #include "common/ops/ops.h"
 #include "common/pipe/layout.h"
 #include "common/pipe/model.h"
+#include "common/pipe/runcfg.h"
 #include "common/pipe/slot.h"
 #include "common/pipe/stage.h"
 
@@ -38,6 +39,7 @@
 #include <string.h>
 
 #define TW_MAX_QUEUE 8
+_Static_assert(TW_MAX_QUEUE == RUNCFG_PREFETCH_MAX, "--prefetch limit is the run config's");
 #define TW_MAX_GRANTS 16
 #define TW_N_EVENTS 4
 

@@ -74,6 +74,15 @@ static void assert_msg_equal(const proto_msg_t *x, const proto_msg_t *y) {
         EQA(drafter_gpus, n_drafter_gpus); break; }
     case PROTO_CTL_REPLY: { const proto_ctl_reply_t *a = &x->ctl_reply, *b = &y->ctl_reply;
         EQ(id); EQ(code); EQS(state); EQA(text, n_text); break; }
+    case PROTO_RUN_CONFIG: { const proto_run_config_t *a = &x->run_config, *b = &y->run_config;
+        EQ(stage_id); EQ(incarnation); EQS(run_id); EQS(data_cache); EQS(target_model); EQS(out_dir);
+        EQS(cursor_base); EQS(cursor_in); EQS(resume_dir); EQ(target_fp); EQ(seed); EQ(token_budget);
+        EQ(max_len); EQ(mbs_per_step); EQ(epochs); EQ(max_steps); EQ(start_step); EQ(lookahead_mbs);
+        EQ(drafter_layers); EQ(block_size); EQ(num_anchors); EQ(lr); EQ(warmup_steps); EQ(weight_decay);
+        EQ(clip); EQ(save_every); EQ(keep_checkpoints); EQ(inbox_gb); EQ(host_inbox_gb); EQ(hs_min_ready);
+        EQ(prefetch); EQ(threads); EQ(deterministic); EQ(gpu); EQ(drafter);
+        EQA(target_gpus, n_target_gpus); EQA(drafter_gpus, n_drafter_gpus);
+        EQA(target_drafters, n_target_drafters); break; }
     default: fail_msg("unexpected type %d", x->type);
     }
 }
@@ -116,7 +125,9 @@ static void roundtrip(int t, bool big) {
 
 static void test_roundtrip_all(void **state) {
     (void)state;
-    for (int t = 1; t < PROTO_TYPE_COUNT_; t++) { roundtrip(t, false); roundtrip(t, true); }
+    for (int t = 1; t < PROTO_TYPE_COUNT_; t++) {
+        roundtrip(t, false); roundtrip(t, true);
+    }
 }
 
 static void test_roundtrip_variants(void **state) {
@@ -236,7 +247,8 @@ static void test_golden_layout(void **state) {
 
 static void test_names(void **state) {
     (void)state;
-    for (int t = 1; t < PROTO_TYPE_COUNT_; t++) assert_string_not_equal(proto_type_name((proto_type_t)t), "?");
+    for (int t = 1; t < PROTO_TYPE_COUNT_; t++)
+        assert_string_not_equal(proto_type_name((proto_type_t)t), "?");
     assert_string_equal(proto_type_name(PROTO_HIDDEN_STATES_READY), "hidden_states_ready");
     assert_string_equal(proto_type_name((proto_type_t)99), "?");
     proto_role_t r;

@@ -25,6 +25,7 @@ static float g_acc[DL_PROTO_MAX_BLOCK];
 static int64_t g_ints[DL_PROTO_MAX_INTS];
 static int64_t g_gpus[2][DL_PROTO_CTL_GPUS_MAX];
 static uint8_t g_text[DL_PROTO_CTL_TEXT_MAX];
+static int64_t g_place[3][DL_PROTO_MAX_PLACE];
 
 static inline void fill_handle(uint8_t *h, uint8_t seed) {
     for (unsigned i = 0; i < DL_PROTO_HANDLE_BYTES; i++) h[i] = (uint8_t)(seed + 37 * i);
@@ -144,6 +145,28 @@ static inline void make_sample(int t, bool big, proto_msg_t *m) {
         for (uint32_t i = 0; i < n; i++) g_text[i] = (uint8_t)(i * 131u + 7u);   /* any bytes */
         r->id = 0xc0ffee0000000001ull; r->code = DL_EINVAL; strcpy(r->state, "rejected");
         r->text = g_text; r->n_text = n;
+        break;
+    }
+    case PROTO_RUN_CONFIG: {
+        proto_run_config_t *c = &m->run_config;
+        uint32_t nt = big ? DL_PROTO_MAX_PLACE : 3, nd = big ? DL_PROTO_MAX_PLACE : 2;
+        for (uint32_t i = 0; i < DL_PROTO_MAX_PLACE; i++) {
+            g_place[0][i] = (int64_t)(i % 4) - 1; g_place[1][i] = (int64_t)(i % 3); g_place[2][i] = i % nd;
+        }
+        c->stage_id = 201; c->incarnation = 3; strcpy(c->run_id, "r20261201.ab");
+        strcpy(c->data_cache, "/data/gsm8k.dlc"); strcpy(c->target_model, "/models/qwen3-0.6b");
+        strcpy(c->out_dir, "runs/a"); strcpy(c->cursor_base, "runs/a/loader.cursor");
+        strcpy(c->cursor_in, "runs/a/checkpoints/step_40/cursor.bin");
+        strcpy(c->resume_dir, "runs/a/checkpoints/step_40");
+        c->target_fp = 0xfedcba9876543210ull; c->seed = 1234567; c->token_budget = 4096; c->max_len = 2048;
+        c->mbs_per_step = 4; c->epochs = 3; c->max_steps = 500; c->start_step = 40; c->lookahead_mbs = 2;
+        c->drafter_layers = 2; c->block_size = 8; c->num_anchors = 512; c->lr = 6e-4; c->warmup_steps = 30;
+        c->weight_decay = 0.01; c->clip = 1.0; c->save_every = 20; c->keep_checkpoints = 3;
+        c->inbox_gb = 1.5; c->host_inbox_gb = 0.25; c->hs_min_ready = 2; c->prefetch = 1; c->threads = 2;
+        c->deterministic = 1; c->gpu = 1; c->drafter = 1;
+        c->target_gpus = g_place[0]; c->n_target_gpus = nt;
+        c->drafter_gpus = g_place[1]; c->n_drafter_gpus = nd;
+        c->target_drafters = g_place[2]; c->n_target_drafters = nt;
         break;
     }
     }

@@ -25,7 +25,7 @@
 
 /* ------------------------------------------------------------ the spec */
 
-static const char *const SPEC[PROTO_TYPE_COUNT_][24] = {
+static const char *const SPEC[PROTO_TYPE_COUNT_][48] = {
     [PROTO_HELLO] = { "role", "stage_id", "incarnation", "pid", "proto_version", "capabilities", "gpu_uuid" },
     [PROTO_HEARTBEAT] = { "stage_id", "incarnation", "seq", "state" },
     [PROTO_WORK_REQUEST] = { "target_id", "count" },
@@ -48,11 +48,18 @@ static const char *const SPEC[PROTO_TYPE_COUNT_][24] = {
     [PROTO_ERROR] = { "code", "ref_type", "message" },
     [PROTO_CTL_REQUEST] = { "id", "op", "flags", "targets", "drafters", "target_gpus", "drafter_gpus" },
     [PROTO_CTL_REPLY] = { "id", "code", "state", "text" },
+    [PROTO_RUN_CONFIG] = { "stage_id", "incarnation", "run_id", "data_cache", "target_model", "out_dir",
+                           "cursor_base", "cursor_in", "resume_dir", "target_fp", "seed", "token_budget",
+                           "max_len", "mbs_per_step", "epochs", "max_steps", "start_step", "lookahead_mbs",
+                           "drafter_layers", "block_size", "num_anchors", "lr", "warmup_steps",
+                           "weight_decay", "clip", "save_every", "keep_checkpoints", "inbox_gb",
+                           "host_inbox_gb", "hs_min_ready", "prefetch", "threads", "deterministic", "gpu",
+                           "drafter", "target_gpus", "drafter_gpus", "target_drafters" },
 };
 
 static unsigned spec_n(int t) {
     unsigned n = 0;
-    while (n < 24 && SPEC[t][n]) n++;
+    while (n < 48 && SPEC[t][n]) n++;
     return n;
 }
 static void expect_reject(const void *buf, size_t len, const char *prefix) {
@@ -604,6 +611,42 @@ static void test_ctl_rules(void **state) {
     expect_invalid(&m, "ctl_reply.text: 1048577 elements, expected 0..1048576");
 }
 
+/* run_config: ranges and the placement rules (supervisor -> stage). */
+static void test_run_config_rules(void **state) {
+    (void)state;
+    proto_msg_t m;
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    m.run_config.max_len = 1;
+    expect_invalid(&m, "run_config.max_len: 1");
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    m.run_config.n_target_drafters = 2;
+    expect_invalid(&m, "run_config.target_drafters: 2 entries for 3 targets");
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    g_place[2][1] = 2;
+    expect_invalid(&m, "run_config.target_drafters[1]: drafter 2 of 2");
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    m.run_config.drafter = 2;
+    expect_invalid(&m, "run_config.drafter: drafter 2 of 2");
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    m.run_config.block_size = 1;
+    expect_invalid(&m, "run_config.block_size: 1 out of range [2, 256]");
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    m.run_config.gpu = -2;
+    expect_invalid(&m, "run_config.gpu: -2 out of range [-1, 1023]");
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    g_place[0][2] = 1024;
+    expect_invalid(&m, "run_config.target_gpus[2]: 1024 out of range");
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    m.run_config.run_id[0] = 0;
+    expect_invalid(&m, "run_config.run_id: empty");
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    m.run_config.lr = NAN;
+    expect_invalid(&m, "run_config.lr: nan is not finite");
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    m.run_config.n_drafter_gpus = 0;
+    expect_invalid(&m, "run_config.drafter_gpus: ");
+}
+
 static void test_decode_rejects_semantics_on_wire(void **state) {
     (void)state;
     /* the decoder applies the same rules: a micro_batch whose seq_lens do not
@@ -712,6 +755,7 @@ int main(void) {
         cmocka_unit_test(test_over_limits),
         cmocka_unit_test(test_semantic_rules),
         cmocka_unit_test(test_ctl_rules),
+        cmocka_unit_test(test_run_config_rules),
         cmocka_unit_test(test_decode_rejects_semantics_on_wire),
         cmocka_unit_test(test_random_mutations),
     };

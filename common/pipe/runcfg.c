@@ -1,0 +1,223 @@
+/* One run configuration (see runcfg.h): validation through one table of fields, and
+ * the conversion to and from the RUN_CONFIG message. */
+#include "common/pipe/runcfg.h"
+
+#include "common/base/err.h"
+#include "common/mem/slab.h"
+#include "common/model/drafter.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+_Static_assert(DRAFTER_MAX_BLOCK <= DL_PROTO_MAX_BLOCK, "a valid block size fits the wire");
+_Static_assert(RUNCFG_PATH_MAX == sizeof(((proto_run_config_t *)0)->target_model), "paths fit the wire");
+
+void runcfg_init(run_config_t *c) {
+    memset(c, 0, sizeof *c);
+    c->n_targets = c->n_drafters = 1;
+    runcfg_clear_gpus(c);
+}
+
+void runcfg_clear_gpus(run_config_t *c) {
+    c->optimizer_gpu = -1;
+    for (int i = 0; i < PIPE_MAX_TARGETS; i++) c->target_gpu[i] = -1;
+    for (int i = 0; i < PIPE_MAX_DRAFTERS; i++) c->drafter_gpu[i] = -1;
+}
+
+/* ------------------------------------------------------------ validation */
+
+typedef enum { V_U32, V_U64, V_F64, V_PATH } vkind_t;
+
+typedef struct {
+    const char *name, *flag;
+    uint8_t kind;
+    uint8_t zero_ok;            /* 0 is accepted besides [lo, hi] (max_len: no limit) */
+    size_t off;
+    double lo, hi;              /* integer bounds fit a double exactly here (< 2^53) or are */
+                                /* compared as uint64 (hi_u) */
+    uint64_t hi_u;              /* V_U64 upper bound */
+} vfield_t;
+
+#define VU32(f, fl, l, h) { #f, fl, V_U32, 0, offsetof(run_config_t, f), (l), (h), 0 }
+#define VU64(f, fl, l, h) { #f, fl, V_U64, 0, offsetof(run_config_t, f), (l), 0, (uint64_t)(h) }
+#define VF64(f, fl, l, h) { #f, fl, V_F64, 0, offsetof(run_config_t, f), (l), (h), 0 }
+#define VPATH(f, fl) { #f, fl, V_PATH, 0, offsetof(run_config_t, f), 0, 0, 0 }
+
+static const vfield_t FIELDS[] = {
+    VPATH(data_cache, "--data"),
+    VPATH(target_model, "--target-model"),
+    VPATH(out_dir, "--out"),
+    VU64(seed, "--seed", 0, INT64_MAX),
+    VU32(token_budget, "--token-budget", RUNCFG_TOKEN_BUDGET_MIN, RUNCFG_TOKEN_BUDGET_MAX),
+    { "max_len", "--max-len", V_U32, 1, offsetof(run_config_t, max_len), RUNCFG_MAX_LEN_MIN,
+      RUNCFG_MAX_LEN_MAX, 0 },
+    VU32(mbs_per_step, "--micro-batches-per-step", 1, RUNCFG_MBS_PER_STEP_MAX),
+    VU32(epochs, "--epochs", 0, RUNCFG_EPOCHS_MAX),
+    VU64(max_steps, "--max-steps", 1, RUNCFG_STEPS_MAX),
+    VU64(start_step, "--start-step", 0, RUNCFG_STEPS_MAX),
+    VU32(lookahead_mbs, "--lookahead-mbs", 0, RUNCFG_LOOKAHEAD_MBS_MAX),
+    VU32(drafter_layers, "--drafter-layers", 1, DRAFTER_MAX_LAYERS),
+    VU32(block_size, "--block-size", 2, DRAFTER_MAX_BLOCK),
+    VU32(num_anchors, "--num-anchors", 1, RUNCFG_NUM_ANCHORS_MAX),
+    VF64(lr, "--lr", 0, RUNCFG_LR_MAX),
+    VU64(warmup_steps, "--warmup-steps", 0, RUNCFG_COUNT_MAX),
+    VF64(weight_decay, "--weight-decay", 0, RUNCFG_WEIGHT_DECAY_MAX),
+    VF64(clip, "--clip", 0, RUNCFG_CLIP_MAX),
+    VU64(save_every, "--save-every", 0, RUNCFG_COUNT_MAX),
+    VU32(keep_checkpoints, "--keep-checkpoints", 0, RUNCFG_KEEP_CKPTS_MAX),
+    VF64(inbox_gb, "--inbox-gb", 0, RUNCFG_INBOX_GB_MAX),
+    VF64(host_inbox_gb, "--host-inbox-gb", 0, RUNCFG_INBOX_GB_MAX),
+    VU32(hs_min_ready, "--hs-min-ready", 1, RUNCFG_HS_MIN_READY_MAX),
+    VU32(prefetch, "--prefetch", 1, RUNCFG_PREFETCH_MAX),
+    VU32(threads, "--threads", 0, RUNCFG_THREADS_MAX),
+};
+
+static int check_field(const run_config_t *c, const vfield_t *f) {
+    const char *p = (const char *)c + f->off;
+    switch ((vkind_t)f->kind) {
+    case V_PATH:
+        if (!p[0]) return dl_seterr(DL_EINVAL, "run config: %s (%s) is not set", f->name, f->flag);
+        if (strnlen(p, RUNCFG_PATH_MAX) >= RUNCFG_PATH_MAX)
+            return dl_seterr(DL_ERANGE, "run config: %s (%s) is not NUL-terminated", f->name, f->flag);
+        return 0;
+    case V_U32: {
+        uint32_t v; memcpy(&v, p, sizeof v);
+        if ((v == 0 && f->zero_ok) || (v >= f->lo && v <= f->hi)) return 0;
+        return dl_seterr(DL_ERANGE, "run config: %s (%s) %u out of range [%.0f, %.0f]", f->name, f->flag,
+                         v, f->lo, f->hi);
+    }
+    case V_U64: {
+        uint64_t v; memcpy(&v, p, sizeof v);
+        if (v >= (uint64_t)f->lo && v <= f->hi_u) return 0;
+        return dl_seterr(DL_ERANGE, "run config: %s (%s) %llu out of range [%.0f, %llu]", f->name, f->flag,
+                         (unsigned long long)v, f->lo, (unsigned long long)f->hi_u);
+    }
+    case V_F64: {
+        double v; memcpy(&v, p, sizeof v);
+        if (isfinite(v) && v >= f->lo && v <= f->hi) return 0;
+        return dl_seterr(DL_ERANGE, "run config: %s (%s) %g out of range [%g, %g]", f->name, f->flag, v,
+                         f->lo, f->hi);
+    }
+    }
+    return 0;
+}
+
+static int check_placement(const run_config_t *c) {
+    if (c->n_targets < 1 || c->n_targets > PIPE_MAX_TARGETS)
+        return dl_seterr(DL_ERANGE, "run config: n_targets (--targets) %d out of range [1, %d]", c->n_targets,
+                         PIPE_MAX_TARGETS);
+    if (c->n_drafters < 1 || c->n_drafters > PIPE_MAX_DRAFTERS)
+        return dl_seterr(DL_ERANGE, "run config: n_drafters (--drafters) %d out of range [1, %d]",
+                         c->n_drafters, PIPE_MAX_DRAFTERS);
+    if (c->optimizer_gpu < -1 || c->optimizer_gpu > RUNCFG_GPU_MAX)
+        return dl_seterr(DL_ERANGE, "run config: optimizer_gpu %d out of range [-1, %d]", c->optimizer_gpu,
+                         RUNCFG_GPU_MAX);
+    for (int i = 0; i < c->n_targets; i++) {
+        if (c->target_gpu[i] < -1 || c->target_gpu[i] > RUNCFG_GPU_MAX)
+            return dl_seterr(DL_ERANGE, "run config: target_gpu[%d] (--target-gpus) %lld out of range [-1, %d]",
+                             i, (long long)c->target_gpu[i], RUNCFG_GPU_MAX);
+        if (c->target_drafter[i] < 0 || c->target_drafter[i] >= c->n_drafters)
+            return dl_seterr(DL_ERANGE, "run config: target_drafter[%d] %lld: no such drafter (%d drafters)", i,
+                             (long long)c->target_drafter[i], c->n_drafters);
+    }
+    for (int i = 0; i < c->n_drafters; i++) {
+        if (c->drafter_gpu[i] < -1 || c->drafter_gpu[i] > RUNCFG_GPU_MAX)
+            return dl_seterr(DL_ERANGE, "run config: drafter_gpu[%d] (--drafter-gpus) %lld out of range [-1, %d]",
+                             i, (long long)c->drafter_gpu[i], RUNCFG_GPU_MAX);
+    }
+    return 0;
+}
+
+int runcfg_validate(const run_config_t *c) {
+    if (!c) return dl_seterr(DL_EINVAL, "run config: NULL");
+    if (strnlen(c->run_id, sizeof c->run_id) >= sizeof c->run_id || !slab_name_ok(c->run_id))
+        return dl_seterr(DL_EINVAL, "run config: run_id '%.*s' is not [A-Za-z0-9_.]{1,%u}",
+                         (int)sizeof c->run_id, c->run_id, DL_PROTO_RUN_ID_MAX);
+    for (size_t i = 0; i < sizeof FIELDS / sizeof FIELDS[0]; i++) DL_TRY(check_field(c, &FIELDS[i]));
+    if (c->deterministic != 0 && c->deterministic != 1)
+        return dl_seterr(DL_ERANGE, "run config: deterministic (--deterministic) %d is not 0 or 1",
+                         c->deterministic);
+    return check_placement(c);
+}
+
+/* ------------------------------------------------------------ placement */
+
+int runcfg_stage_gpu(const run_config_t *c, uint32_t id) {
+    if (id == PIPE_ID_OPTIMIZER) return c->optimizer_gpu;
+    if (id >= PIPE_ID_TARGET0 && id < PIPE_ID_TARGET0 + (uint32_t)c->n_targets)
+        return (int)c->target_gpu[id - PIPE_ID_TARGET0];
+    if (id >= PIPE_ID_DRAFTER0 && id < PIPE_ID_DRAFTER0 + (uint32_t)c->n_drafters)
+        return (int)c->drafter_gpu[id - PIPE_ID_DRAFTER0];
+    return -1;
+}
+
+/* ------------------------------------------------------------ the message */
+
+#define CPY(dst, src) snprintf((dst), sizeof(dst), "%s", (src))
+
+void runcfg_to_msg(const run_config_t *c, uint32_t stage_id, uint64_t inc, proto_msg_t *m) {
+    proto_msg_init(m, PROTO_RUN_CONFIG);
+    proto_run_config_t *r = &m->run_config;
+    r->stage_id = stage_id;
+    r->incarnation = inc;
+    CPY(r->run_id, c->run_id);
+    CPY(r->data_cache, c->data_cache); CPY(r->target_model, c->target_model);
+    CPY(r->out_dir, c->out_dir); CPY(r->cursor_base, c->cursor_base);
+    CPY(r->cursor_in, c->cursor_in); CPY(r->resume_dir, c->resume_dir);
+    r->target_fp = c->target_fp; r->seed = c->seed;
+    r->token_budget = c->token_budget; r->max_len = c->max_len;
+    r->mbs_per_step = c->mbs_per_step; r->epochs = c->epochs;
+    r->max_steps = c->max_steps; r->start_step = c->start_step; r->lookahead_mbs = c->lookahead_mbs;
+    r->drafter_layers = c->drafter_layers; r->block_size = c->block_size; r->num_anchors = c->num_anchors;
+    r->lr = c->lr; r->warmup_steps = c->warmup_steps; r->weight_decay = c->weight_decay; r->clip = c->clip;
+    r->save_every = c->save_every; r->keep_checkpoints = c->keep_checkpoints;
+    r->inbox_gb = c->inbox_gb; r->host_inbox_gb = c->host_inbox_gb;
+    r->hs_min_ready = c->hs_min_ready; r->prefetch = c->prefetch; r->threads = c->threads;
+    r->deterministic = (uint32_t)c->deterministic;
+    r->gpu = runcfg_stage_gpu(c, stage_id);
+    uint32_t t = stage_id - PIPE_ID_TARGET0;
+    r->drafter = stage_id >= PIPE_ID_TARGET0 && t < (uint32_t)c->n_targets ? (int32_t)c->target_drafter[t] : -1;
+    r->target_gpus = c->target_gpu; r->n_target_gpus = (uint32_t)c->n_targets;
+    r->drafter_gpus = c->drafter_gpu; r->n_drafter_gpus = (uint32_t)c->n_drafters;
+    r->target_drafters = c->target_drafter; r->n_target_drafters = (uint32_t)c->n_targets;
+}
+
+int runcfg_from_msg(const proto_run_config_t *r, run_config_t *c) {
+    if (r->n_target_gpus > PIPE_MAX_TARGETS || r->n_drafter_gpus > PIPE_MAX_DRAFTERS ||
+        r->n_target_drafters != r->n_target_gpus)
+        return dl_seterr(DL_EINVAL, "run_config: %u targets, %u drafters (at most %d, %d)", r->n_target_gpus,
+                         r->n_drafter_gpus, PIPE_MAX_TARGETS, PIPE_MAX_DRAFTERS);
+    runcfg_init(c);
+    CPY(c->run_id, r->run_id);
+    CPY(c->data_cache, r->data_cache); CPY(c->target_model, r->target_model);
+    CPY(c->out_dir, r->out_dir); CPY(c->cursor_base, r->cursor_base);
+    CPY(c->cursor_in, r->cursor_in); CPY(c->resume_dir, r->resume_dir);
+    c->target_fp = r->target_fp; c->seed = r->seed;
+    c->token_budget = r->token_budget; c->max_len = r->max_len;
+    c->mbs_per_step = r->mbs_per_step; c->epochs = r->epochs;
+    c->max_steps = r->max_steps; c->start_step = r->start_step; c->lookahead_mbs = r->lookahead_mbs;
+    c->drafter_layers = r->drafter_layers; c->block_size = r->block_size; c->num_anchors = r->num_anchors;
+    c->lr = r->lr; c->warmup_steps = r->warmup_steps; c->weight_decay = r->weight_decay; c->clip = r->clip;
+    c->save_every = r->save_every; c->keep_checkpoints = r->keep_checkpoints;
+    c->inbox_gb = r->inbox_gb; c->host_inbox_gb = r->host_inbox_gb;
+    c->hs_min_ready = r->hs_min_ready; c->prefetch = r->prefetch; c->threads = r->threads;
+    c->deterministic = (int)r->deterministic;
+    c->n_targets = (int)r->n_target_gpus;
+    c->n_drafters = (int)r->n_drafter_gpus;
+    for (uint32_t i = 0; i < r->n_target_gpus; i++) {
+        c->target_gpu[i] = r->target_gpus[i];
+        c->target_drafter[i] = r->target_drafters[i];
+    }
+    for (uint32_t i = 0; i < r->n_drafter_gpus; i++) c->drafter_gpu[i] = r->drafter_gpus[i];
+    /* the receiver's own entry is the per-stage field (a moved or GPU-stripped stage) */
+    uint32_t id = r->stage_id;
+    if (id == PIPE_ID_OPTIMIZER) c->optimizer_gpu = r->gpu;
+    else if (id >= PIPE_ID_TARGET0 && id - PIPE_ID_TARGET0 < r->n_target_gpus) {
+        c->target_gpu[id - PIPE_ID_TARGET0] = r->gpu;
+        if (r->drafter >= 0) c->target_drafter[id - PIPE_ID_TARGET0] = r->drafter;
+    } else if (id >= PIPE_ID_DRAFTER0 && id < PIPE_ID_TARGET0 && id - PIPE_ID_DRAFTER0 < r->n_drafter_gpus)
+        c->drafter_gpu[id - PIPE_ID_DRAFTER0] = r->gpu;
+    return 0;
+}

@@ -1,0 +1,181 @@
+/* common/pipe/runcfg: the one run configuration (validation naming the field and its
+ * flag, placement lookups, strip_gpu's clear) and its RUN_CONFIG message (every field
+ * through encode/decode and back into a run_config_t, each stage's own placement). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "common/base/err.h"
+#include "common/pipe/runcfg.h"
+#include "proto/codec.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static run_config_t g_a, g_b;
+
+/* A valid 3-target, 2-drafter GPU run (targets 0,0,1; drafters 1,2; optimizer 1). */
+static void sample(run_config_t *c) {
+    runcfg_init(c);
+    snprintf(c->run_id, sizeof c->run_id, "r1a2b3c4d");
+    snprintf(c->data_cache, sizeof c->data_cache, "/data/gsm8k.dlc");
+    snprintf(c->target_model, sizeof c->target_model, "/models/smollm2");
+    snprintf(c->out_dir, sizeof c->out_dir, "runs/x");
+    snprintf(c->cursor_base, sizeof c->cursor_base, "runs/x/loader.cursor");
+    c->target_fp = 0x0123456789abcdefull; c->seed = 42; c->token_budget = 2048; c->max_len = 0;
+    c->mbs_per_step = 4; c->epochs = 1; c->max_steps = 100; c->start_step = 0; c->lookahead_mbs = 2;
+    c->drafter_layers = 1; c->block_size = 8; c->num_anchors = 512; c->lr = 6e-4; c->warmup_steps = 10;
+    c->weight_decay = 0.01; c->clip = 1.0; c->save_every = 50; c->keep_checkpoints = 0;
+    c->inbox_gb = 0.5; c->host_inbox_gb = 0.25; c->hs_min_ready = 1; c->prefetch = 1; c->threads = 2;
+    c->deterministic = 1;
+    c->n_targets = 3; c->n_drafters = 2; c->optimizer_gpu = 1;
+    c->target_gpu[0] = 0; c->target_gpu[1] = 0; c->target_gpu[2] = 1;
+    c->drafter_gpu[0] = 1; c->drafter_gpu[1] = 2;
+    c->target_drafter[0] = 0; c->target_drafter[1] = 1; c->target_drafter[2] = 0;
+}
+
+static void expect_bad(const run_config_t *c, const char *want) {
+    int rc = runcfg_validate(c);
+    if (rc >= 0) fail_msg("validate accepted a config that should fail with '%s'", want);
+    if (!strstr(dl_errmsg(), want)) fail_msg("error '%s' does not contain '%s'", dl_errmsg(), want);
+}
+
+static void test_validate(void **state) {
+    (void)state;
+    sample(&g_a);
+    assert_int_equal(runcfg_validate(&g_a), 0);
+    g_a.max_len = 2;                          /* 0 (none) or >= 2 */
+    assert_int_equal(runcfg_validate(&g_a), 0);
+    g_a.max_len = 1;
+    expect_bad(&g_a, "max_len (--max-len) 1 out of range [2, 2097152]");
+    sample(&g_a); g_a.token_budget = 8;
+    expect_bad(&g_a, "token_budget (--token-budget) 8 out of range [16, 2097152]");
+    sample(&g_a); g_a.block_size = 65;
+    expect_bad(&g_a, "block_size (--block-size) 65 out of range [2, 64]");
+    sample(&g_a); g_a.drafter_layers = 0;
+    expect_bad(&g_a, "drafter_layers (--drafter-layers) 0");
+    sample(&g_a); g_a.mbs_per_step = 4097;
+    expect_bad(&g_a, "mbs_per_step (--micro-batches-per-step) 4097");
+    sample(&g_a); g_a.max_steps = 0;
+    expect_bad(&g_a, "max_steps (--max-steps) 0");
+    sample(&g_a); g_a.lr = NAN;
+    expect_bad(&g_a, "lr (--lr) nan");
+    sample(&g_a); g_a.clip = -1;
+    expect_bad(&g_a, "clip (--clip) -1");
+    sample(&g_a); g_a.prefetch = RUNCFG_PREFETCH_MAX + 1;
+    expect_bad(&g_a, "prefetch (--prefetch) 9 out of range [1, 8]");
+    sample(&g_a); g_a.hs_min_ready = 0;
+    expect_bad(&g_a, "hs_min_ready (--hs-min-ready) 0");
+    sample(&g_a); g_a.inbox_gb = 5000;
+    expect_bad(&g_a, "inbox_gb (--inbox-gb) 5000");
+    sample(&g_a); g_a.target_model[0] = 0;
+    expect_bad(&g_a, "target_model (--target-model) is not set");
+    sample(&g_a); snprintf(g_a.run_id, sizeof g_a.run_id, "a/b");
+    expect_bad(&g_a, "run_id 'a/b'");
+    sample(&g_a); g_a.seed = (uint64_t)INT64_MAX + 1;
+    expect_bad(&g_a, "seed (--seed)");
+    sample(&g_a); g_a.target_drafter[2] = 2;
+    expect_bad(&g_a, "target_drafter[2] 2: no such drafter (2 drafters)");
+    sample(&g_a); g_a.drafter_gpu[1] = 1024;
+    expect_bad(&g_a, "drafter_gpu[1] (--drafter-gpus) 1024");
+    sample(&g_a); g_a.n_targets = 0;
+    expect_bad(&g_a, "n_targets (--targets) 0");
+    sample(&g_a); g_a.deterministic = 2;
+    expect_bad(&g_a, "deterministic (--deterministic) 2");
+}
+
+static void test_placement(void **state) {
+    (void)state;
+    sample(&g_a);
+    assert_int_equal(runcfg_stage_gpu(&g_a, PIPE_ID_LOADER), -1);
+    assert_int_equal(runcfg_stage_gpu(&g_a, PIPE_ID_OPTIMIZER), 1);
+    assert_int_equal(runcfg_stage_gpu(&g_a, PIPE_ID_TARGET0 + 2), 1);
+    assert_int_equal(runcfg_stage_gpu(&g_a, PIPE_ID_DRAFTER0 + 1), 2);
+    assert_int_equal(runcfg_stage_gpu(&g_a, PIPE_ID_TARGET0 + 3), -1);   /* outside the topology */
+    assert_int_equal(runcfg_stage_gpu(&g_a, PIPE_ID_DRAFTER0 + 2), -1);
+    runcfg_clear_gpus(&g_a);                                            /* strip_gpu */
+    assert_int_equal(runcfg_stage_gpu(&g_a, PIPE_ID_OPTIMIZER), -1);
+    assert_int_equal(runcfg_stage_gpu(&g_a, PIPE_ID_TARGET0 + 2), -1);
+    assert_int_equal(runcfg_stage_gpu(&g_a, PIPE_ID_DRAFTER0 + 1), -1);
+    assert_int_equal(runcfg_validate(&g_a), 0);
+}
+
+/* Encodes the RUN_CONFIG for stage id, decodes it and rebuilds a config (g_b). */
+static proto_msg_t send_and_receive(uint32_t id, uint64_t inc) {
+    proto_msg_t m, d;
+    runcfg_to_msg(&g_a, id, inc, &m);
+    assert_int_equal(proto_validate(&m), 0);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    assert_int_equal(proto_encode(&m, &sb), 0);
+    assert_int_equal(proto_decode(sb.data, sb.size, &d), 0);
+    msgpack_sbuffer_destroy(&sb);
+    assert_int_equal(d.type, PROTO_RUN_CONFIG);
+    assert_int_equal(d.run_config.stage_id, id);
+    assert_int_equal(d.run_config.incarnation, inc);
+    assert_int_equal(runcfg_from_msg(&d.run_config, &g_b), 0);
+    return d;
+}
+
+static void test_message_round_trip(void **state) {
+    (void)state;
+    sample(&g_a);
+    snprintf(g_a.resume_dir, sizeof g_a.resume_dir, "runs/x/checkpoints/step_50");
+    snprintf(g_a.cursor_in, sizeof g_a.cursor_in, "runs/x/checkpoints/step_50/cursor.bin");
+    g_a.start_step = 50;
+    /* the optimizer: every field comes back bit for bit */
+    proto_msg_t d = send_and_receive(PIPE_ID_OPTIMIZER, 4);
+    assert_int_equal(d.run_config.gpu, 1);
+    assert_int_equal(d.run_config.drafter, -1);
+    assert_memory_equal(&g_a, &g_b, sizeof g_a);
+    assert_int_equal(runcfg_validate(&g_b), 0);
+    proto_msg_free(&d);
+    /* target 1: its GPU and route; the rest of the placement as sent */
+    d = send_and_receive(PIPE_ID_TARGET0 + 1, 1);
+    assert_int_equal(d.run_config.gpu, 0);
+    assert_int_equal(d.run_config.drafter, 1);
+    assert_int_equal(g_b.optimizer_gpu, -1);     /* the optimizer's GPU is the optimizer's */
+    g_b.optimizer_gpu = g_a.optimizer_gpu;
+    assert_memory_equal(&g_a, &g_b, sizeof g_a);
+    proto_msg_free(&d);
+    /* the loader has no GPU; its per-incarnation start step travels */
+    d = send_and_receive(PIPE_ID_LOADER, 2);
+    assert_int_equal(d.run_config.gpu, -1);
+    assert_int_equal(g_b.start_step, 50);
+    g_b.optimizer_gpu = g_a.optimizer_gpu;
+    assert_memory_equal(&g_a, &g_b, sizeof g_a);
+    proto_msg_free(&d);
+}
+
+static void test_own_entry_wins(void **state) {
+    (void)state;
+    /* a stage's own gpu/drafter field is its placement (a moved or GPU-stripped stage) */
+    sample(&g_a);
+    proto_msg_t m;
+    runcfg_to_msg(&g_a, PIPE_ID_DRAFTER0 + 1, 3, &m);
+    m.run_config.gpu = -1;
+    assert_int_equal(runcfg_from_msg(&m.run_config, &g_b), 0);
+    assert_int_equal(runcfg_stage_gpu(&g_b, PIPE_ID_DRAFTER0 + 1), -1);
+    assert_int_equal(runcfg_stage_gpu(&g_b, PIPE_ID_DRAFTER0), 1);
+    runcfg_to_msg(&g_a, PIPE_ID_TARGET0 + 2, 3, &m);
+    m.run_config.gpu = 5; m.run_config.drafter = 1;
+    assert_int_equal(runcfg_from_msg(&m.run_config, &g_b), 0);
+    assert_int_equal(runcfg_stage_gpu(&g_b, PIPE_ID_TARGET0 + 2), 5);
+    assert_int_equal(g_b.target_drafter[2], 1);
+    runcfg_to_msg(&g_a, PIPE_ID_OPTIMIZER, 3, &m);
+    m.run_config.n_target_drafters = 2;
+    assert_int_equal(runcfg_from_msg(&m.run_config, &g_b), DL_EINVAL);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_validate),
+        cmocka_unit_test(test_placement),
+        cmocka_unit_test(test_message_round_trip),
+        cmocka_unit_test(test_own_entry_wins),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
