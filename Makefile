@@ -151,7 +151,8 @@ bench bundle: $(BENCH_BINS)
 test-build: all
 
 # The README's test command. Runs every test binary with a hard timeout.
-test: deps-check model all
+# check-structure first (file/function length, #ifdef DL_CUDA in stages, include cycles).
+test: deps-check model all check-structure
 	@DL_BIN_DIR=$(BIN) bash tests/run.sh $(BUILD)/tests
 
 deps-check:
