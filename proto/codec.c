@@ -89,6 +89,12 @@ static int pack_field(msgpack_packer *pk, const proto_msg_t *m, const field_t *f
     case K_I32: { int32_t v; memcpy(&v, base, 4); return msgpack_pack_int64(pk, v); }
     case K_F64: { double v; memcpy(&v, base, 8); return msgpack_pack_double(pk, v); }
     case K_STR: return pack_str(pk, base);
+    case K_PSTR: {
+        uint32_t len = get_n(m, f);
+        PK(msgpack_pack_str(pk, len));
+        if (len) PK(msgpack_pack_str_body(pk, get_ptr(m, f), len));
+        return 0;
+    }
     case K_OPAQUE: return pack_bin(pk, base, n);
     case K_I32BIN: {
         const int32_t *p = get_ptr(m, f);
@@ -394,6 +400,9 @@ static int obj_str(const dctx_t *c, const msgpack_object *o, char *dst, uint32_t
  * wire, or 0 elements when the object's type is wrong (reported later). */
 static size_t wire_array_bytes(const field_t *f, const msgpack_object *o) {
     switch ((kind_t)f->kind) {
+    case K_PSTR:   /* the bytes and a NUL, even when empty (never a NULL string) */
+        if (o->type != MSGPACK_OBJECT_STR || o->via.str.size > f->max_n) return 0;
+        return (size_t)o->via.str.size + 1;
     case K_I32BIN:
         if (o->type != MSGPACK_OBJECT_BIN || o->via.bin.size % 4 || o->via.bin.size / 4 > f->max_n) return 0;
         return o->via.bin.size;
@@ -451,6 +460,16 @@ static int parse_field(proto_msg_t *m, const field_t *f, const msgpack_object *o
     }
     case K_STR:
         return obj_str(&c, o, dst, f->max_n);
+    case K_PSTR: {
+        if (o->type != MSGPACK_OBJECT_STR) return bad_type(&c, -1, "str", o);
+        uint32_t n = o->via.str.size;
+        if (n > f->max_n) return dl_seterr(DL_EPROTO, "%s.%s: string of %u bytes, at most %u", tn, f->name, n, f->max_n);
+        char *a = *arena;
+        DL_TRY(obj_str(&c, o, a, f->max_n));
+        *arena += ((size_t)n + 1 + 7) & ~(size_t)7;
+        set_array(m, f, a, n);
+        return 0;
+    }
     case K_OPAQUE: {
         if (o->type != MSGPACK_OBJECT_BIN) return bad_type(&c, -1, "bin", o);
         uint32_t n = o->via.bin.size;

@@ -64,6 +64,20 @@ static int validate_field(const proto_msg_t *m, const field_t *f, const char *tn
     }
     case K_STR:
         return check_str(tn, fn, (const char *)m + f->off, f->min_n, f->max_n, f->flags);
+    case K_PSTR: {
+        uint32_t n = get_n(m, f);
+        const char *p = get_ptr(m, f);
+        if (n > f->max_n) return dl_seterr(DL_EPROTO, "%s.%s: string of %u bytes, at most %u", tn, fn, n, f->max_n);
+        if (n < f->min_n) return dl_seterr(DL_EPROTO, "%s.%s: empty", tn, fn);
+        if (n && !p) return dl_seterr(DL_EPROTO, "%s.%s: NULL string of %u bytes", tn, fn, n);
+        if (n && memchr(p, 0, n)) return dl_seterr(DL_EPROTO, "%s.%s: string contains a NUL byte", tn, fn);
+        for (uint32_t i = 0; (f->flags & FL_PRINTABLE) && i < n; i++) {
+            unsigned char ch = (unsigned char)p[i];
+            if (ch < 0x20 || ch > 0x7e)
+                return dl_seterr(DL_EPROTO, "%s.%s: byte 0x%02x at %u is not printable ASCII", tn, fn, ch, i);
+        }
+        return 0;
+    }
     case K_OPAQUE: {
         uint32_t n = get_n(m, f);
         if (n != 0 && n != f->max_n)

@@ -231,7 +231,8 @@ static const field_t F_CTL_REPLY[] = {
     F_STR(ctl_reply, state, 1, DL_PROTO_NAME_MAX, FL_PRINTABLE),
     { F_ARR(K_U8BIN, ctl_reply, text, n_text, 0, DL_PROTO_CTL_TEXT_MAX), .ulo = 0, .uhi = 255 },
 };
-#define F_PATH(f) F_STR(run_config, f, 0, DL_PROTO_PATH_MAX, 0)
+#define F_PATH(f) { .name = #f, .kind = K_PSTR, .off = OFF(run_config.f), .n_off = OFF(run_config.n_##f), \
+                    .max_n = DL_PROTO_PATH_MAX }
 #define F_PLACE(f, nf) { F_ARR(K_I64S, run_config, f, nf, 1, DL_PROTO_MAX_PLACE), .slo = -1, .shi = 1023 }
 /* Wire ranges: what any stage could take; run_config_t's validation
  * (common/pipe/runcfg.c) holds the stages' own, stricter limits. */

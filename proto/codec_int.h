@@ -21,6 +21,7 @@ typedef enum {
     K_ENUM,     /* 4-byte enum, wire uint */
     K_F64,      /* double, wire float32|float64 */
     K_STR,      /* char[max_n+1], wire str */
+    K_PSTR,     /* const char * + uint32_t len, wire str (no NUL inside; decoded NUL-terminated) */
     K_OPAQUE,   /* uint8_t[max_n] + uint32_t len at n_off, wire bin (len 0 or max_n) */
     K_I32BIN,   /* const int32_t * + uint32_t count, wire bin little-endian */
     K_U8BIN,    /* const uint8_t * + uint32_t count, wire bin */

@@ -347,12 +347,17 @@ typedef struct {
     uint32_t stage_id;           /* the stage this answers */
     uint64_t incarnation;        /* its incarnation (the hello's) */
     char run_id[DL_PROTO_RUN_ID_MAX + 1];
-    char data_cache[DL_PROTO_PATH_MAX + 1];
-    char target_model[DL_PROTO_PATH_MAX + 1];
-    char out_dir[DL_PROTO_PATH_MAX + 1];
-    char cursor_base[DL_PROTO_PATH_MAX + 1];
-    char cursor_in[DL_PROTO_PATH_MAX + 1];
-    char resume_dir[DL_PROTO_PATH_MAX + 1];
+    /* paths: (pointer, length) pairs, not inline (6 x 4 KiB would grow every
+     * proto_msg_t); length 0..DL_PROTO_PATH_MAX, no NUL inside. Encoding reads
+     * len bytes of the caller's string (NULL allowed when len is 0); after
+     * proto_decode each points into the message's owned block, NUL-terminated,
+     * never NULL ("" when not set). */
+    const char *data_cache; uint32_t n_data_cache;
+    const char *target_model; uint32_t n_target_model;
+    const char *out_dir; uint32_t n_out_dir;
+    const char *cursor_base; uint32_t n_cursor_base;
+    const char *cursor_in; uint32_t n_cursor_in;
+    const char *resume_dir; uint32_t n_resume_dir;
     uint64_t target_fp;          /* 0 = unknown */
     uint64_t seed;
     uint32_t token_budget, max_len, mbs_per_step, epochs;

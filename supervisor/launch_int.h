@@ -18,6 +18,7 @@
 #include "common/data/batcher.h"
 #include "common/model/dflash_ckpt.h"
 #include "common/pipe/ckpt.h"
+#include "common/pipe/runcfg.h"
 #include "common/pipe/stage.h"
 
 #include <stddef.h>
@@ -76,5 +77,12 @@ int sup__data_cursor(launch_t *L);
 /* Fills L->so: the supervisor's options and every stage's spec (argv). Strings made here
  * live as long as the process. */
 void sup__build_stages(launch_t *L);
+/* The run's one configuration from the run options and what the launch settled so far
+ * (L): the values every stage takes, as its flags pass them today (lr, weight decay,
+ * clip and the inbox sizes through "%.9g", max_len 0 when not given, the placement
+ * -1 = CPU outside GPU mode). Fields not settled yet (the data cache before
+ * sup__data_prepare, max_steps before sup__data_cursor, threads before
+ * sup__build_stages) are as L holds them. Not validated here. */
+void sup__run_config(const launch_t *L, run_config_t *c);
 
 #endif

@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,88 +38,155 @@ static void rc_mismatch(rcheck_t *r, const char *flag, const char *want, const c
     r->n++;
 }
 
-static void rc_u64(rcheck_t *r, const char *flag, uint64_t want, uint64_t have, const char *why) {
-    if (want == have) return;
+/* One setting the checkpoint records, compared field by field between two run_config_t:
+ * what the run asks for and what the checkpoint holds. Table order is the order of the
+ * lines on stderr. */
+enum {
+    RF_U32 = 0, RF_U64 = 1, RF_F64 = 2,    /* the field's type */
+    RF_WARN = 4,         /* free to change: a warning, not a refusal */
+    RF_SETTINGS = 8,     /* recorded since CKPT_SETTINGS_V1 only */
+    RF_SAME_TB = 16,     /* compared only when the token budgets match (the packing) */
+    RF_KNOWN = 32,       /* compared only when the checkpoint's value is known (not 0) */
+};
+
+typedef struct {
+    const char *flag;
+    size_t off;          /* in run_config_t */
+    unsigned flags;
+    const char *why;     /* refusals: why it must match */
+} rfield_t;
+
+#define RFIELD(f, fl, flags, why) { fl, offsetof(run_config_t, f), (flags), why }
+static const rfield_t RESUME_FIELDS[] = {
+    RFIELD(seed, "--seed", RF_U64, "the data order, the anchors and the initialisation depend on it"),
+    RFIELD(mbs_per_step, "--micro-batches-per-step", RF_U32, "the cursor and the micro-batch numbering depend on it"),
+    RFIELD(token_budget, "--token-budget", RF_U32 | RF_SETTINGS, "the cursor and micro-batch numbering depend on it"),
+    RFIELD(max_len, "--max-len", RF_U32 | RF_SETTINGS | RF_SAME_TB, "the packing of the micro-batches depends on it"),
+    RFIELD(num_anchors, "--num-anchors", RF_U32 | RF_SETTINGS, "the blocks trained per sequence depend on it"),
+    RFIELD(epochs, "--epochs", RF_U32 | RF_SETTINGS, "the data order depends on it"),
+    RFIELD(drafter_layers, "--drafter-layers", RF_U32 | RF_KNOWN, "the drafter's shape and parameter count depend on it"),
+    RFIELD(block_size, "--block-size", RF_U32 | RF_KNOWN, "the drafter's training blocks depend on it"),
+    RFIELD(lr, "--lr", RF_F64 | RF_WARN, NULL),
+    RFIELD(warmup_steps, "--warmup-steps", RF_U64 | RF_WARN, NULL),
+    RFIELD(weight_decay, "--weight-decay", RF_F64 | RF_WARN, NULL),
+    RFIELD(clip, "--clip", RF_F64 | RF_WARN, NULL),
+};
+#undef RFIELD
+
+/* The value of field f of c as a double (warnings print "%.9g") and as a u64 (refusals). */
+static double rf_f64(const run_config_t *c, const rfield_t *f) {
+    const char *p = (const char *)c + f->off;
+    if ((f->flags & 3) == RF_F64) { double v; memcpy(&v, p, sizeof v); return v; }
+    if ((f->flags & 3) == RF_U64) { uint64_t v; memcpy(&v, p, sizeof v); return (double)v; }
+    uint32_t v; memcpy(&v, p, sizeof v); return (double)v;
+}
+static uint64_t rf_u64(const run_config_t *c, const rfield_t *f) {
+    const char *p = (const char *)c + f->off;
+    if ((f->flags & 3) == RF_U64) { uint64_t v; memcpy(&v, p, sizeof v); return v; }
+    uint32_t v; memcpy(&v, p, sizeof v); return v;
+}
+
+/* One entry of RESUME_FIELDS: a refusal line (counted in r->n) or a warning. */
+static void rc_field(rcheck_t *r, const rfield_t *f, const run_config_t *want, const run_config_t *have) {
+    if (f->flags & RF_WARN) {
+        double w = rf_f64(want, f), h = rf_f64(have, f);
+        if (w != h)
+            log_warn("--resume: %s changes from %.9g (the checkpoint's) to %.9g: allowed, but the continuation "
+                     "is no longer the uninterrupted run's; pass %s %.9g to keep it", f->flag, h, w, f->flag, h);
+        return;
+    }
+    uint64_t w = rf_u64(want, f), h = rf_u64(have, f);
+    if ((f->flags & RF_KNOWN) && h == 0) return;
+    if (w == h) return;
     char a[32], b[32];
-    snprintf(a, sizeof a, "%llu", (unsigned long long)want);
-    snprintf(b, sizeof b, "%llu", (unsigned long long)have);
-    rc_mismatch(r, flag, a, b, why);
+    snprintf(a, sizeof a, "%llu", (unsigned long long)w);
+    snprintf(b, sizeof b, "%llu", (unsigned long long)h);
+    rc_mismatch(r, f->flag, a, b, f->why);
 }
 
-/* A double as the optimizer gets it on its command line ("%.9g"), for exact compares
- * with what state.bin recorded. */
-static double as_passed(double x) {
-    char b[64];
-    snprintf(b, sizeof b, "%.9g", x);
-    return strtod(b, NULL);
-}
-
-/* The settings that need no data: state.bin header and config.json of checkpoint
- * r->dir against the requested ones (o, its drafter config dc, the target's
- * fingerprint tfp, 0 when it could not be taken). Mismatches counted in r->n. */
-static void resume_check_settings(rcheck_t *r, const run_opts_t *o, const ckpt_state_hdr_t *h,
-                                  const drafter_config_t *dc, uint64_t tfp) {
-    rc_u64(r, "--seed", (uint64_t)o->seed, h->seed, "the data order, the anchors and the initialisation depend on it");
-    rc_u64(r, "--micro-batches-per-step", (uint64_t)o->mbs_per_step, h->mbs_per_step,
-           "the cursor and the micro-batch numbering depend on it");
-    uint32_t ml = o->max_len > 0 && o->max_len < o->token_budget ? (uint32_t)o->max_len : (uint32_t)o->token_budget;
-    int have_settings = h->settings == CKPT_SETTINGS_V1;
-    if (have_settings) {
-        rc_u64(r, "--token-budget", (uint64_t)o->token_budget, h->token_budget,
-               "the cursor and micro-batch numbering depend on it");
-        if (h->token_budget == (uint32_t)o->token_budget)
-            rc_u64(r, "--max-len", ml, h->max_len, "the packing of the micro-batches depends on it");
-        rc_u64(r, "--num-anchors", (uint64_t)o->num_anchors, h->num_anchors,
-               "the blocks trained per sequence depend on it");
-        rc_u64(r, "--epochs", (uint64_t)o->epochs, h->epochs, "the data order depends on it");
+/* What checkpoint r->dir recorded, as a run_config_t: state.bin's header h, the drafter
+ * shape from config.json (every checkpoint has it; else the header's, else 0 = unknown).
+ * *have_settings: h records the run settings (CKPT_SETTINGS_V1); cc / *have_cfg: the
+ * checkpoint's drafter config when config.json reads. */
+static void ckpt_run_config(rcheck_t *r, const ckpt_state_hdr_t *h, run_config_t *have, drafter_config_t *cc,
+                            int *have_cfg, int *have_settings) {
+    runcfg_init(have);
+    *have_settings = h->settings == CKPT_SETTINGS_V1;
+    have->seed = h->seed;
+    have->mbs_per_step = (uint32_t)h->mbs_per_step;
+    if (*have_settings) {
+        have->token_budget = h->token_budget;
+        have->max_len = h->max_len;
+        have->num_anchors = h->num_anchors;
+        have->epochs = h->epochs;
+        have->target_fp = h->target_fp;
     } else {
         log_warn("--resume %s: the checkpoint predates recorded run settings: --token-budget, --max-len, "
                  "--num-anchors, --epochs and the target model's identity are not checked (the dataset and "
                  "batching options are, from cursor.bin)", r->dir);
     }
-    /* drafter shape: config.json (every checkpoint), else the header */
-    drafter_config_t cc;
-    memset(&cc, 0, sizeof cc);
-    int have_cfg = dflash_config_load(r->dir, &cc) == 0;
-    int c_layers = have_cfg ? cc.n_layers : have_settings ? (int)h->drafter_layers : 0;
-    int c_block = have_cfg ? cc.B : have_settings ? (int)h->block_size : 0;
-    if (!have_cfg) log_warn("--resume %s: config.json unreadable (%s)%s", r->dir, dl_errmsg(),
-                            have_settings ? "" : ": the drafter shape is not checked");
-    if (c_layers) rc_u64(r, "--drafter-layers", (uint64_t)o->drafter_layers, (uint64_t)c_layers,
-                         "the drafter's shape and parameter count depend on it");
-    if (c_block) rc_u64(r, "--block-size", (uint64_t)o->block_size, (uint64_t)c_block,
-                        "the drafter's training blocks depend on it");
-    int target_differs = 0;
-    if (have_cfg && (cc.D != dc->D || cc.V != dc->V || cc.H != dc->H || cc.Hkv != dc->Hkv || cc.hd != dc->hd ||
-                     cc.F != dc->F || cc.n_target_layers != dc->n_target_layers)) {
+    memset(cc, 0, sizeof *cc);
+    *have_cfg = dflash_config_load(r->dir, cc) == 0;
+    have->drafter_layers = *have_cfg ? (uint32_t)cc->n_layers : *have_settings ? h->drafter_layers : 0;
+    have->block_size = *have_cfg ? (uint32_t)cc->B : *have_settings ? h->block_size : 0;
+    if (!*have_cfg) log_warn("--resume %s: config.json unreadable (%s)%s", r->dir, dl_errmsg(),
+                             *have_settings ? "" : ": the drafter shape is not checked");
+    have->lr = h->lr;
+    have->warmup_steps = (uint64_t)h->warmup_steps;
+    have->weight_decay = h->wd;
+    have->clip = h->clip;
+}
+
+/* The target: its shapes (config.json) first, then, when they match, its fingerprint
+ * (recorded since CKPT_SETTINGS_V1; 0 on either side = not checked). */
+static void rc_target(rcheck_t *r, const run_opts_t *o, const drafter_config_t *dc, const drafter_config_t *cc,
+                      int have_cfg, uint64_t want_fp, uint64_t have_fp) {
+    if (have_cfg && (cc->D != dc->D || cc->V != dc->V || cc->H != dc->H || cc->Hkv != dc->Hkv || cc->hd != dc->hd ||
+                     cc->F != dc->F || cc->n_target_layers != dc->n_target_layers)) {
         char a[160], b[160];
         snprintf(a, sizeof a, "(hidden %d, %d layers, heads %d/%d, head dim %d, MLP %d, vocabulary %d)", dc->D,
                  dc->n_target_layers, dc->H, dc->Hkv, dc->hd, dc->F, dc->V);
-        snprintf(b, sizeof b, "(hidden %d, %d layers, heads %d/%d, head dim %d, MLP %d, vocabulary %d)", cc.D,
-                 cc.n_target_layers, cc.H, cc.Hkv, cc.hd, cc.F, cc.V);
+        snprintf(b, sizeof b, "(hidden %d, %d layers, heads %d/%d, head dim %d, MLP %d, vocabulary %d)", cc->D,
+                 cc->n_target_layers, cc->H, cc->Hkv, cc->hd, cc->F, cc->V);
         fprintf(stderr, "draftline run: --resume %s: --target-model %s %s does not match the checkpoint's target "
                         "%s (the drafter's shapes are the target's); rerun with the run's --target-model\n",
                 r->dir, o->target_model, a, b);
         r->n++;
-        target_differs = 1;
+        return;
     }
-    if (!target_differs && have_settings && h->target_fp && tfp && h->target_fp != tfp) {
+    if (have_fp && want_fp && have_fp != want_fp) {
         fprintf(stderr, "draftline run: --resume %s: --target-model %s (fingerprint %016llx) does not match the "
                         "checkpoint's target (fingerprint %016llx): same shapes, other weights (another model, "
                         "fine-tune or quantisation; the features the drafter learns from depend on it); rerun "
                         "with the run's --target-model\n",
-                r->dir, o->target_model, (unsigned long long)tfp, (unsigned long long)h->target_fp);
+                r->dir, o->target_model, (unsigned long long)want_fp, (unsigned long long)have_fp);
         r->n++;
     }
-    /* free to change, but the continuation is then not the uninterrupted run's */
-    struct { const char *flag; double want, have; } hp[] = {
-        {"--lr", as_passed(o->lr), h->lr}, {"--warmup-steps", (double)o->warmup_steps, h->warmup_steps},
-        {"--weight-decay", as_passed(o->weight_decay), h->wd}, {"--clip", as_passed(o->clip), h->clip}};
-    for (size_t i = 0; i < sizeof hp / sizeof hp[0]; i++)
-        if (hp[i].want != hp[i].have)
-            log_warn("--resume: %s changes from %.9g (the checkpoint's) to %.9g: allowed, but the continuation "
-                     "is no longer the uninterrupted run's; pass %s %.9g to keep it", hp[i].flag, hp[i].have,
-                     hp[i].want, hp[i].flag, hp[i].have);
+}
+
+/* The settings that need no data: the run's configuration (want, from L; the max_len
+ * compared is the effective one, min(--max-len, --token-budget), as the checkpoint
+ * records it) against the checkpoint's (state.bin header h and config.json of r->dir),
+ * through RESUME_FIELDS; then the target (dc: the requested drafter config, want's
+ * target_fp: its fingerprint, 0 when it could not be taken). Mismatches counted in r->n. */
+static void resume_check_settings(rcheck_t *r, const launch_t *L, const ckpt_state_hdr_t *h,
+                                  const drafter_config_t *dc) {
+    static run_config_t want, have;   /* ~25 KB each: not on the stack */
+    sup__run_config(L, &want);
+    if (want.max_len == 0 || want.max_len > want.token_budget) want.max_len = want.token_budget;
+    drafter_config_t cc;
+    int have_cfg, have_settings;
+    ckpt_run_config(r, h, &have, &cc, &have_cfg, &have_settings);
+    for (size_t i = 0; i < sizeof RESUME_FIELDS / sizeof RESUME_FIELDS[0]; i++) {
+        const rfield_t *f = &RESUME_FIELDS[i];
+        if ((f->flags & RF_SETTINGS) && !have_settings) continue;
+        if ((f->flags & RF_SAME_TB) && have.token_budget != want.token_budget) continue;
+        if (f->flags & RF_WARN) continue;   /* after the target */
+        rc_field(r, f, &want, &have);
+    }
+    rc_target(r, L->o, dc, &cc, have_cfg, want.target_fp, have.target_fp);
+    for (size_t i = 0; i < sizeof RESUME_FIELDS / sizeof RESUME_FIELDS[0]; i++)
+        if (RESUME_FIELDS[i].flags & RF_WARN) rc_field(r, &RESUME_FIELDS[i], &want, &have);
 }
 
 /* The data: cursor.bin of checkpoint r->dir against the cursor of micro-batch 0 of the
@@ -341,7 +409,7 @@ int sup__resume_check_early(launch_t *L, const drafter_config_t *dc) {
     }
     L->target_fp = tfp;
     rcheck_t r = {L->resume_dir, 0};
-    resume_check_settings(&r, o, &L->resume_hdr, dc, tfp);
+    resume_check_settings(&r, L, &L->resume_hdr, dc);
     L->batching_reported = r.n > 0;
     /* the data too when its cache is known without preparing (a .dlc, or the
      * run dir's prepared one) */

@@ -141,6 +141,62 @@ static void spec_target(launch_t *L, const stage_args_t *A, int i) {
     if (L->gpu_mode) { add(s, "--gpu"); add(s, fmt("%d", L->tgpu[i])); }
 }
 
+/* A double as a stage gets it on its command line ("%.9g"): the checkpoint records that
+ * value, so run_config_t carries the same one (bitwise the same checkpoints). */
+static double as_passed(double x) {
+    char b[64];
+    snprintf(b, sizeof b, "%.9g", x);
+    return strtod(b, NULL);
+}
+
+void sup__run_config(const launch_t *L, run_config_t *c) {
+    const run_opts_t *o = L->o;
+    runcfg_init(c);
+    snprintf(c->run_id, sizeof c->run_id, "%s", L->run_id);
+    snprintf(c->data_cache, sizeof c->data_cache, "%.4095s", L->cache);
+    snprintf(c->target_model, sizeof c->target_model, "%s", o->target_model);
+    snprintf(c->out_dir, sizeof c->out_dir, "%.4000s", L->out);
+    snprintf(c->cursor_base, sizeof c->cursor_base, "%.4000s/loader.cursor", L->out);
+    if (L->resume_dir[0]) {
+        snprintf(c->resume_dir, sizeof c->resume_dir, "%.4000s", L->resume_dir);
+        snprintf(c->cursor_in, sizeof c->cursor_in, "%.4000s/cursor.bin", L->resume_dir);
+        if (access(c->cursor_in, R_OK) != 0) c->cursor_in[0] = 0;
+    }
+    c->target_fp = L->target_fp;
+    c->seed = (uint64_t)o->seed;
+    c->token_budget = (uint32_t)o->token_budget;
+    c->max_len = o->max_len > 0 ? (uint32_t)o->max_len : 0;
+    c->mbs_per_step = (uint32_t)o->mbs_per_step;
+    c->epochs = (uint32_t)o->epochs;
+    c->max_steps = L->max_steps;
+    c->start_step = L->start_step;
+    c->lookahead_mbs = (uint32_t)L->lookahead;
+    c->drafter_layers = (uint32_t)o->drafter_layers;
+    c->block_size = (uint32_t)o->block_size;
+    c->num_anchors = (uint32_t)o->num_anchors;
+    c->lr = as_passed(o->lr);
+    c->warmup_steps = (uint64_t)o->warmup_steps;
+    c->weight_decay = as_passed(o->weight_decay);
+    c->clip = as_passed(o->clip);
+    c->save_every = (uint64_t)o->save_every;
+    c->keep_checkpoints = o->keep_checkpoints > 0 ? (uint32_t)o->keep_checkpoints : 0;
+    c->inbox_gb = as_passed(o->inbox_gb);
+    c->host_inbox_gb = as_passed(o->host_inbox_gb);
+    c->hs_min_ready = (uint32_t)o->hs_min_ready;
+    c->prefetch = (uint32_t)o->prefetch;
+    c->threads = (uint32_t)L->so.threads_per_stage;
+    c->deterministic = o->deterministic ? 1 : 0;
+    c->n_targets = o->targets;
+    c->n_drafters = o->drafters;
+    for (int i = 0; i < o->targets && i < PIPE_MAX_TARGETS; i++) {
+        c->target_gpu[i] = L->gpu_mode ? L->tgpu[i] : -1;
+        c->target_drafter[i] = o->drafters > 0 ? i % o->drafters : 0;
+    }
+    for (int i = 0; i < o->drafters && i < PIPE_MAX_DRAFTERS; i++) c->drafter_gpu[i] = L->gpu_mode ? L->dgpu[i] : -1;
+    /* the optimizer keeps master weights and moments on the first drafter GPU */
+    c->optimizer_gpu = L->gpu_mode ? L->dgpu[0] : -1;
+}
+
 void sup__build_stages(launch_t *L) {
     const run_opts_t *o = L->o;
     fill_opts(L);

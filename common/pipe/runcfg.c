@@ -12,7 +12,7 @@
 #include <string.h>
 
 _Static_assert(DRAFTER_MAX_BLOCK <= DL_PROTO_MAX_BLOCK, "a valid block size fits the wire");
-_Static_assert(RUNCFG_PATH_MAX == sizeof(((proto_run_config_t *)0)->target_model), "paths fit the wire");
+_Static_assert(RUNCFG_PATH_MAX == DL_PROTO_PATH_MAX + 1, "paths fit the wire");
 
 void runcfg_init(run_config_t *c) {
     memset(c, 0, sizeof *c);
@@ -157,15 +157,26 @@ int runcfg_stage_gpu(const run_config_t *c, uint32_t id) {
 
 #define CPY(dst, src) snprintf((dst), sizeof(dst), "%s", (src))
 
+/* A path of c as the message's (pointer, length); strnlen keeps an unterminated
+ * path (which runcfg_validate refuses) from being read past its array. */
+#define PATH_TO(f) (r->f = c->f, r->n_##f = (uint32_t)strnlen(c->f, DL_PROTO_PATH_MAX + 1))
+
+/* A path of the message into c; a length over the limit (never from the decoder)
+ * leaves it "". */
+static void path_from(char dst[RUNCFG_PATH_MAX], const char *p, uint32_t n) {
+    if (!p || n > DL_PROTO_PATH_MAX) n = 0;
+    if (n) memcpy(dst, p, n);
+    dst[n] = 0;
+}
+
 void runcfg_to_msg(const run_config_t *c, uint32_t stage_id, uint64_t inc, proto_msg_t *m) {
     proto_msg_init(m, PROTO_RUN_CONFIG);
     proto_run_config_t *r = &m->run_config;
     r->stage_id = stage_id;
     r->incarnation = inc;
     CPY(r->run_id, c->run_id);
-    CPY(r->data_cache, c->data_cache); CPY(r->target_model, c->target_model);
-    CPY(r->out_dir, c->out_dir); CPY(r->cursor_base, c->cursor_base);
-    CPY(r->cursor_in, c->cursor_in); CPY(r->resume_dir, c->resume_dir);
+    PATH_TO(data_cache); PATH_TO(target_model); PATH_TO(out_dir);
+    PATH_TO(cursor_base); PATH_TO(cursor_in); PATH_TO(resume_dir);
     r->target_fp = c->target_fp; r->seed = c->seed;
     r->token_budget = c->token_budget; r->max_len = c->max_len;
     r->mbs_per_step = c->mbs_per_step; r->epochs = c->epochs;
@@ -191,9 +202,12 @@ int runcfg_from_msg(const proto_run_config_t *r, run_config_t *c) {
                          r->n_drafter_gpus, PIPE_MAX_TARGETS, PIPE_MAX_DRAFTERS);
     runcfg_init(c);
     CPY(c->run_id, r->run_id);
-    CPY(c->data_cache, r->data_cache); CPY(c->target_model, r->target_model);
-    CPY(c->out_dir, r->out_dir); CPY(c->cursor_base, r->cursor_base);
-    CPY(c->cursor_in, r->cursor_in); CPY(c->resume_dir, r->resume_dir);
+    path_from(c->data_cache, r->data_cache, r->n_data_cache);
+    path_from(c->target_model, r->target_model, r->n_target_model);
+    path_from(c->out_dir, r->out_dir, r->n_out_dir);
+    path_from(c->cursor_base, r->cursor_base, r->n_cursor_base);
+    path_from(c->cursor_in, r->cursor_in, r->n_cursor_in);
+    path_from(c->resume_dir, r->resume_dir, r->n_resume_dir);
     c->target_fp = r->target_fp; c->seed = r->seed;
     c->token_budget = r->token_budget; c->max_len = r->max_len;
     c->mbs_per_step = r->mbs_per_step; c->epochs = r->epochs;

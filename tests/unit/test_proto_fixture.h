@@ -154,10 +154,12 @@ static inline void make_sample(int t, bool big, proto_msg_t *m) {
             g_place[0][i] = (int64_t)(i % 4) - 1; g_place[1][i] = (int64_t)(i % 3); g_place[2][i] = i % nd;
         }
         c->stage_id = 201; c->incarnation = 3; strcpy(c->run_id, "r20261201.ab");
-        strcpy(c->data_cache, "/data/gsm8k.dlc"); strcpy(c->target_model, "/models/qwen3-0.6b");
-        strcpy(c->out_dir, "runs/a"); strcpy(c->cursor_base, "runs/a/loader.cursor");
-        strcpy(c->cursor_in, "runs/a/checkpoints/step_40/cursor.bin");
-        strcpy(c->resume_dir, "runs/a/checkpoints/step_40");
+#define SET_PATH(f, s) (c->f = (s), c->n_##f = (uint32_t)strlen(s))
+        SET_PATH(data_cache, "/data/gsm8k.dlc"); SET_PATH(target_model, "/models/qwen3-0.6b");
+        SET_PATH(out_dir, "runs/a"); SET_PATH(cursor_base, "runs/a/loader.cursor");
+        SET_PATH(cursor_in, "runs/a/checkpoints/step_40/cursor.bin");
+        SET_PATH(resume_dir, "runs/a/checkpoints/step_40");
+#undef SET_PATH
         c->target_fp = 0xfedcba9876543210ull; c->seed = 1234567; c->token_budget = 4096; c->max_len = 2048;
         c->mbs_per_step = 4; c->epochs = 3; c->max_steps = 500; c->start_step = 40; c->lookahead_mbs = 2;
         c->drafter_layers = 2; c->block_size = 8; c->num_anchors = 512; c->lr = 6e-4; c->warmup_steps = 30;

@@ -645,6 +645,25 @@ static void test_run_config_rules(void **state) {
     make_sample(PROTO_RUN_CONFIG, false, &m);
     m.run_config.n_drafter_gpus = 0;
     expect_invalid(&m, "run_config.drafter_gpus: ");
+    /* paths: (pointer, length), at most DL_PROTO_PATH_MAX bytes, no NUL inside */
+    static char long_path[DL_PROTO_PATH_MAX + 2];
+    memset(long_path, 'a', DL_PROTO_PATH_MAX + 1);
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    m.run_config.out_dir = long_path; m.run_config.n_out_dir = DL_PROTO_PATH_MAX + 1;
+    expect_invalid(&m, "run_config.out_dir: string of 4096 bytes, at most 4095");
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    m.run_config.out_dir = long_path; m.run_config.n_out_dir = DL_PROTO_PATH_MAX;
+    assert_int_equal(proto_validate(&m), 0);
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    m.run_config.cursor_in = "a\0b"; m.run_config.n_cursor_in = 3;
+    expect_invalid(&m, "run_config.cursor_in: string contains a NUL byte");
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    m.run_config.resume_dir = NULL; m.run_config.n_resume_dir = 2;
+    expect_invalid(&m, "run_config.resume_dir: NULL string of 2 bytes");
+    /* the paths do not live in the union: every message stays the size it was
+     * before run_config (metrics is the largest member) */
+    print_message("sizeof(proto_msg_t) = %zu\n", sizeof(proto_msg_t));
+    assert_true(sizeof(proto_msg_t) <= sizeof(proto_metrics_t) + 16);
 }
 
 static void test_decode_rejects_semantics_on_wire(void **state) {
