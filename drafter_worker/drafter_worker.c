@@ -74,8 +74,6 @@ typedef struct {
     uint64_t mb, step;
     uint32_t mb_in_step;
     uint32_t slot_id;
-    int peer;                  /* -1 if the target is gone */
-    uint64_t peer_inc;
     uint32_t T, n_seqs;
     const int32_t *ids;        /* (T) i32, in meta[slot_id] (host) */
     const int32_t *lens;       /* (n_seqs) i32, in meta[slot_id] */
@@ -215,17 +213,10 @@ static void grant_all(dw_t *W) {
     }
 }
 
+/* Frees an item's inbox slot. The target is not told: it forgets a micro-batch once
+ * hidden_states_ready is sent, and credit comes back as a new grant (grant_all). */
 static void release_item(dw_t *W, const item_t *it) {
     inbox_free(W->ib, it->slot_id);
-    const peer_info_t *p = it->peer >= 0 ? &W->peers.p[it->peer] : NULL;
-    if (p && p->alive && p->incarnation == it->peer_inc) {
-        proto_msg_t m;
-        proto_msg_init(&m, PROTO_SLOT_RELEASE);
-        m.slot_release.drafter_id = W->st.stage_id;
-        m.slot_release.slot_id = it->slot_id;
-        m.slot_release.mb = it->mb;
-        stage_send(W->srv, p->id, &m);
-    }
 }
 
 static const uint8_t *slot_base(dw_t *W, uint32_t slot_id) {
@@ -540,8 +531,6 @@ static void on_hs_ready(dw_t *W, int pi, const proto_hidden_states_ready_t *h) {
     it->step = h->step;
     it->mb_in_step = h->mb_in_step;
     it->slot_id = h->slot_id;
-    it->peer = pi;
-    it->peer_inc = p->incarnation;
     it->T = (uint32_t)h->shape[0];
     it->n_seqs = h->n_seqs;
     it->t_ready = clock_mono_s();

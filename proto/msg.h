@@ -72,7 +72,7 @@ typedef enum {
     PROTO_SLAB_EXPORT         = 5,   /* slab owner -> peers that will open it */
     PROTO_SLOT_GRANT          = 6,   /* drafter -> target (credit in inbox bytes) */
     PROTO_HIDDEN_STATES_READY = 7,   /* target -> drafter */
-    PROTO_SLOT_RELEASE        = 8,   /* drafter -> target (consumed) or target -> drafter (unused) */
+    PROTO_SLOT_RELEASE        = 8,   /* target -> drafter: a grant returned unused */
     PROTO_GRADIENTS_READY     = 9,   /* drafter -> optimizer */
     PROTO_WEIGHTS_VERSION     = 10,  /* optimizer -> drafters */
     PROTO_METRICS             = 11,  /* any stage -> supervisor / monitor */
@@ -234,10 +234,12 @@ typedef struct {
     char gpu_uuid[DL_PROTO_UUID_MAX + 1];   /* producer GPU, "" on CPU */
 } proto_hidden_states_ready_t;
 
+/* A grant target -> drafter returned unused (re-routed, or idle with it): the
+ * drafter frees slot `slot_id`. A consumed slot is not reported (PROTOCOL.md). */
 typedef struct {
     uint32_t drafter_id;
     uint32_t slot_id;
-    uint64_t mb;                 /* DL_PROTO_MB_NONE: returning an unused grant */
+    uint64_t mb;                 /* senders put DL_PROTO_MB_NONE (no micro-batch written) */
 } proto_slot_release_t;
 
 /* Gradients of drafter `drafter_id` for `step`, summed over the listed

@@ -375,8 +375,6 @@ static void on_drafter_msg(bus_t *bus, const char *peer, const void *data, size_
                                   m.slot_grant.bytes};
         pump(T);
         break;
-    case PROTO_SLOT_RELEASE:
-        break; /* consumed: the drafter grants a new slot on its own */
     default:
         log_warn("unexpected %s from the drafter", proto_type_name(m.type));
     }
