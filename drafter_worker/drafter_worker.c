@@ -4,8 +4,8 @@
  * to it (credit: one outstanding grant per target, each sized for a full
  * micro-batch), computes the DFlash drafter's forward and backward on each
  * micro-batch with the weights of the step it belongs to, writes that
- * micro-batch's gradient (f32) into its shared gradient slab (one slot per
- * micro-batch index within the step) and sends gradients_ready to the optimizer,
+ * micro-batch's gradient (f32) straight into its shared gradient slab (one slot
+ * per micro-batch index within the step: the backward accumulates there) and sends gradients_ready to the optimizer,
  * then releases the inbox slot.
  *
  * Synchronous math: a micro-batch of step s is computed only with weights version
@@ -27,7 +27,7 @@
  * place on its own GPU. Token ids, sequence lengths and the loss mask come inline
  * in hidden_states_ready (host memory, on CPU and GPU runs alike). A host-tier item's features are
  * copied to a device staging buffer first. The gradient slab is device memory on
- * this GPU exported by CUDA IPC (one device-to-device copy per micro-batch; the
+ * this GPU exported by CUDA IPC (the backward writes into it, no copy; the
  * optimizer, on this or another GPU, reads it in place), and new weights come from
  * the optimizer's device weights slab by one device (or peer) copy. Only the
  * target's embedding and LM head are loaded (target_opts_t.embed_only).
@@ -246,6 +246,10 @@ static int take_meta(dw_t *W, const proto_hidden_states_ready_t *h, item_t *it) 
     return 0;
 }
 
+/* Bytes between two micro-batches' gradients in the gradient slab: P f32 rounded up
+ * to 256, so every slot is as aligned as a cudaMalloc (drafter_set_grads). */
+static size_t grad_stride(const dw_t *W) { return (size_t)pipe_align256(W->P * sizeof(float)); }
+
 /* ---- compute on the worker thread ---- */
 static void work_run(uv_work_t *req) {
     dw_t *W = req->data;
@@ -303,18 +307,17 @@ static void work_run(uv_work_t *req) {
     b.n_blocks = nb;
     b.anchors = W->anchor_buf;
     double t0 = clock_mono_s();
+    /* the backward accumulates straight into this micro-batch's gradient slot (zeroed
+     * first, as the own buffer was: the same sums, bitwise; the slot is 256-byte
+     * aligned like that buffer, so the CUDA GEMM plans are the same too). nb == 0
+     * (nothing to predict) contributes a zero gradient with zero weight. */
+    drafter_set_grads(W->d, (float *)((uint8_t *)slab_ptr(W->grad) + (size_t)it->mb_in_step * grad_stride(W)));
     drafter_zero_grad(W->d);
     memset(&W->cur_stats, 0, sizeof W->cur_stats);
     W->cur_rc = nb > 0 ? drafter_forward_backward(W->d, &b, 1.0f, &W->cur_stats) : 0;
     double t1 = clock_mono_s();
-    /* nb == 0 (nothing to predict) contributes a zero gradient with zero weight */
-    float *dst = (float *)slab_ptr(W->grad) + (size_t)it->mb_in_step * W->P;
-    if (slab_handle(W->grad)->kind == SLAB_CUDA) {   /* device slab: copy, then wait for it */
-        W->ops.impl->copy(&W->ops, dst, drafter_grads(W->d), W->P * sizeof(float));
-        W->ops.impl->sync(&W->ops);
-    } else {
-        W->ops.impl->download(&W->ops, dst, drafter_grads(W->d), W->P * sizeof(float));
-    }
+    /* device slab: the writes are done before gradients_ready (this stream only) */
+    if (slab_handle(W->grad)->kind == SLAB_CUDA) W->ops.impl->sync(&W->ops);
     W->cur_fb_s = t1 - t0;
     W->cur_copy_s = clock_mono_s() - t1;
 }
@@ -395,7 +398,7 @@ static void after_work_cb(uv_work_t *req, int status) {
     g->acc = acc;
     g->n_acc = (uint32_t)W->dcfg.B;
     g->slab_id = SLOT_SLAB_GRAD;
-    g->offset = (uint64_t)it->mb_in_step * W->P * sizeof(float);
+    g->offset = (uint64_t)it->mb_in_step * grad_stride(W);
     g->bytes = W->P * sizeof(float);
     g->n_params = W->P;
     if (!isfinite(g->weight_sum) || g->weight_sum < 0) g->weight_sum = 0;
@@ -748,10 +751,10 @@ static int dw_slabs(dw_t *W, const char *run_id, const char *name, int64_t inc, 
                          SLOT_SLAB_GPU, "ibg", caps[0], W->gpu, 0);
     if (rc == 0 && caps[1]) rc = slab_create(&W->tier[1], SLAB_HOST, run_id, name, W->st.stage_id, (uint64_t)inc, SLOT_SLAB_HOST, "ibh", caps[1], -1, on_gpu);
     if (rc == 0 && !W->tier[0]) { W->tier[0] = W->tier[1]; W->tier[1] = NULL; caps[0] = caps[1]; caps[1] = 0; }
-    /* gradients: one slot of P f32 per micro-batch of a step; device memory on GPU
-     * (the optimizer maps it by IPC and reads it in place) */
+    /* gradients: one slot of P f32 (grad_stride apart) per micro-batch of a step; device
+     * memory on GPU (the optimizer maps it by IPC and reads it in place) */
     if (rc == 0) rc = slab_create(&W->grad, on_gpu ? SLAB_CUDA : SLAB_HOST, run_id, name, W->st.stage_id,
-                                  (uint64_t)inc, SLOT_SLAB_GRAD, "grad", (size_t)W->K * W->P * sizeof(float), W->gpu, 0);
+                                  (uint64_t)inc, SLOT_SLAB_GRAD, "grad", (size_t)W->K * grad_stride(W), W->gpu, 0);
     if (rc == 0 && on_gpu && (caps[1] || slab_handle(W->tier[0])->kind == SLAB_HOST)) {
         /* host-tier items are copied here before the math (compute memory, not inbox) */
         W->staging = W->ops.impl->malloc_(&W->ops, (size_t)W->token_budget * row * W->elem);
