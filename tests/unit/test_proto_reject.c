@@ -434,36 +434,12 @@ static void expect_invalid(proto_msg_t *m, const char *prefix) {
     msgpack_sbuffer_destroy(&sb);
 }
 
-static void test_semantic_rules(void **state) {
+/* hidden_states_ready: the inline arrays against shape[0] / n_seqs, the lengths'
+ * sum, element ranges, and the features within bytes. */
+static void test_hidden_states_ready_rules(void **state) {
     (void)state;
     proto_msg_t m;
-    make_sample(PROTO_MICRO_BATCH, false, &m);
-    g_seq_lens[2] = 6;
-    expect_invalid(&m, "micro_batch.seq_lens: sum 12 != tokens length 13");
-    g_seq_lens[2] = 7;
-    m.micro_batch.n_loss_mask = 12;
-    expect_invalid(&m, "micro_batch.loss_mask: 12 entries, tokens has 13");
-    make_sample(PROTO_MICRO_BATCH, false, &m);
-    g_mask[4] = 2;
-    expect_invalid(&m, "micro_batch.loss_mask[4]: 2 out of range [0, 1]");
-    g_mask[4] = 1;
-    g_tokens[3] = -1;
-    expect_invalid(&m, "micro_batch.tokens[3]: -1 out of range");
-    make_sample(PROTO_MICRO_BATCH, false, &m);
-    g_seq_lens[1] = 0; g_seq_lens[2] = 8;
-    expect_invalid(&m, "micro_batch.seq_lens[1]: 0 out of range");
-    make_sample(PROTO_MICRO_BATCH, false, &m);
-    m.micro_batch.n_seqs = 2;
-    expect_invalid(&m, "micro_batch.seq_lens: 3 entries, n_seqs is 2");
-    make_sample(PROTO_MICRO_BATCH, false, &m);
-    m.micro_batch.mb_in_step = 8;
-    expect_invalid(&m, "micro_batch.mb_in_step: 8 not below mbs_in_step 8");
-    make_sample(PROTO_MICRO_BATCH, false, &m);
-    m.micro_batch.tokens = NULL;
-    expect_invalid(&m, "micro_batch.tokens: NULL array of 13 elements");
-
-    /* hidden_states_ready: inline arrays against shape[0] / n_seqs, features within bytes
-     * (sample: T 6, n_seqs 2, seq_lens {4, 2}, features 480 bytes, bytes 520) */
+    /* sample: T 6, n_seqs 2, seq_lens {4, 2}, features 480 bytes, bytes 520 */
     make_sample(PROTO_HIDDEN_STATES_READY, false, &m);
     m.hidden_states_ready.n_tokens = 5;
     expect_invalid(&m, "hidden_states_ready.tokens: 5 entries, shape[0] is 6");
@@ -494,6 +470,36 @@ static void test_semantic_rules(void **state) {
     make_sample(PROTO_HIDDEN_STATES_READY, false, &m);
     m.hidden_states_ready.bytes = 480;
     assert_int_equal(proto_validate(&m), 0);
+}
+
+static void test_semantic_rules(void **state) {
+    (void)state;
+    proto_msg_t m;
+    make_sample(PROTO_MICRO_BATCH, false, &m);
+    g_seq_lens[2] = 6;
+    expect_invalid(&m, "micro_batch.seq_lens: sum 12 != tokens length 13");
+    g_seq_lens[2] = 7;
+    m.micro_batch.n_loss_mask = 12;
+    expect_invalid(&m, "micro_batch.loss_mask: 12 entries, tokens has 13");
+    make_sample(PROTO_MICRO_BATCH, false, &m);
+    g_mask[4] = 2;
+    expect_invalid(&m, "micro_batch.loss_mask[4]: 2 out of range [0, 1]");
+    g_mask[4] = 1;
+    g_tokens[3] = -1;
+    expect_invalid(&m, "micro_batch.tokens[3]: -1 out of range");
+    make_sample(PROTO_MICRO_BATCH, false, &m);
+    g_seq_lens[1] = 0; g_seq_lens[2] = 8;
+    expect_invalid(&m, "micro_batch.seq_lens[1]: 0 out of range");
+    make_sample(PROTO_MICRO_BATCH, false, &m);
+    m.micro_batch.n_seqs = 2;
+    expect_invalid(&m, "micro_batch.seq_lens: 3 entries, n_seqs is 2");
+    make_sample(PROTO_MICRO_BATCH, false, &m);
+    m.micro_batch.mb_in_step = 8;
+    expect_invalid(&m, "micro_batch.mb_in_step: 8 not below mbs_in_step 8");
+    make_sample(PROTO_MICRO_BATCH, false, &m);
+    m.micro_batch.tokens = NULL;
+    expect_invalid(&m, "micro_batch.tokens: NULL array of 13 elements");
+
     make_sample(PROTO_HIDDEN_STATES_READY, false, &m);
     m.hidden_states_ready.shape[1] = 42;
     expect_invalid(&m, "hidden_states_ready.shape[1]: 42 not a multiple of n_feat 5");
@@ -774,6 +780,7 @@ int main(void) {
         cmocka_unit_test(test_trailing_and_structure),
         cmocka_unit_test(test_over_limits),
         cmocka_unit_test(test_semantic_rules),
+        cmocka_unit_test(test_hidden_states_ready_rules),
         cmocka_unit_test(test_ctl_rules),
         cmocka_unit_test(test_run_config_rules),
         cmocka_unit_test(test_decode_rejects_semantics_on_wire),
