@@ -4,8 +4,8 @@
  * to it (credit: one outstanding grant per target, each sized for a full
  * micro-batch), computes the DFlash drafter's forward and backward on each
  * micro-batch with the weights of the step it belongs to, writes that
- * micro-batch's gradient (f32) into its shared gradient slab (one slot per
- * micro-batch index within the step) and sends gradients_ready to the optimizer,
+ * micro-batch's gradient (f32) straight into its shared gradient slab (one slot
+ * per micro-batch index within the step: the backward accumulates there) and sends gradients_ready to the optimizer,
  * then releases the inbox slot.
  *
  * Synchronous math: a micro-batch of step s is computed only with weights version
@@ -23,11 +23,11 @@
  * shared-memory slab; features are bf16. Each hidden_states_ready carries the
  * producer's interprocess event: the drafter opens it once per (target,
  * incarnation, handle) and caches it (event_opens), makes its streams wait on it
- * (cudaStreamWaitEvent, no host or device-wide wait), copies the slot's small
- * token-id / length / mask region to host (a side stream waited on alone) and
- * reads the features in place on its own GPU. A host-tier item's features are
+ * (cudaStreamWaitEvent, no host or device-wide wait) and reads the features in
+ * place on its own GPU. Token ids, sequence lengths and the loss mask come inline
+ * in hidden_states_ready (host memory, on CPU and GPU runs alike). A host-tier item's features are
  * copied to a device staging buffer first. The gradient slab is device memory on
- * this GPU exported by CUDA IPC (one device-to-device copy per micro-batch; the
+ * this GPU exported by CUDA IPC (the backward writes into it, no copy; the
  * optimizer, on this or another GPU, reads it in place), and new weights come from
  * the optimizer's device weights slab by one device (or peer) copy. Only the
  * target's embedding and LM head are loaded (target_opts_t.embed_only).
@@ -74,10 +74,10 @@ typedef struct {
     uint64_t mb, step;
     uint32_t mb_in_step;
     uint32_t slot_id;
-    int peer;                  /* -1 if the target is gone */
-    uint64_t peer_inc;
     uint32_t T, n_seqs;
-    uint64_t tokens_off, seq_lens_off, loss_mask_off;
+    const int32_t *ids;        /* (T) i32, in meta[slot_id] (host) */
+    const int32_t *lens;       /* (n_seqs) i32, in meta[slot_id] */
+    const uint8_t *mask;       /* (T) u8, in meta[slot_id] */
     double t_ready;
     void *ev;                  /* GPU mode: the producer's event (cached, not owned) */
 } item_t;
@@ -140,9 +140,7 @@ typedef struct {
     /* GPU mode (--gpu N >= 0) */
     int gpu;
     size_t elem;               /* feature element bytes: 4 (f32) or 2 (bf16) */
-    uint8_t *meta[DW_MAX_SLOTS]; /* host copy of a GPU slot's ids/lengths/mask (lazy) */
-    size_t meta_bytes;
-    void *side;                /* stream for the metadata copies */
+    uint8_t *meta[DW_MAX_SLOTS]; /* per slot, lazy: the item's ids, lengths, mask (meta_cap bytes) */
     evc_t evc[DW_MAX_EVENTS];
     int nevc;
     uint64_t event_opens;
@@ -215,17 +213,10 @@ static void grant_all(dw_t *W) {
     }
 }
 
+/* Frees an item's inbox slot. The target is not told: it forgets a micro-batch once
+ * hidden_states_ready is sent, and credit comes back as a new grant (grant_all). */
 static void release_item(dw_t *W, const item_t *it) {
     inbox_free(W->ib, it->slot_id);
-    const peer_info_t *p = it->peer >= 0 ? &W->peers.p[it->peer] : NULL;
-    if (p && p->alive && p->incarnation == it->peer_inc) {
-        proto_msg_t m;
-        proto_msg_init(&m, PROTO_SLOT_RELEASE);
-        m.slot_release.drafter_id = W->st.stage_id;
-        m.slot_release.slot_id = it->slot_id;
-        m.slot_release.mb = it->mb;
-        stage_send(W->srv, p->id, &m);
-    }
 }
 
 static const uint8_t *slot_base(dw_t *W, uint32_t slot_id) {
@@ -234,12 +225,30 @@ static const uint8_t *slot_base(dw_t *W, uint32_t slot_id) {
     return (const uint8_t *)slab_ptr(W->tier[s.tier]) + s.offset;
 }
 
-/* Host pointer to byte `off` (>= tokens_off) of item it's slot: the slot itself on
- * CPU runs, the host copy of its metadata region in GPU mode. */
-static const uint8_t *host_at(dw_t *W, const item_t *it, uint64_t off) {
-    if (W->gpu >= 0) return W->meta[it->slot_id] + (off - it->tokens_off);
-    return slot_base(W, it->slot_id) + off;
+/* Bytes of a slot's metadata buffer: ids (T i32), lengths (n_seqs <= T i32) and
+ * mask (T u8) of the largest micro-batch, T = token budget. */
+static size_t meta_cap(const dw_t *W) { return (size_t)W->token_budget * 9; }
+
+/* Copies the inline ids / lengths / mask of h into slot h->slot_id's metadata
+ * buffer (allocated on first use, kept for the slot id's later items) and points
+ * it's fields there: the message is freed when its handler returns. Codec-checked:
+ * n_tokens == T <= token budget, n_seq_lens == n_seqs <= T. DL_ENOMEM. */
+static int take_meta(dw_t *W, const proto_hidden_states_ready_t *h, item_t *it) {
+    uint8_t **mp = &W->meta[h->slot_id];
+    if (!*mp && !(*mp = malloc(meta_cap(W)))) return dl_seterr(DL_ENOMEM, "metadata buffer");
+    size_t T = h->n_tokens, S = h->n_seq_lens;
+    memcpy(*mp, h->tokens, T * 4);
+    memcpy(*mp + T * 4, h->seq_lens, S * 4);
+    memcpy(*mp + T * 4 + S * 4, h->loss_mask, T);
+    it->ids = (const int32_t *)*mp;
+    it->lens = (const int32_t *)(*mp + T * 4);
+    it->mask = *mp + T * 4 + S * 4;
+    return 0;
 }
+
+/* Bytes between two micro-batches' gradients in the gradient slab: P f32 rounded up
+ * to 256, so every slot is as aligned as a cudaMalloc (drafter_set_grads). */
+static size_t grad_stride(const dw_t *W) { return (size_t)pipe_align256(W->P * sizeof(float)); }
 
 /* ---- compute on the worker thread ---- */
 static void work_run(uv_work_t *req) {
@@ -256,10 +265,10 @@ static void work_run(uv_work_t *req) {
         while (!__atomic_load_n(&W->st.stopping, __ATOMIC_RELAXED)) usleep(100000);
     }
     const void *features = base;
-    const int32_t *lens = (const int32_t *)host_at(W, it, it->seq_lens_off);
+    const int32_t *lens = it->lens;
     W->cu[0] = 0;
     for (uint32_t s = 0; s < it->n_seqs; s++) W->cu[s + 1] = W->cu[s] + lens[s];
-    const uint8_t *mask = host_at(W, it, it->loss_mask_off);
+    const uint8_t *mask = it->mask;
     if (W->gpu >= 0) {
         int rc = dev_set(W->gpu);   /* per thread: this is a libuv worker */
         /* producer -> consumer ordering on the GPU: our stream waits for the
@@ -292,24 +301,23 @@ static void work_run(uv_work_t *req) {
     b.T = (int)it->T;
     b.nseq = (int)it->n_seqs;
     b.cu_seqlens = W->cu;
-    b.ids = (const int32_t *)host_at(W, it, it->tokens_off);
+    b.ids = it->ids;
     b.loss_mask = mask;
     b.features = features;
     b.n_blocks = nb;
     b.anchors = W->anchor_buf;
     double t0 = clock_mono_s();
+    /* the backward accumulates straight into this micro-batch's gradient slot (zeroed
+     * first, as the own buffer was: the same sums, bitwise; the slot is 256-byte
+     * aligned like that buffer, so the CUDA GEMM plans are the same too). nb == 0
+     * (nothing to predict) contributes a zero gradient with zero weight. */
+    drafter_set_grads(W->d, (float *)((uint8_t *)slab_ptr(W->grad) + (size_t)it->mb_in_step * grad_stride(W)));
     drafter_zero_grad(W->d);
     memset(&W->cur_stats, 0, sizeof W->cur_stats);
     W->cur_rc = nb > 0 ? drafter_forward_backward(W->d, &b, 1.0f, &W->cur_stats) : 0;
     double t1 = clock_mono_s();
-    /* nb == 0 (nothing to predict) contributes a zero gradient with zero weight */
-    float *dst = (float *)slab_ptr(W->grad) + (size_t)it->mb_in_step * W->P;
-    if (slab_handle(W->grad)->kind == SLAB_CUDA) {   /* device slab: copy, then wait for it */
-        W->ops.impl->copy(&W->ops, dst, drafter_grads(W->d), W->P * sizeof(float));
-        W->ops.impl->sync(&W->ops);
-    } else {
-        W->ops.impl->download(&W->ops, dst, drafter_grads(W->d), W->P * sizeof(float));
-    }
+    /* device slab: the writes are done before gradients_ready (this stream only) */
+    if (slab_handle(W->grad)->kind == SLAB_CUDA) W->ops.impl->sync(&W->ops);
     W->cur_fb_s = t1 - t0;
     W->cur_copy_s = clock_mono_s() - t1;
 }
@@ -390,7 +398,7 @@ static void after_work_cb(uv_work_t *req, int status) {
     g->acc = acc;
     g->n_acc = (uint32_t)W->dcfg.B;
     g->slab_id = SLOT_SLAB_GRAD;
-    g->offset = (uint64_t)it->mb_in_step * W->P * sizeof(float);
+    g->offset = (uint64_t)it->mb_in_step * grad_stride(W);
     g->bytes = W->P * sizeof(float);
     g->n_params = W->P;
     if (!isfinite(g->weight_sum) || g->weight_sum < 0) g->weight_sum = 0;
@@ -494,12 +502,10 @@ static void on_hs_ready(dw_t *W, int pi, const proto_hidden_states_ready_t *h) {
         exit(1);
     }
     uint64_t row = (uint64_t)W->dcfg.n_feat * (uint64_t)W->dcfg.D;
-    pipe_layout_t l = pipe_layout(h->shape[0], h->n_seqs, row, W->elem);
+    pipe_layout_t l = pipe_layout(h->shape[0], row, W->elem);
     proto_dtype_t want = W->gpu >= 0 ? PROTO_DTYPE_BF16 : PROTO_DTYPE_F32;
     int bad = h->dtype != want || h->ndim != 2 || (W->gpu >= 0 && h->event_len != 64) || h->shape[1] != row ||
-              h->shape[0] > W->token_budget || h->shape[0] < 1 || h->bytes > s.bytes ||
-              h->tokens_off != l.tokens_off || h->seq_lens_off != l.seq_lens_off ||
-              h->loss_mask_off != l.loss_mask_off || l.bytes > s.bytes ||
+              h->shape[0] > W->token_budget || h->shape[0] < 1 || h->bytes > s.bytes || l.bytes > s.bytes ||
               h->mbs_in_step != W->K || h->mb_in_step != h->mb % W->K || h->step != h->mb / W->K;
     if (bad) {
         log_warn("%s: hidden_states_ready for micro-batch %llu does not match this drafter "
@@ -528,14 +534,13 @@ static void on_hs_ready(dw_t *W, int pi, const proto_hidden_states_ready_t *h) {
     it->step = h->step;
     it->mb_in_step = h->mb_in_step;
     it->slot_id = h->slot_id;
-    it->peer = pi;
-    it->peer_inc = p->incarnation;
     it->T = (uint32_t)h->shape[0];
     it->n_seqs = h->n_seqs;
-    it->tokens_off = h->tokens_off;
-    it->seq_lens_off = h->seq_lens_off;
-    it->loss_mask_off = h->loss_mask_off;
     it->t_ready = clock_mono_s();
+    if (take_meta(W, h, it) < 0) {
+        log_error("micro-batch %llu: %s", (unsigned long long)h->mb, dl_errmsg());
+        exit(1);
+    }
     if (W->gpu >= 0) {
         /* the producer's event: opened once per (target, incarnation, handle) */
         int e = 0;
@@ -552,15 +557,6 @@ static void on_hs_ready(dw_t *W, int pi, const proto_hidden_states_ready_t *h) {
                 W->event_opens++;
             }
         }
-        /* the slot's ids / lengths / mask to host, ordered after the target's writes */
-        if (rc == 0 && !W->meta[h->slot_id] && !(W->meta[h->slot_id] = malloc(W->meta_bytes)))
-            rc = dl_seterr(DL_ENOMEM, "metadata buffer");
-        uint64_t mb_bytes = l.bytes - l.tokens_off;
-        if (rc == 0 && mb_bytes > W->meta_bytes) rc = dl_seterr(DL_ERANGE, "metadata larger than a full micro-batch's");
-        if (rc == 0) rc = dev_stream_wait(W->side, W->evc[e].ev);
-        if (rc == 0) rc = dev_copy_async(W->meta[h->slot_id], slot_base(W, h->slot_id) + l.tokens_off,
-                                         mb_bytes, W->side);
-        if (rc == 0) rc = dev_stream_sync(W->side);   /* the side stream only */
         if (rc < 0) {
             log_error("micro-batch %llu: %s", (unsigned long long)h->mb, dl_errmsg());
             exit(1);
@@ -568,8 +564,8 @@ static void on_hs_ready(dw_t *W, int pi, const proto_hidden_states_ready_t *h) {
         it->ev = W->evc[e].ev;
     }
     /* the sequence lengths must add up to T (a peer's bad data never reaches the math) */
-    const int32_t *lens = (const int32_t *)host_at(W, it, it->seq_lens_off);
-    const int32_t *ids = (const int32_t *)host_at(W, it, it->tokens_off);
+    const int32_t *lens = it->lens;
+    const int32_t *ids = it->ids;
     int64_t sum = 0;
     int ok = 1;
     for (uint32_t j = 0; j < it->n_seqs; j++) { if (lens[j] < 1) ok = 0; sum += lens[j]; }
@@ -755,10 +751,10 @@ static int dw_slabs(dw_t *W, const char *run_id, const char *name, int64_t inc, 
                          SLOT_SLAB_GPU, "ibg", caps[0], W->gpu, 0);
     if (rc == 0 && caps[1]) rc = slab_create(&W->tier[1], SLAB_HOST, run_id, name, W->st.stage_id, (uint64_t)inc, SLOT_SLAB_HOST, "ibh", caps[1], -1, on_gpu);
     if (rc == 0 && !W->tier[0]) { W->tier[0] = W->tier[1]; W->tier[1] = NULL; caps[0] = caps[1]; caps[1] = 0; }
-    /* gradients: one slot of P f32 per micro-batch of a step; device memory on GPU
-     * (the optimizer maps it by IPC and reads it in place) */
+    /* gradients: one slot of P f32 (grad_stride apart) per micro-batch of a step; device
+     * memory on GPU (the optimizer maps it by IPC and reads it in place) */
     if (rc == 0) rc = slab_create(&W->grad, on_gpu ? SLAB_CUDA : SLAB_HOST, run_id, name, W->st.stage_id,
-                                  (uint64_t)inc, SLOT_SLAB_GRAD, "grad", (size_t)W->K * W->P * sizeof(float), W->gpu, 0);
+                                  (uint64_t)inc, SLOT_SLAB_GRAD, "grad", (size_t)W->K * grad_stride(W), W->gpu, 0);
     if (rc == 0 && on_gpu && (caps[1] || slab_handle(W->tier[0])->kind == SLAB_HOST)) {
         /* host-tier items are copied here before the math (compute memory, not inbox) */
         W->staging = W->ops.impl->malloc_(&W->ops, (size_t)W->token_budget * row * W->elem);
@@ -795,7 +791,6 @@ static void dw_fini(dw_t *W) {
     slab_destroy(&W->grad);
     for (int e = 0; e < W->nevc; e++) dev_event_destroy(W->evc[e].ev);
     if (W->staging) W->ops.impl->free_(&W->ops, W->staging);
-    dev_stream_destroy(W->side);
     for (int k = 0; k < DW_MAX_SLOTS; k++) free(W->meta[k]);
     drafter_destroy(&W->d);
     target_destroy(&W->tgt);
@@ -872,7 +867,6 @@ int main(int argc, char **argv) {
         }
         /* CUDA is initialised here, after exec: nothing CUDA crossed the fork */
         rc = ops_cuda_init(&W.ops, W.gpu);
-        if (rc == 0) rc = dev_stream_new(W.gpu, &W.side);
         if (rc < 0) return log_rc(rc, "CUDA device (--gpu)"), 1;
         W.elem = ops_act_bytes(&W.ops);
     } else {
@@ -896,9 +890,8 @@ int main(int argc, char **argv) {
              model, clock_mono_s() - t0, W.P);
     uint64_t row = (uint64_t)W.dcfg.n_feat * (uint64_t)W.dcfg.D;
     {
-        pipe_layout_t fl = pipe_layout(W.token_budget, W.token_budget, row, W.elem);
+        pipe_layout_t fl = pipe_layout(W.token_budget, row, W.elem);
         W.slot_bytes = fl.bytes;
-        W.meta_bytes = fl.bytes - fl.tokens_off;
     }
     if (W.slot_bytes > inbox_b && W.slot_bytes > host_b) {
         log_error("--inbox-gb %.3f and --host-inbox-gb %.3f cannot hold one micro-batch of %u tokens "

@@ -192,8 +192,6 @@ int proto__check_slab_export(const proto_msg_t *m, const char *tn) {
     return 0;
 }
 
-typedef struct { const char *name; uint64_t lo, hi; } region_t;
-
 int proto__check_hidden_states_ready(const proto_msg_t *m, const char *tn) {
     const proto_hidden_states_ready_t *h = &m->hidden_states_ready;
     uint64_t T = h->shape[0], cols = h->shape[1];
@@ -209,30 +207,24 @@ int proto__check_hidden_states_ready(const proto_msg_t *m, const char *tn) {
     if (h->mb_in_step >= h->mbs_in_step)
         return dl_seterr(DL_EPROTO, "%s.mb_in_step: %u not below mbs_in_step %u", tn, h->mb_in_step,
                          h->mbs_in_step);
-    if (h->tokens_off % 4 || h->seq_lens_off % 4)
-        return dl_seterr(DL_EPROTO, "%s.%s: offset %llu not 4-byte aligned", tn,
-                         h->tokens_off % 4 ? "tokens_off" : "seq_lens_off",
-                         (unsigned long long)(h->tokens_off % 4 ? h->tokens_off : h->seq_lens_off));
-    /* All terms are bounded by the field ranges: T <= 2^21, cols <= 2^32,
-     * offsets <= 2^40, so no sum or product below overflows 64 bits. */
-    region_t r[4] = {
-        { "shape", 0, T * cols * proto_dtype_size(h->dtype) },
-        { "tokens_off", h->tokens_off, h->tokens_off + 4 * T },
-        { "seq_lens_off", h->seq_lens_off, h->seq_lens_off + 4ull * h->n_seqs },
-        { "loss_mask_off", h->loss_mask_off, h->loss_mask_off + T },
-    };
-    for (int i = 0; i < 4; i++) {
-        if (r[i].hi > h->bytes)
-            return dl_seterr(DL_EPROTO, "%s.%s: region [%llu, %llu) ends past bytes %llu", tn, r[i].name,
-                             (unsigned long long)r[i].lo, (unsigned long long)r[i].hi,
-                             (unsigned long long)h->bytes);
-        for (int j = 0; j < i; j++) {
-            if (r[i].lo < r[j].hi && r[j].lo < r[i].hi)
-                return dl_seterr(DL_EPROTO, "%s.%s: region [%llu, %llu) overlaps %s [%llu, %llu)", tn, r[i].name,
-                                 (unsigned long long)r[i].lo, (unsigned long long)r[i].hi, r[j].name,
-                                 (unsigned long long)r[j].lo, (unsigned long long)r[j].hi);
-        }
-    }
+    if (h->n_tokens != T)
+        return dl_seterr(DL_EPROTO, "%s.tokens: %u entries, shape[0] is %llu", tn, h->n_tokens,
+                         (unsigned long long)T);
+    if (h->n_seq_lens != h->n_seqs)
+        return dl_seterr(DL_EPROTO, "%s.seq_lens: %u entries, n_seqs is %u", tn, h->n_seq_lens, h->n_seqs);
+    if (h->n_loss_mask != T)
+        return dl_seterr(DL_EPROTO, "%s.loss_mask: %u entries, shape[0] is %llu", tn, h->n_loss_mask,
+                         (unsigned long long)T);
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < h->n_seq_lens; i++) sum += (uint64_t)h->seq_lens[i];
+    if (sum != T)
+        return dl_seterr(DL_EPROTO, "%s.seq_lens: sum %llu != shape[0] %llu", tn, (unsigned long long)sum,
+                         (unsigned long long)T);
+    /* T <= 2^21, cols <= 2^32, size <= 4: the product does not overflow 64 bits */
+    uint64_t feat = T * cols * proto_dtype_size(h->dtype);
+    if (feat > h->bytes)
+        return dl_seterr(DL_EPROTO, "%s.shape: features [0, %llu) end past bytes %llu", tn,
+                         (unsigned long long)feat, (unsigned long long)h->bytes);
     return 0;
 }
 

@@ -154,9 +154,10 @@ static const field_t F_HIDDEN_STATES_READY[] = {
     F_U32(hidden_states_ready, mb_in_step, 0, U32ANY),
     F_U32(hidden_states_ready, mbs_in_step, 1, U32ANY),
     F_U32(hidden_states_ready, n_seqs, 1, DL_PROTO_MAX_SEQS),
-    F_U64(hidden_states_ready, tokens_off, 0, DL_PROTO_MAX_SLAB_BYTES),
-    F_U64(hidden_states_ready, seq_lens_off, 0, DL_PROTO_MAX_SLAB_BYTES),
-    F_U64(hidden_states_ready, loss_mask_off, 0, DL_PROTO_MAX_SLAB_BYTES),
+    { F_ARR(K_I32BIN, hidden_states_ready, tokens, n_tokens, 1, DL_PROTO_MAX_TOKENS), .slo = 0, .shi = INT32_MAX },
+    { F_ARR(K_I32BIN, hidden_states_ready, seq_lens, n_seq_lens, 1, DL_PROTO_MAX_SEQS),
+      .slo = 1, .shi = DL_PROTO_MAX_TOKENS },
+    { F_ARR(K_U8BIN, hidden_states_ready, loss_mask, n_loss_mask, 1, DL_PROTO_MAX_TOKENS), .ulo = 0, .uhi = 1 },
     F_OPAQUE(hidden_states_ready, event, event_len),
     F_STR(hidden_states_ready, gpu_uuid, 0, DL_PROTO_UUID_MAX, FL_PRINTABLE),
 };

@@ -72,7 +72,7 @@ typedef enum {
     PROTO_SLAB_EXPORT         = 5,   /* slab owner -> peers that will open it */
     PROTO_SLOT_GRANT          = 6,   /* drafter -> target (credit in inbox bytes) */
     PROTO_HIDDEN_STATES_READY = 7,   /* target -> drafter */
-    PROTO_SLOT_RELEASE        = 8,   /* drafter -> target (consumed) or target -> drafter (unused) */
+    PROTO_SLOT_RELEASE        = 8,   /* target -> drafter: a grant returned unused */
     PROTO_GRADIENTS_READY     = 9,   /* drafter -> optimizer */
     PROTO_WEIGHTS_VERSION     = 10,  /* optimizer -> drafters */
     PROTO_METRICS             = 11,  /* any stage -> supervisor / monitor */
@@ -203,13 +203,13 @@ typedef struct {
 } proto_slot_grant_t;
 
 /* Hidden states of micro-batch `mb`, written by target `target_id` into slot
- * `slot_id` (slab_id, offset) of the drafter's inbox. Inside the slot (offsets
- * relative to `offset`): features at 0, (shape[0]=T, shape[1]=n_feat*D) dtype,
- * row-major; tokens at tokens_off (T,) i32; seq_lens at seq_lens_off (n_seqs,)
- * i32; loss_mask at loss_mask_off (T,) u8. Regions lie within [0, bytes) and do
- * not overlap; the i32 regions are 4-byte aligned. `event` is an interprocess
- * cudaIpcEventHandle_t recorded after the writes (event_len 0 on CPU, where the
- * message itself orders the writes). */
+ * `slot_id` (slab_id, offset) of the drafter's inbox: the features only, at the
+ * slot's start, (shape[0]=T, shape[1]=n_feat*D) dtype, row-major, within
+ * [0, bytes). The micro-batch's token ids, sequence lengths and loss mask travel
+ * inline (as in micro_batch): tokens (T,) i32 >= 0, seq_lens (n_seqs,) i32 >= 1
+ * with sum == T, loss_mask (T,) u8 in {0,1}; wire: little-endian bin. `event` is
+ * an interprocess cudaIpcEventHandle_t recorded after the feature writes
+ * (event_len 0 on CPU, where the message itself orders the writes). */
 typedef struct {
     uint32_t target_id;
     uint32_t drafter_id;
@@ -226,16 +226,20 @@ typedef struct {
     uint64_t step;
     uint32_t mb_in_step;
     uint32_t mbs_in_step;
-    uint32_t n_seqs;             /* 1..T */
-    uint64_t tokens_off, seq_lens_off, loss_mask_off;
+    uint32_t n_seqs;             /* 1..T, == count of seq_lens */
+    const int32_t *tokens;   uint32_t n_tokens;      /* (T,) token ids >= 0; n_tokens == shape[0] */
+    const int32_t *seq_lens; uint32_t n_seq_lens;    /* (n_seqs,) */
+    const uint8_t *loss_mask; uint32_t n_loss_mask;  /* (T,) */
     uint8_t event[DL_PROTO_HANDLE_BYTES]; uint32_t event_len;   /* 0 or 64 */
     char gpu_uuid[DL_PROTO_UUID_MAX + 1];   /* producer GPU, "" on CPU */
 } proto_hidden_states_ready_t;
 
+/* A grant target -> drafter returned unused (re-routed, or idle with it): the
+ * drafter frees slot `slot_id`. A consumed slot is not reported (PROTOCOL.md). */
 typedef struct {
     uint32_t drafter_id;
     uint32_t slot_id;
-    uint64_t mb;                 /* DL_PROTO_MB_NONE: returning an unused grant */
+    uint64_t mb;                 /* senders put DL_PROTO_MB_NONE (no micro-batch written) */
 } proto_slot_release_t;
 
 /* Gradients of drafter `drafter_id` for `step`, summed over the listed

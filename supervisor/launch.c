@@ -192,8 +192,8 @@ static int lc_inbox(launch_t *L) {
         fprintf(stderr, "draftline run: %s: %s\n", o->target_model, dl_errmsg());
         return 1;
     }
-    uint64_t slot = pipe_layout((uint64_t)o->token_budget, (uint64_t)o->token_budget,
-                                (uint64_t)dc.n_feat * (uint64_t)dc.D, L->gpu_mode ? 2 : 4).bytes;
+    uint64_t slot = pipe_layout((uint64_t)o->token_budget, (uint64_t)dc.n_feat * (uint64_t)dc.D,
+                                L->gpu_mode ? 2 : 4).bytes;
     uint64_t gpu = (uint64_t)(o->inbox_gb * 1073741824.0) / 256 * 256;
     uint64_t host = (uint64_t)(o->host_inbox_gb * 1073741824.0) / 256 * 256;
     int64_t slots = (int64_t)(gpu / slot + host / slot);

@@ -1,9 +1,10 @@
 /* target_worker: pipeline stage 2. Loads the frozen target, asks the loader for
  * micro-batches (credit: --prefetch outstanding requests), runs the forward
- * capturing the DFlash feature layers, and writes the features (T, n_feat*D) plus
- * token ids, sequence lengths and loss mask directly into an inbox slot granted by
- * the drafter it is routed to (the routing table comes from the supervisor:
- * control route [target_id, drafter_id, ...]); then sends hidden_states_ready.
+ * capturing the DFlash feature layers, and writes the features (T, n_feat*D)
+ * directly into an inbox slot granted by the drafter it is routed to (the routing
+ * table comes from the supervisor: control route [target_id, drafter_id, ...]);
+ * then sends hidden_states_ready, which carries the token ids, sequence lengths and
+ * loss mask inline.
  * It never writes into a drafter it is not routed to: grants of a previous route
  * are handed back unused. On CPU runs the slot is POSIX shared memory mapped once
  * per drafter incarnation (handle cache). With --gpu N (CUDA builds) the target
@@ -11,7 +12,7 @@
  * incarnation with cudaIpcOpenMemHandle (hcache) and written by device copies
  * (the capture's cudaMemcpy2DAsync into the mapped pointer: a peer copy over
  * NVLink/PCIe when the drafter is on another GPU); the features are bf16. After
- * the writes an interprocess event (created once, at start-up, on this GPU; a
+ * the feature writes an interprocess event (created once, at start-up, on this GPU; a
  * pool of TW_N_EVENTS) is recorded on the target's stream and its handle goes
  * with hidden_states_ready: the drafter waits on it on its own stream. The
  * worker thread then waits for this target's stream only (never device-wide).
@@ -132,7 +133,6 @@ static void work_run(uv_work_t *req) {
     tw_t *T = req->data;
     mb_t *m = &T->cur;
     uint64_t row = (uint64_t)T->dcfg.n_feat * (uint64_t)T->dcfg.D;
-    pipe_layout_t l = pipe_layout(m->T, m->n_seqs, row, T->elem);
     T->cu[0] = 0;
     for (uint32_t s = 0; s < m->n_seqs; s++) T->cu[s + 1] = T->cu[s] + m->seq_lens[s];
     double t0 = clock_mono_s();
@@ -149,9 +149,6 @@ static void work_run(uv_work_t *req) {
         void *feat = host ? T->scratch : T->cur_base;
         if (rc == 0) rc = target_forward_host(T->t, m->tokens, NULL, T->cu, (int)m->n_seqs, (int)m->T, feat, NULL);
         if (rc == 0 && host) rc = dev_copy_async(T->cur_base, T->scratch, (size_t)m->T * row * T->elem, stream);
-        if (rc == 0) rc = dev_copy_async(T->cur_base + l.tokens_off, m->tokens, (size_t)m->T * 4, stream);
-        if (rc == 0) rc = dev_copy_async(T->cur_base + l.seq_lens_off, m->seq_lens, (size_t)m->n_seqs * 4, stream);
-        if (rc == 0) rc = dev_copy_async(T->cur_base + l.loss_mask_off, m->mask, m->T, stream);
         T->cur_ev = T->ev_next;
         T->ev_next = (T->ev_next + 1) % TW_N_EVENTS;
         if (rc == 0) rc = dev_event_record(T->ev[T->cur_ev], stream);
@@ -163,9 +160,6 @@ static void work_run(uv_work_t *req) {
     /* features straight into the drafter's slot: no staging copy */
     T->cur_rc = target_forward_host(T->t, m->tokens, NULL, T->cu, (int)m->n_seqs, (int)m->T,
                                     T->cur_base, NULL);
-    memcpy(T->cur_base + l.tokens_off, m->tokens, (size_t)m->T * 4);
-    memcpy(T->cur_base + l.seq_lens_off, m->seq_lens, (size_t)m->n_seqs * 4);
-    memcpy(T->cur_base + l.loss_mask_off, m->mask, m->T);
     T->cur_fwd_s = clock_mono_s() - t0;
 }
 
@@ -194,7 +188,7 @@ static void after_work_cb(uv_work_t *req, int status) {
         exit(1); /* the loader re-issues the work to another target */
     }
     uint64_t row = (uint64_t)T->dcfg.n_feat * (uint64_t)T->dcfg.D;
-    pipe_layout_t l = pipe_layout(m->T, m->n_seqs, row, T->elem);
+    pipe_layout_t l = pipe_layout(m->T, row, T->elem);
     proto_msg_t o;
     proto_msg_init(&o, PROTO_HIDDEN_STATES_READY);
     proto_hidden_states_ready_t *h = &o.hidden_states_ready;
@@ -220,9 +214,12 @@ static void after_work_cb(uv_work_t *req, int status) {
     h->mb_in_step = m->mb_in_step;
     h->mbs_in_step = m->mbs_in_step;
     h->n_seqs = m->n_seqs;
-    h->tokens_off = l.tokens_off;
-    h->seq_lens_off = l.seq_lens_off;
-    h->loss_mask_off = l.loss_mask_off;
+    h->tokens = m->tokens;          /* ours until mb_free below: only read by the encoder */
+    h->n_tokens = m->T;
+    h->seq_lens = m->seq_lens;
+    h->n_seq_lens = m->n_seqs;
+    h->loss_mask = m->mask;
+    h->n_loss_mask = m->T;
     if (T->cur_inc == T->drafter_inc) {
         stage_send(T->drafter, NULL, &o);
     } else {
@@ -262,7 +259,7 @@ static void pump(tw_t *T) {
     }
     mb_t *m = &T->q[0];
     uint64_t row = (uint64_t)T->dcfg.n_feat * (uint64_t)T->dcfg.D;
-    pipe_layout_t l = pipe_layout(m->T, m->n_seqs, row, T->elem);
+    pipe_layout_t l = pipe_layout(m->T, row, T->elem);
     int gi = -1;
     for (int i = 0; i < T->gn; i++) if (T->g[i].bytes >= l.bytes && T->have_slab[slot_slab_index(T->g[i].slab_id)]) { gi = i; break; }
     if (gi < 0) {
@@ -378,8 +375,6 @@ static void on_drafter_msg(bus_t *bus, const char *peer, const void *data, size_
                                   m.slot_grant.bytes};
         pump(T);
         break;
-    case PROTO_SLOT_RELEASE:
-        break; /* consumed: the drafter grants a new slot on its own */
     default:
         log_warn("unexpected %s from the drafter", proto_type_name(m.type));
     }

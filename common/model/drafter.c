@@ -46,7 +46,8 @@ struct drafter {
     size_t n_params;
     int n_tensors;
     drafter_tensor_t *tensors;
-    float *master, *grad;         /* (n_params) f32 */
+    float *master, *grad;         /* (n_params) f32; grad: grad_buf or the caller's (drafter_set_grads) */
+    float *grad_buf;              /* (n_params) f32, the drafter's own gradient buffer */
     void *w;                      /* (n_params) act; == master on CPU */
     /* activations */
     drafter_layer_act_t *L;
@@ -223,6 +224,8 @@ void drafter_upload_master(drafter_t *d, const float *host) {
     drafter_sync_weights(d);
 }
 
+void drafter_set_grads(drafter_t *d, float *grads) { d->grad = grads ? grads : d->grad_buf; }
+
 void drafter_zero_grad(drafter_t *d) { IMPL->memset0(d->c, d->grad, d->n_params * sizeof(float)); }
 
 /* ----------------------------------------------------------- construction */
@@ -262,7 +265,7 @@ int drafter_new(const ops_ctx_t *c, const drafter_config_t *cfg_in, const void *
     int nr = 0;
 #define REQ(ptr, nb_) (req[nr].slot = (void **)&(ptr), req[nr].bytes = (nb_), nr++)
     REQ(d->master, d->n_params * 4);
-    REQ(d->grad, d->n_params * 4);
+    REQ(d->grad_buf, d->n_params * 4);
     if (c->backend != OPS_CPU) REQ(d->w, d->n_params * A);
     for (int l = 0; l < cfg.n_layers; l++) {
         drafter_layer_act_t *a = &d->L[l];
@@ -300,6 +303,7 @@ int drafter_new(const ops_ctx_t *c, const drafter_config_t *cfg_in, const void *
                              IMPL->name, req[i].bytes, total / 1073741824.0);
         }
     }
+    d->grad = d->grad_buf;
     if (c->backend == OPS_CPU) d->w = d->master;
     /* host staging */
     d->h_row_target = malloc(R * 4), d->h_row_ids = malloc(R * 4), d->h_row_pos = malloc(R * 4);
@@ -346,7 +350,7 @@ void drafter_destroy(drafter_t **dp) {
                 if (ps[i]) IMPL->free_(c, ps[i]);
         }
     }
-    void *ps[] = {d->master, d->grad, d->w != (void *)d->master ? d->w : NULL, d->ctx_fc, d->ctx,
+    void *ps[] = {d->master, d->grad_buf, d->w != (void *)d->master ? d->w : NULL, d->ctx_fc, d->ctx,
                   d->ctx_rstd, d->hout, d->hf, d->rstd_f, d->xs, d->us, d->qs, d->kbs, d->kcs,
                   d->dq, d->dkb, d->dvb, d->dkc, d->dvc, d->datt, d->dh, d->dt1, d->dt2, d->dhf,
                   d->dctx, d->dct, d->a, d->da, d->logits, d->row_loss, d->row_correct, d->row_w,

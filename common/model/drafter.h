@@ -154,6 +154,13 @@ int drafter_forward_backward(drafter_t *d, const drafter_batch_t *b, float grad_
                              drafter_stats_t *st);
 
 void drafter_zero_grad(drafter_t *d);
+/* Points the f32 gradient accumulator (what drafter_grads returns, zero_grad clears
+ * and forward_backward accumulates into) at `grads`: n_params f32 on the drafter's
+ * backend (device memory on CUDA), caller-owned, live while in use; NULL: back to
+ * the drafter's own buffer. For bitwise the same math as the own buffer, `grads`
+ * must be 256-byte aligned like it (the CUDA GEMM plans depend on pointer
+ * alignment). No copy: the previous accumulator's contents are not carried over. */
+void drafter_set_grads(drafter_t *d, float *grads);
 
 /* Flat parameter vector: master weights and grads (f32, backend), working
  * weights (act, backend; the same storage as master on CPU). */

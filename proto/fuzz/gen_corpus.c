@@ -73,7 +73,8 @@ int main(int argc, char **argv) {
     h->target_id = 2; h->drafter_id = 5; h->slab_id = 1; h->slot_id = 7; h->tier = PROTO_TIER_HOST;
     h->offset = 4096; h->dtype = PROTO_DTYPE_F32; h->ndim = 2; h->shape[0] = 8; h->shape[1] = 10; h->n_feat = 5;
     h->mb = 77; h->step = 9; h->mb_in_step = 1; h->mbs_in_step = 4; h->n_seqs = 3;
-    h->tokens_off = 320; h->seq_lens_off = 352; h->loss_mask_off = 364; h->bytes = 372; emit(dir, &m);
+    h->tokens = tok; h->n_tokens = 8; h->seq_lens = sl; h->n_seq_lens = 3; h->loss_mask = mask;
+    h->n_loss_mask = 8; h->bytes = 320; emit(dir, &m);
     h->tier = PROTO_TIER_GPU; h->dtype = PROTO_DTYPE_BF16; memset(h->event, 0x5a, sizeof h->event);
     h->event_len = DL_PROTO_HANDLE_BYTES; strcpy(h->gpu_uuid, "GPU-2"); emit(dir, &m);
 

@@ -196,12 +196,12 @@ static void test_two_gpus(void **state) {
 
 static void test_three_targets_inbox_bound(void **state) {
     (void)state;
-    /* one slot: 512 tokens x n_feat*D bf16 features + ids, lengths, mask (layout.h) */
+    /* one slot: 512 tokens x n_feat*D bf16 features (layout.h) */
     model_config_t mc;
     drafter_config_t dc;
     assert_int_equal(pipe_target_config(fx.model_dir, &mc), 0);
     assert_int_equal(pipe_drafter_config(&mc, 1, 0, 4, &dc), 0);
-    pipe_layout_t l = pipe_layout(512, 512, (uint64_t)dc.n_feat * (uint64_t)dc.D, 2);
+    pipe_layout_t l = pipe_layout(512, (uint64_t)dc.n_feat * (uint64_t)dc.D, 2);
     double gpu_b = 2.0 * (double)l.bytes + 64, host_b = (double)l.bytes + 64;
     char gpu_gb[32], host_gb[32], out[400], log[400];
     snprintf(gpu_gb, sizeof gpu_gb, "%.12f", gpu_b / 1073741824.0);

@@ -282,9 +282,9 @@ static void test_three_targets_one_drafter_inbox_bound(void **state) {
     char out[400], log[400], id[17];
     snprintf(out, sizeof out, "%s/d", fx.root);
     snprintf(log, sizeof log, "%s/d.out", fx.root);
-    /* a slot holds 256 tokens x 64 features f32 + ids, lengths, mask = 67,840 bytes
-     * (common/pipe/layout.h): GPU tier 2 slots (136,365 bytes), host tier 1 slot
-     * (68,182 bytes), for 3 targets */
+    /* a slot holds 256 tokens x 64 features f32 = 65,536 bytes (common/pipe/layout.h;
+     * ids, lengths and mask travel in the message): GPU tier 2 slots (136,365 bytes),
+     * host tier 1 slot (68,182 bytes), for 3 targets (tests/unit/test_mem.c) */
     assert_int_equal(run_pipeline(out, log, id, 150, "--max-steps", "4", "--targets", "3", "--drafters", "1",
                                   "--inbox-gb", "0.000127", "--host-inbox-gb", "0.0000635",
                                   "--hs-min-ready", "2", "--deterministic", NULL), 0);

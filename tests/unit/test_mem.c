@@ -12,6 +12,7 @@
 #include "common/mem/hcache.h"
 #include "common/mem/inbox.h"
 #include "common/mem/slab.h"
+#include "common/pipe/layout.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -175,6 +176,44 @@ static void test_inbox_basic(void **state) {
     assert_null(ib);
 }
 
+/* An inbox slot holds the features only (ids, lengths and mask travel in
+ * hidden_states_ready): T x row x act bytes, rounded up to the inbox alignment, and
+ * tiers sized for exactly N such slots grant N of them at once, not N + 1. */
+static void test_inbox_slot_sizing(void **state) {
+    (void)state;
+    pipe_layout_t l = pipe_layout(256, 64, 4);          /* CPU: f32 features */
+    assert_int_equal(l.feat_bytes, 65536);
+    assert_int_equal(l.bytes, 65536);
+    l = pipe_layout(3, 40, 2);                           /* bf16, rounded up */
+    assert_int_equal(l.feat_bytes, 240);
+    assert_int_equal(l.bytes, INBOX_ALIGN);
+    l = pipe_layout(1000, 2 * 576, 2);
+    assert_int_equal(l.feat_bytes, 2304000);
+    assert_int_equal(l.bytes, 2304000);                  /* already a multiple of 256 */
+    assert_int_equal(pipe_layout(7, 9, 4).bytes, 256);
+    assert_int_equal(pipe_layout(65, 1, 4).bytes, 512);
+    /* the test_pipeline inbox-bound case: 256 tokens x 64 f32 features; GPU tier
+     * 0.000127 GiB, host tier 0.0000635 GiB, both floored to 256 bytes */
+    uint64_t slot = pipe_layout(256, 64, 4).bytes;
+    uint64_t cap[2] = {(uint64_t)(0.000127 * 1073741824.0) / 256 * 256,
+                       (uint64_t)(0.0000635 * 1073741824.0) / 256 * 256};
+    assert_int_equal(cap[0] / slot, 2);
+    assert_int_equal(cap[1] / slot, 1);
+    inbox_t *ib;
+    assert_int_equal(inbox_new(&ib, cap, 16), 0);
+    inbox_slot_t s[4];
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(inbox_alloc(ib, slot, 1, &s[i]), 0);
+        assert_int_equal(s[i].bytes, slot);
+        assert_int_equal(s[i].tier, i < 2 ? INBOX_GPU : INBOX_HOST);
+    }
+    assert_int_equal(inbox_alloc(ib, slot, 1, &s[3]), DL_EAGAIN);
+    assert_int_equal(inbox_used(ib, INBOX_GPU), 2 * slot);
+    assert_int_equal(inbox_used(ib, INBOX_HOST), slot);
+    assert_int_equal(inbox_high_water(ib), 3 * slot);
+    inbox_destroy(&ib);
+}
+
 /* Random alloc/free: live slots never overlap, stay inside their tier, and the
  * bytes in use never exceed the sum of the capacities. */
 static void test_inbox_random_bound(void **state) {
@@ -227,6 +266,7 @@ int main(void) {
         cmocka_unit_test(test_sweep_after_crash),
         cmocka_unit_test(test_hcache_opens_once_per_incarnation),
         cmocka_unit_test(test_inbox_basic),
+        cmocka_unit_test(test_inbox_slot_sizing),
         cmocka_unit_test(test_inbox_random_bound),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -74,9 +74,16 @@ static inline void make_sample(int t, bool big, proto_msg_t *m) {
     case PROTO_HIDDEN_STATES_READY: {
         proto_hidden_states_ready_t *h = &m->hidden_states_ready;
         h->target_id = 2; h->drafter_id = 7; h->slab_id = 1; h->slot_id = 41; h->tier = PROTO_TIER_GPU;
-        h->offset = 1ull << 33; h->dtype = PROTO_DTYPE_BF16; h->ndim = 2; h->shape[0] = 6; h->shape[1] = 40;
-        h->n_feat = 5; h->mb = 1234; h->step = 99; h->mb_in_step = 3; h->mbs_in_step = 8; h->n_seqs = 2;
-        h->tokens_off = 480; h->seq_lens_off = 504; h->loss_mask_off = 512; h->bytes = 520;
+        uint32_t T = big ? DL_PROTO_MAX_TOKENS : 6, S = big ? DL_PROTO_MAX_SEQS : 2;
+        for (uint32_t i = 0; i < T; i++) { g_tokens[i] = (int32_t)((i * 2654435761u) % 151936u); g_mask[i] = (i % 3) != 0; }
+        if (big) { for (uint32_t s = 0; s < S; s++) g_seq_lens[s] = (int32_t)(T / S); }
+        else { g_seq_lens[0] = 4; g_seq_lens[1] = 2; }
+        h->offset = 1ull << 33; h->dtype = PROTO_DTYPE_BF16; h->ndim = 2; h->shape[0] = T; h->shape[1] = 40;
+        h->n_feat = 5; h->mb = 1234; h->step = 99; h->mb_in_step = 3; h->mbs_in_step = 8; h->n_seqs = S;
+        h->tokens = g_tokens; h->n_tokens = T;
+        h->seq_lens = g_seq_lens; h->n_seq_lens = S;
+        h->loss_mask = g_mask; h->n_loss_mask = T;
+        h->bytes = (uint64_t)T * 40 * 2 + 40;   /* features (T, 40) bf16, a little room to spare */
         fill_handle(h->event, 3); h->event_len = DL_PROTO_HANDLE_BYTES;
         strcpy(h->gpu_uuid, "GPU-bbbb");
         break;

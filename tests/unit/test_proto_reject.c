@@ -36,7 +36,7 @@ static const char *const SPEC[PROTO_TYPE_COUNT_][48] = {
     [PROTO_SLOT_GRANT] = { "drafter_id", "target_id", "slot_id", "tier", "slab_id", "offset", "bytes" },
     [PROTO_HIDDEN_STATES_READY] = { "target_id", "drafter_id", "slab_id", "slot_id", "tier", "offset", "bytes",
                                     "dtype", "shape", "n_feat", "mb", "step", "mb_in_step", "mbs_in_step",
-                                    "n_seqs", "tokens_off", "seq_lens_off", "loss_mask_off", "event",
+                                    "n_seqs", "tokens", "seq_lens", "loss_mask", "event",
                                     "gpu_uuid" },
     [PROTO_SLOT_RELEASE] = { "drafter_id", "slot_id", "mb" },
     [PROTO_GRADIENTS_READY] = { "drafter_id", "step", "weights_version", "mbs", "n_tokens", "loss_sum",
@@ -434,6 +434,44 @@ static void expect_invalid(proto_msg_t *m, const char *prefix) {
     msgpack_sbuffer_destroy(&sb);
 }
 
+/* hidden_states_ready: the inline arrays against shape[0] / n_seqs, the lengths'
+ * sum, element ranges, and the features within bytes. */
+static void test_hidden_states_ready_rules(void **state) {
+    (void)state;
+    proto_msg_t m;
+    /* sample: T 6, n_seqs 2, seq_lens {4, 2}, features 480 bytes, bytes 520 */
+    make_sample(PROTO_HIDDEN_STATES_READY, false, &m);
+    m.hidden_states_ready.n_tokens = 5;
+    expect_invalid(&m, "hidden_states_ready.tokens: 5 entries, shape[0] is 6");
+    make_sample(PROTO_HIDDEN_STATES_READY, false, &m);
+    m.hidden_states_ready.n_loss_mask = 7;
+    expect_invalid(&m, "hidden_states_ready.loss_mask: 7 entries, shape[0] is 6");
+    make_sample(PROTO_HIDDEN_STATES_READY, false, &m);
+    m.hidden_states_ready.n_seqs = 1;
+    expect_invalid(&m, "hidden_states_ready.seq_lens: 2 entries, n_seqs is 1");
+    make_sample(PROTO_HIDDEN_STATES_READY, false, &m);
+    g_seq_lens[1] = 3;
+    expect_invalid(&m, "hidden_states_ready.seq_lens: sum 7 != shape[0] 6");
+    make_sample(PROTO_HIDDEN_STATES_READY, false, &m);
+    g_seq_lens[1] = 0;
+    expect_invalid(&m, "hidden_states_ready.seq_lens[1]: 0 out of range");
+    make_sample(PROTO_HIDDEN_STATES_READY, false, &m);
+    g_tokens[2] = -5;
+    expect_invalid(&m, "hidden_states_ready.tokens[2]: -5 out of range");
+    make_sample(PROTO_HIDDEN_STATES_READY, false, &m);
+    g_mask[1] = 3;
+    expect_invalid(&m, "hidden_states_ready.loss_mask[1]: 3 out of range [0, 1]");
+    make_sample(PROTO_HIDDEN_STATES_READY, false, &m);
+    m.hidden_states_ready.loss_mask = NULL;
+    expect_invalid(&m, "hidden_states_ready.loss_mask: NULL array of 6 elements");
+    make_sample(PROTO_HIDDEN_STATES_READY, false, &m);
+    m.hidden_states_ready.bytes = 479;
+    expect_invalid(&m, "hidden_states_ready.shape: features [0, 480) end past bytes 479");
+    make_sample(PROTO_HIDDEN_STATES_READY, false, &m);
+    m.hidden_states_ready.bytes = 480;
+    assert_int_equal(proto_validate(&m), 0);
+}
+
 static void test_semantic_rules(void **state) {
     (void)state;
     proto_msg_t m;
@@ -462,18 +500,6 @@ static void test_semantic_rules(void **state) {
     m.micro_batch.tokens = NULL;
     expect_invalid(&m, "micro_batch.tokens: NULL array of 13 elements");
 
-    make_sample(PROTO_HIDDEN_STATES_READY, false, &m);
-    m.hidden_states_ready.loss_mask_off = 506;
-    expect_invalid(&m, "hidden_states_ready.loss_mask_off: region [506, 512) overlaps seq_lens_off [504, 512)");
-    make_sample(PROTO_HIDDEN_STATES_READY, false, &m);
-    m.hidden_states_ready.bytes = 517;
-    expect_invalid(&m, "hidden_states_ready.loss_mask_off: region [512, 518) ends past bytes 517");
-    make_sample(PROTO_HIDDEN_STATES_READY, false, &m);
-    m.hidden_states_ready.tokens_off = 478;
-    expect_invalid(&m, "hidden_states_ready.tokens_off: offset 478 not 4-byte aligned");
-    make_sample(PROTO_HIDDEN_STATES_READY, false, &m);
-    m.hidden_states_ready.tokens_off = 476;
-    expect_invalid(&m, "hidden_states_ready.tokens_off: region [476, 500) overlaps shape [0, 480)");
     make_sample(PROTO_HIDDEN_STATES_READY, false, &m);
     m.hidden_states_ready.shape[1] = 42;
     expect_invalid(&m, "hidden_states_ready.shape[1]: 42 not a multiple of n_feat 5");
@@ -773,6 +799,7 @@ int main(void) {
         cmocka_unit_test(test_trailing_and_structure),
         cmocka_unit_test(test_over_limits),
         cmocka_unit_test(test_semantic_rules),
+        cmocka_unit_test(test_hidden_states_ready_rules),
         cmocka_unit_test(test_ctl_rules),
         cmocka_unit_test(test_run_config_rules),
         cmocka_unit_test(test_decode_rejects_semantics_on_wire),
