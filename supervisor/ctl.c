@@ -63,7 +63,9 @@ static int add_client(sup_ctl_client_t *list, int *n, const char *peer, uint64_t
     return 0;
 }
 
-static void drop_client(sup_ctl_client_t *list, int *n, const char *peer) {
+static void drop_client(sup_ctl_client_t *list, int *n, const char *peer_) {
+    char peer[sizeof list->peer];   /* a copy: peer_ may point into list (moved over below) */
+    snprintf(peer, sizeof peer, "%s", peer_);
     for (int i = 0; i < *n; i++)
         if (!strcmp(list[i].peer, peer)) { list[i] = list[--*n]; i--; }
 }
