@@ -91,6 +91,31 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# rebalance_result OUT STATUS: the supervisor's answer as the JSON of its reply text
+# ({status, message, seconds, target_gpus, drafter_gpus}) from what `draftline rebalance`
+# printed ("rebalance <id> <status>: <message>", the message saying "in X s") and the
+# placement line of the `draftline status` that follows it (the live lists).
+rebalance_result() {
+    python3 - "$1" "$2" <<'PY'
+import json, re, sys
+res = {}
+for l in open(sys.argv[1], errors="replace"):
+    m = re.match(r"rebalance (\S+) (done|rejected|running): (.*)$", l.rstrip("\n"))
+    if m and m.group(2) != "running":
+        res = {"id": m.group(1), "status": m.group(2), "message": m.group(3)}
+        s = re.search(r" in ([0-9.]+) s", m.group(3))
+        if s: res["seconds"] = float(s.group(1))
+try:
+    for l in open(sys.argv[2], errors="replace"):
+        for k in ("target", "drafter"):
+            g = re.search(k + r" GPUs (\d+(?:,\d+)*)", l) if l.startswith("placement:") else None
+            if g and res: res[k + "_gpus"] = g.group(1)
+except OSError:
+    pass
+print(json.dumps(res))
+PY
+}
+
 # rebalance LABEL ARGS...: one `draftline rebalance`, its output and result kept
 rebalance() {
     local label=$1; shift
@@ -99,10 +124,10 @@ rebalance() {
     timeout 150 "$DL" rebalance --run "$RUN" "$@" --wait 120 > "$W/$label.out" 2>&1
     local rc=$?
     ev "${label}_done" "rc=$rc"
-    cp "$RUN/rebalance.result" "$W/$label.json" 2>/dev/null
     sed 's/^/    /' "$W/$label.out"
     [ $rc = 0 ] || fail "rebalance $label exited $rc: $(tail -n 1 "$W/$label.out")"
     timeout 20 "$DL" status --run "$RUN" > "$W/status_$label.txt" 2>&1
+    rebalance_result "$W/$label.out" "$W/status_$label.txt" > "$W/$label.json"
     grep -E "^(topology|placement|routes|last rebalance)|^(target|drafter)[0-9]" "$W/status_$label.txt" | sed 's/^/    /'
     return $rc
 }

@@ -18,6 +18,8 @@
 #include <unistd.h>
 
 #define CTL_LINGER_MS 500           /* the last replies ("stopped") leave before the socket closes */
+#define CTL_HISTORY_BYTES (768u << 10)  /* a subscribe reply's history, at most (< DL_PROTO_CTL_TEXT_MAX) */
+#define CTL_HISTORY_STEPS 64        /* step lines in it (the monitor's pace needs the last 20) */
 
 static void reply(sup_t *S, const char *peer, uint64_t id, int code, const char *state, const char *text,
                   size_t n) {
@@ -61,7 +63,9 @@ static int add_client(sup_ctl_client_t *list, int *n, const char *peer, uint64_t
     return 0;
 }
 
-static void drop_client(sup_ctl_client_t *list, int *n, const char *peer) {
+static void drop_client(sup_ctl_client_t *list, int *n, const char *peer_) {
+    char peer[sizeof list->peer];   /* a copy: peer_ may point into list (moved over below) */
+    snprintf(peer, sizeof peer, "%s", peer_);
     for (int i = 0; i < *n; i++)
         if (!strcmp(list[i].peer, peer)) { list[i] = list[--*n]; i--; }
 }
@@ -175,14 +179,102 @@ void sup__ctl_rb_update(sup_t *S, const char *json) {
     if (done) S->ctl.rb.peer[0] = 0;
 }
 
-/* ---- subscribe: every relayed METRICS message ---- */
+/* ---- subscribe: the recent history, then every relayed METRICS message ---- */
+
+/* One history line (metrics.jsonl's format) appended, or nothing when it would pass
+ * the budget (the history is a seed: shorter is fine, over 1 MiB is not). */
+static int hist_line(char **doc, size_t *len, size_t *cap, const mon_stage_t *s, double ts, const char *state,
+                     const char *const *names, const double *values, int n) {
+    char *line;
+    size_t ln;
+    int rc = rundir_metrics_format(&line, &ln, (uint64_t)llround(ts * 1e9), s ? s->name : "optimizer",
+                                   s ? s->stage_id : 2, s ? s->incarnation : 0, state, names, values, n);
+    if (rc == 0 && *len + ln <= CTL_HISTORY_BYTES) rc = append(doc, len, cap, line, ln);
+    free(line);
+    return rc;
+}
+
+/* The optimizer's last CTL_HISTORY_STEPS step lines, as it sent them (state "step"). */
+static int hist_steps(const mon_run_t *run, char **doc, size_t *len, size_t *cap) {
+    uint64_t first = run->n_steps;
+    for (int seen = 0; first > 0 && seen < CTL_HISTORY_STEPS; first--) seen += run->steps[first - 1].have != 0;
+    const mon_stage_t *opt = NULL;
+    for (int i = 0; i < run->n_stages; i++) if (run->stages[i]->role == MON_ROLE_OPTIMIZER) opt = run->stages[i];
+    int rc = 0;
+    for (uint64_t k = first; k < run->n_steps && rc == 0; k++) {
+        const mon_step_t *st = &run->steps[k];
+        if (!st->have) continue;
+        const char *names[8 + MON_MAX_ACC];
+        double v[8 + MON_MAX_ACC];
+        char acc[MON_MAX_ACC][8];
+        int n = 0;
+        names[n] = "step", v[n++] = (double)st->step;
+        names[n] = "loss", v[n++] = st->loss;
+        names[n] = "grad_norm", v[n++] = st->grad_norm;
+        names[n] = "lr", v[n++] = st->lr;
+        names[n] = "tokens", v[n++] = st->tokens;
+        names[n] = "skipped", v[n++] = st->skipped;
+        names[n] = "elapsed_s", v[n++] = st->t;
+        for (int a = 1; a < st->n_acc; a++) {
+            snprintf(acc[a], sizeof acc[a], "acc_%d", a);
+            names[n] = acc[a], v[n++] = st->acc[a];
+        }
+        names[n] = "acc_mean", v[n++] = st->acc_mean;
+        rc = hist_line(doc, len, cap, opt, isfinite(st->ts) ? st->ts : 0, "step", names, v, n);
+    }
+    return rc;
+}
+
+/* The supervisor's picture of the run (S->mon: what the Prometheus endpoint serves) as
+ * metrics.jsonl lines: the last steps, then each stage's last samples, oldest first,
+ * as many per stage as fit in CTL_HISTORY_BYTES (up to MON_HIST). A monitor ingests
+ * them as if it had read metrics.jsonl, then the live messages that follow. */
+static int history_doc(sup_t *S, char **out, size_t *out_len) {
+    char *doc = NULL;
+    size_t len = 0, cap = 0;
+    const mon_run_t *run = S->mon;
+    int rc = append(&doc, &len, &cap, "", 0);
+    if (rc == 0 && run) rc = hist_steps(run, &doc, &len, &cap);
+    size_t per[MON_MAX_STAGES] = {0}, total = 0;
+    int depth = MON_HIST;
+    for (int i = 0; run && rc == 0 && i < run->n_stages; i++) {
+        const mon_stage_t *s = run->stages[i];
+        per[i] = 128;                               /* bytes per line, at most about */
+        for (int k = 0; k < s->n_names; k++) per[i] += strlen(s->names[k]) + 20;   /* "name":%.9g, */
+        total += per[i] * (size_t)(s->count < depth ? s->count : depth);
+    }
+    while (depth > 1 && len + total > CTL_HISTORY_BYTES) {
+        depth -= depth / 4 + 1;
+        total = 0;
+        for (int i = 0; i < run->n_stages; i++)
+            total += per[i] * (size_t)(run->stages[i]->count < depth ? run->stages[i]->count : depth);
+    }
+    for (int i = 0; run && rc == 0 && i < run->n_stages; i++) {
+        const mon_stage_t *s = run->stages[i];
+        const char *names[MON_MAX_METRICS];
+        for (int k = 0; k < s->n_names; k++) names[k] = s->names[k];
+        for (int back = (s->count < depth ? s->count : depth) - 1; back >= 0 && rc == 0; back--) {
+            const mon_sample_t *x = mon_stage_sample(s, back);
+            rc = hist_line(&doc, &len, &cap, s, x->ts, x->state, names, x->v, s->n_names);
+        }
+    }
+    if (rc < 0) { free(doc); return rc; }
+    *out = doc;
+    *out_len = len;
+    return 0;
+}
 
 static void op_subscribe(sup_t *S, const char *peer, const proto_ctl_request_t *q) {
-    if (add_client(S->ctl.subs, &S->ctl.n_subs, peer, q->id) < 0) {
-        reply_str(S, peer, q->id, DL_EAGAIN, "rejected", dl_errmsg());
+    char *hist = NULL;
+    size_t n = 0;
+    int rc = add_client(S->ctl.subs, &S->ctl.n_subs, peer, q->id);
+    if (rc == 0 && (rc = history_doc(S, &hist, &n)) < 0) drop_client(S->ctl.subs, &S->ctl.n_subs, peer);
+    if (rc < 0) {
+        reply_str(S, peer, q->id, rc, "rejected", dl_errmsg());
         return;
     }
-    reply_str(S, peer, q->id, 0, "ok", "subscribed");
+    reply(S, peer, q->id, 0, "ok", hist, n);
+    free(hist);
 }
 
 void sup__ctl_on_metrics(sup_t *S, const char *peer, const proto_metrics_t *m, const void *data, size_t len) {

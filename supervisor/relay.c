@@ -4,6 +4,7 @@
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
+#include "common/base/testhook.h"
 
 #include <math.h>
 #include <signal.h>
@@ -194,8 +195,11 @@ void sup__stall_check(sup_t *S, double now) {
     double since = now - (S->have_step ? S->t_last_step : S->t0);
     uint64_t done = S->have_step ? S->last_step_seen + 1 - S->o->start_step : 0;
     double mean = done > 1 ? (S->t_last_step - S->t_first_step) / (double)(done - 1) : 0;
-    const char *env = getenv("DL_STALL_WARN_S");   /* tests: a shorter floor than 60 s */
-    double floor_s = env && atof(env) > 0 ? atof(env) : 60;
+    if (!(S->stall_warn_floor_s > 0)) {     /* once: the test hook "stall_warn_s" (a floor under 60 s) */
+        int64_t h;
+        S->stall_warn_floor_s = testhook_i64("stall_warn_s", &h) == 1 && h > 0 ? (double)h : 60;
+    }
+    double floor_s = S->stall_warn_floor_s;
     double limit = 10 * mean > floor_s ? 10 * mean : floor_s;
     if (since < limit || now - S->last_stall_warn < (floor_s < 60 ? floor_s : 60)) return;
     S->last_stall_warn = now;

@@ -93,6 +93,7 @@ typedef struct {
     double last_tokens, last_tokens_t;
     double last_progress_print;
     double t_last_step, last_stall_warn;   /* stall warning: last step seen, last warning */
+    double stall_warn_floor_s;  /* its floor: 60 s, or the test hook stall_warn_s (read at the first check) */
     /* live topology (rebalance) */
     int nt, nd;
     int gpu_mode;               /* the stage specs carry --gpu N (GPU run) */

@@ -1,5 +1,8 @@
-/* draftline monitor: attaches to a run by following <run>/metrics.jsonl and
- * <run>/steps.jsonl. Three modes:
+/* draftline monitor: attaches to a live run through its control socket (a
+ * subscription to the relayed metrics, seeded by the supervisor's recent history, and a
+ * status request per refresh: common/monitor/live.h); a run that does not answer (it
+ * ended, or was copied from elsewhere) by following <run>/metrics.jsonl and
+ * <run>/steps.jsonl and reading <run>/run.json. Three modes:
  *   (default)            ncurses TUI, redrawn every --interval-s
  *   --once               one plain-text snapshot on stdout, for scripts
  *   --prometheus-port P  serve the run's latest metrics on http://HOST:P/metrics
@@ -11,6 +14,7 @@
 #include "common/base/err.h"
 #include "common/base/log.h"
 #include "common/monitor/diag.h"
+#include "common/monitor/live.h"
 #include "common/monitor/nvml.h"
 #include "common/monitor/prom.h"
 #include "common/monitor/report.h"
@@ -34,7 +38,8 @@ static void monitor_usage(FILE *f) {
             "usage: draftline monitor --run DIR [--once] [--stall-s S] [--interval-s S] [--window-s S]\n"
             "                         [--wait-share X] [--max-steps N] [--no-nvml]\n"
             "                         [--prometheus-port P [--prometheus-host ADDR]]\n\n"
-            "Attaches to a run (live or finished) through DIR/metrics.jsonl and DIR/steps.jsonl:\n"
+            "Attaches to a run: a live one through its control socket, a finished one through\n"
+            "DIR/run.json, DIR/metrics.jsonl and DIR/steps.jsonl:\n"
             "per-stage throughput, phase shares and a stall diagnosis (ok, starved = waiting for\n"
             "input, back-pressured = waiting for credit, stuck = neither and no progress for\n"
             "--stall-s), the bottleneck with the rebalance it suggests, the drafters' inbox fill,\n"
@@ -66,6 +71,7 @@ typedef struct {
 typedef struct {
     mon_args_t a;
     mon_run_t *run;
+    mon_live_t *live;                       /* the control socket's feed; NULL: the files */
     mon_topo_t topo;
     mon_nvml_t *nvml;
     const char *nvml_why;
@@ -74,10 +80,32 @@ typedef struct {
     int n_gpus;
 } mon_ctx_t;
 
+/* The run stopped answering (it ended): from now on its files, read from the top
+ * into a fresh picture (the live one's history would mix with the replayed lines). */
+static void ctx_to_files(mon_ctx_t *C) {
+    mon_live_destroy(&C->live);
+    mon_run_t *r = mon_run_open(C->a.dir);
+    if (!r) { log_warn("monitor: %s (keeping the last live picture)", dl_errmsg()); return; }
+    mon_run_destroy(&C->run);
+    C->run = r;
+}
+
+/* New metrics in: the subscription's queue, or the files' appends. */
+static void ctx_pump(mon_ctx_t *C) {
+    if (C->live && mon_live_drain(C->live, C->run) < 0) ctx_to_files(C);
+    if (!C->live) mon_run_poll(C->run);
+}
+
 static void ctx_refresh(mon_ctx_t *C) {
-    mon_run_poll(C->run);
     mon_topo_t t = {0};
-    mon_topo_read(C->a.dir, &t);            /* absent run.json is fine */
+    if (C->live && mon_live_refresh(C->live, C->run, &t) < 0) {
+        memset(&t, 0, sizeof t);
+        ctx_to_files(C);
+    }
+    if (!C->live) {
+        mon_run_poll(C->run);
+        mon_topo_read(C->a.dir, &t);        /* absent run.json is fine */
+    }
     if (C->a.max_steps) t.max_steps = C->a.max_steps;
     C->topo = t;
     C->n_gpus = 0;
@@ -106,13 +134,13 @@ static int ctx_report(mon_ctx_t *C, char **text) {
 typedef struct {
     mon_ctx_t *C;
     prom_server_t *srv;
-    uv_timer_t timer;
+    uv_timer_t timer, pump;
     uv_signal_t sig_int, sig_term;
 } prom_mode_t;
 
 static int prom_render(void *arg, char **text, size_t *len) {
     mon_ctx_t *C = arg;
-    mon_run_poll(C->run);                   /* serve what is in the file right now */
+    ctx_pump(C);                            /* serve what arrived right now */
     double wall = clock_wall_s();
     double live = 3 * C->a.interval_s > 10 ? 3 * C->a.interval_s : 10;
     return mon_prom_render(C->run, mon_report_now(C->run, wall, live), &C->a.diag, &C->topo, text, len);
@@ -123,11 +151,17 @@ static void prom_tick(uv_timer_t *t) {
     ctx_refresh(P->C);
 }
 
+static void prom_pump(uv_timer_t *t) {
+    prom_mode_t *P = t->data;
+    ctx_pump(P->C);                         /* the subscription's heartbeats */
+}
+
 static void prom_stop(uv_signal_t *s, int signum) {
     prom_mode_t *P = s->data;
     log_info("signal %d: stopping the Prometheus server", signum);
     prom_server_destroy(&P->srv);
     uv_close((uv_handle_t *)&P->timer, NULL);
+    uv_close((uv_handle_t *)&P->pump, NULL);
     uv_close((uv_handle_t *)&P->sig_int, NULL);
     uv_close((uv_handle_t *)&P->sig_term, NULL);
 }
@@ -147,6 +181,9 @@ static int run_prometheus(mon_ctx_t *C) {
     uv_timer_init(&loop, &P.timer);
     P.timer.data = &P;
     uv_timer_start(&P.timer, prom_tick, 0, (uint64_t)(C->a.interval_s * 1000));
+    uv_timer_init(&loop, &P.pump);
+    P.pump.data = &P;
+    uv_timer_start(&P.pump, prom_pump, MON_LIVE_PUMP_MS, MON_LIVE_PUMP_MS);
     uv_signal_init(&loop, &P.sig_int);
     uv_signal_init(&loop, &P.sig_term);
     P.sig_int.data = P.sig_term.data = &P;
@@ -171,6 +208,19 @@ static int line_attr(const char *l) {
     if (!strncmp(l, "bottleneck:", 11) || !strncmp(l, "training:", 9)) return A_BOLD;
     if (!strncmp(l, "STAGE ", 6) || !strncmp(l, "INBOX ", 6) || !strncmp(l, "GPU ", 4)) return A_UNDERLINE;
     return 0;
+}
+
+/* A key, or ERR at `next` (monotonic s); a live run's subscription is pumped every
+ * MON_LIVE_PUMP_MS meanwhile (its heartbeats, and the metrics queue stays short). */
+static int tui_getch(mon_ctx_t *C, double next) {
+    for (;;) {
+        int ms = (int)((next - clock_mono_s()) * 1000);
+        if (C->live && ms > MON_LIVE_PUMP_MS) ms = MON_LIVE_PUMP_MS;
+        timeout(ms < 10 ? 10 : ms);
+        int ch = getch();
+        if (C->live) ctx_pump(C);
+        if (ch != ERR || tui_quit || clock_mono_s() >= next) return ch;
+    }
 }
 
 static int run_tui(mon_ctx_t *C) {
@@ -222,9 +272,7 @@ static int run_tui(mon_ctx_t *C) {
         }
         free(text);
         refresh();
-        int ms = (int)((next - clock_mono_s()) * 1000);
-        timeout(ms < 10 ? 10 : ms);
-        int ch = getch();
+        int ch = tui_getch(C, next);
         if (ch == 'q' || ch == 'Q') break;
         if (ch == KEY_DOWN || ch == 'j') scroll++;
         if ((ch == KEY_UP || ch == 'k') && scroll > 0) scroll--;
@@ -288,6 +336,7 @@ int cmd_monitor(int argc, char **argv) {
     }
     C.run = mon_run_open(C.a.dir);
     if (!C.run) return log_rc(DL_ENOENT, "monitor"), 1;
+    mon_live_open(C.a.dir, C.run, &C.live);     /* not live (no answer): the files */
     if (!C.a.no_nvml) {
         C.nvml = mon_nvml_open(NULL);
         if (!C.nvml) {
@@ -328,6 +377,7 @@ int cmd_monitor(int argc, char **argv) {
         ret = run_tui(&C);
     }
     mon_nvml_close(&C.nvml);
+    mon_live_destroy(&C.live);
     mon_run_destroy(&C.run);
     return ret;
 }

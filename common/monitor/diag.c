@@ -220,6 +220,17 @@ int mon_topo_read(const char *dir, mon_topo_t *t) {
     return DL_EFORMAT;      /* detail: rundir_run_read's (file and key) */
 }
 
+int mon_topo_parse(const char *dir, const char *json, size_t len, mon_topo_t *t) {
+    rundir_run_t *r = malloc(sizeof *r);
+    if (!r) return dl_seterr(DL_ENOMEM, "monitor: out of memory");
+    int rc = rundir_run_parse(json, len, "status reply", r);
+    if (rc == 0) topo_from_runjson(r, t);
+    free(r);
+    if (rc < 0) return rc == DL_ENOMEM ? rc : DL_EFORMAT;
+    if (!t->max_steps) max_steps_from_log(dir, t);
+    return 0;
+}
+
 const mon_topo_stage_t *mon_topo_stage(const mon_topo_t *t, const char *name) {
     for (int i = 0; t && i < t->n_stages; i++)
         if (!strcmp(t->stages[i].name, name)) return &t->stages[i];

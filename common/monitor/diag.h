@@ -112,6 +112,10 @@ const mon_topo_stage_t *mon_topo_stage(const mon_topo_t *t, const char *name);
  * in <dir>/logs/optimizer.log. Returns 0, DL_ENOENT (no run.json), DL_EFORMAT
  * (malformed: the detail names the file and key) or DL_ENOMEM. */
 int mon_topo_read(const char *dir, mon_topo_t *t);
+/* The same from run.json's text in hand (a live run's status reply, common/monitor/
+ * live.h; dir: the run dir, for the max_steps fallback only). Returns 0, DL_EFORMAT
+ * (malformed: the detail names the key) or DL_ENOMEM. */
+int mon_topo_parse(const char *dir, const char *json, size_t len, mon_topo_t *t);
 /* Counts targets/drafters from the stages of a run (when run.json gave none). */
 void mon_topo_from_run(const mon_run_t *run, mon_topo_t *t);
 

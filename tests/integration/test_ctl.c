@@ -7,6 +7,10 @@
  *    (live: "running"), `monitor --once`, `rebalance --targets 2 --drafters 1` (answered
  *    "done") and `stop --wait` all work, and the run ends as after SIGTERM: exit 143,
  *    "(interrupted)", a final checkpoint;
+ *  - `monitor --once` of the live run with metrics.jsonl and steps.jsonl hidden from it
+ *    too (root: /dev/null bind-mounted over them; else chmod 0): its stage rows, steps and
+ *    "(live)" came through the socket (the subscription's history and messages);
+ *  - subscribe's "ok" carries the supervisor's recent history (metrics.jsonl lines);
  *  - a malformed CTL_REQUEST sent raw is answered with an ERROR and the run goes on
  *    (status answers afterwards);
  *  - `status` of the finished run falls back to the files ("not running").
@@ -35,6 +39,25 @@
 
 static pf_fixture_t fx;
 static char run_dir[400];
+static int hide_files;          /* ro_tool: metrics.jsonl and steps.jsonl unreadable too */
+static const char *const HIDDEN[] = {"metrics.jsonl", "steps.jsonl"};
+
+/* The client child's files hidden (see hide_files); 0, or -1 when one still reads. */
+static int hide_run_files(void) {
+    for (int i = 0; i < 2; i++) {
+        char p[600], b[16];
+        snprintf(p, sizeof p, "%s/%s", run_dir, HIDDEN[i]);
+        if (geteuid() == 0 && mount("/dev/null", p, NULL, MS_BIND, NULL) != 0) {
+            fprintf(stderr, "bind mount /dev/null over %s: %s\n", p, strerror(errno));
+            return -1;
+        }
+        int fd = open(p, O_RDONLY);
+        ssize_t n = fd >= 0 ? read(fd, b, sizeof b) : 0;
+        if (fd >= 0) close(fd);
+        if (n > 0) { fprintf(stderr, "%s still reads\n", p); return -1; }
+    }
+    return 0;
+}
 
 static int group_setup(void **state) {
     (void)state;
@@ -60,6 +83,7 @@ static int ro_client_child(void *arg, int report_fd) {
             return 125;
         }
     }
+    if (hide_files && hide_run_files() < 0) return 125;
     char probe[600];
     snprintf(probe, sizeof probe, "%s/client-was-here", run_dir);
     int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0600);
@@ -77,6 +101,11 @@ static int ro_tool(const char *log, char *const args[]) {
     a.argv[n] = NULL;
     snprintf(a.log, sizeof a.log, "%s", log);
     int root = geteuid() == 0;
+    char hp[2][600];
+    for (int i = 0; i < 2 && hide_files && !root; i++) {
+        snprintf(hp[i], sizeof hp[i], "%s/%s", run_dir, HIDDEN[i]);
+        assert_int_equal(chmod(hp[i], 0), 0);
+    }
     if (!root) assert_int_equal(chmod(run_dir, 0500), 0);
     proc_t p;
     assert_int_equal(proc_spawn(&p, "draftline client", ro_client_child, &a), 0);
@@ -84,6 +113,7 @@ static int ro_tool(const char *log, char *const args[]) {
     int rc = proc_wait(&p, 90000, &code);
     proc_kill(&p);
     if (!root) chmod(run_dir, 0700);
+    for (int i = 0; i < 2 && hide_files && !root; i++) chmod(hp[i], 0644);
     assert_int_equal(rc, 0);
     if (code != 0) {
         char *t = pf_slurp(log, NULL);
@@ -133,6 +163,10 @@ static void malformed_request(void) {
     assert_int_equal(m.type, PROTO_CTL_REPLY);
     assert_int_equal(m.ctl_reply.id, 78);
     assert_string_equal(m.ctl_reply.state, "ok");
+    t = rundir_ctl_text(&m.ctl_reply);      /* the history: metrics.jsonl lines */
+    assert_non_null(strstr(t, "\"stage\":\"drafter0\""));
+    assert_non_null(strstr(t, "\"state\":\"step\""));
+    free(t);
     proto_msg_free(&m);
     int n_metrics = 0;
     for (int i = 0; i < 200 && n_metrics < 3; i++) {
@@ -152,7 +186,7 @@ static void test_ctl_live_run(void **state) {
     snprintf(run_dir, sizeof run_dir, "%s/c", fx.root);
     char *argv[] = {fx.exe, "run", "--target-model", fx.model_dir, "--data", fx.cache, "--token-budget", "256",
                     "--block-size", "4", "--num-anchors", "8", "--drafter-layers", "1", "--device", "cpu",
-                    "--threads", "1", "--max-steps", "100000", "--out", run_dir, NULL};
+                    "--threads", "1", "--max-steps", "100000", "--epochs", "1000", "--out", run_dir, NULL};
     for (int i = 0; argv[i]; i++) a.argv[i] = argv[i];
     snprintf(a.log, sizeof a.log, "%s/c.out", fx.root);
     proc_t run;
@@ -179,6 +213,28 @@ static void test_ctl_live_run(void **state) {
     assert_int_equal(ro_tool(log, margs), 0);
     txt = pf_slurp(log, NULL);
     assert_non_null(strstr(txt, "drafter0"));
+    free(txt);
+    /* the same with the metrics files hidden, once every stage sent metrics: what it
+     * shows came through the socket */
+    for (int i = 0; i < 3000; i++) {
+        rundir_metrics_rec_t *recs = NULL;
+        int n = 0;
+        rundir_metrics_latest(run_dir, 1 << 20, &recs, &n);
+        rundir_metrics_latest_free(&recs, n);
+        if (n >= 4) break;
+        usleep(10000);
+    }
+    snprintf(log, sizeof log, "%s/monitor2.out", fx.root);
+    char *m2args[] = {"monitor", "--run", run_dir, "--once", "--no-nvml", NULL};
+    hide_files = 1;
+    assert_int_equal(ro_tool(log, m2args), 0);
+    hide_files = 0;
+    txt = pf_slurp(log, NULL);
+    assert_non_null(strstr(txt, " (live)\n"));
+    assert_non_null(strstr(txt, "training: step "));
+    assert_non_null(strstr(txt, "\ndrafter0 "));
+    assert_non_null(strstr(txt, "\ntarget0 "));
+    assert_null(strstr(txt, "no metrics yet"));
     free(txt);
 
     malformed_request();
