@@ -284,9 +284,7 @@ int stage_config(proto_role_t role, uint32_t stage_id, uint64_t incarnation, con
     bus_opts_t o = {0};
     o.kind = BUS_DEALER;
     o.name = "supervisor";
-    o.identity = name;
-    o.heartbeat_interval_ms = PIPE_HEARTBEAT_MS;
-    o.heartbeat_timeout_ms = PIPE_DEAD_MS;
+    o.identity = name;      /* no heartbeats: it lives for one request and answer */
     bus_t *b = bus_new(&loop, &o);
     int rc = b ? bus_connect(b, ep) : DL_EIO;
     if (rc == 0) {
