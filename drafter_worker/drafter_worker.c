@@ -32,7 +32,6 @@
  * the optimizer's device weights slab by one device (or peer) copy. Only the
  * target's embedding and LM head are loaded (target_opts_t.embed_only).
  */
-#include "common/base/cli.h"
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
@@ -52,7 +51,6 @@
 #include "common/pipe/slot.h"
 #include "common/pipe/stage.h"
 
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -712,23 +710,14 @@ static void on_stop(stage_t *st, void *arg) {
 
 static void usage(FILE *f) {
     fprintf(f,
-        "usage: drafter_worker --run-dir DIR --run-id ID --index I --target-model PATH [options]\n"
-        "Pipeline stage 3: owns an inbox, computes DFlash drafter forward/backward per micro-batch.\n\n"
-        "  --run-dir DIR              sockets directory     --run-id ID   shared-memory name prefix\n"
-        "  --incarnation N            restart count (default 1)\n"
+        "usage: drafter_worker --index I --run-dir DIR --incarnation N [--log-level L]\n"
+        "Pipeline stage 3: owns an inbox, computes DFlash drafter forward/backward per micro-batch.\n"
+        "Started by `draftline run`; every setting (target model, drafter shape, anchors, inbox\n"
+        "sizes, seed, threads, GPU, ...) comes from the run configuration the supervisor sends\n"
+        "first (common/pipe/runcfg.h).\n\n"
         "  --index I                  drafter index (stage id 100+I, endpoint drafter<I>.sock)\n"
-        "  --target-model PATH        target checkpoint (GGUF or HF dir): embedding, LM head, shapes\n"
-        "  --drafter-layers N         drafter layers (default 1)\n"
-        "  --block-size B             block size (default 8)\n"
-        "  --num-anchors N            anchors sampled per sequence (default 32)\n"
-        "  --token-budget N           max tokens per micro-batch: inbox slot size (default 1024)\n"
-        "  --micro-batches-per-step K (default 1)\n"
-        "  --inbox-gb X               GPU-tier inbox size, GiB (default 0.25)\n"
-        "  --host-inbox-gb X          host-tier inbox size, GiB (default 0)\n"
-        "  --hs-min-ready K           pool K ready micro-batches, pick one at random (default 1)\n"
-        "  --seed N                   anchor and pick seed (default 0)\n"
-        "  --threads N                OpenMP threads (default: all)\n"
-        "  --gpu N                    run on CUDA device N, GPU-tier inbox there (CUDA builds)\n"
+        "  --run-dir DIR              sockets directory of the run (holds the supervisor's sup.sock)\n"
+        "  --incarnation N            restart count given by the supervisor (default 1)\n"
         "  --log-level L              error|warn|info|debug\n"
         "  -h, --help                 this help\n");
 }
@@ -797,53 +786,63 @@ static void dw_fini(dw_t *W) {
     ops_ctx_destroy(&W->ops);
 }
 
+/* The compute set-up from the run configuration c, as the flags of the same names did:
+ * the drafter config, the ops (CUDA device, or CPU threads), the
+ * target's embedding / LM head and the drafter. Returns 0, or main's exit status (1, or
+ * 2 for a GPU in a build without CUDA) after logging why. */
+static int dw_setup(dw_t *W, const run_config_t *c) {
+    const char *model = c->target_model;
+    W->token_budget = c->token_budget;
+    W->anchors = c->num_anchors;
+    W->K = c->mbs_per_step;
+    W->min_ready = c->hs_min_ready;
+    W->seed = c->seed;
+    model_config_t mc;
+    int rc = pipe_target_config(model, &mc);
+    if (rc < 0) return log_rc(rc, "target config"), 1;
+    rc = pipe_drafter_config(&mc, (int)c->drafter_layers, 0, (int)c->block_size, &W->dcfg);
+    if (rc < 0) return log_rc(rc, "drafter config"), 1;
+    W->gpu = runcfg_stage_gpu(c, PIPE_ID_DRAFTER0 + (uint32_t)W->index);
+    W->elem = 4;
+    if (W->gpu >= 0) {
+        if (!dev_available()) {
+            log_error("--gpu %d: this build has no CUDA", W->gpu);
+            return 2;
+        }
+        /* CUDA is initialised here, after exec: nothing CUDA crossed the fork */
+        rc = ops_cuda_init(&W->ops, W->gpu);
+        if (rc < 0) return log_rc(rc, "CUDA device (--gpu)"), 1;
+        W->elem = ops_act_bytes(&W->ops);
+    } else {
+        ops_cpu_init(&W->ops, (int)c->threads);
+    }
+    target_opts_t to = {0};
+    to.max_tokens = 1;
+    to.max_seqs = 1;
+    to.embed_only = 1;        /* the drafter's frozen parts only, not the target's layers */
+    double t0 = clock_mono_s();
+    rc = target_load(model, &W->ops, &to, &W->tgt);
+    if (rc < 0) return log_rc(rc, "load target embedding / LM head"), 1;
+    /* GPU: activations are sized by blocks x block size; 4096 blocks is the
+     * reference workload's (8 sequences x 512 anchors) */
+    W->max_blocks = W->gpu >= 0 && W->token_budget > 4096 ? 4096 : W->token_budget;
+    rc = drafter_new(&W->ops, &W->dcfg, target_embed(W->tgt), target_lm_head(W->tgt), (int)W->token_budget,
+                     (int)W->max_blocks, W->seed, &W->d);
+    if (rc < 0) return log_rc(rc, "drafter"), 1;
+    W->P = drafter_n_params(W->d);
+    log_info("target %s loaded for embedding/LM head in %.1f s; drafter %zu parameters",
+             model, clock_mono_s() - t0, W->P);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     log_init("drafter", LOG_INFO);
     static dw_t W;
-    const char *run_dir = NULL, *run_id = NULL, *model = NULL;
-    int64_t inc = 1, layers = 1, B = 8, v, threads = 0, index = -1, gpu = -1;
-    size_t inbox_b = 256u << 20, host_b = 0;
-    W.token_budget = 1024; W.anchors = 32; W.K = 1; W.min_ready = 1;
-    enum { O_RUN = 256, O_ID, O_INC, O_IDX, O_TM, O_DL, O_BS, O_NA, O_TB, O_K, O_IG, O_HG, O_MR, O_SEED, O_TH, O_LL, O_GPU };
-    static const struct option opts[] = {
-        {"run-dir", 1, 0, O_RUN}, {"run-id", 1, 0, O_ID}, {"incarnation", 1, 0, O_INC},
-        {"index", 1, 0, O_IDX}, {"target-model", 1, 0, O_TM}, {"drafter-layers", 1, 0, O_DL},
-        {"block-size", 1, 0, O_BS}, {"num-anchors", 1, 0, O_NA}, {"token-budget", 1, 0, O_TB},
-        {"micro-batches-per-step", 1, 0, O_K}, {"inbox-gb", 1, 0, O_IG}, {"host-inbox-gb", 1, 0, O_HG},
-        {"hs-min-ready", 1, 0, O_MR}, {"seed", 1, 0, O_SEED}, {"threads", 1, 0, O_TH},
-        {"log-level", 1, 0, O_LL}, {"gpu", 1, 0, O_GPU},
-        {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
-    int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        int rc = 0;
-        switch (c) {
-        case O_RUN: run_dir = optarg; break;
-        case O_ID: run_id = optarg; break;
-        case O_INC: rc = cli_parse_i64("--incarnation", optarg, 1, INT64_MAX, &inc); break;
-        case O_IDX: rc = cli_parse_i64("--index", optarg, 0, PIPE_MAX_DRAFTERS - 1, &index); break;
-        case O_TM: model = optarg; break;
-        case O_DL: rc = cli_parse_i64("--drafter-layers", optarg, 1, DRAFTER_MAX_LAYERS, &layers); break;
-        case O_BS: rc = cli_parse_i64("--block-size", optarg, 2, DRAFTER_MAX_BLOCK, &B); break;
-        case O_NA: rc = cli_parse_i64("--num-anchors", optarg, 1, 1 << 20, &v); W.anchors = (uint32_t)v; break;
-        case O_TB: rc = cli_parse_i64("--token-budget", optarg, 16, 1 << 21, &v); W.token_budget = (uint32_t)v; break;
-        case O_K: rc = cli_parse_i64("--micro-batches-per-step", optarg, 1, DL_PROTO_MAX_MBS, &v); W.K = (uint32_t)v; break;
-        case O_IG: rc = cli_parse_gb("--inbox-gb", optarg, 0, 4096, &inbox_b); break;
-        case O_HG: rc = cli_parse_gb("--host-inbox-gb", optarg, 0, 4096, &host_b); break;
-        case O_MR: rc = cli_parse_i64("--hs-min-ready", optarg, 1, DW_MAX_SLOTS, &v); W.min_ready = (uint32_t)v; break;
-        case O_SEED: rc = cli_parse_i64("--seed", optarg, 0, INT64_MAX, &v); W.seed = (uint64_t)v; break;
-        case O_TH: rc = cli_parse_i64("--threads", optarg, 0, 1024, &threads); break;
-        case O_GPU: rc = cli_parse_i64("--gpu", optarg, 0, 1023, &gpu); break;
-        case O_LL: { log_level_t l; rc = log_parse_level(optarg, &l); if (!rc) log_set_level(l); break; }
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-        if (rc < 0) { cli_error("drafter_worker", dl_errmsg()); return 2; }
-    }
-    if (!run_dir || !run_id || !model || index < 0) {
-        cli_error("drafter_worker", "--run-dir, --run-id, --index and --target-model are required");
-        return 2;
-    }
-    W.index = (int)index;
+    static run_config_t cfg;
+    stage_args_t a;
+    if (stage_args(argc, argv, "drafter_worker", PIPE_MAX_DRAFTERS - 1, usage, &a) < 0) return a.exit_code;
+    W.index = a.index;
+    int64_t inc = (int64_t)a.incarnation;
     char name[32];
     snprintf(name, sizeof name, "drafter%d", W.index);
     log_init(name, log_get_level());
@@ -853,41 +852,14 @@ int main(int argc, char **argv) {
     snprintf(hook, sizeof hook, "%s.stall_after_mbs", name);
     testhook_i64(hook, &W.stall_after);
     testhook_i64("nan_mb", &W.nan_mb);
-    model_config_t mc;
-    int rc = pipe_target_config(model, &mc);
-    if (rc < 0) return log_rc(rc, "target config"), 1;
-    rc = pipe_drafter_config(&mc, (int)layers, 0, (int)B, &W.dcfg);
-    if (rc < 0) return log_rc(rc, "drafter config"), 1;
-    W.gpu = (int)gpu;
-    W.elem = 4;
-    if (W.gpu >= 0) {
-        if (!dev_available()) {
-            log_error("--gpu %d: this build has no CUDA", W.gpu);
-            return 2;
-        }
-        /* CUDA is initialised here, after exec: nothing CUDA crossed the fork */
-        rc = ops_cuda_init(&W.ops, W.gpu);
-        if (rc < 0) return log_rc(rc, "CUDA device (--gpu)"), 1;
-        W.elem = ops_act_bytes(&W.ops);
-    } else {
-        ops_cpu_init(&W.ops, (int)threads);
-    }
-    target_opts_t to = {0};
-    to.max_tokens = 1;
-    to.max_seqs = 1;
-    to.embed_only = 1;        /* the drafter's frozen parts only, not the target's layers */
-    double t0 = clock_mono_s();
-    rc = target_load(model, &W.ops, &to, &W.tgt);
-    if (rc < 0) return log_rc(rc, "load target embedding / LM head"), 1;
-    /* GPU: activations are sized by blocks x block size; 4096 blocks is the
-     * reference workload's (8 sequences x 512 anchors) */
-    W.max_blocks = W.gpu >= 0 && W.token_budget > 4096 ? 4096 : W.token_budget;
-    rc = drafter_new(&W.ops, &W.dcfg, target_embed(W.tgt), target_lm_head(W.tgt), (int)W.token_budget,
-                     (int)W.max_blocks, W.seed, &W.d);
-    if (rc < 0) return log_rc(rc, "drafter"), 1;
-    W.P = drafter_n_params(W.d);
-    log_info("target %s loaded for embedding/LM head in %.1f s; drafter %zu parameters",
-             model, clock_mono_s() - t0, W.P);
+    int rc = stage_config(PROTO_ROLE_DRAFTER, PIPE_ID_DRAFTER0 + (uint32_t)W.index, a.incarnation, name, a.run_dir,
+                          STAGE_CONFIG_TIMEOUT_MS, &cfg);
+    if (rc < 0) return log_rc(rc, "run configuration"), 1;
+    /* the inbox sizes as the "%.9g" flags gave them (cli_parse_gb) */
+    size_t inbox_b = (size_t)(cfg.inbox_gb * 1024.0 * 1024.0 * 1024.0);
+    size_t host_b = (size_t)(cfg.host_inbox_gb * 1024.0 * 1024.0 * 1024.0);
+    rc = dw_setup(&W, &cfg);
+    if (rc) return rc;
     uint64_t row = (uint64_t)W.dcfg.n_feat * (uint64_t)W.dcfg.D;
     {
         pipe_layout_t fl = pipe_layout(W.token_budget, row, W.elem);
@@ -906,11 +878,11 @@ int main(int argc, char **argv) {
     if (!W.sent || !W.items || !W.cu || !W.anchor_buf) { log_error("out of memory"); return 1; }
     W.version = -1;
     W.pending_version = -1;
-    rc = stage_init(&W.st, PROTO_ROLE_DRAFTER, PIPE_ID_DRAFTER0 + (uint32_t)W.index, (uint64_t)inc, name,
-                    run_dir, run_id);
+    rc = stage_init(&W.st, PROTO_ROLE_DRAFTER, PIPE_ID_DRAFTER0 + (uint32_t)W.index, a.incarnation, name,
+                    a.run_dir, cfg.run_id);
     if (rc < 0) return log_rc(rc, "stage init"), 1;
     uint64_t caps[2] = {inbox_b >= W.slot_bytes ? inbox_b : 0, host_b};
-    if (dw_slabs(&W, run_id, name, inc, caps) < 0) return 1;
+    if (dw_slabs(&W, cfg.run_id, name, inc, caps) < 0) return 1;
     rc = inbox_new(&W.ib, caps, DW_MAX_SLOTS);
     if (rc < 0) return log_rc(rc, "inbox"), 1;
     hcache_new(&W.hc, W.gpu);

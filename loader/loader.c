@@ -7,21 +7,20 @@
  *
  * Micro-batch mb is a pure function of (cache, batcher options, seed, mb)
  * (common/data/batcher.h), so the cursor is just the first micro-batch of the next
- * unapplied step; --start-step resumes there. The loader issues at most
- * --lookahead-mbs micro-batches past the current step, which bounds what can pile up
+ * unapplied step; the run configuration's start_step resumes there. The loader issues at
+ * most lookahead_mbs micro-batches past the current step, which bounds what can pile up
  * in drafter inboxes while a step is incomplete (the supervisor sizes it from the
  * inbox so that the current step can always make progress).
  */
-#include "common/base/cli.h"
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
 #include "common/data/batcher.h"
 #include "common/data/prepare.h"
 #include "common/pipe/peers.h"
+#include "common/pipe/runcfg.h"
 #include "common/pipe/stage.h"
 
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -323,115 +322,84 @@ static void on_stop(stage_t *st, void *arg) {
 
 static void usage(FILE *f) {
     fprintf(f,
-        "usage: loader --run-dir DIR --run-id ID --cache FILE.dlc [options]\n"
-        "Pipeline stage 1: serves micro-batches of a prepared cache to targets on request.\n\n"
-        "  --run-dir DIR              run directory (sockets live there; made by `draftline run`)\n"
-        "  --run-id ID                run id ([A-Za-z0-9_.], names shared-memory objects)\n"
+        "usage: loader --run-dir DIR --incarnation N [--log-level L]\n"
+        "Pipeline stage 1: serves micro-batches of a prepared cache to targets on request.\n"
+        "Started by `draftline run`; every setting (cache, seed, token budget, steps, cursor, ...)\n"
+        "comes from the run configuration the supervisor sends first (common/pipe/runcfg.h).\n\n"
+        "  --run-dir DIR              sockets directory of the run (holds the supervisor's sup.sock)\n"
         "  --incarnation N            restart count given by the supervisor (default 1)\n"
-        "  --cache FILE.dlc           prepared dataset (`draftline prepare`)\n"
-        "  --seed N                   shuffle seed (default 0)\n"
-        "  --token-budget N           max tokens per micro-batch (default %u)\n"
-        "  --max-len N                max tokens per sequence (default: token budget)\n"
-        "  --micro-batches-per-step K micro-batches per optimizer step (default 1)\n"
-        "  --epochs N                 epochs over the data (default 1; 0 = unbounded)\n"
-        "  --max-steps N              stop issuing after N steps (default: end of the epochs)\n"
-        "  --start-step N             resume: first step to issue (cursor = N*K)\n"
-        "  --lookahead-mbs N          micro-batches issued past the current step (default K)\n"
-        "  --cursor-out FILE          write the batcher cursor of micro-batch 0 (40 bytes)\n"
-        "  --cursor-in FILE           resume from a checkpoint's cursor.bin: checked against this cache\n"
-        "                             and these options, then the first step to issue (overrides --start-step)\n"
+        "  --index I                  accepted for symmetry with the other stages: 0 only\n"
         "  --log-level L              error|warn|info|debug\n"
-        "  -h, --help                 this help\n", BATCHER_TOKEN_BUDGET_CPU);
+        "  -h, --help                 this help\n");
+}
+
+/* Resumes from a checkpoint's cursor (c->cursor_in): checked against this cache and
+ * these options; the first step to issue becomes the later of its step and *start_step.
+ * Returns 0, or 1 after logging why. */
+static int loader_cursor_in(loader_t *L, const char *cursor_in, int64_t *start_step) {
+    uint64_t K = L->bo.micro_batches_per_step;
+    uint8_t buf[BATCHER_CURSOR_BYTES];
+    batcher_cursor_t cur;
+    FILE *f = fopen(cursor_in, "rb");
+    size_t got = f ? fread(buf, 1, sizeof buf, f) : 0;
+    if (f) fclose(f);
+    int rc = got == sizeof buf ? batcher_cursor_decode(buf, got, &cur) : dl_seterr(DL_EIO, "%s: unreadable", cursor_in);
+    if (rc == 0) rc = batcher_restore(L->b, &cur);
+    if (rc < 0) return log_rc(rc, "--cursor-in"), 1;
+    if (cur.next_mb % K) { log_error("--cursor-in: micro-batch %llu is not at a step boundary", (unsigned long long)cur.next_mb); return 1; }
+    /* a restart after the checkpoint gets a later start step: the later wins */
+    if ((int64_t)(cur.next_mb / K) > *start_step) *start_step = (int64_t)(cur.next_mb / K);
+    log_info("cursor %s (micro-batch %llu) matches the cache; starting at step %lld", cursor_in,
+             (unsigned long long)cur.next_mb, (long long)*start_step);
+    return 0;
+}
+
+/* Opens the cache and the batcher from the run configuration c, as the flags of the
+ * same names did. Returns 0, or 1 after logging why. */
+static int loader_setup(loader_t *L, const run_config_t *c, uint64_t *total) {
+    batcher_opts_default(&L->bo, 0);
+    L->bo.seed = c->seed;
+    L->bo.token_budget = c->token_budget;
+    if (c->max_len > 0) L->bo.max_len = c->max_len;
+    L->bo.micro_batches_per_step = c->mbs_per_step;
+    L->bo.epochs = c->epochs;
+    int64_t max_steps = (int64_t)c->max_steps, start_step = (int64_t)c->start_step;
+    if (L->bo.max_len == 0 || L->bo.max_len > L->bo.token_budget) L->bo.max_len = L->bo.token_budget;
+    int rc = dlc_open(c->data_cache, &L->cache);
+    if (rc < 0) return log_rc(rc, "open cache"), 1;
+    rc = batcher_new(L->cache, &L->bo, &L->b);
+    if (rc < 0) return log_rc(rc, "batcher"), 1;
+    uint64_t K = L->bo.micro_batches_per_step;
+    *total = batcher_total_mbs(L->b);
+    L->end_mb = *total ? *total / K * K : UINT64_MAX;
+    if (max_steps > 0 && (uint64_t)max_steps * K < L->end_mb) L->end_mb = (uint64_t)max_steps * K;
+    if (L->end_mb == 0) {
+        log_error("the data gives fewer than %llu micro-batches: not one full step", (unsigned long long)K);
+        return 1;
+    }
+    if (c->cursor_in[0] && loader_cursor_in(L, c->cursor_in, &start_step)) return 1;
+    L->applied_steps = (uint64_t)start_step;
+    L->next_mb = (uint64_t)start_step * K;
+    L->lookahead = c->lookahead_mbs;
+    size_t tb = L->bo.token_budget;
+    L->ids = malloc(tb * 4); L->cu = malloc((tb + 2) * 4); L->lens = malloc((tb + 1) * 4); L->mask = malloc(tb);
+    if (!L->ids || !L->cu || !L->lens || !L->mask) { log_error("out of memory"); return 1; }
+    return 0;
 }
 
 int main(int argc, char **argv) {
     log_init("loader", LOG_INFO);
     static loader_t L;
-    const char *run_dir = NULL, *run_id = NULL, *cache = NULL, *cursor_out = NULL, *cursor_in = NULL;
-    int64_t inc = 1, max_steps = 0, start_step = 0, lookahead = -1;
-    batcher_opts_default(&L.bo, 0);
-    enum { O_RUN = 256, O_ID, O_INC, O_CACHE, O_SEED, O_TB, O_ML, O_K, O_EP, O_MS, O_SS, O_LA, O_CO, O_CI, O_LL };
-    static const struct option opts[] = {
-        {"run-dir", 1, 0, O_RUN}, {"run-id", 1, 0, O_ID}, {"incarnation", 1, 0, O_INC},
-        {"cache", 1, 0, O_CACHE}, {"seed", 1, 0, O_SEED}, {"token-budget", 1, 0, O_TB},
-        {"max-len", 1, 0, O_ML}, {"micro-batches-per-step", 1, 0, O_K}, {"epochs", 1, 0, O_EP},
-        {"max-steps", 1, 0, O_MS}, {"start-step", 1, 0, O_SS}, {"lookahead-mbs", 1, 0, O_LA},
-        {"cursor-out", 1, 0, O_CO}, {"cursor-in", 1, 0, O_CI}, {"log-level", 1, 0, O_LL}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
-    int c;
-    int64_t v;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        int rc = 0;
-        switch (c) {
-        case O_RUN: run_dir = optarg; break;
-        case O_ID: run_id = optarg; break;
-        case O_INC: rc = cli_parse_i64("--incarnation", optarg, 1, INT64_MAX, &inc); break;
-        case O_CACHE: cache = optarg; break;
-        case O_SEED: rc = cli_parse_i64("--seed", optarg, 0, INT64_MAX, &v); L.bo.seed = (uint64_t)v; break;
-        case O_TB: rc = cli_parse_i64("--token-budget", optarg, 16, 1 << 21, &v); L.bo.token_budget = (uint32_t)v; break;
-        case O_ML: rc = cli_parse_i64("--max-len", optarg, 2, 1 << 21, &v); L.bo.max_len = (uint32_t)v; break;
-        case O_K: rc = cli_parse_i64("--micro-batches-per-step", optarg, 1, 4096, &v); L.bo.micro_batches_per_step = (uint32_t)v; break;
-        case O_EP: rc = cli_parse_i64("--epochs", optarg, 0, 1 << 20, &v); L.bo.epochs = (uint32_t)v; break;
-        case O_MS: rc = cli_parse_i64("--max-steps", optarg, 0, INT64_MAX / 8192, &max_steps); break;
-        case O_SS: rc = cli_parse_i64("--start-step", optarg, 0, INT64_MAX / 8192, &start_step); break;
-        case O_LA: rc = cli_parse_i64("--lookahead-mbs", optarg, 0, 1 << 20, &lookahead); break;
-        case O_CO: cursor_out = optarg; break;
-        case O_CI: cursor_in = optarg; break;
-        case O_LL: { log_level_t l; rc = log_parse_level(optarg, &l); if (!rc) log_set_level(l); break; }
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-        if (rc < 0) { cli_error("loader", dl_errmsg()); return 2; }
-    }
-    if (!run_dir || !run_id || !cache) {
-        cli_error("loader", "--run-dir, --run-id and --cache are required");
-        return 2;
-    }
-    if (L.bo.max_len == 0 || L.bo.max_len > L.bo.token_budget) L.bo.max_len = L.bo.token_budget;
-    int rc = dlc_open(cache, &L.cache);
-    if (rc < 0) return log_rc(rc, "open cache"), 1;
-    rc = batcher_new(L.cache, &L.bo, &L.b);
-    if (rc < 0) return log_rc(rc, "batcher"), 1;
-    uint64_t K = L.bo.micro_batches_per_step;
-    uint64_t total = batcher_total_mbs(L.b);
-    L.end_mb = total ? total / K * K : UINT64_MAX;
-    if (max_steps > 0 && (uint64_t)max_steps * K < L.end_mb) L.end_mb = (uint64_t)max_steps * K;
-    if (L.end_mb == 0) {
-        log_error("the data gives fewer than %llu micro-batches: not one full step", (unsigned long long)K);
-        return 1;
-    }
-    if (cursor_in) {
-        uint8_t buf[BATCHER_CURSOR_BYTES];
-        batcher_cursor_t cur;
-        FILE *f = fopen(cursor_in, "rb");
-        size_t got = f ? fread(buf, 1, sizeof buf, f) : 0;
-        if (f) fclose(f);
-        rc = got == sizeof buf ? batcher_cursor_decode(buf, got, &cur) : dl_seterr(DL_EIO, "%s: unreadable", cursor_in);
-        if (rc == 0) rc = batcher_restore(L.b, &cur);
-        if (rc < 0) return log_rc(rc, "--cursor-in"), 1;
-        if (cur.next_mb % K) { log_error("--cursor-in: micro-batch %llu is not at a step boundary", (unsigned long long)cur.next_mb); return 1; }
-        /* a restart after the checkpoint passes a later --start-step: the later wins */
-        if ((int64_t)(cur.next_mb / K) > start_step) start_step = (int64_t)(cur.next_mb / K);
-        log_info("cursor %s (micro-batch %llu) matches the cache; starting at step %lld", cursor_in,
-                 (unsigned long long)cur.next_mb, (long long)start_step);
-    }
-    L.applied_steps = (uint64_t)start_step;
-    L.next_mb = (uint64_t)start_step * K;
-    L.lookahead = lookahead >= 0 ? (uint64_t)lookahead : K;
-    if (cursor_out) {
-        batcher_cursor_t cur;
-        batcher_cursor(L.b, 0, &cur);
-        uint8_t buf[BATCHER_CURSOR_BYTES];
-        batcher_cursor_encode(&cur, buf);
-        FILE *f = fopen(cursor_out, "wb");
-        if (!f || fwrite(buf, 1, sizeof buf, f) != sizeof buf || fclose(f) != 0) {
-            log_error("write %s failed", cursor_out);
-            return 1;
-        }
-    }
-    size_t tb = L.bo.token_budget;
-    L.ids = malloc(tb * 4); L.cu = malloc((tb + 2) * 4); L.lens = malloc((tb + 1) * 4); L.mask = malloc(tb);
-    if (!L.ids || !L.cu || !L.lens || !L.mask) { log_error("out of memory"); return 1; }
-    rc = stage_init(&L.st, PROTO_ROLE_LOADER, PIPE_ID_LOADER, (uint64_t)inc, "loader", run_dir, run_id);
+    static run_config_t cfg;
+    stage_args_t a;
+    if (stage_args(argc, argv, "loader", 0, usage, &a) < 0) return a.exit_code;
+    int rc = stage_config(PROTO_ROLE_LOADER, PIPE_ID_LOADER, a.incarnation, "loader", a.run_dir,
+                          STAGE_CONFIG_TIMEOUT_MS, &cfg);
+    if (rc < 0) return log_rc(rc, "run configuration"), 1;
+    uint64_t total = 0, K;
+    if (loader_setup(&L, &cfg, &total)) return 1;
+    K = L.bo.micro_batches_per_step;
+    rc = stage_init(&L.st, PROTO_ROLE_LOADER, PIPE_ID_LOADER, a.incarnation, "loader", a.run_dir, cfg.run_id);
     if (rc < 0) return log_rc(rc, "stage init"), 1;
     L.srv = stage_bus(&L.st, BUS_ROUTER, "loader");
     if (!L.srv) return log_rc(DL_EIO, "bind loader endpoint"), 1;
@@ -444,11 +412,11 @@ int main(int argc, char **argv) {
     /* a restarted loader joins a running pipeline (models loaded): its stall watchdog
      * is armed at once (work its predecessor's targets wrote into a restarted drafter
      * is lost without a report, and no step would ever be applied to arm it) */
-    if (inc > 1) L.step_ema = LOADER_STALL_MIN_S / 5;
+    if (a.incarnation > 1) L.step_ema = LOADER_STALL_MIN_S / 5;
     bus_timer_start(L.srv, 500, 500, on_watchdog, &L, &L.watchdog);
     L.st.state = PROTO_STATE_IDLE;
     log_info("serving %s: %llu micro-batches in total, issuing %llu..%llu, %llu per step, lookahead %llu",
-             cache, (unsigned long long)total, (unsigned long long)L.next_mb,
+             cfg.data_cache, (unsigned long long)total, (unsigned long long)L.next_mb,
              (unsigned long long)L.end_mb, (unsigned long long)K, (unsigned long long)L.lookahead);
     stage_run(&L.st);
     bus_destroy(&L.srv);

@@ -31,7 +31,6 @@
  * die, restart or leave at any step, and a mapping per drafter incarnation follows
  * that membership with no collective to re-form.
  */
-#include "common/base/cli.h"
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
@@ -44,11 +43,10 @@
 #include "common/pipe/ckpt.h"
 #include "common/pipe/model.h"
 #include "common/pipe/peers.h"
+#include "common/pipe/runcfg.h"
 #include "common/pipe/stage.h"
 #include "common/rundir/rundir.h"
 
-#include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -466,35 +464,39 @@ static void on_stop(stage_t *st, void *arg) {
 
 static void usage(FILE *f) {
     fprintf(f,
-        "usage: optimizer --run-dir DIR --run-id ID --out DIR --target-model PATH [options]\n"
-        "Pipeline stage 4: fp32 master weights, AdamW, exactly-once step ledger, checkpoints.\n\n"
-        "  --run-dir DIR              sockets directory     --run-id ID   shared-memory name prefix\n"
-        "  --incarnation N            restart count (default 1)\n"
-        "  --out DIR                  run output: checkpoints/, steps.jsonl\n"
-        "  --target-model PATH        target checkpoint (GGUF or HF dir): drafter shapes\n"
-        "  --drafter-layers N         drafter layers (default 1)\n"
-        "  --block-size B             block size (default 8)\n"
-        "  --lr X                     peak learning rate (default 1e-3)\n"
-        "  --warmup-steps N           linear warmup steps (default 0)\n"
-        "  --max-steps N              total steps (required; cosine decays over them)\n"
-        "  --micro-batches-per-step K (default 1)\n"
-        "  --weight-decay X           AdamW decoupled weight decay on matrices (default 0)\n"
-        "  --clip X                   global gradient-norm clip (default 1.0; 0 = off)\n"
-        "  --save-every N             checkpoint every N steps (default 0: only at the end)\n"
-        "  --keep-checkpoints N       after each checkpoint, remove the oldest complete step_* dirs so\n"
-        "                             that at most N remain (never latest's, nor the resumed one;\n"
-        "                             default 0: keep all)\n"
-        "  --seed N                   drafter initialisation seed (default 0)\n"
-        "  --gpu N                    keep the state and run AdamW on CUDA device N (default: CPU);\n"
-        "                             the drafters must run on GPUs too (their gradient slabs are\n"
-        "                             device memory; other GPUs are read by peer access)\n"
-        "  --resume DIR               checkpoint dir (or run dir) to continue from exactly\n"
-        "  --cursor-base FILE         loader cursor of micro-batch 0 (for checkpoints)\n"
-        "  --token-budget N --max-len N --num-anchors N --epochs N --target-fp HEX\n"
-        "                             the run's settings, only recorded in each checkpoint's state.bin\n"
-        "                             (with --block-size, --drafter-layers) for `draftline run --resume`\n"
+        "usage: optimizer --run-dir DIR --incarnation N [--log-level L]\n"
+        "Pipeline stage 4: fp32 master weights, AdamW, exactly-once step ledger, checkpoints.\n"
+        "Started by `draftline run`; every setting (out dir, target model, drafter shape, lr,\n"
+        "schedule, checkpoints, resume dir, GPU, ...) comes from the run configuration the\n"
+        "supervisor sends first (common/pipe/runcfg.h).\n\n"
+        "  --run-dir DIR              sockets directory of the run (holds the supervisor's sup.sock)\n"
+        "  --incarnation N            restart count given by the supervisor (default 1)\n"
+        "  --index I                  accepted for symmetry with the other stages: 0 only\n"
         "  --log-level L              error|warn|info|debug\n"
         "  -h, --help                 this help\n");
+}
+
+/* The settings of the run configuration c, as the flags of the same names gave them
+ * (the run's token budget, effective max_len, anchors, epochs, target fingerprint,
+ * block size and layers only recorded in each checkpoint's state.bin for `draftline
+ * run --resume`). */
+static void opt_settings(opt_t *O, const run_config_t *c) {
+    O->out = c->out_dir;
+    O->lr = c->lr; O->wd = c->weight_decay; O->clip = c->clip;
+    O->warmup = c->warmup_steps;
+    O->max_steps = c->max_steps;
+    O->K = c->mbs_per_step;
+    O->save_every = c->save_every;
+    O->keep_ckpts = c->keep_checkpoints;
+    O->seed = c->seed;
+    O->gpu = runcfg_stage_gpu(c, PIPE_ID_OPTIMIZER);
+    O->rec_tb = c->token_budget;
+    O->rec_ml = c->max_len > 0 && c->max_len < c->token_budget ? c->max_len : c->token_budget;
+    O->rec_na = c->num_anchors;
+    O->rec_ep = c->epochs;
+    O->rec_tfp = c->target_fp;
+    O->rec_bs = c->block_size;
+    O->rec_dl = c->drafter_layers;
 }
 
 /* The backend state (the host arrays themselves on CPU, device copies on GPU), the
@@ -563,71 +565,23 @@ static void opt_fini(opt_t *O) {
 int main(int argc, char **argv) {
     log_init("optimizer", LOG_INFO);
     static opt_t O;
-    const char *run_dir = NULL, *run_id = NULL, *model = NULL, *resume = NULL, *cursor_base = NULL;
-    int64_t inc = 1, layers = 1, B = 8, v;
-    O.lr = 1e-3; O.clip = 1.0; O.K = 1; O.gpu = -1; O.b1 = 0.9; O.b2 = 0.999; O.eps = 1e-8;
-    enum { O_RUN = 256, O_ID, O_INC, O_OUT, O_TM, O_DL, O_BS, O_LR, O_WU, O_MS, O_K, O_WD, O_CL, O_SE, O_SEED, O_RES, O_CB, O_LL, O_GPU,
-           O_RTB, O_RML, O_RNA, O_REP, O_RTFP, O_KC };
-    static const struct option opts[] = {
-        {"run-dir", 1, 0, O_RUN}, {"run-id", 1, 0, O_ID}, {"incarnation", 1, 0, O_INC},
-        {"out", 1, 0, O_OUT}, {"target-model", 1, 0, O_TM}, {"drafter-layers", 1, 0, O_DL},
-        {"block-size", 1, 0, O_BS}, {"lr", 1, 0, O_LR}, {"warmup-steps", 1, 0, O_WU},
-        {"max-steps", 1, 0, O_MS}, {"micro-batches-per-step", 1, 0, O_K},
-        {"weight-decay", 1, 0, O_WD}, {"clip", 1, 0, O_CL}, {"save-every", 1, 0, O_SE},
-        {"seed", 1, 0, O_SEED}, {"resume", 1, 0, O_RES}, {"cursor-base", 1, 0, O_CB},
-        {"log-level", 1, 0, O_LL}, {"gpu", 1, 0, O_GPU}, {"token-budget", 1, 0, O_RTB},
-        {"max-len", 1, 0, O_RML}, {"num-anchors", 1, 0, O_RNA}, {"epochs", 1, 0, O_REP},
-        {"target-fp", 1, 0, O_RTFP}, {"keep-checkpoints", 1, 0, O_KC}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
-    int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        int rc = 0;
-        switch (c) {
-        case O_RUN: run_dir = optarg; break;
-        case O_ID: run_id = optarg; break;
-        case O_INC: rc = cli_parse_i64("--incarnation", optarg, 1, INT64_MAX, &inc); break;
-        case O_OUT: O.out = optarg; break;
-        case O_TM: model = optarg; break;
-        case O_DL: rc = cli_parse_i64("--drafter-layers", optarg, 1, DRAFTER_MAX_LAYERS, &layers); break;
-        case O_BS: rc = cli_parse_i64("--block-size", optarg, 2, DRAFTER_MAX_BLOCK, &B); break;
-        case O_LR: rc = cli_parse_f64("--lr", optarg, 0, 10, &O.lr); break;
-        case O_WU: rc = cli_parse_i64("--warmup-steps", optarg, 0, INT64_MAX / 2, &v); O.warmup = (uint64_t)v; break;
-        case O_MS: rc = cli_parse_i64("--max-steps", optarg, 1, INT64_MAX / 8192, &v); O.max_steps = (uint64_t)v; break;
-        case O_K: rc = cli_parse_i64("--micro-batches-per-step", optarg, 1, DL_PROTO_MAX_MBS, &v); O.K = (uint64_t)v; break;
-        case O_WD: rc = cli_parse_f64("--weight-decay", optarg, 0, 10, &O.wd); break;
-        case O_CL: rc = cli_parse_f64("--clip", optarg, 0, 1e9, &O.clip); break;
-        case O_SE: rc = cli_parse_i64("--save-every", optarg, 0, INT64_MAX / 2, &v); O.save_every = (uint64_t)v; break;
-        case O_KC: rc = cli_parse_i64("--keep-checkpoints", optarg, 0, INT32_MAX, &O.keep_ckpts); break;
-        case O_SEED: rc = cli_parse_i64("--seed", optarg, 0, INT64_MAX, &v); O.seed = (uint64_t)v; break;
-        case O_RES: resume = optarg; break;
-        case O_GPU: rc = cli_parse_i64("--gpu", optarg, 0, 1023, &v); O.gpu = (int)v; break;
-        case O_CB: cursor_base = optarg; break;
-        case O_RTB: rc = cli_parse_i64("--token-budget", optarg, 1, UINT32_MAX, &v); O.rec_tb = (uint32_t)v; break;
-        case O_RML: rc = cli_parse_i64("--max-len", optarg, 1, UINT32_MAX, &v); O.rec_ml = (uint32_t)v; break;
-        case O_RNA: rc = cli_parse_i64("--num-anchors", optarg, 1, UINT32_MAX, &v); O.rec_na = (uint32_t)v; break;
-        case O_REP: rc = cli_parse_i64("--epochs", optarg, 1, UINT32_MAX, &v); O.rec_ep = (uint32_t)v; break;
-        case O_RTFP: {
-            char *end = NULL;
-            errno = 0;
-            O.rec_tfp = strtoull(optarg, &end, 16);
-            if (errno || !end || end == optarg || *end) rc = dl_seterr(DL_EINVAL, "--target-fp '%s': not a hex number", optarg);
-            break;
-        }
-        case O_LL: { log_level_t l; rc = log_parse_level(optarg, &l); if (!rc) log_set_level(l); break; }
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-        if (rc < 0) { cli_error("optimizer", dl_errmsg()); return 2; }
-    }
-    if (!run_dir || !run_id || !O.out || !model || !O.max_steps) {
-        cli_error("optimizer", "--run-dir, --run-id, --out, --target-model and --max-steps are required");
-        return 2;
-    }
-    O.rec_bs = (uint32_t)B;
-    O.rec_dl = (uint32_t)layers;
+    static run_config_t cfg;
+    O.b1 = 0.9; O.b2 = 0.999; O.eps = 1e-8;
+    stage_args_t a;
+    if (stage_args(argc, argv, "optimizer", 0, usage, &a) < 0) return a.exit_code;
+    int64_t inc = (int64_t)a.incarnation;
+    int rc = stage_config(PROTO_ROLE_OPTIMIZER, PIPE_ID_OPTIMIZER, a.incarnation, "optimizer", a.run_dir,
+                          STAGE_CONFIG_TIMEOUT_MS, &cfg);
+    if (rc < 0) return log_rc(rc, "run configuration"), 1;
+    opt_settings(&O, &cfg);
+    const char *model = cfg.target_model;
+    const char *resume = cfg.resume_dir[0] ? cfg.resume_dir : NULL;
+    const char *cursor_base = cfg.cursor_base[0] ? cfg.cursor_base : NULL;
+    int layers = (int)cfg.drafter_layers, B = (int)cfg.block_size;
     model_config_t mc;
-    int rc = pipe_target_config(model, &mc);
+    rc = pipe_target_config(model, &mc);
     if (rc < 0) return log_rc(rc, "target config"), 1;
-    rc = pipe_drafter_config(&mc, (int)layers, 0, (int)B, &O.dcfg);
+    rc = pipe_drafter_config(&mc, layers, 0, B, &O.dcfg);
     if (rc < 0) return log_rc(rc, "drafter config"), 1;
     ops_cpu_init(&O.lops, 0);
     if (O.gpu >= 0) {
@@ -677,9 +631,9 @@ int main(int argc, char **argv) {
     }
     /* a resumed optimizer undoes every step from O.step on: their lines leave steps.jsonl */
     O.steps_log = rundir_steps_open(O.out, resume || inc > 1 ? (int64_t)O.step : -1);
-    rc = stage_init(&O.st, PROTO_ROLE_OPTIMIZER, PIPE_ID_OPTIMIZER, (uint64_t)inc, "optimizer", run_dir, run_id);
+    rc = stage_init(&O.st, PROTO_ROLE_OPTIMIZER, PIPE_ID_OPTIMIZER, a.incarnation, "optimizer", a.run_dir, cfg.run_id);
     if (rc < 0) return log_rc(rc, "stage init"), 1;
-    if (opt_state_init(&O, run_id, inc) < 0) return 1;
+    if (opt_state_init(&O, cfg.run_id, inc) < 0) return 1;
     if (O.gpu >= 0) log_info("on GPU %d: master weights, moments and AdamW on the device", O.gpu);
     O.srv = stage_bus(&O.st, BUS_ROUTER, "optimizer");
     O.loader = stage_bus(&O.st, BUS_DEALER, "loader");

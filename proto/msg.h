@@ -134,7 +134,8 @@ typedef enum {
 #define PROTO_CAP_SHM       (1ull << 1)  /* can export/open POSIX shm slabs */
 #define PROTO_CAP_NCCL      (1ull << 2)  /* NCCL point-to-point across hosts */
 #define PROTO_CAP_HOST_TIER (1ull << 3)  /* has / accepts the pinned host inbox tier */
-#define PROTO_CAP_ALL_      ((1ull << 4) - 1)
+#define PROTO_CAP_WANT_CONFIG (1ull << 4) /* a config request: answer with RUN_CONFIG only (not "up") */
+#define PROTO_CAP_ALL_      ((1ull << 5) - 1)
 
 /* ---- message bodies ---- */
 

@@ -339,7 +339,8 @@ int sup_launch(run_opts_t *o) {
         int rc = phases[i](&L);
         if (rc) return rc;
     }
-    sup__build_stages(&L);
+    int rc = sup__build_stages(&L);
+    if (rc) return rc;
     lc_banner(&L);
     return lc_supervise(&L);
 }

@@ -8,7 +8,7 @@
  *              checkpoint (state.bin header, config.json, cursor.bin)
  *   data.c     data preparation into <out>/data.dlc, the cache/target check, the
  *              loader cursor of micro-batch 0, max-steps
- *   stages.c   sup_opts_t and every stage's argv
+ *   stages.c   sup_opts_t, the run configuration and every stage's spec
  */
 #ifndef DL_SUPERVISOR_LAUNCH_INT_H
 #define DL_SUPERVISOR_LAUNCH_INT_H
@@ -42,6 +42,7 @@ typedef struct {
     char run_id[17];
     char sock[4200];            /* socket dir: out, or /tmp/dl-<run_id> when out's path is too long */
     char cache[4200];           /* the data cache (.dlc) the run trains on */
+    run_config_t cfg;           /* the run's one configuration (sup__build_stages) */
     sup_opts_t so;
 } launch_t;
 
@@ -74,9 +75,10 @@ int sup__data_prepare(launch_t *L);
 int sup__data_cursor(launch_t *L);
 
 /* stages.c */
-/* Fills L->so: the supervisor's options and every stage's spec (argv). Strings made here
- * live as long as the process. */
-void sup__build_stages(launch_t *L);
+/* Fills L->so: the supervisor's options, the run's configuration (L->cfg, taken by
+ * sup__run_config and validated; so.cfg points at it) and every stage's spec (exe, name,
+ * id, GPU). Returns 0, or 1 after printing why the configuration is invalid. */
+int sup__build_stages(launch_t *L);
 /* The run's one configuration from the run options and what the launch settled so far
  * (L): the values every stage takes, as its flags pass them today (lr, weight decay,
  * clip and the inbox sizes through "%.9g", max_len 0 when not given, the placement

@@ -4,6 +4,7 @@
 #include "common/base/err.h"
 #include "common/base/log.h"
 #include "common/pipe/ckpt.h"
+#include "common/pipe/runcfg.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -15,13 +16,53 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* The GPU ordinal a stage spec starts on (the value of its --gpu flag), or -1 (CPU
- * stage, or a stage without one: loader; the optimizer's GPU, when it has one, is
- * not moved by a rebalance). */
-int sup__spec_gpu(const sup_stage_spec_t *sp) {
-    for (int a = 0; a + 1 < sp->argc; a++)
-        if (!strcmp(sp->argv[a], "--gpu")) return atoi(sp->argv[a + 1]);
-    return -1;
+/* The GPU ordinal a stage spec starts on, or -1 (CPU stage, or the loader; the
+ * optimizer's GPU, when it has one, is not moved by a rebalance). */
+int sup__spec_gpu(const sup_stage_spec_t *sp) { return sp->gpu; }
+
+/* The live number of target (drafter: r = 0) slots: the topology's, or more while
+ * stages past it are still known (retiring). */
+static int live_count(const sup_t *S, int r) {
+    int n = r ? S->nt : S->nd;
+    for (int i = 0; i < S->n; i++) {
+        const sstage_t *x = &S->st[i];
+        if (r ? !is_target(x) : !is_drafter(x)) continue;
+        int k = (int)(x->spec->stage_id - (r ? PIPE_ID_TARGET0 : PIPE_ID_DRAFTER0)) + 1;
+        if (k > n) n = k;
+    }
+    int cap = r ? PIPE_MAX_TARGETS : PIPE_MAX_DRAFTERS;
+    return n < cap ? n : cap;
+}
+
+void sup__send_config(sup_t *S, sstage_t *x, const char *peer, uint64_t inc) {
+    static run_config_t c;   /* ~25 KB: not on the stack */
+    c = *S->o->cfg;
+    /* the live placement and routes (a rebalance changes them) */
+    c.n_targets = live_count(S, 1);
+    c.n_drafters = live_count(S, 0);
+    runcfg_clear_gpus(&c);
+    for (int i = 0; i < c.n_targets; i++) {
+        sstage_t *y = sup__by_id(S, PIPE_ID_TARGET0 + (uint32_t)i);
+        c.target_gpu[i] = y ? y->spec->gpu : -1;
+        c.target_drafter[i] = route_of(S, PIPE_ID_TARGET0 + (uint32_t)i);
+    }
+    for (int i = 0; i < c.n_drafters; i++) {
+        sstage_t *y = sup__by_id(S, PIPE_ID_DRAFTER0 + (uint32_t)i);
+        c.drafter_gpu[i] = y ? y->spec->gpu : -1;
+    }
+    sstage_t *O = sup__by_id(S, PIPE_ID_OPTIMIZER);
+    c.optimizer_gpu = O ? O->spec->gpu : -1;
+    /* test hook strip_gpu=1: every stage on CPU, so the GPU-run logic of this supervisor
+     * (placement, GPU rebalance, moves) is tested on a machine without GPUs */
+    if (S->strip_gpu) runcfg_clear_gpus(&c);
+    /* what this incarnation was started for (sup__spawn) */
+    if (x->spec->stage_id == PIPE_ID_LOADER && x->start_step >= 0) c.start_step = (uint64_t)x->start_step;
+    if (x->spec->stage_id == PIPE_ID_OPTIMIZER && x->from_ckpt)
+        snprintf(c.resume_dir, sizeof c.resume_dir, "%.4000s", S->resume_ckpt);
+    proto_msg_t m;
+    runcfg_to_msg(&c, x->spec->stage_id, inc, &m);
+    if (stage_send(S->bus, peer, &m) == 0)
+        log_debug("run configuration sent to %s (incarnation %llu)", peer, (unsigned long long)inc);
 }
 
 
@@ -35,6 +76,12 @@ void sup__spawn(sup_t *S, sstage_t *x) {
     x->since_progress_s = -1;
     char inc[32];
     snprintf(inc, sizeof inc, "%llu", (unsigned long long)x->incarnation);
+    /* a restarted loader resumes after the last applied step (it wins over the
+     * checkpoint's cursor when later); a restarted optimizer resumes from the run's
+     * last checkpoint: both go into this incarnation's RUN_CONFIG */
+    x->start_step = x->spec->stage_id == PIPE_ID_LOADER && x->incarnation > 1 && S->last_applied >= 0
+                        ? S->last_applied + 1 : -1;
+    x->from_ckpt = x->spec->stage_id == PIPE_ID_OPTIMIZER && x->incarnation > 1 && S->resume_ckpt[0];
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
@@ -60,30 +107,19 @@ void sup__spawn(sup_t *S, sstage_t *x) {
         snprintf(thr, sizeof thr, "%d", o->threads_per_stage > 0 ? o->threads_per_stage : 1);
         setenv("OMP_NUM_THREADS", thr, 1);
         setenv("OPENBLAS_NUM_THREADS", thr, 1);
-        char *argv[SUP_MAX_ARGS + 6];
+        /* only who it is and where the supervisor is: its settings come as RUN_CONFIG */
+        char *argv[8], idx[16];
         int a = 0;
         argv[a++] = exe;
-        /* test hook strip_gpu=1 (S->strip_gpu) drops every "--gpu N" at exec, so the GPU-run
-         * logic of this supervisor (placement, GPU rebalance, moves) is tested with CPU
-         * stages on a machine without GPUs (test_pipeline_ops, CUDA builds) */
-        for (int i = 0; i < x->spec->argc; i++) {
-            if (S->strip_gpu && !strcmp(x->spec->argv[i], "--gpu") && i + 1 < x->spec->argc) { i++; continue; }
-            argv[a++] = x->spec->argv[i];
+        if (is_target(x) || is_drafter(x)) {
+            snprintf(idx, sizeof idx, "%u", x->spec->stage_id - (is_target(x) ? PIPE_ID_TARGET0 : PIPE_ID_DRAFTER0));
+            argv[a++] = "--index";
+            argv[a++] = idx;
         }
+        argv[a++] = "--run-dir";
+        argv[a++] = (char *)o->sock_dir;
         argv[a++] = "--incarnation";
         argv[a++] = inc;
-        /* a restarted loader resumes after the last applied step (later flags win) */
-        char start[32];
-        if (x->spec->stage_id == PIPE_ID_LOADER && x->incarnation > 1 && S->last_applied >= 0) {
-            snprintf(start, sizeof start, "%lld", (long long)S->last_applied + 1);
-            argv[a++] = "--start-step";
-            argv[a++] = start;
-        }
-        /* a restarted optimizer resumes from the run's last checkpoint */
-        if (x->spec->stage_id == PIPE_ID_OPTIMIZER && x->incarnation > 1 && S->resume_ckpt[0]) {
-            argv[a++] = "--resume";
-            argv[a++] = S->resume_ckpt;
-        }
         argv[a] = NULL;
         execv(exe, argv);
         fprintf(stderr, "exec %s: %s\n", exe, strerror(errno));

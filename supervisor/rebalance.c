@@ -56,26 +56,18 @@ static sup_stage_spec_t *spec_own(sup_t *S, sstage_t *x) {
     return sp;
 }
 
-/* Sets the value of --gpu in x's spec (the next start of x uses it). Returns 0, or -1
- * (no room for a spec copy, no --gpu flag, out of memory). */
+/* Sets the GPU of x's spec (the next start of x uses it). Returns 0, or -1 (no room
+ * for a spec copy). */
 static int spec_set_gpu(sup_t *S, sstage_t *x, int gpu) {
     if (sup__spec_gpu(x->spec) == gpu) return 0;
     sup_stage_spec_t *sp = spec_own(S, x);
     if (!sp) return -1;
-    for (int a = 0; a + 1 < sp->argc; a++)
-        if (!strcmp(sp->argv[a], "--gpu")) {
-            char v[16];
-            snprintf(v, sizeof v, "%d", gpu);
-            char *d = strdup(v);   /* lives as long as the run (a few bytes per change) */
-            if (!d) return -1;
-            sp->argv[a + 1] = d;
-            return 0;
-        }
-    return -1;
+    sp->gpu = gpu;
+    return 0;
 }
 
 /* The stage slot of target/drafter idx: an existing one, or a new one whose spec is
- * target0's/drafter0's with --index (and a target's --drafter) replaced. */
+ * target0's/drafter0's with its name and id (index and route travel in its RUN_CONFIG). */
 static sstage_t *rb_slot(sup_t *S, int target, int idx) {
     uint32_t id = (target ? PIPE_ID_TARGET0 : PIPE_ID_DRAFTER0) + (uint32_t)idx;
     sstage_t *x = sup__by_id(S, id);
@@ -86,14 +78,6 @@ static sstage_t *rb_slot(sup_t *S, int target, int idx) {
     *sp = *tpl->spec;
     snprintf(sp->name, sizeof sp->name, "%s%d", target ? "target" : "drafter", idx);
     sp->stage_id = id;
-    for (int a = 0; a + 1 < sp->argc; a++) {
-        char v[16];
-        if (!strcmp(sp->argv[a], "--index")) snprintf(v, sizeof v, "%d", idx);
-        else if (!strcmp(sp->argv[a], "--drafter")) snprintf(v, sizeof v, "%d", route_of(S, id));
-        else continue;
-        char *d = strdup(v);   /* lives as long as the run (a few bytes per added stage) */
-        if (d) sp->argv[a + 1] = d;
-    }
     x = &S->st[S->n++];
     memset(x, 0, sizeof *x);
     x->spec = sp;

@@ -93,6 +93,14 @@ void sup__on_msg(bus_t *bus, const char *peer, const void *data, size_t len, voi
     case PROTO_HELLO: {
         sstage_t *x = sup__by_id(S, m.hello.stage_id);
         if (!x) { log_warn("hello from unknown stage %u (%s)", m.hello.stage_id, peer); break; }
+        if (m.hello.capabilities & PROTO_CAP_WANT_CONFIG) {
+            /* a config request, before the stage loads anything: RUN_CONFIG only (not "up");
+             * one from an incarnation already replaced gets nothing */
+            if (m.hello.incarnation == x->incarnation && !x->exited) sup__send_config(S, x, peer, m.hello.incarnation);
+            else log_warn("config request from %s incarnation %llu (current %llu): ignored", peer,
+                          (unsigned long long)m.hello.incarnation, (unsigned long long)x->incarnation);
+            break;
+        }
         x->helloed = 1;
         snprintf(x->peer, sizeof x->peer, "%s", peer);
         if (x->t_died > 0 && x->t_back == 0) x->t_back = clock_mono_s();

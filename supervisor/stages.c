@@ -1,30 +1,14 @@
-/* `draftline run`'s stage list: the supervisor's options (sup_opts_t) and every
- * stage's argv, from the checked settings (see launch_int.h). */
+/* `draftline run`'s stage list: the supervisor's options (sup_opts_t), the run's one
+ * configuration (run_config_t) and every stage's spec, from the checked settings (see
+ * launch_int.h). */
 #include "supervisor/launch_int.h"
+#include "common/base/err.h"
 
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static char *fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
-static char *fmt(const char *f, ...) {
-    va_list ap;
-    va_start(ap, f);
-    char *s = NULL;
-    if (vasprintf(&s, f, ap) < 0) s = NULL;
-    va_end(ap);
-    return s;
-}
-
-static void add(sup_stage_spec_t *s, char *a) { if (s->argc < SUP_MAX_ARGS) s->argv[s->argc++] = a; }
-
-/* The values every stage's argv shares, formatted once (they live as long as the process). */
-typedef struct {
-    char *K, *seed, *tb, *bs, *dl, *ms, *thr;
-} stage_args_t;
 
 static void fill_opts(launch_t *L) {
     const run_opts_t *o = L->o;
@@ -63,86 +47,18 @@ static void fill_opts(launch_t *L) {
     }
 }
 
-static void spec_loader(launch_t *L, const stage_args_t *A) {
-    const run_opts_t *o = L->o;
-    char *sock = L->sock, *run_id = L->run_id, *cache = L->cache;
+/* Appends the spec of stage stage_id (exe, log name, the GPU it starts on) to L->so. */
+static void spec_add(launch_t *L, const char *exe, const char *name, uint32_t stage_id, int gpu) {
     sup_stage_spec_t *s = &L->so.stages[L->so.n_stages++];
-    snprintf(s->name, sizeof s->name, "loader");
-    snprintf(s->exe, sizeof s->exe, "loader");
-    s->stage_id = 1;
-    add(s, "--run-dir"); add(s, sock); add(s, "--run-id"); add(s, run_id); add(s, "--cache"); add(s, cache);
-    add(s, "--seed"); add(s, A->seed); add(s, "--token-budget"); add(s, A->tb);
-    add(s, "--micro-batches-per-step"); add(s, A->K); add(s, "--epochs"); add(s, fmt("%d", o->epochs));
-    add(s, "--max-steps"); add(s, A->ms); add(s, "--start-step"); add(s, fmt("%llu", (unsigned long long)L->start_step));
-    add(s, "--lookahead-mbs"); add(s, fmt("%d", L->lookahead));
-    if (L->resume_dir[0]) {
-        char *cin = fmt("%s/cursor.bin", L->resume_dir);
-        if (cin && access(cin, R_OK) == 0) { add(s, "--cursor-in"); add(s, cin); }
-    }
-    if (o->max_len > 0) { add(s, "--max-len"); add(s, fmt("%d", o->max_len)); }
+    snprintf(s->name, sizeof s->name, "%s", name);
+    snprintf(s->exe, sizeof s->exe, "%s", exe);
+    s->stage_id = stage_id;
+    s->gpu = gpu;
 }
 
-static void spec_optimizer(launch_t *L, const stage_args_t *A) {
-    run_opts_t *o = L->o;
-    char *sock = L->sock, *run_id = L->run_id, *out = L->out;
-    char *cursor_base = fmt("%s/loader.cursor", out);
-    sup_stage_spec_t *s = &L->so.stages[L->so.n_stages++];
-    snprintf(s->name, sizeof s->name, "optimizer");
-    snprintf(s->exe, sizeof s->exe, "optimizer");
-    s->stage_id = 2;
-    add(s, "--run-dir"); add(s, sock); add(s, "--run-id"); add(s, run_id); add(s, "--out"); add(s, out);
-    add(s, "--target-model"); add(s, o->target_model); add(s, "--drafter-layers"); add(s, A->dl);
-    add(s, "--block-size"); add(s, A->bs); add(s, "--lr"); add(s, fmt("%.9g", o->lr));
-    add(s, "--warmup-steps"); add(s, fmt("%lld", (long long)o->warmup_steps)); add(s, "--max-steps"); add(s, A->ms);
-    add(s, "--micro-batches-per-step"); add(s, A->K); add(s, "--weight-decay"); add(s, fmt("%.9g", o->weight_decay));
-    add(s, "--clip"); add(s, fmt("%.9g", o->clip)); add(s, "--save-every"); add(s, fmt("%lld", (long long)o->save_every));
-    add(s, "--seed"); add(s, A->seed); add(s, "--cursor-base"); add(s, cursor_base);
-    if (o->keep_checkpoints > 0) { add(s, "--keep-checkpoints"); add(s, fmt("%lld", (long long)o->keep_checkpoints)); }
-    /* recorded in each checkpoint for the --resume check */
-    add(s, "--token-budget"); add(s, A->tb);
-    add(s, "--max-len"); add(s, fmt("%d", o->max_len > 0 && o->max_len < o->token_budget ? o->max_len : o->token_budget));
-    add(s, "--num-anchors"); add(s, fmt("%d", o->num_anchors)); add(s, "--epochs"); add(s, fmt("%d", o->epochs));
-    if (!L->target_fp && ckpt_target_fingerprint(o->target_model, &L->target_fp) < 0) L->target_fp = 0;
-    if (L->target_fp) { add(s, "--target-fp"); add(s, fmt("%016llx", (unsigned long long)L->target_fp)); }
-    if (L->resume_dir[0]) { add(s, "--resume"); add(s, strdup(L->resume_dir)); }
-    /* GPU mode: the optimizer keeps master weights and moments on the first drafter
-     * GPU (same-GPU drafters exchange gradients and weights through IPC-mapped device
-     * buffers; drafters on other GPUs read/write them over NVLink/PCIe peer access) */
-    if (L->gpu_mode) { add(s, "--gpu"); add(s, fmt("%d", L->dgpu[0])); }
-}
-
-static void spec_drafter(launch_t *L, const stage_args_t *A, int i) {
-    run_opts_t *o = L->o;
-    sup_stage_spec_t *s = &L->so.stages[L->so.n_stages++];
-    snprintf(s->name, sizeof s->name, "drafter%d", i);
-    snprintf(s->exe, sizeof s->exe, "drafter_worker");
-    s->stage_id = 100 + (uint32_t)i;
-    add(s, "--run-dir"); add(s, L->sock); add(s, "--run-id"); add(s, L->run_id); add(s, "--index"); add(s, fmt("%d", i));
-    add(s, "--target-model"); add(s, o->target_model); add(s, "--drafter-layers"); add(s, A->dl);
-    add(s, "--block-size"); add(s, A->bs); add(s, "--num-anchors"); add(s, fmt("%d", o->num_anchors));
-    add(s, "--token-budget"); add(s, A->tb); add(s, "--micro-batches-per-step"); add(s, A->K);
-    add(s, "--inbox-gb"); add(s, fmt("%.9g", o->inbox_gb)); add(s, "--host-inbox-gb"); add(s, fmt("%.9g", o->host_inbox_gb));
-    add(s, "--hs-min-ready"); add(s, fmt("%d", o->hs_min_ready)); add(s, "--seed"); add(s, A->seed);
-    add(s, "--threads"); add(s, A->thr);
-    if (L->gpu_mode) { add(s, "--gpu"); add(s, fmt("%d", L->dgpu[i])); }
-}
-
-static void spec_target(launch_t *L, const stage_args_t *A, int i) {
-    run_opts_t *o = L->o;
-    sup_stage_spec_t *s = &L->so.stages[L->so.n_stages++];
-    snprintf(s->name, sizeof s->name, "target%d", i);
-    snprintf(s->exe, sizeof s->exe, "target_worker");
-    s->stage_id = 200 + (uint32_t)i;
-    add(s, "--run-dir"); add(s, L->sock); add(s, "--run-id"); add(s, L->run_id); add(s, "--index"); add(s, fmt("%d", i));
-    add(s, "--target-model"); add(s, o->target_model); add(s, "--drafter"); add(s, fmt("%d", i % o->drafters));
-    add(s, "--drafter-layers"); add(s, A->dl); add(s, "--block-size"); add(s, A->bs);
-    add(s, "--token-budget"); add(s, A->tb); add(s, "--threads"); add(s, A->thr);
-    add(s, "--prefetch"); add(s, fmt("%d", o->prefetch));
-    if (L->gpu_mode) { add(s, "--gpu"); add(s, fmt("%d", L->tgpu[i])); }
-}
-
-/* A double as a stage gets it on its command line ("%.9g"): the checkpoint records that
- * value, so run_config_t carries the same one (bitwise the same checkpoints). */
+/* A double as a stage got it on its command line ("%.9g") before the run configuration
+ * existed: the checkpoint records that value, so run_config_t carries the same one
+ * (bitwise the same checkpoints). */
 static double as_passed(double x) {
     char b[64];
     snprintf(b, sizeof b, "%.9g", x);
@@ -197,19 +113,30 @@ void sup__run_config(const launch_t *L, run_config_t *c) {
     c->optimizer_gpu = L->gpu_mode ? L->dgpu[0] : -1;
 }
 
-void sup__build_stages(launch_t *L) {
+int sup__build_stages(launch_t *L) {
     const run_opts_t *o = L->o;
     fill_opts(L);
-    stage_args_t A;
-    A.K = fmt("%d", o->mbs_per_step);
-    A.seed = fmt("%lld", (long long)o->seed);
-    A.tb = fmt("%d", o->token_budget);
-    A.bs = fmt("%d", o->block_size);
-    A.dl = fmt("%d", o->drafter_layers);
-    A.ms = fmt("%llu", (unsigned long long)L->max_steps);
-    A.thr = fmt("%d", L->so.threads_per_stage);
-    spec_loader(L, &A);
-    spec_optimizer(L, &A);
-    for (int i = 0; i < o->drafters; i++) spec_drafter(L, &A, i);
-    for (int i = 0; i < o->targets; i++) spec_target(L, &A, i);
+    /* recorded in each checkpoint for the --resume check */
+    if (!L->target_fp && ckpt_target_fingerprint(o->target_model, &L->target_fp) < 0) L->target_fp = 0;
+    sup__run_config(L, &L->cfg);
+    if (runcfg_validate(&L->cfg) < 0) {
+        fprintf(stderr, "draftline run: %s\n", dl_errmsg());
+        return 1;
+    }
+    L->so.cfg = &L->cfg;
+    char name[32];
+    spec_add(L, "loader", "loader", PIPE_ID_LOADER, -1);
+    /* GPU mode: the optimizer keeps master weights and moments on the first drafter
+     * GPU (same-GPU drafters exchange gradients and weights through IPC-mapped device
+     * buffers; drafters on other GPUs read/write them over NVLink/PCIe peer access) */
+    spec_add(L, "optimizer", "optimizer", PIPE_ID_OPTIMIZER, L->cfg.optimizer_gpu);
+    for (int i = 0; i < o->drafters; i++) {
+        snprintf(name, sizeof name, "drafter%d", i);
+        spec_add(L, "drafter_worker", name, PIPE_ID_DRAFTER0 + (uint32_t)i, (int)L->cfg.drafter_gpu[i]);
+    }
+    for (int i = 0; i < o->targets; i++) {
+        snprintf(name, sizeof name, "target%d", i);
+        spec_add(L, "target_worker", name, PIPE_ID_TARGET0 + (uint32_t)i, (int)L->cfg.target_gpu[i]);
+    }
+    return 0;
 }

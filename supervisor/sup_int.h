@@ -2,10 +2,11 @@
  * process, owned by supervisor_run in run.c) and the calls its files make into each
  * other (module__name: not part of the public API in supervisor.h).
  *
- *   proc.c       process table: spawn, reap, restarts with backoff, routes, control
+ *   proc.c       process table: spawn, reap, restarts with backoff, routes, control,
+ *                each stage's RUN_CONFIG
  *   rebalance.c  live rebalance (checks, placement plan, drain and retire)
  *   eval.c       the training-time eval child
- *   relay.c      hellos, metrics relay (metrics.jsonl, PUB, Prometheus), progress line,
+ *   relay.c      hellos (and config requests), metrics relay (metrics.jsonl, PUB, Prometheus), progress line,
  *                loss history, stall check
  *   runjson.c    <out>/run.json (through common/rundir)
  *   ctl.c        the control socket: status, stop, rebalance, subscribe
@@ -51,7 +52,7 @@ typedef struct {
     double metrics[8];          /* a few metrics kept for the progress line */
     int active;                 /* part of the current topology (started, not retired) */
     int retiring;               /* rebalance: draining, then stopped; never restarted */
-    int moving;                 /* GPU rebalance: SIGTERM sent, restarts at once with a new --gpu */
+    int moving;                 /* GPU rebalance: SIGTERM sent, restarts at once on its new GPU */
     int planned;                /* killed by the supervisor to re-sync: restart at once */
     int fails;                  /* consecutive short-lived incarnations (backoff exponent) */
     double t_spawn, retire_t0;
@@ -64,6 +65,10 @@ typedef struct {
      * pending); the last figures, death -> successor up and death -> first step
      * applied after that hello (0: none yet) */
     double t_died, t_back, last_up_s, last_recovery_s;
+    /* set by sup__spawn for this incarnation's RUN_CONFIG: the loader's start step (-1:
+     * the run's), the optimizer resuming from S->resume_ckpt */
+    int64_t start_step;
+    int from_ckpt;
 } sstage_t;
 
 typedef struct {
@@ -75,7 +80,7 @@ typedef struct {
     uv_timer_t tick;
     sstage_t st[SUP_MAX_STAGES];
     int n;
-    int strip_gpu;              /* test hook strip_gpu=1 (read once): drop "--gpu N" at exec */
+    int strip_gpu;              /* test hook strip_gpu=1 (read once): every GPU of the RUN_CONFIGs sent cleared */
     int stopping, failed, done;
     double t_stop;
     rundir_metrics_t *metrics;  /* <out>/metrics.jsonl */
@@ -96,7 +101,7 @@ typedef struct {
     double stall_warn_floor_s;  /* its floor: 60 s, or the test hook stall_warn_s (read at the first check) */
     /* live topology (rebalance) */
     int nt, nd;
-    int gpu_mode;               /* the stage specs carry --gpu N (GPU run) */
+    int gpu_mode;               /* the stage specs carry a GPU (GPU run) */
     sup_stage_spec_t xspec[SUP_MAX_STAGES];   /* specs of stages added by a rebalance */
     int nx;
     struct {
@@ -147,8 +152,13 @@ static inline int route_of(const sup_t *S, uint32_t target_id) {
 }
 
 /* proc.c */
-/* The GPU ordinal a stage spec starts on (its --gpu value), or -1 (CPU stage, loader). */
+/* The GPU ordinal a stage spec starts on (sp->gpu), or -1 (CPU stage, loader). */
 int sup__spec_gpu(const sup_stage_spec_t *sp);
+/* Answers x's config request (a HELLO with PROTO_CAP_WANT_CONFIG from peer, incarnation
+ * inc) with RUN_CONFIG only: the run's configuration (S->o->cfg) with the live placement
+ * and routes, this incarnation's loader start step or optimizer resume dir, and every
+ * GPU cleared under the strip_gpu test hook. Nothing else changes (x is not "up"). */
+void sup__send_config(sup_t *S, sstage_t *x, const char *peer, uint64_t inc);
 /* Starts incarnation x->incarnation + 1 of x (fork + exec, log to <out>/logs/<name>.log);
  * a fork failure is logged and leaves x exited. Rewrites run.json. */
 void sup__spawn(sup_t *S, sstage_t *x);

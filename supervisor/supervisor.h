@@ -14,14 +14,17 @@
 #include <stdint.h>
 
 #define SUP_MAX_STAGES 136
-#define SUP_MAX_ARGS 64
 
+struct run_config;
+
+/* A stage the supervisor starts: `<bin_dir>/<exe> [--index I] --run-dir <sock_dir>
+ * --incarnation N`; its settings travel in the RUN_CONFIG answer to its config request
+ * (the run's sup_opts_t.cfg plus this stage's placement and route). */
 typedef struct {
     char name[32];              /* loader, optimizer, drafter0, target0 ... (log name) */
     char exe[64];               /* executable name in the bin dir */
     uint32_t stage_id;
-    char *argv[SUP_MAX_ARGS];   /* without --incarnation (added per start) */
-    int argc;
+    int gpu;                    /* CUDA ordinal it starts on; -1 = CPU (the loader, CPU runs) */
 } sup_stage_spec_t;
 
 typedef struct {
@@ -53,6 +56,8 @@ typedef struct {
     int64_t keep_checkpoints;   /* --keep-checkpoints (0: keep all); in run.json */
     int deterministic;
     int eval_every, eval_prompts, eval_max_new_tokens;
+    /* the run's one configuration (validated); each stage's RUN_CONFIG is built from it */
+    const struct run_config *cfg;
     sup_stage_spec_t stages[SUP_MAX_STAGES];
     int n_stages;
 } sup_opts_t;

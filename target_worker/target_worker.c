@@ -19,7 +19,6 @@
  * A host-tier grant (the drafter's pinned host inbox) is written through a
  * device scratch buffer and one device-to-host copy.
  */
-#include "common/base/cli.h"
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
@@ -34,7 +33,6 @@
 #include "common/pipe/slot.h"
 #include "common/pipe/stage.h"
 
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -505,101 +503,82 @@ static void on_stop(stage_t *st, void *arg) {
 
 static void usage(FILE *f) {
     fprintf(f,
-        "usage: target_worker --run-dir DIR --run-id ID --index I --target-model PATH --drafter D [options]\n"
-        "Pipeline stage 2: target forward with hidden-state capture into the routed drafter's inbox.\n\n"
-        "  --run-dir DIR              sockets directory     --run-id ID   shared-memory name prefix\n"
-        "  --incarnation N            restart count (default 1)\n"
+        "usage: target_worker --index I --run-dir DIR --incarnation N [--log-level L]\n"
+        "Pipeline stage 2: target forward with hidden-state capture into the routed drafter's inbox.\n"
+        "Started by `draftline run`; every setting (target model, drafter route, token budget,\n"
+        "prefetch, threads, GPU, ...) comes from the run configuration the supervisor sends first\n"
+        "(common/pipe/runcfg.h).\n\n"
         "  --index I                  target index (stage id 200+I)\n"
-        "  --target-model PATH        target checkpoint (GGUF or HF dir)\n"
-        "  --drafter D                initial route: drafter index (the supervisor may re-route)\n"
-        "  --drafter-layers N         drafter layers: the captured layers follow DFlash's default (default 1)\n"
-        "  --block-size B             (for the drafter config check; default 8)\n"
-        "  --token-budget N           max tokens per micro-batch (default 1024)\n"
-        "  --prefetch N               micro-batches requested ahead (default 1)\n"
-        "  --threads N                OpenMP threads (default: all)\n"
-        "  --gpu N                    run on CUDA device N (CUDA builds; default: CPU)\n"
+        "  --run-dir DIR              sockets directory of the run (holds the supervisor's sup.sock)\n"
+        "  --incarnation N            restart count given by the supervisor (default 1)\n"
         "  --log-level L              error|warn|info|debug\n"
         "  -h, --help                 this help\n");
+}
+
+/* The compute set-up from the run configuration c, as the flags of the same names did:
+ * the drafter config check, the ops (CUDA device, or CPU threads), the target model.
+ * Returns 0, or main's exit status (1, or 2 for a GPU in a build without CUDA) after
+ * logging why. */
+static int tw_setup(tw_t *T, const run_config_t *c) {
+    const char *model = c->target_model;
+    T->token_budget = c->token_budget;
+    T->prefetch = c->prefetch;
+    model_config_t mc;
+    int rc = pipe_target_config(model, &mc);
+    if (rc < 0) return log_rc(rc, "target config"), 1;
+    rc = pipe_drafter_config(&mc, (int)c->drafter_layers, 0, (int)c->block_size, &T->dcfg);
+    if (rc < 0) return log_rc(rc, "drafter config"), 1;
+    T->gpu = runcfg_stage_gpu(c, PIPE_ID_TARGET0 + (uint32_t)T->index);
+    T->elem = 4;
+    if (T->gpu >= 0) {
+        if (!dev_available()) {
+            log_error("--gpu %d: this build has no CUDA", T->gpu);
+            return 2;
+        }
+        /* CUDA is initialised here, after exec: nothing CUDA crossed the fork */
+        rc = ops_cuda_init(&T->ops, T->gpu);
+        if (rc < 0) return log_rc(rc, "CUDA device (--gpu)"), 1;
+        T->elem = ops_act_bytes(&T->ops);
+        for (int i = 0; i < TW_N_EVENTS && rc == 0; i++) rc = dev_event_create(&T->ev[i], T->evh[i]);
+        if (rc < 0) return log_rc(rc, "interprocess events"), 1;
+    } else {
+        ops_cpu_init(&T->ops, (int)c->threads);
+    }
+    target_opts_t to = {0};
+    to.max_tokens = (int)T->token_budget;
+    to.max_seqs = (int)T->token_budget;
+    to.n_capture = T->dcfg.n_feat;
+    memcpy(to.capture_ids, T->dcfg.target_layer_ids, sizeof(int) * (size_t)T->dcfg.n_feat);
+    double t0 = clock_mono_s();
+    rc = target_load(model, &T->ops, &to, &T->t);
+    if (rc < 0) return log_rc(rc, "load target"), 1;
+    log_info("target %s loaded in %.1f s (%.0f MB of weights), capturing %d layer(s) from layer %d",
+             model, clock_mono_s() - t0, target_weight_bytes(T->t) / 1e6, T->dcfg.n_feat, T->dcfg.target_layer_ids[0]);
+    return 0;
 }
 
 int main(int argc, char **argv) {
     log_init("target", LOG_INFO);
     static tw_t T;
+    static run_config_t cfg;
     T.next_route = -1;
-    const char *run_dir = NULL, *run_id = NULL, *model = NULL;
-    int64_t inc = 1, layers = 1, B = 8, v, threads = 0, index = -1, drafter = -1, gpu = -1;
-    T.token_budget = 1024; T.prefetch = 1; T.route = -1;
-    enum { O_RUN = 256, O_ID, O_INC, O_IDX, O_TM, O_DR, O_DL, O_BS, O_TB, O_PF, O_TH, O_LL, O_GPU };
-    static const struct option opts[] = {
-        {"run-dir", 1, 0, O_RUN}, {"run-id", 1, 0, O_ID}, {"incarnation", 1, 0, O_INC},
-        {"index", 1, 0, O_IDX}, {"target-model", 1, 0, O_TM}, {"drafter", 1, 0, O_DR},
-        {"drafter-layers", 1, 0, O_DL}, {"block-size", 1, 0, O_BS}, {"token-budget", 1, 0, O_TB},
-        {"prefetch", 1, 0, O_PF}, {"threads", 1, 0, O_TH}, {"log-level", 1, 0, O_LL},
-        {"gpu", 1, 0, O_GPU}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
-    int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        int rc = 0;
-        switch (c) {
-        case O_RUN: run_dir = optarg; break;
-        case O_ID: run_id = optarg; break;
-        case O_INC: rc = cli_parse_i64("--incarnation", optarg, 1, INT64_MAX, &inc); break;
-        case O_IDX: rc = cli_parse_i64("--index", optarg, 0, PIPE_MAX_TARGETS - 1, &index); break;
-        case O_TM: model = optarg; break;
-        case O_DR: rc = cli_parse_i64("--drafter", optarg, 0, PIPE_MAX_DRAFTERS - 1, &drafter); break;
-        case O_DL: rc = cli_parse_i64("--drafter-layers", optarg, 1, DRAFTER_MAX_LAYERS, &layers); break;
-        case O_BS: rc = cli_parse_i64("--block-size", optarg, 2, DRAFTER_MAX_BLOCK, &B); break;
-        case O_TB: rc = cli_parse_i64("--token-budget", optarg, 16, 1 << 21, &v); T.token_budget = (uint32_t)v; break;
-        case O_PF: rc = cli_parse_i64("--prefetch", optarg, 1, TW_MAX_QUEUE, &v); T.prefetch = (uint32_t)v; break;
-        case O_TH: rc = cli_parse_i64("--threads", optarg, 0, 1024, &threads); break;
-        case O_GPU: rc = cli_parse_i64("--gpu", optarg, 0, 1023, &gpu); break;
-        case O_LL: { log_level_t l; rc = log_parse_level(optarg, &l); if (!rc) log_set_level(l); break; }
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-        if (rc < 0) { cli_error("target_worker", dl_errmsg()); return 2; }
-    }
-    if (!run_dir || !run_id || !model || index < 0 || drafter < 0) {
-        cli_error("target_worker", "--run-dir, --run-id, --index, --drafter and --target-model are required");
-        return 2;
-    }
-    T.index = (int)index;
+    T.route = -1;
+    stage_args_t a;
+    if (stage_args(argc, argv, "target_worker", PIPE_MAX_TARGETS - 1, usage, &a) < 0) return a.exit_code;
+    T.index = a.index;
+    uint64_t inc = a.incarnation;
     char name[32];
     snprintf(name, sizeof name, "target%d", T.index);
     log_init(name, log_get_level());
-    model_config_t mc;
-    int rc = pipe_target_config(model, &mc);
-    if (rc < 0) return log_rc(rc, "target config"), 1;
-    rc = pipe_drafter_config(&mc, (int)layers, 0, (int)B, &T.dcfg);
-    if (rc < 0) return log_rc(rc, "drafter config"), 1;
-    T.gpu = (int)gpu;
-    T.elem = 4;
-    if (T.gpu >= 0) {
-        if (!dev_available()) {
-            log_error("--gpu %d: this build has no CUDA", T.gpu);
-            return 2;
-        }
-        /* CUDA is initialised here, after exec: nothing CUDA crossed the fork */
-        rc = ops_cuda_init(&T.ops, T.gpu);
-        if (rc < 0) return log_rc(rc, "CUDA device (--gpu)"), 1;
-        T.elem = ops_act_bytes(&T.ops);
-        for (int i = 0; i < TW_N_EVENTS && rc == 0; i++) rc = dev_event_create(&T.ev[i], T.evh[i]);
-        if (rc < 0) return log_rc(rc, "interprocess events"), 1;
-    } else {
-        ops_cpu_init(&T.ops, (int)threads);
-    }
-    target_opts_t to = {0};
-    to.max_tokens = (int)T.token_budget;
-    to.max_seqs = (int)T.token_budget;
-    to.n_capture = T.dcfg.n_feat;
-    memcpy(to.capture_ids, T.dcfg.target_layer_ids, sizeof(int) * (size_t)T.dcfg.n_feat);
-    double t0 = clock_mono_s();
-    rc = target_load(model, &T.ops, &to, &T.t);
-    if (rc < 0) return log_rc(rc, "load target"), 1;
-    log_info("target %s loaded in %.1f s (%.0f MB of weights), capturing %d layer(s) from layer %d",
-             model, clock_mono_s() - t0, target_weight_bytes(T.t) / 1e6, T.dcfg.n_feat, T.dcfg.target_layer_ids[0]);
+    int rc = stage_config(PROTO_ROLE_TARGET, PIPE_ID_TARGET0 + (uint32_t)T.index, inc, name, a.run_dir,
+                          STAGE_CONFIG_TIMEOUT_MS, &cfg);
+    if (rc < 0) return log_rc(rc, "run configuration"), 1;
+    int drafter = (int)cfg.target_drafter[T.index];
+    rc = tw_setup(&T, &cfg);
+    if (rc) return rc;
     T.cu = malloc(((size_t)T.token_budget + 2) * 4);
     if (!T.cu) return 1;
-    rc = stage_init(&T.st, PROTO_ROLE_TARGET, PIPE_ID_TARGET0 + (uint32_t)T.index, (uint64_t)inc, name, run_dir, run_id);
+    rc = stage_init(&T.st, PROTO_ROLE_TARGET, PIPE_ID_TARGET0 + (uint32_t)T.index, inc, name, a.run_dir, cfg.run_id);
     if (rc < 0) return log_rc(rc, "stage init"), 1;
     hcache_new(&T.hc, T.gpu);
     if (T.gpu >= 0) {
@@ -613,7 +592,7 @@ int main(int argc, char **argv) {
     if (!T.loader) return log_rc(DL_EIO, "connect to the loader"), 1;
     bus_on_message(T.loader, on_loader_msg, &T);
     send_hello(&T, T.loader);
-    if (set_route(&T, (int)drafter) < 0) return 1;
+    if (set_route(&T, drafter) < 0) return 1;
     stage_on_metrics(&T.st, on_metrics, &T);
     stage_on_control(&T.st, on_control, &T);
     stage_on_stop(&T.st, on_stop, &T);

@@ -42,7 +42,7 @@ _Static_assert(RUNCFG_MBS_PER_STEP_MAX == DL_PROTO_MAX_MBS, "K limit is the wire
 _Static_assert(PIPE_MAX_TARGETS <= DL_PROTO_MAX_PLACE && PIPE_MAX_DRAFTERS <= DL_PROTO_MAX_PLACE,
                "the placement fits run_config");
 
-typedef struct {
+typedef struct run_config {
     char run_id[DL_PROTO_RUN_ID_MAX + 1];  /* [A-Za-z0-9_.]{1,16} (slab names) */
     /* paths ("" = not set) */
     char data_cache[RUNCFG_PATH_MAX];      /* the prepared .dlc the loader reads */

@@ -1,11 +1,14 @@
 /* Stage runtime (see stage.h). */
 #include "common/pipe/stage.h"
+#include "common/pipe/runcfg.h"
 #include "common/mem/slab.h"
+#include "common/base/cli.h"
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
 #include "proto/codec.h"
 
+#include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -193,6 +196,120 @@ int stage_init(stage_t *st, proto_role_t role, uint32_t stage_id, uint64_t incar
     h.hello.capabilities = PROTO_CAP_SHM | PROTO_CAP_HOST_TIER;
     DL_TRY(stage_send(st->sup, NULL, &h));
     DL_TRY(bus_timer_start(st->sup, 1000, 1000, on_metrics_timer, st, &st->metrics_timer));
+    return 0;
+}
+
+int stage_args(int argc, char **argv, const char *prog, int max_index, void (*usage)(FILE *), stage_args_t *a) {
+    memset(a, 0, sizeof *a);
+    a->incarnation = 1;
+    a->index = -1;
+    enum { O_RUN = 256, O_INC, O_IDX, O_LL };
+    static const struct option opts[] = {
+        {"run-dir", 1, 0, O_RUN}, {"incarnation", 1, 0, O_INC}, {"index", 1, 0, O_IDX},
+        {"log-level", 1, 0, O_LL}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    int c;
+    int64_t v;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        int rc = 0;
+        switch (c) {
+        case O_RUN: a->run_dir = optarg; break;
+        case O_INC: rc = cli_parse_i64("--incarnation", optarg, 1, INT64_MAX, &v); a->incarnation = (uint64_t)v; break;
+        case O_IDX: rc = cli_parse_i64("--index", optarg, 0, max_index, &v); a->index = (int)v; break;
+        case O_LL: { log_level_t l; rc = log_parse_level(optarg, &l); if (!rc) log_set_level(l); break; }
+        case 'h': usage(stdout); a->exit_code = 0; return -1;
+        default: usage(stderr); a->exit_code = 2; return -1;
+        }
+        if (rc < 0) { cli_error(prog, dl_errmsg()); a->exit_code = 2; return -1; }
+    }
+    if (optind < argc) {
+        cli_error(prog, "unexpected argument (every setting comes from `draftline run`)");
+        a->exit_code = 2;
+        return -1;
+    }
+    if (!a->run_dir || (max_index > 0 && a->index < 0)) {
+        cli_error(prog, max_index > 0 ? "--run-dir and --index are required" : "--run-dir is required");
+        a->exit_code = 2;
+        return -1;
+    }
+    if (a->index < 0) a->index = 0;
+    return 0;
+}
+
+/* ---- the run configuration, asked for before anything is loaded ---- */
+
+typedef struct {
+    uint32_t stage_id;
+    uint64_t inc;
+    run_config_t *cfg;
+    int got, rc;
+    bus_timer_t *timer;
+} cfg_wait_t;
+
+static void on_cfg_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg) {
+    (void)peer;
+    cfg_wait_t *w = arg;
+    proto_msg_t m;
+    if (w->got || stage_decode("stage", "supervisor", data, len, &m) < 0) return;
+    if (m.type != PROTO_RUN_CONFIG) {
+        log_warn("supervisor sent %s before the run configuration: dropped", proto_type_name(m.type));
+    } else if (m.run_config.stage_id != w->stage_id || m.run_config.incarnation != w->inc) {
+        log_warn("run configuration for stage %u incarnation %llu (this is %u, %llu): dropped",
+                 m.run_config.stage_id, (unsigned long long)m.run_config.incarnation, w->stage_id,
+                 (unsigned long long)w->inc);
+    } else {
+        w->got = 1;
+        w->rc = runcfg_from_msg(&m.run_config, w->cfg);
+        if (w->rc == 0) w->rc = runcfg_validate(w->cfg);
+        bus_timer_stop(&w->timer);
+        bus_close(bus, NULL, NULL);
+    }
+    proto_msg_free(&m);
+}
+
+static void on_cfg_timeout(bus_t *bus, void *arg) {
+    (void)arg;
+    bus_close(bus, NULL, NULL);
+}
+
+int stage_config(proto_role_t role, uint32_t stage_id, uint64_t incarnation, const char *name,
+                 const char *run_dir, int timeout_ms, run_config_t *cfg) {
+    char ep[BUS_ENDPOINT_MAX];
+    DL_TRY(bus_endpoint(run_dir, "sup", ep, sizeof ep));
+    uv_loop_t loop;
+    if (uv_loop_init(&loop) != 0) return dl_seterr(DL_EIO, "uv_loop_init failed");
+    cfg_wait_t w = {.stage_id = stage_id, .inc = incarnation ? incarnation : 1, .cfg = cfg};
+    /* its own short-lived DEALER (no signal handling: until stage_init a SIGTERM ends
+     * the process at once, as before); the supervisor's ROUTER hands the identity over
+     * to stage_init's DEALER */
+    bus_opts_t o = {0};
+    o.kind = BUS_DEALER;
+    o.name = "supervisor";
+    o.identity = name;      /* no heartbeats: it lives for one request and answer */
+    bus_t *b = bus_new(&loop, &o);
+    int rc = b ? bus_connect(b, ep) : DL_EIO;
+    if (rc == 0) {
+        bus_on_message(b, on_cfg_msg, &w);
+        proto_msg_t h;
+        proto_msg_init(&h, PROTO_HELLO);
+        h.hello.role = role;
+        h.hello.stage_id = stage_id;
+        h.hello.incarnation = w.inc;
+        h.hello.pid = (uint32_t)getpid();
+        h.hello.proto_version = DL_PROTO_VERSION;
+        h.hello.capabilities = PROTO_CAP_WANT_CONFIG;   /* gpu_uuid "": nothing is set up yet */
+        rc = stage_send(b, NULL, &h);
+    }
+    if (rc == 0) rc = bus_timer_start(b, (uint64_t)timeout_ms, 0, on_cfg_timeout, &w, &w.timer);
+    if (rc < 0 && b) bus_close(b, NULL, NULL);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    bus_destroy(&b);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    uv_loop_close(&loop);
+    if (rc < 0) return dl_seterr(rc, "asking the supervisor (%s) for the run configuration: %s", ep, dl_errmsg());
+    if (!w.got)
+        return dl_seterr(DL_ETIMEDOUT, "no run configuration from the supervisor (%s) within %d s", ep,
+                         timeout_ms / 1000);
+    if (w.rc < 0) return dl_seterr(w.rc, "bad run configuration from the supervisor (%s): %s", ep, dl_errmsg());
     return 0;
 }
 

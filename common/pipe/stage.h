@@ -16,6 +16,7 @@
 #include "proto/msg.h"
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <uv.h>
 
@@ -38,7 +39,11 @@ typedef enum {
     PHASE_STEP, PHASE_N
 } pipe_phase_t;
 
+/* A stage waits this long for its run configuration (stage_config). */
+#define STAGE_CONFIG_TIMEOUT_MS 30000
+
 typedef struct stage stage_t;
+struct run_config;
 typedef void (*stage_metrics_cb)(stage_t *st, proto_metrics_t *m, void *arg);
 typedef void (*stage_control_cb)(stage_t *st, const proto_control_t *c, void *arg);
 typedef void (*stage_stop_cb)(stage_t *st, void *arg);
@@ -64,6 +69,35 @@ struct stage {
     stage_control_cb control_cb; void *control_arg;
     stage_stop_cb stop_cb; void *stop_arg;
 };
+
+/* A stage's command line. `draftline run` starts every stage as
+ *   <exe> [--index I] --run-dir DIR --incarnation N [--log-level L]
+ * (DIR: the sockets dir holding sup.sock; every other setting comes from the run
+ * configuration, stage_config). */
+typedef struct {
+    const char *run_dir;        /* borrowed from argv */
+    uint64_t incarnation;       /* >= 1; default 1 */
+    int index;                  /* target/drafter index; 0 when not given (loader, optimizer) */
+    int exit_code;              /* when stage_args returns -1: main's exit status */
+} stage_args_t;
+
+/* Parses argv (getopt_long; --log-level is applied at once). max_index > 0: --index
+ * in [0, max_index] is required; 0: optional, 0 only. -h/--help prints usage(stdout).
+ * Returns 0, or -1 with a->exit_code set: 0 after --help, 2 for a bad or missing flag
+ * (usage or a cli_error line on stderr, naming prog). */
+int stage_args(int argc, char **argv, const char *prog, int max_index, void (*usage)(FILE *), stage_args_t *a);
+
+/* The stage's run configuration, asked for first thing (before any model load or
+ * CUDA set-up): a HELLO with PROTO_CAP_WANT_CONFIG (gpu_uuid "") on a DEALER of its
+ * own to <run_dir>/sup.sock with identity name, then up to timeout_ms
+ * (STAGE_CONFIG_TIMEOUT_MS in the stages) for the supervisor's RUN_CONFIG of this
+ * stage_id and incarnation, decoded into *cfg (runcfg_from_msg; caller-owned) and
+ * checked (runcfg_validate). The DEALER is closed before returning; stage_init opens
+ * the stage's own afterwards (its HELLO means "up"). Returns 0; DL_ETIMEDOUT (no
+ * answer: the message names the supervisor endpoint), the validation's
+ * DL_EINVAL / DL_ERANGE, or the bus's error; dl_errmsg says which. */
+int stage_config(proto_role_t role, uint32_t stage_id, uint64_t incarnation, const char *name,
+                 const char *run_dir, int timeout_ms, struct run_config *cfg);
 
 /* Initialises *st (caller-owned storage), the loop, the ZeroMQ context and the
  * supervisor DEALER; sends HELLO and starts the 1 s metrics timer. run_id:

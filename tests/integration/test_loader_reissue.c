@@ -1,6 +1,7 @@
 /* The loader stage, multi-process: one real loader (bin/loader) and two fake
  * targets (child processes speaking the protocol over the bus); the test itself
- * plays the optimizer (applied messages). Target 0 takes micro-batch 0 and is
+ * plays the supervisor (the loader's settings: RUN_CONFIG in answer to its config
+ * request) and the optimizer (applied messages). Target 0 takes micro-batch 0 and is
  * killed with SIGKILL while holding it; the loader notices (heartbeat timeout) and
  * re-issues micro-batch 0, identical, to target 1. Every micro-batch 0..7 reaches
  * target 1 exactly once and is applied once; nothing is lost, nothing duplicated.
@@ -18,6 +19,7 @@
 #include "common/data/chat.h"
 #include "common/data/prepare.h"
 #include "common/data/tokenizer.h"
+#include "common/pipe/runcfg.h"
 #include "common/pipe/stage.h"
 #include "proto/codec.h"
 #include "tests/support/proc.h"
@@ -133,9 +135,46 @@ static int fake_target(void *arg, int report_fd) {
     return 0;
 }
 
-/* ---- the test plays the optimizer ---- */
+/* ---- the test plays the supervisor and the optimizer ---- */
 
-typedef struct { uv_loop_t loop; bus_t *bus; } opt_t;
+typedef struct { uv_loop_t loop; bus_t *bus, *sup; int configs; } opt_t;
+
+/* The loader's settings, as `draftline run` would send them: token budget 256, one
+ * micro-batch per step, 8 steps, lookahead 1, seed 3 (max_len and epochs: defaults). */
+static void loader_config(run_config_t *c) {
+    char gguf[1024];
+    runcfg_init(c);
+    snprintf(c->run_id, sizeof c->run_id, "lrtest");
+    snprintf(c->data_cache, sizeof c->data_cache, "%s", cache);
+    snprintf(c->target_model, sizeof c->target_model, "%s", paths_default_model(gguf, sizeof gguf) == 0 ? gguf : "-");
+    snprintf(c->out_dir, sizeof c->out_dir, "%s", root);
+    c->token_budget = 256;
+    c->mbs_per_step = 1;
+    c->epochs = 1;
+    c->max_steps = 8;
+    c->lookahead_mbs = 1;
+    c->seed = 3;
+    c->drafter_layers = 1; c->block_size = 4; c->num_anchors = 8;
+    c->hs_min_ready = 1; c->prefetch = 1;
+}
+
+/* The supervisor's ROUTER: a config request gets the RUN_CONFIG of loader_config. */
+static void sup_on_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg) {
+    opt_t *o = arg;
+    proto_msg_t m;
+    if (proto_decode(data, len, &m) < 0) return;
+    if (m.type == PROTO_HELLO && (m.hello.capabilities & PROTO_CAP_WANT_CONFIG)) {
+        static run_config_t c;
+        loader_config(&c);
+        proto_msg_t r;
+        runcfg_to_msg(&c, m.hello.stage_id, m.hello.incarnation, &r);
+        msgpack_sbuffer sb;
+        msgpack_sbuffer_init(&sb);
+        if (proto_encode(&r, &sb) == 0 && bus_send(bus, peer, sb.data, sb.size) == 0) o->configs++;
+        msgpack_sbuffer_destroy(&sb);
+    }
+    proto_msg_free(&m);
+}
 
 static void applied(opt_t *o, uint64_t step) {
     uint64_t mb = step; /* one micro-batch per step */
@@ -162,14 +201,23 @@ static void test_reissue_after_kill(void **state) {
     (void)state;
     char exe[1100];
     snprintf(exe, sizeof exe, "%s/loader", bin);
-    char *argv[] = {"loader", "--run-dir", root, "--run-id", "lrtest", "--cache", cache,
-                    "--token-budget", "256", "--micro-batches-per-step", "1", "--max-steps", "8",
-                    "--lookahead-mbs", "1", "--seed", "3", NULL};
+    char *argv[] = {"loader", "--run-dir", root, "--incarnation", "1", NULL};
     proc_t loader, t0, t1;
-    assert_int_equal(proc_spawn_exec(&loader, "loader", exe, argv), 0);
     opt_t o;
+    memset(&o, 0, sizeof o);
     uv_loop_init(&o.loop);
     char ep[BUS_ENDPOINT_MAX];
+    bus_endpoint(root, "sup", ep, sizeof ep);
+    bus_opts_t so = {0};
+    so.kind = BUS_ROUTER;
+    so.name = "supervisor";
+    so.heartbeat_interval_ms = PIPE_HEARTBEAT_MS;
+    so.heartbeat_timeout_ms = PIPE_DEAD_MS;
+    o.sup = bus_new(&o.loop, &so);
+    assert_non_null(o.sup);
+    assert_int_equal(bus_bind(o.sup, ep), 0);
+    bus_on_message(o.sup, sup_on_msg, &o);
+    assert_int_equal(proc_spawn_exec(&loader, "loader", exe, argv), 0);
     bus_endpoint(root, "loader", ep, sizeof ep);
     bus_opts_t bo = {0};
     bo.kind = BUS_DEALER;
@@ -225,7 +273,9 @@ static void test_reissue_after_kill(void **state) {
     assert_int_equal(proc_wait(&loader, 10000, &code), 0);
     assert_int_equal(code, 0);
     proc_kill(&loader);
+    assert_int_equal(o.configs, 1);
     bus_destroy(&o.bus);
+    bus_destroy(&o.sup);
     uv_run(&o.loop, UV_RUN_DEFAULT);
     uv_loop_close(&o.loop);
 }

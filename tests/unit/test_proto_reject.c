@@ -555,7 +555,7 @@ static void test_semantic_rules(void **state) {
 
     make_sample(PROTO_HELLO, false, &m);
     m.hello.capabilities = 1ull << 10;
-    expect_invalid(&m, "hello.capabilities: 1024 out of range [0, 15]");
+    expect_invalid(&m, "hello.capabilities: 1024 out of range [0, 31]");
     make_sample(PROTO_HELLO, false, &m);
     m.hello.role = 0;
     expect_invalid(&m, "hello.role: 0 out of range [1, 6]");
