@@ -99,6 +99,7 @@ void sup__on_msg(bus_t *bus, const char *peer, const void *data, size_t len, voi
             if (m.hello.incarnation == x->incarnation && !x->exited) sup__send_config(S, x, peer, m.hello.incarnation);
             else log_warn("config request from %s incarnation %llu (current %llu): ignored", peer,
                           (unsigned long long)m.hello.incarnation, (unsigned long long)x->incarnation);
+            bus_peer_quiet(bus, peer);   /* its socket closes once answered: not a death */
             break;
         }
         x->helloed = 1;

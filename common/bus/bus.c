@@ -36,6 +36,7 @@ typedef struct {
     uint64_t last_seen_ns;      /* CLOCK_MONOTONIC of the last message from it */
     int alive;
     int heard;                  /* a message came from it since it entered the table */
+    int quiet;                  /* bus_peer_quiet: its silence is expected, not a death */
     qmsg_t *qhead, *qtail;      /* outgoing FIFO, used once ZeroMQ said EAGAIN */
     size_t qmsgs;
 } peer_t;
@@ -349,6 +350,7 @@ static peer_t *touch_peer(bus_t *b, const char *id, size_t n) {
         }
     }
     p->last_seen_ns = clock_mono_ns();
+    p->quiet = 0;   /* talking again: watched as any peer */
     int fresh = !p->alive || !p->heard;
     if (!p->alive) {
         p->alive = 1;
@@ -515,6 +517,10 @@ again:
         if (b->kind == BUS_DEALER && !b->connected) continue;
         uint64_t now = clock_mono_ns();
         if (now - p->last_seen_ns < timeout_ns) continue;
+        if (p->quiet && b->kind == BUS_ROUTER) {   /* expected silence: forget it, no report */
+            peer_remove(b, i, "quiet peer gone");
+            goto again;
+        }
         char id[BUS_ID_MAX + 1];
         memcpy(id, p->id, p->id_len + 1);
         uint64_t silent_ms = (now - p->last_seen_ns) / 1000000ull;
@@ -866,6 +872,12 @@ int bus_subscribe(bus_t *b, const char *prefix) {
 }
 
 void bus_on_message(bus_t *b, bus_msg_cb cb, void *arg) { b->msg_cb = cb; b->msg_arg = arg; }
+void bus_peer_quiet(bus_t *b, const char *peer) {
+    if (b->kind != BUS_ROUTER || !peer) return;
+    peer_t *p = peer_find(b, peer, strlen(peer));
+    if (p) p->quiet = 1;
+}
+
 void bus_on_peer_dead(bus_t *b, bus_peer_dead_cb cb, void *arg) { b->dead_cb = cb; b->dead_arg = arg; }
 void bus_on_peer_new(bus_t *b, bus_peer_new_cb cb, void *arg) { b->new_cb = cb; b->new_arg = arg; }
 void bus_on_writable(bus_t *b, bus_writable_cb cb, void *arg) {

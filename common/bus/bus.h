@@ -157,6 +157,14 @@ int bus_subscribe(bus_t *bus, const char *prefix);
  * DL_EIO: other ZeroMQ error. */
 int bus_send(bus_t *bus, const char *peer, const void *buf, size_t len);
 
+/* ROUTER only (no-op otherwise, or for an unknown peer): the peer is expected to fall silent
+ * (a one-shot client, e.g. a stage's config request that closes its socket once answered).
+ * When its silence passes the heartbeat timeout it is forgotten without a log line or
+ * bus_peer_dead_cb; anything from it before then (a heartbeat too) makes it an ordinary peer
+ * again. Queued
+ * messages for it are kept until then. */
+void bus_peer_quiet(bus_t *bus, const char *peer);
+
 void bus_on_message(bus_t *bus, bus_msg_cb cb, void *arg);
 void bus_on_peer_dead(bus_t *bus, bus_peer_dead_cb cb, void *arg);
 void bus_on_peer_new(bus_t *bus, bus_peer_new_cb cb, void *arg);

@@ -636,6 +636,55 @@ static void test_heartbeat_local(void **state) {
     tmp_remove(&t);
 }
 
+/* bus_peer_quiet: a one-shot client that goes away after being marked quiet is forgotten
+ * without a dead report; one that keeps talking (heartbeats) is an ordinary peer again and is
+ * reported when it dies. */
+static void test_peer_quiet(void **state) {
+    (void)state;
+    tmpdir_t t;
+    tmp_make(&t);
+    char ep[BUS_ENDPOINT_MAX];
+    assert_int_equal(bus_endpoint(t.dir, "quiet", ep, sizeof ep), 0);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    bus_opts_t o = {.kind = BUS_ROUTER, .heartbeat_interval_ms = HB_IVL, .heartbeat_timeout_ms = HB_TO};
+    bus_t *r = bus_new(&loop, &o);
+    o.kind = BUS_DEALER;
+    o.identity = "once";
+    bus_t *d = bus_new(&loop, &o);
+    hb_t hr = {0};
+    bus_on_peer_dead(r, hb_dead, &hr);
+    assert_int_equal(bus_bind(r, ep), 0);
+    assert_int_equal(bus_connect(d, ep), 0);
+    assert_int_equal(run_for(&loop, 4 * HB_IVL), 1);
+    bus_stats_t s;
+    bus_stats(r, &s);
+    assert_int_equal(s.peers_alive, 1);
+    bus_peer_quiet(r, "once");
+    bus_peer_quiet(r, "nobody");        /* unknown: no-op */
+    bus_destroy(&d);
+    assert_int_equal(run_for(&loop, 3 * HB_TO), 1);
+    assert_int_equal(hr.dead, 0);
+    bus_stats(r, &s);
+    assert_int_equal(s.peers_alive, 0);
+    assert_int_equal(s.peers_dead, 0);
+
+    /* marked quiet but still talking: watched again, and its death is reported */
+    o.identity = "talker";
+    d = bus_new(&loop, &o);
+    assert_int_equal(bus_connect(d, ep), 0);
+    assert_int_equal(run_for(&loop, 4 * HB_IVL), 1);
+    bus_peer_quiet(r, "talker");
+    assert_int_equal(run_for(&loop, 2 * HB_TO), 1);
+    assert_int_equal(hr.dead, 0);
+    bus_destroy(&d);
+    assert_int_equal(run_for(&loop, 3 * HB_TO), 1);
+    assert_int_equal(hr.dead, 1);
+    assert_string_equal(hr.who, "talker");
+    finish_loop(&loop, &r, &d);
+    tmp_remove(&t);
+}
+
 /* ---- timers ------------------------------------------------------------------------------ */
 
 typedef struct {
@@ -685,6 +734,7 @@ int main(void) {
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_pubsub),
         cmocka_unit_test(test_heartbeat_local),
+        cmocka_unit_test(test_peer_quiet),
         cmocka_unit_test(test_timers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
