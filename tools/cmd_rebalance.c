@@ -118,10 +118,17 @@ int cmd_rebalance(int argc, char **argv) {
     }
     proto_msg_t r;
     rundir_ctl_t *cl = NULL;
-    if (rundir_ctl_call(dir, &q, RUNDIR_CTL_ANSWER_MS, &r, &cl) < 0) {
+    int crc = rundir_ctl_call(dir, &q, RUNDIR_CTL_ANSWER_MS, &r, &cl);
+    if (crc < 0) {
         int spid = 0;
         if (rundir_run_supervisor_pid(dir, &spid) < 0) {
             fprintf(stderr, "draftline rebalance: %s (is %s a run dir?)\n", dl_errmsg(), dir);
+            return 1;
+        }
+        if (crc == DL_ETIMEDOUT) {
+            fprintf(stderr, "draftline rebalance: the supervisor of %s (pid %d) does not answer on its control "
+                            "socket within %d ms (stopped or hung?); nothing was asked of it\n", dir, spid,
+                    RUNDIR_CTL_ANSWER_MS);
             return 1;
         }
         fprintf(stderr, "draftline rebalance: run %s is not running (no supervisor at pid %d): nothing to "

@@ -30,14 +30,19 @@ static double num(const rundir_metrics_rec_t *x, const char *k) {
 
 static const char *str_or(const char *s, const char *dflt) { return s[0] ? s : dflt; }
 
-/* The header lines: run, supervisor, topology, placement, routes, rebalance, relay. */
+/* The header lines: run, supervisor, topology, placement, routes, rebalance, relay.
+ * alive: 1 answered, 0 no socket or refused (no supervisor), -1 connected but silent. */
 static void print_run(const rundir_run_t *run, const char *dir, int alive) {
     const char *sts = str_or(run->state, "?");
     int sup = run->supervisor_pid;
     /* run.json says "running" until the supervisor rewrites it at the end: a supervisor
      * that was killed (SIGKILL, OOM) never does, so its last state is stale */
     int stale = !alive && strcmp(sts, "stopped") != 0;
-    if (stale)
+    if (alive < 0)
+        printf("run %s  %s  (%s in run.json; supervisor pid %d does not answer on its control socket within "
+               "%d ms: stopped or hung? shown from the files)\n", str_or(run->run_id, "?"), dir, sts, sup,
+               RUNDIR_CTL_ANSWER_MS);
+    else if (stale)
         printf("run %s  %s  (not running: supervisor pid %d is dead)\n", str_or(run->run_id, "?"), dir, sup);
     else
         printf("run %s  %s  (%s, supervisor pid %d%s)\n", str_or(run->run_id, "?"), dir, sts, sup,
@@ -149,8 +154,9 @@ int cmd_status(int argc, char **argv) {
     if (!run) { fprintf(stderr, "draftline status: out of memory\n"); return 1; }
     rundir_metrics_rec_t *last = NULL;
     int nl = 0;
-    int alive = status_live(dir, run, &last, &nl) == 0;
-    if (!alive) {
+    int lrc = status_live(dir, run, &last, &nl);
+    int alive = lrc == 0 ? 1 : lrc == DL_ETIMEDOUT ? -1 : 0;
+    if (alive <= 0) {
         /* not live: the files, as the supervisor last wrote them */
         rundir_metrics_latest_free(&last, nl);
         nl = 0;
@@ -165,7 +171,7 @@ int cmd_status(int argc, char **argv) {
     printf("%-10s %-8s %7s %4s %3s %4s  %-11s %10s %9s %9s %9s  %s\n", "stage", "process", "pid", "inc", "rst",
            "gpu", "state", "tokens/s", "wait_in", "wait_cr", "compute", "detail");
     for (int i = 0; i < run->n_stages; i++)
-        print_stage(&run->stages[i], rundir_metrics_find(last, nl, run->stages[i].name), alive);
+        print_stage(&run->stages[i], rundir_metrics_find(last, nl, run->stages[i].name), alive != 0);
     rundir_metrics_latest_free(&last, nl);
     free(run);
     return 0;

@@ -43,6 +43,11 @@ int cmd_stop(int argc, char **argv) {
     proto_msg_t r;
     rundir_ctl_t *cl = NULL;
     int rc = rundir_ctl_call(dir, &q, RUNDIR_CTL_ANSWER_MS, &r, &cl);
+    if (rc == DL_ETIMEDOUT) {   /* the socket took the connection: a process holds it */
+        fprintf(stderr, "draftline stop: the supervisor of %s (pid %d) does not answer on its control socket "
+                        "within %d ms (stopped or hung?); nothing was asked of it\n", dir, spid, RUNDIR_CTL_ANSWER_MS);
+        return 1;
+    }
     if (rc < 0) {
         printf("run %s is not running (no supervisor at pid %d)\n", dir, spid);
         return 0;

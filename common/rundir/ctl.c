@@ -32,7 +32,9 @@ int rundir_ctl_endpoint(const char *dir, char *ep, size_t cap) {
     rundir_run_t *r = malloc(sizeof *r);
     if (!r) return dl_seterr(DL_ENOMEM, "run.json: out of memory");
     int rc = rundir_run_read(dir, r);
-    if (rc == 0 && r->control[0]) {
+    /* a relative ipc path is relative to the supervisor's working directory, not ours:
+     * it is always <out>/ctl.sock (the /tmp socket dir is absolute), so dir names it */
+    if (rc == 0 && r->control[0] && !(!strncmp(r->control, "ipc://", 6) && r->control[6] != '/')) {
         int n = snprintf(ep, cap, "%s", r->control);
         free(r);
         return n < 0 || (size_t)n >= cap ? dl_seterr(DL_ERANGE, "control endpoint too long") : 0;

@@ -4,8 +4,9 @@
  * subscribe, the relayed METRICS messages). Works from any host that reaches the
  * endpoint and needs nothing writable in the run dir.
  *
- * Endpoint: run.json's "control" key; a run.json without it (older runs) means
- * ipc://<run>/ctl.sock (RUNDIR_CTL_NAME). A run whose socket does not answer within
+ * Endpoint: run.json's "control" key; a run.json without it (older runs), or with a
+ * relative ipc path (relative to the supervisor's working directory: a `--out runs/x`
+ * run's own <out>/ctl.sock), means ipc://<run>/ctl.sock (RUNDIR_CTL_NAME). A run whose socket does not answer within
  * a short timeout, or has no socket, is not live: the callers then print from the
  * files (status, monitor) or say the run is not running (stop, rebalance).
  *
@@ -30,8 +31,8 @@
 
 typedef struct rundir_ctl rundir_ctl_t;
 
-/* The control endpoint of run dir `dir` into ep (cap bytes): run.json's "control",
- * else ipc://<dir>/ctl.sock. Returns 0, DL_ERANGE (does not fit), DL_EINVAL (a
+/* The control endpoint of run dir `dir` into ep (cap bytes): run.json's "control"
+ * when it is not a relative ipc path, else ipc://<dir>/ctl.sock. Returns 0, DL_ERANGE (does not fit), DL_EINVAL (a
  * malformed run.json; a missing one is fine: the default). */
 int rundir_ctl_endpoint(const char *dir, char *ep, size_t cap);
 

@@ -15,7 +15,9 @@
  *    before anything in it is deleted (the fresh reuse of a dir without steps);
  *  - a run whose final checkpoint cannot be written exits 1;
  *  - <out>/data.dlc prepared from other data is prepared again from --data, not reused;
- *  - a cache of another tokenizer than the target's is refused (exit 2).
+ *  - a cache of another tokenizer than the target's is refused (exit 2);
+ *  - a supervisor that holds ctl.sock but does not answer is not called dead or "not
+ *    running": stop and rebalance exit 1 saying it does not answer.
  * Every child has a hard timeout and is killed and reaped. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -43,7 +45,9 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -501,6 +505,48 @@ static void test_cache_of_another_tokenizer(void **state) {
     assert_int_equal(pf_count_lines(p), 0);
 }
 
+/* A supervisor that holds its control socket but does not answer (stopped, hung): a
+ * listening socket nobody accepts on stands for it. `stop` and `rebalance` say it does
+ * not answer and exit 1 (not "is not running", exit 0), `status` does not call it dead. */
+static void test_ctl_silent(void **state) {
+    (void)state;
+    char dir[500], p[600], log[600];
+    snprintf(dir, sizeof dir, "%s/silent", fx.root);
+    mkdir(dir, 0700);
+    snprintf(p, sizeof p, "%s/run.json", dir);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fprintf(f, "{\"run_id\": \"5113e47\", \"state\": \"running\", \"supervisor_pid\": %d}\n", (int)getpid());
+    fclose(f);
+    snprintf(p, sizeof p, "%s/ctl.sock", dir);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    assert_true(strlen(p) < sizeof a.sun_path);
+    memcpy(a.sun_path, p, strlen(p) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(fd, 16), 0);
+    snprintf(log, sizeof log, "%s/silent.out", fx.root);
+    char *kargs[] = {"stop", "--run", dir, NULL};
+    assert_int_equal(run_tool(log, kargs), 1);
+    char *txt = pf_slurp(log, NULL);
+    assert_non_null(strstr(txt, "does not answer on its control socket"));
+    assert_null(strstr(txt, "is not running"));
+    free(txt);
+    char *rargs[] = {"rebalance", "--run", dir, "--targets", "1", "--drafters", "1", NULL};
+    assert_int_equal(run_tool(log, rargs), 1);
+    txt = pf_slurp(log, NULL);
+    assert_non_null(strstr(txt, "does not answer on its control socket"));
+    free(txt);
+    char *sargs[] = {"status", "--run", dir, NULL};
+    assert_int_equal(run_tool(log, sargs), 0);
+    txt = pf_slurp(log, NULL);
+    assert_non_null(strstr(txt, "does not answer on its control socket"));
+    assert_null(strstr(txt, "is dead"));
+    free(txt);
+    close(fd);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_supervisor_killed),
@@ -511,6 +557,7 @@ int main(void) {
         cmocka_unit_test(test_data_cache_source),
         cmocka_unit_test(test_cache_of_another_tokenizer),
         cmocka_unit_test(test_stop_racing_max_steps),
+        cmocka_unit_test(test_ctl_silent),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "common/base/err.h"
+#include "common/rundir/ctl.h"
 #include "common/rundir/rundir.h"
 
 static char tmpdir[256];
@@ -414,6 +415,29 @@ static void test_latest(void **state) {
     assert_int_equal(rundir_latest_read(tmpdir, NULL, 0, NULL), 0);
 }
 
+/* The control endpoint: run.json's "control" when absolute (the socket dir under /tmp
+ * of a run dir too long for sun_path); a relative ipc path is relative to the
+ * supervisor's working directory, unknown to a client elsewhere, and names the run
+ * dir's own ctl.sock: the client finds it through the dir it was given. */
+static void test_ctl_endpoint(void **state) {
+    (void)state;
+    char ep[600], want[600];
+    snprintf(want, sizeof want, "ipc://%s/ctl.sock", tmpdir);
+    assert_int_equal(rundir_ctl_endpoint(tmpdir, ep, sizeof ep), 0);    /* no run.json */
+    assert_string_equal(ep, want);
+    rundir_run_t *r = malloc(sizeof *r);
+    ref_run(r);
+    snprintf(r->control, sizeof r->control, "ipc:///tmp/dl-x/ctl.sock");
+    assert_int_equal(rundir_run_write(tmpdir, r), 0);
+    assert_int_equal(rundir_ctl_endpoint(tmpdir, ep, sizeof ep), 0);
+    assert_string_equal(ep, "ipc:///tmp/dl-x/ctl.sock");
+    snprintf(r->control, sizeof r->control, "ipc://runs/mine/ctl.sock");   /* `--out runs/mine` */
+    assert_int_equal(rundir_run_write(tmpdir, r), 0);
+    assert_int_equal(rundir_ctl_endpoint(tmpdir, ep, sizeof ep), 0);
+    assert_string_equal(ep, want);
+    free(r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_run_json_text, setup_tmp, teardown_tmp),
@@ -423,6 +447,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_metrics_latest, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_steps, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_latest, setup_tmp, teardown_tmp),
+        cmocka_unit_test_setup_teardown(test_ctl_endpoint, setup_tmp, teardown_tmp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
