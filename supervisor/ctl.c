@@ -345,6 +345,7 @@ void sup__ctl_start(sup_t *S) {
     bo.name = "control";
     bo.heartbeat_interval_ms = RUNDIR_CTL_HEARTBEAT_MS;
     bo.heartbeat_timeout_ms = RUNDIR_CTL_DEAD_MS;
+    bo.peer_dead_debug = 1;   /* every client that leaves goes silent: not news for the console */
     bo.linger_ms = CTL_LINGER_MS;
     S->ctl.bus = bus_new(&S->loop, &bo);
     if (!S->ctl.bus || bus_bind(S->ctl.bus, ep) < 0) {

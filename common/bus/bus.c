@@ -67,6 +67,7 @@ struct bus {
     bus_timer_t *timers;
 
     int hb_interval_ms, hb_timeout_ms, linger_ms;
+    int peer_dead_debug;
     size_t outq_max_msgs, outq_max_bytes, max_msg_bytes;
 
     peer_t **peers;             /* ROUTER: known peers; DEALER: peers[0] is the upstream */
@@ -527,8 +528,9 @@ again:
         p->alive = 0;
         b->st.peers_alive--;
         b->st.peers_dead++;
-        log_info("bus %s: peer '%s' dead (silent %llu ms, timeout %d ms)", b->name, id,
-                 (unsigned long long)silent_ms, b->hb_timeout_ms);
+        log_msg(b->peer_dead_debug ? LOG_DEBUG : LOG_INFO, __FILE__, __LINE__,
+                "bus %s: peer '%s' dead (silent %llu ms, timeout %d ms)", b->name, id,
+                (unsigned long long)silent_ms, b->hb_timeout_ms);
         if (b->kind == BUS_ROUTER) peer_remove(b, i, "peer dead");
         else peer_drop_queue(b, p, "peer dead");
         if (b->dead_cb) b->dead_cb(b, id, silent_ms, b->dead_arg);
@@ -768,6 +770,7 @@ bus_t *bus_new(uv_loop_t *loop, const bus_opts_t *o) {
     snprintf(b->name, sizeof b->name, "%s", name);
     b->hb_interval_ms = o->heartbeat_interval_ms;
     b->hb_timeout_ms = o->heartbeat_timeout_ms;
+    b->peer_dead_debug = o->peer_dead_debug;
     b->linger_ms = o->linger_ms;
     b->outq_max_msgs = o->outq_max_msgs ? o->outq_max_msgs : BUS_OUTQ_MAX_MSGS_DEFAULT;
     b->outq_max_bytes = o->outq_max_bytes ? o->outq_max_bytes : BUS_OUTQ_MAX_BYTES_DEFAULT;

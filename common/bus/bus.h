@@ -98,6 +98,9 @@ typedef struct {
     int linger_ms;                  /* at close: 0 (default) discards unsent messages at once; > 0
                                      * lets them (and a best-effort flush of the bus queues) out
                                      * for at most this long, which bounds zmq_ctx_term */
+    int peer_dead_debug;            /* nonzero: a dead peer is logged at DEBUG, not INFO (a server
+                                     * of short-lived clients, e.g. the control socket); the
+                                     * bus_peer_dead_cb still runs */
 } bus_opts_t;
 
 typedef struct bus bus_t;
