@@ -142,8 +142,14 @@ static void op_stop(sup_t *S, const char *peer, const proto_ctl_request_t *q) {
         reply_str(S, peer, q->id, DL_EAGAIN, "rejected", dl_errmsg());
         return;
     }
-    log_info("control: stop asked by %s", peer);
     reply_str(S, peer, q->id, 0, "stopping", txt);
+    /* idempotent: asking again never escalates (only a second signal kills every stage, so a
+     * slow final checkpoint is not lost to a repeated `draftline stop`) */
+    if (S->stopping) {
+        log_info("control: stop asked by %s: already stopping", peer);
+        return;
+    }
+    log_info("control: stop asked by %s", peer);
     sup__on_stop_signal(S, SIGTERM);
 }
 
