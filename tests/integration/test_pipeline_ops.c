@@ -510,7 +510,8 @@ static void run_json_stage(const char *out, const char *name, int *pid, int *gpu
 #endif
 
 /* A GPU run's placement and live GPU rebalance, with CPU stages: in CUDA builds the
- * supervisor's test hook strip_gpu (DL_TEST_HOOKS=strip_gpu=1) drops `--gpu N` at exec,
+ * supervisor's test hook strip_gpu (DL_TEST_HOOKS=strip_gpu=1) clears the GPU fields of the
+ * run configuration it sends each stage (runcfg_clear_gpus),
  * so everything the supervisor does for GPU runs (placement in run.json/status,
  * per-index keep/start/move/retire, the moved stage's restart, refusals) runs on a
  * machine without GPUs.
