@@ -1,5 +1,6 @@
 /* Checkpoints (see ckpt.h). */
 #include "common/pipe/ckpt.h"
+#include "common/rundir/rundir.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
 #include "common/base/paths.h"
@@ -68,14 +69,7 @@ int ckpt_write(const char *out_dir, drafter_t *d, const ckpt_state_hdr_t *hdr,
     rm_tree(fin);
     if (rename(tmp, fin) != 0) { rc = dl_seterr(DL_EIO, "rename %s: %s", tmp, strerror(errno)); goto fail; }
     fsync_dir(root);
-    char latest[4200], ltmp[4300];
-    snprintf(latest, sizeof latest, "%s/latest", root);
-    snprintf(ltmp, sizeof ltmp, "%s/latest.tmp", root);
-    char name[64];
-    int n = snprintf(name, sizeof name, "step_%llu\n", (unsigned long long)hdr->step);
-    DL_TRY(write_file(ltmp, name, (size_t)n, NULL, 0, NULL, 0, NULL, 0));
-    if (rename(ltmp, latest) != 0) return dl_seterr(DL_EIO, "rename %s: %s", ltmp, strerror(errno));
-    fsync_dir(root);
+    DL_TRY(rundir_latest_write(root, hdr->step));
     if (dir_out) snprintf(dir_out, cap, "%s", fin);
     return 0;
 fail:
@@ -115,14 +109,12 @@ int ckpt_resolve(const char *path, char *out, size_t cap) {
     struct stat s;
     snprintf(p, sizeof p, "%s/state.bin", path);
     if (stat(p, &s) == 0) { snprintf(out, cap, "%s", path); return 0; }
-    snprintf(p, sizeof p, "%s/checkpoints/latest", path);
-    FILE *f = fopen(p, "r");
-    if (!f) return dl_seterr(DL_ENOENT, "--resume %s: no state.bin and no checkpoints/latest", path);
+    snprintf(p, sizeof p, "%s/" RUNDIR_LATEST, path);
     char name[128] = {0};
-    if (!fgets(name, sizeof name, f)) name[0] = 0;
-    fclose(f);
-    name[strcspn(name, "\r\n")] = 0;
-    if (!name[0] || strchr(name, '/')) return dl_seterr(DL_EFORMAT, "%s: malformed", p);
+    int lr = rundir_latest_read(path, name, sizeof name, NULL);
+    if (lr == DL_ENOENT && access(p, F_OK) != 0)
+        return dl_seterr(DL_ENOENT, "--resume %s: no state.bin and no checkpoints/latest", path);
+    if (lr < 0 || !name[0] || strchr(name, '/')) return dl_seterr(DL_EFORMAT, "%s: malformed", p);
     int n = snprintf(out, cap, "%s/checkpoints/%s", path, name);
     if (n < 0 || (size_t)n >= cap) return dl_seterr(DL_ERANGE, "path too long");
     snprintf(p, sizeof p, "%s/state.bin", out);
@@ -271,12 +263,9 @@ int ckpt_prune(const char *out_dir, int64_t keep, uint64_t expected_params, cons
     snprintf(root, sizeof root, "%s/checkpoints", out_dir);
     /* the checkpoint `latest` names (never removed); unreadable: remove nothing */
     snprintf(p, sizeof p, "%s/latest", root);
-    FILE *f = fopen(p, "r");
-    if (!f) return dl_seterr(DL_ENOENT, "checkpoint retention: open %s: %s", p, strerror(errno));
     char name[128] = {0};
-    if (!fgets(name, sizeof name, f)) name[0] = 0;
-    fclose(f);
-    name[strcspn(name, "\r\n")] = 0;
+    if (rundir_latest_read(out_dir, name, sizeof name, NULL) == DL_ENOENT && access(p, F_OK) != 0)
+        return dl_seterr(DL_ENOENT, "checkpoint retention: open %s: %s", p, strerror(ENOENT));
     uint64_t latest;
     if (!step_name(name, "", &latest))
         return dl_seterr(DL_EFORMAT, "checkpoint retention: %s names '%s', not step_<N>", p, name);

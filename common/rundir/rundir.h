@@ -234,7 +234,14 @@ int rundir_steps_parse_line(const char *line, size_t len, rundir_step_rec_t *rec
 /* The name in <dir>/checkpoints/latest (its first line, line end stripped) into name
  * (cap bytes; NULL: not wanted) and, when it reads "step_<N>", N into *step (NULL:
  * not wanted). Returns 1 (a step_<N> name), 0 (a name, not step_<N>: *step = 0),
- * DL_ENOENT (no file, or empty). The file is written by common/pipe/ckpt.c. */
+ * DL_ENOENT (no file, or empty). Written by rundir_latest_write. */
 int rundir_latest_read(const char *dir, char *name, size_t cap, uint64_t *step);
+
+/* Points <checkpoints>/latest at step_<step>: writes "step_<step>\n" to latest.tmp, fsyncs,
+ * renames over latest and fsyncs the folder (a reader sees the old or the new name, never a
+ * torn one). checkpoints: the run's checkpoints folder itself (<run>/checkpoints), where the
+ * optimizer's checkpoint writer (common/pipe/ckpt.c) has just renamed step_<step> into place.
+ * Returns 0 or DL_EIO / DL_ERANGE (dl_errmsg names the file). */
+int rundir_latest_write(const char *checkpoints, uint64_t step);
 
 #endif

@@ -1,11 +1,12 @@
 /* <run>/steps.jsonl (the optimizer's ledger of applied steps) and
- * <run>/checkpoints/latest (read side): see rundir.h. */
+ * <run>/checkpoints/latest: see rundir.h. */
 #include "common/rundir/rundir.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -130,4 +131,21 @@ int rundir_latest_read(const char *dir, char *name, size_t cap, uint64_t *step) 
     if (sscanf(buf, "step_%llu", &s) != 1) return 0;
     if (step) *step = (uint64_t)s;
     return 1;
+}
+
+int rundir_latest_write(const char *checkpoints, uint64_t step) {
+    char latest[RUNDIR_PATH_MAX + 16], tmp[RUNDIR_PATH_MAX + 32];
+    int n = snprintf(latest, sizeof latest, "%s/latest", checkpoints);
+    if (n < 0 || (size_t)n >= sizeof latest) return dl_seterr(DL_ERANGE, "%s/latest: path too long", checkpoints);
+    snprintf(tmp, sizeof tmp, "%s.tmp", latest);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) return dl_seterr(DL_EIO, "open %s: %s", tmp, strerror(errno));
+    int ok = fprintf(f, "step_%llu\n", (unsigned long long)step) > 0;
+    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    if (fclose(f) != 0) ok = 0;
+    if (!ok) return dl_seterr(DL_EIO, "write %s: %s", tmp, strerror(errno));
+    if (rename(tmp, latest) != 0) return dl_seterr(DL_EIO, "rename %s: %s", tmp, strerror(errno));
+    int fd = open(checkpoints, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) { fsync(fd); close(fd); }
+    return 0;
 }

@@ -413,6 +413,23 @@ static void test_latest(void **state) {
     assert_string_equal(name, "final");
     assert_int_equal(step, 0);
     assert_int_equal(rundir_latest_read(tmpdir, NULL, 0, NULL), 0);
+    /* the writer: the exact bytes the reader and older versions expect, replacing what was
+     * there, no latest.tmp left; a folder that does not exist is DL_EIO */
+    assert_int_equal(rundir_latest_write(p, 12345678901ull), 0);
+    assert_int_equal(rundir_latest_read(tmpdir, name, sizeof name, &step), 1);
+    assert_int_equal(step, 12345678901ull);
+    char q[600], buf[64] = "";
+    snprintf(q, sizeof q, "%s/latest", p);
+    FILE *f = fopen(q, "r");
+    assert_non_null(f);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    assert_string_equal(buf, "step_12345678901\n");
+    snprintf(q, sizeof q, "%s/latest.tmp", p);
+    assert_int_equal(access(q, F_OK), -1);
+    snprintf(q, sizeof q, "%s/nope", p);
+    assert_int_equal(rundir_latest_write(q, 1), DL_EIO);
 }
 
 /* The control endpoint: run.json's "control" when absolute (the socket dir under /tmp
