@@ -161,7 +161,7 @@ int cmd_status(int argc, char **argv) {
         rundir_metrics_latest_free(&last, nl);
         nl = 0;
         if (rundir_run_read(dir, run) < 0) {
-            fprintf(stderr, "draftline status: %s/%s: missing or malformed\n", dir, RUNDIR_RUN_JSON);
+            fprintf(stderr, "draftline status: %s (is %s a draftline run dir?)\n", dl_errmsg(), dir);
             free(run);
             return 1;
         }

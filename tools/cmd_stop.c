@@ -35,7 +35,7 @@ int cmd_stop(int argc, char **argv) {
     if (!dir) { cli_error("draftline stop", "--run DIR is required"); return 2; }
     int spid = 0;
     if (rundir_run_supervisor_pid(dir, &spid) < 0) {
-        fprintf(stderr, "draftline stop: %s/%s: missing or malformed\n", dir, RUNDIR_RUN_JSON);
+        fprintf(stderr, "draftline stop: %s (is %s a draftline run dir?)\n", dl_errmsg(), dir);
         return 1;
     }
     proto_ctl_request_t q = {.id = (uint64_t)getpid(), .op = PROTO_CTLREQ_STOP,

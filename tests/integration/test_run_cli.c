@@ -547,6 +547,31 @@ static void test_ctl_silent(void **state) {
     close(fd);
 }
 
+/* status and stop on a dir whose run.json is not a run's: exit 1, the reader's own error (file
+ * and key) and the dir named, not a bare "missing or malformed". */
+static void test_status_stop_bad_run_json(void **state) {
+    (void)state;
+    char dir[400], p[500], log[500];
+    snprintf(dir, sizeof dir, "%s/badrun", fx.root);
+    mkdir(dir, 0700);
+    snprintf(p, sizeof p, "%s/run.json", dir);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs("{\"stages\": 3}\n", f);
+    fclose(f);
+    snprintf(log, sizeof log, "%s/badrun.out", fx.root);
+    const char *cmds[] = {"status", "stop"};
+    for (int i = 0; i < 2; i++) {
+        char *args[] = {(char *)cmds[i], "--run", dir, NULL};
+        assert_int_equal(run_tool(log, args), 1);
+        char *txt = pf_slurp(log, NULL);
+        assert_non_null(txt);
+        assert_non_null(strstr(txt, "run.json: key 'stages'"));
+        assert_non_null(strstr(txt, "a draftline run dir?"));
+        free(txt);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_supervisor_killed),
@@ -558,6 +583,7 @@ int main(void) {
         cmocka_unit_test(test_cache_of_another_tokenizer),
         cmocka_unit_test(test_stop_racing_max_steps),
         cmocka_unit_test(test_ctl_silent),
+        cmocka_unit_test(test_status_stop_bad_run_json),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
