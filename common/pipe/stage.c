@@ -1,5 +1,6 @@
 /* Stage runtime (see stage.h). */
 #include "common/pipe/stage.h"
+#include "common/base/testhook.h"
 #include "common/pipe/runcfg.h"
 #include "common/mem/slab.h"
 #include "common/base/cli.h"
@@ -275,6 +276,8 @@ int stage_config(proto_role_t role, uint32_t stage_id, uint64_t incarnation, con
                  const char *run_dir, int timeout_ms, run_config_t *cfg) {
     char ep[BUS_ENDPOINT_MAX];
     DL_TRY(bus_endpoint(run_dir, "sup", ep, sizeof ep));
+    int64_t hook_ms;   /* test hook: a short wait, so the time-out itself can be tested */
+    if (testhook_i64("config_timeout_ms", &hook_ms) && hook_ms > 0 && hook_ms < timeout_ms) timeout_ms = (int)hook_ms;
     uv_loop_t loop;
     if (uv_loop_init(&loop) != 0) return dl_seterr(DL_EIO, "uv_loop_init failed");
     cfg_wait_t w = {.stage_id = stage_id, .inc = incarnation ? incarnation : 1, .cfg = cfg};
@@ -307,8 +310,8 @@ int stage_config(proto_role_t role, uint32_t stage_id, uint64_t incarnation, con
     uv_loop_close(&loop);
     if (rc < 0) return dl_seterr(rc, "asking the supervisor (%s) for the run configuration: %s", ep, dl_errmsg());
     if (!w.got)
-        return dl_seterr(DL_ETIMEDOUT, "no run configuration from the supervisor (%s) within %d s", ep,
-                         timeout_ms / 1000);
+        return dl_seterr(DL_ETIMEDOUT, "no run configuration from the supervisor (%s) within %g s", ep,
+                         timeout_ms / 1000.0);
     if (w.rc < 0) return dl_seterr(w.rc, "bad run configuration from the supervisor (%s): %s", ep, dl_errmsg());
     return 0;
 }

@@ -572,6 +572,33 @@ static void test_status_stop_bad_run_json(void **state) {
     }
 }
 
+/* A stage started without a supervisor (or one that never answers its config request) gives
+ * up after its wait with a clear error naming the endpoint, exit 1, instead of hanging
+ * (the wait is cut to 0.5 s by the config_timeout_ms test hook; 30 s otherwise). */
+static void test_stage_without_supervisor(void **state) {
+    (void)state;
+    char dir[300], exe[1200], log[360];
+    snprintf(dir, sizeof dir, "%s/nosup", fx.root);
+    mkdir(dir, 0700);
+    snprintf(exe, sizeof exe, "%s/optimizer", fx.bin);
+    snprintf(log, sizeof log, "%s/nosup.out", fx.root);
+    static pf_run_args_t a;
+    memset(&a, 0, sizeof a);
+    char *argv[] = {exe, "--run-dir", dir, "--incarnation", "1", NULL};
+    for (int i = 0; argv[i]; i++) a.argv[i] = argv[i];
+    snprintf(a.log, sizeof a.log, "%s", log);
+    setenv("DL_TEST_HOOKS", "config_timeout_ms=500", 1);
+    int code = pf_run_draftline(&a, NULL, 20, NULL);
+    unsetenv("DL_TEST_HOOKS");
+    assert_int_equal(code, 1);
+    char *txt = pf_slurp(log, NULL);
+    assert_non_null(txt);
+    assert_non_null(strstr(txt, "no run configuration from the supervisor"));
+    assert_non_null(strstr(txt, "within 0.5 s"));
+    assert_non_null(strstr(txt, "/sup.sock"));
+    free(txt);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_supervisor_killed),
@@ -584,6 +611,7 @@ int main(void) {
         cmocka_unit_test(test_stop_racing_max_steps),
         cmocka_unit_test(test_ctl_silent),
         cmocka_unit_test(test_status_stop_bad_run_json),
+        cmocka_unit_test(test_stage_without_supervisor),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
