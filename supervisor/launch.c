@@ -122,6 +122,16 @@ static int lc_validate(launch_t *L) {
                 o->target_model);
         return 2;
     }
+    /* an explicit --max-len past the target's context (max_position_embeddings / GGUF
+     * context_length), as generate/eval/regen refuse theirs; unknown context: not checked */
+    model_config_t mc;
+    if (o->max_len > 0 && pipe_target_config(o->target_model, &mc) == 0 && mc.max_pos > 0 &&
+        o->max_len > mc.max_pos) {
+        fprintf(stderr, "draftline run: --max-len %d is past the context of %s (%d tokens: "
+                        "max_position_embeddings / context_length); use --max-len <= %d\n",
+                o->max_len, o->target_model, mc.max_pos, mc.max_pos);
+        return 2;
+    }
     if (o->deterministic && o->threads == 0) o->threads = 1;
     if (o->eval_data || o->eval_every) {
         if (!o->eval_data || o->eval_every < 1) {

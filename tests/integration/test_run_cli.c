@@ -221,6 +221,18 @@ static void test_validation_first(void **state) {
         assert_non_null(strstr(txt, want));
         free(txt);
     }
+    {   /* --max-len past the target's context (the embedded SmolLM2: 8192): refused like
+         * generate/eval/regen, naming the flag and the limit; the out dir is not created */
+        char out[500], gguf[1024];
+        snprintf(out, sizeof out, "%s/pastctx", fx.root);
+        assert_int_equal(paths_default_model(gguf, sizeof gguf), 0);
+        const char *extra[] = {"--out", out, "--target-model", gguf, "--max-len", "10000", NULL};
+        char *txt = run_expect(log, extra, 30, 2);
+        assert_non_null(strstr(txt, "--max-len 10000 is past the context of"));
+        assert_non_null(strstr(txt, "use --max-len <= 8192"));
+        free(txt);
+        assert_int_not_equal(access(out, F_OK), 0);
+    }
     {   /* --inbox-gb 0: refused, the out dir is not created */
         char out[500];
         snprintf(out, sizeof out, "%s/noinbox", fx.root);
