@@ -7,12 +7,10 @@
 #include <cjson/cJSON.h>
 
 #include <errno.h>
-#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -43,18 +41,7 @@ static void ev_spawn(sup_t *S, uint64_t step) {
     pid_t pid = fork();
     if (pid < 0) { log_warn("eval: fork: %s", strerror(errno)); return; }
     if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGTERM);
-        if (getppid() != parent) _exit(1);
-        int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); if (fd > 2) close(fd); }
-        int nfd = open("/dev/null", O_RDONLY);
-        if (nfd >= 0) { dup2(nfd, 0); if (nfd > 0) close(nfd); }
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        signal(SIGINT, SIG_DFL); signal(SIGTERM, SIG_DFL); signal(SIGCHLD, SIG_DFL); signal(SIGPIPE, SIG_IGN);
-        setenv("OMP_NUM_THREADS", thr, 1);
-        setenv("OPENBLAS_NUM_THREADS", thr, 1);
+        sup__child_setup(parent, SIGTERM, log_path, o->threads_per_stage);
         char *argv[] = {exe, "eval", "--target-model", (char *)o->target_model, "--drafter", ckpt,
                         "--data", (char *)o->eval_data, "--num-prompts", np, "--max-new-tokens", mnt,
                         "--no-baseline", "--json", S->ev.json, "--device", "cpu", "--threads", thr, NULL};

@@ -66,6 +66,27 @@ void sup__send_config(sup_t *S, sstage_t *x, const char *peer, uint64_t inc) {
 }
 
 
+/* In a child just forked by the supervisor (parent: the supervisor's pid): dies with the
+ * supervisor (pdeathsig), stdout/stderr appended to log_path, stdin /dev/null, default
+ * signal dispositions and an empty mask, OMP_NUM_THREADS/OPENBLAS_NUM_THREADS = threads
+ * (1 when <= 0). _exit(1) when the supervisor is already gone. */
+void sup__child_setup(pid_t parent, int pdeathsig, const char *log_path, int threads) {
+    prctl(PR_SET_PDEATHSIG, pdeathsig);
+    if (getppid() != parent) _exit(1);
+    int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); if (fd > 2) close(fd); }
+    int nfd = open("/dev/null", O_RDONLY);
+    if (nfd >= 0) { dup2(nfd, 0); if (nfd > 0) close(nfd); }
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    signal(SIGINT, SIG_DFL); signal(SIGTERM, SIG_DFL); signal(SIGCHLD, SIG_DFL); signal(SIGPIPE, SIG_IGN);
+    char thr[16];
+    snprintf(thr, sizeof thr, "%d", threads > 0 ? threads : 1);
+    setenv("OMP_NUM_THREADS", thr, 1);
+    setenv("OPENBLAS_NUM_THREADS", thr, 1);
+}
+
 void sup__spawn(sup_t *S, sstage_t *x) {
     const sup_opts_t *o = S->o;
     char log_path[4200];
@@ -92,21 +113,7 @@ void sup__spawn(sup_t *S, sstage_t *x) {
     if (pid == 0) {
         /* a stage never outlives its supervisor (even one killed with SIGKILL): SIGUSR1,
          * which the stage runtime turns into one SIGTERM (common/pipe/stage.c) */
-        prctl(PR_SET_PDEATHSIG, SIGUSR1);
-        if (getppid() != parent) _exit(1);
-        int fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) { dup2(fd, 1); dup2(fd, 2); if (fd > 2) close(fd); }
-        int nfd = open("/dev/null", O_RDONLY);
-        if (nfd >= 0) { dup2(nfd, 0); if (nfd > 0) close(nfd); }
-        /* default signal dispositions and mask for the stage */
-        sigset_t none;
-        sigemptyset(&none);
-        sigprocmask(SIG_SETMASK, &none, NULL);
-        signal(SIGINT, SIG_DFL); signal(SIGTERM, SIG_DFL); signal(SIGCHLD, SIG_DFL); signal(SIGPIPE, SIG_IGN);
-        char thr[16];
-        snprintf(thr, sizeof thr, "%d", o->threads_per_stage > 0 ? o->threads_per_stage : 1);
-        setenv("OMP_NUM_THREADS", thr, 1);
-        setenv("OPENBLAS_NUM_THREADS", thr, 1);
+        sup__child_setup(parent, SIGUSR1, log_path, o->threads_per_stage);
         /* only who it is and where the supervisor is: its settings come as RUN_CONFIG */
         char *argv[8], idx[16];
         int a = 0;

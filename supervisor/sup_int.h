@@ -152,6 +152,10 @@ static inline int route_of(const sup_t *S, uint32_t target_id) {
 }
 
 /* proc.c */
+/* The set-up of a child the supervisor forked (a stage or the eval child), before its
+ * exec: pdeathsig, log_path for stdout/stderr, stdin /dev/null, default signals, the
+ * thread-count variables (threads <= 0: 1). _exit(1) if `parent` is already gone. */
+void sup__child_setup(pid_t parent, int pdeathsig, const char *log_path, int threads);
 /* The GPU ordinal a stage spec starts on (sp->gpu), or -1 (CPU stage, loader). */
 int sup__spec_gpu(const sup_stage_spec_t *sp);
 /* Answers x's config request (a HELLO with PROTO_CAP_WANT_CONFIG from peer, incarnation
