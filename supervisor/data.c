@@ -111,15 +111,14 @@ int sup__data_prepare(launch_t *L) {
      * (a cache of another tokenizer trained silently on ids that mean other tokens) */
     const char *cache = L->cache;
     dlc_t *dc = NULL;
-    model_config_t tmc;
     if (dlc_open(cache, &dc) < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 1; }
     const dlc_header_t *dh = dlc_header(dc);
     int bad = 0;
     tok_t *tk = NULL;
-    if (pipe_target_config(o->target_model, &tmc) == 0 && dh->n_vocab > tmc.V) {
+    if (L->mc_rc == 0 && dh->n_vocab > L->mc.V) {
         fprintf(stderr, "draftline run: --data %s: token ids of a %d-token vocabulary, more than the %d of "
                         "--target-model %s: prepare it with the target's tokenizer (draftline prepare --model)\n",
-                o->data, dh->n_vocab, tmc.V, o->target_model);
+                o->data, dh->n_vocab, L->mc.V, o->target_model);
         bad = 1;
     } else if (tok_load(o->target_model, &tk) == 0) {
         if (dh->tok_fingerprint != tok_fingerprint(tk)) {

@@ -124,12 +124,13 @@ static int lc_validate(launch_t *L) {
     }
     /* an explicit --max-len past the target's context (max_position_embeddings / GGUF
      * context_length), as generate/eval/regen refuse theirs; unknown context: not checked */
-    model_config_t mc;
-    if (o->max_len > 0 && pipe_target_config(o->target_model, &mc) == 0 && mc.max_pos > 0 &&
-        o->max_len > mc.max_pos) {
+    L->mc_rc = pipe_target_config(o->target_model, &L->mc);   /* the one read of the target's config */
+    if (L->mc_rc < 0) snprintf(L->mc_err, sizeof L->mc_err, "%s", dl_errmsg());
+    const model_config_t *mc = &L->mc;
+    if (o->max_len > 0 && L->mc_rc == 0 && mc->max_pos > 0 && o->max_len > mc->max_pos) {
         fprintf(stderr, "draftline run: --max-len %d is past the context of %s (%d tokens: "
                         "max_position_embeddings / context_length); use --max-len <= %d\n",
-                o->max_len, o->target_model, mc.max_pos, mc.max_pos);
+                o->max_len, o->target_model, mc->max_pos, mc->max_pos);
         return 2;
     }
     if (o->deterministic && o->threads == 0) o->threads = 1;
@@ -195,11 +196,9 @@ static int lc_out_dir(launch_t *L) {
  * --resume settings against the checkpoint, before anything is written. */
 static int lc_inbox(launch_t *L) {
     const run_opts_t *o = L->o;
-    model_config_t mc;
     drafter_config_t dc;
-    if (pipe_target_config(o->target_model, &mc) < 0 ||
-        pipe_drafter_config(&mc, o->drafter_layers, 0, o->block_size, &dc) < 0) {
-        fprintf(stderr, "draftline run: %s: %s\n", o->target_model, dl_errmsg());
+    if (L->mc_rc < 0 || pipe_drafter_config(&L->mc, o->drafter_layers, 0, o->block_size, &dc) < 0) {
+        fprintf(stderr, "draftline run: %s: %s\n", o->target_model, L->mc_rc < 0 ? L->mc_err : dl_errmsg());
         return 1;
     }
     uint64_t slot = pipe_layout((uint64_t)o->token_budget, (uint64_t)dc.n_feat * (uint64_t)dc.D,

@@ -14,6 +14,7 @@
 #define DL_SUPERVISOR_LAUNCH_INT_H
 
 #include "supervisor/launch.h"
+#include "common/model/config.h"
 #include "supervisor/supervisor.h"
 #include "common/data/batcher.h"
 #include "common/model/dflash_ckpt.h"
@@ -36,6 +37,9 @@ typedef struct {
     ckpt_state_hdr_t resume_hdr;
     int have_resume_hdr, batching_reported, data_checked;
     uint64_t target_fp;         /* the target's fingerprint (0: not taken yet) */
+    model_config_t mc;          /* the target's config, read once (lc_validate) when mc_rc is 0 */
+    int mc_rc;                  /* pipe_target_config's result; < 0: mc_err says why */
+    char mc_err[512];
     int lookahead, inbox_slots; /* the loader's --lookahead-mbs; full micro-batch slots per inbox */
     char bdir[4096];            /* the stage executables' dir */
     int lock_fd;                /* <out>/run.lock, held to the exit (-1: none) */
