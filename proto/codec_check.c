@@ -311,6 +311,62 @@ int proto__check_run_config(const proto_msg_t *m, const char *tn) {
     }
     if (c->drafter >= (int32_t)c->n_drafter_gpus)
         return dl_seterr(DL_EPROTO, "%s.drafter: drafter %d of %u", tn, c->drafter, c->n_drafter_gpus);
+    if (c->n_target_nodes != c->n_target_gpus || c->n_drafter_nodes != c->n_drafter_gpus)
+        return dl_seterr(DL_EPROTO, "%s.target_nodes/drafter_nodes: %u/%u entries for %u targets and "
+                         "%u drafters", tn, c->n_target_nodes, c->n_drafter_nodes, c->n_target_gpus,
+                         c->n_drafter_gpus);
+    if (c->net_port != 0 && c->net_port < 1024)
+        return dl_seterr(DL_EPROTO, "%s.net_port: %u (0, or 1024..65335)", tn, c->net_port);
+    /* every node index used must have an address line (net_port 0: all on node 0) */
+    uint32_t lines = 0;
+    for (uint32_t i = 0; i < c->n_node_addrs; i++) lines += c->node_addrs[i] == '\n';
+    if (c->n_node_addrs > 0 && c->node_addrs[c->n_node_addrs - 1] != '\n') lines++;
+    int64_t maxn = c->node > c->loader_node ? c->node : c->loader_node;
+    if (c->optimizer_node > maxn) maxn = c->optimizer_node;
+    for (uint32_t i = 0; i < c->n_target_nodes; i++) if (c->target_nodes[i] > maxn) maxn = c->target_nodes[i];
+    for (uint32_t i = 0; i < c->n_drafter_nodes; i++) if (c->drafter_nodes[i] > maxn) maxn = c->drafter_nodes[i];
+    if (c->net_port == 0 && maxn > 0)
+        return dl_seterr(DL_EPROTO, "%s: node %lld used on a one-host run (net_port 0)", tn, (long long)maxn);
+    if (c->net_port != 0 && (int64_t)lines <= maxn)
+        return dl_seterr(DL_EPROTO, "%s.node_addrs: %u addresses, node %lld used", tn, lines, (long long)maxn);
+    return 0;
+}
+
+/* A node name is a bus id: no space (FL_PRINTABLE admits 0x20). */
+static int check_node_name(const char *s, const char *tn, const char *field) {
+    for (const char *p = s; *p; p++)
+        if (*p == ' ' || *p == ':' || *p == ',')
+            return dl_seterr(DL_EPROTO, "%s.%s: '%s' has a space, ':' or ','", tn, field, s);
+    return 0;
+}
+
+int proto__check_node_hello(const proto_msg_t *m, const char *tn) {
+    const proto_node_hello_t *h = &m->node_hello;
+    DL_TRY(check_node_name(h->name, tn, "name"));
+    uint32_t lines = 0;
+    for (uint32_t i = 0; i < h->n_gpu_uuids; i++) lines += h->gpu_uuids[i] == '\n';
+    if (h->n_gpu_uuids > 0 && h->gpu_uuids[h->n_gpu_uuids - 1] != '\n') lines++;
+    if (lines != h->n_gpu_free_mib)
+        return dl_seterr(DL_EPROTO, "%s.gpu_free_mib: %u entries for %u GPUs", tn, h->n_gpu_free_mib, lines);
+    return 0;
+}
+
+int proto__check_node_spawn(const proto_msg_t *m, const char *tn) {
+    const proto_node_spawn_t *s = &m->node_spawn;
+    static const char *const exes[] = {"loader", "target_worker", "drafter_worker", "optimizer"};
+    int ok = 0;
+    for (size_t i = 0; i < sizeof exes / sizeof exes[0]; i++) ok |= !strcmp(s->exe, exes[i]);
+    if (!ok)
+        return dl_seterr(DL_EPROTO, "%s.exe: '%s' is not a stage executable "
+                         "(loader|target_worker|drafter_worker|optimizer)", tn, s->exe);
+    if (strncmp(s->sup_endpoint, "tcp://", 6) != 0)
+        return dl_seterr(DL_EPROTO, "%s.sup_endpoint: '%s' is not tcp://", tn, s->sup_endpoint);
+    return 0;
+}
+
+int proto__check_node_signal(const proto_msg_t *m, const char *tn) {
+    if (m->node_signal.signum != 9 && m->node_signal.signum != 15)
+        return dl_seterr(DL_EPROTO, "%s.signum: %d (SIGTERM 15 or SIGKILL 9 only)", tn, m->node_signal.signum);
     return 0;
 }
 

@@ -25,7 +25,8 @@ static const char *const TYPE_NAMES[PROTO_TYPE_COUNT_] = {
     "?", "hello", "heartbeat", "work_request", "micro_batch", "slab_export",
     "slot_grant", "hidden_states_ready", "slot_release", "gradients_ready",
     "weights_version", "metrics", "control", "applied", "error", "ctl_request", "ctl_reply",
-    [PROTO_RUN_CONFIG] = "run_config",
+    [PROTO_RUN_CONFIG] = "run_config", "slab_data", "node_hello", "node_welcome", "node_spawn",
+    "node_signal", "node_stage",
 };
 static const char *const ROLE_NAMES[PROTO_ROLE_COUNT_] = {
     "?", "loader", "target", "drafter", "optimizer", "supervisor", "monitor",
@@ -273,6 +274,64 @@ static const field_t F_RUN_CONFIG[] = {
     F_PLACE(drafter_gpus, n_drafter_gpus),
     { F_ARR(K_I64S, run_config, target_drafters, n_target_drafters, 1, DL_PROTO_MAX_PLACE),
       .slo = 0, .shi = DL_PROTO_MAX_PLACE - 1 },
+    F_U32(run_config, net_port, 0, 65535 - 200),
+    { .name = "node_addrs", .kind = K_PSTR, .off = OFF(run_config.node_addrs),
+      .n_off = OFF(run_config.n_node_addrs), .max_n = DL_PROTO_PATH_MAX },
+    F_I32(run_config, node, 0, DL_PROTO_MAX_NODES - 1),
+    F_I32(run_config, loader_node, 0, DL_PROTO_MAX_NODES - 1),
+    F_I32(run_config, optimizer_node, 0, DL_PROTO_MAX_NODES - 1),
+    { F_ARR(K_I64S, run_config, target_nodes, n_target_nodes, 1, DL_PROTO_MAX_PLACE),
+      .slo = 0, .shi = DL_PROTO_MAX_NODES - 1 },
+    { F_ARR(K_I64S, run_config, drafter_nodes, n_drafter_nodes, 1, DL_PROTO_MAX_PLACE),
+      .slo = 0, .shi = DL_PROTO_MAX_NODES - 1 },
+};
+static const field_t F_SLAB_DATA[] = {
+    F_STAGE(slab_data, owner_id),
+    F_U64(slab_data, owner_inc, 1, UANY),
+    F_U32(slab_data, slab_id, 0, U32ANY),
+    F_U64(slab_data, offset, 0, DL_PROTO_MAX_OFFSET),
+    { F_ARR(K_U8BIN, slab_data, data, n_data, 1, DL_PROTO_MAX_CHUNK), .ulo = 0, .uhi = 255 },
+};
+static const field_t F_NODE_HELLO[] = {
+    F_STR(node_hello, name, 1, DL_PROTO_NODE_NAME_MAX, FL_PRINTABLE),
+    F_STR(node_hello, hostname, 1, DL_PROTO_HOST_MAX, FL_PRINTABLE),
+    F_STR(node_hello, addr, 1, DL_PROTO_HOST_MAX, FL_PRINTABLE),
+    { .name = "run_dir", .kind = K_PSTR, .off = OFF(node_hello.run_dir),
+      .n_off = OFF(node_hello.n_run_dir), .min_n = 1, .max_n = DL_PROTO_PATH_MAX },
+    F_U32(node_hello, pid, 1, U32ANY),
+    F_U64(node_hello, incarnation, 1, UANY),
+    F_U32(node_hello, proto_version, DL_PROTO_VERSION, DL_PROTO_VERSION),
+    F_U32(node_hello, cores, 1, 1u << 20),
+    { .name = "gpu_uuids", .kind = K_PSTR, .off = OFF(node_hello.gpu_uuids),
+      .n_off = OFF(node_hello.n_gpu_uuids), .max_n = DL_PROTO_PATH_MAX },
+    { F_ARR(K_I64S, node_hello, gpu_free_mib, n_gpu_free_mib, 0, DL_PROTO_MAX_NODES),
+      .slo = 0, .shi = INT64_MAX },
+};
+static const field_t F_NODE_WELCOME[] = {
+    F_STR(node_welcome, run_id, 1, DL_PROTO_RUN_ID_MAX, FL_PRINTABLE),
+    F_U32(node_welcome, node_index, 1, DL_PROTO_MAX_NODES - 1),
+    F_U64(node_welcome, node_incarnation, 1, UANY),
+};
+static const field_t F_NODE_SPAWN[] = {
+    F_STAGE(node_spawn, stage_id),
+    F_U64(node_spawn, incarnation, 1, UANY),
+    F_STR(node_spawn, exe, 1, DL_PROTO_EXE_MAX, FL_PRINTABLE),
+    F_I32(node_spawn, index, -1, DL_PROTO_MAX_PLACE - 1),
+    F_U32(node_spawn, threads, 0, 1u << 20),
+    F_STR(node_spawn, sup_endpoint, 1, DL_PROTO_HOST_MAX, FL_PRINTABLE),
+    F_STR(node_spawn, log_level, 0, DL_PROTO_NAME_MAX, FL_PRINTABLE),
+};
+static const field_t F_NODE_SIGNAL[] = {
+    F_STAGE(node_signal, stage_id),
+    F_U64(node_signal, incarnation, 1, UANY),
+    F_I32(node_signal, signum, 1, 64),
+};
+static const field_t F_NODE_STAGE[] = {
+    F_STAGE(node_stage, stage_id),
+    F_U64(node_stage, incarnation, 1, UANY),
+    F_ENUM(node_stage, event, PROTO_NODE_EV_COUNT_),
+    F_U32(node_stage, pid, 0, U32ANY),
+    F_I32(node_stage, wait_status, INT32_MIN, INT32_MAX),
 };
 
 #define DEF(tab, chk) { tab, (uint32_t)(sizeof(tab) / sizeof(tab[0])), chk }
@@ -294,4 +353,10 @@ const msgdef_t proto__defs[PROTO_TYPE_COUNT_] = {
     [PROTO_CTL_REQUEST] = DEF(F_CTL_REQUEST, proto__check_ctl_request),
     [PROTO_CTL_REPLY] = DEF(F_CTL_REPLY, NULL),
     [PROTO_RUN_CONFIG] = DEF(F_RUN_CONFIG, proto__check_run_config),
+    [PROTO_SLAB_DATA] = DEF(F_SLAB_DATA, NULL),
+    [PROTO_NODE_HELLO] = DEF(F_NODE_HELLO, proto__check_node_hello),
+    [PROTO_NODE_WELCOME] = DEF(F_NODE_WELCOME, NULL),
+    [PROTO_NODE_SPAWN] = DEF(F_NODE_SPAWN, proto__check_node_spawn),
+    [PROTO_NODE_SIGNAL] = DEF(F_NODE_SIGNAL, proto__check_node_signal),
+    [PROTO_NODE_STAGE] = DEF(F_NODE_STAGE, NULL),
 };

@@ -28,7 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define DL_PROTO_VERSION 1u
+#define DL_PROTO_VERSION 2u
 
 /* ---- limits (all enforced by encoder and decoder) ---- */
 #define DL_PROTO_MAX_BYTES     (16u << 20)  /* whole encoded message, bytes */
@@ -60,6 +60,11 @@
 #define DL_PROTO_PATH_MAX      4095u        /* run_config paths (PATH_MAX - 1) */
 #define DL_PROTO_RUN_ID_MAX    16u          /* run_config run id ([A-Za-z0-9_.]) */
 #define DL_PROTO_MAX_PLACE     64u          /* run_config targets / drafters listed */
+#define DL_PROTO_MAX_CHUNK     (4u << 20)   /* slab_data bytes in one message */
+#define DL_PROTO_MAX_NODES     64u          /* nodes of one run (index 0 = the head) */
+#define DL_PROTO_NODE_NAME_MAX 63u          /* node name: bus id characters (0x21..0x7e) */
+#define DL_PROTO_HOST_MAX      255u         /* hostname / address text */
+#define DL_PROTO_EXE_MAX       63u          /* stage executable name ([a-z_]) */
 
 #define DL_PROTO_MB_NONE   UINT64_MAX  /* "no micro-batch" (slot_release of an unused grant) */
 
@@ -82,7 +87,13 @@ typedef enum {
     PROTO_CTL_REQUEST         = 15,  /* control client -> supervisor (its control socket) */
     PROTO_CTL_REPLY           = 16,  /* supervisor -> control client */
     PROTO_RUN_CONFIG          = 17,  /* supervisor -> stage, the answer to its hello */
-    PROTO_TYPE_COUNT_         = 18
+    PROTO_SLAB_DATA           = 18,  /* bytes of a slab range across hosts (CPU data plane) */
+    PROTO_NODE_HELLO          = 19,  /* node agent -> supervisor: registration */
+    PROTO_NODE_WELCOME        = 20,  /* supervisor -> node agent: accepted */
+    PROTO_NODE_SPAWN          = 21,  /* supervisor -> node agent: start a stage */
+    PROTO_NODE_SIGNAL         = 22,  /* supervisor -> node agent: signal a stage */
+    PROTO_NODE_STAGE          = 23,  /* node agent -> supervisor: a stage started / exited */
+    PROTO_TYPE_COUNT_         = 24
 } proto_type_t;
 
 typedef enum {
@@ -136,6 +147,14 @@ typedef enum {
 #define PROTO_CAP_HOST_TIER (1ull << 3)  /* has / accepts the pinned host inbox tier */
 #define PROTO_CAP_WANT_CONFIG (1ull << 4) /* a config request: answer with RUN_CONFIG only (not "up") */
 #define PROTO_CAP_ALL_      ((1ull << 5) - 1)
+
+/* node_stage.event */
+typedef enum {
+    PROTO_NODE_EV_STARTED = 1,   /* fork+exec done: pid */
+    PROTO_NODE_EV_EXITED  = 2,   /* reaped: wait_status is waitpid's status (Linux encoding) */
+    PROTO_NODE_EV_FAILED  = 3,   /* could not start (fork or exec): wait_status = errno */
+    PROTO_NODE_EV_COUNT_  = 4
+} proto_node_ev_t;
 
 /* ---- message bodies ---- */
 
@@ -379,7 +398,93 @@ typedef struct {
     const int64_t *target_gpus; uint32_t n_target_gpus;         /* 1..DL_PROTO_MAX_PLACE */
     const int64_t *drafter_gpus; uint32_t n_drafter_gpus;       /* 1..DL_PROTO_MAX_PLACE */
     const int64_t *target_drafters; uint32_t n_target_drafters; /* == n_target_gpus */
+    /* multi-node (docs/MULTINODE.md). net_port 0: one host, every endpoint
+     * ipc://<run dir>/<name>.sock and every slab mapped (node lists all 0).
+     * Else every stage endpoint is tcp://<addr of its node>:<port> with CURVE
+     * (supervisor net_port, loader +1, optimizer +2, drafter i +100+i); node_addrs:
+     * the nodes' addresses, one line each, line k = node k (0 = the head); node: the
+     * receiving stage's node; *_nodes[i]: the node of target / drafter i. Peers on
+     * different nodes move slab bytes with slab_data (CPU) or NCCL (GPU). */
+    uint32_t net_port;                                          /* 0, or 1024..65535-200 */
+    const char *node_addrs; uint32_t n_node_addrs;              /* 0..DL_PROTO_PATH_MAX */
+    int32_t node, loader_node, optimizer_node;                  /* 0..DL_PROTO_MAX_NODES-1 */
+    const int64_t *target_nodes; uint32_t n_target_nodes;       /* == n_target_gpus */
+    const int64_t *drafter_nodes; uint32_t n_drafter_nodes;     /* == n_drafter_gpus */
 } proto_run_config_t;
+
+/* Bytes [offset, offset + n_data) of slab `slab_id` owned by stage `owner_id`
+ * (incarnation owner_inc), sent across hosts where the peers cannot map the slab
+ * (CPU data plane of a multi-node run, docs/MULTINODE.md): a target writes its
+ * features into the drafter's granted slot this way (owner = the drafter), a
+ * drafter its gradient slot (owner = the drafter, into the optimizer's mirror), the
+ * optimizer its new weights (owner = the optimizer, into each drafter's mirror).
+ * Every chunk of a range is sent before the message that announces it
+ * (hidden_states_ready, gradients_ready, weights_version) on the same connection,
+ * so arrival order is write order. n_data 1..DL_PROTO_MAX_CHUNK. */
+typedef struct {
+    uint32_t owner_id;
+    uint64_t owner_inc;
+    uint32_t slab_id;
+    uint64_t offset;                               /* 0..DL_PROTO_MAX_OFFSET */
+    const uint8_t *data; uint32_t n_data;          /* 1..DL_PROTO_MAX_CHUNK */
+} proto_slab_data_t;
+
+/* A node agent registers with the head (`draftline node --join`). name: the node's
+ * name in placements (bus id characters, unique in the run); addr: the address
+ * its stages bind and peers reach (IP or hostname); run_dir: the agent's local run
+ * dir (logs; the out dir of stages placed there); gpu_uuids: one line per GPU
+ * ("GPU-..."), gpu_free_mib[i] its free memory (NVML; empty on a CPU node);
+ * incarnation: new at every agent start. */
+typedef struct {
+    char name[DL_PROTO_NODE_NAME_MAX + 1];
+    char hostname[DL_PROTO_HOST_MAX + 1];
+    char addr[DL_PROTO_HOST_MAX + 1];
+    const char *run_dir; uint32_t n_run_dir;       /* 1..DL_PROTO_PATH_MAX */
+    uint32_t pid;
+    uint64_t incarnation;
+    uint32_t proto_version;                        /* = DL_PROTO_VERSION */
+    uint32_t cores;                                /* online CPUs, >= 1 */
+    const char *gpu_uuids; uint32_t n_gpu_uuids;   /* 0..DL_PROTO_PATH_MAX */
+    const int64_t *gpu_free_mib; uint32_t n_gpu_free_mib;   /* 0..DL_PROTO_MAX_NODES */
+} proto_node_hello_t;
+
+/* The head accepted the node: its index in the run's node table (1..; 0 is the head). */
+typedef struct {
+    char run_id[DL_PROTO_RUN_ID_MAX + 1];
+    uint32_t node_index;                           /* 1..DL_PROTO_MAX_NODES-1 */
+    uint64_t node_incarnation;                     /* the hello's */
+} proto_node_welcome_t;
+
+/* Start incarnation `incarnation` of stage `stage_id` on this node:
+ *   <bin dir>/<exe> [--index index] --run-dir <node run dir> --incarnation N
+ *                   --sup sup_endpoint --key <node key file> [--log-level L]
+ * with `threads` OpenMP/OpenBLAS threads (0: 1); log <run dir>/logs/<stage name>.log. */
+typedef struct {
+    uint32_t stage_id;
+    uint64_t incarnation;
+    char exe[DL_PROTO_EXE_MAX + 1];                /* loader|target_worker|drafter_worker|optimizer */
+    int32_t index;                                 /* -1: none (loader, optimizer) */
+    uint32_t threads;
+    char sup_endpoint[DL_PROTO_HOST_MAX + 1];      /* "tcp://host:port" */
+    char log_level[DL_PROTO_NAME_MAX + 1];         /* "" = default */
+} proto_node_spawn_t;
+
+/* Send signal signum (SIGTERM 15 or SIGKILL 9) to incarnation `incarnation` of
+ * stage `stage_id` if it still runs on this node (else nothing). */
+typedef struct {
+    uint32_t stage_id;
+    uint64_t incarnation;
+    int32_t signum;
+} proto_node_signal_t;
+
+/* A stage of this node started (pid) or exited (waitpid status) or could not start. */
+typedef struct {
+    uint32_t stage_id;
+    uint64_t incarnation;
+    proto_node_ev_t event;
+    uint32_t pid;                                  /* 0 for FAILED */
+    int32_t wait_status;
+} proto_node_stage_t;
 
 /* One message. `version` is filled by proto_decode (always DL_PROTO_VERSION on
  * success); the encoder always writes DL_PROTO_VERSION. */
@@ -404,6 +509,12 @@ typedef struct proto_msg {
         proto_ctl_request_t ctl_request;
         proto_ctl_reply_t ctl_reply;
         proto_run_config_t run_config;
+        proto_slab_data_t slab_data;
+        proto_node_hello_t node_hello;
+        proto_node_welcome_t node_welcome;
+        proto_node_spawn_t node_spawn;
+        proto_node_signal_t node_signal;
+        proto_node_stage_t node_stage;
     };
     void *owned_;                /* decode-owned array storage; freed by proto_msg_free */
 } proto_msg_t;

@@ -68,6 +68,8 @@ struct bus {
 
     int hb_interval_ms, hb_timeout_ms, linger_ms;
     int peer_dead_debug;
+    int has_curve;              /* opts.curve given: tcp:// allowed, with these keys */
+    bus_curve_keys_t curve;
     size_t outq_max_msgs, outq_max_bytes, max_msg_bytes;
 
     peer_t **peers;             /* ROUTER: known peers; DEALER: peers[0] is the upstream */
@@ -697,6 +699,46 @@ static int setopt_int(bus_t *b, int opt, int v, const char *what) {
     return 0;
 }
 
+static int setopt_key(bus_t *b, int opt, const char *z85, const char *what) {
+    if (zmq_setsockopt(b->sock, opt, z85, BUS_CURVE_KEY_CHARS + 1) != 0)
+        return dl_seterr(DL_EIO, "bus %s: zmq_setsockopt %s: %s", b->name, what, zmq_strerror(errno));
+    return 0;
+}
+
+/* CURVE on every endpoint of this socket: a server (ROUTER/PUB) with the run's server
+ * key, a client (DEALER/SUB) with the run's client key and the server's public key.
+ * The options apply to the binds/connects made after them (all of this bus's). */
+static int bus_setup_curve(bus_t *b, const bus_curve_keys_t *k) {
+    if (!bus_curve_available())
+        return dl_seterr(DL_ENOTSUP, "bus %s: this libzmq has no CURVE support (tcp:// needs it)", b->name);
+    b->has_curve = 1;
+    b->curve = *k;
+    if (b->kind == BUS_ROUTER || b->kind == BUS_PUB) {
+        DL_TRY(setopt_int(b, ZMQ_CURVE_SERVER, 1, "ZMQ_CURVE_SERVER"));
+        DL_TRY(setopt_key(b, ZMQ_CURVE_SECRETKEY, k->server_secret, "ZMQ_CURVE_SECRETKEY"));
+        /* ZAP domain: the handler (bus_zap_*) accepts only the run's client key */
+        if (zmq_setsockopt(b->sock, ZMQ_ZAP_DOMAIN, "draftline", 9) != 0)
+            return dl_seterr(DL_EIO, "bus %s: ZMQ_ZAP_DOMAIN: %s", b->name, zmq_strerror(errno));
+    } else {
+        DL_TRY(setopt_key(b, ZMQ_CURVE_SERVERKEY, k->server_public, "ZMQ_CURVE_SERVERKEY"));
+        DL_TRY(setopt_key(b, ZMQ_CURVE_PUBLICKEY, k->client_public, "ZMQ_CURVE_PUBLICKEY"));
+        DL_TRY(setopt_key(b, ZMQ_CURVE_SECRETKEY, k->client_secret, "ZMQ_CURVE_SECRETKEY"));
+    }
+    return 0;
+}
+
+/* tcp:// (and every other transport that leaves the host) only with CURVE keys. */
+static int check_transport(const bus_t *b, const char *endpoint, const char *what) {
+    if (strncmp(endpoint, "ipc://", 6) == 0 || strncmp(endpoint, "inproc://", 9) == 0) return 0;
+    if (strncmp(endpoint, "tcp://", 6) != 0)
+        return dl_seterr(DL_EINVAL, "bus %s: %s %s: only ipc://, inproc:// and tcp:// endpoints", b->name,
+                         what, endpoint);
+    if (!b->has_curve)
+        return dl_seterr(DL_EINVAL, "bus %s: %s %s: tcp:// needs the run's CURVE keys (nothing "
+                         "unauthenticated on the network)", b->name, what, endpoint);
+    return 0;
+}
+
 static int bus_setup_socket(bus_t *b, const bus_opts_t *o) {
     static const int ztype[] = {[BUS_ROUTER] = ZMQ_ROUTER, [BUS_DEALER] = ZMQ_DEALER,
                                 [BUS_PUB] = ZMQ_PUB, [BUS_SUB] = ZMQ_SUB};
@@ -724,6 +766,7 @@ static int bus_setup_socket(bus_t *b, const bus_opts_t *o) {
     if (b->kind == BUS_DEALER &&
         zmq_setsockopt(b->sock, ZMQ_ROUTING_ID, b->identity, strlen(b->identity)) != 0)
         return dl_seterr(DL_EIO, "bus %s: ZMQ_ROUTING_ID: %s", b->name, zmq_strerror(errno));
+    if (o->curve) DL_TRY(bus_setup_curve(b, o->curve));
     size_t sz = sizeof b->fd;
     if (zmq_getsockopt(b->sock, ZMQ_FD, &b->fd, &sz) != 0)
         return dl_seterr(DL_EIO, "bus %s: ZMQ_FD: %s", b->name, zmq_strerror(errno));
@@ -829,6 +872,7 @@ bus_t *bus_new(uv_loop_t *loop, const bus_opts_t *o) {
 int bus_bind(bus_t *b, const char *endpoint) {
     if (!b || !endpoint || !*endpoint) return dl_seterr(DL_EINVAL, "bus_bind: NULL bus or endpoint");
     if (b->closing) return dl_seterr(DL_ECLOSED, "bus %s: bind after close", b->name);
+    DL_TRY(check_transport(b, endpoint, "bind"));
     if (zmq_bind(b->sock, endpoint) != 0)
         return dl_seterr(DL_EIO, "bus %s: bind %s: %s", b->name, endpoint, zmq_strerror(errno));
     const char *path = strncmp(endpoint, "ipc://", 6) == 0 ? endpoint + 6 : NULL;
@@ -850,6 +894,7 @@ int bus_connect(bus_t *b, const char *endpoint) {
     if (b->closing) return dl_seterr(DL_ECLOSED, "bus %s: connect after close", b->name);
     if (b->kind == BUS_DEALER && b->connected)
         return dl_seterr(DL_ESTATE, "bus %s: a DEALER bus connects to one endpoint only", b->name);
+    DL_TRY(check_transport(b, endpoint, "connect"));
     if (zmq_connect(b->sock, endpoint) != 0)
         return dl_seterr(DL_EIO, "bus %s: connect %s: %s", b->name, endpoint, zmq_strerror(errno));
     if (b->kind == BUS_DEALER) {

@@ -63,6 +63,8 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "common/bus/curve.h"
+
 #define BUS_WIRE_VERSION 1
 #define BUS_ID_MAX 63                 /* chars in a peer id / topic, without the NUL */
 #define BUS_ENDPOINT_MAX 128          /* bytes for "ipc://...": sun_path is 108 bytes */
@@ -98,6 +100,12 @@ typedef struct {
     int linger_ms;                  /* at close: 0 (default) discards unsent messages at once; > 0
                                      * lets them (and a best-effort flush of the bus queues) out
                                      * for at most this long, which bounds zmq_ctx_term */
+    const bus_curve_keys_t *curve;  /* the run's keys (copied at bus_new): required for tcp://
+                                     * endpoints (bus_bind/bus_connect refuse tcp:// without
+                                     * them, DL_EINVAL); ROUTER/PUB serve with the server key
+                                     * and accept only the run's client key; DEALER/SUB
+                                     * connect with the client key. NULL: ipc:// / inproc://
+                                     * only. */
     int peer_dead_debug;            /* nonzero: a dead peer is logged at DEBUG, not INFO (a server
                                      * of short-lived clients, e.g. the control socket); the
                                      * bus_peer_dead_cb still runs */

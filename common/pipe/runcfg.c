@@ -104,6 +104,28 @@ static int check_field(const run_config_t *c, const vfield_t *f) {
     return 0;
 }
 
+/* Nodes: one host (net_port 0) uses node 0 only; else every node index used has an
+ * address and the ports fit. */
+static int check_nodes(const run_config_t *c) {
+    int n = c->net_port ? c->n_nodes : 1;
+    if (c->net_port && (c->net_port < 1024 || c->net_port > 65535 - RUNCFG_PORT_SPAN))
+        return dl_seterr(DL_ERANGE, "run config: net_port (--listen) %u out of range [1024, %d]", c->net_port,
+                         65535 - RUNCFG_PORT_SPAN);
+    if (c->net_port && (c->n_nodes < 1 || c->n_nodes > RUNCFG_NODES_MAX))
+        return dl_seterr(DL_ERANGE, "run config: %d nodes (1..%d)", c->n_nodes, RUNCFG_NODES_MAX);
+    for (int k = 0; c->net_port && k < c->n_nodes; k++)
+        if (!c->node_addr[k][0] || strchr(c->node_addr[k], '\n'))
+            return dl_seterr(DL_EINVAL, "run config: node %d has no address", k);
+    int bad = c->loader_node < 0 || c->loader_node >= n || c->optimizer_node < 0 || c->optimizer_node >= n ||
+              c->node < 0 || c->node >= n;
+    for (int i = 0; i < c->n_targets; i++) bad |= c->target_node[i] < 0 || c->target_node[i] >= n;
+    for (int i = 0; i < c->n_drafters; i++) bad |= c->drafter_node[i] < 0 || c->drafter_node[i] >= n;
+    if (bad)
+        return dl_seterr(DL_ERANGE, "run config: a stage is placed on a node outside 0..%d%s", n - 1,
+                         c->net_port ? "" : " (a one-host run: --listen not given)");
+    return 0;
+}
+
 static int check_placement(const run_config_t *c) {
     if (c->n_targets < 1 || c->n_targets > PIPE_MAX_TARGETS)
         return dl_seterr(DL_ERANGE, "run config: n_targets (--targets) %d out of range [1, %d]", c->n_targets,
@@ -127,7 +149,7 @@ static int check_placement(const run_config_t *c) {
             return dl_seterr(DL_ERANGE, "run config: drafter_gpu[%d] (--drafter-gpus) %lld out of range [-1, %d]",
                              i, (long long)c->drafter_gpu[i], RUNCFG_GPU_MAX);
     }
-    return 0;
+    return check_nodes(c);
 }
 
 int runcfg_validate(const run_config_t *c) {
@@ -151,6 +173,35 @@ int runcfg_stage_gpu(const run_config_t *c, uint32_t id) {
     if (id >= PIPE_ID_DRAFTER0 && id < PIPE_ID_DRAFTER0 + (uint32_t)c->n_drafters)
         return (int)c->drafter_gpu[id - PIPE_ID_DRAFTER0];
     return -1;
+}
+
+int runcfg_stage_node(const run_config_t *c, uint32_t id) {
+    if (id == PIPE_ID_LOADER) return c->loader_node;
+    if (id == PIPE_ID_OPTIMIZER) return c->optimizer_node;
+    if (id >= PIPE_ID_TARGET0 && id < PIPE_ID_TARGET0 + (uint32_t)c->n_targets)
+        return (int)c->target_node[id - PIPE_ID_TARGET0];
+    if (id >= PIPE_ID_DRAFTER0 && id < PIPE_ID_DRAFTER0 + (uint32_t)c->n_drafters)
+        return (int)c->drafter_node[id - PIPE_ID_DRAFTER0];
+    return 0;
+}
+
+int runcfg_endpoint(const run_config_t *c, const char *sock_dir, const char *name, char *buf, size_t cap) {
+    if (!c->net_port) return bus_endpoint(sock_dir, name, buf, cap);
+    int node, off;
+    unsigned i;
+    char tail;
+    if (!strcmp(name, "sup")) { node = 0; off = 0; }
+    else if (!strcmp(name, "loader")) { node = c->loader_node; off = RUNCFG_PORT_LOADER; }
+    else if (!strcmp(name, "optimizer")) { node = c->optimizer_node; off = RUNCFG_PORT_OPTIMIZER; }
+    else if (sscanf(name, "drafter%u%c", &i, &tail) == 1 && i < PIPE_MAX_DRAFTERS) {
+        node = (int)c->drafter_node[i];
+        off = RUNCFG_PORT_DRAFTER0 + (int)i;
+    } else return dl_seterr(DL_EINVAL, "endpoint '%s': not a server of the pipeline", name);
+    if (node < 0 || node >= c->n_nodes)
+        return dl_seterr(DL_EINVAL, "endpoint '%s': node %d has no address (%d nodes)", name, node, c->n_nodes);
+    int n = snprintf(buf, cap, "tcp://%s:%u", c->node_addr[node], c->net_port + (unsigned)off);
+    if (n < 0 || (size_t)n >= cap) return dl_seterr(DL_ERANGE, "endpoint '%s': too long", name);
+    return 0;
 }
 
 /* ------------------------------------------------------------ the message */
@@ -193,6 +244,17 @@ void runcfg_to_msg(const run_config_t *c, uint32_t stage_id, uint64_t inc, proto
     r->target_gpus = c->target_gpu; r->n_target_gpus = (uint32_t)c->n_targets;
     r->drafter_gpus = c->drafter_gpu; r->n_drafter_gpus = (uint32_t)c->n_drafters;
     r->target_drafters = c->target_drafter; r->n_target_drafters = (uint32_t)c->n_targets;
+    r->net_port = c->net_port;
+    static _Thread_local char addrs[RUNCFG_NODES_MAX * (RUNCFG_ADDR_MAX + 2) + 1];
+    size_t n = 0;
+    addrs[0] = 0;
+    for (int k = 0; c->net_port && k < c->n_nodes && k < RUNCFG_NODES_MAX; k++)
+        n += (size_t)snprintf(addrs + n, sizeof addrs - n, "%s\n", c->node_addr[k]);
+    r->node_addrs = addrs; r->n_node_addrs = (uint32_t)n;
+    r->node = runcfg_stage_node(c, stage_id);
+    r->loader_node = c->loader_node; r->optimizer_node = c->optimizer_node;
+    r->target_nodes = c->target_node; r->n_target_nodes = (uint32_t)c->n_targets;
+    r->drafter_nodes = c->drafter_node; r->n_drafter_nodes = (uint32_t)c->n_drafters;
 }
 
 int runcfg_from_msg(const proto_run_config_t *r, run_config_t *c) {
@@ -225,6 +287,22 @@ int runcfg_from_msg(const proto_run_config_t *r, run_config_t *c) {
         c->target_drafter[i] = r->target_drafters[i];
     }
     for (uint32_t i = 0; i < r->n_drafter_gpus; i++) c->drafter_gpu[i] = r->drafter_gpus[i];
+    c->net_port = r->net_port;
+    c->n_nodes = 0;
+    for (uint32_t i = 0, a = 0; i <= r->n_node_addrs && r->node_addrs; i++) {
+        if (i < r->n_node_addrs && r->node_addrs[i] != '\n') continue;
+        if (i > a) {
+            if (c->n_nodes >= RUNCFG_NODES_MAX || i - a > RUNCFG_ADDR_MAX)
+                return dl_seterr(DL_EINVAL, "run_config: node address %d of %u bytes (at most %d nodes of "
+                                 "%d chars)", c->n_nodes, i - a, RUNCFG_NODES_MAX, RUNCFG_ADDR_MAX);
+            memcpy(c->node_addr[c->n_nodes], r->node_addrs + a, i - a);
+            c->node_addr[c->n_nodes++][i - a] = 0;
+        }
+        a = i + 1;
+    }
+    c->node = r->node; c->loader_node = r->loader_node; c->optimizer_node = r->optimizer_node;
+    for (uint32_t i = 0; i < r->n_target_nodes && i < PIPE_MAX_TARGETS; i++) c->target_node[i] = r->target_nodes[i];
+    for (uint32_t i = 0; i < r->n_drafter_nodes && i < PIPE_MAX_DRAFTERS; i++) c->drafter_node[i] = r->drafter_nodes[i];
     /* the receiver's own entry is the per-stage field (a moved or GPU-stripped stage) */
     uint32_t id = r->stage_id;
     if (id == PIPE_ID_OPTIMIZER) c->optimizer_gpu = r->gpu;

@@ -37,6 +37,12 @@
 #define RUNCFG_THREADS_MAX 1024
 #define RUNCFG_GPU_MAX 1023                   /* CUDA ordinal; -1 = CPU */
 #define RUNCFG_PATH_MAX (DL_PROTO_PATH_MAX + 1)
+#define RUNCFG_NODES_MAX 16                   /* nodes of one run (index 0 = the head) */
+#define RUNCFG_ADDR_MAX 127                   /* a node's address, chars */
+#define RUNCFG_PORT_LOADER 1                  /* endpoint ports: net_port + these */
+#define RUNCFG_PORT_OPTIMIZER 2
+#define RUNCFG_PORT_DRAFTER0 100              /* drafter i: net_port + 100 + i */
+#define RUNCFG_PORT_SPAN 164                  /* ports net_port .. net_port + 163 */
 
 _Static_assert(RUNCFG_MBS_PER_STEP_MAX == DL_PROTO_MAX_MBS, "K limit is the wire's");
 _Static_assert(PIPE_MAX_TARGETS <= DL_PROTO_MAX_PLACE && PIPE_MAX_DRAFTERS <= DL_PROTO_MAX_PLACE,
@@ -71,6 +77,16 @@ typedef struct run_config {
     int optimizer_gpu;
     int64_t target_gpu[PIPE_MAX_TARGETS], drafter_gpu[PIPE_MAX_DRAFTERS];
     int64_t target_drafter[PIPE_MAX_TARGETS];
+    /* multi-node (docs/MULTINODE.md): net_port 0 = one host (ipc endpoints, every
+     * slab mapped; all nodes 0). Else every endpoint is tcp://<node addr>:<port>
+     * (runcfg_endpoint) with CURVE, and peers on different nodes move slab bytes
+     * with slab_data (CPU) or NCCL (GPU). node_addr[k]: node k's address (0 = the
+     * head); node: the receiving stage's node (set by runcfg_from_msg). */
+    uint32_t net_port;
+    int n_nodes;
+    char node_addr[RUNCFG_NODES_MAX][RUNCFG_ADDR_MAX + 1];
+    int node, loader_node, optimizer_node;
+    int64_t target_node[PIPE_MAX_TARGETS], drafter_node[PIPE_MAX_DRAFTERS];
 } run_config_t;
 
 /* Zeroes *c and sets what is not 0 by default: every GPU -1 (CPU), one target and one
@@ -88,12 +104,23 @@ int runcfg_validate(const run_config_t *c);
  * stage or an index outside the topology. */
 int runcfg_stage_gpu(const run_config_t *c, uint32_t stage_id);
 
+/* The node of stage stage_id (PIPE_ID_*): loader_node, optimizer_node, target_node[i],
+ * drafter_node[i]; 0 for an id outside the topology. */
+int runcfg_stage_node(const run_config_t *c, uint32_t stage_id);
+
+/* The endpoint of the server `name` ("loader", "optimizer", "drafter<i>", "sup") under
+ * c: net_port 0: "ipc://<sock_dir>/<name>.sock" (bus_endpoint); else
+ * "tcp://<node_addr[node of name]>:<net_port + offset>" (sup: the head, offset 0).
+ * Errors: DL_EINVAL (unknown name), DL_ERANGE (buffer or path too long). */
+int runcfg_endpoint(const run_config_t *c, const char *sock_dir, const char *name, char *buf, size_t cap);
+
 /* Clears every GPU of the placement (all stages on CPU: the strip_gpu test hook). */
 void runcfg_clear_gpus(run_config_t *c);
 
 /* Fills m (initialised here) as the RUN_CONFIG answer to stage stage_id, incarnation
  * inc: every field of c, gpu = runcfg_stage_gpu, drafter = the target's route (-1 for
- * other roles). m's arrays point into c: c must outlive the encode. No validation
+ * other roles). m's arrays point into c (node_addrs into a per-thread buffer that the
+ * next call on this thread rewrites): c must outlive the encode. No validation
  * (stage_send validates before encoding). */
 void runcfg_to_msg(const run_config_t *c, uint32_t stage_id, uint64_t inc, proto_msg_t *m);
 
