@@ -13,6 +13,8 @@
 
 #include <stdint.h>
 
+#include "common/bus/curve.h"
+
 #define SUP_MAX_STAGES 136
 
 struct run_config;
@@ -25,6 +27,7 @@ typedef struct {
     char exe[64];               /* executable name in the bin dir */
     uint32_t stage_id;
     int gpu;                    /* CUDA ordinal it starts on; -1 = CPU (the loader, CPU runs) */
+    int node;                   /* index in sup_opts_t.node_names: 0 = the head */
 } sup_stage_spec_t;
 
 typedef struct {
@@ -58,6 +61,18 @@ typedef struct {
     int eval_every, eval_prompts, eval_max_new_tokens;
     /* the run's one configuration (validated); each stage's RUN_CONFIG is built from it */
     const struct run_config *cfg;
+    /* multi-node head (docs/MULTINODE.md; listen_port 0: one host, nothing below used):
+     * the supervisor's ROUTER is tcp://listen_host:listen_port with CURVE keys, stages get
+     * `--sup tcp://listen_host:listen_port --key key_path`; node_names[k] is node k of the
+     * placement (0: the head, "head"), n_nodes of them; agents join under those names */
+    const char *listen_host;
+    int listen_port;
+    const char *key_path;
+    const bus_curve_keys_t *keys;
+    int n_nodes;
+    char node_names[16][64];
+    int nodes_wait;             /* --nodes: agents to wait for before any stage starts */
+    double join_timeout_s;
     sup_stage_spec_t stages[SUP_MAX_STAGES];
     int n_stages;
 } sup_opts_t;
