@@ -17,6 +17,7 @@
 #include "common/base/err.h"
 #include "common/base/log.h"
 #include "common/base/paths.h"
+#include "common/bus/zap_int.h"
 
 #define BUS_ENV_MAGIC 0xDB
 #define BUS_ENV_BYTES 4
@@ -68,8 +69,8 @@ struct bus {
 
     int hb_interval_ms, hb_timeout_ms, linger_ms;
     int peer_dead_debug;
-    int has_curve;              /* opts.curve given: tcp:// allowed, with these keys */
-    bus_curve_keys_t curve;
+    int has_curve;              /* opts.curve given: tcp:// allowed, CURVE options set */
+    bus_zap_t *zap;             /* server: the context's ZAP handler, one reference */
     size_t outq_max_msgs, outq_max_bytes, max_msg_bytes;
 
     peer_t **peers;             /* ROUTER: known peers; DEALER: peers[0] is the upstream */
@@ -581,6 +582,7 @@ static void bus_finish(bus_t *b) {
         zmq_close(b->sock);
         b->sock = NULL;
     }
+    bus__zap_release(&b->zap);   /* before zmq_ctx_term: the handler is a socket of the context */
     if (b->own_ctx && b->ctx) {
         int rc;
         do rc = zmq_ctx_term(b->ctx);
@@ -699,39 +701,21 @@ static int setopt_int(bus_t *b, int opt, int v, const char *what) {
     return 0;
 }
 
-static int setopt_key(bus_t *b, int opt, const char *z85, const char *what) {
-    if (zmq_setsockopt(b->sock, opt, z85, BUS_CURVE_KEY_CHARS + 1) != 0)
-        return dl_seterr(DL_EIO, "bus %s: zmq_setsockopt %s: %s", b->name, what, zmq_strerror(errno));
-    return 0;
-}
-
-/* CURVE on every endpoint of this socket: a server (ROUTER/PUB) with the run's server
- * key, a client (DEALER/SUB) with the run's client key and the server's public key.
- * The options apply to the binds/connects made after them (all of this bus's). */
+/* CURVE on every endpoint of this socket (zap.c): a server (ROUTER/PUB) with the run's server
+ * key behind the context's ZAP handler, a client (DEALER/SUB) with the run's client key. The
+ * options apply to the binds/connects made after them (all of this bus's). */
 static int bus_setup_curve(bus_t *b, const bus_curve_keys_t *k) {
-    if (!bus_curve_available())
-        return dl_seterr(DL_ENOTSUP, "bus %s: this libzmq has no CURVE support (tcp:// needs it)", b->name);
+    int server = b->kind == BUS_ROUTER || b->kind == BUS_PUB;
+    DL_TRY(bus__curve_setup(b->sock, server, k, b->ctx, b->loop, b->name, &b->zap));
     b->has_curve = 1;
-    b->curve = *k;
-    if (b->kind == BUS_ROUTER || b->kind == BUS_PUB) {
-        DL_TRY(setopt_int(b, ZMQ_CURVE_SERVER, 1, "ZMQ_CURVE_SERVER"));
-        DL_TRY(setopt_key(b, ZMQ_CURVE_SECRETKEY, k->server_secret, "ZMQ_CURVE_SECRETKEY"));
-        /* ZAP domain: the handler (bus_zap_*) accepts only the run's client key */
-        if (zmq_setsockopt(b->sock, ZMQ_ZAP_DOMAIN, "draftline", 9) != 0)
-            return dl_seterr(DL_EIO, "bus %s: ZMQ_ZAP_DOMAIN: %s", b->name, zmq_strerror(errno));
-    } else {
-        DL_TRY(setopt_key(b, ZMQ_CURVE_SERVERKEY, k->server_public, "ZMQ_CURVE_SERVERKEY"));
-        DL_TRY(setopt_key(b, ZMQ_CURVE_PUBLICKEY, k->client_public, "ZMQ_CURVE_PUBLICKEY"));
-        DL_TRY(setopt_key(b, ZMQ_CURVE_SECRETKEY, k->client_secret, "ZMQ_CURVE_SECRETKEY"));
-    }
     return 0;
 }
 
 /* tcp:// (and every other transport that leaves the host) only with CURVE keys. */
 static int check_transport(const bus_t *b, const char *endpoint, const char *what) {
     if (strncmp(endpoint, "ipc://", 6) == 0 || strncmp(endpoint, "inproc://", 9) == 0) return 0;
-    if (strncmp(endpoint, "tcp://", 6) != 0)
-        return dl_seterr(DL_EINVAL, "bus %s: %s %s: only ipc://, inproc:// and tcp:// endpoints", b->name,
+    if (strncmp(endpoint, "tcp://", 6) != 0)     /* DL_EIO, as when ZeroMQ itself refused it */
+        return dl_seterr(DL_EIO, "bus %s: %s %s: only ipc://, inproc:// and tcp:// endpoints", b->name,
                          what, endpoint);
     if (!b->has_curve)
         return dl_seterr(DL_EINVAL, "bus %s: %s %s: tcp:// needs the run's CURVE keys (nothing "
@@ -775,6 +759,7 @@ static int bus_setup_socket(bus_t *b, const bus_opts_t *o) {
 
 static void bus_free_early(bus_t *b) {
     if (b->sock) zmq_close(b->sock);
+    bus__zap_release(&b->zap);
     if (b->own_ctx && b->ctx) zmq_ctx_term(b->ctx);
     free(b->peers);
     free(b);

@@ -103,9 +103,12 @@ typedef struct {
     const bus_curve_keys_t *curve;  /* the run's keys (copied at bus_new): required for tcp://
                                      * endpoints (bus_bind/bus_connect refuse tcp:// without
                                      * them, DL_EINVAL); ROUTER/PUB serve with the server key
-                                     * and accept only the run's client key; DEALER/SUB
-                                     * connect with the client key. NULL: ipc:// / inproc://
-                                     * only. */
+                                     * and accept only the run's client key (a ZAP handler per
+                                     * ZeroMQ context, common/bus/zap_int.h: the CURVE servers
+                                     * of one context must share one loop and one key file);
+                                     * DEALER/SUB connect with the client key. A tcp peer that
+                                     * does not finish its handshake in 5 s is dropped. NULL:
+                                     * ipc:// / inproc:// only. */
     int peer_dead_debug;            /* nonzero: a dead peer is logged at DEBUG, not INFO (a server
                                      * of short-lived clients, e.g. the control socket); the
                                      * bus_peer_dead_cb still runs */
@@ -154,7 +157,9 @@ void bus_destroy(bus_t **bus_p);
 
 /* bind/connect to a ZeroMQ endpoint, normally one made by bus_endpoint. A DEALER may connect to
  * one endpoint only (it has one upstream peer): a second connect gives DL_ESTATE.
- * Errors: DL_EINVAL (endpoint), DL_EIO (ZeroMQ, message has zmq_strerror), DL_ECLOSED. */
+ * Errors: DL_EINVAL (NULL/empty endpoint; tcp:// on a bus without opts.curve, message names
+ * CURVE), DL_EIO (ZeroMQ, message has zmq_strerror; a transport other than ipc://, inproc://,
+ * tcp://), DL_ECLOSED. */
 int bus_bind(bus_t *bus, const char *endpoint);
 int bus_connect(bus_t *bus, const char *endpoint);
 /* SUB only: receive topics starting with prefix ("" = all). */

@@ -44,9 +44,11 @@ static int z85_ok(const char *s) {
 
 int bus_curve_keys_load(const char *path, bus_curve_keys_t *out) {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0)
-        return errno == ENOENT ? dl_seterr(DL_ENOENT, "%s: no such key file", path)
-                               : dl_seterr(DL_EIO, "%s: open the key file: %s", path, strerror(errno));
+    if (fd < 0) {
+        if (errno == ENOENT) return dl_seterr(DL_ENOENT, "%s: no such key file", path);
+        if (errno == ELOOP) return dl_seterr(DL_EINVAL, "%s: is a symlink; give the key file itself", path);
+        return dl_seterr(DL_EIO, "%s: open the key file: %s", path, strerror(errno));
+    }
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077)) {
         close(fd);

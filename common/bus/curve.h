@@ -8,9 +8,9 @@
  *   client: every DEALER/SUB connecting to tcp:// uses it, and knows the server's
  *           public key (ZMQ_CURVE_SERVERKEY).
  * A server accepts a connection only when the client proved the run's client key (the
- * ZAP handler of bus.c checks it): a peer without the file cannot connect at all. The key
- * file is the run's membership on the network; the per-stage credential (which role a
- * peer may take) is the hardening issue's and sits above this.
+ * ZAP handler of common/bus/zap.c checks it): a peer without the file cannot connect at
+ * all. The key file is the run's membership on the network; the per-stage credential
+ * (which role a peer may take) is the hardening issue's and sits above this.
  *
  * File format (text, '#' comments, one "name value" per line, these four names once each):
  *   server_public <z85>  server_secret <z85>  client_public <z85>  client_secret <z85>
@@ -33,10 +33,10 @@ int bus_curve_available(void);
  * Errors: DL_ENOTSUP (no CURVE in libzmq), DL_EIO (file), each naming path. */
 int bus_curve_keys_create(const char *path, bus_curve_keys_t *out);
 
-/* Reads a key file into *out. Refused (DL_EINVAL, naming path and why): not a regular
- * file owned by the effective uid, any group/other permission bit, a missing, repeated
- * or malformed key (not 40 Z85 chars), a public key that is not its secret's. DL_ENOENT:
- * no such file; DL_EIO: read error. */
+/* Reads a key file into *out. Refused (DL_EINVAL, naming path and why): a symlink, not a
+ * regular file owned by the effective uid, any group/other permission bit, a missing,
+ * repeated or malformed key (not 40 Z85 chars), a public key that is not its secret's.
+ * DL_ENOENT: no such file; DL_EIO: read error. */
 int bus_curve_keys_load(const char *path, bus_curve_keys_t *out);
 
 #endif
