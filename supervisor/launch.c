@@ -42,7 +42,7 @@ static int parse_gpu_list(const char *s, int *out, int cap) {
     return n > 0 ? n : -1;
 }
 
-static int bin_dir(char *out, size_t cap) {
+int sup_bin_dir(char *out, size_t cap) {
     const char *e = getenv("DL_BIN_DIR");
     if (e && *e) { snprintf(out, cap, "%s", e); return 0; }
     char self[4096];
@@ -223,7 +223,7 @@ static int lc_inbox(launch_t *L) {
  * runs (a supervisor killed with SIGKILL) swept: see slab_sweep_dead. */
 static int lc_bins(launch_t *L) {
     const run_opts_t *o = L->o;
-    if (bin_dir(L->bdir, sizeof L->bdir) < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 1; }
+    if (sup_bin_dir(L->bdir, sizeof L->bdir) < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 1; }
     static const char *const exes[] = {"loader", "optimizer", "drafter_worker", "target_worker"};
     for (int i = 0; i < 4; i++) {
         char e[4200];
