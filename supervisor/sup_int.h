@@ -141,6 +141,7 @@ typedef struct {
         double t0;
         char json[4300];        /* <out>/eval/step_<S>.json */
     } ev;
+    struct sup_nodes *nodes;    /* multi-node: the node table (nodes.h); NULL on one host */
 } sup_t;
 
 static inline int is_target(const sstage_t *x) { return x->spec->stage_id >= PIPE_ID_TARGET0; }
@@ -172,6 +173,9 @@ sstage_t *sup__by_id(sup_t *S, uint32_t id);
 void sup__send_ctl(sup_t *S, sstage_t *x, proto_ctl_op_t op, const int64_t *ints, uint32_t n);
 /* Sends target x its route (target i -> drafter i mod nd). */
 void sup__push_route(sup_t *S, sstage_t *x);
+/* Stage x exited with waitpid status `status` (reaped here, or reported by its node's
+ * agent): restart with backoff, retire, move, optimizer recovery, or the stop. */
+void sup__on_exit(sup_t *S, sstage_t *x, int status);
 /* waitpid(WNOHANG) of every exited child: stages (restart with backoff, retire, move,
  * optimizer recovery) and the eval child (sup__ev_done). */
 void sup__reap(sup_t *S);

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #define SUP_MAX_STAGES 136
+#define SUP_MAX_NODES 16             /* = RUNCFG_NODES_MAX: the head and 15 agents */
 
 struct run_config;
 
@@ -25,6 +26,7 @@ typedef struct {
     char exe[64];               /* executable name in the bin dir */
     uint32_t stage_id;
     int gpu;                    /* CUDA ordinal it starts on; -1 = CPU (the loader, CPU runs) */
+    int node;                   /* node index: 0 = the head, k >= 1 = sup_opts_t.node_names[k - 1] */
 } sup_stage_spec_t;
 
 typedef struct {
@@ -60,6 +62,15 @@ typedef struct {
     const struct run_config *cfg;
     sup_stage_spec_t stages[SUP_MAX_STAGES];
     int n_stages;
+    /* multi-node (supervisor/nodes.c, docs/MULTINODE.md); one host: 0 / NULL. The nodes
+     * the placement names are nodes 1..n_node_names, in the order they first appear;
+     * agents that join under another name get the next indexes. No stage starts before
+     * nodes_wait agents (and every named node) joined; join_timeout_s later the run
+     * fails naming the missing ones. */
+    int nodes_wait;             /* --nodes N */
+    double join_timeout_s;      /* --join-timeout, s */
+    char node_names[SUP_MAX_NODES - 1][64];
+    int n_node_names;
 } sup_opts_t;
 
 typedef struct {
