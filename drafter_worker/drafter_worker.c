@@ -852,7 +852,7 @@ int main(int argc, char **argv) {
     snprintf(hook, sizeof hook, "%s.stall_after_mbs", name);
     testhook_i64(hook, &W.stall_after);
     testhook_i64("nan_mb", &W.nan_mb);
-    int rc = stage_config(PROTO_ROLE_DRAFTER, PIPE_ID_DRAFTER0 + (uint32_t)W.index, a.incarnation, name, a.run_dir,
+    int rc = stage_config(PROTO_ROLE_DRAFTER, PIPE_ID_DRAFTER0 + (uint32_t)W.index, name, &a,
                           STAGE_CONFIG_TIMEOUT_MS, &cfg);
     if (rc < 0) return log_rc(rc, "run configuration"), 1;
     /* the inbox sizes as the "%.9g" flags gave them (cli_parse_gb) */
@@ -878,8 +878,7 @@ int main(int argc, char **argv) {
     if (!W.sent || !W.items || !W.cu || !W.anchor_buf) { log_error("out of memory"); return 1; }
     W.version = -1;
     W.pending_version = -1;
-    rc = stage_init(&W.st, PROTO_ROLE_DRAFTER, PIPE_ID_DRAFTER0 + (uint32_t)W.index, a.incarnation, name,
-                    a.run_dir, cfg.run_id);
+    rc = stage_init(&W.st, PROTO_ROLE_DRAFTER, PIPE_ID_DRAFTER0 + (uint32_t)W.index, name, &a, &cfg);
     if (rc < 0) return log_rc(rc, "stage init"), 1;
     uint64_t caps[2] = {inbox_b >= W.slot_bytes ? inbox_b : 0, host_b};
     if (dw_slabs(&W, cfg.run_id, name, inc, caps) < 0) return 1;

@@ -393,13 +393,12 @@ int main(int argc, char **argv) {
     static run_config_t cfg;
     stage_args_t a;
     if (stage_args(argc, argv, "loader", 0, usage, &a) < 0) return a.exit_code;
-    int rc = stage_config(PROTO_ROLE_LOADER, PIPE_ID_LOADER, a.incarnation, "loader", a.run_dir,
-                          STAGE_CONFIG_TIMEOUT_MS, &cfg);
+    int rc = stage_config(PROTO_ROLE_LOADER, PIPE_ID_LOADER, "loader", &a, STAGE_CONFIG_TIMEOUT_MS, &cfg);
     if (rc < 0) return log_rc(rc, "run configuration"), 1;
     uint64_t total = 0, K;
     if (loader_setup(&L, &cfg, &total)) return 1;
     K = L.bo.micro_batches_per_step;
-    rc = stage_init(&L.st, PROTO_ROLE_LOADER, PIPE_ID_LOADER, a.incarnation, "loader", a.run_dir, cfg.run_id);
+    rc = stage_init(&L.st, PROTO_ROLE_LOADER, PIPE_ID_LOADER, "loader", &a, &cfg);
     if (rc < 0) return log_rc(rc, "stage init"), 1;
     L.srv = stage_bus(&L.st, BUS_ROUTER, "loader");
     if (!L.srv) return log_rc(DL_EIO, "bind loader endpoint"), 1;

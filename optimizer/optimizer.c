@@ -570,8 +570,7 @@ int main(int argc, char **argv) {
     stage_args_t a;
     if (stage_args(argc, argv, "optimizer", 0, usage, &a) < 0) return a.exit_code;
     int64_t inc = (int64_t)a.incarnation;
-    int rc = stage_config(PROTO_ROLE_OPTIMIZER, PIPE_ID_OPTIMIZER, a.incarnation, "optimizer", a.run_dir,
-                          STAGE_CONFIG_TIMEOUT_MS, &cfg);
+    int rc = stage_config(PROTO_ROLE_OPTIMIZER, PIPE_ID_OPTIMIZER, "optimizer", &a, STAGE_CONFIG_TIMEOUT_MS, &cfg);
     if (rc < 0) return log_rc(rc, "run configuration"), 1;
     opt_settings(&O, &cfg);
     const char *model = cfg.target_model;
@@ -631,7 +630,7 @@ int main(int argc, char **argv) {
     }
     /* a resumed optimizer undoes every step from O.step on: their lines leave steps.jsonl */
     O.steps_log = rundir_steps_open(O.out, resume || inc > 1 ? (int64_t)O.step : -1);
-    rc = stage_init(&O.st, PROTO_ROLE_OPTIMIZER, PIPE_ID_OPTIMIZER, a.incarnation, "optimizer", a.run_dir, cfg.run_id);
+    rc = stage_init(&O.st, PROTO_ROLE_OPTIMIZER, PIPE_ID_OPTIMIZER, "optimizer", &a, &cfg);
     if (rc < 0) return log_rc(rc, "stage init"), 1;
     if (opt_state_init(&O, cfg.run_id, inc) < 0) return 1;
     if (O.gpu >= 0) log_info("on GPU %d: master weights, moments and AdamW on the device", O.gpu);

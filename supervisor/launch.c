@@ -308,6 +308,9 @@ static void lc_banner(const launch_t *L) {
            L->run_id, o->targets, o->drafters, L->gpu_mode ? "GPU" : "CPU", L->so.threads_per_stage,
            (unsigned long long)L->start_step, (unsigned long long)L->max_steps, o->mbs_per_step, o->token_budget,
            L->lookahead, L->out);
+    if (L->net)
+        printf("multi-node head on %s:%d: on each node run\n  draftline node --join %s:%d --key %s\n",
+               L->listen_host, L->listen_port, L->listen_host, L->listen_port, L->key_path);
     fflush(stdout);
 }
 
@@ -341,8 +344,8 @@ int sup_launch(run_opts_t *o) {
     /* Everything that does not need the data is checked before the data is prepared and
      * before the out dir is created. */
     int (*const phases[])(launch_t *) = {
-        lc_gpu_lists, sup__resume_take_defaults, lc_validate, lc_out_dir, sup__resume_fresh,
-        sup__resume_read, lc_inbox, lc_bins, lc_take_dir, sup__data_prepare, sup__data_cursor,
+        lc_gpu_lists, sup__resume_take_defaults, lc_validate, sup__net_check, lc_out_dir, sup__resume_fresh,
+        sup__resume_read, lc_inbox, lc_bins, lc_take_dir, sup__net_keys, sup__data_prepare, sup__data_cursor,
     };
     for (size_t i = 0; i < sizeof phases / sizeof phases[0]; i++) {
         int rc = phases[i](&L);

@@ -47,6 +47,13 @@ typedef struct {
     char sock[4200];            /* socket dir: out, or /tmp/dl-<run_id> when out's path is too long */
     char cache[4200];           /* the data cache (.dlc) the run trains on */
     run_config_t cfg;           /* the run's one configuration (sup__build_stages) */
+    /* multi-node head (--listen; net.c): host and port to bind, the key file (absolute)
+     * and its keys; net 0: one host */
+    int net;
+    char listen_host[256];
+    int listen_port;
+    char key_path[4200];
+    bus_curve_keys_t keys;
     sup_opts_t so;
 } launch_t;
 
@@ -77,6 +84,14 @@ int sup__data_prepare(launch_t *L);
 /* Writes <out>/loader.cursor (after the late --resume data check) and settles
  * L->max_steps from the epochs. */
 int sup__data_cursor(launch_t *L);
+
+/* net.c */
+/* --listen HOST:PORT, --key, --nodes, --join-timeout: checked before anything is
+ * created (exit 2 with the flag named). Sets L->net, listen_host, listen_port. */
+int sup__net_check(launch_t *L);
+/* Multi-node head, once the out dir is taken: loads --key, or creates it (0600; default
+ * <out>/node.key) when missing; L->key_path absolute. 0, or 1/2 after printing why. */
+int sup__net_keys(launch_t *L);
 
 /* stages.c */
 /* Fills L->so: the supervisor's options, the run's configuration (L->cfg, taken by

@@ -12,68 +12,56 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-int sup__nodes_init(sup_t *S) {
+void sup__nodes_init(sup_t *S) {
     const sup_opts_t *o = S->o;
-    if (o->nodes_wait <= 0 && o->n_node_names <= 0) return 0;
-    struct sup_nodes *N = calloc(1, sizeof *N);
-    if (!N) return dl_seterr(DL_ENOMEM, "supervisor: out of memory (node table)");
-    snprintf(N->node[0].name, sizeof N->node[0].name, "head");
-    if (gethostname(N->node[0].hostname, sizeof N->node[0].hostname - 1) != 0) N->node[0].hostname[0] = 0;
-    if (o->cfg && o->cfg->n_nodes > 0) snprintf(N->node[0].addr, sizeof N->node[0].addr, "%s", o->cfg->node_addr[0]);
-    N->node[0].alive = N->node[0].joined = 1;
-    N->n = 1;
-    for (int k = 0; k < o->n_node_names && N->n < SUP_MAX_NODES; k++)
-        snprintf(N->node[N->n++].name, sizeof N->node[0].name, "%s", o->node_names[k]);
-    N->t0 = clock_mono_s();
-    S->nodes = N;
-    return 0;
-}
-
-void sup__nodes_free(sup_t *S) {
-    free(S->nodes);
-    S->nodes = NULL;
+    S->ntab.n = o->n_nodes > 0 ? (o->n_nodes < RUNCFG_NODES_MAX ? o->n_nodes : RUNCFG_NODES_MAX) : 1;
+    for (int k = 0; k < S->ntab.n; k++) snprintf(S->nodes[k].name, sizeof S->nodes[k].name, "%s", o->node_names[k]);
+    if (!S->nodes[0].name[0]) snprintf(S->nodes[0].name, sizeof S->nodes[0].name, "head");
+    if (gethostname(S->nodes[0].hostname, sizeof S->nodes[0].hostname - 1) != 0) S->nodes[0].hostname[0] = 0;
+    S->nodes[0].up = S->nodes[0].joined = 1;
+    S->ntab.on = o->listen_port > 0 && !S->fake_nodes && (o->nodes_wait > 0 || S->ntab.n > 1);
+    S->ntab.t0 = clock_mono_s();
 }
 
 int sup__stage_node(const sup_t *S, const sstage_t *x) {
-    return S->nodes && x->spec->node > 0 && x->spec->node < S->nodes->n ? x->spec->node : 0;
+    return S->ntab.on && x->spec->node > 0 && x->spec->node < S->ntab.n ? x->spec->node : 0;
 }
 
 const char *sup__stage_node_name(const sup_t *S, const sstage_t *x) {
-    return S->nodes ? S->nodes->node[sup__stage_node(S, x)].name : "";
+    return S->ntab.on ? S->nodes[sup__stage_node(S, x)].name : "";
 }
 
 int sup__node_can_spawn(const sup_t *S, const sstage_t *x) {
-    return !S->nodes || S->nodes->node[sup__stage_node(S, x)].alive;
+    return !S->ntab.on || S->nodes[sup__stage_node(S, x)].up;
 }
 
 /* Names of the wanted nodes that are (joined = 1) / are not (0) alive into buf. */
-static void list_nodes(const struct sup_nodes *N, int alive, char *buf, size_t cap) {
+static void list_nodes(const sup_t *S, int up, char *buf, size_t cap) {
     size_t n = 0;
     buf[0] = 0;
-    for (int k = 1; k < N->n && n < cap; k++)
-        if (N->node[k].alive == alive)
-            n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", N->node[k].name);
+    for (int k = 1; k < S->ntab.n && n < cap; k++)
+        if (S->nodes[k].up == up)
+            n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", S->nodes[k].name);
     if (!buf[0]) snprintf(buf, cap, "none");
 }
 
-static int n_alive(const struct sup_nodes *N) {
+static int n_up(const sup_t *S) {
     int a = 0;
-    for (int k = 1; k < N->n; k++) a += N->node[k].alive;
+    for (int k = 1; k < S->ntab.n; k++) a += S->nodes[k].up;
     return a;
 }
 
 /* Every named node alive and at least --nodes agents. */
 static int all_joined(const sup_t *S) {
-    const struct sup_nodes *N = S->nodes;
-    for (int k = 1; k <= S->o->n_node_names && k < N->n; k++) if (!N->node[k].alive) return 0;
-    return n_alive(N) >= S->o->nodes_wait;
+    for (int k = 1; k < S->o->n_nodes && k < S->ntab.n; k++) if (!S->nodes[k].up) return 0;
+    return n_up(S) >= S->o->nodes_wait;
 }
 
 int sup__nodes_defer_start(sup_t *S) {
-    if (!S->nodes) return 0;
+    if (!S->ntab.on) return 0;
     for (int i = 0; i < S->n; i++) S->st[i].exited = 1;   /* not started yet (none runs) */
     char miss[400];
-    list_nodes(S->nodes, 0, miss, sizeof miss);
+    list_nodes(S, 0, miss, sizeof miss);
     printf("waiting for %d node(s) to join (%s named by the placement): `draftline node --join HOST:PORT "
            "--key FILE --name NAME` on each\n", S->o->nodes_wait, miss);
     fflush(stdout);
@@ -81,42 +69,41 @@ int sup__nodes_defer_start(sup_t *S) {
 }
 
 void sup__nodes_tick(sup_t *S, double now) {
-    struct sup_nodes *N = S->nodes;
-    if (!N || N->ready || S->stopping) return;
+    if (!S->ntab.on || S->ntab.ready || S->stopping) return;
     char have[400], miss[400];
-    list_nodes(N, 1, have, sizeof have);
-    list_nodes(N, 0, miss, sizeof miss);
+    list_nodes(S, 1, have, sizeof have);
+    list_nodes(S, 0, miss, sizeof miss);
     if (all_joined(S)) {
-        N->ready = 1;
+        S->ntab.ready = 1;
         printf("[%5.0fs] every node joined (%s): starting the stages\n", now - S->t0, have);
         fflush(stdout);
         for (int i = 0; i < S->n; i++) sup__spawn(S, &S->st[i]);
         return;
     }
-    int more = S->o->nodes_wait - n_alive(N);
-    if (now - N->t0 >= S->o->join_timeout_s) {
-        snprintf(N->failed, sizeof N->failed, "--join-timeout %.0f s passed: node(s) missing: %.200s; %d more "
+    int more = S->o->nodes_wait - n_up(S);
+    if (now - S->ntab.t0 >= S->o->join_timeout_s) {
+        snprintf(S->ntab.failed, sizeof S->ntab.failed, "--join-timeout %.0f s passed: node(s) missing: %.200s; %d more "
                  "agent(s) wanted by --nodes %d (joined: %.200s)", S->o->join_timeout_s, miss, more > 0 ? more : 0,
                  S->o->nodes_wait, have);
         S->failed = 1;
         sup__begin_stop(S, "the nodes did not join");
         return;
     }
-    if (now - N->last_line >= SUP_NODES_PROGRESS_S) {
-        N->last_line = now;
+    if (now - S->ntab.last_line >= SUP_NODES_PROGRESS_S) {
+        S->ntab.last_line = now;
         printf("[%5.0fs] waiting for nodes: joined %s; missing %s (%d more wanted by --nodes %d)\n", now - S->t0,
                have, miss, more > 0 ? more : 0, S->o->nodes_wait);
         fflush(stdout);
     }
 }
 
-static int node_by_name(const struct sup_nodes *N, const char *name) {
-    for (int k = 1; k < N->n; k++) if (!strcmp(N->node[k].name, name)) return k;
+static int node_by_name(const sup_t *S, const char *name) {
+    for (int k = 1; k < S->ntab.n; k++) if (!strcmp(S->nodes[k].name, name)) return k;
     return -1;
 }
 
-static int node_by_peer(const struct sup_nodes *N, const char *peer) {
-    for (int k = 1; k < N->n; k++) if (N->node[k].peer[0] && !strcmp(N->node[k].peer, peer)) return k;
+static int node_by_peer(const sup_t *S, const char *peer) {
+    for (int k = 1; k < S->ntab.n; k++) if (S->nodes[k].peer[0] && !strcmp(S->nodes[k].peer, peer)) return k;
     return -1;
 }
 
@@ -135,14 +122,14 @@ static void welcome(sup_t *S, const char *peer, int k) {
     proto_msg_init(&m, PROTO_NODE_WELCOME);
     snprintf(m.node_welcome.run_id, sizeof m.node_welcome.run_id, "%s", S->o->run_id);
     m.node_welcome.node_index = (uint32_t)k;
-    m.node_welcome.node_incarnation = S->nodes->node[k].incarnation;
+    m.node_welcome.node_incarnation = S->nodes[k].incarnation;
     stage_send(S->bus, peer, &m);
 }
 
 /* Every stage on node k (lost): dead, as after a death; they wait for the node. */
 static void node_lost(sup_t *S, int k, const char *why) {
-    sup_node_t *nd = &S->nodes->node[k];
-    nd->alive = 0;
+    sup_node_t *nd = &S->nodes[k];
+    nd->up = 0;
     char who[600] = "";
     size_t n = 0;
     for (int i = 0; i < S->n; i++) {
@@ -159,7 +146,6 @@ static void node_lost(sup_t *S, int k, const char *why) {
 }
 
 static void on_node_hello(sup_t *S, const char *peer, const proto_node_hello_t *h) {
-    struct sup_nodes *N = S->nodes;
     char want[BUS_ID_MAX + 1], why[256];
     snprintf(want, sizeof want, "node-%.58s", h->name);
     if (h->proto_version != DL_PROTO_VERSION) {
@@ -173,39 +159,45 @@ static void on_node_hello(sup_t *S, const char *peer, const proto_node_hello_t *
         refuse(S, peer, why);
         return;
     }
-    int k = node_by_name(N, h->name);
-    if (k > 0 && N->node[k].alive && N->node[k].incarnation != h->incarnation) {
+    if (!h->addr[0] || strlen(h->addr) > RUNCFG_ADDR_MAX) {
+        snprintf(why, sizeof why, "address '%.100s': 1..%d characters (--advertise)", h->addr, RUNCFG_ADDR_MAX);
+        refuse(S, peer, why);
+        return;
+    }
+    int k = node_by_name(S, h->name);
+    if (k > 0 && S->nodes[k].up && S->nodes[k].incarnation != h->incarnation) {
         /* the same name from another agent: a restart on the same host replaces the
          * old one (its stages died with it); another host is refused */
-        if (strcmp(N->node[k].hostname, h->hostname) != 0) {
+        if (strcmp(S->nodes[k].hostname, h->hostname) != 0) {
             snprintf(why, sizeof why, "node name %s is taken by a live agent on %s (another host): pass --name",
-                     h->name, N->node[k].hostname);
+                     h->name, S->nodes[k].hostname);
             refuse(S, peer, why);
             return;
         }
         node_lost(S, k, "its agent restarted");
     }
     if (k < 0) {
-        if (N->n >= SUP_MAX_NODES || N->n >= RUNCFG_NODES_MAX) {
-            snprintf(why, sizeof why, "too many nodes: %d agents at most, and %d joined", SUP_MAX_NODES - 1, N->n - 1);
+        if (S->ntab.n >= RUNCFG_NODES_MAX) {
+            snprintf(why, sizeof why, "too many nodes: %d agents at most, and %d are known", RUNCFG_NODES_MAX - 1,
+                     S->ntab.n - 1);
             refuse(S, peer, why);
             return;
         }
-        k = N->n++;
-        snprintf(N->node[k].name, sizeof N->node[k].name, "%s", h->name);
+        k = S->ntab.n++;
+        snprintf(S->nodes[k].name, sizeof S->nodes[k].name, "%s", h->name);
     }
-    sup_node_t *nd = &N->node[k];
-    int again = nd->joined && !nd->alive;
-    int dup = nd->alive && nd->incarnation == h->incarnation;   /* a hello sent again while waiting */
+    sup_node_t *nd = &S->nodes[k];
+    int again = nd->joined && !nd->up;
+    int dup = nd->up && nd->incarnation == h->incarnation;   /* a hello sent again while waiting */
     snprintf(nd->hostname, sizeof nd->hostname, "%s", h->hostname);
-    snprintf(nd->addr, sizeof nd->addr, "%s", h->addr);
+    snprintf(nd->addr, sizeof nd->addr, "%.*s", RUNCFG_ADDR_MAX, h->addr);
     snprintf(nd->run_dir, sizeof nd->run_dir, "%.*s", (int)h->n_run_dir, h->run_dir);
     snprintf(nd->peer, sizeof nd->peer, "%s", peer);
     nd->cores = h->cores;
     nd->n_gpus = h->n_gpu_free_mib;
     nd->incarnation = h->incarnation;
     nd->pid = h->pid;
-    nd->joined = nd->alive = 1;
+    nd->joined = nd->up = 1;
     welcome(S, peer, k);
     if (dup) return;
     printf("node %s %sjoined as node %d: %s (%s), %u core(s), %u GPU(s), run dir %s\n", nd->name, again ? "re" : "",
@@ -219,41 +211,41 @@ static void on_node_stage(sup_t *S, int k, const proto_node_stage_t *e) {
     if (!x || sup__stage_node(S, x) != k || x->incarnation != e->incarnation || x->exited) return;
     if (e->event == PROTO_NODE_EV_STARTED) {
         x->pid = (pid_t)e->pid;
-        log_info("%s started on node %s (pid %u, incarnation %llu)", x->spec->name, S->nodes->node[k].name, e->pid,
+        log_info("%s started on node %s (pid %u, incarnation %llu)", x->spec->name, S->nodes[k].name, e->pid,
                  (unsigned long long)e->incarnation);
         if (S->stopping) sup__kill(S, x, SIGTERM);
         sup__write_run_json(S);
         return;
     }
     if (e->event == PROTO_NODE_EV_FAILED)
-        log_error("node %s could not start %s: %s", S->nodes->node[k].name, x->spec->name, strerror(e->wait_status));
+        log_error("node %s could not start %s: %s", S->nodes[k].name, x->spec->name, strerror(e->wait_status));
     /* FAILED reads as an exec failure (exit 127), as a local child's would */
     sup__on_exit(S, x, e->event == PROTO_NODE_EV_EXITED ? e->wait_status : 127 << 8);
 }
 
 int sup__nodes_on_msg(sup_t *S, const char *peer, const proto_msg_t *m) {
     if (m->type < PROTO_NODE_HELLO || m->type > PROTO_NODE_STAGE) return 0;
-    if (!S->nodes) {
-        log_warn("%s from %s: this run takes no nodes (no --nodes): dropped", proto_type_name(m->type), peer);
+    if (!S->ntab.on) {
+        log_warn("%s from %s: this run takes no node agents (no --nodes): dropped", proto_type_name(m->type), peer);
         return 1;
     }
     if (m->type == PROTO_NODE_HELLO) { on_node_hello(S, peer, &m->node_hello); return 1; }
-    int k = node_by_peer(S->nodes, peer);
-    if (k < 0 || !S->nodes->node[k].alive) {
+    int k = node_by_peer(S, peer);
+    if (k < 0 || !S->nodes[k].up) {
         log_warn("%s from %s, not a live node: dropped", proto_type_name(m->type), peer);
         return 1;
     }
     if (m->type == PROTO_NODE_STAGE) on_node_stage(S, k, &m->node_stage);
-    else log_warn("%s from node %s: dropped (head to node only)", proto_type_name(m->type), S->nodes->node[k].name);
+    else log_warn("%s from node %s: dropped (head to node only)", proto_type_name(m->type), S->nodes[k].name);
     return 1;
 }
 
 void sup__nodes_on_dead(bus_t *bus, const char *peer, uint64_t silent_ms, void *arg) {
     (void)bus;
     sup_t *S = arg;
-    if (!S->nodes) return;
-    int k = node_by_peer(S->nodes, peer);
-    if (k < 0 || !S->nodes->node[k].alive) return;
+    if (!S->ntab.on) return;
+    int k = node_by_peer(S, peer);
+    if (k < 0 || !S->nodes[k].up) return;
     char why[64];
     snprintf(why, sizeof why, "no heartbeat for %.1f s", (double)silent_ms / 1000.0);
     node_lost(S, k, why);
@@ -261,7 +253,7 @@ void sup__nodes_on_dead(bus_t *bus, const char *peer, uint64_t silent_ms, void *
 
 void sup__spawn_remote(sup_t *S, sstage_t *x) {
     int k = sup__stage_node(S, x);
-    sup_node_t *nd = &S->nodes->node[k];
+    sup_node_t *nd = &S->nodes[k];
     proto_msg_t m;
     proto_msg_init(&m, PROTO_NODE_SPAWN);
     proto_node_spawn_t *sp = &m.node_spawn;
@@ -271,8 +263,7 @@ void sup__spawn_remote(sup_t *S, sstage_t *x) {
     sp->index = is_target(x) ? (int32_t)(x->spec->stage_id - PIPE_ID_TARGET0)
                 : is_drafter(x) ? (int32_t)(x->spec->stage_id - PIPE_ID_DRAFTER0) : -1;
     sp->threads = (uint32_t)(S->o->threads_per_stage > 0 ? S->o->threads_per_stage : 1);
-    if (runcfg_endpoint(S->o->cfg, S->o->sock_dir, "sup", sp->sup_endpoint, sizeof sp->sup_endpoint) < 0)
-        sp->sup_endpoint[0] = 0;
+    if (sup__sup_endpoint(S->o, sp->sup_endpoint, sizeof sp->sup_endpoint) < 0) sp->sup_endpoint[0] = 0;
     x->exited = 0;
     x->helloed = 0;
     x->restart_at = 0;
@@ -295,8 +286,8 @@ void sup__kill(sup_t *S, sstage_t *x, int sig) {
         if (x->pid > 0) kill(x->pid, sig);
         return;
     }
-    sup_node_t *nd = &S->nodes->node[k];
-    if (!nd->alive || x->exited) return;   /* a lost node's stages are stopped by its agent */
+    sup_node_t *nd = &S->nodes[k];
+    if (!nd->up || x->exited) return;   /* a lost node's stages are stopped by its agent */
     proto_msg_t m;
     proto_msg_init(&m, PROTO_NODE_SIGNAL);
     m.node_signal.stage_id = x->spec->stage_id;
@@ -305,23 +296,7 @@ void sup__kill(sup_t *S, sstage_t *x, int sig) {
     stage_send(S->bus, nd->peer, &m);
 }
 
-void sup__nodes_fill_config(const sup_t *S, run_config_t *c) {
-    const struct sup_nodes *N = S->nodes;
-    if (!N) return;
-    c->n_nodes = N->n < RUNCFG_NODES_MAX ? N->n : RUNCFG_NODES_MAX;
-    for (int k = 1; k < c->n_nodes; k++) snprintf(c->node_addr[k], sizeof c->node_addr[k], "%.127s", N->node[k].addr);
-    for (int i = 0; i < S->n; i++) {
-        const sstage_t *x = &S->st[i];
-        int k = sup__stage_node(S, x);
-        uint32_t id = x->spec->stage_id;
-        if (id == PIPE_ID_LOADER) c->loader_node = k;
-        else if (id == PIPE_ID_OPTIMIZER) c->optimizer_node = k;
-        else if (is_target(x) && id - PIPE_ID_TARGET0 < PIPE_MAX_TARGETS) c->target_node[id - PIPE_ID_TARGET0] = k;
-        else if (is_drafter(x) && id - PIPE_ID_DRAFTER0 < PIPE_MAX_DRAFTERS) c->drafter_node[id - PIPE_ID_DRAFTER0] = k;
-    }
-}
-
 int sup__nodes_result(const sup_t *S) {
-    if (!S->nodes || !S->nodes->failed[0]) return 0;
-    return dl_seterr(DL_ETIMEDOUT, "%s", S->nodes->failed);
+    if (!S->ntab.failed[0]) return 0;
+    return dl_seterr(DL_ETIMEDOUT, "%s", S->ntab.failed);
 }

@@ -3,7 +3,7 @@
  * the agents, waiting for --nodes before any stage starts, stages placed on another
  * node started and signalled through its agent, and an agent's death.
  *
- * One host (sup_opts_t.nodes_wait 0 and no named node): S->nodes stays NULL and every
+ * One host (sup_opts_t.nodes_wait 0 and no named node): S->ntab.on is 0 and every
  * call here is a no-op or the local path (sup__kill is kill(2)).
  */
 #ifndef DL_SUPERVISOR_NODES_H
@@ -14,30 +14,9 @@
 
 #define SUP_NODES_PROGRESS_S 5.0    /* the "waiting for nodes" line, every this many s */
 
-typedef struct {
-    char name[DL_PROTO_NODE_NAME_MAX + 1];
-    char hostname[DL_PROTO_HOST_MAX + 1];
-    char addr[DL_PROTO_HOST_MAX + 1];
-    char run_dir[DL_PROTO_PATH_MAX + 1];
-    uint32_t cores, n_gpus;
-    char peer[BUS_ID_MAX + 1];  /* bus peer id ("node-<name>"); "" before the first join */
-    int joined;                 /* joined at least once */
-    int alive;                  /* joined and heard from (no heartbeat loss since) */
-    uint64_t incarnation;       /* the agent start's (node_hello) */
-    uint32_t pid;
-} sup_node_t;
-
-struct sup_nodes {
-    sup_node_t node[SUP_MAX_NODES];   /* [0]: the head */
-    int n;                      /* known: the head, the named ones, the joined others */
-    int ready;                  /* every wanted node joined: stages were started */
-    double t0, last_line;
-    char failed[600];           /* the join timed out: why ("" otherwise) */
-};
-
-/* Sets S->nodes up for a multi-node run (NULL for one host). 0 or DL_ENOMEM. */
-int sup__nodes_init(sup_t *S);
-void sup__nodes_free(sup_t *S);
+/* Sets the node table up (S->nodes[], S->ntab) from the options: node k named
+ * o->node_names[k]; agents are taken when --nodes > 0 or the placement names nodes. */
+void sup__nodes_init(sup_t *S);
 /* At the start: 1 when the stages must wait for the nodes (they are marked exited, not
  * started; the tick starts them once every node joined), 0 to start them now. */
 int sup__nodes_defer_start(sup_t *S);
@@ -61,8 +40,6 @@ void sup__spawn_remote(sup_t *S, sstage_t *x);
 /* Sends signal sig to x: kill(2) on the head (when x->pid > 0), node_signal to its
  * agent (for x's incarnation) on another node. */
 void sup__kill(sup_t *S, sstage_t *x, int sig);
-/* Fills c's node table for a RUN_CONFIG: the nodes' addresses, each stage's node. */
-void sup__nodes_fill_config(const sup_t *S, run_config_t *c);
 /* The run's result when the join failed: DL_ETIMEDOUT with the reason set; else 0. */
 int sup__nodes_result(const sup_t *S);
 /* The node name of stage x ("" on one host), for run.json. */

@@ -56,11 +56,11 @@ void sup__send_config(sup_t *S, sstage_t *x, const char *peer, uint64_t inc) {
     /* test hook strip_gpu=1: every stage on CPU, so the GPU-run logic of this supervisor
      * (placement, GPU rebalance, moves) is tested on a machine without GPUs */
     if (S->strip_gpu) runcfg_clear_gpus(&c);
-    sup__nodes_fill_config(S, &c);
     /* what this incarnation was started for (sup__spawn) */
     if (x->spec->stage_id == PIPE_ID_LOADER && x->start_step >= 0) c.start_step = (uint64_t)x->start_step;
     if (x->spec->stage_id == PIPE_ID_OPTIMIZER && x->from_ckpt)
         snprintf(c.resume_dir, sizeof c.resume_dir, "%.4000s", S->resume_ckpt);
+    sup__net_config(S, x, &c);
     proto_msg_t m;
     runcfg_to_msg(&c, x->spec->stage_id, inc, &m);
     if (stage_send(S->bus, peer, &m) == 0)
@@ -119,7 +119,7 @@ void sup__spawn(sup_t *S, sstage_t *x) {
          * which the stage runtime turns into one SIGTERM (common/pipe/stage.c) */
         sup__child_setup(parent, SIGUSR1, log_path, o->threads_per_stage);
         /* only who it is and where the supervisor is: its settings come as RUN_CONFIG */
-        char *argv[8], idx[16];
+        char *argv[12], idx[16], sup_ep[320];
         int a = 0;
         argv[a++] = exe;
         if (is_target(x) || is_drafter(x)) {
@@ -131,6 +131,12 @@ void sup__spawn(sup_t *S, sstage_t *x) {
         argv[a++] = (char *)o->sock_dir;
         argv[a++] = "--incarnation";
         argv[a++] = inc;
+        if (o->listen_port && sup__sup_endpoint(o, sup_ep, sizeof sup_ep) == 0) {
+            argv[a++] = "--sup";      /* a multi-node head's stages talk to it over tcp:// too */
+            argv[a++] = sup_ep;
+            argv[a++] = "--key";
+            argv[a++] = (char *)o->key_path;
+        }
         argv[a] = NULL;
         execv(exe, argv);
         fprintf(stderr, "exec %s: %s\n", exe, strerror(errno));

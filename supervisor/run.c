@@ -125,11 +125,19 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     uv_loop_init(&S.loop);
     S.metrics = rundir_metrics_open(o->out_dir);
     if (!S.metrics) log_warn("%s (no metrics.jsonl for this run)", dl_errmsg());
-    char ep[BUS_ENDPOINT_MAX];
-    DL_TRY(bus_endpoint(o->sock_dir, "sup", ep, sizeof ep));
+    char ep[320];
+    DL_TRY(sup__sup_endpoint(o, ep, sizeof ep));
+    int64_t fake = 0;    /* test hook (see sup_t.fake_nodes), read once before any spawn */
+    S.fake_nodes = o->listen_port && testhook_i64("fake_nodes", &fake) == 1 && fake == 1;
+    if (S.fake_nodes && 1 + o->n_targets + o->n_drafters > RUNCFG_NODES_MAX)
+        return dl_seterr(DL_EINVAL, "test hook fake_nodes: %d targets + %d drafters need more than %d nodes",
+                         o->n_targets, o->n_drafters, RUNCFG_NODES_MAX);
+    snprintf(S.nodes[0].addr, sizeof S.nodes[0].addr, "%s", o->listen_host ? o->listen_host : "");
+    S.nodes[0].up = 1;
     bus_opts_t bo = {0};
     bo.kind = BUS_ROUTER;
     bo.name = "supervisor";
+    bo.curve = o->listen_port ? o->keys : NULL;
     bo.heartbeat_interval_ms = PIPE_HEARTBEAT_MS;
     bo.heartbeat_timeout_ms = PIPE_DEAD_MS;
     S.bus = bus_new(&S.loop, &bo);
@@ -137,7 +145,7 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     DL_TRY(bus_bind(S.bus, ep));
     bus_on_message(S.bus, sup__on_msg, &S);
     bus_on_peer_dead(S.bus, sup__nodes_on_dead, &S);
-    DL_TRY(sup__nodes_init(&S));
+    sup__nodes_init(&S);
     S.nt = o->n_targets;
     S.nd = o->n_drafters;
     S.mon = mon_run_new();
@@ -217,7 +225,6 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     int have_latest = lr == 1;
     free(S.losses);
     int nrc = sup__nodes_result(&S);
-    sup__nodes_free(&S);
     if (nrc < 0) return nrc;
     /* The optimizer logs a failed checkpoint write (disk full) and goes on; a run whose
      * last applied step has no checkpoint must not end as a success. */

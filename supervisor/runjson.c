@@ -81,15 +81,15 @@ void sup__fill_run(sup_t *S) {
         r->rebalance.seconds = S->rb.seconds;
     }
     fill_stages(S, r);
-    for (int k = 0; S->nodes && k < S->nodes->n && k < RUNDIR_MAX_NODES; k++) {
-        const sup_node_t *nd = &S->nodes->node[k];
+    for (int k = 0; S->ntab.on && k < S->ntab.n && k < RUNDIR_MAX_NODES; k++) {
+        const sup_node_t *nd = &S->nodes[k];
         rundir_node_t *e = &r->nodes[r->n_nodes++];
         snprintf(e->name, sizeof e->name, "%s", nd->name);
         e->index = k;
         snprintf(e->hostname, sizeof e->hostname, "%s", nd->hostname);
         snprintf(e->addr, sizeof e->addr, "%s", nd->addr);
         snprintf(e->run_dir, sizeof e->run_dir, "%s", nd->run_dir);
-        e->alive = nd->alive;
+        e->alive = nd->up;
         e->cores = (int)nd->cores;
         e->gpus = (int)nd->n_gpus;
     }

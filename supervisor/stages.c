@@ -31,6 +31,16 @@ static void fill_opts(launch_t *L) {
     so->progress_every_s = o->progress_s;
     so->metrics_port = o->metrics_port;
     so->inbox_slots = L->inbox_slots;
+    if (L->net) {
+        so->listen_host = L->listen_host;
+        so->listen_port = L->listen_port;
+        so->key_path = L->key_path;
+        so->keys = &L->keys;
+        so->nodes_wait = o->nodes;
+        so->join_timeout_s = o->join_timeout_s;
+    }
+    so->n_nodes = 1;
+    snprintf(so->node_names[0], sizeof so->node_names[0], "head");
     so->lookahead = L->lookahead;
     /* recorded in run.json (absolute paths) for `draftline run --resume DIR` */
     static char target_abs[PATH_MAX], cache_abs[PATH_MAX];

@@ -21,6 +21,7 @@
 #include "common/bus/bus.h"
 #include "common/monitor/prom.h"
 #include "common/monitor/run.h"
+#include "common/pipe/runcfg.h"
 #include "common/pipe/stage.h"
 #include "common/rundir/rundir.h"
 #include "proto/codec.h"
@@ -71,6 +72,22 @@ typedef struct {
     int from_ckpt;
 } sstage_t;
 
+/* A node of a multi-node run (index = its place in sup_opts_t.node_names; 0 = the head,
+ * always up). Agents fill the rest when they join (nodes.c). */
+typedef struct {
+    char addr[RUNCFG_ADDR_MAX + 1];     /* where its stages bind and peers reach them */
+    char run_dir[4096];                 /* the agent's run dir (the out dir of its stages) */
+    char peer[BUS_ID_MAX + 1];          /* the agent's bus id ("" for the head) */
+    int up;                             /* joined and alive (the head: 1) */
+    /* from its node_hello (nodes.c) */
+    char name[DL_PROTO_NODE_NAME_MAX + 1];
+    char hostname[DL_PROTO_HOST_MAX + 1];
+    uint32_t cores, n_gpus;
+    int joined;                         /* joined at least once */
+    uint64_t incarnation;               /* the agent start's */
+    uint32_t pid;
+} sup_node_t;
+
 typedef struct {
     const sup_opts_t *o;
     sup_summary_t *sum;
@@ -80,6 +97,12 @@ typedef struct {
     uv_timer_t tick;
     sstage_t st[SUP_MAX_STAGES];
     int n;
+    /* multi-node (docs/MULTINODE.md): the node table; fake_nodes (test hook fake_nodes=1,
+     * read once, with --listen): every target and drafter is told it runs on a node of
+     * its own (all at the head's address, spawned by the head) so the cross-node data
+     * plane runs without agents */
+    sup_node_t nodes[RUNCFG_NODES_MAX];
+    int fake_nodes;
     int strip_gpu;              /* test hook strip_gpu=1 (read once): every GPU of the RUN_CONFIGs sent cleared */
     int stopping, failed, done;
     double t_stop;
@@ -141,7 +164,10 @@ typedef struct {
         double t0;
         char json[4300];        /* <out>/eval/step_<S>.json */
     } ev;
-    struct sup_nodes *nodes;    /* multi-node: the node table (nodes.h); NULL on one host */
+    /* node agents (nodes.c): on = this run takes agents (--nodes, or a placement naming
+     * nodes); n nodes known (the head, the named ones, others that joined); ready: every
+     * wanted node joined and the stages were started; failed: why the join failed */
+    struct { int on, n, ready; double t0, last_line; char failed[600]; } ntab;
 } sup_t;
 
 static inline int is_target(const sstage_t *x) { return x->spec->stage_id >= PIPE_ID_TARGET0; }
@@ -179,6 +205,16 @@ void sup__on_exit(sup_t *S, sstage_t *x, int status);
 /* waitpid(WNOHANG) of every exited child: stages (restart with backoff, retire, move,
  * optimizer recovery) and the eval child (sup__ev_done). */
 void sup__reap(sup_t *S);
+
+/* netcfg.c */
+/* The multi-node part of x's RUN_CONFIG c (nothing on a one-host run): net_port, the
+ * node addresses, every stage's node (the specs', or one node per target and drafter
+ * under fake_nodes; the optimizer on drafter 0's node), and c->out_dir = the agent's run
+ * dir for a stage on another node. */
+void sup__net_config(const sup_t *S, const sstage_t *x, run_config_t *c);
+/* The supervisor's ROUTER endpoint into buf: tcp://listen_host:listen_port on a
+ * multi-node head, else ipc://<sock_dir>/sup.sock. */
+int sup__sup_endpoint(const sup_opts_t *o, char *buf, size_t cap);
 
 /* run.c */
 /* Starts the stop (idempotent): SIGTERM to every stage and the eval child; why is logged. */

@@ -13,8 +13,9 @@
 
 #include <stdint.h>
 
+#include "common/bus/curve.h"
+
 #define SUP_MAX_STAGES 136
-#define SUP_MAX_NODES 16             /* = RUNCFG_NODES_MAX: the head and 15 agents */
 
 struct run_config;
 
@@ -26,7 +27,7 @@ typedef struct {
     char exe[64];               /* executable name in the bin dir */
     uint32_t stage_id;
     int gpu;                    /* CUDA ordinal it starts on; -1 = CPU (the loader, CPU runs) */
-    int node;                   /* node index: 0 = the head, k >= 1 = sup_opts_t.node_names[k - 1] */
+    int node;                   /* index in sup_opts_t.node_names: 0 = the head */
 } sup_stage_spec_t;
 
 typedef struct {
@@ -60,17 +61,20 @@ typedef struct {
     int eval_every, eval_prompts, eval_max_new_tokens;
     /* the run's one configuration (validated); each stage's RUN_CONFIG is built from it */
     const struct run_config *cfg;
+    /* multi-node head (docs/MULTINODE.md; listen_port 0: one host, nothing below used):
+     * the supervisor's ROUTER is tcp://listen_host:listen_port with CURVE keys, stages get
+     * `--sup tcp://listen_host:listen_port --key key_path`; node_names[k] is node k of the
+     * placement (0: the head, "head"), n_nodes of them; agents join under those names */
+    const char *listen_host;
+    int listen_port;
+    const char *key_path;
+    const bus_curve_keys_t *keys;
+    int n_nodes;
+    char node_names[16][64];
+    int nodes_wait;             /* --nodes: agents to wait for before any stage starts */
+    double join_timeout_s;
     sup_stage_spec_t stages[SUP_MAX_STAGES];
     int n_stages;
-    /* multi-node (supervisor/nodes.c, docs/MULTINODE.md); one host: 0 / NULL. The nodes
-     * the placement names are nodes 1..n_node_names, in the order they first appear;
-     * agents that join under another name get the next indexes. No stage starts before
-     * nodes_wait agents (and every named node) joined; join_timeout_s later the run
-     * fails naming the missing ones. */
-    int nodes_wait;             /* --nodes N */
-    double join_timeout_s;      /* --join-timeout, s */
-    char node_names[SUP_MAX_NODES - 1][64];
-    int n_node_names;
 } sup_opts_t;
 
 typedef struct {

@@ -566,11 +566,10 @@ int main(int argc, char **argv) {
     stage_args_t a;
     if (stage_args(argc, argv, "target_worker", PIPE_MAX_TARGETS - 1, usage, &a) < 0) return a.exit_code;
     T.index = a.index;
-    uint64_t inc = a.incarnation;
     char name[32];
     snprintf(name, sizeof name, "target%d", T.index);
     log_init(name, log_get_level());
-    int rc = stage_config(PROTO_ROLE_TARGET, PIPE_ID_TARGET0 + (uint32_t)T.index, inc, name, a.run_dir,
+    int rc = stage_config(PROTO_ROLE_TARGET, PIPE_ID_TARGET0 + (uint32_t)T.index, name, &a,
                           STAGE_CONFIG_TIMEOUT_MS, &cfg);
     if (rc < 0) return log_rc(rc, "run configuration"), 1;
     int drafter = (int)cfg.target_drafter[T.index];
@@ -578,7 +577,7 @@ int main(int argc, char **argv) {
     if (rc) return rc;
     T.cu = malloc(((size_t)T.token_budget + 2) * 4);
     if (!T.cu) return 1;
-    rc = stage_init(&T.st, PROTO_ROLE_TARGET, PIPE_ID_TARGET0 + (uint32_t)T.index, inc, name, a.run_dir, cfg.run_id);
+    rc = stage_init(&T.st, PROTO_ROLE_TARGET, PIPE_ID_TARGET0 + (uint32_t)T.index, name, &a, &cfg);
     if (rc < 0) return log_rc(rc, "stage init"), 1;
     hcache_new(&T.hc, T.gpu);
     if (T.gpu >= 0) {

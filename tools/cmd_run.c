@@ -33,7 +33,8 @@ static const struct option run_options[] = {
     {"prefetch", 1, 0, RUN_O_PREF}, {"metrics-port", 1, 0, RUN_O_MP},
     {"eval-data", 1, 0, RUN_O_EVD}, {"eval-every", 1, 0, RUN_O_EVE},
     {"eval-prompts", 1, 0, RUN_O_EVP}, {"eval-max-new-tokens", 1, 0, RUN_O_EVM},
-    {"keep-checkpoints", 1, 0, RUN_O_KC}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    {"keep-checkpoints", 1, 0, RUN_O_KC}, {"listen", 1, 0, RUN_O_LISTEN}, {"key", 1, 0, RUN_O_KEY},
+    {"nodes", 1, 0, RUN_O_NODES}, {"join-timeout", 1, 0, RUN_O_JT}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
 
 static void run_usage(FILE *f) {
     fprintf(f,
@@ -102,6 +103,14 @@ static void run_usage(FILE *f) {
         "  --progress-every S         seconds between progress lines (default 5)\n"
         "  --metrics-port P           serve the metrics in the Prometheus text format on\n"
         "                             0.0.0.0:P/metrics (0: any free port, see run.json; default off)\n"
+        "several hosts (docs/MULTINODE.md)\n"
+        "  --listen HOST:PORT         be the head of a multi-node run: stages talk over tcp:// with\n"
+        "                             CURVE keys, on ports PORT..PORT+163 of each host\n"
+        "  --key FILE                 the run's key file (created 0600 if missing; default\n"
+        "                             <out>/node.key); each node joins with it:\n"
+        "                             draftline node --join HOST:PORT --key FILE\n"
+        "  --nodes N                  wait for N node agents before starting any stage\n"
+        "  --join-timeout S           give up waiting for them after S s (default 300)\n"
         "training-time eval (a `draftline eval` child process on CPU, one at a time)\n"
         "  --eval-data PROMPTS        held-out prompt set (any format `draftline eval --data` reads)\n"
         "  --eval-every N             tau eval of each checkpoint whose step is a multiple of N (needs\n"
@@ -156,6 +165,10 @@ static int set_opt(run_opts_t *o, int code, const char *v) {
     case RUN_O_EVE: return cli_parse_int("--eval-every", v, 1, INT32_MAX, &o->eval_every);
     case RUN_O_EVP: return cli_parse_int("--eval-prompts", v, 1, 1 << 20, &o->eval_prompts);
     case RUN_O_EVM: return cli_parse_int("--eval-max-new-tokens", v, 1, 1 << 16, &o->eval_max_new);
+    case RUN_O_LISTEN: o->listen = v; return 0;
+    case RUN_O_KEY: o->key = v; return 0;
+    case RUN_O_NODES: return cli_parse_int("--nodes", v, 0, 15, &o->nodes);
+    case RUN_O_JT: return cli_parse_f64("--join-timeout", v, 1, 86400, &o->join_timeout_s);
     case RUN_O_CFG: return 0;
     }
     (void)x;
@@ -231,7 +244,7 @@ int cmd_run(int argc, char **argv) {
     o.targets = 1; o.drafters = 1; o.token_budget = 1024; o.block_size = 8; o.num_anchors = 32;
     o.drafter_layers = 1; o.lr = 1e-3; o.clip = 1.0; o.epochs = 1; o.mbs_per_step = 1;
     o.inbox_gb = 0.25; o.hs_min_ready = 1; o.max_restarts = 5; o.progress_s = 5; o.prefetch = 1;
-    o.metrics_port = -1; o.eval_prompts = 4; o.eval_max_new = 48;
+    o.metrics_port = -1; o.eval_prompts = 4; o.eval_max_new = 48; o.join_timeout_s = 300;
     if (paths_default_model(o.target_model, sizeof o.target_model) < 0) o.target_model[0] = 0;
     /* the config file first, so flags override it */
     for (int i = 1; i < argc; i++) {

@@ -123,9 +123,17 @@ static void on_metrics_timer(bus_t *bus, void *arg) {
 }
 
 bus_t *stage_bus(stage_t *st, bus_kind_t kind, const char *endpoint) {
-    char ep[BUS_ENDPOINT_MAX];
-    if (bus_endpoint(st->run_dir, endpoint, ep, sizeof ep) < 0) return NULL;
+    char ep[320];
+    int net = st->cfg && st->cfg->net_port;
+    if ((net ? runcfg_endpoint(st->cfg, st->run_dir, endpoint, ep, sizeof ep)
+             : bus_endpoint(st->run_dir, endpoint, ep, sizeof ep)) < 0)
+        return NULL;
+    if (net && !st->has_keys) {
+        dl_seterr(DL_EINVAL, "%s: a multi-node run needs the run's key file (--key)", endpoint);
+        return NULL;
+    }
     bus_opts_t o = {0};
+    o.curve = net ? &st->keys : NULL;
     o.kind = kind;
     o.name = endpoint;
     o.identity = kind == BUS_DEALER ? st->name : NULL;
@@ -142,13 +150,25 @@ bus_t *stage_bus(stage_t *st, bus_kind_t kind, const char *endpoint) {
     return b;
 }
 
-int stage_init(stage_t *st, proto_role_t role, uint32_t stage_id, uint64_t incarnation,
-               const char *name, const char *run_dir, const char *run_id) {
+/* The supervisor's endpoint for a stage started with a (--sup, or sup.sock in --run-dir). */
+static int sup_endpoint(const stage_args_t *a, char *buf, size_t cap) {
+    if (!a->sup) return bus_endpoint(a->run_dir, "sup", buf, cap);
+    if (strlen(a->sup) >= cap) return dl_seterr(DL_ERANGE, "--sup %s: too long", a->sup);
+    snprintf(buf, cap, "%s", a->sup);
+    return 0;
+}
+
+int stage_init(stage_t *st, proto_role_t role, uint32_t stage_id, const char *name, const stage_args_t *a,
+               const run_config_t *cfg) {
+    const char *run_dir = a->run_dir, *run_id = cfg->run_id;
     memset(st, 0, sizeof *st);
     snprintf(st->name, sizeof st->name, "%s", name);
     st->role = role;
     st->stage_id = stage_id;
-    st->incarnation = incarnation ? incarnation : 1;
+    st->incarnation = a->incarnation ? a->incarnation : 1;
+    st->cfg = cfg;
+    st->has_keys = a->has_keys;
+    if (a->has_keys) st->keys = a->keys;
     st->gpu_index = -1;
     if (strlen(run_dir) >= sizeof st->run_dir)
         return dl_seterr(DL_ERANGE, "--run-dir too long (%zu chars, max %zu)", strlen(run_dir),
@@ -172,11 +192,12 @@ int stage_init(stage_t *st, proto_role_t role, uint32_t stage_id, uint64_t incar
     if (uv_loop_init(&st->loop) != 0) return dl_seterr(DL_EIO, "uv_loop_init failed");
     st->zctx = zmq_ctx_new();
     if (!st->zctx) return dl_seterr(DL_EIO, "zmq_ctx_new: %s", zmq_strerror(errno));
-    char ep[BUS_ENDPOINT_MAX];
-    DL_TRY(bus_endpoint(run_dir, "sup", ep, sizeof ep));
+    DL_TRY(sup_endpoint(a, st->sup_ep, sizeof st->sup_ep));
+    const char *ep = st->sup_ep;
     bus_opts_t o = {0};
     o.kind = BUS_DEALER;
     o.name = "supervisor";
+    o.curve = a->has_keys ? &st->keys : NULL;
     o.identity = st->name;
     o.zmq_ctx = st->zctx;
     o.heartbeat_interval_ms = PIPE_HEARTBEAT_MS;
@@ -204,10 +225,12 @@ int stage_args(int argc, char **argv, const char *prog, int max_index, void (*us
     memset(a, 0, sizeof *a);
     a->incarnation = 1;
     a->index = -1;
-    enum { O_RUN = 256, O_INC, O_IDX, O_LL };
+    enum { O_RUN = 256, O_INC, O_IDX, O_LL, O_SUP, O_KEY };
     static const struct option opts[] = {
         {"run-dir", 1, 0, O_RUN}, {"incarnation", 1, 0, O_INC}, {"index", 1, 0, O_IDX},
-        {"log-level", 1, 0, O_LL}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"log-level", 1, 0, O_LL}, {"sup", 1, 0, O_SUP}, {"key", 1, 0, O_KEY}, {"help", 0, 0, 'h'},
+        {0, 0, 0, 0}};
+    const char *key = NULL;
     int c;
     int64_t v;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -217,6 +240,8 @@ int stage_args(int argc, char **argv, const char *prog, int max_index, void (*us
         case O_INC: rc = cli_parse_i64("--incarnation", optarg, 1, INT64_MAX, &v); a->incarnation = (uint64_t)v; break;
         case O_IDX: rc = cli_parse_i64("--index", optarg, 0, max_index, &v); a->index = (int)v; break;
         case O_LL: { log_level_t l; rc = log_parse_level(optarg, &l); if (!rc) log_set_level(l); break; }
+        case O_SUP: a->sup = optarg; break;
+        case O_KEY: key = optarg; break;
         case 'h': usage(stdout); a->exit_code = 0; return -1;
         default: usage(stderr); a->exit_code = 2; return -1;
         }
@@ -232,6 +257,17 @@ int stage_args(int argc, char **argv, const char *prog, int max_index, void (*us
         a->exit_code = 2;
         return -1;
     }
+    if (!a->sup != !key || (a->sup && strncmp(a->sup, "tcp://", 6) != 0)) {
+        cli_error(prog, "--sup tcp://HOST:PORT and --key FILE go together (a multi-node run)");
+        a->exit_code = 2;
+        return -1;
+    }
+    if (key && bus_curve_keys_load(key, &a->keys) < 0) {
+        cli_error(prog, dl_errmsg());
+        a->exit_code = 2;
+        return -1;
+    }
+    a->has_keys = key != NULL;
     if (a->index < 0) a->index = 0;
     return 0;
 }
@@ -272,10 +308,11 @@ static void on_cfg_timeout(bus_t *bus, void *arg) {
     bus_close(bus, NULL, NULL);
 }
 
-int stage_config(proto_role_t role, uint32_t stage_id, uint64_t incarnation, const char *name,
-                 const char *run_dir, int timeout_ms, run_config_t *cfg) {
-    char ep[BUS_ENDPOINT_MAX];
-    DL_TRY(bus_endpoint(run_dir, "sup", ep, sizeof ep));
+int stage_config(proto_role_t role, uint32_t stage_id, const char *name, const stage_args_t *a,
+                 int timeout_ms, run_config_t *cfg) {
+    uint64_t incarnation = a->incarnation;
+    char ep[320];
+    DL_TRY(sup_endpoint(a, ep, sizeof ep));
     int64_t hook_ms;   /* test hook: a short wait, so the time-out itself can be tested */
     if (testhook_i64("config_timeout_ms", &hook_ms) && hook_ms > 0 && hook_ms < timeout_ms) timeout_ms = (int)hook_ms;
     uv_loop_t loop;
@@ -288,6 +325,7 @@ int stage_config(proto_role_t role, uint32_t stage_id, uint64_t incarnation, con
     o.kind = BUS_DEALER;
     o.name = "supervisor";
     o.identity = name;      /* no heartbeats: it lives for one request and answer */
+    o.curve = a->has_keys ? &a->keys : NULL;
     bus_t *b = bus_new(&loop, &o);
     int rc = b ? bus_connect(b, ep) : DL_EIO;
     if (rc == 0) {

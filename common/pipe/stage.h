@@ -55,6 +55,13 @@ struct stage {
     uint64_t incarnation;
     char run_dir[200];
     char run_id[17];
+    /* where the supervisor is (ipc://<run_dir>/sup.sock, or --sup's tcp:// endpoint) and,
+     * on a multi-node run, the run's keys and configuration (endpoints of the other
+     * stages: runcfg_endpoint; the config must outlive the stage) */
+    char sup_ep[320];
+    int has_keys;
+    bus_curve_keys_t keys;
+    const struct run_config *cfg;
     char gpu_uuid[64];          /* "" on CPU */
     int gpu_index;              /* CUDA device ordinal of the stage; -1 on CPU (published as gpu_index) */
     uv_loop_t loop;
@@ -73,11 +80,16 @@ struct stage {
 /* A stage's command line. `draftline run` starts every stage as
  *   <exe> [--index I] --run-dir DIR --incarnation N [--log-level L]
  * (DIR: the sockets dir holding sup.sock; every other setting comes from the run
- * configuration, stage_config). */
+ * configuration, stage_config). On a multi-node run (docs/MULTINODE.md) the head and
+ * the node agents add `--sup tcp://HOST:PORT --key FILE`: the supervisor's endpoint
+ * and the run's key file (loaded here; a bad one is exit 2 naming it). */
 typedef struct {
     const char *run_dir;        /* borrowed from argv */
     uint64_t incarnation;       /* >= 1; default 1 */
     int index;                  /* target/drafter index; 0 when not given (loader, optimizer) */
+    const char *sup;            /* --sup (NULL: ipc://<run_dir>/sup.sock) */
+    int has_keys;               /* --key given and loaded into keys */
+    bus_curve_keys_t keys;
     int exit_code;              /* when stage_args returns -1: main's exit status */
 } stage_args_t;
 
@@ -89,21 +101,24 @@ int stage_args(int argc, char **argv, const char *prog, int max_index, void (*us
 
 /* The stage's run configuration, asked for first thing (before any model load or
  * CUDA set-up): a HELLO with PROTO_CAP_WANT_CONFIG (gpu_uuid "") on a DEALER of its
- * own to <run_dir>/sup.sock with identity name, then up to timeout_ms
+ * own to the supervisor (a->sup with a's keys, or <a->run_dir>/sup.sock) with identity
+ * name, incarnation a->incarnation, then up to timeout_ms
  * (STAGE_CONFIG_TIMEOUT_MS in the stages) for the supervisor's RUN_CONFIG of this
  * stage_id and incarnation, decoded into *cfg (runcfg_from_msg; caller-owned) and
  * checked (runcfg_validate). The DEALER is closed before returning; stage_init opens
  * the stage's own afterwards (its HELLO means "up"). Returns 0; DL_ETIMEDOUT (no
  * answer: the message names the supervisor endpoint), the validation's
  * DL_EINVAL / DL_ERANGE, or the bus's error; dl_errmsg says which. */
-int stage_config(proto_role_t role, uint32_t stage_id, uint64_t incarnation, const char *name,
-                 const char *run_dir, int timeout_ms, struct run_config *cfg);
+int stage_config(proto_role_t role, uint32_t stage_id, const char *name, const stage_args_t *a,
+                 int timeout_ms, struct run_config *cfg);
 
 /* Initialises *st (caller-owned storage), the loop, the ZeroMQ context and the
- * supervisor DEALER; sends HELLO and starts the 1 s metrics timer. run_id:
- * [A-Za-z0-9_.]{1,16} (slab names). Errors from the bus (DL_EIO, DL_EINVAL). */
-int stage_init(stage_t *st, proto_role_t role, uint32_t stage_id, uint64_t incarnation,
-               const char *name, const char *run_dir, const char *run_id);
+ * supervisor DEALER (as stage_config found it: a and cfg); sends HELLO and starts the
+ * 1 s metrics timer. cfg (borrowed, must outlive the stage): the run id
+ * ([A-Za-z0-9_.]{1,16}, slab names) and, on a multi-node run, the endpoints of the
+ * other stages (stage_bus). Errors from the bus (DL_EIO, DL_EINVAL). */
+int stage_init(stage_t *st, proto_role_t role, uint32_t stage_id, const char *name, const stage_args_t *a,
+               const struct run_config *cfg);
 /* Callbacks: metrics fill-in (called once a second before publishing), control
  * messages from the supervisor, and stop (SIGTERM/SIGINT or CONTROL STOP; the stage
  * should finish what it must and call stage_close). */
@@ -112,8 +127,10 @@ void stage_on_control(stage_t *st, stage_control_cb cb, void *arg);
 void stage_on_stop(stage_t *st, stage_stop_cb cb, void *arg);
 
 /* A bus on the stage's loop and context with the pipeline's heartbeat settings.
- * kind BUS_ROUTER binds <run_dir>/<endpoint>.sock; BUS_DEALER connects to it with
- * identity st->name. NULL with dl_errmsg on failure. */
+ * kind BUS_ROUTER binds the server `endpoint` ("loader", "optimizer", "drafter<i>");
+ * BUS_DEALER connects to it with identity st->name. One host: <run_dir>/<endpoint>.sock;
+ * multi-node: runcfg_endpoint's tcp:// with the run's keys. NULL with dl_errmsg on
+ * failure. */
 bus_t *stage_bus(stage_t *st, bus_kind_t kind, const char *endpoint);
 
 /* Encodes and sends m to peer on bus (peer ignored on a DEALER). Returns bus_send's
