@@ -26,6 +26,7 @@ typedef struct {
     char target_model[4096];
     const char *data, *prompt_field, *response_field, *out, *resume, *device;
     const char *target_gpus, *drafter_gpus;
+    const char *target_place, *drafter_place;  /* CPU runs: --targets / --drafters "NAME:N,..." (NULL: a count) */
     int targets, drafters, token_budget, max_len, block_size, num_anchors, drafter_layers;
     double lr, weight_decay, clip;
     int64_t warmup_steps, max_steps, save_every, seed, keep_checkpoints;
