@@ -8,6 +8,8 @@
  *   agent's "joined <run id> as node n1 (index 1)", the head's "node n1 joined", run.json's
  *   node table and each stage's node, the target's log in the agent's run dir; the run
  *   finishes its steps; SIGTERM ends the agent with exit 0.
+ * test_node_lost_rejoin: the agent killed mid-run (its target with it): "node n1 lost", the
+ *   head waits; a new agent n1 rejoins as node 1, the target starts there again, the run ends.
  * test_node_join_timeout: --join-timeout 2 with the placement naming node n9 and no agent:
  *   exit 1 naming n9, no stage started.
  */
@@ -196,6 +198,59 @@ static void test_node_join_run(void **state) {
     assert_true(st.st_size > 0);
 }
 
+/* The agent (and its target) killed mid-run: the head says the node is lost and waits; a
+ * new agent under the same name rejoins (same index), the target starts there again and
+ * the run finishes its steps. */
+static void test_node_lost_rejoin(void **state) {
+    (void)state;
+    static pf_run_args_t h, g;
+    char out[400], listen[64], key[500], agent_dir[400];
+    snprintf(out, sizeof out, "%s/lost", fx.root);
+    snprintf(agent_dir, sizeof agent_dir, "%s/agent-lost", fx.root);
+    int port = free_port_span();
+    assert_true(port > 0);
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+    snprintf(key, sizeof key, "%s/node.key", out);
+    const char *hargv[] = {fx.exe, "run", "--target-model", fx.model_dir, "--data", fx.cache, "--device", "cpu",
+                           "--targets", "n1:1", "--drafters", "1", "--threads", "1", "--token-budget", "256",
+                           "--block-size", "4", "--num-anchors", "8", "--max-steps", "30", "--progress-every", "1",
+                           "--listen", listen, "--nodes", "1", "--out", out, NULL};
+    memset(&h, 0, sizeof h);
+    set_argv(&h, hargv);
+    snprintf(h.log, sizeof h.log, "%s/lost-head.out", fx.root);
+    proc_t hp, ap, bp;
+    assert_int_equal(proc_spawn(&hp, "draftline run", pf_run_child, &h), 0);
+    assert_true(wait_for_text(h.log, "waiting for", 60));
+    const char *aargv[] = {fx.exe, "node", "--join", listen, "--key", key, "--name", "n1", "--run-dir", agent_dir, NULL};
+    memset(&g, 0, sizeof g);
+    set_argv(&g, aargv);
+    snprintf(g.log, sizeof g.log, "%s/lost-agent1.out", fx.root);
+    assert_int_equal(proc_spawn(&ap, "draftline node", pf_run_child, &g), 0);
+    int up = wait_for_text(h.log, "target0 is up", 60);
+    if (!up) { show(h.log); show(g.log); }
+    assert_true(up);
+    proc_signal(&ap, SIGKILL);   /* the agent's group: the agent and its target */
+    proc_kill(&ap);
+    int lost = wait_for_text(h.log, "node n1 lost", 20);
+    if (!lost) show(h.log);
+    assert_true(lost);
+    assert_true(wait_for_text(h.log, "target0 stopped; waiting for it to rejoin", 1));
+    snprintf(g.log, sizeof g.log, "%s/lost-agent2.out", fx.root);
+    assert_int_equal(proc_spawn(&bp, "draftline node", pf_run_child, &g), 0);
+    int back = wait_for_text(h.log, "node n1 rejoined as node 1", 30);
+    if (!back) { show(h.log); show(g.log); }
+    assert_true(back);
+    int rc = pf_run_finish(&hp, h.log, out, 240, NULL);
+    if (rc != 0) { show(h.log); show(g.log); }
+    assert_int_equal(rc, 0);
+    assert_true(wait_for_text(h.log, "summary: 30 steps", 1));
+    proc_signal(&bp, SIGTERM);
+    int arc = -1;
+    assert_int_equal(proc_wait(&bp, 40000, &arc), 0);
+    proc_kill(&bp);
+    assert_int_equal(arc, 0);
+}
+
 static void test_node_join_timeout(void **state) {
     (void)state;
     static pf_run_args_t a;
@@ -229,6 +284,7 @@ int main(void) {
         cmocka_unit_test(test_node_bad_key),
         cmocka_unit_test(test_node_join_timeout),
         cmocka_unit_test(test_node_join_run),
+        cmocka_unit_test(test_node_lost_rejoin),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
