@@ -13,6 +13,7 @@
 #include "common/mem/slab.h"
 #include "common/pipe/layout.h"
 #include "common/pipe/model.h"
+#include "supervisor/node_agent.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -42,7 +43,7 @@ static int parse_gpu_list(const char *s, int *out, int cap) {
     return n > 0 ? n : -1;
 }
 
-static int bin_dir(char *out, size_t cap) {
+int sup_bin_dir(char *out, size_t cap) {
     const char *e = getenv("DL_BIN_DIR");
     if (e && *e) { snprintf(out, cap, "%s", e); return 0; }
     char self[4096];
@@ -82,14 +83,97 @@ static int run_lock_take(const char *out, int *fd_out) {
     return 0;
 }
 
+/* The index of node `name` in L's table (added when new; "head" is node 0); -1 when
+ * the table is full. */
+static int node_index(launch_t *L, const char *name) {
+    if (!strcmp(name, "head")) return 0;
+    for (int k = 1; k < L->n_nodes; k++) if (!strcmp(L->node_names[k], name)) return k;
+    if (L->n_nodes >= RUNCFG_NODES_MAX) return -1;
+    snprintf(L->node_names[L->n_nodes], sizeof L->node_names[0], "%s", name);
+    return L->n_nodes++;
+}
+
+/* A placement that names nodes (docs/MULTINODE.md section 1): comma-separated entries, a
+ * "NAME:" prefix applies to the entries after it until the next one, entries before any
+ * prefix are the head's. GPU lists (counts 0): an entry is a CUDA ordinal N or a range
+ * A-B, one process each, into out[] / node[]; counts 1: an entry is a number of processes
+ * on the node (out[] = -1). Returns the number of processes (>= 1), or -1 after printing
+ * why (flag named), at most cap. */
+static int parse_place(launch_t *L, const char *flag, const char *s, int counts, int *out, int *node, int cap) {
+    int n = 0, cur = 0;
+    const char *p = s, *why = NULL;
+    while (*p && !why) {
+        const char *end = p + strcspn(p, ",");
+        const char *colon = memchr(p, ':', (size_t)(end - p));
+        if (colon) {
+            char nm[64];
+            size_t nl = (size_t)(colon - p);
+            snprintf(nm, sizeof nm, "%.*s", (int)(nl < sizeof nm - 1 ? nl : sizeof nm - 1), p);
+            if (nl >= sizeof nm - 5 || !node_name_ok(nm)) { why = "a node name is 1..58 characters, no space, ':' or ','"; break; }
+            if ((cur = node_index(L, nm)) < 0) { why = "more than 15 nodes"; break; }
+            p = colon + 1;
+        }
+        char *e;
+        long a = strtol(p, &e, 10), b = a;
+        if (e != p && !counts && *e == '-') {
+            const char *q = e + 1;
+            b = strtol(q, &e, 10);
+            if (e == q) b = -1;
+        }
+        if (e == p || e != end || a < (counts ? 1 : 0) || b < a || b > (counts ? 64 : 1023)) {
+            why = counts ? "expected NAME:N entries, N processes on node NAME (1..64)"
+                         : "expected NAME:N or NAME:A-B entries, CUDA ordinals 0..1023";
+            break;
+        }
+        for (long v = a; v <= (counts ? a : b) && !why; v++) {
+            for (long r = 0; r < (counts ? a : 1); r++) {
+                if (n == cap) { why = "too many processes"; break; }
+                out[n] = counts ? -1 : (int)v;
+                node[n++] = cur;
+            }
+        }
+        p = *end ? end + 1 : end;
+    }
+    if (!why && n == 0) why = "empty";
+    if (why) { fprintf(stderr, "draftline run: %s %s: %s\n", flag, s, why); return -1; }
+    return n;
+}
+
+/* A GPU list: node-prefixed (parse_place) or bare (parse_gpu_list: every entry the head's). */
+static int gpu_list(launch_t *L, const char *flag, const char *s, int *out, int *node, int cap) {
+    if (strchr(s, ':')) return parse_place(L, flag, s, 0, out, node, cap);
+    return parse_gpu_list(s, out, cap);
+}
+
+/* CPU runs: --targets / --drafters with node prefixes ("a:2,b:1"). 0 or 2. */
+static int lc_cpu_place(launch_t *L) {
+    run_opts_t *o = L->o;
+    int dummy[PIPE_MAX_TARGETS > PIPE_MAX_DRAFTERS ? PIPE_MAX_TARGETS : PIPE_MAX_DRAFTERS];
+    int n;
+    if (o->target_place) {
+        if ((n = parse_place(L, "--targets", o->target_place, 1, dummy, L->tnode, PIPE_MAX_TARGETS)) < 0) return 2;
+        o->targets = n;
+    }
+    if (o->drafter_place) {
+        if ((n = parse_place(L, "--drafters", o->drafter_place, 1, dummy, L->dnode, PIPE_MAX_DRAFTERS)) < 0) return 2;
+        o->drafters = n;
+    }
+    return 0;
+}
+
 /* GPU mode: one target process per --target-gpus entry, one drafter per
  * --drafter-gpus entry; each stage selects its GPU itself after exec (--gpu N):
- * CUDA is never initialised here, before the forks. */
+ * CUDA is never initialised here, before the forks. Entries may name nodes (NAME:),
+ * which needs --listen. */
 static int lc_gpu_lists(launch_t *L) {
     run_opts_t *o = L->o;
+    L->n_nodes = 1;
+    snprintf(L->node_names[0], sizeof L->node_names[0], "head");
     if (o->target_gpus || o->drafter_gpus || (o->device && strcmp(o->device, "cpu") != 0)) {
-        L->ngt = o->target_gpus ? parse_gpu_list(o->target_gpus, L->tgpu, PIPE_MAX_TARGETS) : -1;
-        L->ngd = o->drafter_gpus ? parse_gpu_list(o->drafter_gpus, L->dgpu, PIPE_MAX_DRAFTERS) : -1;
+        L->ngt = o->target_gpus ? gpu_list(L, "--target-gpus", o->target_gpus, L->tgpu, L->tnode, PIPE_MAX_TARGETS) : -2;
+        L->ngd = o->drafter_gpus ? gpu_list(L, "--drafter-gpus", o->drafter_gpus, L->dgpu, L->dnode, PIPE_MAX_DRAFTERS) : -2;
+        if (L->ngt == -1 && o->target_gpus && strchr(o->target_gpus, ':')) return 2;   /* said why */
+        if (L->ngd == -1 && o->drafter_gpus && strchr(o->drafter_gpus, ':')) return 2;
         if (L->ngt < 1 || L->ngd < 1) {
             fprintf(stderr, "draftline run: GPU mode needs --target-gpus and --drafter-gpus, lists of CUDA "
                             "device ordinals such as 0,0,1 (one process per entry)\n");
@@ -101,9 +185,31 @@ static int lc_gpu_lists(launch_t *L) {
 #endif
         o->targets = L->ngt;
         o->drafters = L->ngd;
+    } else if (lc_cpu_place(L)) {
+        return 2;
     }
     L->gpu_mode = L->ngt > 0;
+    if (L->n_nodes > 1 && !o->listen) {
+        fprintf(stderr, "draftline run: the placement names node %s: a multi-node run needs --listen HOST:PORT "
+                        "(this host is its head; see docs/MULTINODE.md)\n", L->node_names[1]);
+        return 2;
+    }
     return 0;
+}
+
+/* The nodes of the placement into the supervisor's options: node names, and the node of
+ * every stage spec (the loader on the head, the optimizer on drafter 0's node). */
+static void lc_place_nodes(launch_t *L) {
+    sup_opts_t *so = &L->so;
+    so->n_nodes = L->n_nodes;
+    for (int k = 0; k < L->n_nodes; k++) snprintf(so->node_names[k], sizeof so->node_names[k], "%s", L->node_names[k]);
+    for (int i = 0; i < so->n_stages; i++) {
+        sup_stage_spec_t *sp = &so->stages[i];
+        uint32_t id = sp->stage_id;
+        sp->node = id >= PIPE_ID_TARGET0 ? L->tnode[id - PIPE_ID_TARGET0]
+                   : id >= PIPE_ID_DRAFTER0 ? L->dnode[id - PIPE_ID_DRAFTER0]
+                   : id == PIPE_ID_OPTIMIZER ? L->dnode[0] : 0;
+    }
 }
 
 /* The checks that need nothing on disk but the inputs. */
@@ -223,7 +329,7 @@ static int lc_inbox(launch_t *L) {
  * runs (a supervisor killed with SIGKILL) swept: see slab_sweep_dead. */
 static int lc_bins(launch_t *L) {
     const run_opts_t *o = L->o;
-    if (bin_dir(L->bdir, sizeof L->bdir) < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 1; }
+    if (sup_bin_dir(L->bdir, sizeof L->bdir) < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 1; }
     static const char *const exes[] = {"loader", "optimizer", "drafter_worker", "target_worker"};
     for (int i = 0; i < 4; i++) {
         char e[4200];
@@ -353,6 +459,7 @@ int sup_launch(run_opts_t *o) {
     }
     int rc = sup__build_stages(&L);
     if (rc) return rc;
+    lc_place_nodes(&L);
     lc_banner(&L);
     return lc_supervise(&L);
 }

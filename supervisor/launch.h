@@ -6,6 +6,7 @@
 #ifndef DL_SUPERVISOR_LAUNCH_H
 #define DL_SUPERVISOR_LAUNCH_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* Option codes of `draftline run` (getopt_long values; run_opts_t.given is indexed by
@@ -25,6 +26,7 @@ typedef struct {
     char target_model[4096];
     const char *data, *prompt_field, *response_field, *out, *resume, *device;
     const char *target_gpus, *drafter_gpus;
+    const char *target_place, *drafter_place;  /* CPU runs: --targets / --drafters "NAME:N,..." (NULL: a count) */
     int targets, drafters, token_budget, max_len, block_size, num_anchors, drafter_layers;
     double lr, weight_decay, clip;
     int64_t warmup_steps, max_steps, save_every, seed, keep_checkpoints;
@@ -42,6 +44,10 @@ typedef struct {
     char resume_data[4096];     /* --resume: the run's data cache (o.data points here) */
 } run_opts_t;
 _Static_assert(RUN_O_JT - RUN_O_TM < 64, "run_opts_t.given holds every option code");
+
+/* The stage executables' dir into out[cap]: $DL_BIN_DIR, else the dir of this
+ * executable (/proc/self/exe). 0, or DL_EIO with the error set. */
+int sup_bin_dir(char *out, size_t cap);
 
 /* Runs `draftline run` with the parsed settings o: everything after the flags (GPU lists,
  * --resume defaults and checks, out dir, run lock, data, stage argv, the supervisor, the

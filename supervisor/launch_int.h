@@ -29,6 +29,11 @@ typedef struct {
     run_opts_t *o;
     int tgpu[PIPE_MAX_TARGETS], dgpu[PIPE_MAX_DRAFTERS], ngt, ngd;
     int gpu_mode;               /* --target-gpus/--drafter-gpus given (ngt > 0) */
+    /* node placement (launch.c, the NAME: prefixes of the placement flags): the node of
+     * target / drafter i (0 = the head); node k is node_names[k] (0: "head") */
+    int tnode[PIPE_MAX_TARGETS], dnode[PIPE_MAX_DRAFTERS];
+    char node_names[RUNCFG_NODES_MAX][64];
+    int n_nodes;
     char resume_run[4096];      /* the run dir of the checkpoint, or --resume itself (no checkpoint) */
     char out[4096];             /* the run dir */
     int reuse_fresh;            /* out held a run with nothing to continue: started anew */

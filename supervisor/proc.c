@@ -1,5 +1,6 @@
 /* Supervisor, process table: spawn, reap, restarts with backoff, routes (see sup_int.h). */
 #include "supervisor/sup_int.h"
+#include "supervisor/nodes.h"
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
@@ -89,6 +90,7 @@ void sup__child_setup(pid_t parent, int pdeathsig, const char *log_path, int thr
 }
 
 void sup__spawn(sup_t *S, sstage_t *x) {
+    if (!sup__node_can_spawn(S, x)) return;   /* its node is lost: the restart waits for it */
     const sup_opts_t *o = S->o;
     char log_path[4200];
     snprintf(log_path, sizeof log_path, "%s/logs/%s.log", o->out_dir, x->spec->name);
@@ -104,6 +106,7 @@ void sup__spawn(sup_t *S, sstage_t *x) {
     x->start_step = x->spec->stage_id == PIPE_ID_LOADER && x->incarnation > 1 && S->last_applied >= 0
                         ? S->last_applied + 1 : -1;
     x->from_ckpt = x->spec->stage_id == PIPE_ID_OPTIMIZER && x->incarnation > 1 && S->resume_ckpt[0];
+    if (sup__stage_node(S, x) > 0) { sup__spawn_remote(S, x); return; }
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
@@ -190,6 +193,133 @@ static int latest_ckpt_step(const sup_t *S, char *dir, size_t cap, uint64_t *ste
     return 0;
 }
 
+void sup__on_exit(sup_t *S, sstage_t *x, int status) {
+    x->exited = 1;
+    x->status = status;
+    x->pid = -1;
+    sup__write_run_json(S);
+    int clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (S->stopping) {
+        log_info("%s exited (%s %d)", x->spec->name, WIFEXITED(status) ? "status" : "signal",
+                 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+        if (x->spec->stage_id == PIPE_ID_OPTIMIZER && !clean && !S->sum->interrupted) {
+            /* The optimizer writes the final checkpoint before it announces the last
+             * step (which starts this stop), so a death now normally lost nothing.
+             * Only a missing final checkpoint fails the run, with how to finish. */
+            char dir[4200];
+            uint64_t ck;
+            if (latest_ckpt_step(S, dir, sizeof dir, &ck) == 0 && ck >= S->o->max_steps) {
+                log_info("the optimizer died while stopping, after its final checkpoint (%s)", dir);
+            } else {
+                log_error("the optimizer died while the run was stopping: its final checkpoint is "
+                          "missing; `draftline run --resume %s` finishes the remaining steps",
+                          S->o->out_dir);
+                S->failed = 1;
+            }
+        }
+        return;
+    }
+    (void)clean;
+    if (x->retiring || !x->active) {
+        /* rebalance: a retired stage is gone for good; its work goes again */
+        log_info("%s retired (%s %d)", x->spec->name, WIFEXITED(status) ? "status" : "signal",
+                 WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+        x->retiring = 0;
+        x->active = 0;
+        x->term_at = 0;
+        int64_t id = x->spec->stage_id;
+        sstage_t *L = sup__by_id(S, PIPE_ID_LOADER);
+        if (L) sup__send_ctl(S, L, PROTO_CTL_MEMBERSHIP, &id, 1);
+        sstage_t *O = sup__by_id(S, PIPE_ID_OPTIMIZER);
+        if (O && is_drafter(x)) sup__send_ctl(S, O, PROTO_CTL_MEMBERSHIP, &id, 1);
+        sup__write_run_json(S);
+        return;
+    }
+    if (x->moving) {
+        /* GPU rebalance: stopped to start again on its new GPU, at once (not a
+         * failure); its work goes again, as after a death: a target's held
+         * micro-batches, or every unapplied one for a drafter (the ledger drops
+         * duplicates); its successor's hello re-introduces it to its peers */
+        log_info("%s stopped (%s %d): starting it on GPU %d", x->spec->name,
+                 WIFEXITED(status) ? "status" : "signal", WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status),
+                 sup__spec_gpu(x->spec));
+        x->moving = 0;
+        x->planned = 0;
+        x->term_at = 0;
+        int64_t id = x->spec->stage_id;
+        sstage_t *L = sup__by_id(S, PIPE_ID_LOADER);
+        if (L) sup__send_ctl(S, L, PROTO_CTL_MEMBERSHIP, &id, 1);
+        x->restart_at = clock_mono_s();
+        sup__write_run_json(S);
+        return;
+    }
+    if (x->planned) {
+        /* killed by the supervisor to re-sync with a restarted optimizer */
+        x->planned = 0;
+        x->restart_at = clock_mono_s();
+        sup__write_run_json(S);
+        return;
+    }
+    log_warn("%s died (%s %d)", x->spec->name, WIFEXITED(status) ? "status" : "signal",
+             WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+    if (clock_mono_s() - x->t_spawn > 10) x->fails = 0;  /* it had been healthy */
+    if (x->spec->stage_id != PIPE_ID_OPTIMIZER && (x->t_died <= 0 || x->t_back > 0)) {
+        x->t_died = clock_mono_s();   /* a death while restarting keeps the first one */
+        x->t_back = 0;
+    }
+    if (x->restarts < S->o->max_restarts && x->spec->stage_id == PIPE_ID_OPTIMIZER) {
+        /* The optimizer's state since its last checkpoint is gone: it restarts
+         * from that checkpoint, and the loader and drafters (whose steps ran
+         * ahead of it) are restarted with it: the loader from the checkpoint's
+         * step, the drafters with its weights. Work after the checkpoint is
+         * recomputed (bitwise the same); targets keep running. */
+        char dir[4200];
+        uint64_t ck = S->o->start_step, h_step;
+        S->resume_ckpt[0] = 0;
+        if (latest_ckpt_step(S, dir, sizeof dir, &h_step) == 0 && h_step >= S->o->start_step) {
+            ck = h_step;
+            snprintf(S->resume_ckpt, sizeof S->resume_ckpt, "%s", dir);
+        }
+        S->last_applied = (int64_t)ck - 1;
+        uint64_t keep = ck - S->o->start_step;
+        if (S->n_losses > keep) S->n_losses = keep;
+        S->opt_recoveries++;
+        S->t_opt_died = clock_mono_s();
+        log_warn("the optimizer died: restarting it from %s (step %llu); the loader and the "
+                 "drafters restart with it", S->resume_ckpt[0] ? S->resume_ckpt : "its initial state",
+                 (unsigned long long)ck);
+        for (int k = 0; k < S->n; k++) {
+            sstage_t *y = &S->st[k];
+            if (y == x || !y->active || y->retiring) continue;
+            if (y->spec->stage_id != PIPE_ID_LOADER && !is_drafter(y)) continue;
+            if (!y->exited && y->pid > 0) { y->planned = 1; sup__kill(S, y, SIGKILL); }
+            else if (y->restart_at > 0) y->restart_at = clock_mono_s();
+        }
+    }
+    if (x->restarts >= S->o->max_restarts) {
+        log_error("%s failed %d times: giving up (see %s/logs/%s.log)", x->spec->name,
+                  x->restarts + 1, S->o->out_dir, x->spec->name);
+        S->failed = 1;
+        sup__begin_stop(S, "a stage keeps failing");
+        return;
+    }
+    double backoff = 0.5 * (double)(1 << (x->fails < 5 ? x->fails : 5));
+    x->fails++;
+    x->restarts++;
+    S->sum->restarts++;
+    x->restart_at = clock_mono_s() + backoff;
+    /* the loader re-issues the work of a dead target right away; a dead
+     * drafter loses what its inbox held, so all unapplied work goes again
+     * (the ledger drops the duplicates) */
+    if (x->spec->stage_id >= PIPE_ID_DRAFTER0) {
+        int64_t id = x->spec->stage_id;
+        sstage_t *L = sup__by_id(S, PIPE_ID_LOADER);
+        if (L) sup__send_ctl(S, L, PROTO_CTL_MEMBERSHIP, &id, 1);
+    }
+    log_info("restarting %s in %.1f s", x->spec->name, backoff);
+    sup__write_run_json(S);
+}
+
 void sup__reap(sup_t *S) {
     int status;
     pid_t pid;
@@ -197,131 +327,9 @@ void sup__reap(sup_t *S) {
         if (S->ev.pid > 0 && pid == S->ev.pid) { sup__ev_done(S, status); continue; }
         for (int i = 0; i < S->n; i++) {
             sstage_t *x = &S->st[i];
-            if (x->pid != pid) continue;
-            x->exited = 1;
-            x->status = status;
-            x->pid = -1;
-            sup__write_run_json(S);
-            int clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-            if (S->stopping) {
-                log_info("%s exited (%s %d)", x->spec->name, WIFEXITED(status) ? "status" : "signal",
-                         WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-                if (x->spec->stage_id == PIPE_ID_OPTIMIZER && !clean && !S->sum->interrupted) {
-                    /* The optimizer writes the final checkpoint before it announces the last
-                     * step (which starts this stop), so a death now normally lost nothing.
-                     * Only a missing final checkpoint fails the run, with how to finish. */
-                    char dir[4200];
-                    uint64_t ck;
-                    if (latest_ckpt_step(S, dir, sizeof dir, &ck) == 0 && ck >= S->o->max_steps) {
-                        log_info("the optimizer died while stopping, after its final checkpoint (%s)", dir);
-                    } else {
-                        log_error("the optimizer died while the run was stopping: its final checkpoint is "
-                                  "missing; `draftline run --resume %s` finishes the remaining steps",
-                                  S->o->out_dir);
-                        S->failed = 1;
-                    }
-                }
-                break;
-            }
-            (void)clean;
-            if (x->retiring || !x->active) {
-                /* rebalance: a retired stage is gone for good; its work goes again */
-                log_info("%s retired (%s %d)", x->spec->name, WIFEXITED(status) ? "status" : "signal",
-                         WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-                x->retiring = 0;
-                x->active = 0;
-                x->term_at = 0;
-                int64_t id = x->spec->stage_id;
-                sstage_t *L = sup__by_id(S, PIPE_ID_LOADER);
-                if (L) sup__send_ctl(S, L, PROTO_CTL_MEMBERSHIP, &id, 1);
-                sstage_t *O = sup__by_id(S, PIPE_ID_OPTIMIZER);
-                if (O && is_drafter(x)) sup__send_ctl(S, O, PROTO_CTL_MEMBERSHIP, &id, 1);
-                sup__write_run_json(S);
-                break;
-            }
-            if (x->moving) {
-                /* GPU rebalance: stopped to start again on its new GPU, at once (not a
-                 * failure); its work goes again, as after a death: a target's held
-                 * micro-batches, or every unapplied one for a drafter (the ledger drops
-                 * duplicates); its successor's hello re-introduces it to its peers */
-                log_info("%s stopped (%s %d): starting it on GPU %d", x->spec->name,
-                         WIFEXITED(status) ? "status" : "signal", WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status),
-                         sup__spec_gpu(x->spec));
-                x->moving = 0;
-                x->planned = 0;
-                x->term_at = 0;
-                int64_t id = x->spec->stage_id;
-                sstage_t *L = sup__by_id(S, PIPE_ID_LOADER);
-                if (L) sup__send_ctl(S, L, PROTO_CTL_MEMBERSHIP, &id, 1);
-                x->restart_at = clock_mono_s();
-                sup__write_run_json(S);
-                break;
-            }
-            if (x->planned) {
-                /* killed by the supervisor to re-sync with a restarted optimizer */
-                x->planned = 0;
-                x->restart_at = clock_mono_s();
-                sup__write_run_json(S);
-                break;
-            }
-            log_warn("%s died (%s %d)", x->spec->name, WIFEXITED(status) ? "status" : "signal",
-                     WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-            if (clock_mono_s() - x->t_spawn > 10) x->fails = 0;  /* it had been healthy */
-            if (x->spec->stage_id != PIPE_ID_OPTIMIZER && (x->t_died <= 0 || x->t_back > 0)) {
-                x->t_died = clock_mono_s();   /* a death while restarting keeps the first one */
-                x->t_back = 0;
-            }
-            if (x->restarts < S->o->max_restarts && x->spec->stage_id == PIPE_ID_OPTIMIZER) {
-                /* The optimizer's state since its last checkpoint is gone: it restarts
-                 * from that checkpoint, and the loader and drafters (whose steps ran
-                 * ahead of it) are restarted with it: the loader from the checkpoint's
-                 * step, the drafters with its weights. Work after the checkpoint is
-                 * recomputed (bitwise the same); targets keep running. */
-                char dir[4200];
-                uint64_t ck = S->o->start_step, h_step;
-                S->resume_ckpt[0] = 0;
-                if (latest_ckpt_step(S, dir, sizeof dir, &h_step) == 0 && h_step >= S->o->start_step) {
-                    ck = h_step;
-                    snprintf(S->resume_ckpt, sizeof S->resume_ckpt, "%s", dir);
-                }
-                S->last_applied = (int64_t)ck - 1;
-                uint64_t keep = ck - S->o->start_step;
-                if (S->n_losses > keep) S->n_losses = keep;
-                S->opt_recoveries++;
-                S->t_opt_died = clock_mono_s();
-                log_warn("the optimizer died: restarting it from %s (step %llu); the loader and the "
-                         "drafters restart with it", S->resume_ckpt[0] ? S->resume_ckpt : "its initial state",
-                         (unsigned long long)ck);
-                for (int k = 0; k < S->n; k++) {
-                    sstage_t *y = &S->st[k];
-                    if (y == x || !y->active || y->retiring) continue;
-                    if (y->spec->stage_id != PIPE_ID_LOADER && !is_drafter(y)) continue;
-                    if (!y->exited && y->pid > 0) { y->planned = 1; kill(y->pid, SIGKILL); }
-                    else if (y->restart_at > 0) y->restart_at = clock_mono_s();
-                }
-            }
-            if (x->restarts >= S->o->max_restarts) {
-                log_error("%s failed %d times: giving up (see %s/logs/%s.log)", x->spec->name,
-                          x->restarts + 1, S->o->out_dir, x->spec->name);
-                S->failed = 1;
-                sup__begin_stop(S, "a stage keeps failing");
-                break;
-            }
-            double backoff = 0.5 * (double)(1 << (x->fails < 5 ? x->fails : 5));
-            x->fails++;
-            x->restarts++;
-            S->sum->restarts++;
-            x->restart_at = clock_mono_s() + backoff;
-            /* the loader re-issues the work of a dead target right away; a dead
-             * drafter loses what its inbox held, so all unapplied work goes again
-             * (the ledger drops the duplicates) */
-            if (x->spec->stage_id >= PIPE_ID_DRAFTER0) {
-                int64_t id = x->spec->stage_id;
-                sstage_t *L = sup__by_id(S, PIPE_ID_LOADER);
-                if (L) sup__send_ctl(S, L, PROTO_CTL_MEMBERSHIP, &id, 1);
-            }
-            log_info("restarting %s in %.1f s", x->spec->name, backoff);
-            sup__write_run_json(S);
+            /* a stage on another node is reaped by its agent (node_stage): its pid is not ours */
+            if (x->pid != pid || sup__stage_node(S, x) != 0) continue;
+            sup__on_exit(S, x, status);
             break;
         }
     }

@@ -1,5 +1,6 @@
 /* Supervisor, live rebalance (see supervisor.h and docs/ARCHITECTURE.md). */
 #include "supervisor/sup_int.h"
+#include "supervisor/nodes.h"
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
@@ -132,7 +133,7 @@ static void rb_start(sup_t *S, const char *id, int N, int M, const rbplan_t *p) 
         if (i >= N && x && x->active && !x->retiring) {
             x->retiring = 1;    /* the loader re-issues what it held when it is gone */
             x->term_at = clock_mono_s();
-            if (!x->exited && x->pid > 0) kill(x->pid, SIGTERM);
+            if (!x->exited && x->pid > 0) sup__kill(S, x, SIGTERM);
             else x->active = 0, x->retiring = 0, x->restart_at = 0;
         }
     }
@@ -157,7 +158,7 @@ static void rb_start(sup_t *S, const char *id, int N, int M, const rbplan_t *p) 
             if (!x->exited && x->pid > 0) {
                 x->moving = 1;
                 x->term_at = clock_mono_s();
-                kill(x->pid, SIGTERM);
+                sup__kill(S, x, SIGTERM);
                 log_info("%s: moving from GPU %d to GPU %d (stopped, then started again)", x->spec->name,
                          from, g);
             } else if (x->restart_at > 0) {
@@ -251,13 +252,13 @@ void sup__rb_tick(sup_t *S) {
             if (is_drafter(x) && x->retire_t0 > 0 && !x->exited && x->pid > 0 &&
                 ((S->last_applied > x->retire_after && x->inbox_bytes == 0) || now - x->retire_t0 > 15)) {
                 log_info("%s drained: stopping it", x->spec->name);
-                kill(x->pid, SIGTERM);
+                sup__kill(S, x, SIGTERM);
                 x->retire_t0 = -1;
                 x->term_at = now;
             }
             if (x->term_at > 0 && now - x->term_at > 20 && !x->exited && x->pid > 0) {
                 log_warn("%s did not stop in 20 s after SIGTERM: SIGKILL", x->spec->name);
-                kill(x->pid, SIGKILL);
+                sup__kill(S, x, SIGKILL);
                 x->term_at = now;
             }
         } else if (x->moving) {
@@ -265,7 +266,7 @@ void sup__rb_tick(sup_t *S) {
             pending++;
             if (x->term_at > 0 && now - x->term_at > 20 && !x->exited && x->pid > 0) {
                 log_warn("%s did not stop in 20 s after SIGTERM: SIGKILL", x->spec->name);
-                kill(x->pid, SIGKILL);
+                sup__kill(S, x, SIGKILL);
                 x->term_at = now;
             }
         } else if (x->active && (x->exited || !x->helloed)) {

@@ -1,6 +1,7 @@
 /* Supervisor, what the stages tell it: hellos, the metrics relay (metrics.jsonl, PUB,
  * Prometheus), the loss history, the progress line and the stall check. */
 #include "supervisor/sup_int.h"
+#include "supervisor/nodes.h"
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
@@ -89,6 +90,7 @@ void sup__on_msg(bus_t *bus, const char *peer, const void *data, size_t len, voi
     sup_t *S = arg;
     proto_msg_t m;
     if (stage_decode("supervisor", peer, data, len, &m) < 0) return;
+    if (sup__nodes_on_msg(S, peer, &m)) { proto_msg_free(&m); return; }   /* node agents (nodes.c) */
     switch (m.type) {
     case PROTO_HELLO: {
         sstage_t *x = sup__by_id(S, m.hello.stage_id);
@@ -128,7 +130,7 @@ void sup__on_msg(bus_t *bus, const char *peer, const void *data, size_t len, voi
             sstage_t *L = sup__by_id(S, PIPE_ID_LOADER);
             if (L) sup__send_ctl(S, L, PROTO_CTL_MEMBERSHIP, &id, 1);
         }
-        if (S->stopping && x->pid > 0) kill(x->pid, SIGTERM);
+        if (S->stopping && x->pid > 0) sup__kill(S, x, SIGTERM);
         break;
     }
     case PROTO_METRICS:

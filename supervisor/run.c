@@ -1,5 +1,6 @@
 /* Supervisor, supervisor_run: the loop, signals, the stop and the summary (see supervisor.h). */
 #include "supervisor/sup_int.h"
+#include "supervisor/nodes.h"
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
@@ -29,7 +30,7 @@ void sup__begin_stop(sup_t *S, const char *why) {
     for (int i = 0; i < S->n; i++) {
         sstage_t *x = &S->st[i];
         x->restart_at = 0;
-        if (!x->exited && x->pid > 0) kill(x->pid, SIGTERM);
+        if (!x->exited && x->pid > 0) sup__kill(S, x, SIGTERM);
     }
     if (S->ev.pid > 0) kill(S->ev.pid, SIGTERM);   /* the eval child stops with the run */
 }
@@ -54,7 +55,7 @@ void sup__on_stop_signal(sup_t *S, int signum) {
     }
     if (S->stopping) {
         log_warn("second signal: killing every stage");
-        for (int i = 0; i < S->n; i++) if (S->st[i].pid > 0) kill(S->st[i].pid, SIGKILL);
+        for (int i = 0; i < S->n; i++) if (S->st[i].pid > 0) sup__kill(S, &S->st[i], SIGKILL);
         if (S->ev.pid > 0) kill(S->ev.pid, SIGKILL);
         return;
     }
@@ -92,11 +93,12 @@ static void on_tick(uv_timer_t *t) {
         }
         if (now - S->t_stop > 60) {
             for (int i = 0; i < S->n; i++)
-                if (S->st[i].pid > 0) { log_warn("%s did not stop in 60 s: SIGKILL", S->st[i].spec->name); kill(S->st[i].pid, SIGKILL); }
+                if (S->st[i].pid > 0) { log_warn("%s did not stop in 60 s: SIGKILL", S->st[i].spec->name); sup__kill(S, &S->st[i], SIGKILL); }
             if (S->ev.pid > 0) kill(S->ev.pid, SIGKILL);
         }
         return;
     }
+    sup__nodes_tick(S, now);
     sup__rb_tick(S);
     sup__ev_poll(S);
     if (now - S->last_progress_print >= S->o->progress_every_s) {
@@ -142,6 +144,8 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     if (!S.bus) return DL_EIO;
     DL_TRY(bus_bind(S.bus, ep));
     bus_on_message(S.bus, sup__on_msg, &S);
+    bus_on_peer_dead(S.bus, sup__nodes_on_dead, &S);
+    sup__nodes_init(&S);
     S.nt = o->n_targets;
     S.nd = o->n_drafters;
     S.mon = mon_run_new();
@@ -184,7 +188,8 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     S.n = o->n_stages;
     for (int i = 0; i < S.n; i++) S.st[i].spec = &o->stages[i];
     for (int i = 0; i < S.n; i++) S.gpu_mode |= is_target(&S.st[i]) && sup__spec_gpu(S.st[i].spec) >= 0;
-    for (int i = 0; i < S.n; i++) sup__spawn(&S, &S.st[i]);
+    if (!sup__nodes_defer_start(&S))   /* multi-node: once every node joined (sup__nodes_tick) */
+        for (int i = 0; i < S.n; i++) sup__spawn(&S, &S.st[i]);
     uv_timer_start(&S.tick, on_tick, 200, 200);
     uv_run(&S.loop, UV_RUN_DEFAULT);
     bus_destroy(&S.bus);
@@ -219,6 +224,8 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     if (lr >= 0) snprintf(sum->checkpoint, sizeof sum->checkpoint, "%s/checkpoints/%s", o->out_dir, name);
     int have_latest = lr == 1;
     free(S.losses);
+    int nrc = sup__nodes_result(&S);
+    if (nrc < 0) return nrc;
     /* The optimizer logs a failed checkpoint write (disk full) and goes on; a run whose
      * last applied step has no checkpoint must not end as a success. */
     if (!S.failed && sum->steps > o->start_step && (!have_latest || latest_step < sum->steps)) {

@@ -1,6 +1,7 @@
 /* Supervisor, <out>/run.json: fills the rundir_run_t kept in sup_t from the live
  * state and writes it through common/rundir (the format's one owner). */
 #include "supervisor/sup_int.h"
+#include "supervisor/nodes.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
 
@@ -28,6 +29,7 @@ static void fill_stages(sup_t *S, rundir_run_t *r) {
         e->gpu = sup__spec_gpu(x->spec);
         if (x->last_recovery_s > 0) e->last_restart_up_s = x->last_up_s, e->last_recovery_s = x->last_recovery_s;
         snprintf(e->process, sizeof e->process, "%s", process_of(x));
+        snprintf(e->node, sizeof e->node, "%s", sup__stage_node_name(S, x));
     }
     for (int i = 0; i < S->n && r->n_routes < RUNDIR_MAX_STAGES; i++) {
         const sstage_t *x = &S->st[i];
@@ -79,6 +81,18 @@ void sup__fill_run(sup_t *S) {
         r->rebalance.seconds = S->rb.seconds;
     }
     fill_stages(S, r);
+    for (int k = 0; S->ntab.on && k < S->ntab.n && k < RUNDIR_MAX_NODES; k++) {
+        const sup_node_t *nd = &S->nodes[k];
+        rundir_node_t *e = &r->nodes[r->n_nodes++];
+        snprintf(e->name, sizeof e->name, "%s", nd->name);
+        e->index = k;
+        snprintf(e->hostname, sizeof e->hostname, "%s", nd->hostname);
+        snprintf(e->addr, sizeof e->addr, "%s", nd->addr);
+        snprintf(e->run_dir, sizeof e->run_dir, "%s", nd->run_dir);
+        e->alive = nd->up;
+        e->cores = (int)nd->cores;
+        e->gpus = (int)nd->n_gpus;
+    }
 }
 
 /* <out>/run.json: the run's topology for `draftline status` (of a run that is no

@@ -79,6 +79,13 @@ typedef struct {
     char run_dir[4096];                 /* the agent's run dir (the out dir of its stages) */
     char peer[BUS_ID_MAX + 1];          /* the agent's bus id ("" for the head) */
     int up;                             /* joined and alive (the head: 1) */
+    /* from its node_hello (nodes.c) */
+    char name[DL_PROTO_NODE_NAME_MAX + 1];
+    char hostname[DL_PROTO_HOST_MAX + 1];
+    uint32_t cores, n_gpus;
+    int joined;                         /* joined at least once */
+    uint64_t incarnation;               /* the agent start's */
+    uint32_t pid;
 } sup_node_t;
 
 typedef struct {
@@ -157,6 +164,10 @@ typedef struct {
         double t0;
         char json[4300];        /* <out>/eval/step_<S>.json */
     } ev;
+    /* node agents (nodes.c): on = this run takes agents (--nodes, or a placement naming
+     * nodes); n nodes known (the head, the named ones, others that joined); ready: every
+     * wanted node joined and the stages were started; failed: why the join failed */
+    struct { int on, n, ready; double t0, last_line; char failed[600]; } ntab;
 } sup_t;
 
 static inline int is_target(const sstage_t *x) { return x->spec->stage_id >= PIPE_ID_TARGET0; }
@@ -188,6 +199,9 @@ sstage_t *sup__by_id(sup_t *S, uint32_t id);
 void sup__send_ctl(sup_t *S, sstage_t *x, proto_ctl_op_t op, const int64_t *ints, uint32_t n);
 /* Sends target x its route (target i -> drafter i mod nd). */
 void sup__push_route(sup_t *S, sstage_t *x);
+/* Stage x exited with waitpid status `status` (reaped here, or reported by its node's
+ * agent): restart with backoff, retire, move, optimizer recovery, or the stop. */
+void sup__on_exit(sup_t *S, sstage_t *x, int status);
 /* waitpid(WNOHANG) of every exited child: stages (restart with backoff, retire, move,
  * optimizer recovery) and the eval child (sup__ev_done). */
 void sup__reap(sup_t *S);

@@ -109,7 +109,12 @@ static void run_usage(FILE *f) {
         "  --key FILE                 the run's key file (created 0600 if missing; default\n"
         "                             <out>/node.key); each node joins with it:\n"
         "                             draftline node --join HOST:PORT --key FILE\n"
-        "  --nodes N                  wait for N node agents before starting any stage\n"
+        "  --nodes N                  wait for N node agents before starting any stage (and for\n"
+        "                             every node the placement names)\n"
+        "  --target-gpus a:0-3,b:0-3 --drafter-gpus c:0-7   GPU placement on nodes: NAME: applies\n"
+        "                             to the entries after it (A-B: a range); entries before any\n"
+        "                             prefix are the head's; CPU runs: --targets a:2,b:1 --drafters b:2\n"
+        "                             (counts per node). The optimizer runs on drafter 0's node\n"
         "  --join-timeout S           give up waiting for them after S s (default 300)\n"
         "training-time eval (a `draftline eval` child process on CPU, one at a time)\n"
         "  --eval-data PROMPTS        held-out prompt set (any format `draftline eval --data` reads)\n"
@@ -133,8 +138,11 @@ static int set_opt(run_opts_t *o, int code, const char *v) {
     case RUN_O_TG: o->target_gpus = v; return 0;
     case RUN_O_DG: o->drafter_gpus = v; return 0;
     case RUN_O_DEV: o->device = v; return 0;
-    case RUN_O_NT: return cli_parse_int("--targets", v, 1, 64, &o->targets);
-    case RUN_O_ND: return cli_parse_int("--drafters", v, 1, 64, &o->drafters);
+    /* NAME:N,... places them on nodes (sup_launch parses it; docs/MULTINODE.md) */
+    case RUN_O_NT: if (strchr(v, ':')) { o->target_place = v; return 0; }
+        o->target_place = NULL; return cli_parse_int("--targets", v, 1, 64, &o->targets);
+    case RUN_O_ND: if (strchr(v, ':')) { o->drafter_place = v; return 0; }
+        o->drafter_place = NULL; return cli_parse_int("--drafters", v, 1, 64, &o->drafters);
     case RUN_O_TB: return cli_parse_int("--token-budget", v, 16, 1 << 21, &o->token_budget);
     case RUN_O_ML: return cli_parse_int("--max-len", v, 2, 1 << 21, &o->max_len);
     case RUN_O_BS: return cli_parse_int("--block-size", v, 2, 64, &o->block_size);

@@ -75,7 +75,7 @@ static void print_run(const rundir_run_t *run, const char *dir, int alive) {
 }
 
 /* One row of the stage table: run.json's entry e and its latest metrics x (or NULL). */
-static void print_stage(const rundir_stage_t *e, const rundir_metrics_rec_t *x, int alive) {
+static void print_stage(const rundir_stage_t *e, const rundir_metrics_rec_t *x, int alive, int nodes) {
     char detail[160] = "";
     if (x) {
         double v;
@@ -97,8 +97,9 @@ static void print_stage(const rundir_stage_t *e, const rundir_metrics_rec_t *x, 
     if (e->gpu >= 0) snprintf(gpu, sizeof gpu, "%g", (double)e->gpu);
     if (alive) snprintf(pids, sizeof pids, "%g", (double)e->pid);
     else snprintf(pids, sizeof pids, "-");
-    printf("%-10s %-8s %7s %4g %3g %4s  %-11s %10s %8.1fs %8.1fs %8.1fs  %s\n", str_or(e->name, "?"),
-           !alive ? "-" : str_or(e->process, "?"), pids, (double)e->incarnation, (double)e->restarts, gpu,
+    printf("%-10s ", str_or(e->name, "?"));
+    if (nodes) printf("%-10s ", str_or(e->node, "-"));
+    printf("%-8s %7s %4g %3g %4s  %-11s %10s %8.1fs %8.1fs %8.1fs  %s\n", !alive ? "-" : str_or(e->process, "?"), pids, (double)e->incarnation, (double)e->restarts, gpu,
            !alive ? "not running" : x ? x->state : "-", !alive ? "-" : rate,
            x ? num(x, "wait_input_s") : 0, x ? num(x, "wait_credit_s") : 0, compute, detail);
 }
@@ -168,10 +169,20 @@ int cmd_status(int argc, char **argv) {
         rundir_metrics_latest(dir, STATUS_TAIL_BYTES, &last, &nl);
     }
     print_run(run, dir, alive);
-    printf("%-10s %-8s %7s %4s %3s %4s  %-11s %10s %9s %9s %9s  %s\n", "stage", "process", "pid", "inc", "rst",
+    /* multi-node runs: a node column, and the nodes */
+    int nodes = run->n_nodes > 0;
+    for (int k = 0; k < run->n_nodes; k++) {
+        const rundir_node_t *n = &run->nodes[k];
+        printf("node %d %s: %s%s%s%s, %d core(s), %d GPU(s)%s%s\n", n->index, n->name, n->alive ? "joined" : "not joined",
+               n->hostname[0] ? " (" : "", n->hostname, n->hostname[0] ? ")" : "", n->cores, n->gpus,
+               n->run_dir[0] ? ", run dir " : "", n->run_dir);
+    }
+    printf("%-10s ", "stage");
+    if (nodes) printf("%-10s ", "node");
+    printf("%-8s %7s %4s %3s %4s  %-11s %10s %9s %9s %9s  %s\n", "process", "pid", "inc", "rst",
            "gpu", "state", "tokens/s", "wait_in", "wait_cr", "compute", "detail");
     for (int i = 0; i < run->n_stages; i++)
-        print_stage(&run->stages[i], rundir_metrics_find(last, nl, run->stages[i].name), alive != 0);
+        print_stage(&run->stages[i], rundir_metrics_find(last, nl, run->stages[i].name), alive != 0, nodes);
     rundir_metrics_latest_free(&last, nl);
     free(run);
     return 0;

@@ -19,6 +19,7 @@ int cmd_generate(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_mkmodel(int argc, char **argv);
 int cmd_run(int argc, char **argv);
+int cmd_node(int argc, char **argv);
 int cmd_status(int argc, char **argv);
 int cmd_stop(int argc, char **argv);
 int cmd_rebalance(int argc, char **argv);

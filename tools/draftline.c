@@ -12,6 +12,7 @@ static const cmd_t commands[] = {
     {"version", cmd_version, "print the version"},
     {"prepare", cmd_prepare, "tokenize a chat dataset into a .dlc cache"},
     {"run", cmd_run, "train a drafter: the multi-process pipeline, supervised"},
+    {"node", cmd_node, "join a multi-node run as a node agent (--join HOST:PORT --key FILE)"},
     {"status", cmd_status, "a run's topology, routes and stage states (--run DIR)"},
     {"stop", cmd_stop, "stop a run cleanly, with a final checkpoint (--run DIR)"},
     {"rebalance", cmd_rebalance, "change a running job's targets/drafters split (--run DIR --targets N --drafters M)"},

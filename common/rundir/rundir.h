@@ -52,6 +52,8 @@
 #define RUNDIR_STATE_MAX 16         /* state / process strings, incl. NUL */
 #define RUNDIR_MAX_METRICS 64       /* metrics kept per line (MON_MAX_METRICS) */
 #define RUNDIR_MAX_ACC 16           /* acc_1..acc_15 of a steps line */
+#define RUNDIR_MAX_NODES 16         /* entries of "nodes" (= RUNCFG_NODES_MAX) */
+#define RUNDIR_NODE_NAME_MAX 64     /* node names, incl. NUL (DL_PROTO_NODE_NAME_MAX + 1) */
 
 /* <dir>/<file> into out (cap bytes). Returns 0, or DL_ERANGE when it does not fit. */
 int rundir_path(char *out, size_t cap, const char *dir, const char *file);
@@ -69,7 +71,18 @@ typedef struct {
     double last_restart_up_s;           /* written with last_recovery_s when that is > 0 */
     double last_recovery_s;             /* s from the death to the restarted stage's first progress */
     char process[RUNDIR_STATE_MAX];     /* running|draining|moving|restarting|exited|retired; "" absent */
+    char node[RUNDIR_NODE_NAME_MAX];    /* the node it runs on (multi-node runs); "" = not written */
 } rundir_stage_t;
+
+/* One entry of "nodes" (multi-node runs only; index 0 = the head). */
+typedef struct {
+    char name[RUNDIR_NODE_NAME_MAX];
+    int index;
+    char hostname[256], addr[256];      /* "" for a node named by the placement that never joined */
+    char run_dir[RUNDIR_PATH_MAX];      /* the agent's run dir (the head: "") */
+    int alive;                          /* 0/1 */
+    int cores, gpus;                    /* 0 until it joined */
+} rundir_node_t;
 
 /* Everything the supervisor records in run.json. Integers read as -1 when their key
  * is absent (files written by hand or by older versions); strings as "". */
@@ -101,6 +114,8 @@ typedef struct {
     int n_stages;
     uint32_t routes[RUNDIR_MAX_STAGES][2];  /* [target stage_id, drafter stage_id] */
     int n_routes;
+    rundir_node_t nodes[RUNDIR_MAX_NODES];  /* multi-node runs; n_nodes 0: "nodes" not written */
+    int n_nodes;
 } rundir_run_t;
 
 /* Every field "absent": integers -1, strings "", lists empty, rebalance.seconds 0. */

@@ -46,6 +46,7 @@ static cJSON *stage_json(const rundir_stage_t *x) {
         cJSON_AddNumberToObject(e, "last_recovery_s", x->last_recovery_s);
     }
     cJSON_AddStringToObject(e, "process", x->process);
+    if (x->node[0]) cJSON_AddStringToObject(e, "node", x->node);
     return e;
 }
 
@@ -92,6 +93,22 @@ static cJSON *run_json(const rundir_run_t *r) {
         cJSON_AddItemToArray(pr, cJSON_CreateNumber(r->routes[i][1]));
         cJSON_AddItemToArray(rt, pr);
     }
+    if (r->n_nodes > 0) {
+        cJSON *nl = cJSON_AddArrayToObject(j, "nodes");
+        for (int i = 0; i < r->n_nodes; i++) {
+            const rundir_node_t *n = &r->nodes[i];
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddStringToObject(e, "name", n->name);
+            cJSON_AddNumberToObject(e, "index", n->index);
+            cJSON_AddStringToObject(e, "hostname", n->hostname);
+            cJSON_AddStringToObject(e, "addr", n->addr);
+            cJSON_AddStringToObject(e, "run_dir", n->run_dir);
+            cJSON_AddBoolToObject(e, "alive", n->alive > 0);
+            cJSON_AddNumberToObject(e, "cores", n->cores);
+            cJSON_AddNumberToObject(e, "gpus", n->gpus);
+            cJSON_AddItemToArray(nl, e);
+        }
+    }
     return j;
 }
 
@@ -99,7 +116,7 @@ int rundir_run_format(const rundir_run_t *r, char **out) {
     *out = NULL;
     if (r->n_stages < 0 || r->n_stages > RUNDIR_MAX_STAGES || r->n_routes < 0 || r->n_routes > RUNDIR_MAX_STAGES ||
         r->n_target_gpus < 0 || r->n_target_gpus > RUNDIR_MAX_GPUS || r->n_drafter_gpus < 0 ||
-        r->n_drafter_gpus > RUNDIR_MAX_GPUS)
+        r->n_drafter_gpus > RUNDIR_MAX_GPUS || r->n_nodes < 0 || r->n_nodes > RUNDIR_MAX_NODES)
         return dl_seterr(DL_EINVAL, "run.json: %d stages, %d routes, %d+%d GPUs: out of range", r->n_stages,
                          r->n_routes, r->n_target_gpus, r->n_drafter_gpus);
     cJSON *j = run_json(r);
@@ -215,6 +232,35 @@ static int read_stage(const char *what, int i, const cJSON *e, rundir_stage_t *x
     DL_TRY(get_num(&c, e, "last_restart_up_s", &x->last_restart_up_s));
     DL_TRY(get_num(&c, e, "last_recovery_s", &x->last_recovery_s));
     DL_TRY(get_str(&c, e, "process", x->process, sizeof x->process));
+    DL_TRY(get_str(&c, e, "node", x->node, sizeof x->node));
+    return 0;
+}
+
+static int read_nodes(const rctx_t *c0, const cJSON *o, rundir_run_t *r) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "nodes"), *e;
+    if (!v) return 0;
+    if (!cJSON_IsArray(v)) return bad_key(c0, "nodes", "expected an array");
+    cJSON_ArrayForEach(e, v) {
+        if (r->n_nodes >= RUNDIR_MAX_NODES) return bad_key(c0, "nodes", "more than 16 nodes");
+        char pre[32];
+        snprintf(pre, sizeof pre, "nodes[%d].", r->n_nodes);
+        rctx_t c = {c0->what, pre};
+        rundir_node_t *n = &r->nodes[r->n_nodes];
+        memset(n, 0, sizeof *n);
+        n->index = -1;
+        if (!cJSON_IsObject(e)) return bad_key(c0, "nodes", "expected objects");
+        DL_TRY(get_str(&c, e, "name", n->name, sizeof n->name));
+        DL_TRY(get_int(&c, e, "index", &n->index));
+        DL_TRY(get_str(&c, e, "hostname", n->hostname, sizeof n->hostname));
+        DL_TRY(get_str(&c, e, "addr", n->addr, sizeof n->addr));
+        DL_TRY(get_str(&c, e, "run_dir", n->run_dir, sizeof n->run_dir));
+        const cJSON *a = cJSON_GetObjectItemCaseSensitive(e, "alive");
+        if (a && !cJSON_IsBool(a)) return bad_key(&c, "alive", "expected true or false");
+        n->alive = a && cJSON_IsTrue(a);
+        DL_TRY(get_int(&c, e, "cores", &n->cores));
+        DL_TRY(get_int(&c, e, "gpus", &n->gpus));
+        r->n_nodes++;
+    }
     return 0;
 }
 
@@ -281,6 +327,7 @@ static int read_obj(const rctx_t *c, const cJSON *o, rundir_run_t *r) {
     if (v && !cJSON_IsBool(v)) return bad_key(c, "deterministic", "expected true or false");
     if (v) r->deterministic = cJSON_IsTrue(v);
     DL_TRY(read_rebalance(c, o, r));
+    DL_TRY(read_nodes(c, o, r));
     return read_lists(c, o, r);
 }
 

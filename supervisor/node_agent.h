@@ -1,0 +1,37 @@
+/* The node agent behind `draftline node --join HOST:PORT --key FILE` (docs/MULTINODE.md
+ * sections 1, 3, 5): one per host of a multi-node run that is not the head. It joins
+ * the head's supervisor over tcp:// with the run's CURVE keys (a DEALER with identity
+ * "node-<name>", the pipeline's heartbeats), registers (node_hello: name, host, address,
+ * run dir, cores, GPUs through NVML), then starts, signals and reaps the stages the
+ * supervisor places on its host (node_spawn, node_signal, node_stage) as the supervisor
+ * does its own children. It never initialises CUDA. A lost head (no heartbeat for
+ * PIPE_DEAD_MS) stops its stages (SIGTERM, SIGKILL after 20 s) and it joins again (same
+ * name and incarnation) every 2 s; SIGINT/SIGTERM stop its stages and end it.
+ */
+#ifndef DL_SUPERVISOR_NODE_AGENT_H
+#define DL_SUPERVISOR_NODE_AGENT_H
+
+#define NODE_REJOIN_MS 2000          /* node_hello again while not joined */
+#define NODE_STOP_KILL_S 20.0        /* SIGTERM to a stage, then SIGKILL this much later */
+
+/* Settings of one agent (strings borrowed for the call). */
+typedef struct {
+    const char *join;           /* "HOST:PORT" of the head's --listen */
+    const char *key_path;       /* the run's key file (bus_curve_keys_load) */
+    const char *name;           /* node name; NULL: gethostname() */
+    const char *run_dir;        /* NULL: ./draftline-node-<name> (0700; logs/ inside) */
+    const char *advertise;      /* address peers reach; NULL: the local address of the route to the head */
+    const char *log_level;      /* passed on to the stages; NULL: their default */
+} node_agent_opts_t;
+
+/* Runs the agent until SIGINT/SIGTERM. Errors go to stderr, naming the flag or file.
+ * Returns the process exit status: 0 (stopped by a signal, its stages stopped), 1 (I/O:
+ * the run dir, sockets), 2 (refused: bad settings or key file, or the head refused the
+ * node: its PROTO_ERROR text is printed). */
+int node_agent_run(const node_agent_opts_t *o);
+
+/* Whether name is a valid node name: 1..DL_PROTO_NODE_NAME_MAX - 5 bus id characters
+ * (0x21..0x7e, so "node-<name>" is a bus id) other than ':' and ','. 1 or 0. */
+int node_name_ok(const char *name);
+
+#endif

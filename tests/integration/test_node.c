@@ -1,0 +1,290 @@
+/* Node agents (`draftline node`) and the head's side of them (docs/MULTINODE.md 1, 3, 5),
+ * on one machine: the head listens on 127.0.0.1, the agents join it there.
+ *
+ * test_node_bad_key: a missing key file, and one with group/other permission bits, are
+ *   refused (exit 2) with a message naming the file.
+ * test_node_join_run: a head (`draftline run --listen 127.0.0.1:P --nodes 1`, the tiny
+ *   fixture target, CPU) whose target runs on node n1, and one agent n1 joining it: the
+ *   agent's "joined <run id> as node n1 (index 1)", the head's "node n1 joined", run.json's
+ *   node table and each stage's node, the target's log in the agent's run dir; the run
+ *   finishes its steps; SIGTERM ends the agent with exit 0.
+ * test_node_lost_rejoin: the agent killed mid-run (its target with it): "node n1 lost", the
+ *   head waits; a new agent n1 rejoins as node 1, the target starts there again, the run ends.
+ * test_node_join_timeout: --join-timeout 2 with the placement naming node n9 and no agent:
+ *   exit 1 naming n9, no stage started.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "tests/support/pipeline_fixture.h"
+#include "tests/support/proc.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static pf_fixture_t fx;
+
+static int group_setup(void **state) {
+    (void)state;
+    if (pf_fixture_setup(&fx, "dlnd", 40) < 0) return -1;
+    proc_watchdog(400);
+    return 0;
+}
+
+static int group_teardown(void **state) {
+    (void)state;
+    pf_teardown(fx.root);
+    return 0;
+}
+
+/* A base port P with P..P+163 free now (as test_multinode picks one). */
+static int free_port_span(void) {
+    for (int attempt = 0; attempt < 50; attempt++) {
+        int s = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t n = sizeof a;
+        if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(s, (struct sockaddr *)&a, &n) != 0) {
+            if (s >= 0) close(s);
+            continue;
+        }
+        close(s);
+        int base = ntohs(a.sin_port);
+        if (base < 1024 || base > 65535 - 170) continue;
+        int ok = 1;
+        for (int p = base; ok && p < base + 164; p++) {
+            int t = socket(AF_INET, SOCK_STREAM, 0);
+            struct sockaddr_in b = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p),
+                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+            ok = t >= 0 && bind(t, (struct sockaddr *)&b, sizeof b) == 0;
+            if (t >= 0) close(t);
+        }
+        if (ok) return base;
+    }
+    return -1;
+}
+
+static void set_argv(pf_run_args_t *a, const char *const *argv) {
+    int i = 0;
+    for (; argv[i]; i++) a->argv[i] = (char *)argv[i];
+    a->argv[i] = NULL;
+}
+
+/* Whether the file at path holds needle, within timeout_s (polled). */
+static int wait_for_text(const char *path, const char *needle, double timeout_s) {
+    for (int i = 0; i < (int)(timeout_s * 10); i++) {
+        char *t = pf_slurp(path, NULL);
+        int hit = t && strstr(t, needle);
+        free(t);
+        if (hit) return 1;
+        usleep(100000);
+    }
+    return 0;
+}
+
+static void show(const char *path) {
+    char *t = pf_slurp(path, NULL);
+    printf("--- %s ---\n%s\n", path, t ? t : "(none)");
+    free(t);
+}
+
+static void test_node_bad_key(void **state) {
+    (void)state;
+    static pf_run_args_t a;
+    char missing[400], loose[400];
+    snprintf(missing, sizeof missing, "%s/no-such.key", fx.root);
+    snprintf(loose, sizeof loose, "%s/loose.key", fx.root);
+    const char *argv1[] = {fx.exe, "node", "--join", "127.0.0.1:9", "--key", missing, NULL};
+    memset(&a, 0, sizeof a);
+    set_argv(&a, argv1);
+    snprintf(a.log, sizeof a.log, "%s/badkey1.out", fx.root);
+    assert_int_equal(pf_run_draftline(&a, NULL, 30, NULL), 2);
+    char *t = pf_slurp(a.log, NULL);
+    assert_non_null(t);
+    assert_non_null(strstr(t, missing));
+    free(t);
+    /* a key file others can read is refused too */
+    int fd = open(loose, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(fd >= 0);
+    assert_true(write(fd, "# not a key\n", 12) == 12);
+    close(fd);
+    chmod(loose, 0644);
+    const char *argv2[] = {fx.exe, "node", "--join", "127.0.0.1:9", "--key", loose, NULL};
+    memset(&a, 0, sizeof a);
+    set_argv(&a, argv2);
+    snprintf(a.log, sizeof a.log, "%s/badkey2.out", fx.root);
+    assert_int_equal(pf_run_draftline(&a, NULL, 30, NULL), 2);
+    t = pf_slurp(a.log, NULL);
+    assert_non_null(t);
+    assert_non_null(strstr(t, loose));
+    free(t);
+}
+
+static void test_node_join_run(void **state) {
+    (void)state;
+    static pf_run_args_t h, g;
+    char out[400], listen[64], join[64], key[500], agent_dir[400];
+    snprintf(out, sizeof out, "%s/head", fx.root);
+    snprintf(agent_dir, sizeof agent_dir, "%s/agent-n1", fx.root);
+    int port = free_port_span();
+    assert_true(port > 0);
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+    snprintf(join, sizeof join, "127.0.0.1:%d", port);
+    snprintf(key, sizeof key, "%s/node.key", out);
+    const char *hargv[] = {fx.exe, "run", "--target-model", fx.model_dir, "--data", fx.cache, "--device", "cpu",
+                           "--targets", "n1:1", "--drafters", "1", "--threads", "1", "--token-budget", "256",
+                           "--block-size", "4", "--num-anchors", "8", "--max-steps", "2", "--progress-every", "1",
+                           "--listen", listen, "--nodes", "1", "--join-timeout", "120", "--out", out, NULL};
+    memset(&h, 0, sizeof h);
+    set_argv(&h, hargv);
+    snprintf(h.log, sizeof h.log, "%s/head.out", fx.root);
+    proc_t hp, ap;
+    assert_int_equal(proc_spawn(&hp, "draftline run", pf_run_child, &h), 0);
+    /* the head makes the key file before it waits for the nodes */
+    int have_key = wait_for_text(h.log, "waiting for", 60);
+    if (!have_key) show(h.log);
+    assert_true(have_key);
+    const char *aargv[] = {fx.exe, "node", "--join", join, "--key", key, "--name", "n1", "--run-dir", agent_dir, NULL};
+    memset(&g, 0, sizeof g);
+    set_argv(&g, aargv);
+    snprintf(g.log, sizeof g.log, "%s/agent.out", fx.root);
+    assert_int_equal(proc_spawn(&ap, "draftline node", pf_run_child, &g), 0);
+    int joined = wait_for_text(g.log, "as node n1 (index 1)", 30) && wait_for_text(h.log, "node n1 joined as node 1", 10);
+    if (!joined) { show(g.log); show(h.log); }
+    assert_true(joined);
+    char id[17];
+    int rc = pf_run_finish(&hp, h.log, out, 240, id);
+    if (rc != 0) { show(h.log); show(g.log); }
+    assert_int_equal(rc, 0);
+    /* the agent outlives its head (it would join the next one): SIGTERM ends it, exit 0 */
+    proc_signal(&ap, SIGTERM);
+    int arc = -1;
+    assert_int_equal(proc_wait(&ap, 40000, &arc), 0);
+    proc_kill(&ap);
+    if (arc != 0) show(g.log);
+    assert_int_equal(arc, 0);
+    char *agent_out = pf_slurp(g.log, NULL);
+    assert_non_null(agent_out);
+    char line[128];
+    snprintf(line, sizeof line, "joined %s as node n1 (index 1)", id);
+    assert_non_null(strstr(agent_out, line));
+    free(agent_out);
+    /* run.json: the node table and each stage's node */
+    char rj[500];
+    snprintf(rj, sizeof rj, "%s/run.json", out);
+    char *j = pf_slurp(rj, NULL);
+    assert_non_null(j);
+    assert_non_null(strstr(j, "\"nodes\""));
+    assert_non_null(strstr(j, "\"name\":\t\"n1\""));
+    assert_non_null(strstr(j, "\"node\":\t\"n1\""));
+    assert_non_null(strstr(j, "\"node\":\t\"head\""));
+    free(j);
+    /* the target ran under the agent: its log is in the agent's run dir */
+    char tl[500];
+    snprintf(tl, sizeof tl, "%s/logs/target0.log", agent_dir);
+    struct stat st;
+    assert_int_equal(stat(tl, &st), 0);
+    assert_true(st.st_size > 0);
+}
+
+/* The agent (and its target) killed mid-run: the head says the node is lost and waits; a
+ * new agent under the same name rejoins (same index), the target starts there again and
+ * the run finishes its steps. */
+static void test_node_lost_rejoin(void **state) {
+    (void)state;
+    static pf_run_args_t h, g;
+    char out[400], listen[64], key[500], agent_dir[400];
+    snprintf(out, sizeof out, "%s/lost", fx.root);
+    snprintf(agent_dir, sizeof agent_dir, "%s/agent-lost", fx.root);
+    int port = free_port_span();
+    assert_true(port > 0);
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+    snprintf(key, sizeof key, "%s/node.key", out);
+    const char *hargv[] = {fx.exe, "run", "--target-model", fx.model_dir, "--data", fx.cache, "--device", "cpu",
+                           "--targets", "n1:1", "--drafters", "1", "--threads", "1", "--token-budget", "256",
+                           "--block-size", "4", "--num-anchors", "8", "--max-steps", "30", "--progress-every", "1",
+                           "--listen", listen, "--nodes", "1", "--out", out, NULL};
+    memset(&h, 0, sizeof h);
+    set_argv(&h, hargv);
+    snprintf(h.log, sizeof h.log, "%s/lost-head.out", fx.root);
+    proc_t hp, ap, bp;
+    assert_int_equal(proc_spawn(&hp, "draftline run", pf_run_child, &h), 0);
+    assert_true(wait_for_text(h.log, "waiting for", 60));
+    const char *aargv[] = {fx.exe, "node", "--join", listen, "--key", key, "--name", "n1", "--run-dir", agent_dir, NULL};
+    memset(&g, 0, sizeof g);
+    set_argv(&g, aargv);
+    snprintf(g.log, sizeof g.log, "%s/lost-agent1.out", fx.root);
+    assert_int_equal(proc_spawn(&ap, "draftline node", pf_run_child, &g), 0);
+    int up = wait_for_text(h.log, "target0 is up", 60);
+    if (!up) { show(h.log); show(g.log); }
+    assert_true(up);
+    proc_signal(&ap, SIGKILL);   /* the agent's group: the agent and its target */
+    proc_kill(&ap);
+    int lost = wait_for_text(h.log, "node n1 lost", 20);
+    if (!lost) show(h.log);
+    assert_true(lost);
+    assert_true(wait_for_text(h.log, "target0 stopped; waiting for it to rejoin", 1));
+    snprintf(g.log, sizeof g.log, "%s/lost-agent2.out", fx.root);
+    assert_int_equal(proc_spawn(&bp, "draftline node", pf_run_child, &g), 0);
+    int back = wait_for_text(h.log, "node n1 rejoined as node 1", 30);
+    if (!back) { show(h.log); show(g.log); }
+    assert_true(back);
+    int rc = pf_run_finish(&hp, h.log, out, 240, NULL);
+    if (rc != 0) { show(h.log); show(g.log); }
+    assert_int_equal(rc, 0);
+    assert_true(wait_for_text(h.log, "summary: 30 steps", 1));
+    proc_signal(&bp, SIGTERM);
+    int arc = -1;
+    assert_int_equal(proc_wait(&bp, 40000, &arc), 0);
+    proc_kill(&bp);
+    assert_int_equal(arc, 0);
+}
+
+static void test_node_join_timeout(void **state) {
+    (void)state;
+    static pf_run_args_t a;
+    char out[400], listen[64];
+    snprintf(out, sizeof out, "%s/lonely", fx.root);
+    int port = free_port_span();
+    assert_true(port > 0);
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+    const char *argv[] = {fx.exe, "run", "--target-model", fx.model_dir, "--data", fx.cache, "--device", "cpu",
+                          "--targets", "n9:1", "--drafters", "1", "--threads", "1", "--token-budget", "256",
+                          "--max-steps", "2", "--listen", listen, "--nodes", "1", "--join-timeout", "2",
+                          "--out", out, NULL};
+    memset(&a, 0, sizeof a);
+    set_argv(&a, argv);
+    snprintf(a.log, sizeof a.log, "%s/lonely.out", fx.root);
+    time_t t0 = time(NULL);
+    int rc = pf_run_draftline(&a, NULL, 90, NULL);
+    if (rc != 1) show(a.log);
+    assert_int_equal(rc, 1);
+    assert_true(time(NULL) - t0 < 60);
+    char *t = pf_slurp(a.log, NULL);
+    assert_non_null(t);
+    assert_non_null(strstr(t, "--join-timeout"));
+    assert_non_null(strstr(t, "missing: n9"));
+    assert_null(strstr(t, "started loader"));
+    free(t);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_node_bad_key),
+        cmocka_unit_test(test_node_join_timeout),
+        cmocka_unit_test(test_node_join_run),
+        cmocka_unit_test(test_node_lost_rejoin),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
