@@ -275,6 +275,17 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
     case PROTO_NODE_SPAWN:
         spawn(A, &m.node_spawn);
         break;
+    case PROTO_CONTROL:
+        /* the head's run is over (sup__nodes_run_over): stop what is left here and exit 0 */
+        if (m.control.op == PROTO_CTL_STOP && !A->stopping) {
+            printf("the run %s is over (%s): this node stops\n", A->run_id, m.control.arg[0] ? m.control.arg : "done");
+            fflush(stdout);
+            A->exit_code = 0;
+            A->stopping = 1;
+            A->t_stop = clock_mono_s();
+            stop_children(A, "run over");
+        }
+        break;
     case PROTO_NODE_SIGNAL: {
         const proto_node_signal_t *s = &m.node_signal;
         for (int i = 0; i < NODE_MAX_CHILDREN; i++) {

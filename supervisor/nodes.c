@@ -300,3 +300,15 @@ int sup__nodes_result(const sup_t *S) {
     if (!S->ntab.failed[0]) return 0;
     return dl_seterr(DL_ETIMEDOUT, "%s", S->ntab.failed);
 }
+
+void sup__nodes_run_over(sup_t *S) {
+    for (int k = 1; k < RUNCFG_NODES_MAX; k++) {
+        sup_node_t *n = &S->nodes[k];
+        if (!n->up || !n->peer[0]) continue;
+        proto_msg_t m;
+        proto_msg_init(&m, PROTO_CONTROL);
+        m.control.op = PROTO_CTL_STOP;
+        snprintf(m.control.arg, sizeof m.control.arg, "run over");
+        stage_send(S->bus, n->peer, &m);
+    }
+}

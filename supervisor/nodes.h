@@ -40,6 +40,10 @@ void sup__spawn_remote(sup_t *S, sstage_t *x);
 /* Sends signal sig to x: kill(2) on the head (when x->pid > 0), node_signal to its
  * agent (for x's incarnation) on another node. */
 void sup__kill(sup_t *S, sstage_t *x, int sig);
+/* The run is over (every stage is gone): each agent still up gets CONTROL STOP with
+ * arg "run over", on which it stops and exits 0 (it would otherwise wait for the head
+ * to come back). Sent just before the supervisor's bus closes (it lingers for them). */
+void sup__nodes_run_over(sup_t *S);
 /* The run's result when the join failed: DL_ETIMEDOUT with the reason set; else 0. */
 int sup__nodes_result(const sup_t *S);
 /* The node name of stage x ("" on one host), for run.json. */

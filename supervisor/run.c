@@ -82,6 +82,7 @@ static void on_tick(uv_timer_t *t) {
             uv_close((uv_handle_t *)&S->sig_int, NULL);
             uv_close((uv_handle_t *)&S->sig_term, NULL);
             uv_close((uv_handle_t *)&S->sig_chld, NULL);
+            sup__nodes_run_over(S);
             bus_close(S->bus, NULL, NULL);
             if (S->pub) bus_close(S->pub, NULL, NULL);
             /* every stage is gone: run.json says so before the clients waiting for
@@ -138,6 +139,7 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     bo.kind = BUS_ROUTER;
     bo.name = "supervisor";
     bo.curve = o->listen_port ? o->keys : NULL;
+    bo.linger_ms = o->listen_port ? 1000 : 0;   /* the agents' "run over" gets out at the end */
     bo.heartbeat_interval_ms = PIPE_HEARTBEAT_MS;
     bo.heartbeat_timeout_ms = PIPE_DEAD_MS;
     S.bus = bus_new(&S.loop, &bo);

@@ -7,7 +7,7 @@
  *   fixture target, CPU) whose target runs on node n1, and one agent n1 joining it: the
  *   agent's "joined <run id> as node n1 (index 1)", the head's "node n1 joined", run.json's
  *   node table and each stage's node, the target's log in the agent's run dir; the run
- *   finishes its steps; SIGTERM ends the agent with exit 0.
+ *   finishes its steps; the head tells the agent the run is over and it exits 0.
  * test_node_lost_rejoin: the agent killed mid-run (its target with it): "node n1 lost", the
  *   head waits; a new agent n1 rejoins as node 1, the target starts there again, the run ends.
  * test_node_join_timeout: --join-timeout 2 with the placement naming node n9 and no agent:
@@ -167,13 +167,13 @@ static void test_node_join_run(void **state) {
     int rc = pf_run_finish(&hp, h.log, out, 240, id);
     if (rc != 0) { show(h.log); show(g.log); }
     assert_int_equal(rc, 0);
-    /* the agent outlives its head (it would join the next one): SIGTERM ends it, exit 0 */
-    proc_signal(&ap, SIGTERM);
+    /* the head tells the agent the run is over: it exits 0 by itself */
     int arc = -1;
-    assert_int_equal(proc_wait(&ap, 40000, &arc), 0);
+    assert_int_equal(proc_wait(&ap, 20000, &arc), 0);
     proc_kill(&ap);
     if (arc != 0) show(g.log);
     assert_int_equal(arc, 0);
+    assert_true(wait_for_text(g.log, "is over (run over): this node stops", 1));
     char *agent_out = pf_slurp(g.log, NULL);
     assert_non_null(agent_out);
     char line[128];
@@ -244,9 +244,8 @@ static void test_node_lost_rejoin(void **state) {
     if (rc != 0) { show(h.log); show(g.log); }
     assert_int_equal(rc, 0);
     assert_true(wait_for_text(h.log, "summary: 30 steps", 1));
-    proc_signal(&bp, SIGTERM);
     int arc = -1;
-    assert_int_equal(proc_wait(&bp, 40000, &arc), 0);
+    assert_int_equal(proc_wait(&bp, 20000, &arc), 0);
     proc_kill(&bp);
     assert_int_equal(arc, 0);
 }
