@@ -161,6 +161,35 @@ static int lc_cpu_place(launch_t *L) {
     return 0;
 }
 
+/* GPU runs across nodes: hidden states and gradients between nodes move by NCCL
+ * (docs/MULTINODE.md section 4), which this version does not have: every target must be
+ * on its drafter's node (target i -> drafter i mod M) and every drafter on the optimizer's
+ * (drafter 0's). Refused (exit 2) naming the first pair that is not, never run another way. */
+static int gpu_pairs_local(const launch_t *L) {
+    const char *why = NULL;
+    char a[32] = "", b[32] = "";
+    int na = 0, nb = 0;
+    for (int i = 0; i < L->ngt && !why; i++) {
+        int d = i % L->ngd;
+        if (L->tnode[i] != L->dnode[d]) {
+            snprintf(a, sizeof a, "target%d", i); snprintf(b, sizeof b, "its drafter%d", d);
+            na = L->tnode[i]; nb = L->dnode[d]; why = "hidden states";
+        }
+    }
+    for (int j = 1; j < L->ngd && !why; j++) {
+        if (L->dnode[j] != L->dnode[0]) {
+            snprintf(a, sizeof a, "drafter%d", j); snprintf(b, sizeof b, "the optimizer (with drafter0)");
+            na = L->dnode[j]; nb = L->dnode[0]; why = "gradients and weights";
+        }
+    }
+    if (!why) return 0;
+    fprintf(stderr, "draftline run: %s on node %s and %s on node %s: on GPUs the %s between nodes move by "
+                    "NCCL, which this version does not have yet; place target i on the node of drafter i mod M, "
+                    "and every drafter on one node (CPU runs move them over the network)\n",
+            a, L->node_names[na], b, L->node_names[nb], why);
+    return 2;
+}
+
 /* GPU mode: one target process per --target-gpus entry, one drafter per
  * --drafter-gpus entry; each stage selects its GPU itself after exec (--gpu N):
  * CUDA is never initialised here, before the forks. Entries may name nodes (NAME:),
@@ -194,7 +223,7 @@ static int lc_gpu_lists(launch_t *L) {
                         "(this host is its head; see docs/MULTINODE.md)\n", L->node_names[1]);
         return 2;
     }
-    return 0;
+    return L->gpu_mode ? gpu_pairs_local(L) : 0;
 }
 
 /* The nodes of the placement into the supervisor's options: node names, and the node of

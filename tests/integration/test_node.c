@@ -278,8 +278,37 @@ static void test_node_join_timeout(void **state) {
     free(t);
 }
 
+/* A GPU placement whose pairs cross nodes is refused up front (exit 2, naming the pair and
+ * NCCL), never run another way; the refusal comes before any GPU or file is touched, so it
+ * runs here without a GPU. A CUDA=0 build refuses GPU mode itself. */
+static void test_gpu_cross_node_refused(void **state) {
+    (void)state;
+    static pf_run_args_t a;
+    char out[400];
+    snprintf(out, sizeof out, "%s/gpux", fx.root);
+    const char *argv[] = {fx.exe, "run", "--target-model", fx.model_dir, "--data", fx.cache,
+                          "--target-gpus", "a:0,1", "--drafter-gpus", "a:0,b:1", "--listen", "127.0.0.1:29500",
+                          "--out", out, NULL};
+    memset(&a, 0, sizeof a);
+    set_argv(&a, argv);
+    snprintf(a.log, sizeof a.log, "%s/gpux.out", fx.root);
+    int rc = pf_run_draftline(&a, NULL, 60, NULL);
+    if (rc != 2) show(a.log);
+    assert_int_equal(rc, 2);
+    char *t = pf_slurp(a.log, NULL);
+    assert_non_null(t);
+    if (!strstr(t, "no CUDA")) {
+        assert_non_null(strstr(t, "target1 on node a and its drafter1 on node b"));
+        assert_non_null(strstr(t, "NCCL"));
+    }
+    struct stat sb;
+    assert_int_not_equal(stat(out, &sb), 0);   /* nothing created */
+    free(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gpu_cross_node_refused),
         cmocka_unit_test(test_node_bad_key),
         cmocka_unit_test(test_node_join_timeout),
         cmocka_unit_test(test_node_join_run),
