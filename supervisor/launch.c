@@ -223,6 +223,13 @@ static int lc_gpu_lists(launch_t *L) {
                         "(this host is its head; see docs/MULTINODE.md)\n", L->node_names[1]);
         return 2;
     }
+    if (o->eval_data && L->dnode[0] > 0) {
+        fprintf(stderr, "draftline run: --eval-data: the optimizer runs with drafter0 on node %s, so its "
+                        "checkpoints are there; training-time eval needs them on the head: place drafter0 on the "
+                        "head, or evaluate with `draftline eval` on node %s\n", L->node_names[L->dnode[0]],
+                L->node_names[L->dnode[0]]);
+        return 2;
+    }
     return L->gpu_mode ? gpu_pairs_local(L) : 0;
 }
 

@@ -44,3 +44,10 @@ void sup__net_config(const sup_t *S, const sstage_t *x, run_config_t *c) {
     int k = S->fake_nodes ? 0 : x->spec->node;
     if (k > 0 && S->nodes[k].run_dir[0]) snprintf(c->out_dir, sizeof c->out_dir, "%s", S->nodes[k].run_dir);
 }
+
+int sup__opt_remote(const sup_t *S) {
+    if (!S->o->listen_port || S->fake_nodes) return 0;
+    for (int i = 0; i < S->n; i++)
+        if (S->st[i].spec->stage_id == PIPE_ID_OPTIMIZER) return S->st[i].spec->node > 0;
+    return 0;
+}

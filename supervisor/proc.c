@@ -177,10 +177,16 @@ void sup__push_route(sup_t *S, sstage_t *x) {
     sup__send_ctl(S, x, PROTO_CTL_ROUTE, pair, 2);
 }
 
-/* The run's latest checkpoint (ckpt_resolve of the out dir) into dir[cap] and the step
- * its state.bin header records into *step. 0, or -1 when there is none or it does not
- * read as a checkpoint state. */
-static int latest_ckpt_step(const sup_t *S, char *dir, size_t cap, uint64_t *step) {
+/* (sup_int.h) */
+int sup__latest_ckpt(const sup_t *S, char *dir, size_t cap, uint64_t *step) {
+    if (sup__opt_remote(S)) {
+        const sstage_t *O = NULL;
+        for (int i = 0; i < S->n; i++) if (S->st[i].spec->stage_id == PIPE_ID_OPTIMIZER) O = &S->st[i];
+        if (!O || S->opt_ckpt_step < 0) return -1;
+        snprintf(dir, cap, "%s/checkpoints/step_%lld", S->nodes[O->spec->node].run_dir, (long long)S->opt_ckpt_step);
+        *step = (uint64_t)S->opt_ckpt_step;
+        return 0;
+    }
     if (ckpt_resolve(S->o->out_dir, dir, cap) < 0) return -1;
     char sp[4300];
     snprintf(sp, sizeof sp, "%s/state.bin", dir);
@@ -208,7 +214,7 @@ void sup__on_exit(sup_t *S, sstage_t *x, int status) {
              * Only a missing final checkpoint fails the run, with how to finish. */
             char dir[4200];
             uint64_t ck;
-            if (latest_ckpt_step(S, dir, sizeof dir, &ck) == 0 && ck >= S->o->max_steps) {
+            if (sup__latest_ckpt(S, dir, sizeof dir, &ck) == 0 && ck >= S->o->max_steps) {
                 log_info("the optimizer died while stopping, after its final checkpoint (%s)", dir);
             } else {
                 log_error("the optimizer died while the run was stopping: its final checkpoint is "
@@ -276,7 +282,7 @@ void sup__on_exit(sup_t *S, sstage_t *x, int status) {
         char dir[4200];
         uint64_t ck = S->o->start_step, h_step;
         S->resume_ckpt[0] = 0;
-        if (latest_ckpt_step(S, dir, sizeof dir, &h_step) == 0 && h_step >= S->o->start_step) {
+        if (sup__latest_ckpt(S, dir, sizeof dir, &h_step) == 0 && h_step >= S->o->start_step) {
             ck = h_step;
             snprintf(S->resume_ckpt, sizeof S->resume_ckpt, "%s", dir);
         }

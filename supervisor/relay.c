@@ -19,6 +19,11 @@ static void on_metrics(sup_t *S, const char *peer, const proto_metrics_t *m) {
         if (S->st[i].spec->stage_id == m->stage_id)
             for (uint32_t k = 0; k < m->n_metrics; k++)
                 if (!strcmp(m->metrics[k].name, "since_progress_s")) S->st[i].since_progress_s = m->metrics[k].value;
+    if (m->role == PROTO_ROLE_OPTIMIZER)
+        for (uint32_t k = 0; k < m->n_metrics; k++)
+            if (!strcmp(m->metrics[k].name, "ckpt_step") && m->metrics[k].value >= 0 &&
+                m->metrics[k].value < 9e18 && (int64_t)m->metrics[k].value > S->opt_ckpt_step)
+                S->opt_ckpt_step = (int64_t)m->metrics[k].value;
     if (m->role == PROTO_ROLE_DRAFTER) {
         sstage_t *x = NULL;
         for (int i = 0; i < S->n; i++) if (S->st[i].spec->stage_id == m->stage_id) x = &S->st[i];

@@ -122,6 +122,7 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     S.strip_gpu = testhook_i64("strip_gpu", &strip) == 1 && strip == 1;
     S.losses = calloc(SUP_LOSS_HIST, sizeof(double));
     S.last_applied = (int64_t)o->start_step - 1;
+    S.opt_ckpt_step = -1;
     if (!S.losses) return dl_seterr(DL_ENOMEM, "supervisor: out of memory");
     uv_loop_init(&S.loop);
     S.metrics = rundir_metrics_open(o->out_dir);
@@ -222,9 +223,14 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     sum->failed = S.failed;
     char name[128];
     uint64_t latest_step = 0;
-    int lr = rundir_latest_read(o->out_dir, name, sizeof name, &latest_step);
-    if (lr >= 0) snprintf(sum->checkpoint, sizeof sum->checkpoint, "%s/checkpoints/%s", o->out_dir, name);
-    int have_latest = lr == 1;
+    int have_latest;
+    if (sup__opt_remote(&S)) {   /* the optimizer's node has them: what it reported */
+        have_latest = sup__latest_ckpt(&S, sum->checkpoint, sizeof sum->checkpoint, &latest_step) == 0;
+    } else {
+        int lr = rundir_latest_read(o->out_dir, name, sizeof name, &latest_step);
+        if (lr >= 0) snprintf(sum->checkpoint, sizeof sum->checkpoint, "%s/checkpoints/%s", o->out_dir, name);
+        have_latest = lr == 1;
+    }
     free(S.losses);
     int nrc = sup__nodes_result(&S);
     if (nrc < 0) return nrc;

@@ -103,6 +103,9 @@ typedef struct {
      * plane runs without agents */
     sup_node_t nodes[RUNCFG_NODES_MAX];
     int fake_nodes;
+    int64_t opt_ckpt_step;      /* the optimizer's last checkpoint as it reported it (metric
+                                 * ckpt_step; -1: none yet): how the head knows the
+                                 * checkpoints of an optimizer on another node */
     int strip_gpu;              /* test hook strip_gpu=1 (read once): every GPU of the RUN_CONFIGs sent cleared */
     int stopping, failed, done;
     double t_stop;
@@ -212,6 +215,13 @@ void sup__reap(sup_t *S);
  * under fake_nodes; the optimizer on drafter 0's node), and c->out_dir = the agent's run
  * dir for a stage on another node. */
 void sup__net_config(const sup_t *S, const sstage_t *x, run_config_t *c);
+/* The optimizer runs on another node than the head (its checkpoints are there). */
+int sup__opt_remote(const sup_t *S);
+/* The run's latest checkpoint: dir[cap] and its step. On the head: checkpoints/latest of
+ * the out dir and the step its state.bin records; an optimizer on another node: the
+ * step it last reported (ckpt_step) under that node's run dir. 0, or -1 when there is
+ * none (or it does not read as a checkpoint). */
+int sup__latest_ckpt(const sup_t *S, char *dir, size_t cap, uint64_t *step);
 /* The supervisor's ROUTER endpoint into buf: tcp://listen_host:listen_port on a
  * multi-node head, else ipc://<sock_dir>/sup.sock. */
 int sup__sup_endpoint(const sup_opts_t *o, char *buf, size_t cap);
