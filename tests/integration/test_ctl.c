@@ -138,7 +138,7 @@ static void malformed_request(void) {
     assert_non_null(strstr(m.error.message, "malformed control request"));
     proto_msg_free(&m);
     /* a well-formed request of the wrong type: refused too */
-    unsigned char hb[] = {0x96, 0x02, 0x01, 0x01, 0x01, 0x01, 0x01};
+    unsigned char hb[] = {0x96, 0x02, DL_PROTO_VERSION, 0x01, 0x01, 0x01, 0x01};
     assert_int_equal(rundir_ctl_send_raw(c, hb, sizeof hb), 0);
     assert_int_equal(rundir_ctl_recv(c, &m, 10000), 0);
     assert_int_equal(m.type, PROTO_ERROR);
