@@ -297,6 +297,28 @@ int proto__check_ctl_request(const proto_msg_t *m, const char *tn) {
     return 0;
 }
 
+/* A field of lines ("a\nb\n", the last '\n' optional; line k = node k or GPU k):
+ * none empty (an empty line would shift the indexes of the ones after it), bytes
+ * 0x21..0x7e. *lines: their count. */
+static int check_lines(const char *tn, const char *fn, const char *p, uint32_t n, uint32_t *lines) {
+    uint32_t k = 0, len = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)p[i];
+        if (ch == '\n') {
+            if (!len) return dl_seterr(DL_EPROTO, "%s.%s: line %u is empty", tn, fn, k);
+            k++;
+            len = 0;
+        } else if (ch < 0x21 || ch > 0x7e) {
+            return dl_seterr(DL_EPROTO, "%s.%s: byte 0x%02x at %u is not printable ASCII (no space)", tn, fn,
+                             ch, i);
+        } else {
+            len++;
+        }
+    }
+    *lines = k + (len > 0);
+    return 0;
+}
+
 int proto__check_run_config(const proto_msg_t *m, const char *tn) {
     const proto_run_config_t *c = &m->run_config;
     if (c->max_len == 1)
@@ -311,22 +333,23 @@ int proto__check_run_config(const proto_msg_t *m, const char *tn) {
     }
     if (c->drafter >= (int32_t)c->n_drafter_gpus)
         return dl_seterr(DL_EPROTO, "%s.drafter: drafter %d of %u", tn, c->drafter, c->n_drafter_gpus);
-    if (c->n_target_nodes != c->n_target_gpus || c->n_drafter_nodes != c->n_drafter_gpus)
-        return dl_seterr(DL_EPROTO, "%s.target_nodes/drafter_nodes: %u/%u entries for %u targets and "
-                         "%u drafters", tn, c->n_target_nodes, c->n_drafter_nodes, c->n_target_gpus,
+    if (c->n_target_nodes != c->n_target_gpus)
+        return dl_seterr(DL_EPROTO, "%s.target_nodes: %u entries for %u targets", tn, c->n_target_nodes,
+                         c->n_target_gpus);
+    if (c->n_drafter_nodes != c->n_drafter_gpus)
+        return dl_seterr(DL_EPROTO, "%s.drafter_nodes: %u entries for %u drafters", tn, c->n_drafter_nodes,
                          c->n_drafter_gpus);
     if (c->net_port != 0 && c->net_port < 1024)
         return dl_seterr(DL_EPROTO, "%s.net_port: %u (0, or 1024..65335)", tn, c->net_port);
     /* every node index used must have an address line (net_port 0: all on node 0) */
-    uint32_t lines = 0;
-    for (uint32_t i = 0; i < c->n_node_addrs; i++) lines += c->node_addrs[i] == '\n';
-    if (c->n_node_addrs > 0 && c->node_addrs[c->n_node_addrs - 1] != '\n') lines++;
+    uint32_t lines;
+    DL_TRY(check_lines(tn, "node_addrs", c->node_addrs, c->n_node_addrs, &lines));
     int64_t maxn = c->node > c->loader_node ? c->node : c->loader_node;
     if (c->optimizer_node > maxn) maxn = c->optimizer_node;
     for (uint32_t i = 0; i < c->n_target_nodes; i++) if (c->target_nodes[i] > maxn) maxn = c->target_nodes[i];
     for (uint32_t i = 0; i < c->n_drafter_nodes; i++) if (c->drafter_nodes[i] > maxn) maxn = c->drafter_nodes[i];
     if (c->net_port == 0 && maxn > 0)
-        return dl_seterr(DL_EPROTO, "%s: node %lld used on a one-host run (net_port 0)", tn, (long long)maxn);
+        return dl_seterr(DL_EPROTO, "%s.net_port: 0 (one host) but node %lld used", tn, (long long)maxn);
     if (c->net_port != 0 && (int64_t)lines <= maxn)
         return dl_seterr(DL_EPROTO, "%s.node_addrs: %u addresses, node %lld used", tn, lines, (long long)maxn);
     return 0;
@@ -343,9 +366,8 @@ static int check_node_name(const char *s, const char *tn, const char *field) {
 int proto__check_node_hello(const proto_msg_t *m, const char *tn) {
     const proto_node_hello_t *h = &m->node_hello;
     DL_TRY(check_node_name(h->name, tn, "name"));
-    uint32_t lines = 0;
-    for (uint32_t i = 0; i < h->n_gpu_uuids; i++) lines += h->gpu_uuids[i] == '\n';
-    if (h->n_gpu_uuids > 0 && h->gpu_uuids[h->n_gpu_uuids - 1] != '\n') lines++;
+    uint32_t lines;
+    DL_TRY(check_lines(tn, "gpu_uuids", h->gpu_uuids, h->n_gpu_uuids, &lines));
     if (lines != h->n_gpu_free_mib)
         return dl_seterr(DL_EPROTO, "%s.gpu_free_mib: %u entries for %u GPUs", tn, h->n_gpu_free_mib, lines);
     return 0;

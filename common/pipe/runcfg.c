@@ -104,25 +104,47 @@ static int check_field(const run_config_t *c, const vfield_t *f) {
     return 0;
 }
 
+/* The wire's bound on net_port (proto/codec_desc.c: 65535 - 200) is tighter than the
+ * ports a run uses (RUNCFG_PORT_SPAN): a port between them would pass here and then be
+ * refused when the RUN_CONFIG is encoded. */
+#define NET_PORT_MAX (65535 - 200)
+_Static_assert(NET_PORT_MAX <= 65535 - RUNCFG_PORT_SPAN, "every endpoint port fits");
+
+/* One stage's node v against nodes 0..n-1; field[idx] names it (idx -1: field alone). */
+static int check_node(const run_config_t *c, int n, const char *field, int idx, int64_t v) {
+    if (v >= 0 && v < n) return 0;
+    char name[32];
+    if (idx < 0) snprintf(name, sizeof name, "%s", field);
+    else snprintf(name, sizeof name, "%s[%d]", field, idx);
+    return dl_seterr(DL_ERANGE, "run config: %s %lld: no such node (nodes 0..%d%s)", name, (long long)v, n - 1,
+                     c->net_port ? "" : "; a one-host run: --listen not given");
+}
+
 /* Nodes: one host (net_port 0) uses node 0 only; else every node index used has an
- * address and the ports fit. */
+ * address (bus-id characters: the wire's node_addrs lines) and the ports fit. */
 static int check_nodes(const run_config_t *c) {
     int n = c->net_port ? c->n_nodes : 1;
-    if (c->net_port && (c->net_port < 1024 || c->net_port > 65535 - RUNCFG_PORT_SPAN))
+    if (c->net_port && (c->net_port < 1024 || c->net_port > NET_PORT_MAX))
         return dl_seterr(DL_ERANGE, "run config: net_port (--listen) %u out of range [1024, %d]", c->net_port,
-                         65535 - RUNCFG_PORT_SPAN);
+                         NET_PORT_MAX);
     if (c->net_port && (c->n_nodes < 1 || c->n_nodes > RUNCFG_NODES_MAX))
         return dl_seterr(DL_ERANGE, "run config: %d nodes (1..%d)", c->n_nodes, RUNCFG_NODES_MAX);
-    for (int k = 0; c->net_port && k < c->n_nodes; k++)
-        if (!c->node_addr[k][0] || strchr(c->node_addr[k], '\n'))
-            return dl_seterr(DL_EINVAL, "run config: node %d has no address", k);
-    int bad = c->loader_node < 0 || c->loader_node >= n || c->optimizer_node < 0 || c->optimizer_node >= n ||
-              c->node < 0 || c->node >= n;
-    for (int i = 0; i < c->n_targets; i++) bad |= c->target_node[i] < 0 || c->target_node[i] >= n;
-    for (int i = 0; i < c->n_drafters; i++) bad |= c->drafter_node[i] < 0 || c->drafter_node[i] >= n;
-    if (bad)
-        return dl_seterr(DL_ERANGE, "run config: a stage is placed on a node outside 0..%d%s", n - 1,
-                         c->net_port ? "" : " (a one-host run: --listen not given)");
+    for (int k = 0; c->net_port && k < c->n_nodes; k++) {
+        const char *a = c->node_addr[k];
+        if (!a[0]) return dl_seterr(DL_EINVAL, "run config: node %d has no address", k);
+        if (strnlen(a, RUNCFG_ADDR_MAX + 1) > RUNCFG_ADDR_MAX)
+            return dl_seterr(DL_EINVAL, "run config: node %d address is not NUL-terminated within %d chars", k,
+                             RUNCFG_ADDR_MAX);
+        for (const char *p = a; *p; p++)
+            if ((unsigned char)*p < 0x21 || (unsigned char)*p > 0x7e)
+                return dl_seterr(DL_EINVAL, "run config: node %d address has byte 0x%02x (printable ASCII, "
+                                 "no space)", k, (unsigned char)*p);
+    }
+    DL_TRY(check_node(c, n, "loader_node", -1, c->loader_node));
+    DL_TRY(check_node(c, n, "optimizer_node", -1, c->optimizer_node));
+    DL_TRY(check_node(c, n, "node", -1, c->node));
+    for (int i = 0; i < c->n_targets; i++) DL_TRY(check_node(c, n, "target_node", i, c->target_node[i]));
+    for (int i = 0; i < c->n_drafters; i++) DL_TRY(check_node(c, n, "drafter_node", i, c->drafter_node[i]));
     return 0;
 }
 
@@ -193,7 +215,8 @@ int runcfg_endpoint(const run_config_t *c, const char *sock_dir, const char *nam
     if (!strcmp(name, "sup")) { node = 0; off = 0; }
     else if (!strcmp(name, "loader")) { node = c->loader_node; off = RUNCFG_PORT_LOADER; }
     else if (!strcmp(name, "optimizer")) { node = c->optimizer_node; off = RUNCFG_PORT_OPTIMIZER; }
-    else if (sscanf(name, "drafter%u%c", &i, &tail) == 1 && i < PIPE_MAX_DRAFTERS) {
+    else if (!strncmp(name, "drafter", 7) && name[7] >= '0' && name[7] <= '9' &&
+             sscanf(name, "drafter%u%c", &i, &tail) == 1 && i < PIPE_MAX_DRAFTERS) {
         node = (int)c->drafter_node[i];
         off = RUNCFG_PORT_DRAFTER0 + (int)i;
     } else return dl_seterr(DL_EINVAL, "endpoint '%s': not a server of the pipeline", name);

@@ -1,5 +1,6 @@
 /* Writes one file per valid sample message into DIR (the fuzz seed corpus):
- * every message type, with small arrays, CPU and GPU variants.
+ * every message type (1-23), with small arrays, CPU and GPU variants, one host
+ * and several nodes.
  * Usage: gen_corpus DIR */
 #include <stdio.h>
 #include <string.h>
@@ -8,6 +9,7 @@
 #include "proto/codec.h"
 
 static int n_written, n_failed;
+static int seen[PROTO_TYPE_COUNT_];
 
 static void emit(const char *dir, const proto_msg_t *m) {
     msgpack_sbuffer sb;
@@ -21,7 +23,7 @@ static void emit(const char *dir, const proto_msg_t *m) {
     char path[4096];
     snprintf(path, sizeof path, "%s/seed_%02d_%s", dir, n_written, proto_type_name(m->type));
     FILE *f = fopen(path, "wb");
-    if (f && fwrite(sb.data, 1, sb.size, f) == sb.size && fclose(f) == 0) n_written++;
+    if (f && fwrite(sb.data, 1, sb.size, f) == sb.size && fclose(f) == 0) { n_written++; seen[m->type]++; }
     else { fprintf(stderr, "gen_corpus: cannot write %s\n", path); n_failed++; }
     msgpack_sbuffer_destroy(&sb);
 }
@@ -111,6 +113,65 @@ int main(int argc, char **argv) {
     proto_msg_init(&m, PROTO_ERROR);
     m.error.code = DL_EPROTO; m.error.ref_type = PROTO_MICRO_BATCH; strcpy(m.error.message, "bad"); emit(dir, &m);
 
+    static const int64_t gpus[3] = { 0, 1, 2 }, routes[3] = { 0, 1, 0 }, tnodes[3] = { 0, 2, 1 },
+                         dnodes[2] = { 1, 2 }, mib[2] = { 81000, 40960 };
+    static const uint8_t text[5] = { '{', '}', 0, 0xff, '\n' };
+
+    proto_msg_init(&m, PROTO_CTL_REQUEST);
+    m.ctl_request.id = 7; m.ctl_request.op = PROTO_CTLREQ_STATUS; emit(dir, &m);
+    m.ctl_request.op = PROTO_CTLREQ_REBALANCE; m.ctl_request.target_gpus = gpus; m.ctl_request.n_target_gpus = 3;
+    m.ctl_request.drafter_gpus = gpus; m.ctl_request.n_drafter_gpus = 2; emit(dir, &m);
+
+    proto_msg_init(&m, PROTO_CTL_REPLY);
+    m.ctl_reply.id = 7; strcpy(m.ctl_reply.state, "ok"); m.ctl_reply.text = text; m.ctl_reply.n_text = 5;
+    emit(dir, &m);
+
+    /* run_config: one host, then three nodes (version 2's node table) */
+    proto_msg_init(&m, PROTO_RUN_CONFIG);
+    proto_run_config_t *c = &m.run_config;
+    c->stage_id = 201; c->incarnation = 1; strcpy(c->run_id, "r1");
+    c->data_cache = "/d.dlc"; c->n_data_cache = 6; c->target_model = "/m"; c->n_target_model = 2;
+    c->out_dir = "o"; c->n_out_dir = 1;
+    c->token_budget = 2048; c->mbs_per_step = 4; c->max_steps = 10; c->drafter_layers = 1; c->block_size = 8;
+    c->num_anchors = 64; c->lr = 6e-4; c->hs_min_ready = 1; c->prefetch = 1; c->gpu = -1; c->drafter = 1;
+    c->target_gpus = gpus; c->n_target_gpus = 3; c->drafter_gpus = gpus; c->n_drafter_gpus = 2;
+    c->target_drafters = routes; c->n_target_drafters = 3;
+    static const int64_t zeros[3] = { 0, 0, 0 };
+    c->target_nodes = zeros; c->n_target_nodes = 3; c->drafter_nodes = zeros; c->n_drafter_nodes = 2;
+    emit(dir, &m);
+    c->net_port = 29500; c->node_addrs = "10.0.0.1\nnode-b\n10.0.0.3\n"; c->n_node_addrs = 25;
+    c->node = 2; c->optimizer_node = 1; c->target_nodes = tnodes; c->drafter_nodes = dnodes; emit(dir, &m);
+
+    proto_msg_init(&m, PROTO_SLAB_DATA);
+    m.slab_data.owner_id = 101; m.slab_data.owner_inc = 3; m.slab_data.slab_id = 1; m.slab_data.offset = 4096;
+    m.slab_data.data = mask; m.slab_data.n_data = 8; emit(dir, &m);
+
+    proto_msg_init(&m, PROTO_NODE_HELLO);
+    proto_node_hello_t *nh = &m.node_hello;
+    strcpy(nh->name, "b"); strcpy(nh->hostname, "b.example"); strcpy(nh->addr, "10.0.0.2");
+    nh->run_dir = "/scratch/r1"; nh->n_run_dir = 11; nh->pid = 77; nh->incarnation = 5;
+    nh->proto_version = DL_PROTO_VERSION; nh->cores = 16; emit(dir, &m);
+    nh->gpu_uuids = "GPU-1\nGPU-2"; nh->n_gpu_uuids = 11; nh->gpu_free_mib = mib; nh->n_gpu_free_mib = 2;
+    emit(dir, &m);
+
+    proto_msg_init(&m, PROTO_NODE_WELCOME);
+    strcpy(m.node_welcome.run_id, "r1"); m.node_welcome.node_index = 1; m.node_welcome.node_incarnation = 5;
+    emit(dir, &m);
+
+    proto_msg_init(&m, PROTO_NODE_SPAWN);
+    m.node_spawn.stage_id = 100; m.node_spawn.incarnation = 1; strcpy(m.node_spawn.exe, "drafter_worker");
+    m.node_spawn.index = 0; m.node_spawn.threads = 4; strcpy(m.node_spawn.sup_endpoint, "tcp://10.0.0.1:29500");
+    emit(dir, &m);
+
+    proto_msg_init(&m, PROTO_NODE_SIGNAL);
+    m.node_signal.stage_id = 100; m.node_signal.incarnation = 1; m.node_signal.signum = 15; emit(dir, &m);
+
+    proto_msg_init(&m, PROTO_NODE_STAGE);
+    m.node_stage.stage_id = 100; m.node_stage.incarnation = 1; m.node_stage.event = PROTO_NODE_EV_EXITED;
+    m.node_stage.pid = 4321; m.node_stage.wait_status = 256; emit(dir, &m);
+
+    for (int t = 1; t < PROTO_TYPE_COUNT_; t++)   /* a new type needs its seed here */
+        if (!seen[t]) { fprintf(stderr, "gen_corpus: no seed of type %d (%s)\n", t, proto_type_name((proto_type_t)t)); n_failed++; }
     printf("gen_corpus: %d seeds in %s\n", n_written, dir);
     return n_failed ? 1 : 0;
 }

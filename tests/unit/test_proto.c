@@ -83,7 +83,23 @@ static void assert_msg_equal(const proto_msg_t *x, const proto_msg_t *y) {
         EQ(clip); EQ(save_every); EQ(keep_checkpoints); EQ(inbox_gb); EQ(host_inbox_gb); EQ(hs_min_ready);
         EQ(prefetch); EQ(threads); EQ(deterministic); EQ(gpu); EQ(drafter);
         EQA(target_gpus, n_target_gpus); EQA(drafter_gpus, n_drafter_gpus);
-        EQA(target_drafters, n_target_drafters); break; }
+        EQA(target_drafters, n_target_drafters); EQ(net_port); EQA(node_addrs, n_node_addrs); EQ(node);
+        EQ(loader_node); EQ(optimizer_node); EQA(target_nodes, n_target_nodes);
+        EQA(drafter_nodes, n_drafter_nodes); break; }
+    case PROTO_SLAB_DATA: { const proto_slab_data_t *a = &x->slab_data, *b = &y->slab_data;
+        EQ(owner_id); EQ(owner_inc); EQ(slab_id); EQ(offset); EQA(data, n_data); break; }
+    case PROTO_NODE_HELLO: { const proto_node_hello_t *a = &x->node_hello, *b = &y->node_hello;
+        EQS(name); EQS(hostname); EQS(addr); EQA(run_dir, n_run_dir); EQ(pid); EQ(incarnation);
+        EQ(proto_version); EQ(cores); EQA(gpu_uuids, n_gpu_uuids); EQA(gpu_free_mib, n_gpu_free_mib); break; }
+    case PROTO_NODE_WELCOME: { const proto_node_welcome_t *a = &x->node_welcome, *b = &y->node_welcome;
+        EQS(run_id); EQ(node_index); EQ(node_incarnation); break; }
+    case PROTO_NODE_SPAWN: { const proto_node_spawn_t *a = &x->node_spawn, *b = &y->node_spawn;
+        EQ(stage_id); EQ(incarnation); EQS(exe); EQ(index); EQ(threads); EQS(sup_endpoint); EQS(log_level);
+        break; }
+    case PROTO_NODE_SIGNAL: { const proto_node_signal_t *a = &x->node_signal, *b = &y->node_signal;
+        EQ(stage_id); EQ(incarnation); EQ(signum); break; }
+    case PROTO_NODE_STAGE: { const proto_node_stage_t *a = &x->node_stage, *b = &y->node_stage;
+        EQ(stage_id); EQ(incarnation); EQ(event); EQ(pid); EQ(wait_status); break; }
     default: fail_msg("unexpected type %d", x->type);
     }
 }
@@ -104,6 +120,15 @@ static void roundtrip(int t, bool big) {
     if (t == PROTO_MICRO_BATCH) assert_ptr_not_equal(d.micro_batch.tokens, m.micro_batch.tokens);
     if (t == PROTO_HIDDEN_STATES_READY)
         assert_ptr_not_equal(d.hidden_states_ready.tokens, m.hidden_states_ready.tokens);
+    if (t == PROTO_SLAB_DATA) assert_ptr_not_equal(d.slab_data.data, m.slab_data.data);
+    if (t == PROTO_RUN_CONFIG) {   /* decoded paths and lines are NUL-terminated in the owned block */
+        assert_ptr_not_equal(d.run_config.node_addrs, m.run_config.node_addrs);
+        assert_int_equal(d.run_config.node_addrs[d.run_config.n_node_addrs], 0);
+    }
+    if (t == PROTO_NODE_HELLO) {
+        assert_int_equal(d.node_hello.run_dir[d.node_hello.n_run_dir], 0);
+        assert_int_equal(d.node_hello.gpu_uuids[d.node_hello.n_gpu_uuids], 0);
+    }
     /* re-encoding the decoded message gives the same bytes */
     size_t len2;
     uint8_t *buf2 = encode_heap(&d, &len2);
@@ -189,6 +214,53 @@ static void test_roundtrip_variants(void **state) {
     assert_int_equal(d.control.op, PROTO_CTL_STOP);
     assert_null(d.control.ints);
     proto_msg_free(&d); free(buf);
+
+    /* one host (what runcfg_to_msg sends without --listen): port 0, no addresses, all on node 0 */
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    m.run_config.net_port = 0; m.run_config.node_addrs = NULL; m.run_config.n_node_addrs = 0;
+    m.run_config.node = m.run_config.loader_node = m.run_config.optimizer_node = 0;
+    memset(g_place[3], 0, sizeof g_place[3]); memset(g_place[4], 0, sizeof g_place[4]);
+    buf = encode_heap(&m, &len);
+    assert_int_equal(proto_decode(buf, len, &d), 0);
+    assert_msg_equal(&m, &d);
+    assert_int_equal(d.run_config.n_node_addrs, 0);
+    proto_msg_free(&d); free(buf);
+    /* the last address line may go without its '\n' */
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    m.run_config.n_node_addrs -= 1;
+    buf = encode_heap(&m, &len);
+    assert_int_equal(proto_decode(buf, len, &d), 0);
+    assert_msg_equal(&m, &d);
+    proto_msg_free(&d); free(buf);
+
+    /* a CPU node: no GPU lines, no free memory entries */
+    make_sample(PROTO_NODE_HELLO, false, &m);
+    m.node_hello.gpu_uuids = NULL; m.node_hello.n_gpu_uuids = 0;
+    m.node_hello.gpu_free_mib = NULL; m.node_hello.n_gpu_free_mib = 0;
+    buf = encode_heap(&m, &len);
+    assert_int_equal(proto_decode(buf, len, &d), 0);
+    assert_msg_equal(&m, &d);
+    assert_int_equal(d.node_hello.n_gpu_free_mib, 0);
+    proto_msg_free(&d); free(buf);
+
+    /* the loader's spawn: no index, default threads and log level */
+    make_sample(PROTO_NODE_SPAWN, false, &m);
+    m.node_spawn.stage_id = 1; strcpy(m.node_spawn.exe, "loader"); m.node_spawn.index = -1;
+    m.node_spawn.threads = 0; m.node_spawn.log_level[0] = 0;
+    buf = encode_heap(&m, &len);
+    assert_int_equal(proto_decode(buf, len, &d), 0);
+    assert_msg_equal(&m, &d);
+    assert_int_equal(d.node_spawn.index, -1);
+    free(buf);
+
+    /* node_stage's ints at their ends: a negative wait_status travels as a negative int */
+    make_sample(PROTO_NODE_STAGE, false, &m);
+    m.node_stage.event = PROTO_NODE_EV_STARTED; m.node_stage.pid = UINT32_MAX; m.node_stage.wait_status = INT32_MIN;
+    buf = encode_heap(&m, &len);
+    assert_int_equal(proto_decode(buf, len, &d), 0);
+    assert_msg_equal(&m, &d);
+    assert_int_equal(d.node_stage.wait_status, INT32_MIN);
+    free(buf);
 }
 
 /* ------------------------------------------------ golden wire layout */
@@ -199,8 +271,8 @@ static int sb_pack_done(msgpack_sbuffer *sb, proto_msg_t *out) {
 
 static void test_golden_layout(void **state) {
     (void)state;
-    /* heartbeat [2, 1, stage 5, incarnation 9, seq 100, state running=3] */
-    static const uint8_t hb[] = { 0x96, 0x02, 0x01, 0x05, 0x09, 0x64, 0x03 };
+    /* heartbeat [2, version 2, stage 5, incarnation 9, seq 100, state running=3] */
+    static const uint8_t hb[] = { 0x96, 0x02, 0x02, 0x05, 0x09, 0x64, 0x03 };
     proto_msg_t d;
     assert_int_equal(proto_decode(hb, sizeof hb, &d), 0);
     assert_int_equal(d.type, PROTO_HEARTBEAT);
@@ -220,7 +292,7 @@ static void test_golden_layout(void **state) {
     msgpack_packer pk;
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
     msgpack_pack_array(&pk, 11);
-    msgpack_pack_uint8(&pk, 4); msgpack_pack_uint8(&pk, 1);
+    msgpack_pack_uint8(&pk, 4); msgpack_pack_uint8(&pk, 2);
     msgpack_pack_uint64(&pk, 70000); msgpack_pack_uint64(&pk, 12); msgpack_pack_uint32(&pk, 1);
     msgpack_pack_uint32(&pk, 0); msgpack_pack_uint32(&pk, 2); msgpack_pack_uint32(&pk, 2);
     static const uint8_t tok[] = { 1, 0, 0, 0, 0x00, 0x01, 0, 0, 0xff, 0xff, 0xff, 0x7f };  /* 1, 256, INT32_MAX */
@@ -247,11 +319,75 @@ static void test_golden_layout(void **state) {
     msgpack_sbuffer_destroy(&sb);
 }
 
+/* The v2 messages, packed by hand as PROTOCOL.md says: slab_data's bytes are one
+ * bin, node_signal is five small ints; the encoder writes exactly these bytes. */
+static void test_golden_layout_v2(void **state) {
+    (void)state;
+    /* slab_data [18, 2, owner 101, owner_inc 7, slab 3, offset 4096, bin "\xde\xad\xbe\xef"] */
+    static const uint8_t sd[] = { 0x97, 0x12, 0x02, 0x65, 0x07, 0x03, 0xcd, 0x10, 0x00,
+                                  0xc4, 0x04, 0xde, 0xad, 0xbe, 0xef };
+    proto_msg_t d;
+    assert_int_equal(proto_decode(sd, sizeof sd, &d), 0);
+    assert_int_equal(d.type, PROTO_SLAB_DATA);
+    assert_int_equal(d.slab_data.owner_id, 101);
+    assert_int_equal(d.slab_data.owner_inc, 7);
+    assert_int_equal(d.slab_data.slab_id, 3);
+    assert_int_equal(d.slab_data.offset, 4096);
+    assert_int_equal(d.slab_data.n_data, 4);
+    assert_int_equal(d.slab_data.data[0], 0xde);
+    assert_int_equal(d.slab_data.data[3], 0xef);
+    uint8_t out[32];
+    size_t n = 0;
+    assert_int_equal(proto_encode_to(&d, out, sizeof out, &n), 0);
+    assert_int_equal(n, sizeof sd);
+    assert_memory_equal(out, sd, sizeof sd);
+    proto_msg_free(&d);
+
+    /* node_signal [22, 2, stage 201, incarnation 3, signum 15] */
+    static const uint8_t sig[] = { 0x95, 0x16, 0x02, 0xcc, 0xc9, 0x03, 0x0f };
+    assert_int_equal(proto_decode(sig, sizeof sig, &d), 0);
+    assert_int_equal(d.type, PROTO_NODE_SIGNAL);
+    assert_int_equal(d.node_signal.stage_id, 201);
+    assert_int_equal(d.node_signal.incarnation, 3);
+    assert_int_equal(d.node_signal.signum, 15);
+    assert_int_equal(proto_encode_to(&d, out, sizeof out, &n), 0);
+    assert_int_equal(n, sizeof sig);
+    assert_memory_equal(out, sig, sizeof sig);
+
+    /* node_stage [23, 2, stage 201, incarnation 3, exited=2, pid 300, wait_status -1 (negative fixint)] */
+    static const uint8_t st[] = { 0x97, 0x17, 0x02, 0xcc, 0xc9, 0x03, 0x02, 0xcd, 0x01, 0x2c, 0xff };
+    assert_int_equal(proto_decode(st, sizeof st, &d), 0);
+    assert_int_equal(d.node_stage.event, PROTO_NODE_EV_EXITED);
+    assert_int_equal(d.node_stage.pid, 300);
+    assert_int_equal(d.node_stage.wait_status, -1);
+    assert_int_equal(proto_encode_to(&d, out, sizeof out, &n), 0);
+    assert_int_equal(n, sizeof st);
+    assert_memory_equal(out, st, sizeof st);
+
+    /* every encoded message says version 2 in its second element */
+    for (int t = 1; t < PROTO_TYPE_COUNT_; t++) {
+        proto_msg_t m;
+        make_sample(t, false, &m);
+        size_t len;
+        uint8_t *buf = encode_heap(&m, &len);
+        size_t h = buf[0] == 0xdc ? 3 : 1;   /* array16 (run_config, hidden_states_ready) or fixarray */
+        assert_int_equal(buf[h], t);          /* type: a positive fixint */
+        assert_int_equal(buf[h + 1], 0x02);   /* version: positive fixint 2 */
+        free(buf);
+    }
+}
+
 static void test_names(void **state) {
     (void)state;
     for (int t = 1; t < PROTO_TYPE_COUNT_; t++)
         assert_string_not_equal(proto_type_name((proto_type_t)t), "?");
     assert_string_equal(proto_type_name(PROTO_HIDDEN_STATES_READY), "hidden_states_ready");
+    static const char *const v2[] = { "slab_data", "node_hello", "node_welcome", "node_spawn", "node_signal",
+                                      "node_stage" };
+    for (int t = PROTO_SLAB_DATA; t <= PROTO_NODE_STAGE; t++)
+        assert_string_equal(proto_type_name((proto_type_t)t), v2[t - PROTO_SLAB_DATA]);
+    assert_int_equal(PROTO_TYPE_COUNT_, 24);
+    assert_int_equal(DL_PROTO_VERSION, 2);
     assert_string_equal(proto_type_name((proto_type_t)99), "?");
     proto_role_t r;
     for (int i = 1; i < PROTO_ROLE_COUNT_; i++) {
@@ -273,6 +409,7 @@ int main(void) {
         cmocka_unit_test(test_roundtrip_all),
         cmocka_unit_test(test_roundtrip_variants),
         cmocka_unit_test(test_golden_layout),
+        cmocka_unit_test(test_golden_layout_v2),
         cmocka_unit_test(test_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

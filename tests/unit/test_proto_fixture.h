@@ -1,6 +1,8 @@
 /* Test-only helpers shared by tests/unit/test_proto.c (round trips, wire
- * layout) and tests/unit/test_proto_reject.c (malformed input): a valid sample
- * of every message type, and encoding into an exact-size heap buffer.
+ * layout), tests/unit/test_proto_reject.c (malformed input) and
+ * tests/unit/test_proto_node.c (the node agent's messages): a valid sample of
+ * every message type, encoding into an exact-size heap buffer, and the
+ * rejection helpers (expect_reject, expect_invalid, repack).
  * Header-only (static functions) because tests link one .c each; include it
  * after <cmocka.h>. */
 #ifndef DL_TESTS_TEST_PROTO_FIXTURE_H
@@ -25,10 +27,29 @@ static float g_acc[DL_PROTO_MAX_BLOCK];
 static int64_t g_ints[DL_PROTO_MAX_INTS];
 static int64_t g_gpus[2][DL_PROTO_CTL_GPUS_MAX];
 static uint8_t g_text[DL_PROTO_CTL_TEXT_MAX];
-static int64_t g_place[3][DL_PROTO_MAX_PLACE];
+static int64_t g_place[5][DL_PROTO_MAX_PLACE];   /* target/drafter GPUs, routes, target/drafter nodes */
+static char g_lines[DL_PROTO_PATH_MAX + 1];       /* run_config.node_addrs, node_hello.gpu_uuids */
+static char g_path[DL_PROTO_PATH_MAX + 1];        /* node_hello.run_dir */
+static int64_t g_mib[DL_PROTO_MAX_NODES];
+static uint8_t g_chunk[DL_PROTO_MAX_CHUNK];
 
 static inline void fill_handle(uint8_t *h, uint8_t seed) {
     for (unsigned i = 0; i < DL_PROTO_HANDLE_BYTES; i++) h[i] = (uint8_t)(seed + 37 * i);
+}
+
+/* n lines "<stem><k>" padded with letters to width chars each, joined by '\n',
+ * the last without one: n * (width + 1) - 1 bytes (the big samples fill a
+ * DL_PROTO_PATH_MAX field exactly with 64 lines of 63). Returns the length. */
+static inline uint32_t fill_lines(char *buf, unsigned n, unsigned width, const char *stem) {
+    uint32_t len = 0;
+    for (unsigned k = 0; k < n; k++) {
+        int w = snprintf(buf + len, width + 1, "%s%u-", stem, k);
+        for (unsigned i = (unsigned)w; i < width; i++) buf[len + i] = (char)('a' + (k + i) % 26);
+        len += width;
+        if (k + 1 < n) buf[len++] = '\n';
+    }
+    buf[len] = 0;
+    return len;
 }
 
 /* A valid message of type t with every field non-zero and distinct where the
@@ -176,6 +197,80 @@ static inline void make_sample(int t, bool big, proto_msg_t *m) {
         c->target_gpus = g_place[0]; c->n_target_gpus = nt;
         c->drafter_gpus = g_place[1]; c->n_drafter_gpus = nd;
         c->target_drafters = g_place[2]; c->n_target_drafters = nt;
+        /* three nodes (small; the receiver, target 1, on node 2) or 64 (big) */
+        c->net_port = 29500;
+        if (big) {
+            c->n_node_addrs = fill_lines(g_lines, DL_PROTO_MAX_NODES, 63, "node");
+            for (uint32_t i = 0; i < DL_PROTO_MAX_PLACE; i++) {
+                g_place[3][i] = i % DL_PROTO_MAX_NODES; g_place[4][i] = DL_PROTO_MAX_NODES - 1 - i % DL_PROTO_MAX_NODES;
+            }
+            c->loader_node = 0; c->optimizer_node = DL_PROTO_MAX_NODES - 1;
+        } else {
+            strcpy(g_lines, "10.0.0.1\nnode-b.cluster.example.org\n10.0.0.3\n");
+            c->n_node_addrs = (uint32_t)strlen(g_lines);
+            g_place[3][0] = 0; g_place[3][1] = 2; g_place[3][2] = 1;
+            g_place[4][0] = 1; g_place[4][1] = 2;
+            c->loader_node = 0; c->optimizer_node = 1;
+        }
+        c->node_addrs = g_lines; c->node = (int32_t)g_place[3][1];
+        c->target_nodes = g_place[3]; c->n_target_nodes = nt;
+        c->drafter_nodes = g_place[4]; c->n_drafter_nodes = nd;
+        break;
+    }
+    case PROTO_SLAB_DATA: {
+        proto_slab_data_t *x = &m->slab_data;
+        uint32_t n = big ? DL_PROTO_MAX_CHUNK : 100;
+        for (uint32_t i = 0; i < n; i++) g_chunk[i] = (uint8_t)(i * 167u + 13u);
+        x->owner_id = 101; x->owner_inc = 0x1122334455ull; x->slab_id = 3;
+        x->offset = big ? DL_PROTO_MAX_OFFSET : 17ull << 20; x->data = g_chunk; x->n_data = n;
+        break;
+    }
+    case PROTO_NODE_HELLO: {
+        proto_node_hello_t *h = &m->node_hello;
+        if (big) {
+            memset(h->name, 'n', DL_PROTO_NODE_NAME_MAX); h->name[DL_PROTO_NODE_NAME_MAX] = 0;
+            memset(h->hostname, 'h', DL_PROTO_HOST_MAX); h->hostname[DL_PROTO_HOST_MAX] = 0;
+            memset(h->addr, 'a', DL_PROTO_HOST_MAX); h->addr[DL_PROTO_HOST_MAX] = 0;
+            memset(g_path, 'p', DL_PROTO_PATH_MAX); g_path[0] = '/'; g_path[DL_PROTO_PATH_MAX] = 0;
+            h->n_gpu_uuids = fill_lines(g_lines, DL_PROTO_MAX_NODES, 63, "GPU-");
+            h->n_gpu_free_mib = DL_PROTO_MAX_NODES;
+        } else {
+            strcpy(h->name, "gpu-b"); strcpy(h->hostname, "b.cluster.example.org"); strcpy(h->addr, "10.0.0.2");
+            strcpy(g_path, "/scratch/draftline/r20261201.ab");
+            strcpy(g_lines, "GPU-8d1a2b3c-0000-1111-2222-333344445555\nGPU-9e2b3c4d-0000-1111-2222-333344446666\n");
+            h->n_gpu_uuids = (uint32_t)strlen(g_lines);
+            h->n_gpu_free_mib = 2;
+        }
+        for (uint32_t i = 0; i < DL_PROTO_MAX_NODES; i++) g_mib[i] = 81559 - 17 * (int64_t)i;
+        h->run_dir = g_path; h->n_run_dir = (uint32_t)strlen(g_path);
+        h->pid = 4242; h->incarnation = 0xabcdef0123ull; h->proto_version = DL_PROTO_VERSION; h->cores = 96;
+        h->gpu_uuids = g_lines; h->gpu_free_mib = g_mib;
+        break;
+    }
+    case PROTO_NODE_WELCOME:
+        strcpy(m->node_welcome.run_id, "r20261201.ab");
+        m->node_welcome.node_index = big ? DL_PROTO_MAX_NODES - 1 : 2;
+        m->node_welcome.node_incarnation = 0xabcdef0123ull;
+        break;
+    case PROTO_NODE_SPAWN: {
+        proto_node_spawn_t *x = &m->node_spawn;
+        x->stage_id = 101; x->incarnation = 3; strcpy(x->exe, "drafter_worker");
+        x->index = big ? (int32_t)DL_PROTO_MAX_PLACE - 1 : 1; x->threads = 8; strcpy(x->log_level, "debug");
+        strcpy(x->sup_endpoint, "tcp://10.0.0.1:29500");
+        if (big) {
+            memset(x->sup_endpoint + 6, 'h', DL_PROTO_HOST_MAX - 6); x->sup_endpoint[DL_PROTO_HOST_MAX] = 0;
+            memset(x->log_level, 'l', DL_PROTO_NAME_MAX); x->log_level[DL_PROTO_NAME_MAX] = 0;
+        }
+        break;
+    }
+    case PROTO_NODE_SIGNAL:
+        m->node_signal.stage_id = 201; m->node_signal.incarnation = 3; m->node_signal.signum = big ? 9 : 15;
+        break;
+    case PROTO_NODE_STAGE: {
+        proto_node_stage_t *x = &m->node_stage;
+        x->stage_id = 201; x->incarnation = 3;
+        if (big) { x->event = PROTO_NODE_EV_FAILED; x->pid = 0; x->wait_status = 2; }   /* ENOENT */
+        else { x->event = PROTO_NODE_EV_EXITED; x->pid = 31337; x->wait_status = 0x8b; }  /* SIGSEGV, core */
         break;
     }
     }
@@ -192,6 +287,63 @@ static inline uint8_t *encode_heap(const proto_msg_t *m, size_t *len) {
     memcpy(p, sb.data, sb.size);
     *len = sb.size;
     msgpack_sbuffer_destroy(&sb);
+    return p;
+}
+
+/* ------------------------------------------------------------ rejections */
+
+/* proto_decode refuses buf with DL_EPROTO, a detail starting with prefix, and
+ * nothing left allocated. */
+static inline void expect_reject(const void *buf, size_t len, const char *prefix) {
+    proto_msg_t o;
+    int rc = proto_decode(buf, len, &o);
+    if (rc != DL_EPROTO) fail_msg("expected DL_EPROTO for '%s', got %d (%s)", prefix, rc, dl_errmsg());
+    if (strncmp(dl_errmsg(), prefix, strlen(prefix)) != 0)
+        fail_msg("error '%s' does not start with '%s'", dl_errmsg(), prefix);
+    assert_null(o.owned_);
+}
+
+/* Encoding with validation bypassed is impossible by design: proto_validate
+ * refuses m with a detail starting with prefix, and proto_encode refuses it too,
+ * writing nothing. (The decoder's side: hand-packed copies and expect_reject.) */
+static inline void expect_invalid(proto_msg_t *m, const char *prefix) {
+    int rc = proto_validate(m);
+    if (rc != DL_EPROTO) fail_msg("validate accepted a message that should fail with '%s'", prefix);
+    if (strncmp(dl_errmsg(), prefix, strlen(prefix)) != 0)
+        fail_msg("error '%s' does not start with '%s'", dl_errmsg(), prefix);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    assert_int_equal(proto_encode(m, &sb), DL_EPROTO);
+    assert_int_equal(sb.size, 0);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+typedef void (*repl_fn)(msgpack_packer *pk, const msgpack_object *orig, void *arg);
+
+/* Re-packs the message in buf with top-level element idx replaced by repl()
+ * (idx 0 = type, 1 = version, 2 + i = field i). Returns a heap buffer. */
+static inline uint8_t *repack(const uint8_t *buf, size_t len, unsigned idx, repl_fn repl, void *arg,
+                              size_t *out_len) {
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    size_t off = 0;
+    assert_int_equal(msgpack_unpack_next(&up, (const char *)buf, len, &off), MSGPACK_UNPACK_SUCCESS);
+    const msgpack_object *root = &up.data;
+    assert_int_equal(root->type, MSGPACK_OBJECT_ARRAY);
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_array(&pk, root->via.array.size);
+    for (uint32_t i = 0; i < root->via.array.size; i++) {
+        if (i == idx) repl(&pk, &root->via.array.ptr[i], arg);
+        else msgpack_pack_object(&pk, root->via.array.ptr[i]);
+    }
+    uint8_t *p = malloc(sb.size);
+    memcpy(p, sb.data, sb.size);
+    *out_len = sb.size;
+    msgpack_sbuffer_destroy(&sb);
+    msgpack_unpacked_destroy(&up);
     return p;
 }
 

@@ -54,7 +54,15 @@ static const char *const SPEC[PROTO_TYPE_COUNT_][48] = {
                            "drafter_layers", "block_size", "num_anchors", "lr", "warmup_steps",
                            "weight_decay", "clip", "save_every", "keep_checkpoints", "inbox_gb",
                            "host_inbox_gb", "hs_min_ready", "prefetch", "threads", "deterministic", "gpu",
-                           "drafter", "target_gpus", "drafter_gpus", "target_drafters" },
+                           "drafter", "target_gpus", "drafter_gpus", "target_drafters", "net_port", "node_addrs",
+                           "node", "loader_node", "optimizer_node", "target_nodes", "drafter_nodes" },
+    [PROTO_SLAB_DATA] = { "owner_id", "owner_inc", "slab_id", "offset", "data" },
+    [PROTO_NODE_HELLO] = { "name", "hostname", "addr", "run_dir", "pid", "incarnation", "proto_version", "cores",
+                           "gpu_uuids", "gpu_free_mib" },
+    [PROTO_NODE_WELCOME] = { "run_id", "node_index", "node_incarnation" },
+    [PROTO_NODE_SPAWN] = { "stage_id", "incarnation", "exe", "index", "threads", "sup_endpoint", "log_level" },
+    [PROTO_NODE_SIGNAL] = { "stage_id", "incarnation", "signum" },
+    [PROTO_NODE_STAGE] = { "stage_id", "incarnation", "event", "pid", "wait_status" },
 };
 
 static unsigned spec_n(int t) {
@@ -62,42 +70,7 @@ static unsigned spec_n(int t) {
     while (n < 48 && SPEC[t][n]) n++;
     return n;
 }
-static void expect_reject(const void *buf, size_t len, const char *prefix) {
-    proto_msg_t o;
-    int rc = proto_decode(buf, len, &o);
-    if (rc != DL_EPROTO) fail_msg("expected DL_EPROTO for '%s', got %d (%s)", prefix, rc, dl_errmsg());
-    if (strncmp(dl_errmsg(), prefix, strlen(prefix)) != 0)
-        fail_msg("error '%s' does not start with '%s'", dl_errmsg(), prefix);
-    assert_null(o.owned_);
-}
 /* ------------------------------------------------------ rejections */
-
-typedef void (*repl_fn)(msgpack_packer *pk, const msgpack_object *orig, void *arg);
-
-/* Re-packs the message in buf with top-level element idx replaced by repl(). */
-static uint8_t *repack(const uint8_t *buf, size_t len, unsigned idx, repl_fn repl, void *arg, size_t *out_len) {
-    msgpack_unpacked up;
-    msgpack_unpacked_init(&up);
-    size_t off = 0;
-    assert_int_equal(msgpack_unpack_next(&up, (const char *)buf, len, &off), MSGPACK_UNPACK_SUCCESS);
-    const msgpack_object *root = &up.data;
-    assert_int_equal(root->type, MSGPACK_OBJECT_ARRAY);
-    msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_array(&pk, root->via.array.size);
-    for (uint32_t i = 0; i < root->via.array.size; i++) {
-        if (i == idx) repl(&pk, &root->via.array.ptr[i], arg);
-        else msgpack_pack_object(&pk, root->via.array.ptr[i]);
-    }
-    uint8_t *p = malloc(sb.size);
-    memcpy(p, sb.data, sb.size);
-    *out_len = sb.size;
-    msgpack_sbuffer_destroy(&sb);
-    msgpack_unpacked_destroy(&up);
-    return p;
-}
 
 /* A value of a type the field does not accept. */
 static void repl_wrong_type(msgpack_packer *pk, const msgpack_object *o, void *arg) {
@@ -200,7 +173,7 @@ static void test_version_and_type(void **state) {
     uint8_t *buf = encode_heap(&m, &len);
     uint64_t v = DL_PROTO_VERSION + 1;
     uint8_t *b2 = repack(buf, len, 1, repl_uint, &v, &l2);
-    expect_reject(b2, l2, "message: protocol version 2");
+    expect_reject(b2, l2, "message: protocol version 3, this build speaks 2");
     uint32_t pt, pv;   /* a peer of another version can still be identified to answer it */
     assert_int_equal(proto_peek(b2, l2, &pt, &pv), 0);
     assert_int_equal(pt, PROTO_HELLO);
@@ -210,6 +183,12 @@ static void test_version_and_type(void **state) {
     b2 = repack(buf, len, 1, repl_uint, &v, &l2);
     expect_reject(b2, l2, "message: protocol version 0");
     free(b2);
+    /* a peer of version 1 (built before the node messages) is refused, and identified */
+    static const uint8_t hb_v1[] = { 0x96, 0x02, 0x01, 0x05, 0x09, 0x64, 0x03 };
+    expect_reject(hb_v1, sizeof hb_v1, "message: protocol version 1, this build speaks 2");
+    assert_int_equal(proto_peek(hb_v1, sizeof hb_v1, &pt, &pv), 0);
+    assert_int_equal(pt, PROTO_HEARTBEAT);
+    assert_int_equal(pv, 1);
     /* hello's own proto_version field */
     v = 7;
     b2 = repack(buf, len, 2 + 4, repl_uint, &v, &l2);
@@ -232,21 +211,21 @@ static void test_version_and_type(void **state) {
     free(buf);
     /* any integer encoding of a non-negative value is a uint (msgpack-c decodes
      * int8..int64 >= 0 as positive integers); peek agrees with decode */
-    static const uint8_t hb_signed[] = { 0x96, 0xd0, 0x02, 0xd1, 0x00, 0x01, 0x05, 0xd3, 0, 0, 0, 0, 0, 0, 0, 9,
+    static const uint8_t hb_signed[] = { 0x96, 0xd0, 0x02, 0xd1, 0x00, 0x02, 0x05, 0xd3, 0, 0, 0, 0, 0, 0, 0, 9,
                                          0x64, 0x03 };
     proto_msg_t d;
     assert_int_equal(proto_decode(hb_signed, sizeof hb_signed, &d), 0);
     assert_int_equal(d.heartbeat.incarnation, 9);
     assert_int_equal(proto_peek(hb_signed, sizeof hb_signed, &pt, &pv), 0);
     assert_int_equal(pt, PROTO_HEARTBEAT);
-    assert_int_equal(pv, 1);
+    assert_int_equal(pv, 2);
     static const uint8_t hb_neg[] = { 0x96, 0x02, 0xd0, 0xff, 0x05, 0x09, 0x64, 0x03 };
     assert_int_equal(proto_peek(hb_neg, sizeof hb_neg, &pt, &pv), DL_EPROTO);
     expect_reject(hb_neg, sizeof hb_neg, "message.version: expected uint, got negative int");
     /* wrong arity */
-    static const uint8_t short_hb[] = { 0x95, 0x02, 0x01, 0x05, 0x09, 0x64 };
+    static const uint8_t short_hb[] = { 0x95, 0x02, 0x02, 0x05, 0x09, 0x64 };
     expect_reject(short_hb, sizeof short_hb, "heartbeat: 3 fields, expected 4");
-    static const uint8_t long_hb[] = { 0x97, 0x02, 0x01, 0x05, 0x09, 0x64, 0x03, 0x00 };
+    static const uint8_t long_hb[] = { 0x97, 0x02, 0x02, 0x05, 0x09, 0x64, 0x03, 0x00 };
     expect_reject(long_hb, sizeof long_hb, "heartbeat: 5 fields, expected 4");
     static const uint8_t env_only[] = { 0x91, 0x02 };
     expect_reject(env_only, sizeof env_only, "message: array of 1 elements");
@@ -270,7 +249,7 @@ static void test_truncated_every_prefix(void **state) {
         }
         free(buf);
     }
-    static const uint8_t hb[] = { 0x96, 0x02, 0x01, 0x05, 0x09, 0x64 };
+    static const uint8_t hb[] = { 0x96, 0x02, 0x02, 0x05, 0x09, 0x64 };
     expect_reject(hb, sizeof hb, "message: truncated");
 }
 
@@ -302,7 +281,7 @@ static void test_trailing_and_structure(void **state) {
     /* array32 claiming 2^32-1 elements in 5 bytes: refused before any allocation */
     static const uint8_t huge[] = { 0xdd, 0xff, 0xff, 0xff, 0xff };
     expect_reject(huge, sizeof huge, "message: truncated");
-    static const uint8_t huge_bin[] = { 0x93, 0x02, 0x01, 0xc6, 0x7f, 0xff, 0xff, 0xff };
+    static const uint8_t huge_bin[] = { 0x93, 0x02, 0x02, 0xc6, 0x7f, 0xff, 0xff, 0xff };
     expect_reject(huge_bin, sizeof huge_bin, "message: truncated");
     /* nesting deeper than DL_PROTO_MAX_DEPTH */
     uint8_t deep[40];
@@ -317,7 +296,7 @@ static void test_trailing_and_structure(void **state) {
     expect_reject(many, 5 + nobj, "message: more than 65536 msgpack objects");
     free(many);
     /* ext objects are well-formed msgpack but no field takes them */
-    static const uint8_t ext[] = { 0x96, 0x02, 0x01, 0xd4, 0x01, 0x02, 0x09, 0x64, 0x03 };
+    static const uint8_t ext[] = { 0x96, 0x02, 0x02, 0xd4, 0x01, 0x02, 0x09, 0x64, 0x03 };
     expect_reject(ext, sizeof ext, "heartbeat.stage_id: expected uint, got ext");
 }
 
@@ -417,21 +396,6 @@ static void test_over_limits(void **state) {
     msgpack_unpacked_destroy(&up);
     (void)l2;
     free(buf);
-}
-
-/* Encodes m with validation bypassed is impossible by design, so semantic
- * rejections are checked twice: proto_validate refuses m, and a hand-packed
- * copy of m (packed field by field from a valid twin) is refused by decode. */
-static void expect_invalid(proto_msg_t *m, const char *prefix) {
-    int rc = proto_validate(m);
-    if (rc != DL_EPROTO) fail_msg("validate accepted a message that should fail with '%s'", prefix);
-    if (strncmp(dl_errmsg(), prefix, strlen(prefix)) != 0)
-        fail_msg("error '%s' does not start with '%s'", dl_errmsg(), prefix);
-    msgpack_sbuffer sb;
-    msgpack_sbuffer_init(&sb);
-    assert_int_equal(proto_encode(m, &sb), DL_EPROTO);
-    assert_int_equal(sb.size, 0);
-    msgpack_sbuffer_destroy(&sb);
 }
 
 /* hidden_states_ready: the inline arrays against shape[0] / n_seqs, the lengths'
@@ -588,6 +552,11 @@ static void test_semantic_rules(void **state) {
     make_sample(PROTO_ERROR, false, &m);
     m.error.code = 3;
     expect_invalid(&m, "error.code: 3 out of range [-1000, -1]");
+    make_sample(PROTO_ERROR, false, &m);
+    m.error.ref_type = PROTO_NODE_STAGE;   /* an error can answer every v2 type */
+    assert_int_equal(proto_validate(&m), 0);
+    m.error.ref_type = PROTO_TYPE_COUNT_;
+    expect_invalid(&m, "error.ref_type: 24 out of range [0, 23]");
 
     make_sample(PROTO_METRICS, false, &m);
     m.metrics.metrics[1].name[0] = 0;
@@ -686,6 +655,55 @@ static void test_run_config_rules(void **state) {
     make_sample(PROTO_RUN_CONFIG, false, &m);
     m.run_config.resume_dir = NULL; m.run_config.n_resume_dir = 2;
     expect_invalid(&m, "run_config.resume_dir: NULL string of 2 bytes");
+    /* the node table (docs/MULTINODE.md): sample: 3 addresses, targets on 0,2,1, drafters on 1,2 */
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    m.run_config.n_target_nodes = 2;
+    expect_invalid(&m, "run_config.target_nodes: 2 entries for 3 targets");
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    m.run_config.n_drafter_nodes = 1;
+    expect_invalid(&m, "run_config.drafter_nodes: 1 entries for 2 drafters");
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    m.run_config.net_port = 1023;
+    expect_invalid(&m, "run_config.net_port: 1023 (0, or 1024..65335)");
+    m.run_config.net_port = 1024;
+    assert_int_equal(proto_validate(&m), 0);
+    m.run_config.net_port = 65535 - 200 + 1;
+    expect_invalid(&m, "run_config.net_port: 65336 out of range [0, 65335]");
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    m.run_config.net_port = 0;
+    expect_invalid(&m, "run_config.net_port: 0 (one host) but node 2 used");
+    g_place[3][1] = g_place[3][2] = 0; g_place[4][0] = g_place[4][1] = 0;
+    m.run_config.node = 0;
+    expect_invalid(&m, "run_config.net_port: 0 (one host) but node 1 used");   /* the optimizer's */
+    m.run_config.optimizer_node = 0;
+    assert_int_equal(proto_validate(&m), 0);
+    m.run_config.loader_node = 3;
+    expect_invalid(&m, "run_config.net_port: 0 (one host) but node 3 used");
+    /* a node used without its address line */
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    m.run_config.n_node_addrs = (uint32_t)strlen("10.0.0.1\nnode-b.cluster.example.org\n");
+    expect_invalid(&m, "run_config.node_addrs: 2 addresses, node 2 used");
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    g_place[4][1] = 3;
+    expect_invalid(&m, "run_config.node_addrs: 3 addresses, node 3 used");
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    m.run_config.node_addrs = NULL; m.run_config.n_node_addrs = 0;
+    expect_invalid(&m, "run_config.node_addrs: 0 addresses, node 2 used");
+    /* an empty line would shift every node after it; addresses are bus-id characters */
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    strcpy(g_lines, "10.0.0.1\n\n10.0.0.3\n"); m.run_config.n_node_addrs = (uint32_t)strlen(g_lines);
+    expect_invalid(&m, "run_config.node_addrs: line 1 is empty");
+    strcpy(g_lines, "10.0.0.1\nnode b\n10.0.0.3"); m.run_config.n_node_addrs = (uint32_t)strlen(g_lines);
+    expect_invalid(&m, "run_config.node_addrs: byte 0x20 at 13 is not printable ASCII");
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    g_place[3][0] = DL_PROTO_MAX_NODES;
+    expect_invalid(&m, "run_config.target_nodes[0]: 64 out of range [0, 63]");
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    m.run_config.node = -1;
+    expect_invalid(&m, "run_config.node: -1 out of range [0, 63]");
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    m.run_config.n_node_addrs = DL_PROTO_PATH_MAX + 1;
+    expect_invalid(&m, "run_config.node_addrs: string of 4096 bytes, at most 4095");
     /* the paths do not live in the union: every message stays the size it was
      * before run_config (metrics is the largest member) */
     print_message("sizeof(proto_msg_t) = %zu\n", sizeof(proto_msg_t));

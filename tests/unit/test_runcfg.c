@@ -1,6 +1,7 @@
 /* common/pipe/runcfg: the one run configuration (validation naming the field and its
  * flag, placement lookups, strip_gpu's clear) and its RUN_CONFIG message (every field
- * through encode/decode and back into a run_config_t, each stage's own placement). */
+ * through encode/decode and back into a run_config_t, each stage's own placement); the
+ * node table of a multi-node run (check_nodes, runcfg_stage_node, runcfg_endpoint). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -8,6 +9,7 @@
 #include <cmocka.h>
 
 #include "common/base/err.h"
+#include "common/bus/bus.h"
 #include "common/pipe/runcfg.h"
 #include "proto/codec.h"
 
@@ -35,6 +37,21 @@ static void sample(run_config_t *c) {
     c->target_gpu[0] = 0; c->target_gpu[1] = 0; c->target_gpu[2] = 1;
     c->drafter_gpu[0] = 1; c->drafter_gpu[1] = 2;
     c->target_drafter[0] = 0; c->target_drafter[1] = 1; c->target_drafter[2] = 0;
+}
+
+/* The sample over three nodes (--listen 10.0.0.1:29500): loader on the head, targets
+ * on 0,2,1, drafters and the optimizer as MULTINODE.md places them (optimizer with
+ * drafter 0, on node 1). */
+static void sample_net(run_config_t *c) {
+    sample(c);
+    c->net_port = 29500;
+    c->n_nodes = 3;
+    snprintf(c->node_addr[0], sizeof c->node_addr[0], "10.0.0.1");
+    snprintf(c->node_addr[1], sizeof c->node_addr[1], "node-b.cluster.example.org");
+    snprintf(c->node_addr[2], sizeof c->node_addr[2], "10.0.0.3");
+    c->loader_node = 0; c->optimizer_node = 1;
+    c->target_node[0] = 0; c->target_node[1] = 2; c->target_node[2] = 1;
+    c->drafter_node[0] = 1; c->drafter_node[1] = 2;
 }
 
 static void expect_bad(const run_config_t *c, const char *want) {
@@ -170,12 +187,189 @@ static void test_own_entry_wins(void **state) {
     assert_int_equal(runcfg_from_msg(&m.run_config, &g_b), DL_EINVAL);
 }
 
+/* check_nodes: the port range, the node table, every stage on a node with an address. */
+static void test_validate_nodes(void **state) {
+    (void)state;
+    sample_net(&g_a);
+    assert_int_equal(runcfg_validate(&g_a), 0);
+    g_a.net_port = 1023;
+    expect_bad(&g_a, "net_port (--listen) 1023 out of range [1024, 65335]");
+    g_a.net_port = 1024;
+    assert_int_equal(runcfg_validate(&g_a), 0);
+    /* the wire's bound (65535 - 200) holds here: a port the RUN_CONFIG could not carry is
+     * refused before any stage starts, not when the first config is encoded */
+    g_a.net_port = 65535 - 200;
+    assert_int_equal(runcfg_validate(&g_a), 0);
+    proto_msg_t m;
+    runcfg_to_msg(&g_a, PIPE_ID_LOADER, 1, &m);
+    assert_int_equal(proto_validate(&m), 0);
+    g_a.net_port = 65535 - 200 + 1;
+    expect_bad(&g_a, "net_port (--listen) 65336 out of range [1024, 65335]");
+    g_a.net_port = 65535 - RUNCFG_PORT_SPAN;
+    expect_bad(&g_a, "net_port (--listen) 65371 out of range");
+
+    sample_net(&g_a); g_a.n_nodes = 0;
+    expect_bad(&g_a, "0 nodes (1..16)");
+    sample_net(&g_a); g_a.n_nodes = RUNCFG_NODES_MAX + 1;
+    expect_bad(&g_a, "17 nodes (1..16)");
+    sample_net(&g_a); g_a.node_addr[1][0] = 0;
+    expect_bad(&g_a, "node 1 has no address");
+    sample_net(&g_a); snprintf(g_a.node_addr[2], sizeof g_a.node_addr[2], "10.0.0.3\n");
+    expect_bad(&g_a, "node 2 address has byte 0x0a");
+    sample_net(&g_a); snprintf(g_a.node_addr[2], sizeof g_a.node_addr[2], "node c");
+    expect_bad(&g_a, "node 2 address has byte 0x20");
+    sample_net(&g_a); memset(g_a.node_addr[0], 'a', sizeof g_a.node_addr[0]);
+    expect_bad(&g_a, "node 0 address is not NUL-terminated within 127 chars");
+
+    /* a stage on a node the table does not have, named by its field */
+    sample_net(&g_a); g_a.n_nodes = 2;                  /* target 1 and drafter 1 are on node 2 */
+    expect_bad(&g_a, "target_node[1] 2: no such node (nodes 0..1)");
+    sample_net(&g_a); g_a.drafter_node[1] = 3;
+    expect_bad(&g_a, "drafter_node[1] 3: no such node (nodes 0..2)");
+    sample_net(&g_a); g_a.target_node[2] = -1;
+    expect_bad(&g_a, "target_node[2] -1: no such node");
+    sample_net(&g_a); g_a.optimizer_node = 3;
+    expect_bad(&g_a, "optimizer_node 3: no such node");
+    sample_net(&g_a); g_a.loader_node = 5;
+    expect_bad(&g_a, "loader_node 5: no such node");
+    sample_net(&g_a); g_a.node = 3;
+    expect_bad(&g_a, "node 3: no such node");
+    /* entries past n_targets / n_drafters are not the topology's */
+    sample_net(&g_a); g_a.target_node[3] = 9; g_a.drafter_node[2] = 9;
+    assert_int_equal(runcfg_validate(&g_a), 0);
+
+    /* one host: node 0 only, whatever the table says */
+    sample(&g_a);
+    g_a.drafter_node[1] = 1;
+    expect_bad(&g_a, "drafter_node[1] 1: no such node (nodes 0..0; a one-host run: --listen not given)");
+    sample(&g_a); g_a.n_nodes = 0;                       /* no table needed without --listen */
+    assert_int_equal(runcfg_validate(&g_a), 0);
+}
+
+static void test_stage_node(void **state) {
+    (void)state;
+    sample_net(&g_a);
+    assert_int_equal(runcfg_stage_node(&g_a, PIPE_ID_LOADER), 0);
+    assert_int_equal(runcfg_stage_node(&g_a, PIPE_ID_OPTIMIZER), 1);
+    assert_int_equal(runcfg_stage_node(&g_a, PIPE_ID_TARGET0), 0);
+    assert_int_equal(runcfg_stage_node(&g_a, PIPE_ID_TARGET0 + 1), 2);
+    assert_int_equal(runcfg_stage_node(&g_a, PIPE_ID_TARGET0 + 2), 1);
+    assert_int_equal(runcfg_stage_node(&g_a, PIPE_ID_DRAFTER0), 1);
+    assert_int_equal(runcfg_stage_node(&g_a, PIPE_ID_DRAFTER0 + 1), 2);
+    g_a.target_node[3] = 2; g_a.drafter_node[2] = 2;   /* outside the topology: 0 */
+    assert_int_equal(runcfg_stage_node(&g_a, PIPE_ID_TARGET0 + 3), 0);
+    assert_int_equal(runcfg_stage_node(&g_a, PIPE_ID_DRAFTER0 + 2), 0);
+    assert_int_equal(runcfg_stage_node(&g_a, 0), 0);
+    assert_int_equal(runcfg_stage_node(&g_a, 50), 0);
+}
+
+/* The node table through RUN_CONFIG: each stage gets the addresses back as node_addr[]
+ * and its own node in `node`; everything else bit for bit. */
+static void test_message_nodes(void **state) {
+    (void)state;
+    sample_net(&g_a);
+    static const uint32_t ids[] = { PIPE_ID_LOADER, PIPE_ID_OPTIMIZER, PIPE_ID_TARGET0, PIPE_ID_TARGET0 + 1,
+                                    PIPE_ID_TARGET0 + 2, PIPE_ID_DRAFTER0, PIPE_ID_DRAFTER0 + 1 };
+    for (unsigned k = 0; k < sizeof ids / sizeof ids[0]; k++) {
+        proto_msg_t d = send_and_receive(ids[k], 7);
+        assert_int_equal(d.run_config.net_port, 29500);
+        assert_int_equal(d.run_config.n_node_addrs,
+                         strlen("10.0.0.1\nnode-b.cluster.example.org\n10.0.0.3\n"));
+        assert_memory_equal(d.run_config.node_addrs, "10.0.0.1\nnode-b.cluster.example.org\n10.0.0.3\n",
+                            d.run_config.n_node_addrs);
+        assert_int_equal(g_b.n_nodes, 3);
+        assert_string_equal(g_b.node_addr[1], "node-b.cluster.example.org");
+        assert_int_equal(g_b.node, runcfg_stage_node(&g_a, ids[k]));
+        assert_int_equal(runcfg_validate(&g_b), 0);
+        g_b.node = g_a.node;                                /* the supervisor's own: 0 */
+        if (ids[k] != PIPE_ID_OPTIMIZER) g_b.optimizer_gpu = g_a.optimizer_gpu;
+        assert_memory_equal(&g_a, &g_b, sizeof g_a);
+        proto_msg_free(&d);
+    }
+    /* the receiver's node of the message is its own, whatever the lists say */
+    proto_msg_t m;
+    runcfg_to_msg(&g_a, PIPE_ID_TARGET0 + 1, 1, &m);
+    assert_int_equal(m.run_config.node, 2);
+    /* one host: no addresses on the wire, none back */
+    sample(&g_a);
+    snprintf(g_a.node_addr[0], sizeof g_a.node_addr[0], "stale");
+    g_a.n_nodes = 1;
+    runcfg_to_msg(&g_a, PIPE_ID_DRAFTER0, 1, &m);
+    assert_int_equal(m.run_config.net_port, 0);
+    assert_int_equal(m.run_config.n_node_addrs, 0);
+    assert_int_equal(runcfg_from_msg(&m.run_config, &g_b), 0);
+    assert_int_equal(g_b.n_nodes, 0);
+    assert_int_equal(g_b.node_addr[0][0], 0);
+    /* a line over RUNCFG_ADDR_MAX, or more than RUNCFG_NODES_MAX lines (the wire allows 64) */
+    static char lines[DL_PROTO_PATH_MAX + 1];
+    sample_net(&g_a);
+    runcfg_to_msg(&g_a, PIPE_ID_LOADER, 1, &m);
+    memset(lines, 'a', RUNCFG_ADDR_MAX + 1);
+    m.run_config.node_addrs = lines; m.run_config.n_node_addrs = RUNCFG_ADDR_MAX + 1;
+    assert_int_equal(runcfg_from_msg(&m.run_config, &g_b), DL_EINVAL);
+    assert_non_null(strstr(dl_errmsg(), "node address 0 of 128 bytes"));
+    uint32_t n = 0;
+    for (int k = 0; k <= RUNCFG_NODES_MAX; k++) n += (uint32_t)snprintf(lines + n, sizeof lines - n, "n%d\n", k);
+    m.run_config.n_node_addrs = n;
+    assert_int_equal(runcfg_from_msg(&m.run_config, &g_b), DL_EINVAL);
+    assert_non_null(strstr(dl_errmsg(), "node address 16 of"));
+}
+
+static void expect_endpoint(const char *name, const char *want) {
+    char buf[256];
+    if (runcfg_endpoint(&g_a, "/tmp/run.x", name, buf, sizeof buf) != 0)
+        fail_msg("endpoint '%s': %s", name, dl_errmsg());
+    assert_string_equal(buf, want);
+}
+
+static void test_endpoint(void **state) {
+    (void)state;
+    char buf[256], want[256];
+    /* one host: the ipc endpoints, exactly bus_endpoint's */
+    sample(&g_a);
+    static const char *const names[] = { "sup", "loader", "optimizer", "drafter0", "drafter63", "ctl" };
+    for (unsigned k = 0; k < sizeof names / sizeof names[0]; k++) {
+        assert_int_equal(bus_endpoint("/tmp/run.x", names[k], want, sizeof want), 0);
+        expect_endpoint(names[k], want);
+    }
+    /* three nodes: each server on its node's address, net_port + its offset */
+    sample_net(&g_a);
+    expect_endpoint("sup", "tcp://10.0.0.1:29500");
+    expect_endpoint("loader", "tcp://10.0.0.1:29501");
+    expect_endpoint("optimizer", "tcp://node-b.cluster.example.org:29502");
+    expect_endpoint("drafter0", "tcp://node-b.cluster.example.org:29600");
+    expect_endpoint("drafter1", "tcp://10.0.0.3:29601");
+    g_a.loader_node = 2;
+    expect_endpoint("loader", "tcp://10.0.0.3:29501");
+    expect_endpoint("sup", "tcp://10.0.0.1:29500");           /* the supervisor is the head's */
+    /* not a server of the pipeline (targets only connect) */
+    static const char *const bad[] = { "target0", "monitor", "ctl", "drafter", "drafterx", "drafter1x",
+                                       "drafter 1", "drafter-1", "drafter+1", "drafter64", "Loader", "" };
+    for (unsigned k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        if (runcfg_endpoint(&g_a, "/tmp/run.x", bad[k], buf, sizeof buf) != DL_EINVAL)
+            fail_msg("endpoint '%s' accepted: %s", bad[k], buf);
+        assert_non_null(strstr(dl_errmsg(), "not a server of the pipeline"));
+    }
+    /* a server on a node without an address */
+    sample_net(&g_a); g_a.n_nodes = 2;
+    assert_int_equal(runcfg_endpoint(&g_a, "/tmp/run.x", "drafter1", buf, sizeof buf), DL_EINVAL);
+    assert_non_null(strstr(dl_errmsg(), "endpoint 'drafter1': node 2 has no address (2 nodes)"));
+    expect_endpoint("drafter0", "tcp://node-b.cluster.example.org:29600");
+    /* the buffer */
+    sample_net(&g_a);
+    assert_int_equal(runcfg_endpoint(&g_a, "/tmp/run.x", "optimizer", buf, 20), DL_ERANGE);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_validate),
         cmocka_unit_test(test_placement),
         cmocka_unit_test(test_message_round_trip),
         cmocka_unit_test(test_own_entry_wins),
+        cmocka_unit_test(test_validate_nodes),
+        cmocka_unit_test(test_stage_node),
+        cmocka_unit_test(test_message_nodes),
+        cmocka_unit_test(test_endpoint),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
