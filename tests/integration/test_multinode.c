@@ -9,10 +9,12 @@
  * xfer_bytes_in of the drafters, both of the optimizer and of drafter 1, the drafter off
  * the optimizer's node; all 0 on the one-host run).
  *
- * test_fake_nodes_kill: a longer --deterministic fake_nodes run (16 steps, a checkpoint
+ * test_fake_nodes_kill: a longer --deterministic fake_nodes run (24 steps, a checkpoint
  * every 4) with kill -9 of a target, the remote drafter and the optimizer mid-run: every
  * step applied once (steps.jsonl), the final checkpoint bitwise the undisturbed one-host
- * run's.
+ * run's. Early in that run an intruder holding the run's key sends slab_data the drafter
+ * and the optimizer must refuse (before any hello; after a hello, outside any grant; into
+ * a slab the optimizer does not mirror): logged, dropped, the run unharmed.
  *
  * test_listen_refusals: --listen / --key / --nodes mistakes are refused (exit 2) before
  * anything is created, naming the flag.
@@ -23,6 +25,10 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "common/base/err.h"
+#include "common/bus/bus.h"
+#include "common/pipe/slot.h"
+#include "proto/codec.h"
 #include "tests/support/pipeline_fixture.h"
 #include "tests/support/proc.h"
 
@@ -224,6 +230,8 @@ static pid_t run_json_pid(const char *out, const char *stage) {
     return pid;
 }
 
+#define KILL_STEPS_S "24"
+
 /* Every step 0..n-1 applied once, in order (steps.jsonl). */
 static void assert_ledger(const char *out, int n) {
     char p[500];
@@ -243,7 +251,77 @@ static void assert_ledger(const char *out, int n) {
     assert_int_equal(k, n);
 }
 
-#define KILL_STEPS 16
+#define KILL_STEPS 24
+
+static void on_intruder_guard(uv_timer_t *t) { uv_stop(t->loop); }
+
+static void loop_for(uv_loop_t *loop, uint64_t ms) {
+    uv_timer_t g;
+    uv_timer_init(loop, &g);
+    uv_timer_start(&g, on_intruder_guard, ms, 0);
+    uv_run(loop, UV_RUN_DEFAULT);
+    uv_close((uv_handle_t *)&g, NULL);
+    uv_run(loop, UV_RUN_NOWAIT);
+}
+
+static void intruder_send(bus_t *b, const proto_msg_t *m) {
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    assert_int_equal(proto_encode(m, &sb), 0);
+    assert_int_equal(bus_send(b, NULL, sb.data, sb.size), 0);
+    msgpack_sbuffer_destroy(&sb);
+}
+
+/* Connects to server `name` of the run in out (port base) with the run's key and sends
+ * bad slab_data: one before any hello, then (hello as target 63 when as_target) chunks
+ * into owner `owner`'s slab `slab_id` that no grant or mirror covers. */
+static void intruder(const char *out, int port, const char *name, int off, int as_target, uint32_t owner,
+                     uint32_t slab_id) {
+    char key[500], ep[128];
+    snprintf(key, sizeof key, "%s/node.key", out);
+    bus_curve_keys_t k;
+    assert_int_equal(bus_curve_keys_load(key, &k), 0);
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port + off);
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    bus_opts_t o = {.kind = BUS_DEALER, .name = name, .identity = "intruder", .curve = &k};
+    bus_t *b = bus_new(&loop, &o);
+    assert_non_null(b);
+    assert_int_equal(bus_connect(b, ep), 0);
+    static uint8_t data[4096];
+    memset(data, 0x5A, sizeof data);
+    proto_msg_t m;
+    proto_msg_init(&m, PROTO_SLAB_DATA);
+    m.slab_data = (proto_slab_data_t){owner, 1, slab_id, 0, data, sizeof data};
+    intruder_send(b, &m);
+    if (as_target) {
+        proto_msg_t h;
+        proto_msg_init(&h, PROTO_HELLO);
+        h.hello.role = PROTO_ROLE_TARGET;
+        h.hello.stage_id = 263;
+        h.hello.incarnation = 1;
+        h.hello.pid = (uint32_t)getpid();
+        h.hello.proto_version = DL_PROTO_VERSION;
+        h.hello.capabilities = PROTO_CAP_SHM;
+        intruder_send(b, &h);
+        loop_for(&loop, 1100);   /* past the receiver's one refusal line a second */
+    }
+    for (int i = 0; i < 3; i++) { m.slab_data.offset = (uint64_t)i << 20; intruder_send(b, &m); }
+    loop_for(&loop, 500);   /* let the messages out */
+    bus_destroy(&b);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    assert_int_equal(uv_loop_close(&loop), 0);
+}
+
+/* 1 when the log of stage `stage` in out holds `what`. */
+static int log_has(const char *out, const char *stage, const char *what) {
+    char p[600];
+    snprintf(p, sizeof p, "%s/logs/%s.log", out, stage);
+    char *t = pf_slurp(p, NULL);
+    int yes = t && strstr(t, what);
+    free(t);
+    return yes;
+}
 
 static void test_fake_nodes_kill(void **state) {
     (void)state;
@@ -252,23 +330,27 @@ static void test_fake_nodes_kill(void **state) {
     snprintf(multi, sizeof multi, "%s/kmulti", fx.root);
     static pf_run_args_t a1, a2;
     proc_t p1, p2;
-    run_start(&p1, &a1, one, NULL, "kone", "16", "4");
+    run_start(&p1, &a1, one, NULL, "kone", KILL_STEPS_S, "4");
     run_wait(&p1, &a1, one);
     int port = free_port_span();
     assert_true(port > 0);
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
     setenv("DL_TEST_HOOKS", "fake_nodes=1", 1);
-    run_start(&p2, &a2, multi, listen, "kmulti", "16", "4");
+    run_start(&p2, &a2, multi, listen, "kmulti", KILL_STEPS_S, "4");
     unsetenv("DL_TEST_HOOKS");
+    double t0 = now_s();
+    while (steps_done(multi) < 1 && now_s() - t0 < 60) usleep(20000);
+    /* drafter1 (port +101): its inbox slab ids; the optimizer (+2): drafter1's gradient slab */
+    intruder(multi, port, "drafter1", 101, 1, 101, slot_slab_id(1, SLOT_SLAB_HOST));
+    intruder(multi, port, "optimizer", 2, 0, 101, SLOT_SLAB_GRAD);
     /* a target, the drafter off the optimizer's node, then the optimizer: each once the
      * run has moved on since the previous kill (the optimizer's restart undoes the steps
      * after its last checkpoint: they are recomputed) */
     static const char *const victims[] = {"target1", "drafter1", "optimizer"};
-    static const int at_step[] = {2, 5, 9};
+    int at_step = steps_done(multi);
     int kills = 0;
-    double t0 = now_s();
-    for (int v = 0; v < 3 && now_s() - t0 < 60; v++) {
-        while (steps_done(multi) < at_step[v] && now_s() - t0 < 60) usleep(20000);
+    for (int v = 0; v < 3 && now_s() - t0 < 60; v++, at_step += 2) {
+        while (steps_done(multi) < at_step && now_s() - t0 < 60) usleep(20000);
         pid_t pid = 0;
         while ((pid = run_json_pid(multi, victims[v])) <= 0 && now_s() - t0 < 60) usleep(20000);
         if (steps_done(multi) >= KILL_STEPS) break;
@@ -281,6 +363,9 @@ static void test_fake_nodes_kill(void **state) {
     assert_same_ckpt(one, multi, KILL_STEPS, 2);
     assert_true(max_metric(multi, "optimizer", "xfer_bytes_in") > 0);
     assert_true(max_metric(multi, "optimizer", "ckpt_step") >= 4);
+    assert_true(log_has(multi, "drafter1", "slab_data from intruder"));
+    assert_true(log_has(multi, "drafter1", "not inside a slot granted to it"));
+    assert_true(log_has(multi, "optimizer", "slab_data from intruder"));
 }
 
 int main(void) {
