@@ -374,7 +374,7 @@ static void forget_drafter(tw_t *T) {
 /* The staging buffer of a cross-node route: allocated at the first grant (one slot's
  * bytes; a larger grant, never seen in practice, grows it while nothing uses it).
  * 1 when it holds `bytes`; 0 after logging (the grant is ignored). */
-static int stage_alloc(tw_t *T, uint64_t bytes) {
+static int staging_alloc(tw_t *T, uint64_t bytes) {
     if (bytes <= T->staging_bytes) return 1;
     if (T->busy || xfer_pending(T->xf)) {
         log_warn("a grant of %llu bytes while the staging buffer of %zu bytes is in use: ignored",
@@ -426,7 +426,7 @@ static void on_drafter_msg(bus_t *bus, const char *peer, const void *data, size_
             log_warn("slot grant from drafter %u not for us: ignored", m.slot_grant.drafter_id);
             break;
         }
-        if (T->remote && !stage_alloc(T, m.slot_grant.bytes)) break;
+        if (T->remote && !staging_alloc(T, m.slot_grant.bytes)) break;
         T->g[T->gn++] = (grant_t){m.slot_grant.slot_id, m.slot_grant.slab_id, m.slot_grant.offset,
                                   m.slot_grant.bytes};
         pump(T);
