@@ -61,6 +61,7 @@ void dw__on_target_data(dw_t *W, int pi, const char *peer, const proto_slab_data
         if (xfer_recv(&W->rx, W->st.name, peer, d, &dst) == 0) {
             W->slot_rx[s] += d->n_data;
             W->st.xfer_bytes_in = W->rx.bytes_in;
+            stage_xfer_moved(&W->st);
         }
         return;
     }
@@ -97,7 +98,10 @@ void dw__on_opt_data(dw_t *W, const proto_slab_data_t *d) {
     }
     xfer_dest_t dst = {PIPE_ID_OPTIMIZER, W->wslab.incarnation, W->wslab.slab_id,
                        W->have_wslab ? W->wmirror : NULL, W->wmirror_bytes, 0, 0};
-    if (xfer_recv(&W->rx, W->st.name, "optimizer", d, &dst) == 0) W->st.xfer_bytes_in = W->rx.bytes_in;
+    if (xfer_recv(&W->rx, W->st.name, "optimizer", d, &dst) == 0) {
+        W->st.xfer_bytes_in = W->rx.bytes_in;
+        stage_xfer_moved(&W->st);
+    }
 }
 
 const uint8_t *dw__weights_base(dw_t *W) {
@@ -133,6 +137,7 @@ void dw__send_grads(dw_t *W, const proto_msg_t *m) {
                        on_grads_sent, W);
     W->in_send = 0;
     if (rc < 0) log_rc(rc, "send the gradients to the optimizer");
+    stage_xfer_moved(&W->st);
 }
 
 size_t dw__grads_pending(const dw_t *W) { return xfer_pending(W->oxf); }

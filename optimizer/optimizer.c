@@ -157,6 +157,7 @@ static void send_weights(opt_t *O, int i) {
     xfer_range_t r = {PIPE_ID_OPTIMIZER, O->st.incarnation, m.weights_version.slab_id, m.weights_version.offset};
     int rc = xfer_send(O->xf, O->peers.p[i].id, &r, wbuf(O, O->step), O->P * sizeof(float), &m, on_weights_sent, O);
     if (rc < 0) log_rc(rc, "send the weights");
+    stage_xfer_moved(&O->st);
 }
 
 static void export_slab(bus_t *bus, const char *peer, const slab_handle_t *h) {
@@ -479,6 +480,7 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
         if (xfer_recv(&O->rx, "optimizer", peer, &m.slab_data, p ? &d : NULL) == 0) {
             p->rx += m.slab_data.n_data;
             O->st.xfer_bytes_in = O->rx.bytes_in;
+            stage_xfer_moved(&O->st);
         }
         break;
     }

@@ -248,6 +248,7 @@ static void after_work_cb(uv_work_t *req, int status) {
         int rc = xfer_send(T->xf, NULL, &r, T->staging, l.feat_bytes, &o, on_xfer_done, T);
         T->in_send = 0;
         if (rc < 0) log_rc(rc, "send the hidden states to the drafter");
+        stage_xfer_moved(&T->st);
     } else if (T->cur_inc == T->drafter_inc) {
         stage_send(T->drafter, NULL, &o);
     } else {
@@ -373,7 +374,7 @@ static void forget_drafter(tw_t *T) {
 
 /* The staging buffer of a cross-node route: allocated at the first grant (one slot's
  * bytes; a larger grant, never seen in practice, grows it while nothing uses it).
- * 1 when it holds `bytes`; 0 after logging (the grant is ignored). */
+ * 1 when it holds `bytes`; 0 after logging (the grant is handed back). */
 static int staging_alloc(tw_t *T, uint64_t bytes) {
     if (bytes <= T->staging_bytes) return 1;
     if (T->busy || xfer_pending(T->xf)) {
@@ -426,7 +427,15 @@ static void on_drafter_msg(bus_t *bus, const char *peer, const void *data, size_
             log_warn("slot grant from drafter %u not for us: ignored", m.slot_grant.drafter_id);
             break;
         }
-        if (T->remote && !staging_alloc(T, m.slot_grant.bytes)) break;
+        if (T->remote && !staging_alloc(T, m.slot_grant.bytes)) {
+            proto_msg_t r;   /* handed back unused, so the drafter's credit is not lost */
+            proto_msg_init(&r, PROTO_SLOT_RELEASE);
+            r.slot_release.drafter_id = want;
+            r.slot_release.slot_id = m.slot_grant.slot_id;
+            r.slot_release.mb = DL_PROTO_MB_NONE;
+            stage_send(T->drafter, NULL, &r);
+            break;
+        }
         T->g[T->gn++] = (grant_t){m.slot_grant.slot_id, m.slot_grant.slab_id, m.slot_grant.offset,
                                   m.slot_grant.bytes};
         pump(T);

@@ -360,6 +360,13 @@ void stage_on_metrics(stage_t *st, stage_metrics_cb cb, void *arg) { st->metrics
 void stage_on_control(stage_t *st, stage_control_cb cb, void *arg) { st->control_cb = cb; st->control_arg = arg; }
 void stage_on_stop(stage_t *st, stage_stop_cb cb, void *arg) { st->stop_cb = cb; st->stop_arg = arg; }
 
+void stage_xfer_moved(stage_t *st) {
+    int now = (st->xfer_bytes_out > 0) | (st->xfer_bytes_in > 0) << 1;
+    if ((now & ~st->xfer_shown) == 0) return;
+    st->xfer_shown |= now;
+    stage_publish_metrics(st);
+}
+
 int stage_remote(const stage_t *st, uint32_t peer_id) {
     return st->cfg && st->cfg->net_port && runcfg_stage_node(st->cfg, peer_id) != st->cfg->node;
 }
