@@ -50,6 +50,7 @@
 #include "common/pipe/peers.h"
 #include "common/pipe/slot.h"
 #include "common/pipe/stage.h"
+#include "drafter_worker/dw_int.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -57,96 +58,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#define DW_MAX_SLOTS 1024
-_Static_assert(DW_MAX_SLOTS == RUNCFG_HS_MIN_READY_MAX, "--hs-min-ready limit is the run config's");
-#define DW_MAX_EVENTS 256
-
-/* What a drafter keeps per target beside the registry (same index). */
-typedef struct {
-    int granted;               /* outstanding unused grants */
-    double declined_at;        /* last time it handed a grant back unused */
-} tpeer_t;
-
-typedef struct {
-    int used;
-    uint64_t mb, step;
-    uint32_t mb_in_step;
-    uint32_t slot_id;
-    uint32_t T, n_seqs;
-    const int32_t *ids;        /* (T) i32, in meta[slot_id] (host) */
-    const int32_t *lens;       /* (n_seqs) i32, in meta[slot_id] */
-    const uint8_t *mask;       /* (T) u8, in meta[slot_id] */
-    double t_ready;
-    void *ev;                  /* GPU mode: the producer's event (cached, not owned) */
-} item_t;
-
-typedef struct {
-    int peer;
-    uint64_t inc;
-    uint8_t h[64];
-    void *ev;
-} evc_t;
-
-typedef struct {
-    stage_t st;
-    int index;                 /* drafter i; stage id PIPE_ID_DRAFTER0 + i */
-    bus_t *srv;                /* ROUTER: targets */
-    bus_t *opt;                /* DEALER: optimizer */
-    ops_ctx_t ops;
-    target_t *tgt;             /* embedding and LM head only */
-    drafter_t *d;
-    drafter_config_t dcfg;
-    size_t P;
-    uint32_t token_budget, anchors, K, min_ready;
-    uint64_t seed;
-    slab_t *tier[2];           /* inbox tiers */
-    slab_t *grad;              /* K * P f32 */
-    inbox_t *ib;
-    uint64_t slot_bytes;
-    uint32_t slot_owner[DW_MAX_SLOTS]; /* peer index + 1 for granted-unused slots, 0 otherwise */
-    peers_t peers;             /* the targets that said hello (common/pipe/peers.h) */
-    tpeer_t tp[PEERS_MAX];     /* their grants, by registry index */
-    item_t *items;             /* ready items (capacity DW_MAX_SLOTS) */
-    /* weights */
-    hcache_t *hc;
-    slab_handle_t wslab;
-    int have_wslab;
-    int64_t version;           /* weights version loaded; -1 none yet */
-    int64_t pending_version;   /* received while busy */
-    uint64_t pending_offset;
-    uint8_t *sent;             /* (K) mbs of the current version already contributed */
-    /* compute */
-    int busy;
-    uv_work_t work;
-    item_t cur;
-    int cur_rc;
-    char cur_err[512];   /* dl_errmsg() of a failed forward/backward, copied on the pool thread */
-    drafter_stats_t cur_stats;
-    double cur_fb_s, cur_copy_s;
-    int32_t *cu, *anchor_buf;
-    bus_timer_t *pool_timer, *grant_timer;
-    int rr;                    /* round-robin start for grants */
-    int pool_timer_armed;
-    double idle_since;
-    /* metrics */
-    uint64_t computed, dropped, tokens;
-    double t_rate; uint64_t tokens_at; double rate;
-    stage_rate_t rate_win;   /* tokens_per_s over the last 5 s */
-    int64_t stall_after;       /* hook <name>.stall_after_mbs: hang before micro-batch N+1 (-1 off) */
-    int64_t nan_mb;            /* hook nan_mb: poison this micro-batch's loss (-1 off) */
-    uint64_t started;          /* micro-batches whose compute began (worker thread) */
-    /* GPU mode (--gpu N >= 0) */
-    int gpu;
-    size_t elem;               /* feature element bytes: 4 (f32) or 2 (bf16) */
-    uint8_t *meta[DW_MAX_SLOTS]; /* per slot, lazy: the item's ids, lengths, mask (meta_cap bytes) */
-    evc_t evc[DW_MAX_EVENTS];
-    int nevc;
-    uint64_t event_opens;
-    void *staging;             /* device: features of a host-tier item */
-    uint32_t max_blocks;       /* drafter blocks per micro-batch: token budget (CPU), <= 4096 (GPU) */
-} dw_t;
-
 static void try_compute(dw_t *W);
+void dw__try_compute(dw_t *W) { try_compute(W); }
 static void grant_all(dw_t *W);
 
 /* Inbox slab ids on the wire carry this incarnation (common/pipe/slot.h): a
@@ -192,6 +105,7 @@ static void grant_all(dw_t *W) {
         if (rc == DL_EAGAIN) return;     /* back-pressure: the target waits for credit */
         if (rc < 0) { log_rc(rc, "inbox"); return; }
         W->slot_owner[s.id] = (uint32_t)i + 1;
+        W->slot_rx[s.id] = 0;
         p->granted++;
         proto_msg_t m;
         proto_msg_init(&m, PROTO_SLOT_GRANT);
@@ -330,11 +244,11 @@ static void work_cb(uv_work_t *req) {
 }
 
 static void load_weights(dw_t *W, int64_t version, uint64_t offset) {
-    void *base;
-    int rc = hcache_get(W->hc, &W->wslab, &base);
-    if (rc < 0) { log_rc(rc, "map the optimizer's weights"); return; }
+    const uint8_t *base = dw__weights_base(W);   /* the mapped slab, or its mirror (another node) */
+    if (!base) return;
+    int rc;
     double t0 = clock_mono_s();
-    const float *src = (const float *)((const uint8_t *)base + offset);
+    const float *src = (const float *)(base + offset);
     if (W->wslab.kind == SLAB_CUDA) {
         /* the optimizer's device slab (this GPU or a peer): one device copy, then the
          * bf16 working weights, both on the compute stream (ordered before the next
@@ -403,7 +317,7 @@ static void after_work_cb(uv_work_t *req, int status) {
     /* test hook nan_mb=<mb> poisons that micro-batch's loss (the optimizer must skip
      * its step and report it) */
     if (W->nan_mb >= 0 && (uint64_t)W->nan_mb == it->mb) g->loss_sum = NAN;
-    stage_send(W->opt, NULL, &m);
+    dw__send_grads(W, &m);   /* optimizer on another node: the slot's bytes first */
     W->sent[it->mb_in_step] = 1;
     W->computed++;
     W->tokens += it->T;
@@ -426,7 +340,7 @@ static void on_pool_timer(bus_t *bus, void *arg) {
 }
 
 static void try_compute(dw_t *W) {
-    if (W->busy || W->version < 0 || W->st.stopping) {
+    if (W->busy || W->version < 0 || W->st.stopping || dw__grads_pending(W)) {
         if (!W->busy) W->st.state = PROTO_STATE_IDLE;
         return;
     }
@@ -505,11 +419,15 @@ static void on_hs_ready(dw_t *W, int pi, const proto_hidden_states_ready_t *h) {
     int bad = h->dtype != want || h->ndim != 2 || (W->gpu >= 0 && h->event_len != 64) || h->shape[1] != row ||
               h->shape[0] > W->token_budget || h->shape[0] < 1 || h->bytes > s.bytes || l.bytes > s.bytes ||
               h->mbs_in_step != W->K || h->mb_in_step != h->mb % W->K || h->step != h->mb / W->K;
+    /* a target on another node: every feature byte came as slab_data (it logs why not) */
+    int incomplete = !bad && !dw__slot_complete(W, pi, h->slot_id, l.feat_bytes);
     if (bad) {
         log_warn("%s: hidden_states_ready for micro-batch %llu does not match this drafter "
                  "(shape %llux%llu, expected rows of %llu f32, K %u): dropped",
                  p->id, (unsigned long long)h->mb, (unsigned long long)h->shape[0],
                  (unsigned long long)h->shape[1], (unsigned long long)row, W->K);
+    }
+    if (bad || incomplete) {
         inbox_free(W->ib, h->slot_id);
         W->slot_owner[h->slot_id] = 0;
         x->granted--;
@@ -613,6 +531,9 @@ static void on_target_msg(bus_t *bus, const char *peer, const void *data, size_t
                       "this drafter?): micro-batch %llu dropped", peer,
                       (unsigned long long)m.hidden_states_ready.mb);
         break;
+    case PROTO_SLAB_DATA:    /* a target on another node: features into its granted slot */
+        dw__on_target_data(W, i, peer, &m.slab_data);
+        break;
     case PROTO_SLOT_RELEASE: /* an unused grant handed back (target re-routed or stopping) */
         if (i >= 0 && m.slot_release.slot_id < DW_MAX_SLOTS &&
             W->slot_owner[m.slot_release.slot_id] == (uint32_t)i + 1) {
@@ -654,6 +575,9 @@ static void on_opt_msg(bus_t *bus, const char *peer, const void *data, size_t le
                       "(start drafters and optimizer both with or both without --gpu)");
             W->have_wslab = 0;
         }
+        if (W->have_wslab && dw__weights_export(W) < 0) W->have_wslab = 0;
+    } else if (m.type == PROTO_SLAB_DATA) {   /* the optimizer on another node: its weights */
+        dw__on_opt_data(W, &m.slab_data);
     } else if (m.type == PROTO_WEIGHTS_VERSION) {
         const proto_weights_version_t *v = &m.weights_version;
         if (!W->have_wslab || v->n_params != W->P || v->dtype != PROTO_DTYPE_F32 ||
@@ -770,6 +694,8 @@ static void send_hello(dw_t *W) {
 
 /* Releases what main and dw_slabs made (after stage_run). */
 static void dw_fini(dw_t *W) {
+    xfer_destroy(&W->oxf);
+    free(W->wmirror);
     bus_destroy(&W->srv);
     bus_destroy(&W->opt);
     stage_fini(&W->st);
@@ -893,6 +819,7 @@ int main(int argc, char **argv) {
     bus_on_message(W.opt, on_opt_msg, &W);
     stage_on_metrics(&W.st, on_metrics, &W);
     stage_on_stop(&W.st, on_stop, &W);
+    if (dw__xfer_init(&W) < 0) return 1;
     send_hello(&W);
     export_slab(&W, W.opt, NULL, W.grad);
     W.t_rate = W.idle_since = clock_mono_s();

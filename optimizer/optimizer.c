@@ -30,6 +30,15 @@
  * Cross-GPU gradients use peer reads of IPC mappings rather than NCCL: a drafter can
  * die, restart or leave at any step, and a mapping per drafter incarnation follows
  * that membership with no collective to re-form.
+ *
+ * Drafters on other nodes (multi-node CPU runs, docs/MULTINODE.md section 4) are never
+ * mapped: each one's gradient slab has a mirror here (host memory of its slab_export's
+ * size, replaced with each incarnation) that its slab_data fill before its
+ * gradients_ready; the step sums from there exactly as from a mapped slab (same order,
+ * same arithmetic). The new weights go to them as slab_data (the version's half of the
+ * weights slab) before weights_version; a step is applied only when no weights are
+ * still waiting for the bus (their source is the weights slab). GPU optimizers with
+ * drafters on other nodes need NCCL (not built yet): refused at start.
  */
 #include "common/base/clock.h"
 #include "common/base/err.h"
@@ -45,6 +54,7 @@
 #include "common/pipe/peers.h"
 #include "common/pipe/runcfg.h"
 #include "common/pipe/stage.h"
+#include "common/pipe/xfer.h"
 #include "common/rundir/rundir.h"
 
 #include <math.h>
@@ -57,6 +67,9 @@
 typedef struct {
     slab_handle_t grad;        /* its gradient slab (from slab_export) */
     int have_grad;
+    int remote;                /* on another node: grad is mirrored, never mapped */
+    uint8_t *mirror;           /* (grad.bytes) its gradient slab's bytes, from slab_data */
+    uint64_t rx;               /* bytes received since its last gradients_ready */
 } dpeer_t;
 
 typedef struct {
@@ -106,10 +119,24 @@ typedef struct {
     int64_t keep_ckpts;
     uint64_t resume_step;
     char resume_dir[4200];
+    int ckpt_written;          /* a checkpoint was written by this incarnation (ckpt_step metric) */
+    /* across nodes: weights to remote drafters (source: the weights slab) */
+    xfer_t *xf;                /* on srv */
+    xfer_rx_t rx;
+    int in_apply;
 } opt_t;
 
 static float *wbuf(opt_t *O, uint64_t version) {
     return (float *)slab_ptr(O->wslab) + (version % 2) * O->P;
+}
+
+static void maybe_apply(opt_t *O);
+
+/* Weights handed to the bus: a step that waited for its half of the slab may run. */
+static void on_weights_sent(xfer_t *x, int status, void *arg) {
+    opt_t *O = arg;
+    (void)x; (void)status;
+    if (!O->in_apply) maybe_apply(O);
 }
 
 static void send_weights(opt_t *O, int i) {
@@ -121,7 +148,16 @@ static void send_weights(opt_t *O, int i) {
     m.weights_version.bytes = O->P * sizeof(float);
     m.weights_version.n_params = O->P;
     m.weights_version.dtype = PROTO_DTYPE_F32;
-    stage_send(O->srv, O->peers.p[i].id, &m);
+    if (!O->dp[i].remote || !O->xf) {
+        stage_send(O->srv, O->peers.p[i].id, &m);
+        return;
+    }
+    /* another node: the version's half first; the slab half is its source until sent
+     * (maybe_apply: no step rewrites the slab while weights are pending) */
+    xfer_range_t r = {PIPE_ID_OPTIMIZER, O->st.incarnation, m.weights_version.slab_id, m.weights_version.offset};
+    int rc = xfer_send(O->xf, O->peers.p[i].id, &r, wbuf(O, O->step), O->P * sizeof(float), &m, on_weights_sent, O);
+    if (rc < 0) log_rc(rc, "send the weights");
+    stage_xfer_moved(&O->st);
 }
 
 static void export_slab(bus_t *bus, const char *peer, const slab_handle_t *h) {
@@ -180,6 +216,9 @@ static int checkpoint(opt_t *O) {
                         O->last_ckpt_dir, sizeof O->last_ckpt_dir);
     if (rc < 0) return log_rc(rc, "checkpoint");
     O->last_ckpt = O->step;
+    /* at once (not at the next 1 s tick): a supervisor on another node learns of it */
+    O->ckpt_written = 1;
+    stage_publish_metrics(&O->st);
     log_info("checkpoint step %llu written to %s (%.2f s)", (unsigned long long)O->step,
              O->last_ckpt_dir, clock_mono_s() - t0);
     if (O->keep_ckpts > 0) {
@@ -318,7 +357,14 @@ static void apply_step(opt_t *O) {
     if (O->step == O->max_steps) log_info("reached --max-steps %llu", (unsigned long long)O->max_steps);
 }
 
+static void on_grads_checked(opt_t *O, int pi, const proto_gradients_ready_t *g);
+
 static void on_grads(opt_t *O, int pi, const proto_gradients_ready_t *g) {
+    on_grads_checked(O, pi, g);
+    O->dp[pi].rx = 0;   /* the next announcement counts its own bytes */
+}
+
+static void on_grads_checked(opt_t *O, int pi, const proto_gradients_ready_t *g) {
     if (g->step < O->step) { O->stale_dropped++; return; }          /* already applied */
     if (O->max_steps && g->step >= O->max_steps) { O->stale_dropped++; return; }
     if (g->step > O->step || g->weights_version != O->step) {
@@ -342,8 +388,13 @@ static void on_grads(opt_t *O, int pi, const proto_gradients_ready_t *g) {
         log_warn("%s: gradients in an unknown slab %u / out of range", O->peers.p[pi].id, g->slab_id);
         return;
     }
-    void *base;
-    int rc = hcache_get(O->hc, &p->grad, &base);
+    if (p->remote && p->rx != g->bytes) {
+        log_warn("%s: gradients of micro-batch %llu announced with %llu of their %llu bytes received: dropped",
+                 O->peers.p[pi].id, (unsigned long long)mb, (unsigned long long)p->rx, (unsigned long long)g->bytes);
+        return;
+    }
+    void *base = p->mirror;   /* another node: the mirror its slab_data filled */
+    int rc = p->remote ? 0 : hcache_get(O->hc, &p->grad, &base);
     if (rc < 0) { log_rc(rc, "map drafter gradients"); return; }
     c->present = 1;
     c->peer = pi;
@@ -353,8 +404,30 @@ static void on_grads(opt_t *O, int pi, const proto_gradients_ready_t *g) {
     c->tokens = g->n_tokens;
     c->n_acc = g->n_acc;
     memcpy(c->acc, g->acc, g->n_acc * sizeof(float));
+    maybe_apply(O);
+}
+
+/* Applies the step once every micro-batch contributed and no weights wait for the bus
+ * (their source is the slab half the step would rewrite two versions on). */
+static void maybe_apply(opt_t *O) {
     for (uint64_t j = 0; j < O->K; j++) if (!O->c[j].present) return;
+    if (xfer_pending(O->xf)) return;   /* on_weights_sent calls again */
+    O->in_apply = 1;
     apply_step(O);
+    O->in_apply = 0;
+}
+
+/* A drafter on another node exported its gradient slab (O->dp[i].grad): its mirror,
+ * allocated once per incarnation (the hello of a new one freed the old). 0, or
+ * DL_ENOMEM logged; a local drafter: 0, nothing to do. */
+static int grad_mirror(opt_t *O, int i) {
+    dpeer_t *p = &O->dp[i];
+    if (!p->remote || p->mirror) return 0;
+    p->mirror = calloc(1, p->grad.bytes);
+    if (!p->mirror)
+        return log_error("%s: out of memory for the mirror of its gradient slab (%llu bytes)", O->peers.p[i].id,
+                         (unsigned long long)p->grad.bytes), DL_ENOMEM;
+    return 0;
 }
 
 static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg) {
@@ -373,12 +446,16 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
         if (peers_hello(&O->peers, i, m.hello.stage_id, m.hello.incarnation, NULL) != PEERS_SAME) {
             hcache_drop_owner(O->hc, m.hello.stage_id);
             O->dp[i].have_grad = 0;
+            free(O->dp[i].mirror);   /* another node: replaced at its new slab_export */
+            O->dp[i].mirror = NULL;
+            O->dp[i].rx = 0;
             /* its unapplied contributions point into a dead mapping: forget them */
             for (uint64_t j = 0; j < O->K; j++)
                 if (O->c[j].present && O->c[j].peer == i) O->c[j].present = 0;
         }
-        log_info("hello from %s (drafter %u, incarnation %llu)", peer, m.hello.stage_id,
-                 (unsigned long long)m.hello.incarnation);
+        O->dp[i].remote = stage_remote(&O->st, m.hello.stage_id);
+        log_info("hello from %s (drafter %u, incarnation %llu%s)", peer, m.hello.stage_id,
+                 (unsigned long long)m.hello.incarnation, O->dp[i].remote ? ", on another node" : "");
         export_slab(O->srv, peer, slab_handle(O->wslab));
         send_weights(O, i);
         break;
@@ -393,8 +470,20 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
             O->dp[i].have_grad = 0;
             break;
         }
-        O->dp[i].have_grad = 1;
+        O->dp[i].have_grad = grad_mirror(O, i) == 0;
         break;
+    case PROTO_SLAB_DATA: {   /* a drafter on another node: its gradient slot */
+        dpeer_t *p = i >= 0 ? &O->dp[i] : NULL;
+        xfer_dest_t d = {0};
+        if (p) d = (xfer_dest_t){O->peers.p[i].stage_id, p->grad.incarnation, p->grad.slab_id,
+                                 p->have_grad ? p->mirror : NULL, p->grad.bytes, 0, 0};
+        if (xfer_recv(&O->rx, "optimizer", peer, &m.slab_data, p ? &d : NULL) == 0) {
+            p->rx += m.slab_data.n_data;
+            O->st.xfer_bytes_in = O->rx.bytes_in;
+            stage_xfer_moved(&O->st);
+        }
+        break;
+    }
     case PROTO_GRADIENTS_READY:
         if (i >= 0) on_grads(O, i, &m.gradients_ready);
         break;
@@ -431,6 +520,8 @@ static void on_control(stage_t *st, const proto_control_t *c, void *arg) {
                 if (!used && O->dp[i].have_grad) {
                     hcache_drop_owner(O->hc, O->peers.p[i].stage_id);
                     O->dp[i].have_grad = 0;
+                    free(O->dp[i].mirror);
+                    O->dp[i].mirror = NULL;
                 }
                 log_info("%s left the membership%s", O->peers.p[i].id, used ? "" : " (mapping closed)");
             }
@@ -448,6 +539,7 @@ static void on_metrics(stage_t *st, proto_metrics_t *m, void *arg) {
     stage_metric(m, "dup_dropped", (double)O->dup_dropped);
     stage_metric(m, "stale_dropped", (double)O->stale_dropped);
     stage_metric(m, "handle_opens", (double)hcache_opens(O->hc));
+    if (O->ckpt_written) stage_metric(m, "ckpt_step", (double)O->last_ckpt);
     int have = 0;
     for (uint64_t j = 0; j < O->K; j++) have += O->c[j].present;
     stage_metric(m, "step_contributions", have);
@@ -530,6 +622,31 @@ static int opt_state_init(opt_t *O, const char *run_id, int64_t inc) {
     return 0;
 }
 
+static void on_srv_writable(bus_t *bus, void *arg) {
+    (void)bus;
+    xfer_resume(((opt_t *)arg)->xf);
+}
+
+/* The sender of weights to drafters on other nodes (multi-node runs only; none on one
+ * host). A GPU optimizer with a drafter on another node is refused (exit 1). */
+static int opt_xfer_init(opt_t *O) {
+    const run_config_t *c = O->st.cfg;
+    for (int i = 0; i < c->n_drafters; i++) {
+        uint32_t id = PIPE_ID_DRAFTER0 + (uint32_t)i;
+        if (O->gpu < 0 || !stage_remote(&O->st, id)) continue;
+        int me = c->node, dn = runcfg_stage_node(c, id);
+        log_error("optimizer on GPU %d of node %d (%s), drafter %d on node %d (%s): GPU stages on different nodes "
+                  "need NCCL, which is not built yet (place the optimizer with its drafters)", O->gpu, me,
+                  c->node_addr[me], i, dn, c->node_addr[dn]);
+        exit(1);
+    }
+    if (!c->net_port) return 0;
+    O->xf = xfer_new(O->srv, &O->st.xfer_bytes_out);
+    if (!O->xf) return log_rc(DL_ENOMEM, "cross-node sender");
+    bus_on_writable(O->srv, on_srv_writable, O);
+    return 0;
+}
+
 /* Says hello to the loader (it learns of applied steps from us). */
 static void send_hello(opt_t *O) {
     proto_msg_t h;
@@ -545,6 +662,8 @@ static void send_hello(opt_t *O) {
 
 /* Releases what main and opt_state_init made (after stage_run). */
 static void opt_fini(opt_t *O) {
+    xfer_destroy(&O->xf);
+    for (int i = 0; i < PEERS_MAX; i++) free(O->dp[i].mirror);
     bus_destroy(&O->srv);
     bus_destroy(&O->loader);
     stage_fini(&O->st);
@@ -639,6 +758,7 @@ int main(int argc, char **argv) {
     if (!O.srv || !O.loader) return log_rc(DL_EIO, "optimizer sockets"), 1;
     bus_on_message(O.srv, on_msg, &O);
     bus_on_peer_dead(O.srv, on_dead, &O);
+    if (opt_xfer_init(&O) < 0) return 1;
     stage_on_metrics(&O.st, on_metrics, &O);
     stage_on_control(&O.st, on_control, &O);
     stage_on_stop(&O.st, on_stop, &O);

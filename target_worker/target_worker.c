@@ -18,6 +18,12 @@
  * worker thread then waits for this target's stream only (never device-wide).
  * A host-tier grant (the drafter's pinned host inbox) is written through a
  * device scratch buffer and one device-to-host copy.
+ * A drafter on another node (multi-node run, docs/MULTINODE.md section 4) is never
+ * mapped: the forward writes into a local staging buffer (one slot, host memory),
+ * whose bytes then go to the drafter as slab_data chunks into the granted slot,
+ * followed by hidden_states_ready on the same connection (common/pipe/xfer.h); the
+ * next forward waits until the staging buffer has been handed to the bus. GPU
+ * targets across nodes need NCCL (not built yet): refused at the route.
  */
 #include "common/base/clock.h"
 #include "common/base/err.h"
@@ -32,6 +38,7 @@
 #include "common/pipe/runcfg.h"
 #include "common/pipe/slot.h"
 #include "common/pipe/stage.h"
+#include "common/pipe/xfer.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,10 +104,25 @@ typedef struct {
     int ev_next, cur_ev;
     void *scratch;             /* device (slot bytes): features for a host-tier grant */
     size_t scratch_bytes;
+    /* the routed drafter on another node: features staged here, sent by xf */
+    int remote;
+    xfer_t *xf;                /* on the drafter DEALER; NULL when the drafter is local */
+    uint8_t *staging;          /* host, one slot's bytes (staging_bytes): borrowed by xf until sent */
+    int in_send;               /* inside after_work_cb's xfer_send (its done callback waits) */
+    size_t staging_bytes;
 } tw_t;
 
 static void pump(tw_t *T);
 static int set_route(tw_t *T, int d);
+
+/* The staged features of a micro-batch are with the bus (or dropped): the staging
+ * buffer is free for the next forward (not from inside after_work_cb's xfer_send:
+ * it goes on with the micro-batch, then pumps). */
+static void on_xfer_done(xfer_t *x, int status, void *arg) {
+    tw_t *T = arg;
+    (void)x; (void)status;
+    if (!T->in_send) pump(T);
+}
 
 static void send_hello(tw_t *T, bus_t *b) {
     proto_msg_t h;
@@ -218,7 +240,16 @@ static void after_work_cb(uv_work_t *req, int status) {
     h->n_seq_lens = m->n_seqs;
     h->loss_mask = m->mask;
     h->n_loss_mask = m->T;
-    if (T->cur_inc == T->drafter_inc) {
+    if (T->cur_inc == T->drafter_inc && T->remote) {
+        /* the staged features into the granted slot, then the announcement; the
+         * staging buffer is the source until the job is done (pump waits for it) */
+        xfer_range_t r = {h->drafter_id, T->drafter_inc, T->cur_g.slab_id, T->cur_g.offset};
+        T->in_send = 1;
+        int rc = xfer_send(T->xf, NULL, &r, T->staging, l.feat_bytes, &o, on_xfer_done, T);
+        T->in_send = 0;
+        if (rc < 0) log_rc(rc, "send the hidden states to the drafter");
+        stage_xfer_moved(&T->st);
+    } else if (T->cur_inc == T->drafter_inc) {
         stage_send(T->drafter, NULL, &o);
     } else {
         /* the drafter restarted while this forward wrote into its predecessor's slot;
@@ -250,7 +281,7 @@ static void after_work_cb(uv_work_t *req, int status) {
 static void pump(tw_t *T) {
     if (T->busy || T->st.stopping) return;
     if (T->qn == 0) { T->st.state = PROTO_STATE_IDLE; return; }
-    if (T->gn == 0 || T->route < 0) {
+    if (T->gn == 0 || T->route < 0 || (T->remote && (xfer_pending(T->xf) || !T->staging))) {
         T->st.state = PROTO_STATE_BLOCKED;
         if (T->blocked_since == 0) T->blocked_since = clock_mono_s();
         return;
@@ -265,8 +296,13 @@ static void pump(tw_t *T) {
         if (T->blocked_since == 0) T->blocked_since = clock_mono_s();
         return;
     }
-    void *base;
-    int rc = hcache_get(T->hc, &T->slabs[slot_slab_index(T->g[gi].slab_id)], &base);
+    void *base = NULL;
+    if (T->remote && l.bytes > T->staging_bytes) {
+        log_error("grant of slot %u is larger than the staging buffer", T->g[gi].slot_id);
+        T->g[gi] = T->g[--T->gn];
+        return;
+    }
+    int rc = T->remote ? 0 : hcache_get(T->hc, &T->slabs[slot_slab_index(T->g[gi].slab_id)], &base);
     if (rc < 0) { log_rc(rc, "map the drafter's inbox"); return; }
     if (T->g[gi].offset + l.bytes > T->slabs[slot_slab_index(T->g[gi].slab_id)].bytes) {
         log_error("grant of slot %u lies outside the drafter's slab", T->g[gi].slot_id);
@@ -279,7 +315,7 @@ static void pump(tw_t *T) {
     T->cur_g = T->g[gi];
     T->cur_inc = T->drafter_inc;
     T->g[gi] = T->g[--T->gn];
-    T->cur_base = (uint8_t *)base + T->cur_g.offset;
+    T->cur_base = T->remote ? T->staging : (uint8_t *)base + T->cur_g.offset;
     double now = clock_mono_s();
     /* idle since the last micro-batch = waiting for input, then (with one in hand)
      * waiting for credit from the drafter */
@@ -336,6 +372,28 @@ static void forget_drafter(tw_t *T) {
     else if (T->route >= 0) hcache_drop_owner(T->hc, PIPE_ID_DRAFTER0 + (uint32_t)T->route);
 }
 
+/* The staging buffer of a cross-node route: allocated at the first grant (one slot's
+ * bytes; a larger grant, never seen in practice, grows it while nothing uses it).
+ * 1 when it holds `bytes`; 0 after logging (the grant is handed back). */
+static int staging_alloc(tw_t *T, uint64_t bytes) {
+    if (bytes <= T->staging_bytes) return 1;
+    if (T->busy || xfer_pending(T->xf)) {
+        log_warn("a grant of %llu bytes while the staging buffer of %zu bytes is in use: ignored",
+                 (unsigned long long)bytes, T->staging_bytes);
+        return 0;
+    }
+    free(T->staging);
+    T->staging = malloc(bytes);
+    T->staging_bytes = T->staging ? bytes : 0;
+    if (!T->staging) log_error("out of memory for the staging buffer (%llu bytes)", (unsigned long long)bytes);
+    return T->staging != NULL;
+}
+
+static void on_drafter_writable(bus_t *bus, void *arg) {
+    (void)bus;
+    xfer_resume(((tw_t *)arg)->xf);
+}
+
 static void on_drafter_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg) {
     (void)bus; (void)peer;
     tw_t *T = arg;
@@ -367,6 +425,15 @@ static void on_drafter_msg(bus_t *bus, const char *peer, const void *data, size_
         if (m.slot_grant.drafter_id != want || m.slot_grant.target_id != T->st.stage_id ||
             T->gn == TW_MAX_GRANTS) {
             log_warn("slot grant from drafter %u not for us: ignored", m.slot_grant.drafter_id);
+            break;
+        }
+        if (T->remote && !staging_alloc(T, m.slot_grant.bytes)) {
+            proto_msg_t r;   /* handed back unused, so the drafter's credit is not lost */
+            proto_msg_init(&r, PROTO_SLOT_RELEASE);
+            r.slot_release.drafter_id = want;
+            r.slot_release.slot_id = m.slot_grant.slot_id;
+            r.slot_release.mb = DL_PROTO_MB_NONE;
+            stage_send(T->drafter, NULL, &r);
             break;
         }
         T->g[T->gn++] = (grant_t){m.slot_grant.slot_id, m.slot_grant.slab_id, m.slot_grant.offset,
@@ -408,10 +475,20 @@ static int set_route(tw_t *T, int d) {
             stage_send(T->drafter, NULL, &m);
         }
         forget_drafter(T);
+        xfer_destroy(&T->xf);   /* staged bytes not yet with the bus are dropped with the route */
         bus_destroy(&T->drafter);
     }
     T->route = d;
     T->drafter_inc = 0;
+    T->remote = stage_remote(&T->st, PIPE_ID_DRAFTER0 + (uint32_t)d);
+    if (T->remote && T->gpu >= 0) {
+        const run_config_t *c = T->st.cfg;
+        int me = c->node, dn = runcfg_stage_node(c, PIPE_ID_DRAFTER0 + (uint32_t)d);
+        log_error("target on GPU %d of node %d (%s) is routed to drafter %d on node %d (%s): GPU stages on "
+                  "different nodes need NCCL, which is not built yet (place GPU targets on their drafter's node)",
+                  T->gpu, me, c->node_addr[me], d, dn, c->node_addr[dn]);
+        exit(1);
+    }
     char ep[32];
     pipe_drafter_endpoint(d, ep, sizeof ep);
     T->drafter = stage_bus(&T->st, BUS_DEALER, ep);
@@ -419,8 +496,13 @@ static int set_route(tw_t *T, int d) {
     bus_on_message(T->drafter, on_drafter_msg, T);
     bus_on_peer_new(T->drafter, on_drafter_new, T);
     bus_on_peer_dead(T->drafter, on_drafter_dead, T);
+    if (T->remote) {
+        T->xf = xfer_new(T->drafter, &T->st.xfer_bytes_out);
+        if (!T->xf) return log_rc(DL_ENOMEM, "cross-node sender");
+        bus_on_writable(T->drafter, on_drafter_writable, T);
+    }
     send_hello(T, T->drafter);
-    log_info("routed to drafter %d", d);
+    log_info("routed to drafter %d%s", d, T->remote ? " (on another node: hidden states sent as slab_data)" : "");
     return 0;
 }
 
@@ -602,6 +684,8 @@ int main(int argc, char **argv) {
     bus_timer_start(T.loader, 50, 50, on_idle_timer, &T, &T.idle_timer);
     stage_run(&T.st);
     uint64_t opens = hcache_opens(T.hc);
+    xfer_destroy(&T.xf);
+    free(T.staging);
     bus_destroy(&T.loader);
     bus_destroy(&T.drafter);
     stage_fini(&T.st);

@@ -113,6 +113,8 @@ void stage_publish_metrics(stage_t *st) {
     stage_metric(&m.metrics, "uptime_s", now - st->t_start);
     stage_metric(&m.metrics, "since_progress_s", now - st->last_progress);
     stage_metric(&m.metrics, "gpu_index", st->gpu_index);
+    stage_metric(&m.metrics, "xfer_bytes_out", (double)st->xfer_bytes_out);
+    stage_metric(&m.metrics, "xfer_bytes_in", (double)st->xfer_bytes_in);
     if (st->metrics_cb) st->metrics_cb(st, &m.metrics, st->metrics_arg);
     stage_send(st->sup, NULL, &m);
 }
@@ -357,6 +359,17 @@ int stage_config(proto_role_t role, uint32_t stage_id, const char *name, const s
 void stage_on_metrics(stage_t *st, stage_metrics_cb cb, void *arg) { st->metrics_cb = cb; st->metrics_arg = arg; }
 void stage_on_control(stage_t *st, stage_control_cb cb, void *arg) { st->control_cb = cb; st->control_arg = arg; }
 void stage_on_stop(stage_t *st, stage_stop_cb cb, void *arg) { st->stop_cb = cb; st->stop_arg = arg; }
+
+void stage_xfer_moved(stage_t *st) {
+    int now = (st->xfer_bytes_out > 0) | (st->xfer_bytes_in > 0) << 1;
+    if ((now & ~st->xfer_shown) == 0) return;
+    st->xfer_shown |= now;
+    stage_publish_metrics(st);
+}
+
+int stage_remote(const stage_t *st, uint32_t peer_id) {
+    return st->cfg && st->cfg->net_port && runcfg_stage_node(st->cfg, peer_id) != st->cfg->node;
+}
 
 int stage_send(bus_t *bus, const char *peer, const proto_msg_t *m) {
     if (!bus || bus_is_closing(bus)) return DL_ECLOSED;

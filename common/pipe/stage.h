@@ -75,6 +75,10 @@ struct stage {
     stage_metrics_cb metrics_cb; void *metrics_arg;
     stage_control_cb control_cb; void *control_arg;
     stage_stop_cb stop_cb; void *stop_arg;
+    /* slab bytes moved across nodes (common/pipe/xfer.h), published as xfer_bytes_out /
+     * xfer_bytes_in by every stage (0 on one host) */
+    uint64_t xfer_bytes_out, xfer_bytes_in;
+    int xfer_shown;             /* bit 0: out, bit 1: in published once they left 0 */
 };
 
 /* A stage's command line. `draftline run` starts every stage as
@@ -132,6 +136,16 @@ void stage_on_stop(stage_t *st, stage_stop_cb cb, void *arg);
  * multi-node: runcfg_endpoint's tcp:// with the run's keys. NULL with dl_errmsg on
  * failure. */
 bus_t *stage_bus(stage_t *st, bus_kind_t kind, const char *endpoint);
+
+/* 1 when stage peer_id (PIPE_ID_*) runs on another node than this stage (a multi-node
+ * run, runcfg_stage_node): the two never map each other's slabs, bytes move as
+ * slab_data (common/pipe/xfer.h). 0 on one host and before stage_init. */
+int stage_remote(const stage_t *st, uint32_t peer_id);
+
+/* Call after xfer_bytes_out / xfer_bytes_in grew: the first time either leaves 0 the
+ * metrics are published at once (not at the next 1 s tick), so even a short run shows
+ * that the path across nodes is used. */
+void stage_xfer_moved(stage_t *st);
 
 /* Encodes and sends m to peer on bus (peer ignored on a DEALER). Returns bus_send's
  * code; an encode error is logged and returned (DL_EPROTO). */
