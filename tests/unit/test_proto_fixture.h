@@ -52,6 +52,110 @@ static inline uint32_t fill_lines(char *buf, unsigned n, unsigned width, const c
     return len;
 }
 
+/* make_sample's run_config, node-plane and multi-node types (slab_data, node_*): m is initialised. */
+static inline void make_sample_node(int t, bool big, proto_msg_t *m) {
+    switch (t) {
+    case PROTO_RUN_CONFIG: {
+        proto_run_config_t *c = &m->run_config;
+        uint32_t nt = big ? DL_PROTO_MAX_PLACE : 3, nd = big ? DL_PROTO_MAX_PLACE : 2;
+        for (uint32_t i = 0; i < DL_PROTO_MAX_PLACE; i++) {
+            g_place[0][i] = (int64_t)(i % 4) - 1; g_place[1][i] = (int64_t)(i % 3); g_place[2][i] = i % nd;
+        }
+        c->stage_id = 201; c->incarnation = 3; strcpy(c->run_id, "r20261201.ab");
+#define SET_PATH(f, s) (c->f = (s), c->n_##f = (uint32_t)strlen(s))
+        SET_PATH(data_cache, "/data/gsm8k.dlc"); SET_PATH(target_model, "/models/qwen3-0.6b");
+        SET_PATH(out_dir, "runs/a"); SET_PATH(cursor_base, "runs/a/loader.cursor");
+        SET_PATH(cursor_in, "runs/a/checkpoints/step_40/cursor.bin");
+        SET_PATH(resume_dir, "runs/a/checkpoints/step_40");
+#undef SET_PATH
+        c->target_fp = 0xfedcba9876543210ull; c->seed = 1234567; c->token_budget = 4096; c->max_len = 2048;
+        c->mbs_per_step = 4; c->epochs = 3; c->max_steps = 500; c->start_step = 40; c->lookahead_mbs = 2;
+        c->drafter_layers = 2; c->block_size = 8; c->num_anchors = 512; c->lr = 6e-4; c->warmup_steps = 30;
+        c->weight_decay = 0.01; c->clip = 1.0; c->save_every = 20; c->keep_checkpoints = 3;
+        c->inbox_gb = 1.5; c->host_inbox_gb = 0.25; c->hs_min_ready = 2; c->prefetch = 1; c->threads = 2;
+        c->deterministic = 1; c->gpu = 1; c->drafter = 1;
+        c->target_gpus = g_place[0]; c->n_target_gpus = nt;
+        c->drafter_gpus = g_place[1]; c->n_drafter_gpus = nd;
+        c->target_drafters = g_place[2]; c->n_target_drafters = nt;
+        /* three nodes (small; the receiver, target 1, on node 2) or 64 (big) */
+        c->net_port = 29500;
+        if (big) {
+            c->n_node_addrs = fill_lines(g_lines, DL_PROTO_MAX_NODES, 63, "node");
+            for (uint32_t i = 0; i < DL_PROTO_MAX_PLACE; i++) {
+                g_place[3][i] = i % DL_PROTO_MAX_NODES; g_place[4][i] = DL_PROTO_MAX_NODES - 1 - i % DL_PROTO_MAX_NODES;
+            }
+            c->loader_node = 0; c->optimizer_node = DL_PROTO_MAX_NODES - 1;
+        } else {
+            strcpy(g_lines, "10.0.0.1\nnode-b.cluster.example.org\n10.0.0.3\n");
+            c->n_node_addrs = (uint32_t)strlen(g_lines);
+            g_place[3][0] = 0; g_place[3][1] = 2; g_place[3][2] = 1;
+            g_place[4][0] = 1; g_place[4][1] = 2;
+            c->loader_node = 0; c->optimizer_node = 1;
+        }
+        c->node_addrs = g_lines; c->node = (int32_t)g_place[3][1];
+        c->target_nodes = g_place[3]; c->n_target_nodes = nt;
+        c->drafter_nodes = g_place[4]; c->n_drafter_nodes = nd;
+        break;
+    }
+    case PROTO_SLAB_DATA: {
+        proto_slab_data_t *x = &m->slab_data;
+        uint32_t n = big ? DL_PROTO_MAX_CHUNK : 100;
+        for (uint32_t i = 0; i < n; i++) g_chunk[i] = (uint8_t)(i * 167u + 13u);
+        x->owner_id = 101; x->owner_inc = 0x1122334455ull; x->slab_id = 3;
+        x->offset = big ? DL_PROTO_MAX_OFFSET : 17ull << 20; x->data = g_chunk; x->n_data = n;
+        break;
+    }
+    case PROTO_NODE_HELLO: {
+        proto_node_hello_t *h = &m->node_hello;
+        if (big) {
+            memset(h->name, 'n', DL_PROTO_NODE_NAME_MAX); h->name[DL_PROTO_NODE_NAME_MAX] = 0;
+            memset(h->hostname, 'h', DL_PROTO_HOST_MAX); h->hostname[DL_PROTO_HOST_MAX] = 0;
+            memset(h->addr, 'a', DL_PROTO_HOST_MAX); h->addr[DL_PROTO_HOST_MAX] = 0;
+            memset(g_path, 'p', DL_PROTO_PATH_MAX); g_path[0] = '/'; g_path[DL_PROTO_PATH_MAX] = 0;
+            h->n_gpu_uuids = fill_lines(g_lines, DL_PROTO_MAX_NODES, 63, "GPU-");
+            h->n_gpu_free_mib = DL_PROTO_MAX_NODES;
+        } else {
+            strcpy(h->name, "gpu-b"); strcpy(h->hostname, "b.cluster.example.org"); strcpy(h->addr, "10.0.0.2");
+            strcpy(g_path, "/scratch/draftline/r20261201.ab");
+            strcpy(g_lines, "GPU-8d1a2b3c-0000-1111-2222-333344445555\nGPU-9e2b3c4d-0000-1111-2222-333344446666\n");
+            h->n_gpu_uuids = (uint32_t)strlen(g_lines);
+            h->n_gpu_free_mib = 2;
+        }
+        for (uint32_t i = 0; i < DL_PROTO_MAX_NODES; i++) g_mib[i] = 81559 - 17 * (int64_t)i;
+        h->run_dir = g_path; h->n_run_dir = (uint32_t)strlen(g_path);
+        h->pid = 4242; h->incarnation = 0xabcdef0123ull; h->proto_version = DL_PROTO_VERSION; h->cores = 96;
+        h->gpu_uuids = g_lines; h->gpu_free_mib = g_mib;
+        break;
+    }
+    case PROTO_NODE_WELCOME:
+        strcpy(m->node_welcome.run_id, "r20261201.ab");
+        m->node_welcome.node_index = big ? DL_PROTO_MAX_NODES - 1 : 2;
+        m->node_welcome.node_incarnation = 0xabcdef0123ull;
+        break;
+    case PROTO_NODE_SPAWN: {
+        proto_node_spawn_t *x = &m->node_spawn;
+        x->stage_id = 101; x->incarnation = 3; strcpy(x->exe, "drafter_worker");
+        x->index = big ? (int32_t)DL_PROTO_MAX_PLACE - 1 : 1; x->threads = 8; strcpy(x->log_level, "debug");
+        strcpy(x->sup_endpoint, "tcp://10.0.0.1:29500");
+        if (big) {
+            memset(x->sup_endpoint + 6, 'h', DL_PROTO_HOST_MAX - 6); x->sup_endpoint[DL_PROTO_HOST_MAX] = 0;
+            memset(x->log_level, 'l', DL_PROTO_NAME_MAX); x->log_level[DL_PROTO_NAME_MAX] = 0;
+        }
+        break;
+    }
+    case PROTO_NODE_SIGNAL:
+        m->node_signal.stage_id = 201; m->node_signal.incarnation = 3; m->node_signal.signum = big ? 9 : 15;
+        break;
+    case PROTO_NODE_STAGE: {
+        proto_node_stage_t *x = &m->node_stage;
+        x->stage_id = 201; x->incarnation = 3;
+        if (big) { x->event = PROTO_NODE_EV_FAILED; x->pid = 0; x->wait_status = 2; }   /* ENOENT */
+        else { x->event = PROTO_NODE_EV_EXITED; x->pid = 31337; x->wait_status = 0x8b; }  /* SIGSEGV, core */
+        break;
+    }
+    }
+}
+
 /* A valid message of type t with every field non-zero and distinct where the
  * ranges allow; big: arrays at their maximum length. */
 static inline void make_sample(int t, bool big, proto_msg_t *m) {
@@ -175,104 +279,9 @@ static inline void make_sample(int t, bool big, proto_msg_t *m) {
         r->text = g_text; r->n_text = n;
         break;
     }
-    case PROTO_RUN_CONFIG: {
-        proto_run_config_t *c = &m->run_config;
-        uint32_t nt = big ? DL_PROTO_MAX_PLACE : 3, nd = big ? DL_PROTO_MAX_PLACE : 2;
-        for (uint32_t i = 0; i < DL_PROTO_MAX_PLACE; i++) {
-            g_place[0][i] = (int64_t)(i % 4) - 1; g_place[1][i] = (int64_t)(i % 3); g_place[2][i] = i % nd;
-        }
-        c->stage_id = 201; c->incarnation = 3; strcpy(c->run_id, "r20261201.ab");
-#define SET_PATH(f, s) (c->f = (s), c->n_##f = (uint32_t)strlen(s))
-        SET_PATH(data_cache, "/data/gsm8k.dlc"); SET_PATH(target_model, "/models/qwen3-0.6b");
-        SET_PATH(out_dir, "runs/a"); SET_PATH(cursor_base, "runs/a/loader.cursor");
-        SET_PATH(cursor_in, "runs/a/checkpoints/step_40/cursor.bin");
-        SET_PATH(resume_dir, "runs/a/checkpoints/step_40");
-#undef SET_PATH
-        c->target_fp = 0xfedcba9876543210ull; c->seed = 1234567; c->token_budget = 4096; c->max_len = 2048;
-        c->mbs_per_step = 4; c->epochs = 3; c->max_steps = 500; c->start_step = 40; c->lookahead_mbs = 2;
-        c->drafter_layers = 2; c->block_size = 8; c->num_anchors = 512; c->lr = 6e-4; c->warmup_steps = 30;
-        c->weight_decay = 0.01; c->clip = 1.0; c->save_every = 20; c->keep_checkpoints = 3;
-        c->inbox_gb = 1.5; c->host_inbox_gb = 0.25; c->hs_min_ready = 2; c->prefetch = 1; c->threads = 2;
-        c->deterministic = 1; c->gpu = 1; c->drafter = 1;
-        c->target_gpus = g_place[0]; c->n_target_gpus = nt;
-        c->drafter_gpus = g_place[1]; c->n_drafter_gpus = nd;
-        c->target_drafters = g_place[2]; c->n_target_drafters = nt;
-        /* three nodes (small; the receiver, target 1, on node 2) or 64 (big) */
-        c->net_port = 29500;
-        if (big) {
-            c->n_node_addrs = fill_lines(g_lines, DL_PROTO_MAX_NODES, 63, "node");
-            for (uint32_t i = 0; i < DL_PROTO_MAX_PLACE; i++) {
-                g_place[3][i] = i % DL_PROTO_MAX_NODES; g_place[4][i] = DL_PROTO_MAX_NODES - 1 - i % DL_PROTO_MAX_NODES;
-            }
-            c->loader_node = 0; c->optimizer_node = DL_PROTO_MAX_NODES - 1;
-        } else {
-            strcpy(g_lines, "10.0.0.1\nnode-b.cluster.example.org\n10.0.0.3\n");
-            c->n_node_addrs = (uint32_t)strlen(g_lines);
-            g_place[3][0] = 0; g_place[3][1] = 2; g_place[3][2] = 1;
-            g_place[4][0] = 1; g_place[4][1] = 2;
-            c->loader_node = 0; c->optimizer_node = 1;
-        }
-        c->node_addrs = g_lines; c->node = (int32_t)g_place[3][1];
-        c->target_nodes = g_place[3]; c->n_target_nodes = nt;
-        c->drafter_nodes = g_place[4]; c->n_drafter_nodes = nd;
+    default:
+        make_sample_node(t, big, m);
         break;
-    }
-    case PROTO_SLAB_DATA: {
-        proto_slab_data_t *x = &m->slab_data;
-        uint32_t n = big ? DL_PROTO_MAX_CHUNK : 100;
-        for (uint32_t i = 0; i < n; i++) g_chunk[i] = (uint8_t)(i * 167u + 13u);
-        x->owner_id = 101; x->owner_inc = 0x1122334455ull; x->slab_id = 3;
-        x->offset = big ? DL_PROTO_MAX_OFFSET : 17ull << 20; x->data = g_chunk; x->n_data = n;
-        break;
-    }
-    case PROTO_NODE_HELLO: {
-        proto_node_hello_t *h = &m->node_hello;
-        if (big) {
-            memset(h->name, 'n', DL_PROTO_NODE_NAME_MAX); h->name[DL_PROTO_NODE_NAME_MAX] = 0;
-            memset(h->hostname, 'h', DL_PROTO_HOST_MAX); h->hostname[DL_PROTO_HOST_MAX] = 0;
-            memset(h->addr, 'a', DL_PROTO_HOST_MAX); h->addr[DL_PROTO_HOST_MAX] = 0;
-            memset(g_path, 'p', DL_PROTO_PATH_MAX); g_path[0] = '/'; g_path[DL_PROTO_PATH_MAX] = 0;
-            h->n_gpu_uuids = fill_lines(g_lines, DL_PROTO_MAX_NODES, 63, "GPU-");
-            h->n_gpu_free_mib = DL_PROTO_MAX_NODES;
-        } else {
-            strcpy(h->name, "gpu-b"); strcpy(h->hostname, "b.cluster.example.org"); strcpy(h->addr, "10.0.0.2");
-            strcpy(g_path, "/scratch/draftline/r20261201.ab");
-            strcpy(g_lines, "GPU-8d1a2b3c-0000-1111-2222-333344445555\nGPU-9e2b3c4d-0000-1111-2222-333344446666\n");
-            h->n_gpu_uuids = (uint32_t)strlen(g_lines);
-            h->n_gpu_free_mib = 2;
-        }
-        for (uint32_t i = 0; i < DL_PROTO_MAX_NODES; i++) g_mib[i] = 81559 - 17 * (int64_t)i;
-        h->run_dir = g_path; h->n_run_dir = (uint32_t)strlen(g_path);
-        h->pid = 4242; h->incarnation = 0xabcdef0123ull; h->proto_version = DL_PROTO_VERSION; h->cores = 96;
-        h->gpu_uuids = g_lines; h->gpu_free_mib = g_mib;
-        break;
-    }
-    case PROTO_NODE_WELCOME:
-        strcpy(m->node_welcome.run_id, "r20261201.ab");
-        m->node_welcome.node_index = big ? DL_PROTO_MAX_NODES - 1 : 2;
-        m->node_welcome.node_incarnation = 0xabcdef0123ull;
-        break;
-    case PROTO_NODE_SPAWN: {
-        proto_node_spawn_t *x = &m->node_spawn;
-        x->stage_id = 101; x->incarnation = 3; strcpy(x->exe, "drafter_worker");
-        x->index = big ? (int32_t)DL_PROTO_MAX_PLACE - 1 : 1; x->threads = 8; strcpy(x->log_level, "debug");
-        strcpy(x->sup_endpoint, "tcp://10.0.0.1:29500");
-        if (big) {
-            memset(x->sup_endpoint + 6, 'h', DL_PROTO_HOST_MAX - 6); x->sup_endpoint[DL_PROTO_HOST_MAX] = 0;
-            memset(x->log_level, 'l', DL_PROTO_NAME_MAX); x->log_level[DL_PROTO_NAME_MAX] = 0;
-        }
-        break;
-    }
-    case PROTO_NODE_SIGNAL:
-        m->node_signal.stage_id = 201; m->node_signal.incarnation = 3; m->node_signal.signum = big ? 9 : 15;
-        break;
-    case PROTO_NODE_STAGE: {
-        proto_node_stage_t *x = &m->node_stage;
-        x->stage_id = 201; x->incarnation = 3;
-        if (big) { x->event = PROTO_NODE_EV_FAILED; x->pid = 0; x->wait_status = 2; }   /* ENOENT */
-        else { x->event = PROTO_NODE_EV_EXITED; x->pid = 31337; x->wait_status = 0x8b; }  /* SIGSEGV, core */
-        break;
-    }
     }
 }
 
