@@ -134,6 +134,12 @@ int sup__data_prepare(launch_t *L) {
         log_warn("--target-model %s: no tokenizer (%s): the tokenizer of --data %s is not checked", o->target_model,
                  dl_errmsg(), cache);
     }
+    /* its contents, read once here, so a corrupt token id or mask byte is one line
+     * before any stage starts, not a hang or a target crash loop */
+    if (!bad && dlc_validate(dc, L->mc_rc == 0 ? L->mc.V : 0) < 0) {
+        fprintf(stderr, "draftline run: --data: %s\n", dl_errmsg());
+        bad = 1;
+    }
     dlc_close(&dc);
     return bad ? 2 : 0;
 }

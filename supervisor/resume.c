@@ -325,6 +325,18 @@ int sup__resume_take_defaults(launch_t *L) {
     char ck[4096] = "", rj[4200];
     ckpt_state_hdr_t h;
     int have_ck = ckpt_resolve(o->resume, ck, sizeof ck) == 0;
+    /* nothing of a checkpoint is trusted before its files pass their checksums and its
+     * header its range checks (one line naming the file; no default taken from it) */
+    unsigned unverified = 0;
+    if (have_ck && ckpt_verify(ck, &unverified) < 0) {
+        fprintf(stderr, "draftline run: --resume: %s\n", dl_errmsg());
+        return 2;
+    }
+    if (unverified & (CKPT_UNVERIFIED_STATE | CKPT_UNVERIFIED_MODEL))
+        log_warn("--resume %s: written before checksums: %s%s%s not verified", ck,
+                 unverified & CKPT_UNVERIFIED_STATE ? "state.bin" : "",
+                 (unverified & CKPT_UNVERIFIED_STATE) && (unverified & CKPT_UNVERIFIED_MODEL) ? " and " : "",
+                 unverified & CKPT_UNVERIFIED_MODEL ? "model.safetensors" : "");
     int have_h = have_ck && ckpt_read_hdr(ck, &h) == 0;
     int have_rj = rundir_path(rj, sizeof rj, o->resume, RUNDIR_RUN_JSON) == 0 && access(rj, F_OK) == 0;
     if (have_ck) run_dir_of_ckpt(ck, L->resume_run, sizeof L->resume_run);
@@ -389,7 +401,9 @@ int sup__resume_read(launch_t *L) {
         return 2;
     }
     ckpt_state_hdr_t h;
-    if (ckpt_read_hdr(L->resume_dir, &h) < 0) {
+    char sp[4300];
+    snprintf(sp, sizeof sp, "%s/state.bin", L->resume_dir);
+    if (ckpt_read_hdr(L->resume_dir, &h) < 0 || ckpt_hdr_validate(&h, sp) < 0) {
         fprintf(stderr, "draftline run: --resume %s: unreadable training state (%s)\n", L->resume_dir, dl_errmsg());
         return 2;
     }

@@ -6,6 +6,7 @@
 #include "common/base/log.h"
 #include "common/model/config.h"
 #include "common/model/dflash_ckpt.h"
+#include "common/pipe/ckpt.h"
 #include "common/format/gguf.h"
 #include "common/format/safetensors.h"
 
@@ -16,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static void inspect_usage(FILE *f) {
     fprintf(f,
@@ -95,6 +97,32 @@ static int is_dflash_dir(const char *dir) {
     return yes;
 }
 
+/* The checksums of a drafter checkpoint dir: a training checkpoint (state.bin) through
+ * ckpt_verify (state.bin, model.safetensors, cursor.bin), else model.safetensors alone.
+ * Prints a "checksums" line; a mismatch is one line on stderr naming the file. Returns
+ * 1 on a mismatch or an unreadable file, else 0. */
+static int inspect_checksums(const char *dir) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/state.bin", dir);
+    int training = access(p, F_OK) == 0, rc, ok = 1;
+    unsigned un = 0;
+    if (training) {
+        rc = ckpt_verify(dir, &un);
+        ok = !(un & CKPT_UNVERIFIED_STATE) && !(un & CKPT_UNVERIFIED_MODEL);
+    } else {
+        rc = dflash_ckpt_verify_weights(dir, &ok);
+    }
+    if (rc < 0) {
+        printf("checksums     MISMATCH (see below)\n");
+        fprintf(stderr, "inspect: %s\n", dl_errmsg());
+        return 1;
+    }
+    printf("checksums     %s\n", ok ? (training ? "state.bin, model.safetensors and cursor.bin agree"
+                                                 : "model.safetensors agrees")
+                                    : "not recorded (written before checksums): not verified");
+    return 0;
+}
+
 /* A DFlash drafter checkpoint: its architecture from config.json, every tensor
  * (name, dtype, shape), the parameter count, and config vs tensors consistency
  * (layer count, fc input width). Returns the exit code: 1 on any mismatch. */
@@ -145,7 +173,7 @@ static int inspect_drafter(const char *path) {
     }
     safetensors_close(&st);
     printf("consistency   %s\n", bad ? "MISMATCH (see above)" : "config and tensors agree");
-    return bad;
+    return inspect_checksums(path) || bad;
 }
 
 static int inspect_safetensors(const char *path, int is_dir, int all) {

@@ -273,6 +273,10 @@ int batcher_pack(const batcher_t *b, const batcher_mb_t *m, int32_t *ids, uint8_
         uint32_t len;
         DL_TRY(dlc_sample(b->cache, q->sample, &si, &sm, &len));
         if ((uint64_t)q->start + q->len > len) return dl_seterr(DL_ERANGE, "batcher_pack: sequence past its sample");
+        /* a corrupt cache (an id outside the vocabulary, a mask byte of 2) stops here,
+         * naming the sample, instead of in a target or a drafter */
+        DL_TRY(dlc_check_tokens(b->cache, q->sample, si + q->start, sm + q->start, q->len, q->start,
+                                dlc_header(b->cache)->n_vocab));
         if (ids) memcpy(ids + k, si + q->start, q->len * sizeof *ids);
         if (mask) memcpy(mask + k, sm + q->start, q->len);
         if (pos)

@@ -243,11 +243,17 @@ void ds_sample_free(ds_sample_t *s) {
     memset(s, 0, sizeof *s);
 }
 
+static int ds_parse_json(const ds_opts_t *opts, const char *rec, size_t rec_len, ds_sample_t *out);
+
+/* A JSON string's length: its real one, since ds_parse never lets cJSON hold a NUL
+ * inside a string (nul_copy). */
+static size_t json_len(const cJSON *s) { return strlen(s->valuestring); }
+
 typedef struct { const char *role; size_t role_len; const char *content; size_t len; int parts; const cJSON *arr; } pend_t;
 
 /* String content, or an OpenAI list of parts [{"type":"text","text":...}] (concatenated). */
 static int content_of(const cJSON *c, pend_t *p, const char *what) {
-    if (cJSON_IsString(c)) { p->content = c->valuestring; p->len = strlen(c->valuestring); return 0; }
+    if (cJSON_IsString(c)) { p->content = c->valuestring; p->len = json_len(c); return 0; }
     if (cJSON_IsNull(c) || !c) { p->content = ""; p->len = 0; return 0; }
     if (cJSON_IsArray(c)) {
         const cJSON *it;
@@ -255,7 +261,7 @@ static int content_of(const cJSON *c, pend_t *p, const char *what) {
         cJSON_ArrayForEach(it, c) {
             const cJSON *tx = cJSON_GetObjectItemCaseSensitive(it, "text");
             if (!cJSON_IsString(tx)) return dl_seterr(DL_EFORMAT, "%s: content part without \"text\"", what);
-            n += strlen(tx->valuestring);
+            n += json_len(tx);
         }
         p->parts = 1;
         p->arr = c;
@@ -300,9 +306,9 @@ static int sample_build(ds_sample_t *s, const pend_t *p, int n) {
         if (p[i].parts) {
             const cJSON *it;
             cJSON_ArrayForEach(it, p[i].arr) {
-                const char *tx = cJSON_GetObjectItemCaseSensitive(it, "text")->valuestring;
-                size_t l = strlen(tx);
-                memcpy(o, tx, l);
+                const cJSON *tx = cJSON_GetObjectItemCaseSensitive(it, "text");
+                size_t l = json_len(tx);
+                memcpy(o, tx->valuestring, l);
                 o += l;
             }
         } else {
@@ -336,7 +342,7 @@ static int parse_obj(const ds_opts_t *o, const cJSON *root, ds_sample_t *out) {
     if (f == DS_TEXT) {
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "text");
         if (!cJSON_IsString(t)) return dl_seterr(DL_EFORMAT, "field \"text\": expected a string");
-        size_t l = strlen(t->valuestring);
+        size_t l = json_len(t);
         if (l + 1 > out->buf_cap_) {
             char *nb = realloc(out->buf_, l + 1);
             if (!nb) return dl_seterr(DL_ENOMEM, "dataset: text of %zu bytes", l);
@@ -361,7 +367,7 @@ static int parse_obj(const ds_opts_t *o, const cJSON *root, ds_sample_t *out) {
             if (!v && i == 0) continue;
             if (!cJSON_IsString(v))
                 return dl_seterr(DL_EFORMAT, "field \"%s\": %s", names[i], v ? "expected a string" : "missing");
-            p[n++] = (pend_t){roles[i], strlen(roles[i]), v->valuestring, strlen(v->valuestring), 0, NULL};
+            p[n++] = (pend_t){roles[i], strlen(roles[i]), v->valuestring, json_len(v), 0, NULL};
         }
         return sample_build(out, p, n);
     }
@@ -405,7 +411,76 @@ done:
     return rc;
 }
 
+/* cJSON decodes "\u0000" into a NUL inside valuestring and keeps no length, so a
+ * strlen would cut the string there (issue 15). A record holding a NUL inside a string
+ * (the escape, or a raw 0x00 byte) is therefore parsed from a copy in which each such
+ * NUL is one byte `sent` that the record does not hold and that no JSON escape produces
+ * (cJSON writes escapes as valid UTF-8, which never holds 0xC0, 0xC1 or 0xF5..0xFF);
+ * the sample's bytes map it back to NUL (ds_unmask), and every string's length is then
+ * its real one. Returns 0 with *copy NULL (no NUL: parse rec as is), 0 with *copy
+ * (malloc'd, *copy_len bytes) and *sent, DL_EFORMAT (every candidate byte is in the
+ * record) or DL_ENOMEM. */
+static int nul_copy(const char *rec, size_t n, char **copy, size_t *copy_len, int *sent) {
+    static const unsigned char cand[] = {0xFF, 0xFE, 0xFD, 0xFC, 0xFB, 0xFA, 0xF9, 0xF8, 0xF7, 0xF6, 0xF5, 0xC1, 0xC0};
+    unsigned char seen[256] = {0};
+    int nuls = 0, in_str = 0;
+    *copy = NULL;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)rec[i];
+        seen[c] = 1;
+        if (!in_str) { in_str = c == '"'; continue; }
+        if (c == '"') in_str = 0;
+        else if (c == 0) nuls++;
+        else if (c == '\\' && i + 1 < n) {
+            if (i + 5 < n && !memcmp(rec + i + 1, "u0000", 5)) nuls++;
+            seen[(unsigned char)rec[++i]] = 1;
+        }
+    }
+    if (!nuls) return 0;
+    size_t k = 0;
+    while (k < sizeof cand && seen[cand[k]]) k++;
+    if (k == sizeof cand)
+        return dl_seterr(DL_EFORMAT, "a NUL in a string, in a record that holds every byte 0xC0, 0xC1, 0xF5..0xFF");
+    char *o = malloc(n + 1);
+    if (!o) return dl_seterr(DL_ENOMEM, "dataset: record of %zu bytes", n);
+    size_t w = 0;
+    in_str = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = rec[i];
+        if (!in_str) { in_str = c == '"'; o[w++] = c; continue; }
+        if (c == '"') in_str = 0;
+        if (c == 0) { o[w++] = (char)cand[k]; continue; }
+        if (c == '\\' && i + 5 < n && !memcmp(rec + i + 1, "u0000", 5)) { o[w++] = (char)cand[k]; i += 5; continue; }
+        o[w++] = c;
+        if (c == '\\' && i + 1 < n) o[w++] = rec[++i];
+    }
+    o[w] = 0;
+    *copy = o;
+    *copy_len = w;
+    *sent = cand[k];
+    return 0;
+}
+
+/* The sample's bytes (text, or roles and contents) with nul_copy's byte back to NUL. */
+static void ds_unmask(ds_sample_t *s, int sent) {
+    size_t n = s->is_text ? s->text_len : s->buf_len_;
+    for (size_t i = 0; i < n; i++)
+        if ((unsigned char)s->buf_[i] == (unsigned char)sent) s->buf_[i] = 0;
+}
+
 int ds_parse(const ds_opts_t *opts, const char *rec, size_t rec_len, ds_sample_t *out) {
+    char *copy = NULL;
+    size_t copy_len = 0;
+    int sent = -1;
+    DL_TRY(nul_copy(rec, rec_len, &copy, &copy_len, &sent));
+    if (copy) { rec = copy; rec_len = copy_len; }
+    int rc = ds_parse_json(opts, rec, rec_len, out);
+    if (rc == 0 && copy) ds_unmask(out, sent);
+    free(copy);
+    return rc;
+}
+
+static int ds_parse_json(const ds_opts_t *opts, const char *rec, size_t rec_len, ds_sample_t *out) {
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(rec, rec_len, &end, 0);
     if (!root) {

@@ -457,6 +457,7 @@ struct dlc {
     const int32_t *ids;
     const uint8_t *mask;
     const uint64_t *index;
+    char *path;
 };
 
 int dlc_open(const char *path, dlc_t **out) {
@@ -475,6 +476,9 @@ int dlc_open(const char *path, dlc_t **out) {
     if (memcmp(h->magic, DLC_MAGIC, 8)) BAD("%s: not a draftline cache (magic)", path);
     if (h->version != DLC_VERSION) BAD("%s: cache version %u, this build reads %u (re-run prepare)", path, h->version, DLC_VERSION);
     if (h->header_size != sizeof *h) BAD("%s: header_size %u", path, h->header_size);
+    if (h->n_vocab <= 0) BAD("%s: n_vocab %d (corrupt)", path, h->n_vocab);
+    if (h->n_assistant > h->n_tokens) BAD("%s: n_assistant %llu more than the %llu tokens (corrupt)", path,
+                                          (unsigned long long)h->n_assistant, (unsigned long long)h->n_tokens);
     if (h->n_tokens > size / 5 || h->n_samples > size / 8) BAD("%s: counts larger than the file", path);
     /* each offset within the file first, so the sums below cannot wrap */
     if (h->ids_off > size || h->mask_off > size || h->index_off > size)
@@ -498,6 +502,7 @@ int dlc_open(const char *path, dlc_t **out) {
     c->ids = (const int32_t *)((const uint8_t *)m + h->ids_off);
     c->mask = (const uint8_t *)m + h->mask_off;
     c->index = idx;
+    if (!(c->path = strdup(path))) { free(c); rc = dl_seterr(DL_ENOMEM, "dlc_open"); goto bad; }
     *out = c;
     return 0;
 bad:
@@ -508,6 +513,7 @@ bad:
 void dlc_close(dlc_t **cp) {
     if (!cp || !*cp) return;
     munmap((void *)(*cp)->map, (*cp)->size);
+    free((*cp)->path);
     free(*cp);
     *cp = NULL;
 }
@@ -529,4 +535,33 @@ int dlc_sample(const dlc_t *c, uint64_t i, const int32_t **ids, const uint8_t **
 
 uint32_t dlc_sample_len(const dlc_t *c, uint64_t i) {
     return i < c->h->n_samples ? (uint32_t)(c->index[i + 1] - c->index[i]) : 0;
+}
+
+int dlc_check_tokens(const dlc_t *c, uint64_t sample, const int32_t *ids, const uint8_t *mask, uint32_t n,
+                     uint32_t at, int32_t vocab) {
+    for (uint32_t j = 0; j < n; j++) {
+        if (ids && (ids[j] < 0 || ids[j] >= vocab))
+            return dl_seterr(DL_EFORMAT, "%s: sample %llu, token %u: id %d outside the vocabulary [0, %d) (corrupt "
+                             "cache: prepare it again)", c->path, (unsigned long long)sample, at + j, ids[j], vocab);
+        if (mask && mask[j] > 1)
+            return dl_seterr(DL_EFORMAT, "%s: sample %llu, token %u: loss mask byte %u, not 0 or 1 (corrupt cache: "
+                             "prepare it again)", c->path, (unsigned long long)sample, at + j, mask[j]);
+    }
+    return 0;
+}
+
+int dlc_validate(const dlc_t *c, int32_t vocab) {
+    const dlc_header_t *h = c->h;
+    if (vocab <= 0 || vocab > h->n_vocab) vocab = h->n_vocab;
+    uint64_t asst = 0;
+    for (uint64_t i = 0; i < h->n_samples; i++) {
+        uint64_t a = c->index[i];
+        uint32_t n = (uint32_t)(c->index[i + 1] - a);
+        DL_TRY(dlc_check_tokens(c, i, c->ids + a, c->mask + a, n, 0, vocab));
+        for (uint32_t j = 0; j < n; j++) asst += c->mask[a + j];
+    }
+    if (asst != h->n_assistant)
+        return dl_seterr(DL_EFORMAT, "%s: %llu trained (mask 1) tokens, its header says %llu (corrupt cache: prepare "
+                         "it again)", c->path, (unsigned long long)asst, (unsigned long long)h->n_assistant);
+    return 0;
 }

@@ -79,4 +79,17 @@ int dlc_sample(const dlc_t *c, uint64_t i, const int32_t **ids, const uint8_t **
 /* Length of sample i in tokens (0 if out of range). */
 uint32_t dlc_sample_len(const dlc_t *c, uint64_t i);
 
+/* The cache's contents, which dlc_open does not read (O(n_tokens)): every token id in
+ * [0, vocab) (vocab <= 0 or above the header's n_vocab: n_vocab), every loss-mask byte 0
+ * or 1, and the mask-1 count equal to n_assistant. Returns 0, or DL_EFORMAT "PATH:
+ * sample S, token T: ..." for the first bad token. Run by `draftline run` before any
+ * stage starts. */
+int dlc_validate(const dlc_t *c, int32_t vocab);
+
+/* The same check on n tokens of sample `sample` (ids / mask may be NULL; `at`: the
+ * index of ids[0] in the sample, for the message): for a reader of single samples (the
+ * loader's batcher_pack). */
+int dlc_check_tokens(const dlc_t *c, uint64_t sample, const int32_t *ids, const uint8_t *mask, uint32_t n,
+                     uint32_t at, int32_t vocab);
+
 #endif

@@ -12,11 +12,13 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "common/base/err.h"
 #include "common/format/safetensors.h"
 
 #define DFLASH_STATE_FORMAT 1
+#define DFLASH_MAX_ST_HEADER (100u << 20)   /* the safetensors crate's limit */
 #define DFLASH_PATH_MAX 4096
 
 /* out = dir/name; DL_EINVAL when it does not fit. */
@@ -289,29 +291,51 @@ static void parent_of(const char *path, char *out, size_t cap) {
     else *slash = 0;
 }
 
+/* Tensor i of d as stored (dtype "F32": host's f32 bytes; else bf16 converted into *buf,
+ * grown as needed): *bytes / *n. 0 or DL_ENOMEM. */
+static int stored_tensor(drafter_t *d, int i, const char *dtype, const float *host, uint16_t **buf,
+                         const void **bytes, size_t *n) {
+    const drafter_tensor_t *t = drafter_tensor(d, i);
+    const float *src = host + t->offset;
+    if (strcmp(dtype, "F32") == 0) { *bytes = src; *n = t->numel * 4; return 0; }
+    uint16_t *nb = realloc(*buf, t->numel * 2);
+    if (!nb) return dl_seterr(DL_ENOMEM, "%s: %zu elements", t->name, t->numel);
+    *buf = nb;
+    for (size_t e = 0; e < t->numel; e++) nb[e] = st_f32_to_bf16(src[e]);
+    *bytes = nb;
+    *n = t->numel * 2;
+    return 0;
+}
+
 static int save_weights(drafter_t *d, const char *dir, const char *dtype, const float *host) {
     char path[DFLASH_PATH_MAX];
     DL_TRY(join_path(path, dir, "model.safetensors"));
+    /* the data section's CRC-32 goes into the header, which is written before the data */
+    uLong crc = crc32_z(0, Z_NULL, 0);
+    uint16_t *buf = NULL;
+    for (int i = 0; i < drafter_n_tensors(d); i++) {
+        const void *b;
+        size_t n;
+        int e = stored_tensor(d, i, dtype, host, &buf, &b, &n);
+        if (e < 0) { free(buf); return e; }
+        crc = crc32_z(crc, b, n);
+    }
+    char crc_hex[16];
+    snprintf(crc_hex, sizeof crc_hex, "%08lx", (unsigned long)crc);
     st_writer_t *w;
-    DL_TRY(st_writer_new(path, &w));
-    int rc = st_writer_meta(w, "format", "pt");
+    int rc = st_writer_new(path, &w);
+    if (rc < 0) { free(buf); return rc; }
+    rc = st_writer_meta(w, "format", "pt");
+    if (rc == 0) rc = st_writer_meta(w, DFLASH_CRC_KEY, crc_hex);
     for (int i = 0; rc == 0 && i < drafter_n_tensors(d); i++) {
         const drafter_tensor_t *t = drafter_tensor(d, i);
         rc = st_writer_add(w, t->name, dtype, t->n_dims, t->shape);
     }
-    uint16_t *buf = NULL;
     for (int i = 0; rc == 0 && i < drafter_n_tensors(d); i++) {
-        const drafter_tensor_t *t = drafter_tensor(d, i);
-        const float *src = host + t->offset;
-        if (strcmp(dtype, "F32") == 0) {
-            rc = st_writer_write(w, src, t->numel * 4);
-        } else {
-            uint16_t *nb = realloc(buf, t->numel * 2);
-            if (!nb) { rc = dl_seterr(DL_ENOMEM, "%s: %s", path, t->name); break; }
-            buf = nb;
-            for (size_t e = 0; e < t->numel; e++) buf[e] = st_f32_to_bf16(src[e]);
-            rc = st_writer_write(w, buf, t->numel * 2);
-        }
+        const void *b;
+        size_t n;
+        rc = stored_tensor(d, i, dtype, host, &buf, &b, &n);
+        if (rc == 0) rc = st_writer_write(w, b, n);
     }
     free(buf);
     if (rc < 0) {
@@ -526,5 +550,54 @@ int dflash_ckpt_load_state(const char *dir, size_t n_params, float *master, floa
         rc = st_tensor_to_f32(s, outs[i]);
     }
     safetensors_close(&st);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ verify */
+
+int dflash_ckpt_verify_weights(const char *dir, int *verified) {
+    char path[DFLASH_PATH_MAX];
+    DL_TRY(join_path(path, dir, "model.safetensors"));
+    *verified = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return dl_seterr(errno == ENOENT ? DL_ENOENT : DL_EIO, "%s: %s", path, strerror(errno));
+    int rc = 0;
+    uint8_t lb[8];
+    uint64_t hl = 0;
+    char *hdr = NULL;
+    uint8_t *buf = NULL;
+    if (fread(lb, 1, 8, f) != 8) { rc = dl_seterr(DL_EFORMAT, "%s: truncated (no header length)", path); goto out; }
+    for (int i = 7; i >= 0; i--) hl = hl << 8 | lb[i];
+    if (hl == 0 || hl > DFLASH_MAX_ST_HEADER) { rc = dl_seterr(DL_EFORMAT, "%s: header length %llu", path, (unsigned long long)hl); goto out; }
+    if (!(hdr = malloc(hl + 1))) { rc = dl_seterr(DL_ENOMEM, "%s: header", path); goto out; }
+    if (fread(hdr, 1, hl, f) != hl) { rc = dl_seterr(DL_EFORMAT, "%s: truncated header", path); goto out; }
+    hdr[hl] = 0;
+    cJSON *j = cJSON_ParseWithLength(hdr, hl);
+    const cJSON *m = j ? cJSON_GetObjectItemCaseSensitive(j, "__metadata__") : NULL;
+    const cJSON *c = cJSON_IsObject(m) ? cJSON_GetObjectItemCaseSensitive(m, DFLASH_CRC_KEY) : NULL;
+    unsigned long want = 0;
+    char *end = NULL;
+    int have = cJSON_IsString(c);
+    if (have) want = strtoul(c->valuestring, &end, 16);
+    int bad_val = have && (strlen(c->valuestring) != 8 || *end);
+    cJSON_Delete(j);
+    if (!j) { rc = dl_seterr(DL_EFORMAT, "%s: header is not JSON (corrupt)", path); goto out; }
+    if (bad_val) { rc = dl_seterr(DL_EFORMAT, "%s: __metadata__.%s is not 8 hex digits (corrupt)", path, DFLASH_CRC_KEY); goto out; }
+    if (!have) goto out;   /* written before checksums */
+    if (!(buf = malloc(1u << 20))) { rc = dl_seterr(DL_ENOMEM, "%s: read buffer", path); goto out; }
+    uLong crc = crc32_z(0, Z_NULL, 0);
+    size_t n;
+    while ((n = fread(buf, 1, 1u << 20, f)) > 0) crc = crc32_z(crc, buf, n);
+    if (ferror(f)) { rc = dl_seterr(DL_EIO, "%s: read: %s", path, strerror(errno)); goto out; }
+    if ((unsigned long)crc != want) {
+        rc = dl_seterr(DL_EFORMAT, "%s: tensor data checksum mismatch (CRC-32 %08lx, recorded %08lx): the file is "
+                       "corrupt", path, (unsigned long)crc, want);
+        goto out;
+    }
+    *verified = 1;
+out:
+    free(buf);
+    free(hdr);
+    fclose(f);
     return rc;
 }

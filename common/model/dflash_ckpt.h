@@ -14,7 +14,11 @@
  *                            layers.N.{input,post_attention}_layernorm.weight,
  *                            layers.N.mlp.{gate,up,down}_proj.weight, fc.weight,
  *                            hidden_norm.weight, norm.weight (BF16 or F32); no
- *                            embedding or LM head (the target's).
+ *                            embedding or LM head (the target's). __metadata__:
+ *                            {"format": "pt", "draftline_data_crc32": zlib's CRC-32
+ *                            of the data section (every byte after the header) as
+ *                            8 lowercase hex digits} (string values: other readers
+ *                            ignore it).
  * <dir>/training_state.safetensors  (optional) F32 1-D "master", "adam_m", "adam_v"
  *                            over the flat parameter vector (drafter_tensor order)
  * <dir>/training_state.json  (optional) {"step", "seed", "rng": [4 x u64 as strings],
@@ -33,6 +37,8 @@
 
 #include "common/base/rng.h"
 #include "common/model/drafter.h"
+
+#define DFLASH_CRC_KEY "draftline_data_crc32"   /* model.safetensors __metadata__ key */
 
 typedef struct {
     int64_t step;        /* optimizer steps applied */
@@ -66,6 +72,12 @@ int dflash_ckpt_save(drafter_t *d, const char *dir, const char *dtype,
  * Every drafter tensor must be present with its exact shape (DL_ENOENT /
  * DL_EFORMAT naming it); other tensors are ignored. F32, F16 or BF16. */
 int dflash_ckpt_load_weights(drafter_t *d, const char *dir);
+
+/* Checks <dir>/model.safetensors' data section against its recorded CRC-32 (reads the
+ * whole file). *verified: 1 when checked, 0 when the file records none (written before
+ * checksums; not an error). DL_EFORMAT naming the file when it does not match or the
+ * header is unreadable; DL_ENOENT / DL_EIO. */
+int dflash_ckpt_verify_weights(const char *dir, int *verified);
 
 /* Loads the training state: meta fields always; master, m, v into the given
  * (n_params) f32 host buffers when non-NULL. DL_ENOENT when dir has none,

@@ -5,11 +5,15 @@
 #include "common/base/log.h"
 #include "common/base/paths.h"
 #include "common/model/dflash_ckpt.h"
+#include "common/data/batcher.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
+#include <stddef.h>
+#include <zlib.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,8 +63,17 @@ int ckpt_write(const char *out_dir, drafter_t *d, const ckpt_state_hdr_t *hdr,
     int rc = dflash_ckpt_save(d, tmp, "F32", NULL);
     if (rc < 0) { rc = dl_wraperr(rc, "checkpoint %s", tmp); goto fail; }
     size_t pb = hdr->n_params * sizeof(float);
+    ckpt_state_hdr_t h = *hdr;
+    h.crc_kind = CKPT_CRC32;
+    h.crc32 = 0;
+    memset(h.reserved, 0, sizeof h.reserved);
+    uLong crc = crc32_z(0, Z_NULL, 0);
+    crc = crc32_z(crc, (const Bytef *)&h, sizeof h);
+    crc = crc32_z(crc, (const Bytef *)master, pb);
+    crc = crc32_z(crc, (const Bytef *)m, pb);
+    h.crc32 = (uint32_t)crc32_z(crc, (const Bytef *)v, pb);
     snprintf(p, sizeof p, "%s/state.bin", tmp);
-    if ((rc = write_file(p, hdr, sizeof *hdr, master, pb, m, pb, v, pb)) < 0) goto fail;
+    if ((rc = write_file(p, &h, sizeof h, master, pb, m, pb, v, pb)) < 0) goto fail;
     if (cursor) {
         snprintf(p, sizeof p, "%s/cursor.bin", tmp);
         if ((rc = write_file(p, cursor, 40, NULL, 0, NULL, 0, NULL, 0)) < 0) goto fail;
@@ -88,13 +101,28 @@ int ckpt_read(const char *dir, uint64_t expected, ckpt_state_hdr_t *hdr, float *
     if (fread(hdr, sizeof *hdr, 1, f) != 1 || memcmp(hdr->magic, CKPT_MAGIC, 8) != 0 ||
         hdr->header_bytes != sizeof *hdr)
         rc = dl_seterr(DL_EFORMAT, "%s: not a draftline training state", p);
+    else if ((rc = ckpt_hdr_validate(hdr, p)) < 0)
+        ;
     else if (hdr->n_params != expected)
         rc = dl_seterr(DL_EFORMAT, "%s: %llu parameters, this drafter has %llu", p,
                        (unsigned long long)hdr->n_params, (unsigned long long)expected);
     size_t n = (size_t)expected;
     if (rc == 0 && (fread(master, 4, n, f) != n || fread(m, 4, n, f) != n || fread(v, 4, n, f) != n))
         rc = dl_seterr(DL_EFORMAT, "%s: truncated", p);
+    if (rc == 0 && fgetc(f) != EOF) rc = dl_seterr(DL_EFORMAT, "%s: longer than its header says", p);
     fclose(f);
+    if (rc == 0 && hdr->crc_kind == CKPT_CRC32) {
+        ckpt_state_hdr_t h = *hdr;
+        h.crc32 = 0;
+        uLong crc = crc32_z(0, Z_NULL, 0);
+        crc = crc32_z(crc, (const Bytef *)&h, sizeof h);
+        crc = crc32_z(crc, (const Bytef *)master, n * 4);
+        crc = crc32_z(crc, (const Bytef *)m, n * 4);
+        crc = crc32_z(crc, (const Bytef *)v, n * 4);
+        if ((uint32_t)crc != hdr->crc32)
+            rc = dl_seterr(DL_EFORMAT, "%s: checksum mismatch (CRC-32 %08x, recorded %08x): the file is corrupt", p,
+                           (unsigned)crc, (unsigned)hdr->crc32);
+    }
     if (rc < 0 || !cursor) return rc;
     snprintf(p, sizeof p, "%s/cursor.bin", dir);
     f = fopen(p, "rb");
@@ -131,6 +159,130 @@ int ckpt_read_hdr(const char *dir, ckpt_state_hdr_t *hdr) {
              hdr->header_bytes == sizeof *hdr;
     fclose(f);
     return ok ? 0 : dl_seterr(DL_EFORMAT, "%s: not a draftline training state", p);
+}
+
+/* ---- validation (ckpt_hdr_validate, ckpt_verify) ---- */
+
+/* The limits of `draftline run`'s flags (tools/cmd_run.c), for the header's copies
+ * (max_steps: up to 2^53, as the optimizer records the run's length when not given). */
+typedef struct { const char *name; size_t off; int is_f64; double lo, hi; int whole; int settings; } hfield_t;
+#define HF(f, nm, is_f64, lo, hi, whole, st) { nm, offsetof(ckpt_state_hdr_t, f), is_f64, lo, hi, whole, st }
+static const hfield_t HDR_FIELDS[] = {
+    HF(mbs_per_step, "mbs_per_step (--micro-batches-per-step)", 0, 1, 4096, 1, 0),
+    HF(lr, "lr (--lr)", 1, 0, 10, 0, 0),
+    HF(warmup_steps, "warmup_steps (--warmup-steps)", 1, 0, INT32_MAX, 1, 0),
+    HF(max_steps, "max_steps (--max-steps)", 1, 0, 9007199254740992.0, 1, 0),   /* the run's steps when not given */
+    HF(wd, "wd (--weight decay)", 1, 0, 10, 0, 0),
+    HF(clip, "clip (--clip)", 1, 0, 1e9, 0, 0),
+    HF(token_budget, "token_budget (--token-budget)", 0, 16, 1 << 21, 1, 1),
+    HF(max_len, "max_len (--max-len)", 0, 2, 1 << 21, 1, 1),
+    HF(num_anchors, "num_anchors (--num-anchors)", 0, 1, 1 << 20, 1, 1),
+    HF(epochs, "epochs (--epochs)", 0, 1, 1 << 20, 1, 1),
+    HF(block_size, "block_size (--block-size)", 0, 2, 64, 1, 1),
+    HF(drafter_layers, "drafter_layers (--drafter-layers)", 0, 1, 64, 1, 1),
+};
+#undef HF
+
+int ckpt_hdr_validate(const ckpt_state_hdr_t *h, const char *path) {
+#define BADF(name, fmt, ...) dl_seterr(DL_EFORMAT, "%s: field '%s' = " fmt ": out of range (corrupt or not " \
+                                       "written by draftline)", path, name, __VA_ARGS__)
+    if (h->version != 1) return BADF("version", "%u", h->version);
+    if (h->n_params == 0 || h->n_params > (1ull << 40)) return BADF("n_params", "%llu", (unsigned long long)h->n_params);
+    if (h->skipped_steps > h->step)
+        return BADF("skipped_steps", "%llu (more than the %llu steps applied)", (unsigned long long)h->skipped_steps,
+                    (unsigned long long)h->step);
+    if (h->settings != 0 && h->settings != CKPT_SETTINGS_V1) return BADF("settings", "%#x (0 or 1)", h->settings);
+    for (size_t i = 0; i < sizeof HDR_FIELDS / sizeof HDR_FIELDS[0]; i++) {
+        const hfield_t *f = &HDR_FIELDS[i];
+        if (f->settings && h->settings != CKPT_SETTINGS_V1) continue;
+        const char *p = (const char *)h + f->off;
+        double v;
+        if (f->is_f64) memcpy(&v, p, sizeof v);
+        else if (f->off == offsetof(ckpt_state_hdr_t, mbs_per_step)) { uint64_t u; memcpy(&u, p, 8); v = (double)u; }
+        else { uint32_t u; memcpy(&u, p, 4); v = u; }
+        if (!isfinite(v) || v < f->lo || v > f->hi || (f->whole && v != floor(v)))
+            return BADF(f->name, "%.9g (%s%.9g..%.9g)", v, f->whole ? "whole, " : "", f->lo, f->hi);
+    }
+    if (h->settings == CKPT_SETTINGS_V1 && h->max_len > h->token_budget)
+        return BADF("max_len", "%u (more than token_budget %u)", h->max_len, h->token_budget);
+    if (h->reserved_u32 != 0) return BADF("reserved_u32", "%u (0)", h->reserved_u32);
+    if (h->crc_kind != 0 && h->crc_kind != CKPT_CRC32) return BADF("crc_kind", "%u (0 or 1)", h->crc_kind);
+    if (h->crc_kind == 0 && h->crc32 != 0) return BADF("crc32", "%08x (0 without crc_kind)", h->crc32);
+    for (size_t i = 0; i < sizeof h->reserved; i++)
+        if (h->reserved[i]) return BADF("reserved", "byte %zu = %u (0)", i, h->reserved[i]);
+#undef BADF
+    return 0;
+}
+
+/* state.bin of dir: header checked (ckpt_hdr_validate), size, CRC-32 when recorded
+ * (*checked 1). Streams the file (1 MiB at a time). */
+static int verify_state(const char *dir, ckpt_state_hdr_t *h, int *checked) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/state.bin", dir);
+    *checked = 0;
+    DL_TRY(ckpt_read_hdr(dir, h));
+    DL_TRY(ckpt_hdr_validate(h, p));
+    struct stat st;
+    if (stat(p, &st) != 0) return dl_seterr(DL_EIO, "stat %s: %s", p, strerror(errno));
+    uint64_t want = sizeof *h + 3 * h->n_params * 4;
+    if ((uint64_t)st.st_size != want)
+        return dl_seterr(DL_EFORMAT, "%s: %llu bytes, its header (n_params %llu) says %llu: truncated or corrupt", p,
+                         (unsigned long long)st.st_size, (unsigned long long)h->n_params, (unsigned long long)want);
+    if (h->crc_kind != CKPT_CRC32) return 0;
+    FILE *f = fopen(p, "rb");
+    uint8_t *buf = malloc(1u << 20);
+    if (!f || !buf) {
+        free(buf);
+        if (f) fclose(f);
+        return dl_seterr(DL_EIO, "open %s: %s", p, strerror(errno));
+    }
+    ckpt_state_hdr_t z = *h;
+    z.crc32 = 0;
+    uLong crc = crc32_z(crc32_z(0, Z_NULL, 0), (const Bytef *)&z, sizeof z);
+    size_t n;
+    int rc = fseeko(f, (off_t)sizeof z, SEEK_SET) == 0 ? 0 : dl_seterr(DL_EIO, "seek %s", p);
+    while (rc == 0 && (n = fread(buf, 1, 1u << 20, f)) > 0) crc = crc32_z(crc, buf, n);
+    if (rc == 0 && ferror(f)) rc = dl_seterr(DL_EIO, "read %s: %s", p, strerror(errno));
+    fclose(f);
+    free(buf);
+    if (rc == 0 && (uint32_t)crc != h->crc32)
+        rc = dl_seterr(DL_EFORMAT, "%s: checksum mismatch (CRC-32 %08x, recorded %08x): the file is corrupt", p,
+                       (unsigned)crc, (unsigned)h->crc32);
+    *checked = rc == 0;
+    return rc;
+}
+
+int ckpt_verify(const char *dir, unsigned *unverified) {
+    unsigned un = 0;
+    ckpt_state_hdr_t h;
+    int ok;
+    DL_TRY(verify_state(dir, &h, &ok));
+    if (!ok) un |= CKPT_UNVERIFIED_STATE;
+    DL_TRY(dflash_ckpt_verify_weights(dir, &ok));
+    if (!ok) un |= CKPT_UNVERIFIED_MODEL;
+    char p[4200];
+    snprintf(p, sizeof p, "%s/cursor.bin", dir);
+    FILE *f = fopen(p, "rb");
+    if (!f && errno != ENOENT) return dl_seterr(DL_EIO, "open %s: %s", p, strerror(errno));
+    if (!f) un |= CKPT_NO_CURSOR;
+    else {
+        uint8_t b[BATCHER_CURSOR_BYTES + 1];
+        size_t got = fread(b, 1, sizeof b, f);
+        fclose(f);
+        batcher_cursor_t c;
+        if (batcher_cursor_decode(b, got, &c) < 0)
+            return dl_seterr(DL_EFORMAT, "%s: %s", p, dl_errmsg());
+        if (c.seed != h.seed)
+            return dl_seterr(DL_EFORMAT, "%s: seed %llu, state.bin's is %llu: they disagree (corrupt)", p,
+                             (unsigned long long)c.seed, (unsigned long long)h.seed);
+        if (c.next_mb != h.step * h.mbs_per_step)
+            return dl_seterr(DL_EFORMAT, "%s: micro-batch %llu, but state.bin's step %llu x %llu micro-batches per "
+                             "step is %llu: they disagree (corrupt)", p, (unsigned long long)c.next_mb,
+                             (unsigned long long)h.step, (unsigned long long)h.mbs_per_step,
+                             (unsigned long long)(h.step * h.mbs_per_step));
+    }
+    if (unverified) *unverified = un;
+    return 0;
 }
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {

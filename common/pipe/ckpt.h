@@ -4,7 +4,8 @@
  *   model.safetensors   the drafter in the public DFlash layout, F32, and
  *   config.json         its config, both written by dflash_ckpt_save
  *                       (common/model/dflash_ckpt.h): what DFlashDraftModel loads
- *   state.bin           exact training state: header + master (P f32) + Adam m, v
+ *   state.bin           exact training state: header + master (P f32) + Adam m, v,
+ *                       the header holding a CRC-32 of all of it (ckpt_verify)
  *   cursor.bin          loader cursor (batcher_cursor_encode, 40 bytes): the first
  *                       micro-batch of step N
  * Atomic: written into step_<N>.tmp, every file fsync'd, the directory renamed,
@@ -45,10 +46,17 @@ typedef struct {
     uint32_t drafter_layers; /* --drafter-layers */
     uint32_t reserved_u32;   /* 0 */
     uint64_t target_fp;      /* ckpt_target_fingerprint of --target-model (0: not recorded) */
-    uint8_t reserved[24];
+    /* Carved out of the reserved bytes since checksums (issue 15): crc_kind 0 (a
+     * checkpoint written before them: crc32 and reserved are 0, nothing is verified, a
+     * warning says so) or CKPT_CRC32; crc32: zlib's CRC-32 of the header with crc32 = 0,
+     * then master, m, v. */
+    uint32_t crc_kind;
+    uint32_t crc32;
+    uint8_t reserved[16];
 } ckpt_state_hdr_t;
 
 #define CKPT_SETTINGS_V1 1u
+#define CKPT_CRC32 1u
 
 _Static_assert(sizeof(ckpt_state_hdr_t) == 168, "state.bin header layout is on disk");
 
@@ -62,13 +70,37 @@ int ckpt_write(const char *out_dir, drafter_t *d, const ckpt_state_hdr_t *hdr,
 
 /* Reads state.bin of checkpoint dir `dir` into hdr and master/m/v (each P f32,
  * caller-allocated, P == expected_params else DL_EFORMAT), and cursor.bin (40 bytes,
- * cursor may be NULL). */
+ * cursor may be NULL). The header's fields are range-checked (ckpt_hdr_validate) and its
+ * CRC-32, when recorded, checked against the bytes read: DL_EFORMAT naming the file. */
 int ckpt_read(const char *dir, uint64_t expected_params, ckpt_state_hdr_t *hdr, float *master,
               float *m, float *v, uint8_t *cursor);
 
 /* Reads only the header of dir/state.bin into hdr (magic and header_bytes checked:
  * DL_EFORMAT; DL_ENOENT when missing). */
 int ckpt_read_hdr(const char *dir, ckpt_state_hdr_t *hdr);
+
+/* Range checks of every field of a state.bin header h (path names the file in the
+ * message): version 1; n_params >= 1; skipped_steps <= step; micro-batches per step,
+ * lr, warmup_steps, max_steps, weight decay, clip within the limits `draftline run`
+ * accepts for their flags (tools/cmd_run.c; the doubles finite, the step counts whole);
+ * settings 0 or CKPT_SETTINGS_V1, and with V1 token_budget, max_len (<= token_budget),
+ * num_anchors, epochs, block_size, drafter_layers within their flags' limits;
+ * crc_kind 0 or CKPT_CRC32; reserved bytes 0 (crc32 too when crc_kind is 0). Returns 0,
+ * or DL_EFORMAT "PATH: field 'NAME' = VALUE: why" for the first bad field. */
+int ckpt_hdr_validate(const ckpt_state_hdr_t *h, const char *path);
+
+/* What ckpt_verify could not verify: files written before checksums existed. */
+enum { CKPT_UNVERIFIED_STATE = 1, CKPT_UNVERIFIED_MODEL = 2, CKPT_NO_CURSOR = 4 };
+
+/* Checks checkpoint dir before anything trusts it (`run --resume` before any stage
+ * starts, `inspect`): state.bin's header (ckpt_hdr_validate), its size (header +
+ * 3 x n_params f32) and CRC-32 (when recorded); model.safetensors' data CRC-32
+ * (dflash_ckpt_verify_weights); cursor.bin's check word (batcher_cursor_decode), its
+ * seed and its micro-batch (step x micro-batches per step) against the header's. Reads
+ * every byte of state.bin and model.safetensors once (I/O bound). *unverified (may be
+ * NULL) gets CKPT_UNVERIFIED_* / CKPT_NO_CURSOR bits for what was not checked. Returns 0,
+ * or DL_ENOENT / DL_EIO / DL_EFORMAT with a one-line message naming the file. */
+int ckpt_verify(const char *dir, unsigned *unverified);
 
 /* Fingerprint of a target model for the --resume check: FNV-1a 64 over, for a file
  * (GGUF), its size and 64 evenly spaced 4 KiB samples of its bytes; for a directory (HF
