@@ -14,8 +14,9 @@ static void node_usage(FILE *f) {
         "usage: draftline node --join HOST:PORT --key FILE [options]\n"
         "Joins a multi-node run as a node agent: the head (`draftline run --listen HOST:PORT\n"
         "--nodes N ...`) places stages on this host by node name, and this process starts,\n"
-        "signals and reaps them (their logs in <run dir>/logs/). Runs until SIGINT/SIGTERM;\n"
-        "when the head is lost it stops its stages and joins again every 2 s.\n\n"
+        "signals and reaps them (their logs in <run dir>/logs/). Runs until the head says the\n"
+        "run is over, or SIGINT/SIGTERM; when the head is lost it stops its stages and joins\n"
+        "again every 2 s.\n\n"
         "  --join HOST:PORT     the head's --listen address\n"
         "  --key FILE           the run's key file (mode 0600; the head prints its path)\n"
         "  --name NAME          this node's name in placements (default: the hostname; no\n"
@@ -26,7 +27,7 @@ static void node_usage(FILE *f) {
         "                       local address of the route to the head)\n"
         "  --log-level L        debug|info|warn|error, for this agent and its stages\n"
         "  -h, --help           this help\n"
-        "exit status: 0 stopped by a signal, 1 I/O error, 2 bad settings or key file, or the\n"
+        "exit status: 0 the run is over or a signal stopped it, 1 I/O error, 2 bad settings or key file, or the\n"
         "head refused this node (its reason is printed)\n");
 }
 
