@@ -207,6 +207,11 @@ void sup__rb_request(sup_t *S, const char *id, int N, int M, const int *tg, int 
         if (plan_rc == 0) { N = plan.n_targets; M = plan.n_drafters; }
     }
     if (S->stopping) rb_reject(S, id, "the run is stopping");
+    else if (S->o->listen_port)
+        /* the stages' node table is their RUN_CONFIG's: a stage added or moved by a
+         * rebalance would be looked for on the wrong node (docs/MULTINODE.md section 6) */
+        rb_reject(S, id, "this is a multi-node run: rebalance across nodes is not built yet "
+                         "(stop it and `draftline run --resume` it with the new placement)");
     else if (S->rb.running) rb_reject(S, id, "a rebalance is already running");
     else if (gpu_req && !S->gpu_mode)
         rb_reject(S, id, "--target-gpus/--drafter-gpus: this run is in CPU mode (use --targets/--drafters)");
