@@ -204,6 +204,7 @@ static void topo_from_runjson(const rundir_run_t *r, mon_topo_t *t) {
         x->stage_id = e->stage_id;
         x->incarnation = e->incarnation > 0 ? (uint64_t)e->incarnation : 0;
         snprintf(x->process, sizeof x->process, "%s", e->process);
+        snprintf(x->node, sizeof x->node, "%s", e->node);
     }
 }
 

@@ -87,6 +87,7 @@ typedef struct {
     uint32_t stage_id;
     uint64_t incarnation;
     char process[MON_STATE_MAX];    /* running|restarting|draining|moving|exited|retired */
+    char node[64];                  /* the node it runs on (multi-node runs), else "" */
 } mon_topo_stage_t;
 
 /* Topology the suggestion is phrased in. From <run>/run.json when the supervisor

@@ -38,6 +38,39 @@ double mon_report_now(const mon_run_t *run, double wall, double live_s) {
     return wall - run->last_ts <= live_s ? wall : run->last_ts;
 }
 
+/* The STAGE table: one row per stage (the first n have metrics, the rest only a run.json
+ * entry), a NODE column on multi-node runs. */
+static void report_stages(sbuf_t *bp, const mon_run_t *run, const mon_topo_t *rt, const mon_stage_view_t *views,
+                          const mon_diag_t *diags, int n, int n_all, const char **shown) {
+    char d1[32], d2[32], d3[32], d4[32];
+    int any_node = 0;   /* multi-node runs: a NODE column (run.json's node of each stage) */
+    for (int k = 0; k < rt->n_stages; k++) any_node |= rt->stages[k].node[0] != 0;
+    sbuf_printf(bp, "\n%-12s %-9s ", "STAGE", "ROLE");
+    if (any_node) sbuf_printf(bp, "%-10s ", "NODE");
+    sbuf_printf(bp, "%3s %-9s %9s %5s %7s %7s %9s  %s\n", "INC", "STATE", "TOK/S",
+        "BUSY", "WAIT-IN", "WAIT-CR", "NO-PROGR", "DIAGNOSIS");
+    for (int i = 0; i < n_all; i++) {
+        const mon_stage_t *s = i < n ? run->stages[i] : NULL;
+        const mon_stage_view_t *v = &views[i];
+        const mon_diag_t *d = &diags[i];
+        int have = v->dt > 0;
+        fmt_pct(have ? d->share_busy : NAN, d1, sizeof d1);
+        fmt_pct(have ? d->share_in : NAN, d2, sizeof d2);
+        fmt_pct(have ? d->share_credit : NAN, d3, sizeof d3);
+        fmt_dur(v->since_progress_s, d4, sizeof d4);
+        char tps[32];
+        if (isfinite(v->tokens_per_s)) snprintf(tps, sizeof tps, "%.1f", v->tokens_per_s);
+        else snprintf(tps, sizeof tps, "-");
+        const mon_topo_stage_t *ts = s ? NULL : mon_topo_stage(rt, v->name);
+        const mon_topo_stage_t *tn = mon_topo_stage(rt, v->name);
+        sbuf_printf(bp, "%-12s %-9s ", v->name, mon_role_name(v->role));
+        if (any_node) sbuf_printf(bp, "%-10s ", tn && tn->node[0] ? tn->node : "-");
+        sbuf_printf(bp, "%3llu %-9s %9s %5s %7s %7s %9s  %s: %s\n",
+            (unsigned long long)(s ? s->incarnation : ts ? ts->incarnation : 0), shown[i], tps, d1, d2, d3, d4,
+            mon_diag_name(d->kind), d->why);
+    }
+}
+
 int mon_report(const mon_run_t *run, const mon_report_opts_t *o, char **text) {
     sbuf_t b = {0};
     int n = run->n_stages;
@@ -82,7 +115,7 @@ int mon_report(const mon_run_t *run, const mon_report_opts_t *o, char **text) {
         mon_diagnose(v, &o->diag, &diags[i]);       /* no state: unknown, "no metrics yet" */
         shown[i++] = finished ? "exited" : ts->process[0] ? ts->process : "-";
     }
-    char d1[32], d2[32], d3[32], d4[32];
+    char d1[32], d2[32];
     /* header */
     if (run->last_ts <= 0) {
         sbuf_printf(&b, "run %s: no metrics yet (%llu lines)\n", run->dir[0] ? run->dir : "-",
@@ -125,26 +158,7 @@ int mon_report(const mon_run_t *run, const mon_report_opts_t *o, char **text) {
     mon_bottleneck_t bn;
     mon_bottleneck(views, diags, n_all, &topo, run->dir, &bn);
     sbuf_printf(&b, "bottleneck: %s\n", bn.text);
-    /* stages */
-    sbuf_printf(&b, "\n%-12s %-9s %3s %-9s %9s %5s %7s %7s %9s  %s\n", "STAGE", "ROLE", "INC", "STATE", "TOK/S",
-        "BUSY", "WAIT-IN", "WAIT-CR", "NO-PROGR", "DIAGNOSIS");
-    for (int i = 0; i < n_all; i++) {
-        const mon_stage_t *s = i < n ? run->stages[i] : NULL;
-        const mon_stage_view_t *v = &views[i];
-        const mon_diag_t *d = &diags[i];
-        int have = v->dt > 0;
-        fmt_pct(have ? d->share_busy : NAN, d1, sizeof d1);
-        fmt_pct(have ? d->share_in : NAN, d2, sizeof d2);
-        fmt_pct(have ? d->share_credit : NAN, d3, sizeof d3);
-        fmt_dur(v->since_progress_s, d4, sizeof d4);
-        char tps[32];
-        if (isfinite(v->tokens_per_s)) snprintf(tps, sizeof tps, "%.1f", v->tokens_per_s);
-        else snprintf(tps, sizeof tps, "-");
-        const mon_topo_stage_t *ts = s ? NULL : mon_topo_stage(rt, v->name);
-        sbuf_printf(&b, "%-12s %-9s %3llu %-9s %9s %5s %7s %7s %9s  %s: %s\n", v->name, mon_role_name(v->role),
-            (unsigned long long)(s ? s->incarnation : ts ? ts->incarnation : 0), shown[i], tps, d1, d2, d3, d4,
-            mon_diag_name(d->kind), d->why);
-    }
+    report_stages(&b, run, rt, views, diags, n, n_all, shown);
     /* inboxes */
     int any = 0;
     for (int i = 0; i < n; i++) {

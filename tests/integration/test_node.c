@@ -190,6 +190,21 @@ static void test_node_join_run(void **state) {
     assert_non_null(strstr(j, "\"node\":\t\"n1\""));
     assert_non_null(strstr(j, "\"node\":\t\"head\""));
     free(j);
+    /* `draftline monitor --once` shows each stage's node */
+    static pf_run_args_t mo;
+    memset(&mo, 0, sizeof mo);
+    const char *mv[] = {fx.exe, "monitor", "--once", "--run", out, NULL};
+    set_argv(&mo, mv);
+    snprintf(mo.log, sizeof mo.log, "%s/monitor.out", fx.root);
+    assert_int_equal(pf_run_draftline(&mo, NULL, 60, NULL), 0);
+    char *mt = pf_slurp(mo.log, NULL);
+    assert_non_null(mt);
+    if (!strstr(mt, "NODE")) printf("%s\n", mt);
+    assert_non_null(strstr(mt, "NODE"));
+    char *row = strstr(mt, "\ntarget0 ");
+    assert_non_null(row);
+    assert_non_null(strstr(row, " n1 "));
+    free(mt);
     /* the target ran under the agent: its log is in the agent's run dir */
     char tl[500];
     snprintf(tl, sizeof tl, "%s/logs/target0.log", agent_dir);
