@@ -61,6 +61,7 @@
 static void try_compute(dw_t *W);
 void dw__try_compute(dw_t *W) { try_compute(W); }
 static void grant_all(dw_t *W);
+void dw__grant_kick(dw_t *W) { grant_all(W); }
 
 /* Inbox slab ids on the wire carry this incarnation (common/pipe/slot.h): a
  * hidden_states_ready for a grant of an earlier incarnation (queued in a target's pipe
@@ -98,7 +99,7 @@ static void grant_all(dw_t *W) {
         int i = (W->rr + n) % W->peers.n;
         const peer_info_t *pi = &W->peers.p[i];
         tpeer_t *p = &W->tp[i];
-        if (!pi->alive || p->granted > 0 || now - p->declined_at < 0.3) continue;
+        if (!pi->alive || p->granted > 0 || now - p->declined_at < 0.3 || !dw__nccl_may_grant(W, i)) continue;
         W->rr = (i + 1) % W->peers.n;
         inbox_slot_t s;
         int rc = inbox_alloc(W->ib, W->slot_bytes, 1, &s);
@@ -185,7 +186,7 @@ static void work_run(uv_work_t *req) {
         int rc = dev_set(W->gpu);   /* per thread: this is a libuv worker */
         /* producer -> consumer ordering on the GPU: our stream waits for the
          * target's writes (no host wait) */
-        if (rc == 0) rc = dev_stream_wait(W->ops.stream, it->ev);
+        if (rc == 0 && it->ev) rc = dev_stream_wait(W->ops.stream, it->ev);   /* NULL: by NCCL, in order */
         inbox_slot_t sl;
         inbox_get(W->ib, it->slot_id, &sl);
         if (rc == 0 && slab_handle(W->tier[sl.tier])->kind == SLAB_HOST) {
@@ -419,8 +420,11 @@ static void on_hs_ready(dw_t *W, int pi, const proto_hidden_states_ready_t *h) {
     int bad = h->dtype != want || h->ndim != 2 || (W->gpu >= 0 && h->event_len != 64) || h->shape[1] != row ||
               h->shape[0] > W->token_budget || h->shape[0] < 1 || h->bytes > s.bytes || l.bytes > s.bytes ||
               h->mbs_in_step != W->K || h->mb_in_step != h->mb % W->K || h->step != h->mb / W->K;
-    /* a target on another node: every feature byte came as slab_data (it logs why not) */
-    int incomplete = !bad && !dw__slot_complete(W, pi, h->slot_id, l.feat_bytes);
+    /* a GPU target on another node: its bytes by NCCL, received whatever follows (the
+     * pair stays in step with its sends); a CPU one: every feature byte came as
+     * slab_data (it logs why not) */
+    int nccl = dw__nccl_take(W, pi, h->slot_id, l.feat_bytes);
+    int incomplete = !bad && (nccl < 0 || (nccl == 0 && !dw__slot_complete(W, pi, h->slot_id, l.feat_bytes)));
     if (bad) {
         log_warn("%s: hidden_states_ready for micro-batch %llu does not match this drafter "
                  "(shape %llux%llu, expected rows of %llu f32, K %u): dropped",
@@ -457,7 +461,7 @@ static void on_hs_ready(dw_t *W, int pi, const proto_hidden_states_ready_t *h) {
         log_error("micro-batch %llu: %s", (unsigned long long)h->mb, dl_errmsg());
         exit(1);
     }
-    if (W->gpu >= 0) {
+    if (W->gpu >= 0 && nccl == 0) {
         /* the producer's event: opened once per (target, incarnation, handle) */
         int e = 0;
         while (e < W->nevc && !(W->evc[e].peer == pi && W->evc[e].inc == p->incarnation &&
@@ -523,6 +527,7 @@ static void on_target_msg(bus_t *bus, const char *peer, const void *data, size_t
         }
         export_slab(W, W->srv, peer, W->tier[0]);
         if (W->tier[1]) export_slab(W, W->srv, peer, W->tier[1]);
+        dw__nccl_hello(W, i);   /* a GPU target on another node: a new pair, its grants held */
         grant_all(W);
         break;
     case PROTO_HIDDEN_STATES_READY:
@@ -558,6 +563,7 @@ static void on_target_dead(bus_t *bus, const char *peer, uint64_t silent_ms, voi
     log_warn("%s silent for %llu ms: its unused grants are reclaimed", peer, (unsigned long long)silent_ms);
     W->peers.p[i].alive = 0;
     reclaim(W, i);
+    dw__nccl_dead(W, i);
     grant_all(W);
 }
 
@@ -694,6 +700,7 @@ static void send_hello(dw_t *W) {
 
 /* Releases what main and dw_slabs made (after stage_run). */
 static void dw_fini(dw_t *W) {
+    dw__nccl_fini(W);
     xfer_destroy(&W->oxf);
     free(W->wmirror);
     bus_destroy(&W->srv);
@@ -820,6 +827,7 @@ int main(int argc, char **argv) {
     stage_on_metrics(&W.st, on_metrics, &W);
     stage_on_stop(&W.st, on_stop, &W);
     if (dw__xfer_init(&W) < 0) return 1;
+    if (dw__nccl_init(&W) < 0) return log_rc(DL_ENOTSUP, "nccl_cross"), 1;
     send_hello(&W);
     export_slab(&W, W.opt, NULL, W.grad);
     W.t_rate = W.idle_since = clock_mono_s();

@@ -35,7 +35,7 @@ typedef struct {
     const int32_t *lens;       /* (n_seqs) i32, in meta[slot_id] */
     const uint8_t *mask;       /* (T) u8, in meta[slot_id] */
     double t_ready;
-    void *ev;                  /* GPU mode: the producer's event (cached, not owned) */
+    void *ev;                  /* GPU mode: the producer's event (cached, not owned); NULL: NCCL */
 } item_t;
 
 typedef struct {
@@ -110,6 +110,11 @@ typedef struct {
     uint64_t wmirror_bytes;
     xfer_rx_t rx;              /* slab_data taken in (targets' features, the optimizer's weights) */
     uint64_t slot_rx[DW_MAX_SLOTS]; /* feature bytes received into each granted slot */
+    /* GPU targets on other nodes by NCCL (nccl_in.c; test hook nccl_cross=1 only) */
+    int nccl_cross;
+    struct nccl_pair *npair[PEERS_MAX];  /* by registry index, NULL none */
+    int npair_ready[PEERS_MAX];
+    bus_timer_t *nccl_timer;
 } dw_t;
 
 /* ---- xfer_in.c: the data plane across nodes ---- */
@@ -144,5 +149,26 @@ void dw__send_grads(dw_t *W, const proto_msg_t *m);
 size_t dw__grads_pending(const dw_t *W);
 /* drafter_worker.c: starts the next micro-batch if one is ready. */
 void dw__try_compute(dw_t *W);
+/* drafter_worker.c: grants to every target that may take one (grant_all). */
+void dw__grant_kick(dw_t *W);
+
+/* ---- nccl_in.c: GPU targets on other nodes by NCCL (test hook nccl_cross=1) ---- */
+
+/* Reads the hook (once, at start-up) and starts the poll timer. 0, or DL_ENOTSUP (hook
+ * set in a build without NCCL) / a bus error. */
+int dw__nccl_init(dw_t *W);
+/* A hello of target pi (new or restarted incarnation): a remote GPU target gets a new
+ * pair (the old one aborted), rank 0 here, `nccl_id` sent to it. */
+void dw__nccl_hello(dw_t *W, int pi);
+/* 0 while target pi needs a pair that is not ready (its grants are held), else 1. */
+int dw__nccl_may_grant(const dw_t *W, int pi);
+/* hidden_states_ready of target pi for `slot`: its `bytes` are received by NCCL into the
+ * slot on the compute stream. 1 done (enqueued), 0 not an NCCL target, -1 failed (the
+ * pair is aborted, the item must be dropped). Loop thread. */
+int dw__nccl_take(dw_t *W, int pi, uint32_t slot, uint64_t bytes);
+/* Target pi is dead: its pair is aborted (the others keep going). */
+void dw__nccl_dead(dw_t *W, int pi);
+/* Shutdown: the timer stopped, every pair aborted. */
+void dw__nccl_fini(dw_t *W);
 
 #endif

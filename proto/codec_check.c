@@ -392,6 +392,19 @@ int proto__check_node_signal(const proto_msg_t *m, const char *tn) {
     return 0;
 }
 
+/* nccl_id: a full id (an empty one would init a communicator nobody else joins),
+ * the receiver a rank of the communicator, never the drafter's own stage. */
+int proto__check_nccl_id(const proto_msg_t *m, const char *tn) {
+    const proto_nccl_id_t *x = &m->nccl_id;
+    if (x->id_len != DL_PROTO_NCCL_ID_BYTES)
+        return dl_seterr(DL_EPROTO, "%s.id: length %u, expected %u", tn, x->id_len, DL_PROTO_NCCL_ID_BYTES);
+    if (x->rank >= x->nranks)
+        return dl_seterr(DL_EPROTO, "%s.rank: %u, not below nranks %u", tn, x->rank, x->nranks);
+    if (x->peer_id == x->owner_id)
+        return dl_seterr(DL_EPROTO, "%s.peer_id: %u is the owner itself", tn, x->peer_id);
+    return 0;
+}
+
 int proto_validate(const proto_msg_t *m) {
     if (!m) return dl_seterr(DL_EINVAL, "proto_validate: NULL message");
     const msgdef_t *d = def_of((uint64_t)m->type);

@@ -26,7 +26,7 @@ static const char *const TYPE_NAMES[PROTO_TYPE_COUNT_] = {
     "slot_grant", "hidden_states_ready", "slot_release", "gradients_ready",
     "weights_version", "metrics", "control", "applied", "error", "ctl_request", "ctl_reply",
     [PROTO_RUN_CONFIG] = "run_config", "slab_data", "node_hello", "node_welcome", "node_spawn",
-    "node_signal", "node_stage",
+    "node_signal", "node_stage", "nccl_id",
 };
 static const char *const ROLE_NAMES[PROTO_ROLE_COUNT_] = {
     "?", "loader", "target", "drafter", "optimizer", "supervisor", "monitor",
@@ -81,6 +81,8 @@ size_t proto_dtype_size(proto_dtype_t d) {
                                           .min_n = (minlen), .max_n = (maxlen) }
 #define F_OPAQUE(T, f, lenf) { .name = #f, .kind = K_OPAQUE, .off = OFF(T.f), .n_off = OFF(T.lenf), \
                                .max_n = DL_PROTO_HANDLE_BYTES }
+#define F_OPAQUE_N(T, f, lenf, n) { .name = #f, .kind = K_OPAQUE, .off = OFF(T.f), .n_off = OFF(T.lenf), \
+                                    .max_n = (n) }
 #define F_ARR(K, T, f, nf, mn, mx) .name = #f, .kind = (K), .off = OFF(T.f), .n_off = OFF(T.nf), \
                                    .min_n = (mn), .max_n = (mx)
 
@@ -333,6 +335,15 @@ static const field_t F_NODE_STAGE[] = {
     F_U32(node_stage, pid, 0, U32ANY),
     F_I32(node_stage, wait_status, INT32_MIN, INT32_MAX),
 };
+static const field_t F_NCCL_ID[] = {
+    F_STAGE(nccl_id, owner_id),
+    F_U64(nccl_id, owner_inc, 1, UANY),
+    F_STAGE(nccl_id, peer_id),
+    F_U64(nccl_id, peer_inc, 1, UANY),
+    F_U32(nccl_id, nranks, 2, DL_PROTO_NCCL_RANKS_MAX),
+    F_U32(nccl_id, rank, 1, DL_PROTO_NCCL_RANKS_MAX - 1),
+    F_OPAQUE_N(nccl_id, id, id_len, DL_PROTO_NCCL_ID_BYTES),
+};
 
 #define DEF(tab, chk) { tab, (uint32_t)(sizeof(tab) / sizeof(tab[0])), chk }
 const msgdef_t proto__defs[PROTO_TYPE_COUNT_] = {
@@ -359,4 +370,5 @@ const msgdef_t proto__defs[PROTO_TYPE_COUNT_] = {
     [PROTO_NODE_SPAWN] = DEF(F_NODE_SPAWN, proto__check_node_spawn),
     [PROTO_NODE_SIGNAL] = DEF(F_NODE_SIGNAL, proto__check_node_signal),
     [PROTO_NODE_STAGE] = DEF(F_NODE_STAGE, NULL),
+    [PROTO_NCCL_ID] = DEF(F_NCCL_ID, proto__check_nccl_id),
 };

@@ -58,6 +58,7 @@ int proto__check_control(const proto_msg_t *m, const char *tn);
 int proto__check_applied(const proto_msg_t *m, const char *tn);
 int proto__check_ctl_request(const proto_msg_t *m, const char *tn);
 int proto__check_run_config(const proto_msg_t *m, const char *tn);
+int proto__check_nccl_id(const proto_msg_t *m, const char *tn);
 int proto__check_node_hello(const proto_msg_t *m, const char *tn);
 int proto__check_node_spawn(const proto_msg_t *m, const char *tn);
 int proto__check_node_signal(const proto_msg_t *m, const char *tn);

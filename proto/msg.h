@@ -65,6 +65,8 @@
 #define DL_PROTO_NODE_NAME_MAX 63u          /* node name: bus id characters (0x21..0x7e) */
 #define DL_PROTO_HOST_MAX      255u         /* hostname / address text */
 #define DL_PROTO_EXE_MAX       63u          /* stage executable name ([a-z_]) */
+#define DL_PROTO_NCCL_ID_BYTES 128u         /* sizeof(ncclUniqueId) (NCCL_UNIQUE_ID_BYTES) */
+#define DL_PROTO_NCCL_RANKS_MAX 64u         /* nccl_id nranks */
 
 #define DL_PROTO_MB_NONE   UINT64_MAX  /* "no micro-batch" (slot_release of an unused grant) */
 
@@ -93,7 +95,8 @@ typedef enum {
     PROTO_NODE_SPAWN          = 21,  /* supervisor -> node agent: start a stage */
     PROTO_NODE_SIGNAL         = 22,  /* supervisor -> node agent: signal a stage */
     PROTO_NODE_STAGE          = 23,  /* node agent -> supervisor: a stage started / exited */
-    PROTO_TYPE_COUNT_         = 24
+    PROTO_NCCL_ID             = 24,  /* drafter -> remote GPU target: join an NCCL pair */
+    PROTO_TYPE_COUNT_         = 25
 } proto_type_t;
 
 typedef enum {
@@ -486,6 +489,21 @@ typedef struct {
     int32_t wait_status;
 } proto_node_stage_t;
 
+/* The NCCL pair of a GPU drafter and a GPU target on another node (docs/MULTINODE.md
+ * section 4, common/mem/nccl.h): the drafter (owner, rank 0) made `id` with
+ * ncclGetUniqueId for the target incarnation peer_inc (its hello's) and inits rank 0;
+ * the target inits rank `rank` of `nranks` with it. An id for another incarnation
+ * of either side is stale: dropped. id: exactly DL_PROTO_NCCL_ID_BYTES, opaque. */
+typedef struct {
+    uint32_t owner_id;                             /* the drafter's stage id */
+    uint64_t owner_inc;
+    uint32_t peer_id;                              /* the target's stage id, != owner_id */
+    uint64_t peer_inc;
+    uint32_t nranks;                               /* 2..DL_PROTO_NCCL_RANKS_MAX */
+    uint32_t rank;                                 /* the receiver's, 1..nranks-1 */
+    uint8_t id[DL_PROTO_NCCL_ID_BYTES]; uint32_t id_len;   /* = 128 */
+} proto_nccl_id_t;
+
 /* One message. `version` is filled by proto_decode (always DL_PROTO_VERSION on
  * success); the encoder always writes DL_PROTO_VERSION. */
 typedef struct proto_msg {
@@ -515,6 +533,7 @@ typedef struct proto_msg {
         proto_node_spawn_t node_spawn;
         proto_node_signal_t node_signal;
         proto_node_stage_t node_stage;
+        proto_nccl_id_t nccl_id;
     };
     void *owned_;                /* decode-owned array storage; freed by proto_msg_free */
 } proto_msg_t;

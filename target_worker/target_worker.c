@@ -44,6 +44,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "target_worker/nccl_out.h"
+
 #define TW_MAX_QUEUE 8
 _Static_assert(TW_MAX_QUEUE == RUNCFG_PREFETCH_MAX, "--prefetch limit is the run config's");
 #define TW_MAX_GRANTS 16
@@ -110,10 +112,12 @@ typedef struct {
     uint8_t *staging;          /* host, one slot's bytes (staging_bytes): borrowed by xf until sent */
     int in_send;               /* inside after_work_cb's xfer_send (its done callback waits) */
     size_t staging_bytes;
+    tw_nccl_t nc;              /* GPU drafter on another node: NCCL (nccl_out.c, hook nccl_cross=1) */
 } tw_t;
 
 static void pump(tw_t *T);
 static int set_route(tw_t *T, int d);
+static void on_nccl_ready(void *arg) { pump(arg); }
 
 /* The staged features of a micro-batch are with the bus (or dropped): the staging
  * buffer is free for the next forward (not from inside after_work_cb's xfer_send:
@@ -159,20 +163,24 @@ static void work_run(uv_work_t *req) {
     if (T->gpu >= 0) {
         /* features by device copies straight into the drafter's GPU slot (peer
          * memory when it is on another GPU), or via scratch into its host tier */
-        int host = slot_slab_index(T->cur_g.slab_id) != SLOT_SLAB_GPU;
+        int nccl = T->remote && T->nc.on;   /* features into scratch, then ncclSend */
+        int host = !nccl && slot_slab_index(T->cur_g.slab_id) != SLOT_SLAB_GPU;
         void *stream = T->ops.stream;
         int rc = dev_set(T->gpu);   /* per thread: this is a libuv worker */
-        if (rc == 0 && host && !T->scratch) {
+        if (rc == 0 && (host || nccl) && !T->scratch) {
             T->scratch = T->ops.impl->malloc_(&T->ops, T->scratch_bytes);
             if (!T->scratch) rc = dl_seterr(DL_ENOMEM, "device scratch of %zu bytes", T->scratch_bytes);
         }
-        void *feat = host ? T->scratch : T->cur_base;
+        void *feat = host || nccl ? T->scratch : T->cur_base;
         if (rc == 0) rc = target_forward_host(T->t, m->tokens, NULL, T->cu, (int)m->n_seqs, (int)m->T, feat, NULL);
         if (rc == 0 && host) rc = dev_copy_async(T->cur_base, T->scratch, (size_t)m->T * row * T->elem, stream);
         T->cur_ev = T->ev_next;
         T->ev_next = (T->ev_next + 1) % TW_N_EVENTS;
         if (rc == 0) rc = dev_event_record(T->ev[T->cur_ev], stream);
         if (rc == 0) rc = dev_stream_sync(stream);   /* this stream only */
+        /* after the sync: the drafter posts its recv on hidden_states_ready, so the send
+         * must not be waited for here; the next forward follows it on the stream */
+        if (rc == 0 && nccl) rc = tw_nccl_send(&T->nc, T->scratch, (size_t)m->T * row * T->elem, stream);
         T->cur_rc = rc;
         T->cur_fwd_s = clock_mono_s() - t0;
         return;
@@ -201,6 +209,7 @@ static void after_work_cb(uv_work_t *req, int status) {
     tw_t *T = req->data;
     (void)status;
     T->busy = 0;
+    tw_nccl_after_work(&T->nc);
     mb_t *m = &T->cur;
     stage_phase_add(&T->st, PHASE_FORWARD, T->cur_fwd_s);
     if (T->cur_rc < 0) {
@@ -240,7 +249,9 @@ static void after_work_cb(uv_work_t *req, int status) {
     h->n_seq_lens = m->n_seqs;
     h->loss_mask = m->mask;
     h->n_loss_mask = m->T;
-    if (T->cur_inc == T->drafter_inc && T->remote) {
+    if (T->cur_inc == T->drafter_inc && T->remote && T->nc.on) {
+        stage_send(T->drafter, NULL, &o);   /* the bytes went by NCCL, before this */
+    } else if (T->cur_inc == T->drafter_inc && T->remote) {
         /* the staged features into the granted slot, then the announcement; the
          * staging buffer is the source until the job is done (pump waits for it) */
         xfer_range_t r = {h->drafter_id, T->drafter_inc, T->cur_g.slab_id, T->cur_g.offset};
@@ -281,7 +292,8 @@ static void after_work_cb(uv_work_t *req, int status) {
 static void pump(tw_t *T) {
     if (T->busy || T->st.stopping) return;
     if (T->qn == 0) { T->st.state = PROTO_STATE_IDLE; return; }
-    if (T->gn == 0 || T->route < 0 || (T->remote && (xfer_pending(T->xf) || !T->staging))) {
+    int held = T->remote && (T->nc.on ? !tw_nccl_ready(&T->nc) : xfer_pending(T->xf) || !T->staging);
+    if (T->gn == 0 || T->route < 0 || held) {
         T->st.state = PROTO_STATE_BLOCKED;
         if (T->blocked_since == 0) T->blocked_since = clock_mono_s();
         return;
@@ -297,7 +309,7 @@ static void pump(tw_t *T) {
         return;
     }
     void *base = NULL;
-    if (T->remote && l.bytes > T->staging_bytes) {
+    if (T->remote && !T->nc.on && l.bytes > T->staging_bytes) {
         log_error("grant of slot %u is larger than the staging buffer", T->g[gi].slot_id);
         T->g[gi] = T->g[--T->gn];
         return;
@@ -370,6 +382,7 @@ static void forget_drafter(tw_t *T) {
     /* a forward in flight writes into the old mapping: unmap after it (after_work_cb) */
     if (T->busy) T->drop_pending = 1;
     else if (T->route >= 0) hcache_drop_owner(T->hc, PIPE_ID_DRAFTER0 + (uint32_t)T->route);
+    tw_nccl_drop(&T->nc, T->busy);
 }
 
 /* The staging buffer of a cross-node route: allocated at the first grant (one slot's
@@ -427,7 +440,7 @@ static void on_drafter_msg(bus_t *bus, const char *peer, const void *data, size_
             log_warn("slot grant from drafter %u not for us: ignored", m.slot_grant.drafter_id);
             break;
         }
-        if (T->remote && !staging_alloc(T, m.slot_grant.bytes)) {
+        if (T->remote && !T->nc.on && !staging_alloc(T, m.slot_grant.bytes)) {
             proto_msg_t r;   /* handed back unused, so the drafter's credit is not lost */
             proto_msg_init(&r, PROTO_SLOT_RELEASE);
             r.slot_release.drafter_id = want;
@@ -439,6 +452,9 @@ static void on_drafter_msg(bus_t *bus, const char *peer, const void *data, size_
         T->g[T->gn++] = (grant_t){m.slot_grant.slot_id, m.slot_grant.slab_id, m.slot_grant.offset,
                                   m.slot_grant.bytes};
         pump(T);
+        break;
+    case PROTO_NCCL_ID:   /* our pair with a GPU drafter on another node (hook nccl_cross=1) */
+        tw_nccl_on_id(&T->nc, &m.nccl_id, T->st.stage_id, T->st.incarnation, want, T->drafter_inc, T->busy);
         break;
     default:
         log_warn("unexpected %s from the drafter", proto_type_name(m.type));
@@ -481,7 +497,7 @@ static int set_route(tw_t *T, int d) {
     T->route = d;
     T->drafter_inc = 0;
     T->remote = stage_remote(&T->st, PIPE_ID_DRAFTER0 + (uint32_t)d);
-    if (T->remote && T->gpu >= 0) {
+    if (T->remote && T->gpu >= 0 && !T->nc.on) {
         const run_config_t *c = T->st.cfg;
         int me = c->node, dn = runcfg_stage_node(c, PIPE_ID_DRAFTER0 + (uint32_t)d);
         log_error("target on GPU %d of node %d (%s) is routed to drafter %d on node %d (%s): GPU stages on "
@@ -673,6 +689,7 @@ int main(int argc, char **argv) {
     if (!T.loader) return log_rc(DL_EIO, "connect to the loader"), 1;
     bus_on_message(T.loader, on_loader_msg, &T);
     send_hello(&T, T.loader);
+    if (tw_nccl_init(&T.nc, T.gpu, &T.st.loop, on_nccl_ready, &T) < 0) return log_rc(DL_ENOTSUP, "nccl_cross"), 1;
     if (set_route(&T, drafter) < 0) return 1;
     stage_on_metrics(&T.st, on_metrics, &T);
     stage_on_control(&T.st, on_control, &T);
@@ -683,6 +700,7 @@ int main(int argc, char **argv) {
     T.idle_grant_since = clock_mono_s();
     bus_timer_start(T.loader, 50, 50, on_idle_timer, &T, &T.idle_timer);
     stage_run(&T.st);
+    tw_nccl_fini(&T.nc);
     uint64_t opens = hcache_opens(T.hc);
     xfer_destroy(&T.xf);
     free(T.staging);

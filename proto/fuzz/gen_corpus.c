@@ -170,6 +170,12 @@ int main(int argc, char **argv) {
     m.node_stage.stage_id = 100; m.node_stage.incarnation = 1; m.node_stage.event = PROTO_NODE_EV_EXITED;
     m.node_stage.pid = 4321; m.node_stage.wait_status = 256; emit(dir, &m);
 
+    proto_msg_init(&m, PROTO_NCCL_ID);
+    m.nccl_id.owner_id = 100; m.nccl_id.owner_inc = 1; m.nccl_id.peer_id = 10; m.nccl_id.peer_inc = 2;
+    m.nccl_id.nranks = 2; m.nccl_id.rank = 1; m.nccl_id.id_len = DL_PROTO_NCCL_ID_BYTES;
+    for (uint32_t i = 0; i < DL_PROTO_NCCL_ID_BYTES; i++) m.nccl_id.id[i] = (uint8_t)(i ^ 0x5a);
+    emit(dir, &m);
+
     for (int t = 1; t < PROTO_TYPE_COUNT_; t++)   /* a new type needs its seed here */
         if (!seen[t]) { fprintf(stderr, "gen_corpus: no seed of type %d (%s)\n", t, proto_type_name((proto_type_t)t)); n_failed++; }
     printf("gen_corpus: %d seeds in %s\n", n_written, dir);

@@ -100,6 +100,8 @@ static void assert_msg_equal(const proto_msg_t *x, const proto_msg_t *y) {
         EQ(stage_id); EQ(incarnation); EQ(signum); break; }
     case PROTO_NODE_STAGE: { const proto_node_stage_t *a = &x->node_stage, *b = &y->node_stage;
         EQ(stage_id); EQ(incarnation); EQ(event); EQ(pid); EQ(wait_status); break; }
+    case PROTO_NCCL_ID: { const proto_nccl_id_t *a = &x->nccl_id, *b = &y->nccl_id;
+        EQ(owner_id); EQ(owner_inc); EQ(peer_id); EQ(peer_inc); EQ(nranks); EQ(rank); EQH(id, id_len); break; }
     default: fail_msg("unexpected type %d", x->type);
     }
 }
@@ -386,7 +388,8 @@ static void test_names(void **state) {
                                       "node_stage" };
     for (int t = PROTO_SLAB_DATA; t <= PROTO_NODE_STAGE; t++)
         assert_string_equal(proto_type_name((proto_type_t)t), v2[t - PROTO_SLAB_DATA]);
-    assert_int_equal(PROTO_TYPE_COUNT_, 24);
+    assert_string_equal(proto_type_name(PROTO_NCCL_ID), "nccl_id");   /* appended within v2 */
+    assert_int_equal(PROTO_TYPE_COUNT_, 25);
     assert_int_equal(DL_PROTO_VERSION, 2);
     assert_string_equal(proto_type_name((proto_type_t)99), "?");
     proto_role_t r;

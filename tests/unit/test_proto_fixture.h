@@ -52,7 +52,7 @@ static inline uint32_t fill_lines(char *buf, unsigned n, unsigned width, const c
     return len;
 }
 
-/* make_sample's run_config, node-plane and multi-node types (slab_data, node_*): m is initialised. */
+/* make_sample's run_config, node-plane and multi-node types (slab_data, node_*, nccl_id): m is initialised. */
 static inline void make_sample_node(int t, bool big, proto_msg_t *m) {
     switch (t) {
     case PROTO_RUN_CONFIG: {
@@ -151,6 +151,14 @@ static inline void make_sample_node(int t, bool big, proto_msg_t *m) {
         x->stage_id = 201; x->incarnation = 3;
         if (big) { x->event = PROTO_NODE_EV_FAILED; x->pid = 0; x->wait_status = 2; }   /* ENOENT */
         else { x->event = PROTO_NODE_EV_EXITED; x->pid = 31337; x->wait_status = 0x8b; }  /* SIGSEGV, core */
+        break;
+    }
+    case PROTO_NCCL_ID: {
+        proto_nccl_id_t *x = &m->nccl_id;
+        x->owner_id = 301; x->owner_inc = 5; x->peer_id = 201; x->peer_inc = 0x1234567890ull;
+        x->nranks = big ? DL_PROTO_NCCL_RANKS_MAX : 2; x->rank = big ? DL_PROTO_NCCL_RANKS_MAX - 1 : 1;
+        for (uint32_t i = 0; i < DL_PROTO_NCCL_ID_BYTES; i++) x->id[i] = (uint8_t)(i * 37u + 11u);
+        x->id_len = DL_PROTO_NCCL_ID_BYTES;
         break;
     }
     }

@@ -1,5 +1,5 @@
 /* proto v2: the node agent's messages (node_hello, node_welcome, node_spawn,
- * node_signal, node_stage) and slab_data, refused on both sides: proto_validate /
+ * node_signal, node_stage), slab_data and nccl_id, refused on both sides: proto_validate /
  * proto_encode (expect_invalid) and proto_decode of a valid sample re-packed with
  * one field broken (expect_reject), each naming the field. Every-field wrong types,
  * truncations and the field names of these types are in test_proto_reject.c (its
@@ -195,10 +195,86 @@ static void test_node_rules_on_wire(void **state) {
     msgpack_sbuffer_destroy(&sb);
 }
 
+/* nccl_id (type 24): ranges and cross-field rules on both sides, and the id's 128
+ * bytes carried exactly (every byte value, no NUL handling). */
+static void test_nccl_id(void **state) {
+    (void)state;
+    proto_msg_t m, d;
+    make_sample(PROTO_NCCL_ID, false, &m);
+    for (uint32_t i = 0; i < DL_PROTO_NCCL_ID_BYTES; i++) m.nccl_id.id[i] = (uint8_t)(255u - i);
+    m.nccl_id.id[7] = 0;
+    size_t len;
+    uint8_t *buf = encode_heap(&m, &len);
+    assert_int_equal(proto_decode(buf, len, &d), 0);
+    assert_int_equal(d.type, PROTO_NCCL_ID);
+    assert_int_equal(d.nccl_id.id_len, DL_PROTO_NCCL_ID_BYTES);
+    assert_memory_equal(d.nccl_id.id, m.nccl_id.id, DL_PROTO_NCCL_ID_BYTES);
+    assert_int_equal(d.nccl_id.owner_id, 301); assert_int_equal(d.nccl_id.peer_inc, 0x1234567890ull);
+    proto_msg_free(&d);
+    free(buf);
+
+    make_sample(PROTO_NCCL_ID, false, &m);
+    m.nccl_id.id_len = 0;
+    expect_invalid(&m, "nccl_id.id: length 0, expected 128");
+    m.nccl_id.id_len = 64;
+    expect_invalid(&m, "nccl_id.id: length 64, expected 0 or 128");
+    make_sample(PROTO_NCCL_ID, false, &m);
+    m.nccl_id.rank = 2;
+    expect_invalid(&m, "nccl_id.rank: 2, not below nranks 2");
+    m.nccl_id.rank = 0;
+    expect_invalid(&m, "nccl_id.rank: 0 out of range [1, 63]");
+    make_sample(PROTO_NCCL_ID, false, &m);
+    m.nccl_id.nranks = 1;
+    expect_invalid(&m, "nccl_id.nranks: 1 out of range [2, 64]");
+    m.nccl_id.nranks = DL_PROTO_NCCL_RANKS_MAX + 1;
+    expect_invalid(&m, "nccl_id.nranks: 65 out of range [2, 64]");
+    make_sample(PROTO_NCCL_ID, false, &m);
+    m.nccl_id.peer_id = m.nccl_id.owner_id;
+    expect_invalid(&m, "nccl_id.peer_id: 301 is the owner itself");
+    make_sample(PROTO_NCCL_ID, false, &m);
+    m.nccl_id.peer_inc = 0;
+    expect_invalid(&m, "nccl_id.peer_inc: 0 out of range");
+}
+
+static void repl_bin(msgpack_packer *pk, const msgpack_object *o, void *arg) {
+    (void)o;
+    uint32_t n = *(const uint32_t *)arg;
+    static const uint8_t z[DL_PROTO_NCCL_ID_BYTES + 1];
+    msgpack_pack_bin(pk, n); if (n) msgpack_pack_bin_body(pk, z, n);
+}
+
+/* nccl_id as a peer of another build could send it: the id short, empty or long, the
+ * rank outside the communicator; refused by proto_decode naming the field. */
+static void test_nccl_id_on_wire(void **state) {
+    (void)state;
+    struct { unsigned field; uint32_t bin; int64_t num; const char *want; } cases[] = {
+        { 6, 127, 0, "nccl_id.id: length 127, expected 0 or 128" },
+        { 6, 129, 0, "nccl_id.id: 129 bytes, expected 0 or 128" },
+        { 6, 0, 0, "nccl_id.id: length 0, expected 128" },
+        { 5, 0, 2, "nccl_id.rank: 2, not below nranks 2" },
+        { 5, 0, 0, "nccl_id.rank: 0 out of range" },
+        { 4, 0, 0, "nccl_id.nranks: 0 out of range" },
+        { 2, 0, 301, "nccl_id.peer_id: 301 is the owner itself" },
+        { 1, 0, 0, "nccl_id.owner_inc: 0 out of range" },
+    };
+    for (unsigned i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        proto_msg_t m;
+        make_sample(PROTO_NCCL_ID, false, &m);
+        size_t len, l2;
+        uint8_t *buf = encode_heap(&m, &len);
+        uint8_t *b2 = cases[i].field == 6 ? repack(buf, len, 2 + 6, repl_bin, &cases[i].bin, &l2)
+                                          : repack(buf, len, 2 + cases[i].field, repl_int, &cases[i].num, &l2);
+        expect_reject(b2, l2, cases[i].want);
+        free(b2); free(buf);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_node_rules),
         cmocka_unit_test(test_node_rules_on_wire),
+        cmocka_unit_test(test_nccl_id),
+        cmocka_unit_test(test_nccl_id_on_wire),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

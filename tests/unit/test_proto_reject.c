@@ -63,6 +63,7 @@ static const char *const SPEC[PROTO_TYPE_COUNT_][48] = {
     [PROTO_NODE_SPAWN] = { "stage_id", "incarnation", "exe", "index", "threads", "sup_endpoint", "log_level" },
     [PROTO_NODE_SIGNAL] = { "stage_id", "incarnation", "signum" },
     [PROTO_NODE_STAGE] = { "stage_id", "incarnation", "event", "pid", "wait_status" },
+    [PROTO_NCCL_ID] = { "owner_id", "owner_inc", "peer_id", "peer_inc", "nranks", "rank", "id" },
 };
 
 static unsigned spec_n(int t) {
@@ -553,10 +554,10 @@ static void test_semantic_rules(void **state) {
     m.error.code = 3;
     expect_invalid(&m, "error.code: 3 out of range [-1000, -1]");
     make_sample(PROTO_ERROR, false, &m);
-    m.error.ref_type = PROTO_NODE_STAGE;   /* an error can answer every v2 type */
+    m.error.ref_type = PROTO_NCCL_ID;      /* an error can answer every v2 type */
     assert_int_equal(proto_validate(&m), 0);
     m.error.ref_type = PROTO_TYPE_COUNT_;
-    expect_invalid(&m, "error.ref_type: 24 out of range [0, 23]");
+    expect_invalid(&m, "error.ref_type: 25 out of range [0, 24]");
 
     make_sample(PROTO_METRICS, false, &m);
     m.metrics.metrics[1].name[0] = 0;
