@@ -28,6 +28,41 @@ static void emit(const char *dir, const proto_msg_t *m) {
     msgpack_sbuffer_destroy(&sb);
 }
 
+/* Seeds of the node agents' messages and nccl_id. */
+static void emit_node_seeds(const char *dir) {
+    proto_msg_t m;
+    static const int64_t mib[2] = { 81000, 40960 };
+    proto_msg_init(&m, PROTO_NODE_HELLO);
+    proto_node_hello_t *nh = &m.node_hello;
+    strcpy(nh->name, "b"); strcpy(nh->hostname, "b.example"); strcpy(nh->addr, "10.0.0.2");
+    nh->run_dir = "/scratch/r1"; nh->n_run_dir = 11; nh->pid = 77; nh->incarnation = 5;
+    nh->proto_version = DL_PROTO_VERSION; nh->cores = 16; emit(dir, &m);
+    nh->gpu_uuids = "GPU-1\nGPU-2"; nh->n_gpu_uuids = 11; nh->gpu_free_mib = mib; nh->n_gpu_free_mib = 2;
+    emit(dir, &m);
+
+    proto_msg_init(&m, PROTO_NODE_WELCOME);
+    strcpy(m.node_welcome.run_id, "r1"); m.node_welcome.node_index = 1; m.node_welcome.node_incarnation = 5;
+    emit(dir, &m);
+
+    proto_msg_init(&m, PROTO_NODE_SPAWN);
+    m.node_spawn.stage_id = 100; m.node_spawn.incarnation = 1; strcpy(m.node_spawn.exe, "drafter_worker");
+    m.node_spawn.index = 0; m.node_spawn.threads = 4; strcpy(m.node_spawn.sup_endpoint, "tcp://10.0.0.1:29500");
+    emit(dir, &m);
+
+    proto_msg_init(&m, PROTO_NODE_SIGNAL);
+    m.node_signal.stage_id = 100; m.node_signal.incarnation = 1; m.node_signal.signum = 15; emit(dir, &m);
+
+    proto_msg_init(&m, PROTO_NODE_STAGE);
+    m.node_stage.stage_id = 100; m.node_stage.incarnation = 1; m.node_stage.event = PROTO_NODE_EV_EXITED;
+    m.node_stage.pid = 4321; m.node_stage.wait_status = 256; emit(dir, &m);
+
+    proto_msg_init(&m, PROTO_NCCL_ID);
+    m.nccl_id.owner_id = 100; m.nccl_id.owner_inc = 1; m.nccl_id.peer_id = 10; m.nccl_id.peer_inc = 2;
+    m.nccl_id.nranks = 2; m.nccl_id.rank = 1; m.nccl_id.id_len = DL_PROTO_NCCL_ID_BYTES;
+    for (uint32_t i = 0; i < DL_PROTO_NCCL_ID_BYTES; i++) m.nccl_id.id[i] = (uint8_t)(i ^ 0x5a);
+    emit(dir, &m);
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) { fprintf(stderr, "usage: gen_corpus DIR\n"); return 2; }
     const char *dir = argv[1];
@@ -114,7 +149,7 @@ int main(int argc, char **argv) {
     m.error.code = DL_EPROTO; m.error.ref_type = PROTO_MICRO_BATCH; strcpy(m.error.message, "bad"); emit(dir, &m);
 
     static const int64_t gpus[3] = { 0, 1, 2 }, routes[3] = { 0, 1, 0 }, tnodes[3] = { 0, 2, 1 },
-                         dnodes[2] = { 1, 2 }, mib[2] = { 81000, 40960 };
+                         dnodes[2] = { 1, 2 };
     static const uint8_t text[5] = { '{', '}', 0, 0xff, '\n' };
 
     proto_msg_init(&m, PROTO_CTL_REQUEST);
@@ -146,35 +181,7 @@ int main(int argc, char **argv) {
     m.slab_data.owner_id = 101; m.slab_data.owner_inc = 3; m.slab_data.slab_id = 1; m.slab_data.offset = 4096;
     m.slab_data.data = mask; m.slab_data.n_data = 8; emit(dir, &m);
 
-    proto_msg_init(&m, PROTO_NODE_HELLO);
-    proto_node_hello_t *nh = &m.node_hello;
-    strcpy(nh->name, "b"); strcpy(nh->hostname, "b.example"); strcpy(nh->addr, "10.0.0.2");
-    nh->run_dir = "/scratch/r1"; nh->n_run_dir = 11; nh->pid = 77; nh->incarnation = 5;
-    nh->proto_version = DL_PROTO_VERSION; nh->cores = 16; emit(dir, &m);
-    nh->gpu_uuids = "GPU-1\nGPU-2"; nh->n_gpu_uuids = 11; nh->gpu_free_mib = mib; nh->n_gpu_free_mib = 2;
-    emit(dir, &m);
-
-    proto_msg_init(&m, PROTO_NODE_WELCOME);
-    strcpy(m.node_welcome.run_id, "r1"); m.node_welcome.node_index = 1; m.node_welcome.node_incarnation = 5;
-    emit(dir, &m);
-
-    proto_msg_init(&m, PROTO_NODE_SPAWN);
-    m.node_spawn.stage_id = 100; m.node_spawn.incarnation = 1; strcpy(m.node_spawn.exe, "drafter_worker");
-    m.node_spawn.index = 0; m.node_spawn.threads = 4; strcpy(m.node_spawn.sup_endpoint, "tcp://10.0.0.1:29500");
-    emit(dir, &m);
-
-    proto_msg_init(&m, PROTO_NODE_SIGNAL);
-    m.node_signal.stage_id = 100; m.node_signal.incarnation = 1; m.node_signal.signum = 15; emit(dir, &m);
-
-    proto_msg_init(&m, PROTO_NODE_STAGE);
-    m.node_stage.stage_id = 100; m.node_stage.incarnation = 1; m.node_stage.event = PROTO_NODE_EV_EXITED;
-    m.node_stage.pid = 4321; m.node_stage.wait_status = 256; emit(dir, &m);
-
-    proto_msg_init(&m, PROTO_NCCL_ID);
-    m.nccl_id.owner_id = 100; m.nccl_id.owner_inc = 1; m.nccl_id.peer_id = 10; m.nccl_id.peer_inc = 2;
-    m.nccl_id.nranks = 2; m.nccl_id.rank = 1; m.nccl_id.id_len = DL_PROTO_NCCL_ID_BYTES;
-    for (uint32_t i = 0; i < DL_PROTO_NCCL_ID_BYTES; i++) m.nccl_id.id[i] = (uint8_t)(i ^ 0x5a);
-    emit(dir, &m);
+    emit_node_seeds(dir);
 
     for (int t = 1; t < PROTO_TYPE_COUNT_; t++)   /* a new type needs its seed here */
         if (!seen[t]) { fprintf(stderr, "gen_corpus: no seed of type %d (%s)\n", t, proto_type_name((proto_type_t)t)); n_failed++; }
