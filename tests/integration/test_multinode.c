@@ -105,6 +105,8 @@ static void run_start(proc_t *p, pf_run_args_t *a, const char *out, const char *
     int n = 0;
     while (argv[n]) n++;
     if (listen) { argv[n++] = "--listen"; argv[n++] = listen; argv[n] = NULL; }
+    /* a run meant to go on until it is stopped: more than the fixture's one epoch (29 steps) */
+    if (atoll(max_steps) > 1000) { argv[n++] = "--epochs"; argv[n++] = "1000"; argv[n] = NULL; }
     for (int i = 0; argv[i]; i++) a->argv[i] = (char *)argv[i];
     snprintf(a->log, sizeof a->log, "%s/%s.out", fx.root, tag);
     assert_int_equal(proc_spawn(p, "draftline run", pf_run_child, a), 0);
