@@ -315,6 +315,52 @@ static void resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_h
 #undef TAKE
 }
 
+/* A multi-node run whose optimizer ran on another node keeps its checkpoints there
+ * (docs/MULTINODE.md section 6): run_dir's run.json names that node and its run dir.
+ * Returns 1 with node[ncap] and dir[cap] (that node's run dir), else 0. */
+static int remote_ckpt_home(const char *run_dir, char *node, size_t ncap, char *dir, size_t cap) {
+    rundir_run_t *j = malloc(sizeof *j);
+    int found = 0;
+    if (j && rundir_run_read(run_dir, j) == 0) {
+        for (int i = 0; i < j->n_stages && !found; i++) {
+            const rundir_stage_t *e = &j->stages[i];
+            if (strcmp(e->name, "optimizer") || !e->node[0] || !strcmp(e->node, "head")) continue;
+            for (int k = 0; k < j->n_nodes; k++)
+                if (!strcmp(j->nodes[k].name, e->node) && j->nodes[k].run_dir[0]) {
+                    snprintf(node, ncap, "%s", e->node);
+                    snprintf(dir, cap, "%s", j->nodes[k].run_dir);
+                    found = 1;
+                }
+        }
+    }
+    free(j);
+    return found;
+}
+
+/* --resume DIR of a multi-node run dir without checkpoints of its own: the checkpoint is
+ * the one on the optimizer's node when it can be read here (a shared filesystem, or the
+ * same host); o->resume becomes it and --out stays DIR. Else refused (2), naming the node
+ * and path: a run that applied steps is never started fresh. 0 when not that case. */
+static int resume_remote(launch_t *L) {
+    run_opts_t *o = L->o;
+    static char ck[4096], head_dir[4096];
+    char node[64], dir[4096];
+    if (ckpt_resolve(o->resume, ck, sizeof ck) == 0 || !remote_ckpt_home(o->resume, node, sizeof node, dir, sizeof dir))
+        return 0;
+    if (ckpt_resolve(dir, ck, sizeof ck) < 0) {
+        fprintf(stderr, "draftline run: --resume %s: this multi-node run's optimizer ran on node %s, so its "
+                        "checkpoints are in %s/checkpoints on that node, which this host cannot read: make that "
+                        "path readable here at the same path (a shared filesystem), or copy it here to that "
+                        "path, then rerun (the optimizer resumes from it on node %s)\n", o->resume, node, dir, node);
+        return 2;
+    }
+    snprintf(head_dir, sizeof head_dir, "%s", o->resume);
+    if (!o->out) o->out = head_dir;
+    log_info("--resume %s: its optimizer ran on node %s: resuming from %s", head_dir, node, ck);
+    o->resume = ck;
+    return 0;
+}
+
 int sup__resume_take_defaults(launch_t *L) {
     run_opts_t *o = L->o;
     if (!o->resume) return 0;
@@ -322,6 +368,9 @@ int sup__resume_take_defaults(launch_t *L) {
         fprintf(stderr, "draftline run: --resume %s: %s\n", o->resume, strerror(errno));
         return 2;
     }
+    const char *asked = o->resume;   /* a multi-node run dir: its run.json, not the checkpoint's dir */
+    int rr = resume_remote(L);
+    if (rr) return rr;
     char ck[4096] = "", rj[4200];
     ckpt_state_hdr_t h;
     int have_ck = ckpt_resolve(o->resume, ck, sizeof ck) == 0;
@@ -339,7 +388,8 @@ int sup__resume_take_defaults(launch_t *L) {
                  unverified & CKPT_UNVERIFIED_MODEL ? "model.safetensors" : "");
     int have_h = have_ck && ckpt_read_hdr(ck, &h) == 0;
     int have_rj = rundir_path(rj, sizeof rj, o->resume, RUNDIR_RUN_JSON) == 0 && access(rj, F_OK) == 0;
-    if (have_ck) run_dir_of_ckpt(ck, L->resume_run, sizeof L->resume_run);
+    if (asked != o->resume) snprintf(L->resume_run, sizeof L->resume_run, "%s", asked);
+    else if (have_ck) run_dir_of_ckpt(ck, L->resume_run, sizeof L->resume_run);
     else if (have_rj) snprintf(L->resume_run, sizeof L->resume_run, "%s", o->resume);
     char taken[8192] = "";
     resume_defaults(o, ck, have_h ? &h : NULL, L->resume_run, taken, sizeof taken);

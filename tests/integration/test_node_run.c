@@ -8,6 +8,10 @@
  *
  * test_agents_bitwise: the final checkpoint (in b's run dir) is bitwise the one-host run's,
  *   and b's steps.jsonl holds every step once.
+ * test_agents_resume (after test_agents_bitwise): `run --resume` of that multi-node run dir,
+ *   whose checkpoints are on node b (the optimizer's), to step 28 with the agents back: the
+ *   head finds the checkpoint through run.json (never a fresh start) and the result is
+ *   bitwise the one-host run resumed to 28.
  * test_agents_faults: the same run with kill -9 of agent b's process group (both drafters
  *   and the optimizer with it) after step 6 and b started again (its optimizer resumes
  *   from the checkpoint it reported), then kill -9 of target1 on a: it finishes, every step
@@ -293,6 +297,63 @@ static void test_agents_bitwise(void **state) {
     agents_run("clean", 0);
 }
 
+static void test_agents_resume(void **state) {
+    (void)state;
+    one_host_run();
+    char clean[400], listen[64], key[500], hlog[400], adir[400], bdir[400];
+    snprintf(clean, sizeof clean, "%s/clean", fx.root);
+    snprintf(key, sizeof key, "%s/node.key", clean);
+    snprintf(adir, sizeof adir, "%s/clean-a", fx.root);
+    snprintf(bdir, sizeof bdir, "%s/clean-b", fx.root);
+    /* the one-host run, resumed to step 28 */
+    static pf_run_args_t o;
+    memset(&o, 0, sizeof o);
+    const char *ov[] = {fx.exe, "run", "--resume", g_one, "--max-steps", "28", NULL};
+    set_argv(&o, ov);
+    snprintf(o.log, sizeof o.log, "%s/one28.out", fx.root);
+    int rc = pf_run_draftline(&o, g_one, 200, NULL);
+    if (rc != 0) show(o.log);
+    assert_int_equal(rc, 0);
+    /* the multi-node run dir, resumed with its agents back (same names, same run dirs) */
+    int port = free_port_span();
+    assert_true(port > 0);
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+    static pf_run_args_t h;
+    memset(&h, 0, sizeof h);
+    const char *hv[] = {fx.exe, "run", "--resume", clean, "--max-steps", "28", "--targets", "a:2", "--drafters", "b:2",
+                        "--listen", listen, "--nodes", "2", "--join-timeout", "120", NULL};
+    set_argv(&h, hv);
+    snprintf(hlog, sizeof hlog, "%s/resume-head.out", fx.root);
+    snprintf(h.log, sizeof h.log, "%s", hlog);
+    proc_t hp;
+    assert_int_equal(proc_spawn(&hp, "draftline run", pf_run_child, &h), 0);
+    int waiting = wait_for_text(hlog, "waiting for", 60);
+    if (!waiting) show(hlog);
+    assert_true(waiting);
+    static agent_t A, B;
+    agent_start(&A, "a", listen, key, "resume", adir);
+    agent_start(&B, "b", listen, key, "resume", bdir);
+    rc = pf_run_finish(&hp, hlog, clean, 300, NULL);
+    if (rc != 0 || getenv("DL_TEST_VERBOSE")) { show(hlog); show(A.args.log); show(B.args.log); }
+    assert_int_equal(rc, 0);
+    assert_true(wait_for_text(hlog, "its optimizer ran on node b: resuming from", 1));
+    assert_true(wait_for_text(hlog, "summary: 28 steps", 1));
+    int arc = -1;
+    assert_int_equal(proc_wait(&A.p, 20000, &arc), 0);
+    proc_kill(&A.p);
+    assert_int_equal(proc_wait(&B.p, 20000, &arc), 0);
+    proc_kill(&B.p);
+    const char *files[] = {"state.bin", "model.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        char a[700], b[700];
+        snprintf(a, sizeof a, "%s/checkpoints/step_28/%s", g_one, files[i]);
+        snprintf(b, sizeof b, "%s/checkpoints/step_28/%s", bdir, files[i]);
+        int same = pf_same_file(a, b);
+        if (!same) printf("%s differs from the one-host %s\n", b, a);
+        assert_true(same);
+    }
+}
+
 static void test_agents_faults(void **state) {
     (void)state;
     agents_run("faults", 1);
@@ -301,6 +362,7 @@ static void test_agents_faults(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_agents_bitwise),
+        cmocka_unit_test(test_agents_resume),
         cmocka_unit_test(test_agents_faults),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
