@@ -2,10 +2,61 @@
 #include "supervisor/launch_int.h"
 #include "common/base/err.h"
 
+#include <arpa/inet.h>
+#include <errno.h>
 #include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+/* HOST of --listen as an IPv4 address the stages bind and the nodes reach: an address as
+ * given, a hostname resolved once here (getaddrinfo, the first IPv4 answer). 0, or 2
+ * after printing why. */
+static int listen_address(const char *flag, char *host, size_t cap) {
+    struct in_addr a;
+    if (inet_pton(AF_INET, host, &a) == 1) return 0;
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    int rc = getaddrinfo(host, NULL, &hints, &res);
+    if (rc != 0 || !res) {
+        fprintf(stderr, "draftline run: --listen %s: cannot resolve '%s' (%s): give an IPv4 address of this host "
+                        "that the nodes reach\n", flag, host, gai_strerror(rc));
+        return 2;
+    }
+    char ip[INET_ADDRSTRLEN];
+    inet_ntop(AF_INET, &((struct sockaddr_in *)res->ai_addr)->sin_addr, ip, sizeof ip);
+    freeaddrinfo(res);
+    printf("--listen %s: %s is %s\n", flag, host, ip);
+    snprintf(host, cap, "%s", ip);
+    return 0;
+}
+
+/* Every port of the run's span on this host (PORT..PORT+RUNCFG_PORT_SPAN-1 at host) can
+ * be bound now (SO_REUSEADDR, as ZeroMQ binds); a busy one is named (2). Ports of other
+ * hosts are theirs to check: a stage that cannot bind says so in its log. */
+static int ports_free(const char *host, int port) {
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1) return 0;
+    for (int p = port; p < port + RUNCFG_PORT_SPAN; p++) {
+        int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+        if (s < 0) return 0;
+        setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        sa.sin_port = htons((uint16_t)p);
+        int ok = bind(s, (struct sockaddr *)&sa, sizeof sa) == 0;
+        int e = errno;
+        close(s);
+        if (!ok) {
+            fprintf(stderr, "draftline run: --listen %s:%d: port %d of the run's ports %d..%d cannot be bound on "
+                            "this host (%s): another run or program holds it; choose another PORT\n", host, port, p,
+                    port, port + RUNCFG_PORT_SPAN - 1, strerror(e));
+            return 2;
+        }
+    }
+    return 0;
+}
 
 int sup__net_check(launch_t *L) {
     const run_opts_t *o = L->o;
@@ -38,6 +89,8 @@ int sup__net_check(launch_t *L) {
         fprintf(stderr, "draftline run: --listen: this libzmq has no CURVE support (install libzmq with libsodium)\n");
         return 2;
     }
+    if (listen_address(o->listen, L->listen_host, sizeof L->listen_host)) return 2;
+    if (ports_free(L->listen_host, (int)port)) return 2;
     L->listen_port = (int)port;
     L->net = 1;
     return 0;
