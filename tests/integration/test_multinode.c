@@ -412,8 +412,52 @@ static void test_fake_nodes_refusals(void **state) {
     assert_true(log_has(out, "optimizer", "is not known here"));
 }
 
+/* `draftline run` with a bad --listen is refused before anything is created: exit 2 with
+ * the reason (an unresolvable host, a busy port of the run's span, --nodes alone). */
+static void test_listen_refusals(void **state) {
+    (void)state;
+    char out[400];
+    snprintf(out, sizeof out, "%s/refused", fx.root);
+    int port = free_port_span();
+    assert_true(port > 0);
+    char busy_listen[64];
+    snprintf(busy_listen, sizeof busy_listen, "127.0.0.1:%d", port);
+    int hold = socket(AF_INET, SOCK_STREAM, 0);   /* a port inside the span, held */
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(port + 101)),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(hold, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(listen(hold, 1), 0);
+    char busy_port[32];
+    snprintf(busy_port, sizeof busy_port, "port %d", port + 101);
+    struct { const char *flag, *value, *expect; } cases[] = {
+        {"--listen", "no-such-host.invalid:29500", "cannot resolve 'no-such-host.invalid'"},
+        {"--listen", busy_listen, busy_port},
+        {"--nodes", "2", "--nodes needs --listen"},
+        {"--listen", "0.0.0.0:29500", "name an address the nodes reach"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        static pf_run_args_t r;
+        memset(&r, 0, sizeof r);
+        const char *v[] = {fx.exe, "run", "--target-model", fx.model_dir, "--data", fx.cache, "--device", "cpu",
+                           cases[i].flag, cases[i].value, "--out", out, NULL};
+        for (int k = 0; v[k]; k++) r.argv[k] = (char *)v[k];
+        snprintf(r.log, sizeof r.log, "%s/refused%zu.out", fx.root, i);
+        int rc = pf_run_draftline(&r, NULL, 60, NULL);
+        char *t = pf_slurp(r.log, NULL);
+        if (rc != 2 || !t || !strstr(t, cases[i].expect)) printf("case %zu: exit %d\n%s\n", i, rc, t ? t : "");
+        assert_int_equal(rc, 2);
+        assert_non_null(t);
+        assert_non_null(strstr(t, cases[i].expect));
+        free(t);
+        struct stat st;
+        assert_int_not_equal(stat(out, &st), 0);   /* nothing created */
+    }
+    close(hold);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_listen_refusals),
         cmocka_unit_test(test_fake_nodes_bitwise),
         cmocka_unit_test(test_fake_nodes_kill),
         cmocka_unit_test(test_fake_nodes_refusals),
