@@ -475,7 +475,9 @@ static int lc_supervise(launch_t *L) {
     else
         printf("\nsummary: no step applied%s, %d restart(s)\n", sum.interrupted ? " (interrupted)" : "",
                sum.restarts);
-    printf("checkpoint: %s\n", sum.checkpoint[0] ? sum.checkpoint : "(none)");
+    printf("checkpoint: %s%s%s%s\n", sum.checkpoint[0] ? sum.checkpoint : "(none)",
+           sum.checkpoint[0] && sum.checkpoint_node[0] ? " (on node " : "", sum.checkpoint[0] ? sum.checkpoint_node : "",
+           sum.checkpoint[0] && sum.checkpoint_node[0] ? ")" : "");
     fflush(stdout);
     if (rc < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 1; }
     /* the shell convention for a run stopped by a signal (the final checkpoint is written) */

@@ -226,6 +226,8 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     int have_latest;
     if (sup__opt_remote(&S)) {   /* the optimizer's node has them: what it reported */
         have_latest = sup__latest_ckpt(&S, sum->checkpoint, sizeof sum->checkpoint, &latest_step) == 0;
+        sstage_t *O = sup__by_id(&S, PIPE_ID_OPTIMIZER);
+        if (O) snprintf(sum->checkpoint_node, sizeof sum->checkpoint_node, "%s", o->node_names[O->spec->node]);
     } else {
         int lr = rundir_latest_read(o->out_dir, name, sizeof name, &latest_step);
         if (lr >= 0) snprintf(sum->checkpoint, sizeof sum->checkpoint, "%s/checkpoints/%s", o->out_dir, name);

@@ -88,6 +88,7 @@ typedef struct {
     int signal;                 /* the first stopping signal (SIGINT, SIGTERM), 0 if none */
     int failed;
     char checkpoint[4200];
+    char checkpoint_node[64];   /* the node whose filesystem holds it ("" = this host) */
 } sup_summary_t;
 
 /* Whether the run in dir is live: its control socket (run.json's "control", else

@@ -338,6 +338,7 @@ static void test_agents_resume(void **state) {
     assert_int_equal(rc, 0);
     assert_true(wait_for_text(hlog, "its optimizer ran on node b: resuming from", 1));
     assert_true(wait_for_text(hlog, "summary: 28 steps", 1));
+    assert_true(wait_for_text(hlog, "/checkpoints/step_28 (on node b)", 1));
     int arc = -1;
     assert_int_equal(proc_wait(&A.p, 20000, &arc), 0);
     proc_kill(&A.p);
