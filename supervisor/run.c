@@ -238,6 +238,8 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     uint64_t finite = 0;
     for (uint64_t i = 0; i < n; i++) finite += isfinite(S.losses[i]) != 0;
     free(S.losses);
+    /* a failed run's result is a checkpoint this run wrote, never the one it started from */
+    if (S.failed && (!have_latest || latest_step <= o->start_step)) sum->checkpoint[0] = 0;
     int nrc = sup__nodes_result(&S);
     if (nrc < 0) return nrc;
     if (!S.failed && !sum->interrupted && n > 0 && finite == 0) {

@@ -232,11 +232,45 @@ static void test_rate_after_optimizer_restart(void **state) {
     assert_true(rec > 0.01);                              /* a restart takes time */
 }
 
+/* ---- permanent start-up errors ---- */
+
+/* A target whose model.safetensors is cut in half: the stages that load it exit with
+ * PIPE_EXIT_PERMANENT; the run stops at once (exit 1) with the reason on the console,
+ * no restart, and no checkpoint as its result. */
+static void test_truncated_target_not_restarted(void **state) {
+    (void)state;
+    char dir[400], cmd[4000], out[400], log[400];
+    snprintf(dir, sizeof dir, "%s/cut_model", fx.root);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s && cp %s/config.json %s/ && head -c $(( $(stat -c %%s "
+             "%s/model.safetensors) / 2 )) %s/model.safetensors > %s/model.safetensors", dir, fx.model_dir, dir,
+             fx.model_dir, fx.model_dir, dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(out, sizeof out, "%s/cut", fx.root);
+    snprintf(log, sizeof log, "%s/cut.out", fx.root);
+    proc_t p;
+    double t0 = now_s();
+    run_start(&p, dir, fx.cache, out, log, "--max-steps", "2", NULL);
+    int code = run_wait(&p, NULL, log, 120);
+    double dt = now_s() - t0;
+    char *txt = slurp_or_empty(log);
+    fprintf(stderr, "truncated target: exit %d in %.1f s\n", code, dt);
+    if (!strstr(txt, "cannot start")) fprintf(stderr, "--- %s ---\n%s\n", log, txt);
+    assert_true(code == 1 || code == 2);   /* 2: refused before any stage starts */
+    assert_true(code == 2 || strstr(txt, "cannot start") != NULL);
+    assert_null(strstr(txt, "restarting target0"));
+    assert_null(strstr(txt, "restarting drafter0"));
+    assert_non_null(strstr(txt, "model.safetensors"));   /* the reason names the file */
+    assert_non_null(strstr(txt, "checkpoint: (none)"));
+    assert_true(dt < 15);
+    free(txt);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_no_assistant_tokens),
         cmocka_unit_test(test_budget_too_small),
         cmocka_unit_test(test_rate_after_optimizer_restart),
+        cmocka_unit_test(test_truncated_target_not_restarted),
     };
     const char *only = getenv("DL_TEST_CASE");
     if (only) cmocka_set_test_filter(only);
