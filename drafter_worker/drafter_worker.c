@@ -721,8 +721,9 @@ static void dw_fini(dw_t *W) {
 
 /* The compute set-up from the run configuration c, as the flags of the same names did:
  * the drafter config, the ops (CUDA device, or CPU threads), the
- * target's embedding / LM head and the drafter. Returns 0, or main's exit status (1, or
- * 2 for a GPU in a build without CUDA) after logging why. */
+ * target's embedding / LM head and the drafter. Returns 0, or main's exit status after
+ * logging why (PIPE_EXIT_PERMANENT for what a restart cannot fix: config, model files,
+ * a GPU in a build without CUDA; 1 for a CUDA device error). */
 static int dw_setup(dw_t *W, const run_config_t *c) {
     const char *model = c->target_model;
     W->token_budget = c->token_budget;
@@ -732,15 +733,15 @@ static int dw_setup(dw_t *W, const run_config_t *c) {
     W->seed = c->seed;
     model_config_t mc;
     int rc = pipe_target_config(model, &mc);
-    if (rc < 0) return log_rc(rc, "target config"), 1;
+    if (rc < 0) return log_rc(rc, "target config"), PIPE_EXIT_PERMANENT;
     rc = pipe_drafter_config(&mc, (int)c->drafter_layers, 0, (int)c->block_size, &W->dcfg);
-    if (rc < 0) return log_rc(rc, "drafter config"), 1;
+    if (rc < 0) return log_rc(rc, "drafter config"), PIPE_EXIT_PERMANENT;
     W->gpu = runcfg_stage_gpu(c, PIPE_ID_DRAFTER0 + (uint32_t)W->index);
     W->elem = 4;
     if (W->gpu >= 0) {
         if (!dev_available()) {
             log_error("--gpu %d: this build has no CUDA", W->gpu);
-            return 2;
+            return PIPE_EXIT_PERMANENT;
         }
         /* CUDA is initialised here, after exec: nothing CUDA crossed the fork */
         rc = ops_cuda_init(&W->ops, W->gpu);
@@ -755,13 +756,13 @@ static int dw_setup(dw_t *W, const run_config_t *c) {
     to.embed_only = 1;        /* the drafter's frozen parts only, not the target's layers */
     double t0 = clock_mono_s();
     rc = target_load(model, &W->ops, &to, &W->tgt);
-    if (rc < 0) return log_rc(rc, "load target embedding / LM head"), 1;
+    if (rc < 0) return log_rc(rc, "load target embedding / LM head"), PIPE_EXIT_PERMANENT;
     /* GPU: activations are sized by blocks x block size; 4096 blocks is the
      * reference workload's (8 sequences x 512 anchors) */
     W->max_blocks = W->gpu >= 0 && W->token_budget > 4096 ? 4096 : W->token_budget;
     rc = drafter_new(&W->ops, &W->dcfg, target_embed(W->tgt), target_lm_head(W->tgt), (int)W->token_budget,
                      (int)W->max_blocks, W->seed, &W->d);
-    if (rc < 0) return log_rc(rc, "drafter"), 1;
+    if (rc < 0) return log_rc(rc, "drafter"), PIPE_EXIT_PERMANENT;
     W->P = drafter_n_params(W->d);
     log_info("target %s loaded for embedding/LM head in %.1f s; drafter %zu parameters",
              model, clock_mono_s() - t0, W->P);
@@ -802,7 +803,7 @@ int main(int argc, char **argv) {
         log_error("--inbox-gb %.3f and --host-inbox-gb %.3f cannot hold one micro-batch of %u tokens "
                   "(%.3f GiB of hidden states): raise --inbox-gb or lower --token-budget",
                   inbox_b / 1073741824.0, host_b / 1073741824.0, W.token_budget, W.slot_bytes / 1073741824.0);
-        return 1;
+        return PIPE_EXIT_PERMANENT;
     }
     W.sent = calloc(W.K, 1);
     W.items = calloc(DW_MAX_SLOTS, sizeof *W.items);

@@ -355,7 +355,8 @@ static int loader_cursor_in(loader_t *L, const char *cursor_in, int64_t *start_s
 }
 
 /* Opens the cache and the batcher from the run configuration c, as the flags of the
- * same names did. Returns 0, or 1 after logging why. */
+ * same names did. Returns 0, or 1 after logging why (main exits PIPE_EXIT_PERMANENT:
+ * the cache, cursor and options a restart gets are the same). */
 static int loader_setup(loader_t *L, const run_config_t *c, uint64_t *total) {
     batcher_opts_default(&L->bo, 0);
     L->bo.seed = c->seed;
@@ -396,7 +397,7 @@ int main(int argc, char **argv) {
     int rc = stage_config(PROTO_ROLE_LOADER, PIPE_ID_LOADER, "loader", &a, STAGE_CONFIG_TIMEOUT_MS, &cfg);
     if (rc < 0) return log_rc(rc, "run configuration"), 1;
     uint64_t total = 0, K;
-    if (loader_setup(&L, &cfg, &total)) return 1;
+    if (loader_setup(&L, &cfg, &total)) return PIPE_EXIT_PERMANENT;   /* a restart reads the same */
     K = L.bo.micro_batches_per_step;
     rc = stage_init(&L.st, PROTO_ROLE_LOADER, PIPE_ID_LOADER, "loader", &a, &cfg);
     if (rc < 0) return log_rc(rc, "stage init"), 1;

@@ -698,14 +698,14 @@ int main(int argc, char **argv) {
     int layers = (int)cfg.drafter_layers, B = (int)cfg.block_size;
     model_config_t mc;
     rc = pipe_target_config(model, &mc);
-    if (rc < 0) return log_rc(rc, "target config"), 1;
+    if (rc < 0) return log_rc(rc, "target config"), PIPE_EXIT_PERMANENT;
     rc = pipe_drafter_config(&mc, layers, 0, B, &O.dcfg);
-    if (rc < 0) return log_rc(rc, "drafter config"), 1;
+    if (rc < 0) return log_rc(rc, "drafter config"), PIPE_EXIT_PERMANENT;
     ops_cpu_init(&O.lops, 0);
     if (O.gpu >= 0) {
         if (!dev_available()) {
             log_error("--gpu %d: this build has no CUDA", O.gpu);
-            return 2;
+            return PIPE_EXIT_PERMANENT;
         }
         /* CUDA is initialised here, after exec: nothing CUDA crossed the fork */
         rc = ops_cuda_init(&O.ops, O.gpu);
@@ -719,12 +719,12 @@ int main(int argc, char **argv) {
      * pointer that is never dereferenced stands in for them. */
     static const float no_embedding[1];
     rc = drafter_new(&O.lops, &O.dcfg, no_embedding, no_embedding, 1, 1, O.seed, &O.layout);
-    if (rc < 0) return log_rc(rc, "drafter layout"), 1;
+    if (rc < 0) return log_rc(rc, "drafter layout"), PIPE_EXIT_PERMANENT;
     O.P = drafter_n_params(O.layout);
     /* host state (the whole state on CPU; checkpoint copies on GPU) */
     O.h_master = malloc(O.P * 4); O.h_m = calloc(O.P, 4); O.h_v = calloc(O.P, 4);
     O.c = calloc(O.K, sizeof *O.c);
-    if (!O.h_master || !O.h_m || !O.h_v || !O.c) { log_error("out of memory for %zu parameters", O.P); return 1; }
+    if (!O.h_master || !O.h_m || !O.h_v || !O.c) { log_error("out of memory for %zu parameters", O.P); return PIPE_EXIT_PERMANENT; }
     memcpy(O.h_master, drafter_master(O.layout), O.P * 4);
     if (cursor_base) {
         FILE *f = fopen(cursor_base, "rb");
@@ -737,7 +737,7 @@ int main(int argc, char **argv) {
         ckpt_state_hdr_t h;
         rc = ckpt_resolve(resume, dir, sizeof dir);
         if (rc == 0) rc = ckpt_read(dir, O.P, &h, O.h_master, O.h_m, O.h_v, NULL);
-        if (rc < 0) return log_rc(rc, "--resume"), 1;
+        if (rc < 0) return log_rc(rc, "--resume"), PIPE_EXIT_PERMANENT;
         if (h.mbs_per_step != O.K) log_warn("--resume: checkpoint had %llu micro-batches per step, now %llu",
                                             (unsigned long long)h.mbs_per_step, (unsigned long long)O.K);
         O.step = O.last_ckpt = h.step;

@@ -101,6 +101,47 @@ int sup__requested_cursor(const run_opts_t *o, const char *cache, batcher_cursor
     return 0;
 }
 
+/* Something to train on: a drafter block is anchored at a position a >= 1 of a sequence
+ * with an assistant token at a + 1 (drafter_sample_anchors), and the loader cuts each
+ * sample to its first `cut` tokens (the token budget, or --max-len: as
+ * sup__requested_cursor). 0 assistant tokens, or none at a position >= 2 inside the
+ * cut of any sample, trains nothing (every step NaN-skipped): refused with the numbers,
+ * exit 2. Reads every mask byte once (O(n_tokens)). */
+static int data_trainable(const run_opts_t *o, const dlc_t *dc) {
+    const dlc_header_t *dh = dlc_header(dc);
+    if (dh->n_assistant == 0) {
+        fprintf(stderr, "draftline run: --data %s: nothing to train on: assistant tokens 0 (of %llu tokens in %llu "
+                        "samples): every token is prompt (check --prompt-field / --response-field, or that the "
+                        "samples have assistant turns)\n", o->data, (unsigned long long)dh->n_tokens,
+                (unsigned long long)dh->n_samples);
+        return 2;
+    }
+    int by_max_len = o->max_len > 0 && o->max_len < o->token_budget;
+    uint32_t cut = by_max_len ? (uint32_t)o->max_len : (uint32_t)o->token_budget;
+    const char *flag = by_max_len ? "--max-len" : "--token-budget";
+    uint64_t n = dlc_n_samples(dc), ok = 0, need_min = UINT64_MAX;
+    for (uint64_t i = 0; i < n; i++) {
+        const int32_t *ids;
+        const uint8_t *mask;
+        uint32_t len;
+        if (dlc_sample(dc, i, &ids, &mask, &len) < 0) continue;
+        uint32_t p = 2;
+        while (p < len && !mask[p]) p++;
+        if (p >= len) continue;
+        if ((uint64_t)p + 1 < need_min) need_min = (uint64_t)p + 1;
+        if (p < cut) { ok++; break; }   /* one is enough */
+    }
+    if (ok) return 0;
+    if (need_min == UINT64_MAX)
+        fprintf(stderr, "draftline run: --data %s: nothing to train on: no sample has an assistant token after its "
+                        "first two tokens (assistant tokens %llu)\n", o->data, (unsigned long long)dh->n_assistant);
+    else
+        fprintf(stderr, "draftline run: --data %s: nothing to train on: samples are cut to %u tokens (%s) and no "
+                        "sample has an assistant token within them: the smallest block needs %llu tokens (raise "
+                        "%s to at least that)\n", o->data, cut, flag, (unsigned long long)need_min, flag);
+    return 2;
+}
+
 int sup__data_prepare(launch_t *L) {
     const run_opts_t *o = L->o;
     if (prepare_data(o, L->out, L->cache, sizeof L->cache) < 0) {
@@ -140,6 +181,7 @@ int sup__data_prepare(launch_t *L) {
         fprintf(stderr, "draftline run: --data: %s\n", dl_errmsg());
         bad = 1;
     }
+    if (!bad && data_trainable(o, dc)) bad = 1;
     dlc_close(&dc);
     return bad ? 2 : 0;
 }

@@ -199,6 +199,44 @@ int sup__latest_ckpt(const sup_t *S, char *dir, size_t cap, uint64_t *step) {
     return 0;
 }
 
+/* The last line of path holding " ERROR " (log.h's level word), its text after the
+ * level, into buf; 0, or -1 when the file cannot be read or has none. */
+static int last_error_line(const char *path, char *buf, size_t cap) {
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    char line[1024];
+    int found = 0;
+    while (fgets(line, sizeof line, f)) {
+        char *e = strstr(line, " ERROR ");
+        if (!e) continue;
+        e += 7;
+        char *q = strchr(e, ']');    /* "ERROR target0[pid] msg": the message only */
+        if (q && q - e < 48) e = q + 1;
+        while (*e == ' ') e++;
+        size_t n = strcspn(e, "\n");
+        snprintf(buf, cap, "%.*s", (int)n, e);
+        found = 1;
+    }
+    fclose(f);
+    return found ? 0 : -1;
+}
+
+/* A stage exited with PIPE_EXIT_PERMANENT: its start-up cannot succeed as it is, so it
+ * is not restarted: its reason (the last ERROR line of its log; a remote stage's log
+ * is on its node) on the console, and the run stops as failed. */
+static void on_permanent(sup_t *S, sstage_t *x) {
+    char log_path[4200], why[1024];
+    snprintf(log_path, sizeof log_path, "%s/logs/%s.log", S->o->out_dir, x->spec->name);
+    if (sup__stage_node(S, x) > 0 || last_error_line(log_path, why, sizeof why) < 0)
+        snprintf(why, sizeof why, "see %.1000s", sup__stage_node(S, x) > 0 ? "its node's log" : log_path);
+    fprintf(stderr, "draftline run: %s cannot start: %s (not restarted: a restart would fail the same way; "
+                    "log %s)\n", x->spec->name, why, log_path);
+    fflush(stderr);
+    log_error("%s exited with a permanent start-up error: stopping the run", x->spec->name);
+    S->failed = 1;
+    sup__begin_stop(S, "a stage cannot start");
+}
+
 void sup__on_exit(sup_t *S, sstage_t *x, int status) {
     x->exited = 1;
     x->status = status;
@@ -266,6 +304,7 @@ void sup__on_exit(sup_t *S, sstage_t *x, int status) {
         sup__write_run_json(S);
         return;
     }
+    if (WIFEXITED(status) && WEXITSTATUS(status) == PIPE_EXIT_PERMANENT) { on_permanent(S, x); return; }
     log_warn("%s died (%s %d)", x->spec->name, WIFEXITED(status) ? "status" : "signal",
              WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
     if (clock_mono_s() - x->t_spawn > 10) x->fails = 0;  /* it had been healthy */

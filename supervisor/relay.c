@@ -57,6 +57,15 @@ static void on_metrics(sup_t *S, const char *peer, const proto_metrics_t *m) {
         else if (!strncmp(n, "acc_", 4) && S->n_acc < 16) S->acc[S->n_acc++] = v;
     }
     if (step < 0) return;
+    /* a step message of an optimizer incarnation already dead (queued before its death,
+     * read after it was reaped) is not a step of its successor: neither the recovery
+     * nor the token count may take it */
+    const sstage_t *O = sup__by_id(S, PIPE_ID_OPTIMIZER);
+    if (O && m->incarnation != O->incarnation) {
+        log_debug("step %.0f of optimizer incarnation %llu (current %llu): ignored", step,
+                  (unsigned long long)m->incarnation, (unsigned long long)O->incarnation);
+        return;
+    }
     for (int i = 0; i < S->n; i++) {
         /* the first step applied after a restarted stage's successor said hello */
         sstage_t *x = &S->st[i];
@@ -75,6 +84,10 @@ static void on_metrics(sup_t *S, const char *peer, const proto_metrics_t *m) {
         S->t_opt_died = 0;
         log_info("optimizer recovery: first step %.0f applied %.2f s after its death", step, S->last_recovery_s);
     }
+    /* the rate is over the supervisor's clock, from the first applied step to the last:
+     * the optimizer's elapsed_s restarts with each incarnation, while its token count
+     * (restored from the checkpoint) is the run's, so the two do not mix across a
+     * restart; the tokens are those of the steps that survive (re-applied ones once) */
     if (!S->have_step) {
         S->t_first_step = clock_mono_s();
         S->tokens_first = tokens;
@@ -197,7 +210,8 @@ void sup__print_progress(sup_t *S) {
     int n = 0;
     for (int k = 0; k < S->n_acc && k < 4; k++)
         n += snprintf(accs + n, sizeof accs - (size_t)n, "%s%.2f", k ? " " : "", S->acc[k]);
-    double avg_rate = S->elapsed > S->elapsed_first ? (S->tokens - S->tokens_first) / (S->elapsed - S->elapsed_first) : 0;
+    double span = S->t_last_step - S->t_first_step;
+    double avg_rate = span > 0 ? (S->tokens - S->tokens_first) / span : 0;
     printf("[%5.0fs] step %llu/%llu  loss %.4f  acc %.3f [pos 1-4: %s]  %.0f tok/s  ETA %s\n", now - S->t0,
            (unsigned long long)(S->last_step_seen + 1), (unsigned long long)S->o->max_steps, S->last_loss,
            S->last_acc_mean, accs, avg_rate, eta);

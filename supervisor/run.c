@@ -217,8 +217,10 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     sum->loss_last10 = sup__mean_range(S.losses, n - k, n);
     sum->n_first = sum->n_last = (int)k;
     sum->tokens = (uint64_t)S.tokens;
-    /* steady state: from the first applied step to the last (model loading excluded) */
-    sum->seconds = S.elapsed - S.elapsed_first;
+    /* steady state: from the first applied step to the last (model loading excluded), on
+     * the supervisor's clock (the optimizer's own restarts with each incarnation), with
+     * the tokens of the steps that survive an optimizer restart (relay.c) */
+    sum->seconds = S.have_step ? S.t_last_step - S.t_first_step : 0;
     sum->tokens_per_s = sum->seconds > 0 ? (S.tokens - S.tokens_first) / sum->seconds : 0;
     sum->failed = S.failed;
     char name[128];
@@ -233,9 +235,20 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
         if (lr >= 0) snprintf(sum->checkpoint, sizeof sum->checkpoint, "%s/checkpoints/%s", o->out_dir, name);
         have_latest = lr == 1;
     }
+    /* a skipped step (NaN/Inf loss) keeps the weights: a run whose every surviving step
+     * was skipped trained nothing, and its checkpoint is the initial drafter */
+    uint64_t finite = 0;
+    for (uint64_t i = 0; i < n; i++) finite += isfinite(S.losses[i]) != 0;
     free(S.losses);
+    /* a failed run's result is a checkpoint this run wrote, never the one it started from */
+    if (S.failed && (!have_latest || latest_step <= o->start_step)) sum->checkpoint[0] = 0;
     int nrc = sup__nodes_result(&S);
     if (nrc < 0) return nrc;
+    if (!S.failed && !sum->interrupted && n > 0 && finite == 0) {
+        sum->failed = 1;
+        return dl_seterr(DL_ESTATE, "every one of the %llu steps was skipped (loss NaN/Inf): nothing was trained "
+                         "(see %s/logs/optimizer.log)", (unsigned long long)n, o->out_dir);
+    }
     /* The optimizer logs a failed checkpoint write (disk full) and goes on; a run whose
      * last applied step has no checkpoint must not end as a success. */
     if (!S.failed && sum->steps > o->start_step && (!have_latest || latest_step < sum->steps)) {

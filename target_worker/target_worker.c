@@ -615,23 +615,23 @@ static void usage(FILE *f) {
 
 /* The compute set-up from the run configuration c, as the flags of the same names did:
  * the drafter config check, the ops (CUDA device, or CPU threads), the target model.
- * Returns 0, or main's exit status (1, or 2 for a GPU in a build without CUDA) after
- * logging why. */
+ * Returns 0, or main's exit status after logging why (PIPE_EXIT_PERMANENT for config,
+ * model files, a GPU in a build without CUDA; 1 for a CUDA device error). */
 static int tw_setup(tw_t *T, const run_config_t *c) {
     const char *model = c->target_model;
     T->token_budget = c->token_budget;
     T->prefetch = c->prefetch;
     model_config_t mc;
     int rc = pipe_target_config(model, &mc);
-    if (rc < 0) return log_rc(rc, "target config"), 1;
+    if (rc < 0) return log_rc(rc, "target config"), PIPE_EXIT_PERMANENT;
     rc = pipe_drafter_config(&mc, (int)c->drafter_layers, 0, (int)c->block_size, &T->dcfg);
-    if (rc < 0) return log_rc(rc, "drafter config"), 1;
+    if (rc < 0) return log_rc(rc, "drafter config"), PIPE_EXIT_PERMANENT;
     T->gpu = runcfg_stage_gpu(c, PIPE_ID_TARGET0 + (uint32_t)T->index);
     T->elem = 4;
     if (T->gpu >= 0) {
         if (!dev_available()) {
             log_error("--gpu %d: this build has no CUDA", T->gpu);
-            return 2;
+            return PIPE_EXIT_PERMANENT;
         }
         /* CUDA is initialised here, after exec: nothing CUDA crossed the fork */
         rc = ops_cuda_init(&T->ops, T->gpu);
@@ -649,7 +649,7 @@ static int tw_setup(tw_t *T, const run_config_t *c) {
     memcpy(to.capture_ids, T->dcfg.target_layer_ids, sizeof(int) * (size_t)T->dcfg.n_feat);
     double t0 = clock_mono_s();
     rc = target_load(model, &T->ops, &to, &T->t);
-    if (rc < 0) return log_rc(rc, "load target"), 1;
+    if (rc < 0) return log_rc(rc, "load target"), PIPE_EXIT_PERMANENT;
     log_info("target %s loaded in %.1f s (%.0f MB of weights), capturing %d layer(s) from layer %d",
              model, clock_mono_s() - t0, target_weight_bytes(T->t) / 1e6, T->dcfg.n_feat, T->dcfg.target_layer_ids[0]);
     return 0;

@@ -39,6 +39,13 @@ typedef enum {
     PHASE_STEP, PHASE_N
 } pipe_phase_t;
 
+/* Exit status of a stage whose start-up can never succeed as it is (a bad run
+ * configuration, an unreadable or corrupt model or checkpoint file, out of memory at
+ * set-up, a GPU the build cannot use): the supervisor does not restart it; it prints
+ * the stage's last ERROR log line on the console and stops the run (exit 1). Any other
+ * non-zero status is a crash, restarted with backoff up to --max-restarts. */
+#define PIPE_EXIT_PERMANENT 3
+
 /* A stage waits this long for its run configuration (stage_config). */
 #define STAGE_CONFIG_TIMEOUT_MS 30000
 
