@@ -2,6 +2,7 @@
  * head. Single-threaded: everything runs on the agent's libuv loop. */
 #include "supervisor/node_agent.h"
 #include "supervisor/launch.h"
+#include "supervisor/nodes.h"
 #include "supervisor/sup_int.h"
 #include "common/base/cli.h"
 #include "common/base/clock.h"
@@ -49,6 +50,7 @@ typedef struct {
     uint64_t incarnation;       /* this agent start's */
     int joined, index, ever_joined;
     double last_hello, t_stop;
+    double t_attempt, next_noanswer;    /* this (re)join's first node_hello (0: none yet); the next "no answer" line */
     int stopping, exit_code;
     char gpu_uuids[NODE_MAX_GPUS * 48];
     int64_t gpu_free_mib[NODE_MAX_GPUS];
@@ -138,6 +140,10 @@ static void send_hello(agent_t *A) {
     h->gpu_free_mib = A->gpu_free_mib;
     h->n_gpu_free_mib = (uint32_t)A->n_gpus;
     A->last_hello = clock_mono_s();
+    if (A->t_attempt <= 0) {
+        A->t_attempt = A->last_hello;
+        A->next_noanswer = A->t_attempt + NODE_NO_ANSWER_S;
+    }
     stage_send(A->bus, NULL, &m);
 }
 
@@ -245,6 +251,16 @@ static void reap(agent_t *A) {
     }
 }
 
+/* Not joined any more (why is printed): the stages stop; the tick sends node_hello again
+ * once they are gone. */
+static void drop_and_rejoin(agent_t *A, const char *why) {
+    A->joined = 0;
+    A->t_attempt = 0;
+    printf("%s\n", why);
+    fflush(stdout);
+    stop_children(A, "rejoin");
+}
+
 static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg) {
     (void)bus; (void)peer;
     agent_t *A = arg;
@@ -259,6 +275,7 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
             printf("%sjoined %s as node %s (index %d)\n", A->ever_joined ? "re" : "", A->run_id, A->name, A->index);
             fflush(stdout);
             A->ever_joined = 1;
+            A->t_attempt = 0;
         }
         break;
     case PROTO_ERROR:
@@ -276,6 +293,11 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
         spawn(A, &m.node_spawn);
         break;
     case PROTO_CONTROL:
+        if (m.control.op == PROTO_CTL_STOP && !strcmp(m.control.arg, NODE_STOP_REJOIN)) {
+            if (A->joined && !A->stopping) drop_and_rejoin(A, "the head dropped this node (silent too long): stopping "
+                                                              "its stages and joining again");
+            break;
+        }
         /* the head's run is over (sup__nodes_run_over): stop what is left here and exit 0 */
         if (m.control.op == PROTO_CTL_STOP && !A->stopping) {
             printf("the run %s is over (%s): this node stops\n", A->run_id, m.control.arg[0] ? m.control.arg : "done");
@@ -305,11 +327,10 @@ static void on_dead(bus_t *bus, const char *peer, uint64_t silent_ms, void *arg)
     (void)bus; (void)peer;
     agent_t *A = arg;
     if (!A->joined) return;
-    A->joined = 0;
-    printf("lost the head (silent %.1f s): stopping this node's stages; joining again every %d s\n",
-           (double)silent_ms / 1000.0, NODE_REJOIN_MS / 1000);
-    fflush(stdout);
-    stop_children(A, "head lost");
+    char why[160];
+    snprintf(why, sizeof why, "lost the head (silent %.1f s): stopping this node's stages; joining again every %d s",
+             (double)silent_ms / 1000.0, NODE_REJOIN_MS / 1000);
+    drop_and_rejoin(A, why);
 }
 
 static void close_all(agent_t *A) {
@@ -337,7 +358,15 @@ static void on_tick(uv_timer_t *t) {
         if (!n_running(A) || now - A->t_stop > NODE_STOP_KILL_S + 5) close_all(A);
         return;
     }
-    if (!A->joined && now - A->last_hello >= NODE_REJOIN_MS / 1000.0) send_hello(A);
+    if (A->joined) return;
+    /* the old stages are gone before the node joins again (the head restarts them) */
+    if (!n_running(A) && now - A->last_hello >= NODE_REJOIN_MS / 1000.0) send_hello(A);
+    if (A->t_attempt > 0 && now >= A->next_noanswer) {
+        printf("no answer from the head at %s after %.0f s: is it running, and is --key the key file of that run? "
+               "(a wrong key is refused without a reply)\n", A->o->join, now - A->t_attempt);
+        fflush(stdout);
+        A->next_noanswer = now + NODE_NO_ANSWER_REPEAT_S;
+    }
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
