@@ -140,6 +140,7 @@ static void send_hello(agent_t *A) {
     h->gpu_free_mib = A->gpu_free_mib;
     h->n_gpu_free_mib = (uint32_t)A->n_gpus;
     A->last_hello = clock_mono_s();
+    if (!A->bus) return;
     if (A->t_attempt <= 0) {
         A->t_attempt = A->last_hello;
         A->next_noanswer = A->t_attempt + NODE_NO_ANSWER_S;
@@ -155,7 +156,7 @@ static void send_stage(agent_t *A, uint32_t id, uint64_t inc, proto_node_ev_t ev
     m.node_stage.event = ev;
     m.node_stage.pid = (uint32_t)pid;
     m.node_stage.wait_status = ws;
-    stage_send(A->bus, NULL, &m);
+    if (A->bus) stage_send(A->bus, NULL, &m);
 }
 
 static int n_running(const agent_t *A) {
@@ -253,12 +254,23 @@ static void reap(agent_t *A) {
 
 /* Not joined any more (why is printed): the stages stop; the tick sends node_hello again
  * once they are gone. */
+static int open_bus(agent_t *A);
+
 static void drop_and_rejoin(agent_t *A, const char *why) {
     A->joined = 0;
     A->t_attempt = 0;
     printf("%s\n", why);
     fflush(stdout);
     stop_children(A, "rejoin");
+    /* a new connection: the old one may be dead on the head's side (a same-named peer took
+     * its route there: ZMQ_ROUTER_HANDOVER) while it looks alive here */
+    bus_destroy(&A->bus);
+    if (open_bus(A) < 0) {
+        fprintf(stderr, "draftline node: %s: %s\n", A->head, dl_errmsg());
+        A->exit_code = 1;
+        A->stopping = 1;
+        A->t_stop = clock_mono_s();
+    }
 }
 
 static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg) {
@@ -333,13 +345,34 @@ static void on_dead(bus_t *bus, const char *peer, uint64_t silent_ms, void *arg)
     drop_and_rejoin(A, why);
 }
 
+static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg);
+static void on_dead(bus_t *bus, const char *peer, uint64_t silent_ms, void *arg);
+
+/* A->bus: a DEALER "node-<name>" connected to the head over tcp+CURVE. 0 or an error. */
+static int open_bus(agent_t *A) {
+    char ident[BUS_ID_MAX + 1];
+    snprintf(ident, sizeof ident, "node-%.*s", (int)DL_PROTO_NODE_NAME_MAX - 5, A->name);
+    bus_opts_t bo = {0};
+    bo.kind = BUS_DEALER;
+    bo.name = "head";
+    bo.identity = ident;
+    bo.heartbeat_interval_ms = PIPE_HEARTBEAT_MS;
+    bo.heartbeat_timeout_ms = PIPE_DEAD_MS;
+    bo.curve = &A->keys;
+    A->bus = bus_new(&A->loop, &bo);
+    if (!A->bus || bus_connect(A->bus, A->head) < 0) return DL_EIO;
+    bus_on_message(A->bus, on_msg, A);
+    bus_on_peer_dead(A->bus, on_dead, A);
+    return 0;
+}
+
 static void close_all(agent_t *A) {
     uv_timer_stop(&A->tick);
     uv_close((uv_handle_t *)&A->tick, NULL);
     uv_close((uv_handle_t *)&A->sig_int, NULL);
     uv_close((uv_handle_t *)&A->sig_term, NULL);
     uv_close((uv_handle_t *)&A->sig_chld, NULL);
-    bus_close(A->bus, NULL, NULL);
+    if (A->bus) bus_close(A->bus, NULL, NULL);
 }
 
 static void on_tick(uv_timer_t *t) {
@@ -429,24 +462,12 @@ int node_agent_run(const node_agent_opts_t *o) {
     int rc = agent_setup(&A);
     if (rc) return rc;
     uv_loop_init(&A.loop);
-    char ident[BUS_ID_MAX + 1];
-    snprintf(ident, sizeof ident, "node-%.*s", (int)DL_PROTO_NODE_NAME_MAX - 5, A.name);
-    bus_opts_t bo = {0};
-    bo.kind = BUS_DEALER;
-    bo.name = "head";
-    bo.identity = ident;
-    bo.heartbeat_interval_ms = PIPE_HEARTBEAT_MS;
-    bo.heartbeat_timeout_ms = PIPE_DEAD_MS;
-    bo.curve = &A.keys;
-    A.bus = bus_new(&A.loop, &bo);
-    if (!A.bus || bus_connect(A.bus, A.head) < 0) {
+    if (open_bus(&A) < 0) {
         fprintf(stderr, "draftline node: %s: %s\n", A.head, dl_errmsg());
         if (A.bus) { bus_destroy(&A.bus); uv_run(&A.loop, UV_RUN_DEFAULT); }
         uv_loop_close(&A.loop);
         return 1;
     }
-    bus_on_message(A.bus, on_msg, &A);
-    bus_on_peer_dead(A.bus, on_dead, &A);
     uv_signal_init(&A.loop, &A.sig_int); A.sig_int.data = &A;
     uv_signal_init(&A.loop, &A.sig_term); A.sig_term.data = &A;
     uv_signal_init(&A.loop, &A.sig_chld); A.sig_chld.data = &A;
