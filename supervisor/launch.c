@@ -455,9 +455,14 @@ static void lc_banner(const launch_t *L) {
            L->run_id, o->targets, o->drafters, L->gpu_mode ? "GPU" : "CPU", L->so.threads_per_stage,
            (unsigned long long)L->start_step, (unsigned long long)L->max_steps, o->mbs_per_step, o->token_budget,
            L->lookahead, L->out);
-    if (L->net)
-        printf("multi-node head on %s:%d: on each node run\n  draftline node --join %s:%d --key %s\n",
-               L->listen_host, L->listen_port, L->listen_host, L->listen_port, L->key_path);
+    if (L->net) {
+        printf("multi-node head on %s:%d: on each node run\n", L->listen_host, L->listen_port);
+        for (int k = 1; k < L->n_nodes; k++)
+            printf("  draftline node --join %s:%d --key %s --name %s\n", L->listen_host, L->listen_port, L->key_path,
+                   L->node_names[k]);
+        if (L->n_nodes < 2)
+            printf("  draftline node --join %s:%d --key %s\n", L->listen_host, L->listen_port, L->key_path);
+    }
     fflush(stdout);
 }
 

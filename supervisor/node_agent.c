@@ -2,6 +2,7 @@
  * head. Single-threaded: everything runs on the agent's libuv loop. */
 #include "supervisor/node_agent.h"
 #include "supervisor/launch.h"
+#include "supervisor/nodes.h"
 #include "supervisor/sup_int.h"
 #include "common/base/cli.h"
 #include "common/base/clock.h"
@@ -49,6 +50,7 @@ typedef struct {
     uint64_t incarnation;       /* this agent start's */
     int joined, index, ever_joined;
     double last_hello, t_stop;
+    double t_attempt, next_noanswer;    /* this (re)join's first node_hello (0: none yet); the next "no answer" line */
     int stopping, exit_code;
     char gpu_uuids[NODE_MAX_GPUS * 48];
     int64_t gpu_free_mib[NODE_MAX_GPUS];
@@ -138,6 +140,11 @@ static void send_hello(agent_t *A) {
     h->gpu_free_mib = A->gpu_free_mib;
     h->n_gpu_free_mib = (uint32_t)A->n_gpus;
     A->last_hello = clock_mono_s();
+    if (!A->bus) return;
+    if (A->t_attempt <= 0) {
+        A->t_attempt = A->last_hello;
+        A->next_noanswer = A->t_attempt + NODE_NO_ANSWER_S;
+    }
     stage_send(A->bus, NULL, &m);
 }
 
@@ -149,7 +156,7 @@ static void send_stage(agent_t *A, uint32_t id, uint64_t inc, proto_node_ev_t ev
     m.node_stage.event = ev;
     m.node_stage.pid = (uint32_t)pid;
     m.node_stage.wait_status = ws;
-    stage_send(A->bus, NULL, &m);
+    if (A->bus) stage_send(A->bus, NULL, &m);
 }
 
 static int n_running(const agent_t *A) {
@@ -245,6 +252,27 @@ static void reap(agent_t *A) {
     }
 }
 
+/* Not joined any more (why is printed): the stages stop; the tick sends node_hello again
+ * once they are gone. */
+static int open_bus(agent_t *A);
+
+static void drop_and_rejoin(agent_t *A, const char *why) {
+    A->joined = 0;
+    A->t_attempt = 0;
+    printf("%s\n", why);
+    fflush(stdout);
+    stop_children(A, "rejoin");
+    /* a new connection: the old one may be dead on the head's side (a same-named peer took
+     * its route there: ZMQ_ROUTER_HANDOVER) while it looks alive here */
+    bus_destroy(&A->bus);
+    if (open_bus(A) < 0) {
+        fprintf(stderr, "draftline node: %s: %s\n", A->head, dl_errmsg());
+        A->exit_code = 1;
+        A->stopping = 1;
+        A->t_stop = clock_mono_s();
+    }
+}
+
 static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg) {
     (void)bus; (void)peer;
     agent_t *A = arg;
@@ -259,6 +287,7 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
             printf("%sjoined %s as node %s (index %d)\n", A->ever_joined ? "re" : "", A->run_id, A->name, A->index);
             fflush(stdout);
             A->ever_joined = 1;
+            A->t_attempt = 0;
         }
         break;
     case PROTO_ERROR:
@@ -276,6 +305,11 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
         spawn(A, &m.node_spawn);
         break;
     case PROTO_CONTROL:
+        if (m.control.op == PROTO_CTL_STOP && !strcmp(m.control.arg, NODE_STOP_REJOIN)) {
+            if (A->joined && !A->stopping) drop_and_rejoin(A, "the head dropped this node (silent too long): stopping "
+                                                              "its stages and joining again");
+            break;
+        }
         /* the head's run is over (sup__nodes_run_over): stop what is left here and exit 0 */
         if (m.control.op == PROTO_CTL_STOP && !A->stopping) {
             printf("the run %s is over (%s): this node stops\n", A->run_id, m.control.arg[0] ? m.control.arg : "done");
@@ -305,11 +339,31 @@ static void on_dead(bus_t *bus, const char *peer, uint64_t silent_ms, void *arg)
     (void)bus; (void)peer;
     agent_t *A = arg;
     if (!A->joined) return;
-    A->joined = 0;
-    printf("lost the head (silent %.1f s): stopping this node's stages; joining again every %d s\n",
-           (double)silent_ms / 1000.0, NODE_REJOIN_MS / 1000);
-    fflush(stdout);
-    stop_children(A, "head lost");
+    char why[160];
+    snprintf(why, sizeof why, "lost the head (silent %.1f s): stopping this node's stages; joining again every %d s",
+             (double)silent_ms / 1000.0, NODE_REJOIN_MS / 1000);
+    drop_and_rejoin(A, why);
+}
+
+static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg);
+static void on_dead(bus_t *bus, const char *peer, uint64_t silent_ms, void *arg);
+
+/* A->bus: a DEALER "node-<name>" connected to the head over tcp+CURVE. 0 or an error. */
+static int open_bus(agent_t *A) {
+    char ident[BUS_ID_MAX + 1];
+    snprintf(ident, sizeof ident, "node-%.*s", (int)DL_PROTO_NODE_NAME_MAX - 5, A->name);
+    bus_opts_t bo = {0};
+    bo.kind = BUS_DEALER;
+    bo.name = "head";
+    bo.identity = ident;
+    bo.heartbeat_interval_ms = PIPE_HEARTBEAT_MS;
+    bo.heartbeat_timeout_ms = PIPE_DEAD_MS;
+    bo.curve = &A->keys;
+    A->bus = bus_new(&A->loop, &bo);
+    if (!A->bus || bus_connect(A->bus, A->head) < 0) return DL_EIO;
+    bus_on_message(A->bus, on_msg, A);
+    bus_on_peer_dead(A->bus, on_dead, A);
+    return 0;
 }
 
 static void close_all(agent_t *A) {
@@ -318,7 +372,7 @@ static void close_all(agent_t *A) {
     uv_close((uv_handle_t *)&A->sig_int, NULL);
     uv_close((uv_handle_t *)&A->sig_term, NULL);
     uv_close((uv_handle_t *)&A->sig_chld, NULL);
-    bus_close(A->bus, NULL, NULL);
+    if (A->bus) bus_close(A->bus, NULL, NULL);
 }
 
 static void on_tick(uv_timer_t *t) {
@@ -337,7 +391,15 @@ static void on_tick(uv_timer_t *t) {
         if (!n_running(A) || now - A->t_stop > NODE_STOP_KILL_S + 5) close_all(A);
         return;
     }
-    if (!A->joined && now - A->last_hello >= NODE_REJOIN_MS / 1000.0) send_hello(A);
+    if (A->joined) return;
+    /* the old stages are gone before the node joins again (the head restarts them) */
+    if (!n_running(A) && now - A->last_hello >= NODE_REJOIN_MS / 1000.0) send_hello(A);
+    if (A->t_attempt > 0 && now >= A->next_noanswer) {
+        printf("no answer from the head at %s after %.0f s: is it running, and is --key the key file of that run? "
+               "(a wrong key is refused without a reply)\n", A->o->join, now - A->t_attempt);
+        fflush(stdout);
+        A->next_noanswer = now + NODE_NO_ANSWER_REPEAT_S;
+    }
 }
 
 static void on_signal(uv_signal_t *h, int signum) {
@@ -400,24 +462,12 @@ int node_agent_run(const node_agent_opts_t *o) {
     int rc = agent_setup(&A);
     if (rc) return rc;
     uv_loop_init(&A.loop);
-    char ident[BUS_ID_MAX + 1];
-    snprintf(ident, sizeof ident, "node-%.*s", (int)DL_PROTO_NODE_NAME_MAX - 5, A.name);
-    bus_opts_t bo = {0};
-    bo.kind = BUS_DEALER;
-    bo.name = "head";
-    bo.identity = ident;
-    bo.heartbeat_interval_ms = PIPE_HEARTBEAT_MS;
-    bo.heartbeat_timeout_ms = PIPE_DEAD_MS;
-    bo.curve = &A.keys;
-    A.bus = bus_new(&A.loop, &bo);
-    if (!A.bus || bus_connect(A.bus, A.head) < 0) {
+    if (open_bus(&A) < 0) {
         fprintf(stderr, "draftline node: %s: %s\n", A.head, dl_errmsg());
         if (A.bus) { bus_destroy(&A.bus); uv_run(&A.loop, UV_RUN_DEFAULT); }
         uv_loop_close(&A.loop);
         return 1;
     }
-    bus_on_message(A.bus, on_msg, &A);
-    bus_on_peer_dead(A.bus, on_dead, &A);
     uv_signal_init(&A.loop, &A.sig_int); A.sig_int.data = &A;
     uv_signal_init(&A.loop, &A.sig_term); A.sig_term.data = &A;
     uv_signal_init(&A.loop, &A.sig_chld); A.sig_chld.data = &A;

@@ -5,14 +5,19 @@
  * run dir, cores, GPUs through NVML), then starts, signals and reaps the stages the
  * supervisor places on its host (node_spawn, node_signal, node_stage) as the supervisor
  * does its own children. It never initialises CUDA. A lost head (no heartbeat for
- * PIPE_DEAD_MS) stops its stages (SIGTERM, SIGKILL after 20 s) and it joins again (same
- * name and incarnation) every 2 s; SIGINT/SIGTERM stop its stages and end it.
+ * PIPE_DEAD_MS), or the head's CONTROL STOP "rejoin" (it declared this node lost, then
+ * heard it again), stops its stages (SIGTERM, SIGKILL after 20 s) and, once they are
+ * gone, it joins again (same name and incarnation) every 2 s. No node_welcome 10 s after
+ * a (re)join attempt: a line says so (wrong key or port?), again every 30 s.
+ * SIGINT/SIGTERM stop its stages and end it.
  */
 #ifndef DL_SUPERVISOR_NODE_AGENT_H
 #define DL_SUPERVISOR_NODE_AGENT_H
 
 #define NODE_REJOIN_MS 2000          /* node_hello again while not joined */
 #define NODE_STOP_KILL_S 20.0        /* SIGTERM to a stage, then SIGKILL this much later */
+#define NODE_NO_ANSWER_S 10.0        /* no node_welcome this long after a (re)join attempt: say so */
+#define NODE_NO_ANSWER_REPEAT_S 30.0 /* ... and again every this many s */
 
 /* Settings of one agent (strings borrowed for the call). */
 typedef struct {

@@ -62,8 +62,10 @@ int sup__nodes_defer_start(sup_t *S) {
     for (int i = 0; i < S->n; i++) S->st[i].exited = 1;   /* not started yet (none runs) */
     char miss[400];
     list_nodes(S, 0, miss, sizeof miss);
-    printf("waiting for %d node(s) to join (%s named by the placement): `draftline node --join HOST:PORT "
-           "--key FILE --name NAME` on each\n", S->o->nodes_wait, miss);
+    int named = S->o->n_nodes > 1 ? S->o->n_nodes - 1 : 0, more = S->o->nodes_wait - named;
+    printf("waiting for %d named node(s) to join (%s)", named, miss);
+    if (more > 0) printf(" and %d more agent(s) (--nodes %d)", more, S->o->nodes_wait);
+    printf(": `draftline node --join HOST:PORT --key FILE --name NAME` on each\n");
     fflush(stdout);
     return 1;
 }
@@ -75,6 +77,7 @@ void sup__nodes_tick(sup_t *S, double now) {
     list_nodes(S, 0, miss, sizeof miss);
     if (all_joined(S)) {
         S->ntab.ready = 1;
+        S->ntab.t_ready = now;
         printf("[%5.0fs] every node joined (%s): starting the stages\n", now - S->t0, have);
         fflush(stdout);
         for (int i = 0; i < S->n; i++) sup__spawn(S, &S->st[i]);
@@ -91,8 +94,11 @@ void sup__nodes_tick(sup_t *S, double now) {
     }
     if (now - S->ntab.last_line >= SUP_NODES_PROGRESS_S) {
         S->ntab.last_line = now;
-        printf("[%5.0fs] waiting for nodes: joined %s; missing %s (%d more wanted by --nodes %d)\n", now - S->t0,
-               have, miss, more > 0 ? more : 0, S->o->nodes_wait);
+        int named = 0;
+        for (int k = 1; k < S->o->n_nodes && k < S->ntab.n; k++) named += !S->nodes[k].up;
+        printf("[%5.0fs] waiting for nodes: joined %s; %d named node(s) missing: %s", now - S->t0, have, named, miss);
+        if (more > named) printf(" (and %d more agent(s) for --nodes %d)", more - named, S->o->nodes_wait);
+        printf("\n");
         fflush(stdout);
     }
 }
@@ -145,6 +151,35 @@ static void node_lost(sup_t *S, int k, const char *why) {
     sup__write_run_json(S);
 }
 
+/* The node-level checks of hello h from peer (node k by name, -1: unknown): refuses it
+ * (PROTO_ERROR naming why) and returns 1, or 0. */
+static int hello_refused(sup_t *S, const char *peer, const proto_node_hello_t *h, int k) {
+    char why[DL_PROTO_ERRMSG_MAX + 1];
+    const sup_node_t *nd = k > 0 ? &S->nodes[k] : NULL;
+    if (!strcmp(h->name, S->nodes[0].name) || !strcmp(h->name, "head")) {
+        snprintf(why, sizeof why, "node name %.64s is the head's: pass another --name", h->name);
+    } else if (k < 0 && S->o->n_nodes > 1) {
+        char names[400];
+        size_t n = 0;
+        names[0] = 0;
+        for (int j = 1; j < S->o->n_nodes && n < sizeof names; j++)
+            n += (size_t)snprintf(names + n, sizeof names - n, "%s%s", j > 1 ? ", " : "", S->o->node_names[j]);
+        snprintf(why, sizeof why, "node %.64s is not in this run's placement (%.300s)", h->name, names);
+    } else if (nd && nd->up && nd->incarnation != h->incarnation) {
+        snprintf(why, sizeof why, "node %.64s is up (pid %u on %.64s, run dir %.200s): a second agent with that name "
+                 "is refused; an agent that was restarted is taken once the head has declared the old one lost "
+                 "(%.0f s of silence)", nd->name, nd->pid, nd->hostname, nd->run_dir, PIPE_DEAD_MS / 1000.0);
+    } else if (nd && nd->joined && !nd->up && ((size_t)h->n_run_dir != strlen(nd->run_dir) ||
+                                               memcmp(h->run_dir, nd->run_dir, h->n_run_dir) != 0)) {
+        snprintf(why, sizeof why, "node %.64s joined with run dir %.160s: rejoin with --run-dir %.160s: its "
+                 "checkpoints and logs are there", nd->name, nd->run_dir, nd->run_dir);
+    } else {
+        return 0;
+    }
+    refuse(S, peer, why);
+    return 1;
+}
+
 static void on_node_hello(sup_t *S, const char *peer, const proto_node_hello_t *h) {
     char want[BUS_ID_MAX + 1], why[256];
     snprintf(want, sizeof want, "node-%.58s", h->name);
@@ -165,17 +200,7 @@ static void on_node_hello(sup_t *S, const char *peer, const proto_node_hello_t *
         return;
     }
     int k = node_by_name(S, h->name);
-    if (k > 0 && S->nodes[k].up && S->nodes[k].incarnation != h->incarnation) {
-        /* the same name from another agent: a restart on the same host replaces the
-         * old one (its stages died with it); another host is refused */
-        if (strcmp(S->nodes[k].hostname, h->hostname) != 0) {
-            snprintf(why, sizeof why, "node name %s is taken by a live agent on %s (another host): pass --name",
-                     h->name, S->nodes[k].hostname);
-            refuse(S, peer, why);
-            return;
-        }
-        node_lost(S, k, "its agent restarted");
-    }
+    if (hello_refused(S, peer, h, k)) return;
     if (k < 0) {
         if (S->ntab.n >= RUNCFG_NODES_MAX) {
             snprintf(why, sizeof why, "too many nodes: %d agents at most, and %d are known", RUNCFG_NODES_MAX - 1,
@@ -223,6 +248,29 @@ static void on_node_stage(sup_t *S, int k, const proto_node_stage_t *e) {
     sup__on_exit(S, x, e->event == PROTO_NODE_EV_EXITED ? e->wait_status : 127 << 8);
 }
 
+/* Node k was declared lost but is heard again (its agent stalled, it did not notice):
+ * CONTROL STOP "rejoin" makes it stop its stages and join again. At most once a second. */
+static void send_rejoin(sup_t *S, int k) {
+    sup_node_t *nd = &S->nodes[k];
+    double now = clock_mono_s();
+    if (now - nd->rejoin_sent < 1.0) return;
+    nd->rejoin_sent = now;
+    proto_msg_t m;
+    proto_msg_init(&m, PROTO_CONTROL);
+    m.control.op = PROTO_CTL_STOP;
+    snprintf(m.control.arg, sizeof m.control.arg, "%s", NODE_STOP_REJOIN);
+    log_info("node %s (lost) is heard again: told to stop its stages and join again", nd->name);
+    stage_send(S->bus, nd->peer, &m);
+}
+
+void sup__nodes_on_new(bus_t *bus, const char *peer, void *arg) {
+    (void)bus;
+    sup_t *S = arg;
+    if (!S->ntab.on) return;
+    int k = node_by_peer(S, peer);
+    if (k > 0 && S->nodes[k].joined && !S->nodes[k].up) send_rejoin(S, k);
+}
+
 int sup__nodes_on_msg(sup_t *S, const char *peer, const proto_msg_t *m) {
     if (m->type < PROTO_NODE_HELLO || m->type > PROTO_NODE_STAGE) return 0;
     if (!S->ntab.on) {
@@ -231,7 +279,8 @@ int sup__nodes_on_msg(sup_t *S, const char *peer, const proto_msg_t *m) {
     }
     if (m->type == PROTO_NODE_HELLO) { on_node_hello(S, peer, &m->node_hello); return 1; }
     int k = node_by_peer(S, peer);
-    if (k < 0 || !S->nodes[k].up) {
+    if (k > 0 && !S->nodes[k].up) { send_rejoin(S, k); return 1; }
+    if (k < 0) {
         log_warn("%s from %s, not a live node: dropped", proto_type_name(m->type), peer);
         return 1;
     }
@@ -308,7 +357,7 @@ void sup__nodes_run_over(sup_t *S) {
         proto_msg_t m;
         proto_msg_init(&m, PROTO_CONTROL);
         m.control.op = PROTO_CTL_STOP;
-        snprintf(m.control.arg, sizeof m.control.arg, "run over");
+        snprintf(m.control.arg, sizeof m.control.arg, "%s", NODE_STOP_RUN_OVER);
         stage_send(S->bus, n->peer, &m);
     }
 }

@@ -13,6 +13,11 @@
 #include "common/pipe/runcfg.h"
 
 #define SUP_NODES_PROGRESS_S 5.0    /* the "waiting for nodes" line, every this many s */
+/* CONTROL STOP's arg from the head to an agent: the run is over (exit 0), or the head
+ * declared the node lost and heard it again (stop the stages, join again). */
+#define NODE_STOP_RUN_OVER "run over"
+#define NODE_STOP_REJOIN "rejoin"
+
 
 /* Sets the node table up (S->nodes[], S->ntab) from the options: node k named
  * o->node_names[k]; agents are taken when --nodes > 0 or the placement names nodes. */
@@ -29,6 +34,9 @@ int sup__nodes_on_msg(sup_t *S, const char *peer, const proto_msg_t *m);
 /* The bus reported peer dead: when it is a node agent, every stage of that node is dead
  * (sup__on_exit) and waits for the node to join again. */
 void sup__nodes_on_dead(bus_t *bus, const char *peer, uint64_t silent_ms, void *arg);
+/* The bus reports peer new (again): when it is a node the head declared lost, the agent
+ * gets CONTROL STOP "rejoin" (it stops its stages and sends node_hello again). */
+void sup__nodes_on_new(bus_t *bus, const char *peer, void *arg);
 /* The node index x runs on (0: the head; always 0 on one host). */
 int sup__stage_node(const sup_t *S, const sstage_t *x);
 /* Whether x may be started now: 1 (the head's, or its node is alive), 0 (its node is

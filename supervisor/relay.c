@@ -222,7 +222,8 @@ void sup__print_progress(sup_t *S) {
  * output once, and again every minute while it lasts: the stages whose own progress
  * counter (since_progress_s) is as old, and where to look (`draftline monitor`). */
 void sup__stall_check(sup_t *S, double now) {
-    double since = now - (S->have_step ? S->t_last_step : S->t0);
+    if (S->ntab.on && !S->ntab.ready) return;   /* waiting for the nodes: no stage runs yet */
+    double since = now - (S->have_step ? S->t_last_step : S->ntab.on ? S->ntab.t_ready : S->t0);
     uint64_t done = S->have_step ? S->last_step_seen + 1 - S->o->start_step : 0;
     double mean = done > 1 ? (S->t_last_step - S->t_first_step) / (double)(done - 1) : 0;
     if (!(S->stall_warn_floor_s > 0)) {     /* once: the test hook "stall_warn_s" (a floor under 60 s) */

@@ -148,6 +148,7 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     DL_TRY(bus_bind(S.bus, ep));
     bus_on_message(S.bus, sup__on_msg, &S);
     bus_on_peer_dead(S.bus, sup__nodes_on_dead, &S);
+    bus_on_peer_new(S.bus, sup__nodes_on_new, &S);
     sup__nodes_init(&S);
     S.nt = o->n_targets;
     S.nd = o->n_drafters;

@@ -86,6 +86,7 @@ typedef struct {
     int joined;                         /* joined at least once */
     uint64_t incarnation;               /* the agent start's */
     uint32_t pid;
+    double rejoin_sent;                 /* CONTROL STOP "rejoin" last sent (lost node heard again) */
 } sup_node_t;
 
 typedef struct {
@@ -170,7 +171,7 @@ typedef struct {
     /* node agents (nodes.c): on = this run takes agents (--nodes, or a placement naming
      * nodes); n nodes known (the head, the named ones, others that joined); ready: every
      * wanted node joined and the stages were started; failed: why the join failed */
-    struct { int on, n, ready; double t0, last_line; char failed[600]; } ntab;
+    struct { int on, n, ready; double t0, t_ready, last_line; char failed[600]; } ntab;
 } sup_t;
 
 static inline int is_target(const sstage_t *x) { return x->spec->stage_id >= PIPE_ID_TARGET0; }

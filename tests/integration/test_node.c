@@ -10,6 +10,10 @@
  *   finishes its steps; the head tells the agent the run is over and it exits 0.
  * test_node_lost_rejoin: the agent killed mid-run (its target with it): "node n1 lost", the
  *   head waits; a new agent n1 rejoins as node 1, the target starts there again, the run ends.
+ * test_node_agent_faults: one head, the agent faults of a fresh-user review: names outside
+ *   the placement or "head" refused; another run's key ("no answer" after 10 s); a second
+ *   agent under a live node's name refused; a stalled agent (SIGSTOP 5 s) told to rejoin,
+ *   a rejoin from another run dir refused; the run ends with every step.
  * test_node_join_timeout: --join-timeout 2 with the placement naming node n9 and no agent:
  *   exit 1 naming n9, no stage started.
  */
@@ -321,6 +325,124 @@ static void test_gpu_cross_node_refused(void **state) {
     free(t);
 }
 
+/* An agent run to its end (exit status; -1 after timeout_s, then killed) with log name. */
+static int agent_once(const char *log, const char *key, const char *listen, const char *name, const char *dir,
+                      int timeout_s) {
+    static pf_run_args_t a;
+    const char *v[] = {fx.exe, "node", "--join", listen, "--key", key, "--name", name, "--run-dir", dir, NULL};
+    memset(&a, 0, sizeof a);
+    set_argv(&a, v);
+    snprintf(a.log, sizeof a.log, "%s", log);
+    proc_t p;
+    if (proc_spawn(&p, "draftline node", pf_run_child, &a) != 0) return -1;
+    int rc = -1;
+    if (proc_wait(&p, timeout_s * 1000, &rc) != 0) rc = -1;
+    proc_kill(&p);
+    return rc;
+}
+
+/* Whether file path holds needle now (shows it when not). */
+static int has_text(const char *path, const char *needle) {
+    char *t = pf_slurp(path, NULL);
+    int hit = t && strstr(t, needle);
+    if (!hit) printf("--- %s (no '%s') ---\n%s\n", path, needle, t ? t : "(none)");
+    free(t);
+    return hit;
+}
+
+/* One head (target on node n1, a long enough run) and what agents must not do to it:
+ * names outside the placement and "head" refused; another run's key: "no answer" after
+ * 10 s; a second agent n1 while n1 is up refused (the run goes on); n1 stalled (SIGSTOP
+ * 5 s): lost, a rejoin from another run dir refused, then after SIGCONT the head tells it
+ * to rejoin, it stops its stages and joins again; the run ends with every step and the
+ * agent exits 0. */
+static void test_node_agent_faults(void **state) {
+    (void)state;
+    static pf_run_args_t h, g, w;
+    char out[400], listen[64], key[500], dir[400], other[400], log[500], wrong_key[500];
+    snprintf(out, sizeof out, "%s/faults", fx.root);
+    snprintf(dir, sizeof dir, "%s/agent-faults", fx.root);
+    snprintf(other, sizeof other, "%s/agent-faults-2", fx.root);
+    snprintf(wrong_key, sizeof wrong_key, "%s/lonely/node.key", fx.root);   /* test_node_join_timeout's run */
+    struct stat sb;
+    assert_int_equal(stat(wrong_key, &sb), 0);
+    int port = free_port_span();
+    assert_true(port > 0);
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+    snprintf(key, sizeof key, "%s/node.key", out);
+    const char *hargv[] = {fx.exe, "run", "--target-model", fx.model_dir, "--data", fx.cache, "--device", "cpu",
+                           "--targets", "n1:1", "--drafters", "1", "--threads", "1", "--token-budget", "256",
+                           "--block-size", "4", "--num-anchors", "8", "--max-steps", "600", "--epochs", "1000",
+                           "--listen", listen, "--nodes", "1", "--out", out, NULL};
+    memset(&h, 0, sizeof h);
+    set_argv(&h, hargv);
+    snprintf(h.log, sizeof h.log, "%s/faults-head.out", fx.root);
+    proc_t hp, ap, wp;
+    assert_int_equal(proc_spawn(&hp, "draftline run", pf_run_child, &h), 0);
+    assert_true(wait_for_text(h.log, "waiting for", 60));
+    assert_true(has_text(h.log, "--key ") && has_text(h.log, " --name n1\n"));
+    assert_true(has_text(h.log, "waiting for 1 named node(s) to join (n1)"));
+    /* names: not in the placement, the head's */
+    snprintf(log, sizeof log, "%s/faults-c.out", fx.root);
+    assert_int_equal(agent_once(log, key, listen, "c", other, 30), 2);
+    assert_true(has_text(log, "node c is not in this run's placement (n1)"));
+    snprintf(log, sizeof log, "%s/faults-head-name.out", fx.root);
+    assert_int_equal(agent_once(log, key, listen, "head", other, 30), 2);
+    assert_true(has_text(log, "is the head's"));
+    /* another run's key: no reply; the agent says so after 10 s */
+    const char *wv[] = {fx.exe, "node", "--join", listen, "--key", wrong_key, "--name", "n1", "--run-dir", other, NULL};
+    memset(&w, 0, sizeof w);
+    set_argv(&w, wv);
+    snprintf(w.log, sizeof w.log, "%s/faults-wrongkey.out", fx.root);
+    assert_int_equal(proc_spawn(&wp, "draftline node", pf_run_child, &w), 0);
+    int said = wait_for_text(w.log, "no answer from the head at ", 14);
+    proc_kill(&wp);
+    assert_true(said && has_text(w.log, "is --key the key file of that run?"));
+    /* n1 joins, the run starts */
+    const char *aargv[] = {fx.exe, "node", "--join", listen, "--key", key, "--name", "n1", "--run-dir", dir, NULL};
+    memset(&g, 0, sizeof g);
+    set_argv(&g, aargv);
+    snprintf(g.log, sizeof g.log, "%s/faults-agent.out", fx.root);
+    assert_int_equal(proc_spawn(&ap, "draftline node", pf_run_child, &g), 0);
+    int up = wait_for_text(h.log, "target0 is up", 60);
+    if (!up) { show(h.log); show(g.log); }
+    assert_true(up);
+    /* a second n1 while n1 is up: refused, n1 keeps its stages */
+    snprintf(log, sizeof log, "%s/faults-dup.out", fx.root);
+    assert_int_equal(agent_once(log, key, listen, "n1", other, 30), 2);
+    assert_true(has_text(log, "node n1 is up (pid "));
+    assert_true(has_text(log, "a second agent with that name is refused"));
+    /* n1 stalls: lost; a rejoin from another run dir is refused; then it wakes up */
+    assert_int_equal(kill(ap.pid, SIGSTOP), 0);
+    int lost = wait_for_text(h.log, "node n1 lost", 15);
+    if (lost) {
+        snprintf(log, sizeof log, "%s/faults-otherdir.out", fx.root);
+        int orc = agent_once(log, key, listen, "n1", other, 30);
+        lost = orc == 2 && has_text(log, "rejoin with --run-dir ");
+    }
+    kill(ap.pid, SIGCONT);
+    if (!lost) show(h.log);
+    assert_true(lost);
+    int again = wait_for_text(g.log, "the head dropped this node (silent too long)", 20) ||
+                wait_for_text(g.log, "lost the head", 1);
+    if (!again) { show(h.log); show(g.log); }
+    assert_true(again);
+    assert_true(wait_for_text(h.log, "node n1 rejoined as node 1", 40));
+    int rc = pf_run_finish(&hp, h.log, out, 300, NULL);
+    if (rc != 0) { show(h.log); show(g.log); }
+    assert_int_equal(rc, 0);
+    assert_true(has_text(h.log, "summary: 600 steps"));
+    char *ht = pf_slurp(h.log, NULL);
+    assert_non_null(ht);
+    assert_null(strstr(ht, "no step applied"));
+    free(ht);
+    int arc = -1;
+    assert_int_equal(proc_wait(&ap, 30000, &arc), 0);
+    proc_kill(&ap);
+    if (arc != 0) show(g.log);
+    assert_int_equal(arc, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpu_cross_node_refused),
@@ -328,6 +450,7 @@ int main(void) {
         cmocka_unit_test(test_node_join_timeout),
         cmocka_unit_test(test_node_join_run),
         cmocka_unit_test(test_node_lost_rejoin),
+        cmocka_unit_test(test_node_agent_faults),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
