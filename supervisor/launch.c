@@ -110,7 +110,7 @@ static int parse_place(launch_t *L, const char *flag, const char *s, int counts,
             char nm[64];
             size_t nl = (size_t)(colon - p);
             snprintf(nm, sizeof nm, "%.*s", (int)(nl < sizeof nm - 1 ? nl : sizeof nm - 1), p);
-            if (nl >= sizeof nm - 5 || !node_name_ok(nm)) { why = "a node name is 1..58 characters, no space, ':' or ','"; break; }
+            if (nl >= sizeof nm - 5 || !node_name_ok(nm)) { why = "a node name is 1..48 characters, no space, ':' or ','"; break; }
             if ((cur = node_index(L, nm)) < 0) { why = "more than 15 nodes"; break; }
             p = colon + 1;
         }

@@ -60,7 +60,7 @@ typedef struct {
 
 int node_name_ok(const char *name) {
     size_t n = strlen(name);
-    if (n < 1 || n > DL_PROTO_NODE_NAME_MAX - 5) return 0;
+    if (n < 1 || n > NODE_NAME_CHARS) return 0;
     for (const char *p = name; *p; p++)
         if (*p < 0x21 || *p > 0x7e || *p == ':' || *p == ',') return 0;
     return 1;
@@ -348,10 +348,13 @@ static void on_dead(bus_t *bus, const char *peer, uint64_t silent_ms, void *arg)
 static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg);
 static void on_dead(bus_t *bus, const char *peer, uint64_t silent_ms, void *arg);
 
-/* A->bus: a DEALER "node-<name>" connected to the head over tcp+CURVE. 0 or an error. */
+/* A->bus: a DEALER "node-<name>.<incarnation, 8 hex>" connected to the head over
+ * tcp+CURVE: a second agent under the same name has another routing id, so it cannot
+ * take over this one's connection (ZMQ_ROUTER_HANDOVER) before the head refuses it.
+ * 0 or an error. */
 static int open_bus(agent_t *A) {
     char ident[BUS_ID_MAX + 1];
-    snprintf(ident, sizeof ident, "node-%.*s", (int)DL_PROTO_NODE_NAME_MAX - 5, A->name);
+    snprintf(ident, sizeof ident, "node-%.*s.%08x", NODE_NAME_CHARS, A->name, (unsigned)(A->incarnation & 0xffffffffu));
     bus_opts_t bo = {0};
     bo.kind = BUS_DEALER;
     bo.name = "head";
@@ -421,8 +424,8 @@ static int agent_setup(agent_t *A) {
     if (gethostname(A->host, sizeof A->host - 1) != 0) snprintf(A->host, sizeof A->host, "localhost");
     const char *nm = o->name ? o->name : A->host;
     if (!node_name_ok(nm)) {
-        fprintf(stderr, "draftline node: node name '%s': 1..%u characters, no space, ':' or ',' (pass --name)\n",
-                nm, DL_PROTO_NODE_NAME_MAX - 5);
+        fprintf(stderr, "draftline node: node name '%s': 1..%d characters, no space, ':' or ',' (pass --name)\n",
+                nm, NODE_NAME_CHARS);
         return 2;
     }
     snprintf(A->name, sizeof A->name, "%.*s", (int)DL_PROTO_NODE_NAME_MAX - 5, nm);

@@ -35,8 +35,10 @@ typedef struct {
  * node: its PROTO_ERROR text is printed). */
 int node_agent_run(const node_agent_opts_t *o);
 
-/* Whether name is a valid node name: 1..DL_PROTO_NODE_NAME_MAX - 5 bus id characters
- * (0x21..0x7e, so "node-<name>" is a bus id) other than ':' and ','. 1 or 0. */
+/* Longest node name: the agent's bus id "node-<name>.<8 hex>" fits BUS_ID_MAX (63). */
+#define NODE_NAME_CHARS 48
+/* Whether name is a valid node name: 1..NODE_NAME_CHARS bus id characters (0x21..0x7e)
+ * other than ':' and ','. 1 or 0. */
 int node_name_ok(const char *name);
 
 #endif

@@ -1,5 +1,6 @@
 /* Supervisor, the head's side of node agents (see nodes.h). */
 #include "supervisor/nodes.h"
+#include "supervisor/node_agent.h"
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
@@ -182,7 +183,7 @@ static int hello_refused(sup_t *S, const char *peer, const proto_node_hello_t *h
 
 static void on_node_hello(sup_t *S, const char *peer, const proto_node_hello_t *h) {
     char want[BUS_ID_MAX + 1], why[256];
-    snprintf(want, sizeof want, "node-%.58s", h->name);
+    snprintf(want, sizeof want, "node-%.*s.%08x", NODE_NAME_CHARS, h->name, (unsigned)(h->incarnation & 0xffffffffu));
     if (h->proto_version != DL_PROTO_VERSION) {
         snprintf(why, sizeof why, "protocol version %u: this head speaks %u (same draftline version on every node)",
                  h->proto_version, DL_PROTO_VERSION);
@@ -190,7 +191,7 @@ static void on_node_hello(sup_t *S, const char *peer, const proto_node_hello_t *
         return;
     }
     if (strcmp(want, peer) != 0) {
-        snprintf(why, sizeof why, "bus id %s: a node agent's is node-<name> (%s)", peer, want);
+        snprintf(why, sizeof why, "bus id %s: a node agent's is node-<name>.<incarnation> (%s)", peer, want);
         refuse(S, peer, why);
         return;
     }

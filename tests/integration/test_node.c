@@ -412,6 +412,11 @@ static void test_node_agent_faults(void **state) {
     assert_int_equal(agent_once(log, key, listen, "n1", other, 30), 2);
     assert_true(has_text(log, "node n1 is up (pid "));
     assert_true(has_text(log, "a second agent with that name is refused"));
+    /* ... and the live n1 was not cut off by it (its own routing id: no handover) */
+    sleep(4);
+    if (has_text(h.log, "node n1 lost") || has_text(g.log, "lost the head")) { show(h.log); show(g.log); }
+    assert_false(has_text(h.log, "node n1 lost"));
+    assert_false(has_text(g.log, "lost the head"));
     /* n1 stalls: lost; a rejoin from another run dir is refused; then it wakes up */
     assert_int_equal(kill(ap.pid, SIGSTOP), 0);
     int lost = wait_for_text(h.log, "node n1 lost", 15);
