@@ -225,12 +225,14 @@ static int last_error_line(const char *path, char *buf, size_t cap) {
  * is not restarted: its reason (the last ERROR line of its log; a remote stage's log
  * is on its node) on the console, and the run stops as failed. */
 static void on_permanent(sup_t *S, sstage_t *x) {
-    char log_path[4200], why[1024];
-    snprintf(log_path, sizeof log_path, "%s/logs/%s.log", S->o->out_dir, x->spec->name);
-    if (sup__stage_node(S, x) > 0 || last_error_line(log_path, why, sizeof why) < 0)
-        snprintf(why, sizeof why, "see %.1000s", sup__stage_node(S, x) > 0 ? "its node's log" : log_path);
+    char log_path[4200], why[1024], where[128] = "";
+    int k = sup__stage_node(S, x);   /* a stage on another node: its log is in that agent's run dir */
+    snprintf(log_path, sizeof log_path, "%s/logs/%s.log", k > 0 ? S->nodes[k].run_dir : S->o->out_dir, x->spec->name);
+    if (k > 0) snprintf(where, sizeof where, " on node %s", S->o->node_names[k]);
+    if (last_error_line(log_path, why, sizeof why) < 0)   /* (another host's file: often not readable here) */
+        snprintf(why, sizeof why, "see its log");
     fprintf(stderr, "draftline run: %s cannot start: %s (not restarted: a restart would fail the same way; "
-                    "log %s)\n", x->spec->name, why, log_path);
+                    "log %s%s)\n", x->spec->name, why, log_path, where);
     fflush(stderr);
     log_error("%s exited with a permanent start-up error: stopping the run", x->spec->name);
     S->failed = 1;
