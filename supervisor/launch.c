@@ -273,6 +273,12 @@ static int lc_validate(launch_t *L) {
      * context_length), as generate/eval/regen refuse theirs; unknown context: not checked */
     L->mc_rc = pipe_target_config(o->target_model, &L->mc);   /* the one read of the target's config */
     if (L->mc_rc < 0) snprintf(L->mc_err, sizeof L->mc_err, "%s", dl_errmsg());
+    /* weights a stage could never load (a truncated shard): refused now, not restarted as
+     * crashes (issue 15 item 2) */
+    if (L->mc_rc == 0 && pipe_target_check(o->target_model) < 0) {
+        fprintf(stderr, "draftline run: --target-model %s: %s\n", o->target_model, dl_errmsg());
+        return 2;
+    }
     const model_config_t *mc = &L->mc;
     if (o->max_len > 0 && L->mc_rc == 0 && mc->max_pos > 0 && o->max_len > mc->max_pos) {
         fprintf(stderr, "draftline run: --max-len %d is past the context of %s (%d tokens: "

@@ -2,6 +2,7 @@
 #include "common/pipe/model.h"
 #include "common/base/err.h"
 #include "common/format/gguf.h"
+#include "common/format/safetensors.h"
 
 #include <string.h>
 #include <sys/stat.h>
@@ -15,6 +16,16 @@ int pipe_target_config(const char *path, model_config_t *out) {
     int rc = model_config_from_gguf(g, out);
     gguf_close(&g);
     return rc;
+}
+
+int pipe_target_check(const char *path) {
+    struct stat s;
+    if (stat(path, &s) != 0) return dl_seterr(DL_ENOENT, "target model %s: not found", path);
+    if (!S_ISDIR(s.st_mode)) return 0;
+    safetensors_t *st = NULL;
+    DL_TRY(safetensors_open(path, &st));
+    safetensors_close(&st);
+    return 0;
 }
 
 int pipe_drafter_config(const model_config_t *mc, int n_layers, int n_feat, int B,

@@ -12,6 +12,13 @@
  * Errors of the readers (DL_ENOENT, DL_EFORMAT, DL_ENOTSUP). */
 int pipe_target_config(const char *path, model_config_t *out);
 
+/* Checks that the target's weights can be read as they are: a Hugging Face directory's
+ * safetensors (every shard's header and every tensor's data range inside its file:
+ * safetensors_open, a mapping only, no data read); a GGUF file is checked by
+ * pipe_target_config itself. 0, or the reader's error naming the file (DL_EFORMAT for
+ * a truncated or corrupt shard, DL_ENOENT, DL_EIO). */
+int pipe_target_check(const char *path);
+
 /* Drafter config for target mc: n_layers drafter layers, block size B, n_feat
  * captured layers at DFlash's default ids; mask token by family (Qwen3: 151669 when
  * inside the vocabulary, else 0 = <|endoftext|> as in SmolLM2). Finished and

@@ -260,7 +260,10 @@ static void test_truncated_target_not_restarted(void **state) {
     assert_null(strstr(txt, "restarting target0"));
     assert_null(strstr(txt, "restarting drafter0"));
     assert_non_null(strstr(txt, "model.safetensors"));   /* the reason names the file */
-    assert_non_null(strstr(txt, "checkpoint: (none)"));
+    /* refused up front (2: the supervisor reads the shard headers, nothing started) or, when
+     * a stage finds it, stopped at once without printing a checkpoint it did not write */
+    if (code == 2) assert_null(strstr(txt, "checkpoint:"));
+    else assert_non_null(strstr(txt, "checkpoint: (none)"));
     assert_true(dt < 15);
     free(txt);
 }
