@@ -30,7 +30,7 @@ CFLAGS  ?=
 CFLAGS  += -std=gnu11 $(OPT) -g -Wall -Wextra -Wno-unused-parameter -fopenmp -fPIC \
            -D_GNU_SOURCE -I. -MMD -MP
 LDFLAGS += -fopenmp
-LDLIBS  := -lzmq -luv -lmsgpackc -lcjson -lpcre2-8 -lutf8proc -lopenblas -lyaml -lz -lm -lpthread -ldl -lrt
+LDLIBS  := -lzmq -lsodium -luv -lmsgpackc -lcjson -lpcre2-8 -lutf8proc -lopenblas -lyaml -lz -lm -lpthread -ldl -lrt
 # draftline plot (common/monitor/plot.c) and the monitor TUI (tools/cmd_monitor.c)
 LDLIBS  += -lcairo -lncurses
 # Release build: make RELEASE=1 compiles the test hooks out (common/base/testhook.h).

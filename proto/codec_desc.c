@@ -98,6 +98,7 @@ static const field_t F_HELLO[] = {
     F_U32(hello, proto_version, DL_PROTO_VERSION, DL_PROTO_VERSION),
     F_U64(hello, capabilities, 0, PROTO_CAP_ALL_),
     F_STR(hello, gpu_uuid, 0, DL_PROTO_UUID_MAX, FL_PRINTABLE),
+    F_OPAQUE_N(hello, cred, cred_len, DL_PROTO_CRED_BYTES),
 };
 static const field_t F_HEARTBEAT[] = {
     F_STAGE(heartbeat, stage_id),
@@ -322,6 +323,7 @@ static const field_t F_NODE_SPAWN[] = {
     F_U32(node_spawn, threads, 0, 1u << 20),
     F_STR(node_spawn, sup_endpoint, 1, DL_PROTO_HOST_MAX, FL_PRINTABLE),
     F_STR(node_spawn, log_level, 0, DL_PROTO_NAME_MAX, FL_PRINTABLE),
+    F_OPAQUE_N(node_spawn, cred, cred_len, DL_PROTO_CRED_BYTES),
 };
 static const field_t F_NODE_SIGNAL[] = {
     F_STAGE(node_signal, stage_id),

@@ -65,6 +65,7 @@
 #define DL_PROTO_NODE_NAME_MAX 63u          /* node name: bus id characters (0x21..0x7e) */
 #define DL_PROTO_HOST_MAX      255u         /* hostname / address text */
 #define DL_PROTO_EXE_MAX       63u          /* stage executable name ([a-z_]) */
+#define DL_PROTO_CRED_BYTES 32u             /* a membership credential (common/pipe/cred.h) */
 #define DL_PROTO_NCCL_ID_BYTES 128u         /* sizeof(ncclUniqueId) (NCCL_UNIQUE_ID_BYTES) */
 #define DL_PROTO_NCCL_RANKS_MAX 64u         /* nccl_id nranks */
 
@@ -169,6 +170,10 @@ typedef struct {
     uint32_t proto_version;      /* version the sender speaks; must be DL_PROTO_VERSION */
     uint64_t capabilities;       /* PROTO_CAP_* bits */
     char gpu_uuid[DL_PROTO_UUID_MAX + 1];  /* "" on CPU */
+    /* membership (common/pipe/cred.h): to the supervisor, the stage's credential
+     * HMAC(run secret, "<run id>:<stage id>:<incarnation>"); a hello or config request
+     * without the right one is refused (PROTO_ERROR). cred_len 0 or DL_PROTO_CRED_BYTES. */
+    uint8_t cred[DL_PROTO_CRED_BYTES]; uint32_t cred_len;
 } proto_hello_t;
 
 typedef struct {
@@ -470,6 +475,9 @@ typedef struct {
     uint32_t threads;
     char sup_endpoint[DL_PROTO_HOST_MAX + 1];      /* "tcp://host:port" */
     char log_level[DL_PROTO_NAME_MAX + 1];         /* "" = default */
+    /* the stage's membership credential (common/pipe/cred.h), handed to it in its
+     * environment (DL_STAGE_CRED), never on its command line; 0 or DL_PROTO_CRED_BYTES */
+    uint8_t cred[DL_PROTO_CRED_BYTES]; uint32_t cred_len;
 } proto_node_spawn_t;
 
 /* Send signal signum (SIGTERM 15 or SIGKILL 9) to incarnation `incarnation` of

@@ -5,7 +5,7 @@
 set -euo pipefail
 PKGS=(build-essential pkg-config libzmq3-dev libuv1-dev libmsgpack-dev libopenblas-dev
       libcjson-dev libpcre2-dev libutf8proc-dev libcmocka-dev libyaml-dev zlib1g-dev libncurses-dev libcairo2-dev
-      python3 python3-pip unzip clang libclang-rt-14-dev)
+      libsodium-dev python3 python3-pip unzip clang libclang-rt-14-dev)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -199,6 +199,8 @@ static void spawn(agent_t *A, const proto_node_spawn_t *sp) {
         send_stage(A, sp->stage_id, sp->incarnation, PROTO_NODE_EV_FAILED, 0, e);
         return;
     }
+    char cred_hex[CRED_HEX_LEN + 1] = "";
+    if (sp->cred_len == CRED_BYTES) cred_to_hex(sp->cred, cred_hex);
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
@@ -210,6 +212,8 @@ static void spawn(agent_t *A, const proto_node_spawn_t *sp) {
     if (pid == 0) {
         /* dies with the agent: SIGUSR1, which the stage runtime turns into one SIGTERM */
         sup__child_setup(parent, SIGUSR1, log_path, (int)sp->threads);
+        if (cred_hex[0]) setenv(CRED_ENV, cred_hex, 1);   /* membership credential: never in argv */
+        else unsetenv(CRED_ENV);
         char *argv[16];
         int a = 0;
         argv[a++] = exe;

@@ -314,6 +314,8 @@ void sup__spawn_remote(sup_t *S, sstage_t *x) {
                 : is_drafter(x) ? (int32_t)(x->spec->stage_id - PIPE_ID_DRAFTER0) : -1;
     sp->threads = (uint32_t)(S->o->threads_per_stage > 0 ? S->o->threads_per_stage : 1);
     if (sup__sup_endpoint(S->o, sp->sup_endpoint, sizeof sp->sup_endpoint) < 0) sp->sup_endpoint[0] = 0;
+    sup__cred(S, sp->stage_id, sp->incarnation, sp->cred);   /* the agent hands it over (DL_STAGE_CRED) */
+    sp->cred_len = CRED_BYTES;
     x->exited = 0;
     x->helloed = 0;
     x->restart_at = 0;

@@ -89,6 +89,10 @@ void sup__child_setup(pid_t parent, int pdeathsig, const char *log_path, int thr
     setenv("OPENBLAS_NUM_THREADS", thr, 1);
 }
 
+void sup__cred(const sup_t *S, uint32_t stage_id, uint64_t inc, uint8_t out[CRED_BYTES]) {
+    cred_stage(S->secret, S->o->run_id, stage_id, inc, out);
+}
+
 void sup__spawn(sup_t *S, sstage_t *x) {
     if (!sup__node_can_spawn(S, x)) return;   /* its node is lost: the restart waits for it */
     const sup_opts_t *o = S->o;
@@ -107,6 +111,10 @@ void sup__spawn(sup_t *S, sstage_t *x) {
                         ? S->last_applied + 1 : -1;
     x->from_ckpt = x->spec->stage_id == PIPE_ID_OPTIMIZER && x->incarnation > 1 && S->resume_ckpt[0];
     if (sup__stage_node(S, x) > 0) { sup__spawn_remote(S, x); return; }
+    uint8_t cred[CRED_BYTES];
+    char cred_hex[CRED_HEX_LEN + 1];
+    sup__cred(S, x->spec->stage_id, x->incarnation, cred);
+    cred_to_hex(cred, cred_hex);
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
@@ -118,6 +126,7 @@ void sup__spawn(sup_t *S, sstage_t *x) {
         /* a stage never outlives its supervisor (even one killed with SIGKILL): SIGUSR1,
          * which the stage runtime turns into one SIGTERM (common/pipe/stage.c) */
         sup__child_setup(parent, SIGUSR1, log_path, o->threads_per_stage);
+        setenv(CRED_ENV, cred_hex, 1);   /* its membership credential: inherited, never in argv */
         /* only who it is and where the supervisor is: its settings come as RUN_CONFIG */
         char *argv[12], idx[16], sup_ep[320];
         int a = 0;

@@ -103,6 +103,29 @@ static void on_metrics(sup_t *S, const char *peer, const proto_metrics_t *m) {
     if (S->n_losses < SUP_LOSS_HIST) S->losses[S->n_losses++] = loss;
 }
 
+/* Membership (common/pipe/cred.h): 1 when hello h carries the credential of its stage id
+ * and incarnation in this run. Else peer gets an `error` reply (PROTOCOL.md, hello) and
+ * 0 is returned: the caller ignores the hello (no config, no route, not "up"). */
+static int hello_member(sup_t *S, const char *peer, const proto_hello_t *h) {
+    uint8_t want[CRED_BYTES];
+    sup__cred(S, h->stage_id, h->incarnation, want);
+    int ok = cred_equal(h->cred, h->cred_len, want);
+    memset(want, 0, sizeof want);
+    if (ok) return 1;
+    char name[32];
+    pipe_stage_name(h->stage_id, name, sizeof name);
+    log_warn("hello from %s as %s incarnation %llu refused: %s credential", peer, name,
+             (unsigned long long)h->incarnation, h->cred_len ? "wrong" : "no");
+    proto_msg_t e;
+    proto_msg_init(&e, PROTO_ERROR);
+    e.error.code = DL_EPROTO;
+    e.error.ref_type = PROTO_HELLO;
+    snprintf(e.error.message, sizeof e.error.message, "hello refused: not a member of run %s in role %s",
+             S->o->run_id, name);
+    stage_send(S->bus, peer, &e);
+    return 0;
+}
+
 void sup__on_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg) {
     (void)bus;
     sup_t *S = arg;
@@ -112,6 +135,7 @@ void sup__on_msg(bus_t *bus, const char *peer, const void *data, size_t len, voi
     switch (m.type) {
     case PROTO_HELLO: {
         sstage_t *x = sup__by_id(S, m.hello.stage_id);
+        if (!hello_member(S, peer, &m.hello)) break;   /* before anything: not even "unknown" */
         if (!x) { log_warn("hello from unknown stage %u (%s)", m.hello.stage_id, peer); break; }
         if (m.hello.capabilities & PROTO_CAP_WANT_CONFIG) {
             /* a config request, before the stage loads anything: RUN_CONFIG only (not "up");

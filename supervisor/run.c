@@ -1,5 +1,6 @@
 /* Supervisor, supervisor_run: the loop, signals, the stop and the summary (see supervisor.h). */
 #include "supervisor/sup_int.h"
+#include "common/pipe/cred.h"
 #include "supervisor/nodes.h"
 #include "common/base/clock.h"
 #include "common/base/err.h"
@@ -124,6 +125,7 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     S.last_applied = (int64_t)o->start_step - 1;
     S.opt_ckpt_step = -1;
     if (!S.losses) return dl_seterr(DL_ENOMEM, "supervisor: out of memory");
+    DL_TRY(cred_secret_new(S.secret));   /* membership: each stage's credential derives from it */
     uv_loop_init(&S.loop);
     S.metrics = rundir_metrics_open(o->out_dir);
     if (!S.metrics) log_warn("%s (no metrics.jsonl for this run)", dl_errmsg());

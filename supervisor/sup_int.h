@@ -107,6 +107,7 @@ typedef struct {
     int64_t opt_ckpt_step;      /* the optimizer's last checkpoint as it reported it (metric
                                  * ckpt_step; -1: none yet): how the head knows the
                                  * checkpoints of an optimizer on another node */
+    uint8_t secret[CRED_BYTES]; /* the run secret (random at start): stage credentials (common/pipe/cred.h) */
     int strip_gpu;              /* test hook strip_gpu=1 (read once): every GPU of the RUN_CONFIGs sent cleared */
     int stopping, failed, done;
     double t_stop;
@@ -194,6 +195,10 @@ int sup__spec_gpu(const sup_stage_spec_t *sp);
  * and routes, this incarnation's loader start step or optimizer resume dir, and every
  * GPU cleared under the strip_gpu test hook. Nothing else changes (x is not "up"). */
 void sup__send_config(sup_t *S, sstage_t *x, const char *peer, uint64_t inc);
+/* The membership credential of incarnation inc of stage stage_id (cred_stage with the run
+ * secret and run id); out: CRED_BYTES. */
+void sup__cred(const sup_t *S, uint32_t stage_id, uint64_t inc, uint8_t out[CRED_BYTES]);
+
 /* Starts incarnation x->incarnation + 1 of x (fork + exec, log to <out>/logs/<name>.log);
  * a fork failure is logged and leaves x exited. Rewrites run.json. */
 void sup__spawn(sup_t *S, sstage_t *x);

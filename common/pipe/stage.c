@@ -152,6 +152,13 @@ bus_t *stage_bus(stage_t *st, bus_kind_t kind, const char *endpoint) {
     return b;
 }
 
+/* The membership credential into a hello to the supervisor (none: cred_len 0). */
+static void hello_cred(proto_hello_t *h, int has, const uint8_t cred[CRED_BYTES]) {
+    if (!has) return;
+    memcpy(h->cred, cred, CRED_BYTES);
+    h->cred_len = CRED_BYTES;
+}
+
 /* The supervisor's endpoint for a stage started with a (--sup, or sup.sock in --run-dir). */
 static int sup_endpoint(const stage_args_t *a, char *buf, size_t cap) {
     if (!a->sup) return bus_endpoint(a->run_dir, "sup", buf, cap);
@@ -171,6 +178,8 @@ int stage_init(stage_t *st, proto_role_t role, uint32_t stage_id, const char *na
     st->cfg = cfg;
     st->has_keys = a->has_keys;
     if (a->has_keys) st->keys = a->keys;
+    st->has_cred = a->has_cred;
+    memcpy(st->cred, a->cred, sizeof st->cred);
     st->gpu_index = -1;
     if (strlen(run_dir) >= sizeof st->run_dir)
         return dl_seterr(DL_ERANGE, "--run-dir too long (%zu chars, max %zu)", strlen(run_dir),
@@ -218,6 +227,7 @@ int stage_init(stage_t *st, proto_role_t role, uint32_t stage_id, const char *na
     h.hello.pid = (uint32_t)getpid();
     h.hello.proto_version = DL_PROTO_VERSION;
     h.hello.capabilities = PROTO_CAP_SHM | PROTO_CAP_HOST_TIER;
+    hello_cred(&h.hello, st->has_cred, st->cred);
     DL_TRY(stage_send(st->sup, NULL, &h));
     DL_TRY(bus_timer_start(st->sup, 1000, 1000, on_metrics_timer, st, &st->metrics_timer));
     return 0;
@@ -271,6 +281,20 @@ int stage_args(int argc, char **argv, const char *prog, int max_index, void (*us
     }
     a->has_keys = key != NULL;
     if (a->index < 0) a->index = 0;
+    /* the credential: read, overwritten where it lies (so /proc/<pid>/environ no longer
+     * shows it) and unset at once (children never inherit it); its value is never printed */
+    char *cred = getenv(CRED_ENV);
+    if (cred) {
+        int bad = cred_from_hex(cred, a->cred) < 0;
+        memset(cred, '0', strlen(cred));
+        unsetenv(CRED_ENV);
+        if (bad) {
+            cli_error(prog, CRED_ENV ": not 64 hex digits (the supervisor hands it to its stages)");
+            a->exit_code = 2;
+            return -1;
+        }
+        a->has_cred = 1;
+    }
     return 0;
 }
 
@@ -282,6 +306,7 @@ typedef struct {
     run_config_t *cfg;
     int got, rc;
     bus_timer_t *timer;
+    char refused[DL_PROTO_ERRMSG_MAX + 1];   /* the supervisor's error reply ("" none) */
 } cfg_wait_t;
 
 static void on_cfg_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg) {
@@ -289,7 +314,14 @@ static void on_cfg_msg(bus_t *bus, const char *peer, const void *data, size_t le
     cfg_wait_t *w = arg;
     proto_msg_t m;
     if (w->got || stage_decode("stage", "supervisor", data, len, &m) < 0) return;
-    if (m.type != PROTO_RUN_CONFIG) {
+    if (m.type == PROTO_ERROR && m.error.ref_type == PROTO_HELLO) {
+        /* not a member (a missing or wrong credential): waiting longer cannot help */
+        w->got = 1;
+        w->rc = DL_EPROTO;
+        snprintf(w->refused, sizeof w->refused, "%s", m.error.message[0] ? m.error.message : "refused");
+        bus_timer_stop(&w->timer);
+        bus_close(bus, NULL, NULL);
+    } else if (m.type != PROTO_RUN_CONFIG) {
         log_warn("supervisor sent %s before the run configuration: dropped", proto_type_name(m.type));
     } else if (m.run_config.stage_id != w->stage_id || m.run_config.incarnation != w->inc) {
         log_warn("run configuration for stage %u incarnation %llu (this is %u, %llu): dropped",
@@ -340,6 +372,7 @@ int stage_config(proto_role_t role, uint32_t stage_id, const char *name, const s
         h.hello.pid = (uint32_t)getpid();
         h.hello.proto_version = DL_PROTO_VERSION;
         h.hello.capabilities = PROTO_CAP_WANT_CONFIG;   /* gpu_uuid "": nothing is set up yet */
+        hello_cred(&h.hello, a->has_cred, a->cred);
         rc = stage_send(b, NULL, &h);
     }
     if (rc == 0) rc = bus_timer_start(b, (uint64_t)timeout_ms, 0, on_cfg_timeout, &w, &w.timer);
@@ -352,6 +385,7 @@ int stage_config(proto_role_t role, uint32_t stage_id, const char *name, const s
     if (!w.got)
         return dl_seterr(DL_ETIMEDOUT, "no run configuration from the supervisor (%s) within %g s", ep,
                          timeout_ms / 1000.0);
+    if (w.refused[0]) return dl_seterr(DL_EPROTO, "the supervisor (%s) answered: %s", ep, w.refused);
     if (w.rc < 0) return dl_seterr(w.rc, "bad run configuration from the supervisor (%s): %s", ep, dl_errmsg());
     return 0;
 }

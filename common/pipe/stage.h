@@ -13,6 +13,7 @@
 
 #include "common/bus/bus.h"
 #include "common/mem/slab.h"
+#include "common/pipe/cred.h"
 #include "proto/msg.h"
 
 #include <stddef.h>
@@ -69,6 +70,8 @@ struct stage {
     int has_keys;
     bus_curve_keys_t keys;
     const struct run_config *cfg;
+    uint8_t cred[CRED_BYTES];   /* membership credential (stage_args_t.cred), in every hello */
+    int has_cred;
     char gpu_uuid[64];          /* "" on CPU */
     int gpu_index;              /* CUDA device ordinal of the stage; -1 on CPU (published as gpu_index) */
     uv_loop_t loop;
@@ -93,7 +96,9 @@ struct stage {
  * (DIR: the sockets dir holding sup.sock; every other setting comes from the run
  * configuration, stage_config). On a multi-node run (docs/MULTINODE.md) the head and
  * the node agents add `--sup tcp://HOST:PORT --key FILE`: the supervisor's endpoint
- * and the run's key file (loaded here; a bad one is exit 2 naming it). */
+ * and the run's key file (loaded here; a bad one is exit 2 naming it). The stage's
+ * membership credential comes in the environment (DL_STAGE_CRED, 64 hex digits: read
+ * into a->cred and unset; a malformed one is exit 2). */
 typedef struct {
     const char *run_dir;        /* borrowed from argv */
     uint64_t incarnation;       /* >= 1; default 1 */
@@ -101,6 +106,11 @@ typedef struct {
     const char *sup;            /* --sup (NULL: ipc://<run_dir>/sup.sock) */
     int has_keys;               /* --key given and loaded into keys */
     bus_curve_keys_t keys;
+    /* membership credential (common/pipe/cred.h) from the environment variable
+     * DL_STAGE_CRED, which stage_args unsets at once (it never reaches a child, a
+     * command line or a log); has_cred 0 when absent: the supervisor refuses the hellos */
+    uint8_t cred[CRED_BYTES];
+    int has_cred;
     int exit_code;              /* when stage_args returns -1: main's exit status */
 } stage_args_t;
 

@@ -30,7 +30,8 @@ static void assert_msg_equal(const proto_msg_t *x, const proto_msg_t *y) {
     assert_int_equal(x->type, y->type);
     switch (x->type) {
     case PROTO_HELLO: { const proto_hello_t *a = &x->hello, *b = &y->hello;
-        EQ(role); EQ(stage_id); EQ(incarnation); EQ(pid); EQ(proto_version); EQ(capabilities); EQS(gpu_uuid); break; }
+        EQ(role); EQ(stage_id); EQ(incarnation); EQ(pid); EQ(proto_version); EQ(capabilities); EQS(gpu_uuid);
+        EQH(cred, cred_len); break; }
     case PROTO_HEARTBEAT: { const proto_heartbeat_t *a = &x->heartbeat, *b = &y->heartbeat;
         EQ(stage_id); EQ(incarnation); EQ(seq); EQ(state); break; }
     case PROTO_WORK_REQUEST: { const proto_work_request_t *a = &x->work_request, *b = &y->work_request;
@@ -95,7 +96,7 @@ static void assert_msg_equal(const proto_msg_t *x, const proto_msg_t *y) {
         EQS(run_id); EQ(node_index); EQ(node_incarnation); break; }
     case PROTO_NODE_SPAWN: { const proto_node_spawn_t *a = &x->node_spawn, *b = &y->node_spawn;
         EQ(stage_id); EQ(incarnation); EQS(exe); EQ(index); EQ(threads); EQS(sup_endpoint); EQS(log_level);
-        break; }
+        EQH(cred, cred_len); break; }
     case PROTO_NODE_SIGNAL: { const proto_node_signal_t *a = &x->node_signal, *b = &y->node_signal;
         EQ(stage_id); EQ(incarnation); EQ(signum); break; }
     case PROTO_NODE_STAGE: { const proto_node_stage_t *a = &x->node_stage, *b = &y->node_stage;

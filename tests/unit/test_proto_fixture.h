@@ -137,6 +137,8 @@ static inline void make_sample_node(int t, bool big, proto_msg_t *m) {
         x->stage_id = 101; x->incarnation = 3; strcpy(x->exe, "drafter_worker");
         x->index = big ? (int32_t)DL_PROTO_MAX_PLACE - 1 : 1; x->threads = 8; strcpy(x->log_level, "debug");
         strcpy(x->sup_endpoint, "tcp://10.0.0.1:29500");
+        for (uint32_t i = 0; i < DL_PROTO_CRED_BYTES; i++) x->cred[i] = (uint8_t)(0x5a ^ i);
+        x->cred_len = DL_PROTO_CRED_BYTES;
         if (big) {
             memset(x->sup_endpoint + 6, 'h', DL_PROTO_HOST_MAX - 6); x->sup_endpoint[DL_PROTO_HOST_MAX] = 0;
             memset(x->log_level, 'l', DL_PROTO_NAME_MAX); x->log_level[DL_PROTO_NAME_MAX] = 0;
@@ -173,6 +175,8 @@ static inline void make_sample(int t, bool big, proto_msg_t *m) {
         m->hello.role = PROTO_ROLE_DRAFTER; m->hello.stage_id = 4097; m->hello.incarnation = 0x123456789abcull;
         m->hello.pid = 31337; m->hello.capabilities = PROTO_CAP_CUDA_IPC | PROTO_CAP_HOST_TIER;
         strcpy(m->hello.gpu_uuid, "GPU-8d1a2b3c-0000-1111-2222-333344445555");
+        for (uint32_t i = 0; i < DL_PROTO_CRED_BYTES; i++) m->hello.cred[i] = (uint8_t)(0xc0 + i);
+        m->hello.cred_len = DL_PROTO_CRED_BYTES;
         break;
     case PROTO_HEARTBEAT:
         m->heartbeat.stage_id = 12; m->heartbeat.incarnation = 77; m->heartbeat.seq = 1ull << 40;

@@ -102,6 +102,14 @@ static void test_node_rules(void **state) {
     expect_invalid(&m, "node_spawn.index: -2 out of range [-1, 63]");
     m.node_spawn.index = DL_PROTO_MAX_PLACE;
     expect_invalid(&m, "node_spawn.index: 64 out of range [-1, 63]");
+    make_sample(PROTO_NODE_SPAWN, false, &m);        /* a credential is all 32 bytes or none */
+    m.node_spawn.cred_len = 16;
+    expect_invalid(&m, "node_spawn.cred: length 16, expected 0 or 32");
+    m.node_spawn.cred_len = 0;
+    assert_int_equal(proto_validate(&m), 0);
+    make_sample(PROTO_HELLO, false, &m);
+    m.hello.cred_len = 31;
+    expect_invalid(&m, "hello.cred: length 31, expected 0 or 32");
 
     make_sample(PROTO_NODE_SIGNAL, false, &m);
     for (int sig = 1; sig <= 64; sig++) {

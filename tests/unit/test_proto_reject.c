@@ -26,7 +26,7 @@
 /* ------------------------------------------------------------ the spec */
 
 static const char *const SPEC[PROTO_TYPE_COUNT_][48] = {
-    [PROTO_HELLO] = { "role", "stage_id", "incarnation", "pid", "proto_version", "capabilities", "gpu_uuid" },
+    [PROTO_HELLO] = { "role", "stage_id", "incarnation", "pid", "proto_version", "capabilities", "gpu_uuid", "cred" },
     [PROTO_HEARTBEAT] = { "stage_id", "incarnation", "seq", "state" },
     [PROTO_WORK_REQUEST] = { "target_id", "count" },
     [PROTO_MICRO_BATCH] = { "mb", "step", "epoch", "mb_in_step", "mbs_in_step", "n_seqs", "tokens", "seq_lens",
@@ -60,7 +60,7 @@ static const char *const SPEC[PROTO_TYPE_COUNT_][48] = {
     [PROTO_NODE_HELLO] = { "name", "hostname", "addr", "run_dir", "pid", "incarnation", "proto_version", "cores",
                            "gpu_uuids", "gpu_free_mib" },
     [PROTO_NODE_WELCOME] = { "run_id", "node_index", "node_incarnation" },
-    [PROTO_NODE_SPAWN] = { "stage_id", "incarnation", "exe", "index", "threads", "sup_endpoint", "log_level" },
+    [PROTO_NODE_SPAWN] = { "stage_id", "incarnation", "exe", "index", "threads", "sup_endpoint", "log_level", "cred" },
     [PROTO_NODE_SIGNAL] = { "stage_id", "incarnation", "signum" },
     [PROTO_NODE_STAGE] = { "stage_id", "incarnation", "event", "pid", "wait_status" },
     [PROTO_NCCL_ID] = { "owner_id", "owner_inc", "peer_id", "peer_inc", "nranks", "rank", "id" },
