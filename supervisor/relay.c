@@ -13,6 +13,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Whether peer is the bus id of stage stage_id's live incarnation, which said a hello
+ * the supervisor verified (its credential: relay's hello check). */
+static int from_member(sup_t *S, const char *peer, uint32_t stage_id) {
+    sstage_t *x = sup__by_id(S, stage_id);
+    return x && x->helloed && !x->exited && !strcmp(x->peer, peer);
+}
+
 static void on_metrics(sup_t *S, const char *peer, const proto_metrics_t *m) {
     if (S->mon) mon_run_ingest_proto(S->mon, peer, m);
     for (int i = 0; i < S->n; i++)
@@ -176,6 +183,12 @@ void sup__on_msg(bus_t *bus, const char *peer, const void *data, size_t len, voi
         break;
     }
     case PROTO_METRICS:
+        /* only from the stage that said a verified hello over this peer id (an intruder's
+         * metrics would reach metrics.jsonl, the monitor and the ckpt_step bookkeeping) */
+        if (!from_member(S, peer, m.metrics.stage_id)) {
+            log_debug("metrics from %s (stage %u) dropped: not a member's verified peer", peer, m.metrics.stage_id);
+            break;
+        }
         on_metrics(S, peer, &m.metrics);
         sup__ctl_on_metrics(S, peer, &m.metrics, data, len);
         if (S->pub) bus_send(S->pub, peer, data, len); /* the relay: one PUB, topic = stage */
@@ -185,6 +198,10 @@ void sup__on_msg(bus_t *bus, const char *peer, const void *data, size_t len, voi
          * the rewind to its checkpoint: only the live incarnation counts */
         sstage_t *O = sup__by_id(S, PIPE_ID_OPTIMIZER);
         if (O && (O->exited || !O->helloed)) break;
+        if (!from_member(S, peer, PIPE_ID_OPTIMIZER)) {   /* applied ends the run: the optimizer's only */
+            log_warn("applied from %s dropped: not the optimizer's verified peer", peer);
+            break;
+        }
         if ((int64_t)m.applied.step > S->last_applied) S->last_applied = (int64_t)m.applied.step;
         if (m.applied.step + 1 >= S->o->max_steps) sup__begin_stop(S, "reached --max-steps");
         break;
