@@ -583,7 +583,8 @@ static void on_dead(bus_t *bus, const char *peer, uint64_t silent_ms, void *arg)
     opt_t *O = arg;
     int i = peers_find(&O->peers, peer);
     if (i < 0) return;
-    log_warn("%s silent for %llu ms", peer, (unsigned long long)silent_ms);
+    if (silent_ms == BUS_PEER_LEFT) log_info("%s left", peer);   /* an orderly close */
+    else log_warn("%s silent for %llu ms", peer, (unsigned long long)silent_ms);
     O->peers.p[i].alive = 0;
 }
 

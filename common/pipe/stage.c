@@ -407,6 +407,7 @@ int stage_run(stage_t *st) {
 }
 
 void stage_close(stage_t *st) {
+    if (st->sup && bus_is_closing(st->sup)) st->metrics_timer = NULL;   /* bus_close freed it */
     if (st->metrics_timer) bus_timer_stop(&st->metrics_timer);
     if (st->sup && !bus_is_closing(st->sup)) {
         stage_publish_metrics(st);
