@@ -18,7 +18,12 @@
  * weights_version sent to every drafter, applied sent to the loader and supervisor.
  * A step whose loss or gradient norm is NaN/Inf is skipped (weights unchanged,
  * the micro-batches reported) and counted.
- * Checkpoints every --save-every steps and at the end (common/pipe/ckpt.h).
+ * Checkpoints every --save-every steps and at the end (common/pipe/ckpt.h). The files are
+ * written on a libuv worker thread (uv_queue_work) so the loop keeps heartbeating however
+ * long the write takes (25 s for an 8B drafter, over the 3 s heartbeat timeout); no step is
+ * applied while one is in flight (on CPU the state arrays are the ones written), and the
+ * final step's news (weights, applied, metrics, steps.jsonl) wait for its checkpoint. GPU:
+ * the state comes to the host copies on the loop thread first, as before.
  *
  * GPU mode (--gpu N, CUDA builds; `draftline run` puts it on the first drafter GPU):
  * master weights, moments and the step's gradient live on GPU N; the weights slab is
@@ -43,6 +48,7 @@
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
+#include "common/base/testhook.h"
 #include "common/data/batcher.h"
 #include "common/mem/dev.h"
 #include "common/mem/hcache.h"
@@ -61,6 +67,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* What the optimizer keeps per drafter beside the registry (same index). */
@@ -124,7 +131,22 @@ typedef struct {
     xfer_t *xf;                /* on srv */
     xfer_rx_t rx;
     int in_apply;
+    /* the checkpoint in flight on the worker thread (ck_busy) and what follows it */
+    uv_work_t ck_work;
+    int ck_busy, ck_then, ck_rc, ck_pruned, stop_pending, ck_stop_tried;
+    ckpt_state_hdr_t ck_h;
+    uint8_t ck_cur[BATCHER_CURSOR_BYTES];
+    int ck_have_cur;
+    double ck_t0;
+    char ck_err[512], ck_prune_err[512];
+    int64_t ck_delay_ms;       /* test hook optimizer.ckpt_delay_ms: each write that much slower */
+    /* the applied step whose news wait for the final checkpoint (publish_step) */
+    struct { uint64_t applied, toks; double loss, gnorm, lr; int skip; uint32_t n_acc;
+             double acc[DL_PROTO_MAX_BLOCK]; } pub;
 } opt_t;
+
+/* What follows a checkpoint write (ck_after). */
+enum { CK_THEN_NONE, CK_THEN_PUBLISH, CK_THEN_STOP };
 
 static float *wbuf(opt_t *O, uint64_t version) {
     return (float *)slab_ptr(O->wslab) + (version % 2) * O->P;
@@ -184,7 +206,66 @@ static double lr_at(const opt_t *O, uint64_t step) {
     return O->lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + cos(M_PI * p)));
 }
 
-static int checkpoint(opt_t *O) {
+static void publish_step(opt_t *O);
+static void opt_stop(opt_t *O);
+
+/* Worker thread: the files of the checkpoint (and the retention). Touches only what no
+ * loop callback changes while ck_busy: the host state, the layout, the header copy. */
+static void ck_work(uv_work_t *req) {
+    opt_t *O = req->data;
+    if (O->ck_delay_ms > 0)
+        nanosleep(&(struct timespec){O->ck_delay_ms / 1000, (long)(O->ck_delay_ms % 1000) * 1000000L}, NULL);
+    O->ck_rc = ckpt_write(O->out, O->layout, &O->ck_h, O->h_master, O->h_m, O->h_v,
+                          O->ck_have_cur ? O->ck_cur : NULL, O->last_ckpt_dir, sizeof O->last_ckpt_dir);
+    O->ck_pruned = 0;
+    if (O->ck_rc < 0) {
+        snprintf(O->ck_err, sizeof O->ck_err, "%s", dl_errmsg());   /* thread-local message */
+        return;
+    }
+    if (O->keep_ckpts > 0) {
+        /* retention: failures are warnings, the run goes on */
+        uint64_t step = O->ck_h.step;
+        const char *protect = O->resume_dir[0] && step <= O->resume_step ? O->resume_dir : NULL;
+        O->ck_pruned = ckpt_prune(O->out, O->keep_ckpts, O->P, protect);
+        if (O->ck_pruned < 0) snprintf(O->ck_prune_err, sizeof O->ck_prune_err, "%s", dl_errmsg());
+    }
+}
+
+/* Loop thread, after ck_work: the log lines and metrics of the checkpoint, then what was
+ * waiting for it (the final step's news, the stop, the next step). */
+static void ck_after(uv_work_t *req, int status) {
+    opt_t *O = req->data;
+    (void)status;
+    O->ck_busy = 0;
+    if (O->ck_rc < 0) {
+        dl_seterr(O->ck_rc, "%s", O->ck_err);
+        log_rc(O->ck_rc, "checkpoint");
+    } else {
+        O->last_ckpt = O->ck_h.step;
+        /* at once (not at the next 1 s tick): a supervisor on another node learns of it */
+        O->ckpt_written = 1;
+        stage_publish_metrics(&O->st);
+        log_info("checkpoint step %llu written to %s (%.2f s)", (unsigned long long)O->ck_h.step,
+                 O->last_ckpt_dir, clock_mono_s() - O->ck_t0);
+        if (O->ck_pruned < 0) log_warn("--keep-checkpoints %lld: %s", (long long)O->keep_ckpts, O->ck_prune_err);
+        else if (O->ck_pruned > 0)
+            log_info("--keep-checkpoints %lld: removed %d older checkpoint(s)", (long long)O->keep_ckpts, O->ck_pruned);
+    }
+    int then = O->ck_then;
+    O->ck_then = CK_THEN_NONE;
+    if (then == CK_THEN_PUBLISH) {
+        O->in_apply = 1;
+        publish_step(O);
+        O->in_apply = 0;
+    }
+    if (then == CK_THEN_STOP || O->stop_pending) opt_stop(O);
+    else maybe_apply(O);
+}
+
+/* Starts the checkpoint of step O->step on the worker thread (ck_work, then ck_after with
+ * `then`). The header and cursor are taken now; GPU: the state comes to the host copies
+ * here, on the loop thread. */
+static void checkpoint(opt_t *O, int then) {
     ckpt_state_hdr_t h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, CKPT_MAGIC, 8);
@@ -203,32 +284,20 @@ static int checkpoint(opt_t *O) {
         h.token_budget = O->rec_tb; h.max_len = O->rec_ml; h.num_anchors = O->rec_na; h.epochs = O->rec_ep;
         h.block_size = O->rec_bs; h.drafter_layers = O->rec_dl; h.target_fp = O->rec_tfp;
     }
-    uint8_t cur[BATCHER_CURSOR_BYTES];
+    O->ck_have_cur = O->have_cursor;
     if (O->have_cursor) {
         batcher_cursor_t c;
         batcher_cursor_decode(O->cursor, sizeof O->cursor, &c);
         c.next_mb = O->step * O->K;
-        batcher_cursor_encode(&c, cur);
+        batcher_cursor_encode(&c, O->ck_cur);
     }
-    double t0 = clock_mono_s();
+    O->ck_h = h;
+    O->ck_t0 = clock_mono_s();
     state_to_host(O);
-    int rc = ckpt_write(O->out, O->layout, &h, O->h_master, O->h_m, O->h_v, O->have_cursor ? cur : NULL,
-                        O->last_ckpt_dir, sizeof O->last_ckpt_dir);
-    if (rc < 0) return log_rc(rc, "checkpoint");
-    O->last_ckpt = O->step;
-    /* at once (not at the next 1 s tick): a supervisor on another node learns of it */
-    O->ckpt_written = 1;
-    stage_publish_metrics(&O->st);
-    log_info("checkpoint step %llu written to %s (%.2f s)", (unsigned long long)O->step,
-             O->last_ckpt_dir, clock_mono_s() - t0);
-    if (O->keep_ckpts > 0) {
-        /* retention: failures are warnings, the run goes on */
-        const char *protect = O->resume_dir[0] && O->step <= O->resume_step ? O->resume_dir : NULL;
-        int n = ckpt_prune(O->out, O->keep_ckpts, O->P, protect);
-        if (n < 0) log_warn("--keep-checkpoints %lld: %s", (long long)O->keep_ckpts, dl_errmsg());
-        else if (n > 0) log_info("--keep-checkpoints %lld: removed %d older checkpoint(s)", (long long)O->keep_ckpts, n);
-    }
-    return 0;
+    O->ck_busy = 1;
+    O->ck_then = then;
+    O->ck_work.data = O;
+    uv_queue_work(&O->st.loop, &O->ck_work, ck_work, ck_after);
 }
 
 static void apply_step(opt_t *O) {
@@ -293,8 +362,6 @@ static void apply_step(opt_t *O) {
         }
     }
     uint64_t applied = O->step;
-    uint64_t mbs[DL_PROTO_MAX_MBS];
-    for (uint64_t j = 0; j < K; j++) mbs[j] = applied * K + j;
     O->step++;
     O->tokens += toks;
     memset(O->c, 0, K * sizeof *O->c);
@@ -310,8 +377,25 @@ static void apply_step(opt_t *O) {
      * supervisor's stop, so a death during the final checkpoint write is then an
      * ordinary optimizer death mid-run (restarted from the previous checkpoint, the steps
      * since recomputed), never a run that stops without its final checkpoint. */
+    O->pub.applied = applied; O->pub.toks = toks; O->pub.loss = loss; O->pub.gnorm = gnorm; O->pub.lr = lr;
+    O->pub.skip = skip; O->pub.n_acc = n_acc;
+    memcpy(O->pub.acc, acc, sizeof acc);
+    if (O->step == O->max_steps) checkpoint(O, CK_THEN_PUBLISH);   /* ck_after publishes */
+    else publish_step(O);
+}
+
+/* The news of the step just applied (O->pub): new weights to every drafter, applied to the
+ * loader and the supervisor, its metrics, its steps.jsonl line; then the --save-every
+ * checkpoint. The final step comes here after its checkpoint (ck_after). */
+static void publish_step(opt_t *O) {
+    uint64_t K = O->K, applied = O->pub.applied, toks = O->pub.toks;
+    double loss = O->pub.loss, gnorm = O->pub.gnorm, lr = O->pub.lr;
+    int skip = O->pub.skip;
+    uint32_t n_acc = O->pub.n_acc;
+    const double *acc = O->pub.acc;
+    uint64_t mbs[DL_PROTO_MAX_MBS];
+    for (uint64_t j = 0; j < K; j++) mbs[j] = applied * K + j;
     int final = O->step == O->max_steps;
-    if (final) checkpoint(O);
     /* new weights to every drafter, then the ledger news */
     for (int i = 0; i < O->peers.n; i++) if (O->peers.p[i].alive) send_weights(O, i);
     proto_msg_t a;
@@ -353,7 +437,7 @@ static void apply_step(opt_t *O) {
     }
     log_info("step %llu applied: loss %.4f, |g| %.3g, lr %.3g, %llu tokens", (unsigned long long)applied,
              loss, gnorm, lr, (unsigned long long)toks);
-    if (!final && O->save_every && O->step % O->save_every == 0) checkpoint(O);
+    if (!final && O->save_every && O->step % O->save_every == 0) checkpoint(O, CK_THEN_NONE);
     if (O->step == O->max_steps) log_info("reached --max-steps %llu", (unsigned long long)O->max_steps);
 }
 
@@ -410,6 +494,7 @@ static void on_grads_checked(opt_t *O, int pi, const proto_gradients_ready_t *g)
 /* Applies the step once every micro-batch contributed and no weights wait for the bus
  * (their source is the slab half the step would rewrite two versions on). */
 static void maybe_apply(opt_t *O) {
+    if (O->ck_busy || O->stop_pending) return;   /* ck_after calls again */
     for (uint64_t j = 0; j < O->K; j++) if (!O->c[j].present) return;
     if (xfer_pending(O->xf)) return;   /* on_weights_sent calls again */
     O->in_apply = 1;
@@ -498,7 +583,8 @@ static void on_dead(bus_t *bus, const char *peer, uint64_t silent_ms, void *arg)
     opt_t *O = arg;
     int i = peers_find(&O->peers, peer);
     if (i < 0) return;
-    log_warn("%s silent for %llu ms", peer, (unsigned long long)silent_ms);
+    if (silent_ms == BUS_PEER_LEFT) log_info("%s left", peer);   /* an orderly close */
+    else log_warn("%s silent for %llu ms", peer, (unsigned long long)silent_ms);
     O->peers.p[i].alive = 0;
 }
 
@@ -545,13 +631,24 @@ static void on_metrics(stage_t *st, proto_metrics_t *m, void *arg) {
     stage_metric(m, "step_contributions", have);
 }
 
-static void on_stop(stage_t *st, void *arg) {
-    opt_t *O = arg;
-    st->state = PROTO_STATE_STOPPING;
-    if (O->step != O->last_ckpt) checkpoint(O);
+/* The stop: a checkpoint of the last applied step unless it has one (after the one in
+ * flight, if any: ck_after calls again), then the sockets close. */
+static void opt_stop(opt_t *O) {
+    O->stop_pending = 1;
+    if (O->ck_busy) return;
+    if (O->step != O->last_ckpt && O->ck_then != CK_THEN_STOP && !O->ck_stop_tried) {
+        O->ck_stop_tried = 1;
+        checkpoint(O, CK_THEN_STOP);
+        return;
+    }
     if (O->srv) bus_close(O->srv, NULL, NULL);
     if (O->loader) bus_close(O->loader, NULL, NULL);
-    stage_close(st);
+    stage_close(&O->st);
+}
+
+static void on_stop(stage_t *st, void *arg) {
+    st->state = PROTO_STATE_STOPPING;
+    opt_stop(arg);
 }
 
 static void usage(FILE *f) {
@@ -762,6 +859,7 @@ int main(int argc, char **argv) {
     stage_on_metrics(&O.st, on_metrics, &O);
     stage_on_control(&O.st, on_control, &O);
     stage_on_stop(&O.st, on_stop, &O);
+    testhook_i64("optimizer.ckpt_delay_ms", &O.ck_delay_ms);   /* read once, at start-up */
     send_hello(&O);
     O.t_step0 = clock_mono_s();
     O.st.state = PROTO_STATE_IDLE;

@@ -145,6 +145,7 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     bo.linger_ms = o->listen_port ? 1000 : 0;   /* the agents' "run over" gets out at the end */
     bo.heartbeat_interval_ms = PIPE_HEARTBEAT_MS;
     bo.heartbeat_timeout_ms = PIPE_DEAD_MS;
+    bo.goodbye = 1;   /* its stages hear an orderly close, not a death */
     S.bus = bus_new(&S.loop, &bo);
     if (!S.bus) return DL_EIO;
     DL_TRY(bus_bind(S.bus, ep));

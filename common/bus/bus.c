@@ -69,6 +69,7 @@ struct bus {
 
     int hb_interval_ms, hb_timeout_ms, linger_ms;
     int peer_dead_debug;
+    int goodbye;                /* opts.goodbye: say goodbye at close */
     int has_curve;              /* opts.curve given: tcp:// allowed, CURVE options set */
     bus_zap_t *zap;             /* server: the context's ZAP handler, one reference */
     size_t outq_max_msgs, outq_max_bytes, max_msg_bytes;
@@ -365,6 +366,26 @@ static peer_t *touch_peer(bus_t *b, const char *id, size_t n) {
     return p;
 }
 
+/* A goodbye from peer id (ROUTER) or the upstream (DEALER): forgotten as a dead peer, without
+ * a death's log line; bus_peer_dead_cb gets BUS_PEER_LEFT. Unknown or already dead: ignored. */
+static void peer_left(bus_t *b, const char *id, size_t n) {
+    size_t i = 0;
+    if (b->kind == BUS_ROUTER)
+        while (i < b->npeers && !(b->peers[i]->id_len == n && memcmp(b->peers[i]->id, id, n) == 0)) i++;
+    if (i >= b->npeers || !b->peers[i]->alive) return;
+    peer_t *p = b->peers[i];
+    char pid[BUS_ID_MAX + 1];
+    memcpy(pid, p->id, p->id_len + 1);
+    p->alive = 0;
+    b->st.peers_alive--;
+    b->st.peers_left++;
+    log_debug("bus %s: peer '%s' left (goodbye)", b->name, pid);
+    if (b->kind == BUS_ROUTER) peer_remove(b, i, "peer left");
+    else peer_drop_queue(b, p, "peer left");
+    if (b->dead_cb) b->dead_cb(b, pid, BUS_PEER_LEFT, b->dead_arg);
+    if (!b->closing) maybe_writable(b);    /* dropping its queue may have made room */
+}
+
 /* Receives and handles one message. Returns 1 if one was taken (delivered or dropped), 0 when
  * nothing is waiting (EAGAIN). Frames of one message arrive together, so only the first receive
  * can say EAGAIN. */
@@ -411,8 +432,9 @@ static int recv_one(bus_t *b) {
             env = zmq_msg_data(&f[i]);
             if (env[0] != BUS_ENV_MAGIC) why = "bad envelope magic";
             else if (env[1] != BUS_WIRE_VERSION) why = "wrong bus wire version";
-            else if (env[2] == BUS_T_HEARTBEAT && i + 1 != n) why = "heartbeat with payload";
-            else if (env[2] != BUS_T_DATA && env[2] != BUS_T_HEARTBEAT) why = "unknown envelope type";
+            else if (env[2] != BUS_T_DATA && env[2] != BUS_T_HEARTBEAT && env[2] != BUS_T_GOODBYE)
+                why = "unknown envelope type";
+            else if (env[2] != BUS_T_DATA && i + 1 != n) why = "heartbeat or goodbye with payload";
         }
     }
     if (why) {
@@ -424,6 +446,8 @@ static int recv_one(bus_t *b) {
             b->st.bytes_in += len;
             if (b->msg_cb) b->msg_cb(b, id, len ? zmq_msg_data(&f[i + 1]) : "", len, b->msg_arg);
         }
+    } else if (env[2] == BUS_T_GOODBYE) {
+        if (!b->closing) peer_left(b, id, id_len);
     } else if (touch_peer(b, id, id_len) && !b->closing) {
         if (env[2] == BUS_T_HEARTBEAT) {
             b->st.heartbeats_in++;
@@ -554,6 +578,22 @@ static void on_signal(uv_signal_t *h, int signum) {
     bus_close(b, b->close_cb, b->close_arg);
 }
 
+/* opts.goodbye: a goodbye to every live peer, after what bus_finish flushed for it (what is
+ * still queued is dropped, so the goodbye is the last thing the peer gets from us). Best
+ * effort: a full or missing pipe means no goodbye. Returns the number handed to ZeroMQ. */
+static int say_goodbye(bus_t *b) {
+    if (!b->goodbye || !b->sock || (b->kind != BUS_ROUTER && b->kind != BUS_DEALER)) return 0;
+    if (b->kind == BUS_DEALER && !b->connected) return 0;
+    int n = 0;
+    for (size_t i = 0; i < b->npeers; i++) {
+        peer_t *p = b->peers[i];
+        if (!p->alive || (b->kind == BUS_ROUTER && !p->heard)) continue;
+        if (zsend(b, p->id, p->id_len, BUS_T_GOODBYE, NULL, 0) == 0) n++;
+    }
+    b->st.goodbyes_out += (uint64_t)n;
+    return n;
+}
+
 static void bus_finish(bus_t *b) {
     if (b->linger_ms > 0) {
         /* Best effort: hand what is queued to ZeroMQ, which gets linger_ms to send it. */
@@ -573,11 +613,12 @@ static void bus_finish(bus_t *b) {
             if (!p->qhead) p->qtail = NULL;
         }
     }
+    int said = say_goodbye(b);
     while (b->npeers) peer_remove(b, b->npeers - 1, "bus closed");
     free(b->peers);
     b->peers = NULL;
     if (b->sock) {
-        int linger = b->linger_ms;
+        int linger = said && b->linger_ms < BUS_GOODBYE_LINGER_MS ? BUS_GOODBYE_LINGER_MS : b->linger_ms;
         zmq_setsockopt(b->sock, ZMQ_LINGER, &linger, sizeof linger);
         zmq_close(b->sock);
         b->sock = NULL;
@@ -799,6 +840,7 @@ bus_t *bus_new(uv_loop_t *loop, const bus_opts_t *o) {
     b->hb_interval_ms = o->heartbeat_interval_ms;
     b->hb_timeout_ms = o->heartbeat_timeout_ms;
     b->peer_dead_debug = o->peer_dead_debug;
+    b->goodbye = o->goodbye;
     b->linger_ms = o->linger_ms;
     b->outq_max_msgs = o->outq_max_msgs ? o->outq_max_msgs : BUS_OUTQ_MAX_MSGS_DEFAULT;
     b->outq_max_bytes = o->outq_max_bytes ? o->outq_max_bytes : BUS_OUTQ_MAX_BYTES_DEFAULT;
@@ -923,63 +965,3 @@ uv_loop_t *bus_loop(const bus_t *b) { return b->loop; }
 const char *bus_name(const bus_t *b) { return b->name; }
 const char *bus_identity(const bus_t *b) { return b->identity; }
 void bus_stats(const bus_t *b, bus_stats_t *out) { *out = b->st; }
-
-/* ---- run directory and endpoints --------------------------------------------------------- */
-
-static int run_dir_check(const char *path, const struct stat *st) {
-    if (S_ISLNK(st->st_mode))
-        return dl_seterr(DL_EINVAL, "run dir %s: is a symlink; refusing it", path);
-    if (!S_ISDIR(st->st_mode))
-        return dl_seterr(DL_EINVAL, "run dir %s: exists and is not a directory", path);
-    if (st->st_uid != geteuid())
-        return dl_seterr(DL_EINVAL, "run dir %s: owned by uid %u, not by us (uid %u); refusing it",
-                         path, (unsigned)st->st_uid, (unsigned)geteuid());
-    if (st->st_mode & 077)
-        return dl_seterr(DL_EINVAL, "run dir %s: mode %04o lets group/other in; expected 0700 "
-                         "(chmod 700 it or pick another dir)", path, (unsigned)(st->st_mode & 07777));
-    if ((st->st_mode & 0700) != 0700 && chmod(path, 0700) != 0)
-        return dl_seterr(DL_EIO, "run dir %s: chmod 0700: %s", path, strerror(errno));
-    return 0;
-}
-
-int bus_run_dir_create(const char *path) {
-    if (!path || !*path) return dl_seterr(DL_EINVAL, "run dir: empty path");
-    if (strlen(path) >= PATH_MAX) return dl_seterr(DL_ERANGE, "run dir: path too long");
-    struct stat st;
-    if (lstat(path, &st) == 0) return run_dir_check(path, &st);
-    if (errno != ENOENT) return dl_seterr(DL_EIO, "run dir %s: lstat: %s", path, strerror(errno));
-    DL_TRY(paths_mkdir_p(path, 0700));
-    /* Checked again: someone may have made it between lstat and mkdir; umask may have cut 0700. */
-    if (lstat(path, &st) != 0)
-        return dl_seterr(DL_EIO, "run dir %s: lstat: %s", path, strerror(errno));
-    return run_dir_check(path, &st);
-}
-
-int bus_endpoint(const char *run_dir, const char *name, char *buf, size_t cap) {
-    if (!run_dir || !*run_dir) return dl_seterr(DL_EINVAL, "bus endpoint: empty run dir");
-    if (!name || !*name) return dl_seterr(DL_EINVAL, "bus endpoint: empty name");
-    size_t nl = strlen(name);
-    if (nl > BUS_NAME_MAX || name[0] == '.')
-        return dl_seterr(DL_EINVAL, "bus endpoint name '%.80s': 1..%d chars, not starting with '.'",
-                         name, BUS_NAME_MAX);
-    for (size_t i = 0; i < nl; i++) {
-        char c = name[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '.' || c == '_' || c == '-'))
-            return dl_seterr(DL_EINVAL, "bus endpoint name '%.80s': bad char '%c' (allowed: "
-                             "A-Z a-z 0-9 . _ -)", name, c);
-    }
-    size_t dl = strlen(run_dir);
-    while (dl > 1 && run_dir[dl - 1] == '/') dl--;
-    const char *sep = run_dir[dl - 1] == '/' ? "" : "/";
-    size_t path_len = dl + strlen(sep) + nl + 5;   /* ".sock" */
-    struct sockaddr_un sa;
-    if (path_len >= sizeof sa.sun_path)
-        return dl_seterr(DL_ERANGE, "bus endpoint %.*s%s%s.sock: %zu bytes, over the %zu-byte "
-                         "unix socket path limit", (int)dl, run_dir, sep, name, path_len,
-                         sizeof sa.sun_path - 1);
-    int n = snprintf(buf, cap, "ipc://%.*s%s%s.sock", (int)dl, run_dir, sep, name);
-    if (n < 0 || (size_t)n >= cap)
-        return dl_seterr(DL_ERANGE, "bus endpoint: buffer of %zu bytes too small", cap);
-    return 0;
-}

@@ -13,7 +13,8 @@
  *   ROUTER/DEALER: [routing id (ROUTER side only)] [envelope, 4 B] [payload]
  *   PUB/SUB:       [topic] [envelope, 4 B] [payload]
  * The envelope is {0xDB, BUS_WIRE_VERSION, type, 0}; type is BUS_T_DATA (payload delivered to
- * bus_msg_cb) or BUS_T_HEARTBEAT (no payload, consumed by the bus). Payload bytes are opaque: the
+ * bus_msg_cb), BUS_T_HEARTBEAT or BUS_T_GOODBYE (no payload, consumed by the bus; see Goodbye
+ * below). Payload bytes are opaque: the
  * bus never looks inside them (proto/ defines their encoding). Messages with a bad envelope, an
  * unknown type, a routing id that is not a bus id, or extra frames are dropped and counted
  * (bus_stats_t.dropped_bad).
@@ -44,6 +45,18 @@
  * message. A dead ROUTER peer is forgotten (its queued messages are dropped and counted); if it
  * comes back it is a new peer (bus_peer_new_cb). A DEALER keeps heartbeating its dead upstream so a
  * restarted server sees it again.
+ *
+ * Goodbye (ROUTER and DEALER, opts.goodbye): an orderly close is not a death. bus_close hands
+ * every live peer a BUS_T_GOODBYE envelope after anything still queued for it (so it arrives
+ * last), best effort: a peer whose pipe is full or gone gets none and is found dead by its
+ * heartbeats as before. The socket then lingers max(opts.linger_ms, BUS_GOODBYE_LINGER_MS) so
+ * the goodbyes get out. A receiver (every ROUTER/DEALER bus, opts.goodbye or not) forgets that
+ * peer at once, as a dead one (queue dropped, ROUTER: removed; a DEALER's upstream is marked
+ * down and heartbeated on), logs it at DEBUG only, counts it in peers_left (not peers_dead) and
+ * calls bus_peer_dead_cb with silent_ms = BUS_PEER_LEFT (0, which a death never has), so the
+ * caller's clean-up still runs and it can tell a leave from a death. BUS_T_GOODBYE came with
+ * wire version 1 unchanged: a bus built before it drops the envelope as an unknown type (a
+ * warning, dropped_bad) and finds the peer dead by the timeout, as it always did.
  *
  * Shutdown: with opts.handle_signals the bus watches SIGINT and SIGTERM (uv_signal_t); on either it
  * calls bus_on_signal's callback, then bus_close(). bus_close stops and closes every handle the
@@ -82,7 +95,10 @@
 typedef enum { BUS_ROUTER = 1, BUS_DEALER, BUS_PUB, BUS_SUB } bus_kind_t;
 
 /* Envelope types (byte 2 of the envelope frame). */
-enum { BUS_T_DATA = 1, BUS_T_HEARTBEAT = 2 };
+enum { BUS_T_DATA = 1, BUS_T_HEARTBEAT = 2, BUS_T_GOODBYE = 3 };
+
+#define BUS_PEER_LEFT 0               /* bus_peer_dead_cb's silent_ms for a peer that said goodbye */
+#define BUS_GOODBYE_LINGER_MS 100     /* socket linger at close once goodbyes were handed over */
 
 typedef struct {
     bus_kind_t kind;
@@ -112,6 +128,8 @@ typedef struct {
     int peer_dead_debug;            /* nonzero: a dead peer is logged at DEBUG, not INFO (a server
                                      * of short-lived clients, e.g. the control socket); the
                                      * bus_peer_dead_cb still runs */
+    int goodbye;                    /* nonzero (ROUTER/DEALER): bus_close says goodbye to every
+                                     * live peer (see Goodbye above) */
 } bus_opts_t;
 
 typedef struct bus bus_t;
@@ -126,6 +144,8 @@ typedef struct {
     uint64_t dropped_bad;           /* malformed incoming messages dropped */
     uint64_t dropped_dead;          /* queued messages dropped: peer dead or disconnected */
     uint64_t peers_dead;            /* peer deaths reported */
+    uint64_t peers_left;            /* peers that said goodbye (reported with BUS_PEER_LEFT) */
+    uint64_t goodbyes_out;          /* goodbyes handed to ZeroMQ at close */
     size_t queued_msgs, queued_bytes; /* now in the outgoing queues */
     size_t queued_msgs_max;         /* high-water of queued_msgs since bus_new */
     uint32_t peers_alive;
@@ -135,7 +155,8 @@ typedef struct {
  * payload, valid only during the call (len may be 0). The callback may send, start timers and
  * close or destroy the bus (no further messages are delivered after that). */
 typedef void (*bus_msg_cb)(bus_t *bus, const char *peer, const void *data, size_t len, void *arg);
-/* A peer was silent for silent_ms >= heartbeat_timeout_ms. Called once per death. */
+/* A peer was silent for silent_ms >= heartbeat_timeout_ms (called once per death), or it
+ * closed in order: silent_ms == BUS_PEER_LEFT (0), not a death (see Goodbye above). */
 typedef void (*bus_peer_dead_cb)(bus_t *bus, const char *peer, uint64_t silent_ms, void *arg);
 /* A peer was heard from for the first time (or again after it was reported dead). */
 typedef void (*bus_peer_new_cb)(bus_t *bus, const char *peer, void *arg);

@@ -142,6 +142,7 @@ bus_t *stage_bus(stage_t *st, bus_kind_t kind, const char *endpoint) {
     o.zmq_ctx = st->zctx;
     o.heartbeat_interval_ms = PIPE_HEARTBEAT_MS;
     o.heartbeat_timeout_ms = PIPE_DEAD_MS;
+    o.goodbye = 1;    /* an orderly close is not a death (bus.h, Goodbye) */
     bus_t *b = bus_new(&st->loop, &o);
     if (!b) return NULL;
     int rc = kind == BUS_ROUTER ? bus_bind(b, ep) : bus_connect(b, ep);
@@ -214,6 +215,7 @@ int stage_init(stage_t *st, proto_role_t role, uint32_t stage_id, const char *na
     o.heartbeat_interval_ms = PIPE_HEARTBEAT_MS;
     o.heartbeat_timeout_ms = PIPE_DEAD_MS;
     o.handle_signals = 1;
+    o.goodbye = 1;
     st->sup = bus_new(&st->loop, &o);
     if (!st->sup) return DL_EIO;
     DL_TRY(bus_connect(st->sup, ep));
@@ -439,6 +441,7 @@ int stage_run(stage_t *st) {
 }
 
 void stage_close(stage_t *st) {
+    if (st->sup && bus_is_closing(st->sup)) st->metrics_timer = NULL;   /* bus_close freed it */
     if (st->metrics_timer) bus_timer_stop(&st->metrics_timer);
     if (st->sup && !bus_is_closing(st->sup)) {
         stage_publish_metrics(st);
