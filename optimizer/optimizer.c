@@ -140,6 +140,9 @@ typedef struct {
     double ck_t0;
     char ck_err[512], ck_prune_err[512];
     int64_t ck_delay_ms;       /* test hook optimizer.ckpt_delay_ms: each write that much slower */
+    int64_t ck_fail_step;      /* test hook optimizer.ckpt_fail_step: that step's write fails (-1 none) */
+    int ckpt_failures;         /* checkpoints that could not be written (ckpt_failures metric) */
+    uint64_t ckpt_failed_step;
     /* the applied step whose news wait for the final checkpoint (publish_step) */
     struct { uint64_t applied, toks; double loss, gnorm, lr; int skip; uint32_t n_acc;
              double acc[DL_PROTO_MAX_BLOCK]; } pub;
@@ -215,8 +218,12 @@ static void ck_work(uv_work_t *req) {
     opt_t *O = req->data;
     if (O->ck_delay_ms > 0)
         nanosleep(&(struct timespec){O->ck_delay_ms / 1000, (long)(O->ck_delay_ms % 1000) * 1000000L}, NULL);
-    O->ck_rc = ckpt_write(O->out, O->layout, &O->ck_h, O->h_master, O->h_m, O->h_v,
-                          O->ck_have_cur ? O->ck_cur : NULL, O->last_ckpt_dir, sizeof O->last_ckpt_dir);
+    if (O->ck_fail_step >= 0 && O->ck_h.step == (uint64_t)O->ck_fail_step)   /* as a full disk would */
+        O->ck_rc = dl_seterr(DL_EIO, "%s/checkpoints/step_%llu.tmp: write: No space left on device (test hook "
+                             "optimizer.ckpt_fail_step)", O->out, (unsigned long long)O->ck_h.step);
+    else
+        O->ck_rc = ckpt_write(O->out, O->layout, &O->ck_h, O->h_master, O->h_m, O->h_v,
+                              O->ck_have_cur ? O->ck_cur : NULL, O->last_ckpt_dir, sizeof O->last_ckpt_dir);
     O->ck_pruned = 0;
     if (O->ck_rc < 0) {
         snprintf(O->ck_err, sizeof O->ck_err, "%s", dl_errmsg());   /* thread-local message */
@@ -240,6 +247,11 @@ static void ck_after(uv_work_t *req, int status) {
     if (O->ck_rc < 0) {
         dl_seterr(O->ck_rc, "%s", O->ck_err);
         log_rc(O->ck_rc, "checkpoint");
+        /* training goes on (the next checkpoint tries again); the supervisor says it on
+         * the console at once and in status (metrics ckpt_failures, ckpt_failed_step) */
+        O->ckpt_failures++;
+        O->ckpt_failed_step = O->ck_h.step;
+        stage_publish_metrics(&O->st);
     } else {
         O->last_ckpt = O->ck_h.step;
         /* at once (not at the next 1 s tick): a supervisor on another node learns of it */
@@ -626,6 +638,10 @@ static void on_metrics(stage_t *st, proto_metrics_t *m, void *arg) {
     stage_metric(m, "stale_dropped", (double)O->stale_dropped);
     stage_metric(m, "handle_opens", (double)hcache_opens(O->hc));
     if (O->ckpt_written) stage_metric(m, "ckpt_step", (double)O->last_ckpt);
+    if (O->ckpt_failures) {
+        stage_metric(m, "ckpt_failures", O->ckpt_failures);
+        stage_metric(m, "ckpt_failed_step", (double)O->ckpt_failed_step);
+    }
     int have = 0;
     for (uint64_t j = 0; j < O->K; j++) have += O->c[j].present;
     stage_metric(m, "step_contributions", have);
@@ -860,6 +876,8 @@ int main(int argc, char **argv) {
     stage_on_control(&O.st, on_control, &O);
     stage_on_stop(&O.st, on_stop, &O);
     testhook_i64("optimizer.ckpt_delay_ms", &O.ck_delay_ms);   /* read once, at start-up */
+    O.ck_fail_step = -1;
+    testhook_i64("optimizer.ckpt_fail_step", &O.ck_fail_step);
     send_hello(&O);
     O.t_step0 = clock_mono_s();
     O.st.state = PROTO_STATE_IDLE;

@@ -210,7 +210,7 @@ int sup__latest_ckpt(const sup_t *S, char *dir, size_t cap, uint64_t *step) {
 
 /* The last line of path holding " ERROR " (log.h's level word), its text after the
  * level, into buf; 0, or -1 when the file cannot be read or has none. */
-static int last_error_line(const char *path, char *buf, size_t cap) {
+int sup__last_error_line(const char *path, char *buf, size_t cap) {
     FILE *f = fopen(path, "r");
     if (!f) return -1;
     char line[1024];
@@ -238,7 +238,7 @@ static void on_permanent(sup_t *S, sstage_t *x) {
     int k = sup__stage_node(S, x);   /* a stage on another node: its log is in that agent's run dir */
     snprintf(log_path, sizeof log_path, "%s/logs/%s.log", k > 0 ? S->nodes[k].run_dir : S->o->out_dir, x->spec->name);
     if (k > 0) snprintf(where, sizeof where, " on node %s", S->o->node_names[k]);
-    if (last_error_line(log_path, why, sizeof why) < 0)   /* (another host's file: often not readable here) */
+    if (sup__last_error_line(log_path, why, sizeof why) < 0)   /* (another host's file: often not readable here) */
         snprintf(why, sizeof why, "see its log");
     fprintf(stderr, "draftline run: %s cannot start: %s (not restarted: a restart would fail the same way; "
                     "log %s%s)\n", x->spec->name, why, log_path, where);

@@ -20,12 +20,38 @@ static int from_member(sup_t *S, const char *peer, uint32_t stage_id) {
     return x && x->helloed && !x->exited && !strcmp(x->peer, peer);
 }
 
+/* The optimizer could not write a checkpoint (metric ckpt_failures went up): said on the
+ * console at once with its reason, kept for run.json / status; training goes on. */
+static void ckpt_failure(sup_t *S, const proto_metrics_t *m) {
+    double n = -1, step = -1;
+    for (uint32_t k = 0; k < m->n_metrics; k++) {
+        if (!strcmp(m->metrics[k].name, "ckpt_failures")) n = m->metrics[k].value;
+        if (!strcmp(m->metrics[k].name, "ckpt_failed_step")) step = m->metrics[k].value;
+    }
+    if (!(n > S->ckpt_failures_seen) || !(step >= 0) || step > 9e18) return;
+    S->ckpt_failures_seen = (int)n;
+    S->ckpt_failed_step = (int64_t)step;
+    sstage_t *O = sup__by_id(S, PIPE_ID_OPTIMIZER);
+    int k = O ? O->spec->node : 0;
+    char log_path[4200];
+    snprintf(log_path, sizeof log_path, "%s/logs/optimizer.log", k > 0 ? S->nodes[k].run_dir : S->o->out_dir);
+    if (sup__last_error_line(log_path, S->ckpt_error, sizeof S->ckpt_error) < 0)
+        snprintf(S->ckpt_error, sizeof S->ckpt_error, "see %.400s", log_path);
+    printf("checkpoint step_%lld could not be written: %s; training goes on, the next checkpoint tries "
+           "again (log %s)\n", (long long)S->ckpt_failed_step, S->ckpt_error, log_path);
+    fflush(stdout);
+    log_warn("checkpoint step_%lld could not be written (%d so far)", (long long)S->ckpt_failed_step,
+             S->ckpt_failures_seen);
+    sup__write_run_json(S);
+}
+
 static void on_metrics(sup_t *S, const char *peer, const proto_metrics_t *m) {
     if (S->mon) mon_run_ingest_proto(S->mon, peer, m);
     for (int i = 0; i < S->n; i++)
         if (S->st[i].spec->stage_id == m->stage_id)
             for (uint32_t k = 0; k < m->n_metrics; k++)
                 if (!strcmp(m->metrics[k].name, "since_progress_s")) S->st[i].since_progress_s = m->metrics[k].value;
+    if (m->role == PROTO_ROLE_OPTIMIZER) ckpt_failure(S, m);
     if (m->role == PROTO_ROLE_OPTIMIZER)
         for (uint32_t k = 0; k < m->n_metrics; k++)
             if (!strcmp(m->metrics[k].name, "ckpt_step") && m->metrics[k].value >= 0 &&

@@ -124,6 +124,7 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     S.losses = calloc(SUP_LOSS_HIST, sizeof(double));
     S.last_applied = (int64_t)o->start_step - 1;
     S.opt_ckpt_step = -1;
+    S.ckpt_failed_step = -1;
     if (!S.losses) return dl_seterr(DL_ENOMEM, "supervisor: out of memory");
     DL_TRY(cred_secret_new(S.secret));   /* membership: each stage's credential derives from it */
     uv_loop_init(&S.loop);

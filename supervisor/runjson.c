@@ -69,6 +69,8 @@ void sup__fill_run(sup_t *S) {
     if (S->pub) bus_endpoint(o->sock_dir, "metrics", r->metrics_endpoint, sizeof r->metrics_endpoint);
     snprintf(r->control, sizeof r->control, "%s", S->ctl.endpoint);
     r->optimizer_recoveries = S->opt_recoveries;
+    r->ckpt_failed_step = S->ckpt_failed_step;
+    snprintf(r->ckpt_error, sizeof r->ckpt_error, "%s", S->ckpt_error);
     if (o->target_model) snprintf(r->target_model, sizeof r->target_model, "%s", o->target_model);
     if (o->data) snprintf(r->data, sizeof r->data, "%s", o->data);
     r->save_every = o->save_every;

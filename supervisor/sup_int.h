@@ -104,6 +104,9 @@ typedef struct {
      * plane runs without agents */
     sup_node_t nodes[RUNCFG_NODES_MAX];
     int fake_nodes;
+    int ckpt_failures_seen;     /* the optimizer's ckpt_failures metric as last said on the console */
+    int64_t ckpt_failed_step;   /* the last checkpoint that could not be written (-1 none) */
+    char ckpt_error[512];       /* its reason (the optimizer log's last ERROR line, when readable) */
     int64_t opt_ckpt_step;      /* the optimizer's last checkpoint as it reported it (metric
                                  * ckpt_step; -1: none yet): how the head knows the
                                  * checkpoints of an optimizer on another node */
@@ -223,6 +226,9 @@ void sup__reap(sup_t *S);
 void sup__net_config(const sup_t *S, const sstage_t *x, run_config_t *c);
 /* The optimizer runs on another node than the head (its checkpoints are there). */
 int sup__opt_remote(const sup_t *S);
+/* The last line of the log at path holding " ERROR ", its message only, into buf[cap]; 0,
+ * or -1 when the file cannot be read or has none. */
+int sup__last_error_line(const char *path, char *buf, size_t cap);
 /* The run's latest checkpoint: dir[cap] and its step. On the head: checkpoints/latest of
  * the out dir and the step its state.bin records; an optimizer on another node: the
  * step it last reported (ckpt_step) under that node's run dir. 0, or -1 when there is

@@ -70,6 +70,9 @@ static void print_run(const rundir_run_t *run, const char *dir, int alive) {
     if (run->rebalance.status[0]) printf("last rebalance: %s (%s)\n", run->rebalance.status, run->rebalance.message);
     if (run->optimizer_recoveries > 0)
         printf("optimizer restarts from its last checkpoint: %g\n", (double)run->optimizer_recoveries);
+    if (run->ckpt_failed_step >= 0)
+        printf("checkpoint step_%lld could not be written: %s (training went on)\n",
+               (long long)run->ckpt_failed_step, run->ckpt_error[0] ? run->ckpt_error : "see logs/optimizer.log");
     if (run->metrics_port > 0) printf("Prometheus: http://localhost:%g/metrics\n", (double)run->metrics_port);
     if (run->metrics_endpoint[0]) printf("metrics relay (PUB): %s\n", run->metrics_endpoint);
 }

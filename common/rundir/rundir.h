@@ -100,6 +100,10 @@ typedef struct {
     char metrics_endpoint[128];         /* the metrics PUB ("" none; BUS_ENDPOINT_MAX) */
     char control[128];                  /* the control socket ("" = not written; BUS_ENDPOINT_MAX) */
     int optimizer_recoveries;
+    /* the last checkpoint that could not be written (training went on): its step (-1 none /
+     * absent) and the optimizer's reason ("" unknown) */
+    int64_t ckpt_failed_step;
+    char ckpt_error[512];
     char target_model[RUNDIR_PATH_MAX]; /* absolute; "" = not written */
     char data[RUNDIR_PATH_MAX];         /* absolute data cache; "" = not written */
     int64_t save_every, keep_checkpoints;   /* keep_checkpoints 0: keep all */

@@ -22,6 +22,7 @@ void rundir_run_init(rundir_run_t *r) {
     r->supervisor_pid = r->metrics_port = r->optimizer_recoveries = -1;
     r->save_every = r->keep_checkpoints = -1;
     r->deterministic = -1;
+    r->ckpt_failed_step = -1;
 }
 
 const rundir_stage_t *rundir_run_stage(const rundir_run_t *r, const char *name) {
@@ -71,6 +72,10 @@ static cJSON *run_json(const rundir_run_t *r) {
     cJSON_AddStringToObject(j, "metrics_endpoint", r->metrics_endpoint);
     if (r->control[0]) cJSON_AddStringToObject(j, "control", r->control);
     cJSON_AddNumberToObject(j, "optimizer_recoveries", r->optimizer_recoveries);
+    if (r->ckpt_failed_step >= 0) {
+        cJSON_AddNumberToObject(j, "ckpt_failed_step", (double)r->ckpt_failed_step);
+        cJSON_AddStringToObject(j, "ckpt_error", r->ckpt_error);
+    }
     /* for `draftline run --resume DIR`'s defaults */
     if (r->target_model[0]) cJSON_AddStringToObject(j, "target_model", r->target_model);
     if (r->data[0]) cJSON_AddStringToObject(j, "data", r->data);
@@ -319,6 +324,8 @@ static int read_obj(const rctx_t *c, const cJSON *o, rundir_run_t *r) {
     DL_TRY(get_str(c, o, "metrics_endpoint", r->metrics_endpoint, sizeof r->metrics_endpoint));
     DL_TRY(get_str(c, o, "control", r->control, sizeof r->control));
     DL_TRY(get_int(c, o, "optimizer_recoveries", &r->optimizer_recoveries));
+    DL_TRY(get_i64(c, o, "ckpt_failed_step", &r->ckpt_failed_step));
+    DL_TRY(get_str(c, o, "ckpt_error", r->ckpt_error, sizeof r->ckpt_error));
     DL_TRY(get_str(c, o, "target_model", r->target_model, sizeof r->target_model));
     DL_TRY(get_str(c, o, "data", r->data, sizeof r->data));
     DL_TRY(get_i64(c, o, "save_every", &r->save_every));

@@ -268,12 +268,63 @@ static void test_truncated_target_not_restarted(void **state) {
     free(txt);
 }
 
+/* ---- issue 15 item 3: a failed intermediate checkpoint is said at once, training goes on ---- */
+
+/* The checkpoint of step 2 fails as a full disk would (test hook optimizer.ckpt_fail_step):
+ * the console says so with the reason while the run goes on, run.json keeps it (so `draftline
+ * status` shows it), the next checkpoints are written and the run ends with exit 0. */
+static void test_ckpt_failure_said(void **state) {
+    (void)state;
+    char out[400], log[400];
+    snprintf(out, sizeof out, "%s/ckfail", fx.root);
+    snprintf(log, sizeof log, "%s/ckfail.out", fx.root);
+    setenv("DL_TEST_HOOKS", "optimizer.ckpt_fail_step=2", 1);
+    proc_t p;
+    run_start(&p, fx.model_dir, fx.cache, out, log, "--save-every", "2", "--max-steps", "6", "--token-budget",
+              "256", NULL);
+    unsetenv("DL_TEST_HOOKS");
+    int code = run_wait(&p, out, log, 180);
+    char *txt = slurp_or_empty(log);
+    if (code != 0 || !strstr(txt, "checkpoint step_2 could not be written")) fprintf(stderr, "%s\n", txt);
+    assert_int_equal(code, 0);
+    char *said = strstr(txt, "checkpoint step_2 could not be written: ");
+    assert_non_null(said);
+    assert_non_null(strstr(said, "No space left on device"));
+    assert_non_null(strstr(said, "training goes on"));
+    /* said while training, before the last step's progress line */
+    char *last = strstr(txt, "summary: 6 steps");
+    assert_non_null(last);
+    assert_true(said < last);
+    free(txt);
+    char rj[500], ck[500];
+    snprintf(rj, sizeof rj, "%s/run.json", out);
+    char *j = slurp_or_empty(rj);
+    assert_non_null(strstr(j, "\"ckpt_failed_step\":\t2"));
+    free(j);
+    snprintf(ck, sizeof ck, "%s/checkpoints/step_4/state.bin", out);
+    assert_int_equal(access(ck, F_OK), 0);
+    snprintf(ck, sizeof ck, "%s/checkpoints/step_2", out);
+    assert_int_not_equal(access(ck, F_OK), 0);
+    /* `draftline status` (the run is over: from run.json) shows it */
+    static pf_run_args_t st;
+    memset(&st, 0, sizeof st);
+    const char *sv[] = {fx.exe, "status", "--run", out, NULL};
+    for (int i = 0; sv[i]; i++) st.argv[i] = (char *)sv[i];
+    snprintf(st.log, sizeof st.log, "%s/ckfail-status.out", fx.root);
+    assert_int_equal(pf_run_draftline(&st, NULL, 30, NULL), 0);
+    char *t = slurp_or_empty(st.log);
+    if (!strstr(t, "checkpoint step_2 could not be written")) fprintf(stderr, "%s\n", t);
+    assert_non_null(strstr(t, "checkpoint step_2 could not be written"));
+    free(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_no_assistant_tokens),
         cmocka_unit_test(test_budget_too_small),
         cmocka_unit_test(test_rate_after_optimizer_restart),
         cmocka_unit_test(test_truncated_target_not_restarted),
+        cmocka_unit_test(test_ckpt_failure_said),
     };
     const char *only = getenv("DL_TEST_CASE");
     if (only) cmocka_set_test_filter(only);
