@@ -194,6 +194,10 @@ static void topo_from_runjson(const rundir_run_t *r, mon_topo_t *t) {
         t->gpu_mode = 1;
     }
     if (r->state[0]) snprintf(t->run_state, sizeof t->run_state, "%s", r->state);
+    if (r->ckpt_failed_step >= 0) {
+        t->ckpt_failed_step = r->ckpt_failed_step;
+        snprintf(t->ckpt_error, sizeof t->ckpt_error, "%s", r->ckpt_error[0] ? r->ckpt_error : "see logs/optimizer.log");
+    }
     if (r->n_stages) t->n_stages = 0;
     for (int i = 0; i < r->n_stages && t->n_stages < MON_MAX_STAGES; i++) {
         const rundir_stage_t *e = &r->stages[i];

@@ -101,6 +101,9 @@ typedef struct {
     int drafter_gpus[64], n_drafter_gpus;
     uint64_t max_steps;         /* 0 = unknown */
     char run_state[MON_STATE_MAX];      /* running|rebalancing|stopping|stopped; "" unknown */
+    int64_t ckpt_failed_step;           /* run.json: the last checkpoint not written (0 with no
+                                         * ckpt_error: none), and why */
+    char ckpt_error[512];
     mon_topo_stage_t stages[MON_MAX_STAGES];    /* the supervisor's stages (live topology, */
     int n_stages;                               /* plus exited and retired ones); 0 unknown */
 } mon_topo_t;

@@ -158,6 +158,9 @@ int mon_report(const mon_run_t *run, const mon_report_opts_t *o, char **text) {
     mon_bottleneck_t bn;
     mon_bottleneck(views, diags, n_all, &topo, run->dir, &bn);
     sbuf_printf(&b, "bottleneck: %s\n", bn.text);
+    if (rt->ckpt_error[0])
+        sbuf_printf(&b, "checkpoint step_%lld could not be written: %s (training went on)\n",
+                    (long long)rt->ckpt_failed_step, rt->ckpt_error);
     report_stages(&b, run, rt, views, diags, n, n_all, shown);
     /* inboxes */
     int any = 0;

@@ -316,6 +316,16 @@ static void test_ckpt_failure_said(void **state) {
     if (!strstr(t, "checkpoint step_2 could not be written")) fprintf(stderr, "%s\n", t);
     assert_non_null(strstr(t, "checkpoint step_2 could not be written"));
     free(t);
+    /* ... and `draftline monitor --once` */
+    const char *mv[] = {fx.exe, "monitor", "--once", "--run", out, NULL};
+    memset(&st, 0, sizeof st);
+    for (int i = 0; mv[i]; i++) st.argv[i] = (char *)mv[i];
+    snprintf(st.log, sizeof st.log, "%s/ckfail-monitor.out", fx.root);
+    assert_int_equal(pf_run_draftline(&st, NULL, 30, NULL), 0);
+    t = slurp_or_empty(st.log);
+    if (!strstr(t, "checkpoint step_2 could not be written")) fprintf(stderr, "%s\n", t);
+    assert_non_null(strstr(t, "checkpoint step_2 could not be written"));
+    free(t);
 }
 
 int main(void) {
