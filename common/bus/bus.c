@@ -576,6 +576,12 @@ static void on_signal(uv_signal_t *h, int signum) {
     log_info("bus %s: %s received, closing", b->name, signum == SIGINT ? "SIGINT" : "SIGTERM");
     if (b->signal_cb) b->signal_cb(b, signum, b->signal_arg);
     bus_close(b, b->close_cb, b->close_arg);
+    /* closing the watchers gave SIGINT/SIGTERM back their default action (libuv restores
+     * it): a second one (the supervisor's SIGTERM after a terminal's Ctrl-C reached the
+     * whole group) would kill the process while it stops in order (final checkpoint,
+     * goodbyes). Once stopping, they are ignored; SIGKILL remains for a stage that hangs. */
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
 }
 
 /* opts.goodbye: a goodbye to every live peer, after what bus_finish flushed for it (what is

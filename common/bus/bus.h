@@ -59,8 +59,9 @@
  * warning, dropped_bad) and finds the peer dead by the timeout, as it always did.
  *
  * Shutdown: with opts.handle_signals the bus watches SIGINT and SIGTERM (uv_signal_t); on either it
- * calls bus_on_signal's callback, then bus_close(). bus_close stops and closes every handle the
- * bus owns; when their close callbacks have run it closes the socket (ZMQ_LINGER is 0 unless
+ * calls bus_on_signal's callback, then bus_close(); from then on the process ignores SIGINT
+ * and SIGTERM (a second one would otherwise kill it by the default action while it stops in
+ * order; SIGKILL remains). bus_close stops and closes every handle the bus owns; when their close callbacks have run it closes the socket (ZMQ_LINGER is 0 unless
  * opts.linger_ms says otherwise, so unsent messages are discarded and zmq_ctx_term cannot hang, or
  * waits at most linger_ms) and terminates the bus's own context. It then removes the ipc socket
  * files it bound (ZeroMQ 4.3 leaves them), each only if it is still the same inode. The
