@@ -62,34 +62,6 @@ static int group_teardown(void **state) {
     return 0;
 }
 
-/* A base port P such that P..P+163 looks free now (the kernel's pick for port 0, then
- * each port of the span bound once). Ports can be taken between this check and the run:
- * the run then fails to bind and says so (a rerun picks others). */
-static int free_port_span(void) {
-    for (int attempt = 0; attempt < 50; attempt++) {
-        int s = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-        socklen_t n = sizeof a;
-        if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(s, (struct sockaddr *)&a, &n) != 0) {
-            if (s >= 0) close(s);
-            continue;
-        }
-        close(s);
-        int base = ntohs(a.sin_port);
-        if (base < 1024 || base > 65535 - 170) continue;
-        int ok = 1;
-        for (int p = base; ok && p < base + 164; p++) {
-            int t = socket(AF_INET, SOCK_STREAM, 0);
-            struct sockaddr_in b = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p),
-                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-            ok = t >= 0 && bind(t, (struct sockaddr *)&b, sizeof b) == 0;
-            if (t >= 0) close(t);
-        }
-        if (ok) return base;
-    }
-    return -1;
-}
-
 /* Starts the reference 2+2 --deterministic run into out (max_steps steps, a checkpoint
  * every save_every); listen: NULL or "127.0.0.1:P". a: the child's arguments (kept until
  * run_wait). */
@@ -191,7 +163,7 @@ static void test_fake_nodes_bitwise(void **state) {
     snprintf(one, sizeof one, "%s/one", fx.root);
     snprintf(multi, sizeof multi, "%s/multi", fx.root);
     run_ref(one, NULL, "one");
-    int port = free_port_span();
+    int port = pf_free_port_span();
     assert_true(port > 0);
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
     setenv("DL_TEST_HOOKS", "fake_nodes=1", 1);
@@ -339,7 +311,7 @@ static void test_fake_nodes_kill(void **state) {
     proc_t p1, p2;
     run_start(&p1, &a1, one, NULL, "kone", KILL_STEPS_S, "4");
     run_wait(&p1, &a1, one, 0);
-    int port = free_port_span();
+    int port = pf_free_port_span();
     assert_true(port > 0);
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
     setenv("DL_TEST_HOOKS", "fake_nodes=1", 1);
@@ -375,7 +347,7 @@ static void test_fake_nodes_refusals(void **state) {
     snprintf(out, sizeof out, "%s/intrude", fx.root);
     static pf_run_args_t a;
     proc_t p;
-    int port = free_port_span();
+    int port = pf_free_port_span();
     assert_true(port > 0);
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
     setenv("DL_TEST_HOOKS", "fake_nodes=1", 1);
@@ -418,7 +390,7 @@ static void test_listen_refusals(void **state) {
     (void)state;
     char out[400];
     snprintf(out, sizeof out, "%s/refused", fx.root);
-    int port = free_port_span();
+    int port = pf_free_port_span();
     assert_true(port > 0);
     char busy_listen[64];
     snprintf(busy_listen, sizeof busy_listen, "127.0.0.1:%d", port);

@@ -53,48 +53,10 @@ static int group_teardown(void **state) {
     return 0;
 }
 
-/* A base port P with P..P+163 free now (as test_multinode picks one). */
-static int free_port_span(void) {
-    for (int attempt = 0; attempt < 50; attempt++) {
-        int s = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-        socklen_t n = sizeof a;
-        if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(s, (struct sockaddr *)&a, &n) != 0) {
-            if (s >= 0) close(s);
-            continue;
-        }
-        close(s);
-        int base = ntohs(a.sin_port);
-        if (base < 1024 || base > 65535 - 170) continue;
-        int ok = 1;
-        for (int p = base; ok && p < base + 164; p++) {
-            int t = socket(AF_INET, SOCK_STREAM, 0);
-            struct sockaddr_in b = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p),
-                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-            ok = t >= 0 && bind(t, (struct sockaddr *)&b, sizeof b) == 0;
-            if (t >= 0) close(t);
-        }
-        if (ok) return base;
-    }
-    return -1;
-}
-
 static void set_argv(pf_run_args_t *a, const char *const *argv) {
     int i = 0;
     for (; argv[i]; i++) a->argv[i] = (char *)argv[i];
     a->argv[i] = NULL;
-}
-
-/* Whether the file at path holds needle, within timeout_s (polled). */
-static int wait_for_text(const char *path, const char *needle, double timeout_s) {
-    for (int i = 0; i < (int)(timeout_s * 10); i++) {
-        char *t = pf_slurp(path, NULL);
-        int hit = t && strstr(t, needle);
-        free(t);
-        if (hit) return 1;
-        usleep(100000);
-    }
-    return 0;
 }
 
 static void show(const char *path) {
@@ -141,7 +103,7 @@ static void test_node_join_run(void **state) {
     char out[400], listen[64], join[64], key[500], agent_dir[400];
     snprintf(out, sizeof out, "%s/head", fx.root);
     snprintf(agent_dir, sizeof agent_dir, "%s/agent-n1", fx.root);
-    int port = free_port_span();
+    int port = pf_free_port_span();
     assert_true(port > 0);
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
     snprintf(join, sizeof join, "127.0.0.1:%d", port);
@@ -156,7 +118,7 @@ static void test_node_join_run(void **state) {
     proc_t hp, ap;
     assert_int_equal(proc_spawn(&hp, "draftline run", pf_run_child, &h), 0);
     /* the head makes the key file before it waits for the nodes */
-    int have_key = wait_for_text(h.log, "waiting for", 60);
+    int have_key = pf_wait_for_text(h.log, "waiting for", 60);
     if (!have_key) show(h.log);
     assert_true(have_key);
     const char *aargv[] = {fx.exe, "node", "--join", join, "--key", key, "--name", "n1", "--run-dir", agent_dir, NULL};
@@ -164,7 +126,7 @@ static void test_node_join_run(void **state) {
     set_argv(&g, aargv);
     snprintf(g.log, sizeof g.log, "%s/agent.out", fx.root);
     assert_int_equal(proc_spawn(&ap, "draftline node", pf_run_child, &g), 0);
-    int joined = wait_for_text(g.log, "as node n1 (index 1)", 30) && wait_for_text(h.log, "node n1 joined as node 1", 10);
+    int joined = pf_wait_for_text(g.log, "as node n1 (index 1)", 30) && pf_wait_for_text(h.log, "node n1 joined as node 1", 10);
     if (!joined) { show(g.log); show(h.log); }
     assert_true(joined);
     char id[17];
@@ -177,7 +139,7 @@ static void test_node_join_run(void **state) {
     proc_kill(&ap);
     if (arc != 0) show(g.log);
     assert_int_equal(arc, 0);
-    assert_true(wait_for_text(g.log, "is over (run over): this node stops", 1));
+    assert_true(pf_wait_for_text(g.log, "is over (run over): this node stops", 1));
     char *agent_out = pf_slurp(g.log, NULL);
     assert_non_null(agent_out);
     char line[128];
@@ -226,7 +188,7 @@ static void test_node_lost_rejoin(void **state) {
     char out[400], listen[64], key[500], agent_dir[400];
     snprintf(out, sizeof out, "%s/lost", fx.root);
     snprintf(agent_dir, sizeof agent_dir, "%s/agent-lost", fx.root);
-    int port = free_port_span();
+    int port = pf_free_port_span();
     assert_true(port > 0);
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
     snprintf(key, sizeof key, "%s/node.key", out);
@@ -239,30 +201,30 @@ static void test_node_lost_rejoin(void **state) {
     snprintf(h.log, sizeof h.log, "%s/lost-head.out", fx.root);
     proc_t hp, ap, bp;
     assert_int_equal(proc_spawn(&hp, "draftline run", pf_run_child, &h), 0);
-    assert_true(wait_for_text(h.log, "waiting for", 60));
+    assert_true(pf_wait_for_text(h.log, "waiting for", 60));
     const char *aargv[] = {fx.exe, "node", "--join", listen, "--key", key, "--name", "n1", "--run-dir", agent_dir, NULL};
     memset(&g, 0, sizeof g);
     set_argv(&g, aargv);
     snprintf(g.log, sizeof g.log, "%s/lost-agent1.out", fx.root);
     assert_int_equal(proc_spawn(&ap, "draftline node", pf_run_child, &g), 0);
-    int up = wait_for_text(h.log, "target0 is up", 60);
+    int up = pf_wait_for_text(h.log, "target0 is up", 60);
     if (!up) { show(h.log); show(g.log); }
     assert_true(up);
     proc_signal(&ap, SIGKILL);   /* the agent's group: the agent and its target */
     proc_kill(&ap);
-    int lost = wait_for_text(h.log, "node n1 lost", 20);
+    int lost = pf_wait_for_text(h.log, "node n1 lost", 20);
     if (!lost) show(h.log);
     assert_true(lost);
-    assert_true(wait_for_text(h.log, "target0 stopped; waiting for it to rejoin", 1));
+    assert_true(pf_wait_for_text(h.log, "target0 stopped; waiting for it to rejoin", 1));
     snprintf(g.log, sizeof g.log, "%s/lost-agent2.out", fx.root);
     assert_int_equal(proc_spawn(&bp, "draftline node", pf_run_child, &g), 0);
-    int back = wait_for_text(h.log, "node n1 rejoined as node 1", 30);
+    int back = pf_wait_for_text(h.log, "node n1 rejoined as node 1", 30);
     if (!back) { show(h.log); show(g.log); }
     assert_true(back);
     int rc = pf_run_finish(&hp, h.log, out, 240, NULL);
     if (rc != 0) { show(h.log); show(g.log); }
     assert_int_equal(rc, 0);
-    assert_true(wait_for_text(h.log, "summary: 30 steps", 1));
+    assert_true(pf_wait_for_text(h.log, "summary: 30 steps", 1));
     int arc = -1;
     assert_int_equal(proc_wait(&bp, 20000, &arc), 0);
     proc_kill(&bp);
@@ -274,7 +236,7 @@ static void test_node_join_timeout(void **state) {
     static pf_run_args_t a;
     char out[400], listen[64];
     snprintf(out, sizeof out, "%s/lonely", fx.root);
-    int port = free_port_span();
+    int port = pf_free_port_span();
     assert_true(port > 0);
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
     const char *argv[] = {fx.exe, "run", "--target-model", fx.model_dir, "--data", fx.cache, "--device", "cpu",
@@ -366,7 +328,7 @@ static void test_node_agent_faults(void **state) {
     snprintf(wrong_key, sizeof wrong_key, "%s/lonely/node.key", fx.root);   /* test_node_join_timeout's run */
     struct stat sb;
     assert_int_equal(stat(wrong_key, &sb), 0);
-    int port = free_port_span();
+    int port = pf_free_port_span();
     assert_true(port > 0);
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
     snprintf(key, sizeof key, "%s/node.key", out);
@@ -379,7 +341,7 @@ static void test_node_agent_faults(void **state) {
     snprintf(h.log, sizeof h.log, "%s/faults-head.out", fx.root);
     proc_t hp, ap, wp;
     assert_int_equal(proc_spawn(&hp, "draftline run", pf_run_child, &h), 0);
-    assert_true(wait_for_text(h.log, "waiting for", 60));
+    assert_true(pf_wait_for_text(h.log, "waiting for", 60));
     assert_true(has_text(h.log, "--key ") && has_text(h.log, " --name n1\n"));
     assert_true(has_text(h.log, "waiting for 1 named node(s) to join (n1)"));
     /* names: not in the placement, the head's */
@@ -395,7 +357,7 @@ static void test_node_agent_faults(void **state) {
     set_argv(&w, wv);
     snprintf(w.log, sizeof w.log, "%s/faults-wrongkey.out", fx.root);
     assert_int_equal(proc_spawn(&wp, "draftline node", pf_run_child, &w), 0);
-    int said = wait_for_text(w.log, "no answer from the head at ", 14);
+    int said = pf_wait_for_text(w.log, "no answer from the head at ", 14);
     proc_kill(&wp);
     assert_true(said && has_text(w.log, "is --key the key file of that run?"));
     /* n1 joins, the run starts */
@@ -404,7 +366,7 @@ static void test_node_agent_faults(void **state) {
     set_argv(&g, aargv);
     snprintf(g.log, sizeof g.log, "%s/faults-agent.out", fx.root);
     assert_int_equal(proc_spawn(&ap, "draftline node", pf_run_child, &g), 0);
-    int up = wait_for_text(h.log, "target0 is up", 60);
+    int up = pf_wait_for_text(h.log, "target0 is up", 60);
     if (!up) { show(h.log); show(g.log); }
     assert_true(up);
     /* a second n1 while n1 is up: refused, n1 keeps its stages */
@@ -419,7 +381,7 @@ static void test_node_agent_faults(void **state) {
     assert_false(has_text(g.log, "lost the head"));
     /* n1 stalls: lost; a rejoin from another run dir is refused; then it wakes up */
     assert_int_equal(kill(ap.pid, SIGSTOP), 0);
-    int lost = wait_for_text(h.log, "node n1 lost", 15);
+    int lost = pf_wait_for_text(h.log, "node n1 lost", 15);
     if (lost) {
         snprintf(log, sizeof log, "%s/faults-otherdir.out", fx.root);
         int orc = agent_once(log, key, listen, "n1", other, 30);
@@ -428,11 +390,11 @@ static void test_node_agent_faults(void **state) {
     kill(ap.pid, SIGCONT);
     if (!lost) show(h.log);
     assert_true(lost);
-    int again = wait_for_text(g.log, "the head dropped this node (silent too long)", 20) ||
-                wait_for_text(g.log, "lost the head", 1);
+    int again = pf_wait_for_text(g.log, "the head dropped this node (silent too long)", 20) ||
+                pf_wait_for_text(g.log, "lost the head", 1);
     if (!again) { show(h.log); show(g.log); }
     assert_true(again);
-    assert_true(wait_for_text(h.log, "node n1 rejoined as node 1", 40));
+    assert_true(pf_wait_for_text(h.log, "node n1 rejoined as node 1", 40));
     int rc = pf_run_finish(&hp, h.log, out, 300, NULL);
     if (rc != 0) { show(h.log); show(g.log); }
     assert_int_equal(rc, 0);

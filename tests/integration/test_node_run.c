@@ -53,48 +53,10 @@ static int group_teardown(void **state) {
     return 0;
 }
 
-/* A base port P with P..P+163 free now (as test_multinode picks one). */
-static int free_port_span(void) {
-    for (int attempt = 0; attempt < 50; attempt++) {
-        int s = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-        socklen_t n = sizeof a;
-        if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(s, (struct sockaddr *)&a, &n) != 0) {
-            if (s >= 0) close(s);
-            continue;
-        }
-        close(s);
-        int base = ntohs(a.sin_port);
-        if (base < 1024 || base > 65535 - 170) continue;
-        int ok = 1;
-        for (int p = base; ok && p < base + 164; p++) {
-            int t = socket(AF_INET, SOCK_STREAM, 0);
-            struct sockaddr_in b = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p),
-                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-            ok = t >= 0 && bind(t, (struct sockaddr *)&b, sizeof b) == 0;
-            if (t >= 0) close(t);
-        }
-        if (ok) return base;
-    }
-    return -1;
-}
-
 static void set_argv(pf_run_args_t *a, const char *const *argv) {
     int i = 0;
     for (; argv[i]; i++) a->argv[i] = (char *)argv[i];
     a->argv[i] = NULL;
-}
-
-/* Whether the file at path holds needle, within timeout_s (polled). */
-static int wait_for_text(const char *path, const char *needle, double timeout_s) {
-    for (int i = 0; i < (int)(timeout_s * 10); i++) {
-        char *t = pf_slurp(path, NULL);
-        int hit = t && strstr(t, needle);
-        free(t);
-        if (hit) return 1;
-        usleep(100000);
-    }
-    return 0;
 }
 
 static void show(const char *path) {
@@ -220,7 +182,7 @@ static void agents_run(const char *tag, int faults) {
     static pf_run_args_t h;
     char out[400], listen[64], key[500], hlog[400];
     snprintf(out, sizeof out, "%s/%s", fx.root, tag);
-    int port = free_port_span();
+    int port = pf_free_port_span();
     assert_true(port > 0);
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
     snprintf(key, sizeof key, "%s/node.key", out);
@@ -232,7 +194,7 @@ static void agents_run(const char *tag, int faults) {
     snprintf(h.log, sizeof h.log, "%s", hlog);
     proc_t hp;
     assert_int_equal(proc_spawn(&hp, "draftline run", pf_run_child, &h), 0);
-    int waiting = wait_for_text(hlog, "waiting for", 60);
+    int waiting = pf_wait_for_text(hlog, "waiting for", 60);
     if (!waiting) show(hlog);
     assert_true(waiting);
     static agent_t A, B, B2;
@@ -247,14 +209,14 @@ static void agents_run(const char *tag, int faults) {
         assert_true(at6);
         proc_signal(&B.p, SIGKILL);          /* agent b and its stages: drafters, optimizer */
         proc_kill(&B.p);
-        int lost = wait_for_text(hlog, "node b lost", 20);
+        int lost = pf_wait_for_text(hlog, "node b lost", 20);
         if (!lost) show(hlog);
         assert_true(lost);
         char tag2[64];
         snprintf(tag2, sizeof tag2, "%s2", tag);
         agent_start(&B2, "b", listen, key, tag2, B.dir);   /* same run dir: its checkpoints are there */
         b_now = &B2;
-        int back = wait_for_text(hlog, "node b rejoined", 30);
+        int back = pf_wait_for_text(hlog, "node b rejoined", 30);
         if (!back) { show(hlog); show(B2.args.log); }
         assert_true(back);
         int at14 = wait_steps(steps, 14, 120);
@@ -315,7 +277,7 @@ static void test_agents_resume(void **state) {
     if (rc != 0) show(o.log);
     assert_int_equal(rc, 0);
     /* the multi-node run dir, resumed with its agents back (same names, same run dirs) */
-    int port = free_port_span();
+    int port = pf_free_port_span();
     assert_true(port > 0);
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
     static pf_run_args_t h;
@@ -327,7 +289,7 @@ static void test_agents_resume(void **state) {
     snprintf(h.log, sizeof h.log, "%s", hlog);
     proc_t hp;
     assert_int_equal(proc_spawn(&hp, "draftline run", pf_run_child, &h), 0);
-    int waiting = wait_for_text(hlog, "waiting for", 60);
+    int waiting = pf_wait_for_text(hlog, "waiting for", 60);
     if (!waiting) show(hlog);
     assert_true(waiting);
     static agent_t A, B;
@@ -336,9 +298,9 @@ static void test_agents_resume(void **state) {
     rc = pf_run_finish(&hp, hlog, clean, 300, NULL);
     if (rc != 0 || getenv("DL_TEST_VERBOSE")) { show(hlog); show(A.args.log); show(B.args.log); }
     assert_int_equal(rc, 0);
-    assert_true(wait_for_text(hlog, "its optimizer ran on node b: resuming from", 1));
-    assert_true(wait_for_text(hlog, "summary: 28 steps", 1));
-    assert_true(wait_for_text(hlog, "/checkpoints/step_28 (on node b)", 1));
+    assert_true(pf_wait_for_text(hlog, "its optimizer ran on node b: resuming from", 1));
+    assert_true(pf_wait_for_text(hlog, "summary: 28 steps", 1));
+    assert_true(pf_wait_for_text(hlog, "/checkpoints/step_28 (on node b)", 1));
     int arc = -1;
     assert_int_equal(proc_wait(&A.p, 20000, &arc), 0);
     proc_kill(&A.p);

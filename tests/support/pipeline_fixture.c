@@ -16,7 +16,10 @@
 #include "common/format/safetensors.h"
 #include "tests/support/proc.h"
 
+#include <arpa/inet.h>
 #include <cjson/cJSON.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
@@ -304,4 +307,40 @@ int pf_inbox_within(const char *out, double limit, double *high) {
         return rc;
     }
     return seen;
+}
+
+int pf_free_port_span(void) {
+    for (int attempt = 0; attempt < 50; attempt++) {
+        int s = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t n = sizeof a;
+        if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(s, (struct sockaddr *)&a, &n) != 0) {
+            if (s >= 0) close(s);
+            continue;
+        }
+        close(s);
+        int base = ntohs(a.sin_port);
+        if (base < 1024 || base > 65535 - 170) continue;
+        int ok = 1;
+        for (int p = base; ok && p < base + 164; p++) {
+            int t = socket(AF_INET, SOCK_STREAM, 0);
+            struct sockaddr_in b = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p),
+                                    .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+            ok = t >= 0 && bind(t, (struct sockaddr *)&b, sizeof b) == 0;
+            if (t >= 0) close(t);
+        }
+        if (ok) return base;
+    }
+    return -1;
+}
+
+int pf_wait_for_text(const char *path, const char *needle, double timeout_s) {
+    for (int i = 0; i < (int)(timeout_s * 10); i++) {
+        char *t = pf_slurp(path, NULL);
+        int hit = t && strstr(t, needle);
+        free(t);
+        if (hit) return 1;
+        usleep(100000);
+    }
+    return 0;
 }

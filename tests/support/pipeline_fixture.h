@@ -114,4 +114,13 @@ int pf_inbox_within(const char *out, double limit, double *high);
  * $DL_KEEP_TEST_DIR is set (a failure to remove is printed to stderr). */
 void pf_teardown(const char *root);
 
+/* A base port P such that P..P+163 (a multi-node run's span, docs/MULTINODE.md) can be
+ * bound on 127.0.0.1 now: the kernel's pick for port 0, then every port of the span tried.
+ * Ports can be taken between this check and their use (a rerun picks others). -1 when
+ * 50 attempts found none. */
+int pf_free_port_span(void);
+
+/* 1 when the file at path holds needle within timeout_s (polled every 0.1 s), else 0. */
+int pf_wait_for_text(const char *path, const char *needle, double timeout_s);
+
 #endif
