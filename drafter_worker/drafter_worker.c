@@ -198,17 +198,10 @@ static void work_run(uv_work_t *req) {
     }
     rng_t r;
     rng_seed(&r, rng_mix(W->seed, it->mb, 0xA17C));
-    /* at most max_blocks blocks (GPU: activation memory); over it, fewer anchors per
-     * sequence (halved until it fits; CPU runs never hit this: max_blocks = budget) */
-    int per = (int)W->anchors;
-    int nb = drafter_sample_anchors(W->cu, (int)it->n_seqs, mask, W->dcfg.B, per, &r, W->anchor_buf,
-                                    (int)W->max_blocks);
-    while (nb == DL_ERANGE && per > 1) {
-        per /= 2;
-        rng_seed(&r, rng_mix(W->seed, it->mb, 0xA17C));
-        nb = drafter_sample_anchors(W->cu, (int)it->n_seqs, mask, W->dcfg.B, per, &r, W->anchor_buf,
-                                    (int)W->max_blocks);
-    }
+    /* --num-anchors is honoured whatever the micro-batch: every anchor is sampled (at
+     * most one per token, so anchor_buf's token_budget entries always hold them) */
+    int nb = drafter_sample_anchors(W->cu, (int)it->n_seqs, mask, W->dcfg.B, (int)W->anchors, &r,
+                                    W->anchor_buf, (int)W->token_budget);
     if (nb < 0) { W->cur_rc = nb; return; }
     drafter_batch_t b = {0};
     b.T = (int)it->T;
@@ -217,8 +210,6 @@ static void work_run(uv_work_t *req) {
     b.ids = it->ids;
     b.loss_mask = mask;
     b.features = features;
-    b.n_blocks = nb;
-    b.anchors = W->anchor_buf;
     double t0 = clock_mono_s();
     /* the backward accumulates straight into this micro-batch's gradient slot (zeroed
      * first, as the own buffer was: the same sums, bitwise; the slot is 256-byte
@@ -227,7 +218,22 @@ static void work_run(uv_work_t *req) {
     drafter_set_grads(W->d, (float *)((uint8_t *)slab_ptr(W->grad) + (size_t)it->mb_in_step * grad_stride(W)));
     drafter_zero_grad(W->d);
     memset(&W->cur_stats, 0, sizeof W->cur_stats);
-    W->cur_rc = nb > 0 ? drafter_forward_backward(W->d, &b, 1.0f, &W->cur_stats) : 0;
+    W->cur_passes = drafter_passes(nb, (int)W->max_blocks);
+    W->cur_blocks = nb;
+    W->cur_rc = 0;
+    /* more blocks than one pass holds (GPU activation memory, max_blocks): passes over
+     * consecutive anchors of equal size, each accumulating into the same slot with
+     * grad_scale 1 (sums; the optimizer divides by the step's weight_sum), their stats
+     * summed: the same math as one pass, in another summation order */
+    for (int p = 0, j0 = 0; p < W->cur_passes && W->cur_rc == 0; p++) {
+        int n = (nb - j0 + (W->cur_passes - p) - 1) / (W->cur_passes - p);
+        drafter_stats_t ps = {0};
+        b.n_blocks = n;
+        b.anchors = W->anchor_buf + j0;
+        W->cur_rc = drafter_forward_backward(W->d, &b, 1.0f, &ps);
+        drafter_stats_add(&W->cur_stats, &ps);
+        j0 += n;
+    }
     double t1 = clock_mono_s();
     /* device slab: the writes are done before gradients_ready (this stream only) */
     if (slab_handle(W->grad)->kind == SLAB_CUDA) W->ops.impl->sync(&W->ops);
@@ -287,6 +293,13 @@ static void after_work_cb(uv_work_t *req, int status) {
         exit(1); /* the supervisor restarts the stage; the loader re-issues the work */
     }
     const drafter_stats_t *s = &W->cur_stats;
+    if (W->cur_passes > 1) W->multi_pass_mbs++;
+    if (W->cur_passes > 1 && W->cur_passes != W->logged_passes) {
+        log_info("micro-batch %llu: %d blocks (--num-anchors %u per sequence, %u sequences) in %d passes of "
+                 "at most %u blocks (activation memory); said again when the pass count changes",
+                 (unsigned long long)it->mb, W->cur_blocks, W->anchors, it->n_seqs, W->cur_passes, W->max_blocks);
+        W->logged_passes = W->cur_passes;
+    }
     /* DL_LOG_LEVEL=debug: per-micro-batch sums, to hold runs of one job on different
      * layouts (CPU, 1 GPU, 2 GPUs) against each other micro-batch by micro-batch */
     double rows = 0;
@@ -760,6 +773,9 @@ static int dw_setup(dw_t *W, const run_config_t *c) {
     /* GPU: activations are sized by blocks x block size; 4096 blocks is the
      * reference workload's (8 sequences x 512 anchors) */
     W->max_blocks = W->gpu >= 0 && W->token_budget > 4096 ? 4096 : W->token_budget;
+    /* test hook drafter.max_blocks=<n>: a smaller pass (CPU runs never need several) */
+    int64_t hb = 0;
+    if (testhook_i64("drafter.max_blocks", &hb) && hb >= 1 && hb < (int64_t)W->max_blocks) W->max_blocks = (uint32_t)hb;
     rc = drafter_new(&W->ops, &W->dcfg, target_embed(W->tgt), target_lm_head(W->tgt), (int)W->token_budget,
                      (int)W->max_blocks, W->seed, &W->d);
     if (rc < 0) return log_rc(rc, "drafter"), PIPE_EXIT_PERMANENT;
@@ -840,9 +856,9 @@ int main(int argc, char **argv) {
     stage_run(&W.st);
     uint64_t opens = hcache_opens(W.hc);
     dw_fini(&W);
-    log_info("stopped: %llu micro-batches computed, %llu dropped, %llu handle opens, %llu event opens",
-             (unsigned long long)W.computed, (unsigned long long)W.dropped, (unsigned long long)opens,
-             (unsigned long long)W.event_opens);
+    log_info("stopped: %llu micro-batches computed (%llu in several passes), %llu dropped, %llu handle opens, "
+             "%llu event opens", (unsigned long long)W.computed, (unsigned long long)W.multi_pass_mbs,
+             (unsigned long long)W.dropped, (unsigned long long)opens, (unsigned long long)W.event_opens);
     free(W.sent); free(W.items); free(W.cu); free(W.anchor_buf);
     return 0;
 }

@@ -80,6 +80,9 @@ typedef struct {
     int cur_rc;
     char cur_err[512];   /* dl_errmsg() of a failed forward/backward, copied on the pool thread */
     drafter_stats_t cur_stats;
+    int cur_passes, cur_blocks;  /* of the micro-batch in work: drafter passes, blocks (anchors) */
+    int logged_passes;         /* the pass count last said in the log (said again when it changes) */
+    uint64_t multi_pass_mbs;   /* micro-batches that took more than one pass */
     double cur_fb_s, cur_copy_s;
     int32_t *cu, *anchor_buf;
     bus_timer_t *pool_timer, *grant_timer;

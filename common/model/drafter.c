@@ -649,6 +649,20 @@ static int cmp_i32(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+int drafter_passes(int n_blocks, int max_blocks) {
+    if (n_blocks <= 0 || max_blocks < 1) return 0;
+    return (int)(((int64_t)n_blocks + max_blocks - 1) / max_blocks);
+}
+
+void drafter_stats_add(drafter_stats_t *acc, const drafter_stats_t *add) {
+    acc->loss_sum += add->loss_sum;
+    acc->weight_sum += add->weight_sum;
+    for (int k = 0; k < DRAFTER_MAX_BLOCK; k++) {
+        acc->correct[k] += add->correct[k];
+        acc->count[k] += add->count[k];
+    }
+}
+
 int drafter_sample_anchors(const int32_t *cu, int nseq, const uint8_t *mask, int B,
                            int max_per_seq, rng_t *rng, int32_t *anchors, int cap) {
     int n = 0;

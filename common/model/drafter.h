@@ -190,6 +190,16 @@ const drafter_tensor_t *drafter_find_tensor(const drafter_t *d, const char *name
  * block go through the LM head. */
 double drafter_step_flops(const drafter_config_t *cfg, int T, int n_blocks, double sum_ctx_len);
 
+/* Passes of at most max_blocks blocks that n_blocks anchors take (a micro-batch's
+ * blocks over what one drafter_forward_backward holds are split into this many passes
+ * of near-equal size, consecutive anchors each, accumulating into the same gradient):
+ * 0 for n_blocks <= 0, else ceil(n_blocks / max_blocks); max_blocks >= 1. */
+int drafter_passes(int n_blocks, int max_blocks);
+
+/* acc += add, field by field (loss and weight sums, per-row correct and count), so the
+ * stats of several passes of one micro-batch read as those of one pass. */
+void drafter_stats_add(drafter_stats_t *acc, const drafter_stats_t *add);
+
 /* Anchor sampling for one micro-batch (paper sec. 4: random anchors inside the
  * response). For each sequence s (tokens [cu[s], cu[s+1]), local positions
  * a = 0..len-1) the candidates are the a with 1 <= a and a + B - 1 <= len - 1 and

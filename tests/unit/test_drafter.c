@@ -12,6 +12,8 @@
  *    a feature right before the anchor changes them;
  *  - overfitting: fresh tiny drafter, fixed batch, AdamW: loss < 0.05 and
  *    per-position accuracy 1 within 400 steps;
+ *  - several passes over the anchors (drafter_passes, drafter_stats_add) against the
+ *    same fixture: the summed gradient / weight_sum and summed stats;
  *  - anchor sampling rule and defaults (layer ids as z-lab/dflash, gamma). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -136,6 +138,64 @@ static void test_fixture(void **state) {
     assert_int_equal(drafter_logits(t.d, 0, t.b.n_blocks, got), 0);
     assert_true(fx_check("logits", got, want, nl, 2e-5, 1e-3) <= 1.0);
     free(got), free(want);
+    tiny_close(&t);
+}
+
+/* ------------------------------------------------------- several passes */
+/* A micro-batch over one pass's blocks is computed in passes (drafter_worker): each
+ * pass's forward_backward accumulates its blocks' gradient sums (grad_scale 1) into
+ * the same buffer and the stats are added (drafter_stats_add). Against the PyTorch
+ * fixture (the whole batch at once, mean loss): the summed gradient / weight_sum and
+ * the summed stats agree at the fixture's tolerance, for every pass size. */
+static void test_passes(void **state) {
+    (void)state;
+    tiny_t t;
+    tiny_open(&t, 1);
+    const int na = t.b.n_blocks;
+    assert_true(na >= 3);
+    assert_int_equal(drafter_passes(0, 4), 0);
+    assert_int_equal(drafter_passes(na, na), 1);
+    assert_int_equal(drafter_passes(na, na - 1), 2);
+    assert_int_equal(drafter_passes(na, 1), na);
+    assert_int_equal(drafter_passes(4097, 4096), 2);
+    const cJSON *grads = cJSON_GetObjectItem(t.fx, "grads");
+    const int sizes[] = {1, 2, na - 1};
+    for (int si = 0; si < 3; si++) {
+        int cap = sizes[si], passes = drafter_passes(na, cap);
+        drafter_zero_grad(t.d);
+        drafter_stats_t acc = {0};
+        for (int p = 0, j0 = 0; p < passes; p++) {
+            drafter_batch_t b = t.b;
+            b.anchors = t.anchors + j0;
+            b.n_blocks = na - j0 < cap ? na - j0 : cap;
+            drafter_stats_t ps;
+            assert_int_equal(drafter_forward_backward(t.d, &b, 1.0f, &ps), 0);
+            drafter_stats_add(&acc, &ps);
+            j0 += b.n_blocks;
+        }
+        double want_loss = fx_num(t.fx, "loss_sum"), want_w = fx_num(t.fx, "weight_sum");
+        assert_true(fabs(acc.weight_sum - want_w) <= 1e-6 * want_w);
+        assert_true(fabs(acc.loss_sum - want_loss) <= 1e-5 * fabs(want_loss));
+        const cJSON *cor = cJSON_GetObjectItem(t.fx, "correct"), *cnt = cJSON_GetObjectItem(t.fx, "count");
+        for (int k = 0; k < t.cfg.B; k++) {
+            assert_true(acc.count[k] == cJSON_GetArrayItem(cnt, k)->valuedouble);
+            assert_true(acc.correct[k] == cJSON_GetArrayItem(cor, k)->valuedouble);
+        }
+        size_t np = drafter_n_params(t.d);
+        float *g = malloc(np * 4);
+        for (size_t i = 0; i < np; i++) g[i] = (float)(drafter_grads(t.d)[i] / acc.weight_sum);
+        double worst = 0;
+        for (int i = 0; i < drafter_n_tensors(t.d); i++) {
+            const drafter_tensor_t *ten = drafter_tensor(t.d, i);
+            size_t n;
+            float *want = fx_f32(grads, ten->name, &n);
+            worst = fmax(worst, fx_check(ten->name, g + ten->offset, want, n, 2e-5, 1e-3));
+            free(want);
+        }
+        fprintf(stderr, "passes of %d blocks (%d passes): worst grad error ratio %.3g\n", cap, passes, worst);
+        assert_true(worst <= 1.0);
+        free(g);
+    }
     tiny_close(&t);
 }
 
@@ -385,7 +445,7 @@ int main(void) {
     ops_cpu_init(&g_ctx, 2);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults), cmocka_unit_test(test_anchors),
-        cmocka_unit_test(test_fixture),  cmocka_unit_test(test_grad_fd),
+        cmocka_unit_test(test_fixture),  cmocka_unit_test(test_passes), cmocka_unit_test(test_grad_fd),
         cmocka_unit_test(test_mask),     cmocka_unit_test(test_overfit),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
