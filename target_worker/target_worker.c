@@ -573,7 +573,7 @@ static void on_control(stage_t *st, const proto_control_t *c, void *arg) {
         if ((uint32_t)c->ints[i] == st->stage_id) {
             int64_t d = c->ints[i + 1] - PIPE_ID_DRAFTER0;
             if (d < 0 || d >= PIPE_MAX_DRAFTERS) { log_warn("route to stage %lld ignored", (long long)c->ints[i + 1]); return; }
-            if (T->busy && d != T->route) {
+            if (T->busy && (d != T->route || T->rewire)) {
                 /* the forward is writing into the old drafter's slot (mapped): the
                  * switch (which unmaps it) waits until that micro-batch is handed over */
                 log_info("re-route to drafter %lld while writing: applied after this micro-batch", (long long)d);
