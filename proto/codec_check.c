@@ -246,6 +246,27 @@ int proto__check_weights_version(const proto_msg_t *m, const char *tn) {
     return 0;
 }
 
+/* PLACEMENT: [n_t, n_d, n_t target nodes, n_d drafter nodes], counts 1..DL_PROTO_MAX_PLACE,
+ * nodes 0..DL_PROTO_MAX_NODES-1. */
+static int check_placement(const proto_control_t *c, const char *tn) {
+    if (c->n_ints < 2)
+        return dl_seterr(DL_EPROTO, "%s.ints: placement needs [n_targets, n_drafters, nodes...], got %u ints", tn,
+                         c->n_ints);
+    for (uint32_t i = 0; i < 2; i++)
+        if (c->ints[i] < 1 || c->ints[i] > (int64_t)DL_PROTO_MAX_PLACE)
+            return dl_seterr(DL_EPROTO, "%s.ints[%u]: %lld %s out of range [1, %u]", tn, i, (long long)c->ints[i],
+                             i ? "drafters" : "targets", DL_PROTO_MAX_PLACE);
+    if ((int64_t)c->n_ints != 2 + c->ints[0] + c->ints[1])
+        return dl_seterr(DL_EPROTO, "%s.ints: placement of %lld targets and %lld drafters needs %lld ints, got %u", tn,
+                         (long long)c->ints[0], (long long)c->ints[1], (long long)(2 + c->ints[0] + c->ints[1]),
+                         c->n_ints);
+    for (uint32_t i = 2; i < c->n_ints; i++)
+        if (c->ints[i] < 0 || c->ints[i] >= (int64_t)DL_PROTO_MAX_NODES)
+            return dl_seterr(DL_EPROTO, "%s.ints[%u]: node %lld out of range [0, %u]", tn, i, (long long)c->ints[i],
+                             DL_PROTO_MAX_NODES - 1);
+    return 0;
+}
+
 int proto__check_control(const proto_msg_t *m, const char *tn) {
     const proto_control_t *c = &m->control;
     switch (c->op) {
@@ -262,6 +283,8 @@ int proto__check_control(const proto_msg_t *m, const char *tn) {
                                  (long long)v, (long long)lo, (long long)hi, proto_ctl_op_name(c->op));
         }
         return 0;
+    case PROTO_CTL_PLACEMENT:
+        return check_placement(c, tn);
     case PROTO_CTL_MEMBERSHIP:
         for (uint32_t i = 0; i < c->n_ints; i++) {
             if (c->ints[i] < 0 || c->ints[i] > DL_PROTO_MAX_STAGE_ID)
@@ -283,11 +306,13 @@ int proto__check_ctl_request(const proto_msg_t *m, const char *tn) {
     const proto_ctl_request_t *r = &m->ctl_request;
     bool counts = r->targets || r->drafters, lists = r->n_target_gpus || r->n_drafter_gpus;
     if (r->op != PROTO_CTLREQ_REBALANCE) {
-        if (counts || lists)
-            return dl_seterr(DL_EPROTO, "%s.targets: %s takes no targets, drafters or GPU lists", tn,
+        if (counts || lists || r->target_place[0] || r->drafter_place[0])
+            return dl_seterr(DL_EPROTO, "%s.targets: %s takes no targets, drafters, GPU lists or places", tn,
                              proto_ctlreq_op_name(r->op));
         return 0;
     }
+    if (strchr(r->target_place, ' ') || strchr(r->drafter_place, ' '))
+        return dl_seterr(DL_EPROTO, "%s.target_place: a placement has no space", tn);
     if (counts && lists)
         return dl_seterr(DL_EPROTO, "%s.targets: rebalance gives counts or GPU lists, not both", tn);
     if (lists && (!r->n_target_gpus || !r->n_drafter_gpus))

@@ -40,7 +40,7 @@ static const char *const CTLREQ_NAMES[PROTO_CTLREQ_COUNT_] = {
 static const char *const TIER_NAMES[PROTO_TIER_COUNT_] = { "?", "gpu", "host" };
 static const char *const DTYPE_NAMES[PROTO_DTYPE_COUNT_] = { "?", "bf16", "f16", "f32" };
 static const char *const CTL_NAMES[PROTO_CTL_COUNT_] = {
-    "?", "rebalance", "drain", "stop", "route", "membership", "resume",
+    "?", "rebalance", "drain", "stop", "route", "membership", "resume", "placement",
 };
 
 #define NAME_OF(tab, n, v) ((unsigned)(v) < (unsigned)(n) && (tab)[(unsigned)(v)] ? (tab)[(unsigned)(v)] : "?")
@@ -229,6 +229,8 @@ static const field_t F_CTL_REQUEST[] = {
       .slo = 0, .shi = DL_PROTO_CTL_GPU_MAX },
     { F_ARR(K_I64S, ctl_request, drafter_gpus, n_drafter_gpus, 0, DL_PROTO_CTL_GPUS_MAX),
       .slo = 0, .shi = DL_PROTO_CTL_GPU_MAX },
+    F_STR(ctl_request, target_place, 0, DL_PROTO_CTL_PLACE_MAX, FL_PRINTABLE),
+    F_STR(ctl_request, drafter_place, 0, DL_PROTO_CTL_PLACE_MAX, FL_PRINTABLE),
 };
 static const field_t F_CTL_REPLY[] = {
     F_U64(ctl_reply, id, 0, UANY),

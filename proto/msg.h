@@ -57,6 +57,7 @@
 #define DL_PROTO_CTL_GPUS_MAX  64u          /* ctl_request GPU list entries (RBPLAN_MAX) */
 #define DL_PROTO_CTL_GPU_MAX   1023         /* a CUDA ordinal in a ctl_request GPU list */
 #define DL_PROTO_CTL_STAGES_MAX 64u         /* ctl_request targets / drafters (PIPE_MAX_*) */
+#define DL_PROTO_CTL_PLACE_MAX 1024u        /* ctl_request target_place / drafter_place, chars */
 #define DL_PROTO_PATH_MAX      4095u        /* run_config paths (PATH_MAX - 1) */
 #define DL_PROTO_RUN_ID_MAX    16u          /* run_config run id ([A-Za-z0-9_.]) */
 #define DL_PROTO_MAX_PLACE     64u          /* run_config targets / drafters listed */
@@ -128,7 +129,8 @@ typedef enum {
     PROTO_CTL_ROUTE      = 4,  /* ints: routing table, pairs [target_id, drafter_id, ...] */
     PROTO_CTL_MEMBERSHIP = 5,  /* ints: live stage ids; arg: endpoints, one per line */
     PROTO_CTL_RESUME     = 6,  /* take work again after DRAIN */
-    PROTO_CTL_COUNT_     = 7
+    PROTO_CTL_PLACEMENT  = 7,  /* ints: [n_t, n_d, node of target 0..n_t-1, node of drafter 0..n_d-1] */
+    PROTO_CTL_COUNT_     = 8
 } proto_ctl_op_t;
 
 /* What a control client asks the supervisor (ctl_request.op). */
@@ -345,7 +347,11 @@ typedef struct {
  * socket). id: chosen by the client, echoed in every reply. Rebalance: either
  * targets, drafters in 1..DL_PROTO_CTL_STAGES_MAX and no GPU lists (CPU runs), or
  * both GPU lists non-empty (entry i = CUDA ordinal of target / drafter i) and
- * targets = drafters = 0 (GPU runs). Other ops: targets = drafters = 0, no lists. */
+ * targets = drafters = 0 (GPU runs). target_place / drafter_place (rebalance only;
+ * "" = not given): the placement as the user wrote it when it names nodes
+ * ("a:2,b:1", "a:0-3"), resolved by the supervisor against the run's node table;
+ * the counts / lists above are what it parses to. Other ops: targets = drafters =
+ * 0, no lists, no places. */
 typedef struct {
     uint64_t id;
     proto_ctlreq_op_t op;
@@ -353,6 +359,8 @@ typedef struct {
     uint32_t targets, drafters;
     const int64_t *target_gpus; uint32_t n_target_gpus;     /* 0..DL_PROTO_CTL_GPUS_MAX */
     const int64_t *drafter_gpus; uint32_t n_drafter_gpus;   /* 0..DL_PROTO_CTL_GPUS_MAX */
+    char target_place[DL_PROTO_CTL_PLACE_MAX + 1];          /* printable, no space */
+    char drafter_place[DL_PROTO_CTL_PLACE_MAX + 1];
 } proto_ctl_request_t;
 
 /* The supervisor's answer. code: 0 or a negative dl_err; state: "ok", "stopping",

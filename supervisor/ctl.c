@@ -168,7 +168,7 @@ static void op_rebalance(sup_t *S, const char *peer, const proto_ctl_request_t *
     snprintf(S->ctl.rb.peer, sizeof S->ctl.rb.peer, "%s", peer);
     S->ctl.rb.id = q->id;
     sup__rb_request(S, id, (int)q->targets, (int)q->drafters, tg, (int)q->n_target_gpus, dg,
-                    (int)q->n_drafter_gpus);
+                    (int)q->n_drafter_gpus, q->target_place, q->drafter_place);
     if (was_running) S->ctl.rb = prev;   /* refused: the running one keeps its client */
 }
 

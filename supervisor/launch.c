@@ -14,6 +14,7 @@
 #include "common/mem/slab.h"
 #include "common/pipe/layout.h"
 #include "common/pipe/model.h"
+#include "common/pipe/rbplan.h"
 #include "supervisor/node_agent.h"
 
 #include <errno.h>
@@ -84,59 +85,16 @@ static int run_lock_take(const char *out, int *fd_out) {
     return 0;
 }
 
-/* The index of node `name` in L's table (added when new; "head" is node 0); -1 when
- * the table is full. */
-static int node_index(launch_t *L, const char *name) {
-    if (!strcmp(name, "head")) return 0;
-    for (int k = 1; k < L->n_nodes; k++) if (!strcmp(L->node_names[k], name)) return k;
-    if (L->n_nodes >= RUNCFG_NODES_MAX) return -1;
-    snprintf(L->node_names[L->n_nodes], sizeof L->node_names[0], "%s", name);
-    return L->n_nodes++;
-}
-
-/* A placement that names nodes (docs/MULTINODE.md section 1): comma-separated entries, a
- * "NAME:" prefix applies to the entries after it until the next one, entries before any
- * prefix are the head's. GPU lists (counts 0): an entry is a CUDA ordinal N or a range
- * A-B, one process each, into out[] / node[]; counts 1: an entry is a number of processes
- * on the node (out[] = -1). Returns the number of processes (>= 1), or -1 after printing
- * why (flag named), at most cap. */
+/* A placement that names nodes (docs/MULTINODE.md section 1; rbplan_parse_place, which
+ * `draftline rebalance` shares): a new name gets the next node index in L's table. Returns
+ * the number of processes (>= 1), or -1 after printing why (flag named), at most cap. */
 static int parse_place(launch_t *L, const char *flag, const char *s, int counts, int *out, int *node, int cap) {
-    int n = 0, cur = 0;
-    const char *p = s, *why = NULL;
-    while (*p && !why) {
-        const char *end = p + strcspn(p, ",");
-        const char *colon = memchr(p, ':', (size_t)(end - p));
-        if (colon) {
-            char nm[64];
-            size_t nl = (size_t)(colon - p);
-            snprintf(nm, sizeof nm, "%.*s", (int)(nl < sizeof nm - 1 ? nl : sizeof nm - 1), p);
-            if (nl >= sizeof nm - 5 || !node_name_ok(nm)) { why = "a node name is 1..48 characters, no space, ':' or ','"; break; }
-            if ((cur = node_index(L, nm)) < 0) { why = "more than 15 nodes"; break; }
-            p = colon + 1;
-        }
-        char *e;
-        long a = strtol(p, &e, 10), b = a;
-        if (e != p && !counts && *e == '-') {
-            const char *q = e + 1;
-            b = strtol(q, &e, 10);
-            if (e == q) b = -1;
-        }
-        if (e == p || e != end || a < (counts ? 1 : 0) || b < a || b > (counts ? 64 : 1023)) {
-            why = counts ? "expected NAME:N entries, N processes on node NAME (1..64)"
-                         : "expected NAME:N or NAME:A-B entries, CUDA ordinals 0..1023";
-            break;
-        }
-        for (long v = a; v <= (counts ? a : b) && !why; v++) {
-            for (long r = 0; r < (counts ? a : 1); r++) {
-                if (n == cap) { why = "too many processes"; break; }
-                out[n] = counts ? -1 : (int)v;
-                node[n++] = cur;
-            }
-        }
-        p = *end ? end + 1 : end;
-    }
-    if (!why && n == 0) why = "empty";
-    if (why) { fprintf(stderr, "draftline run: %s %s: %s\n", flag, s, why); return -1; }
+    rbplan_nodes_t t = {.n = L->n_nodes, .fixed = 0};
+    for (int k = 0; k < L->n_nodes; k++) snprintf(t.name[k], sizeof t.name[k], "%s", L->node_names[k]);
+    int n = rbplan_parse_place(flag, s, counts, &t, out, node, cap);
+    for (int k = L->n_nodes; k < t.n; k++) snprintf(L->node_names[k], sizeof L->node_names[k], "%s", t.name[k]);
+    L->n_nodes = t.n;
+    if (n < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return -1; }
     return n;
 }
 
@@ -167,31 +125,14 @@ static int lc_cpu_place(launch_t *L) {
  * on its drafter's node (target i -> drafter i mod M) and every drafter on the optimizer's
  * (drafter 0's). Refused (exit 2) naming the first pair that is not, never run another way. */
 static int gpu_pairs_local(const launch_t *L) {
-    const char *why = NULL;
-    char a[32] = "", b[32] = "";
-    int na = 0, nb = 0;
     /* test hook nccl_cross=1 (issue 17, two GPUs): target -> drafter across nodes by NCCL
      * (target_worker/nccl_out.c, drafter_worker/nccl_in.c); gradients still refused */
     int64_t cross = 0;
     int nccl_cross = testhook_i64("nccl_cross", &cross) && cross == 1;
-    for (int i = 0; i < L->ngt && !why && !nccl_cross; i++) {
-        int d = i % L->ngd;
-        if (L->tnode[i] != L->dnode[d]) {
-            snprintf(a, sizeof a, "target%d", i); snprintf(b, sizeof b, "its drafter%d", d);
-            na = L->tnode[i]; nb = L->dnode[d]; why = "hidden states";
-        }
-    }
-    for (int j = 1; j < L->ngd && !why; j++) {
-        if (L->dnode[j] != L->dnode[0]) {
-            snprintf(a, sizeof a, "drafter%d", j); snprintf(b, sizeof b, "the optimizer (with drafter0)");
-            na = L->dnode[j]; nb = L->dnode[0]; why = "gradients and weights";
-        }
-    }
-    if (!why) return 0;
-    fprintf(stderr, "draftline run: %s on node %s and %s on node %s: on GPUs the %s between nodes move by "
-                    "NCCL, which this version does not have yet; place target i on the node of drafter i mod M, "
-                    "and every drafter on one node (CPU runs move them over the network)\n",
-            a, L->node_names[na], b, L->node_names[nb], why);
+    rbplan_nodes_t t = {.n = L->n_nodes};
+    for (int k = 0; k < L->n_nodes; k++) snprintf(t.name[k], sizeof t.name[k], "%s", L->node_names[k]);
+    if (rbplan_gpu_pairs_local(L->tnode, L->ngt, L->dnode, L->ngd, L->dnode[0], &t, nccl_cross) == 0) return 0;
+    fprintf(stderr, "draftline run: %s\n", dl_errmsg());
     return 2;
 }
 

@@ -25,14 +25,16 @@ void sup__nodes_init(sup_t *S) {
 }
 
 int sup__stage_node(const sup_t *S, const sstage_t *x) {
-    return S->ntab.on && x->spec->node > 0 && x->spec->node < S->ntab.n ? x->spec->node : 0;
+    int k = x->node_was > 0 ? x->node_was - 1 : x->spec->node;
+    return S->ntab.on && k > 0 && k < S->ntab.n ? k : 0;
 }
 
 const char *sup__stage_node_name(const sup_t *S, const sstage_t *x) {
     return S->ntab.on ? S->nodes[sup__stage_node(S, x)].name : "";
 }
 
-int sup__node_can_spawn(const sup_t *S, const sstage_t *x) {
+int sup__node_can_spawn(const sup_t *S, sstage_t *x) {
+    x->node_was = 0;   /* the incarnation that ran on the old node is gone */
     return !S->ntab.on || S->nodes[sup__stage_node(S, x)].up;
 }
 
@@ -71,6 +73,8 @@ int sup__nodes_defer_start(sup_t *S) {
     return 1;
 }
 
+static void wait_line(sup_t *S, double now, int more);
+
 void sup__nodes_tick(sup_t *S, double now) {
     if (!S->ntab.on || S->ntab.ready || S->stopping) return;
     char have[400], miss[400];
@@ -93,15 +97,38 @@ void sup__nodes_tick(sup_t *S, double now) {
         sup__begin_stop(S, "the nodes did not join");
         return;
     }
-    if (now - S->ntab.last_line >= SUP_NODES_PROGRESS_S) {
-        S->ntab.last_line = now;
-        int named = 0;
-        for (int k = 1; k < S->o->n_nodes && k < S->ntab.n; k++) named += !S->nodes[k].up;
-        printf("[%5.0fs] waiting for nodes: joined %s; %d named node(s) missing: %s", now - S->t0, have, named, miss);
-        if (more > named) printf(" (and %d more agent(s) for --nodes %d)", more - named, S->o->nodes_wait);
-        printf("\n");
-        fflush(stdout);
+    wait_line(S, now, more);
+}
+
+/* While the head waits for its nodes: "waiting for nodes: b, c (1/3 joined, 12 s)",
+ * naming the named nodes not up and the agents --nodes still wants (more), at most
+ * every SUP_NODES_PROGRESS_S; the same who-is-missing again only after
+ * SUP_NODES_REMIND_S. */
+static void wait_line(sup_t *S, double now, int more) {
+    if (S->ntab.last_line <= 0) S->ntab.last_line = S->ntab.t0;   /* the start said it first */
+    if (now - S->ntab.last_line < SUP_NODES_PROGRESS_S) return;
+    char who[512];
+    size_t n = 0;
+    int named = 0, missing_named = 0;
+    who[0] = 0;
+    for (int k = 1; k < S->o->n_nodes && k < S->ntab.n; k++) {
+        named++;
+        if (S->nodes[k].up) continue;
+        missing_named++;
+        if (n < sizeof who) n += (size_t)snprintf(who + n, sizeof who - n, "%s%s", n ? ", " : "", S->nodes[k].name);
     }
+    int extra = more - missing_named;
+    if (extra > 0 && n < sizeof who)
+        n += (size_t)snprintf(who + n, sizeof who - n, "%s%d more agent(s) for --nodes %d", n ? " and " : "", extra,
+                              S->o->nodes_wait);
+    int up = n_up(S), want = named > S->o->nodes_wait ? named : S->o->nodes_wait;
+    if (want < up) want = up;
+    if (!strcmp(who, S->ntab.said) && now - S->ntab.last_line < SUP_NODES_REMIND_S) return;
+    snprintf(S->ntab.said, sizeof S->ntab.said, "%s", who);
+    S->ntab.last_line = now;
+    printf("[%5.0fs] waiting for nodes: %s (%d/%d joined, %.0f s)\n", now - S->t0, who[0] ? who : "none", up, want,
+           now - S->ntab.t0);
+    fflush(stdout);
 }
 
 static int node_by_name(const sup_t *S, const char *name) {

@@ -12,7 +12,8 @@
 #include "supervisor/sup_int.h"
 #include "common/pipe/runcfg.h"
 
-#define SUP_NODES_PROGRESS_S 5.0    /* the "waiting for nodes" line, every this many s */
+#define SUP_NODES_PROGRESS_S 5.0    /* the "waiting for nodes" line: at most every this many s, */
+#define SUP_NODES_REMIND_S 30.0     /* and when nothing changed, only every this many s */
 /* CONTROL STOP's arg from the head to an agent: the run is over (exit 0), or the head
  * declared the node lost and heard it again (stop the stages, join again). */
 #define NODE_STOP_RUN_OVER "run over"
@@ -37,11 +38,13 @@ void sup__nodes_on_dead(bus_t *bus, const char *peer, uint64_t silent_ms, void *
 /* The bus reports peer new (again): when it is a node the head declared lost, the agent
  * gets CONTROL STOP "rejoin" (it stops its stages and sends node_hello again). */
 void sup__nodes_on_new(bus_t *bus, const char *peer, void *arg);
-/* The node index x runs on (0: the head; always 0 on one host). */
+/* The node index x runs on (0: the head; always 0 on one host): the node of its running
+ * incarnation (x->node_was while a rebalance moves it), else its spec's. */
 int sup__stage_node(const sup_t *S, const sstage_t *x);
-/* Whether x may be started now: 1 (the head's, or its node is alive), 0 (its node is
- * lost: x stays exited, its restart waits for the node). */
-int sup__node_can_spawn(const sup_t *S, const sstage_t *x);
+/* Whether x (exited) may be started now: 1 (the head's, or its node is alive), 0 (its
+ * node is lost: x stays exited, its restart waits for the node). A move across nodes
+ * takes effect here: the next incarnation goes to spec->node (x->node_was cleared). */
+int sup__node_can_spawn(const sup_t *S, sstage_t *x);
 /* Starts incarnation x->incarnation of x (already counted by sup__spawn) on its node
  * (node_spawn to the agent); x->pid is the remote pid once the agent says STARTED. */
 void sup__spawn_remote(sup_t *S, sstage_t *x);

@@ -4,9 +4,12 @@
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
+#include "common/base/testhook.h"
 #include "common/pipe/rbplan.h"
 
 #include <cjson/cJSON.h>
+
+_Static_assert(RBPLAN_MAX_NODES == RUNCFG_NODES_MAX, "one node table size");
 
 #include <signal.h>
 #include <stdio.h>
@@ -16,8 +19,13 @@
 
 /* ---- live rebalance (see docs/ARCHITECTURE.md) ---- */
 
+/* The name of node k of the run's placement table ("head" for 0). */
+static const char *node_name(const sup_t *S, int k) {
+    return k > 0 && k < S->o->n_nodes ? S->o->node_names[k] : k == 0 ? "head" : "?";
+}
+
 /* The rebalance's status as JSON {"id", "status", "message", "seconds", "targets",
- * "drafters"[, "target_gpus", "drafter_gpus"]} to the client that asked (the text of
+ * "drafters"[, "target_gpus", "drafter_gpus"][, "target_nodes", "drafter_nodes"]} to the client that asked (the text of
  * its reply), and run.json. */
 static void rb_write_result(sup_t *S) {
     cJSON *j = cJSON_CreateObject();
@@ -38,6 +46,20 @@ static void rb_write_result(sup_t *S) {
             }
         cJSON_AddStringToObject(j, "target_gpus", rbplan_format_gpus(g[0], n[0], b[0], sizeof b[0]));
         cJSON_AddStringToObject(j, "drafter_gpus", rbplan_format_gpus(g[1], n[1], b[1], sizeof b[1]));
+    }
+    if (S->o->listen_port) {
+        /* the node of each target and drafter as the next start of each sees it */
+        char b[2][RBPLAN_MAX * 50];
+        for (int r = 0; r < 2; r++) {
+            size_t k = 0;
+            b[r][0] = 0;
+            for (int i = 0; i < (r ? S->nd : S->nt) && i < RBPLAN_MAX && k < sizeof b[r]; i++) {
+                sstage_t *x = sup__by_id(S, (r ? PIPE_ID_DRAFTER0 : PIPE_ID_TARGET0) + (uint32_t)i);
+                k += (size_t)snprintf(b[r] + k, sizeof b[r] - k, "%s%s", i ? "," : "", x ? node_name(S, x->spec->node) : "?");
+            }
+        }
+        cJSON_AddStringToObject(j, "target_nodes", b[0]);
+        cJSON_AddStringToObject(j, "drafter_nodes", b[1]);
     }
     char *txt = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
@@ -87,6 +109,128 @@ static sstage_t *rb_slot(sup_t *S, int target, int idx) {
     return x;
 }
 
+/* Sets the node of x's spec (its next start goes there); a running incarnation stays
+ * on its node (x->node_was, for signals and its exit report) until it exits. Returns
+ * 0, or -1 (no room for a spec copy). */
+static int spec_set_node(sup_t *S, sstage_t *x, int node) {
+    if (x->spec->node == node) return 0;
+    int from = x->spec->node;
+    sup_stage_spec_t *sp = spec_own(S, x);
+    if (!sp) return -1;
+    if (!x->exited && !x->node_was) x->node_was = from + 1;
+    sp->node = node;
+    return 0;
+}
+
+/* "a,a,b": the node names of nodes[n] into buf. */
+static char *fmt_nodes(const sup_t *S, const int *nodes, int n, char *buf, size_t cap) {
+    size_t k = 0;
+    buf[0] = 0;
+    for (int i = 0; i < n && k < cap; i++)
+        k += (size_t)snprintf(buf + k, cap - k, "%s%s", i ? "," : "", node_name(S, nodes[i]));
+    return buf;
+}
+
+/* CONTROL PLACEMENT to every live stage, before anything starts, moves or retires:
+ * the node of every target and drafter after the rebalance (plan p below N / M; the
+ * known slots past them, retiring, keep theirs), so each stage finds its peers on
+ * their new nodes (a target routed to a drafter that moves reconnects). */
+static void rb_send_placement(sup_t *S, int N, int M, const rbplan_t *p) {
+    int64_t ints[2 + PIPE_MAX_TARGETS + PIPE_MAX_DRAFTERS];
+    int nt = N, nd = M;
+    for (int i = 0; i < S->n; i++) {
+        const sstage_t *x = &S->st[i];
+        int r = is_target(x), idx = (int)(x->spec->stage_id - (r ? PIPE_ID_TARGET0 : PIPE_ID_DRAFTER0)) + 1;
+        if (!r && !is_drafter(x)) continue;
+        if (r && idx > nt) nt = idx;
+        if (!r && idx > nd) nd = idx;
+    }
+    ints[0] = nt;
+    ints[1] = nd;
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < (r ? nd : nt); i++) {
+            sstage_t *x = sup__by_id(S, (r ? PIPE_ID_DRAFTER0 : PIPE_ID_TARGET0) + (uint32_t)i);
+            int k = i < (r ? M : N) ? (r ? p->drafter_node[i] : p->target_node[i]) : x ? x->spec->node : 0;
+            ints[2 + (r ? nt : 0) + i] = k;
+        }
+    for (int i = 0; i < S->n; i++) sup__send_ctl(S, &S->st[i], PROTO_CTL_PLACEMENT, ints, (uint32_t)(2 + nt + nd));
+}
+
+/* The placement of a multi-node run's rebalance: N / M (CPU) or tg[ntg] / dg[ndg]
+ * (GPU) with the nodes of tplace / dplace (as written: "a:2,b:1"; "" = the head),
+ * against the run's node table; the refusals of docs/MULTINODE.md section 6 (a name
+ * not in the table, a node not up, drafter0 leaving the optimizer's node, GPU pairs
+ * across nodes). Fills *plan and N / M: 0, or -1 with why[cap]. */
+static int rb_net_plan(sup_t *S, int *N, int *M, const int *tg, int ntg, const int *dg, int ndg, const char *tplace,
+                       const char *dplace, rbplan_t *plan, char *why, size_t cap) {
+    const sup_opts_t *o = S->o;
+    rbplan_nodes_t t = {.n = o->n_nodes > 0 ? o->n_nodes : 1, .fixed = 1};
+    for (int k = 0; k < t.n; k++) snprintf(t.name[k], sizeof t.name[k], "%s", k ? o->node_names[k] : "head");
+    int gpu = S->gpu_mode, n[2] = {gpu ? ntg : *N, gpu ? ndg : *M};
+    int want_g[2][RBPLAN_MAX], want_n[2][RBPLAN_MAX], got[RBPLAN_MAX];
+    const char *place[2] = {tplace, dplace};
+    const char *flag[2][2] = {{"--targets", "--drafters"}, {"--target-gpus", "--drafter-gpus"}};
+    for (int r = 0; r < 2; r++) {
+        if (n[r] < 1 || n[r] > RBPLAN_MAX) { snprintf(why, cap, "targets and drafters must be 1..64"); return -1; }
+        for (int i = 0; i < n[r]; i++) {
+            want_g[r][i] = gpu ? (r ? dg[i] : tg[i]) : -1;
+            want_n[r][i] = 0;                      /* a bare list: the head's */
+        }
+        if (!place[r] || !place[r][0]) continue;
+        int c = rbplan_parse_place(flag[gpu][r], place[r], !gpu, &t, got, want_n[r], RBPLAN_MAX);
+        if (c < 0) { snprintf(why, cap, "%s", dl_errmsg()); return -1; }
+        if (c != n[r] || (gpu && memcmp(got, want_g[r], sizeof(int) * (size_t)c) != 0)) {
+            snprintf(why, cap, "%s %.200s: %d process(es), the request says %d", flag[gpu][r], place[r], c, n[r]);
+            return -1;
+        }
+    }
+    if (S->fake_nodes) {
+        snprintf(why, cap, "the fake_nodes test hook gives each target and drafter a node of its own: "
+                           "a rebalance needs the run's real nodes");
+        return -1;
+    }
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < n[r]; i++) {
+            int k = want_n[r][i];
+            if (k > 0 && (!S->ntab.on || k >= S->ntab.n || !S->nodes[k].up)) {
+                snprintf(why, cap, "node %s is not up (it has not joined, or it was lost): %s%d could not start "
+                         "there; wait until its agent joins (`draftline status` lists the nodes)",
+                         node_name(S, k), r ? "drafter" : "target", i);
+                return -1;
+            }
+        }
+    sstage_t *O = sup__by_id(S, PIPE_ID_OPTIMIZER);
+    int on = O ? O->spec->node : 0;
+    if (want_n[1][0] != on) {
+        snprintf(why, cap, "drafter0 would move from node %s to node %s: the optimizer runs with drafter0 and "
+                 "stays on node %s (its checkpoints are there): keep drafter0 on node %s", node_name(S, on),
+                 node_name(S, want_n[1][0]), node_name(S, on), node_name(S, on));
+        return -1;
+    }
+    int64_t cross = 0;
+    if (gpu && rbplan_gpu_pairs_local(want_n[0], n[0], want_n[1], n[1], on, &t,
+                                      testhook_i64("nccl_cross", &cross) && cross == 1) < 0) {
+        snprintf(why, cap, "%s", dl_errmsg());
+        return -1;
+    }
+    int live[2][RBPLAN_MAX], cg[2][RBPLAN_MAX], cn[2][RBPLAN_MAX];
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < RBPLAN_MAX; i++) {
+            sstage_t *x = sup__by_id(S, (r ? PIPE_ID_DRAFTER0 : PIPE_ID_TARGET0) + (uint32_t)i);
+            live[r][i] = x && x->active && !x->retiring;
+            cg[r][i] = x ? sup__spec_gpu(x->spec) : -1;
+            cn[r][i] = x ? x->spec->node : 0;
+        }
+    if (rbplan_make_placed(live[0], cg[0], cn[0], live[1], cg[1], cn[1], want_g[0], want_n[0], n[0], want_g[1],
+                           want_n[1], n[1], plan) < 0) {
+        snprintf(why, cap, "%s", dl_errmsg());
+        return -1;
+    }
+    *N = n[0];
+    *M = n[1];
+    return 0;
+}
+
 static void rb_reject(sup_t *S, const char *id, const char *msg) {
     snprintf(S->rb.id, sizeof S->rb.id, "%s", id);
     snprintf(S->rb.status, sizeof S->rb.status, "rejected");
@@ -115,7 +259,13 @@ static void rb_start(sup_t *S, const char *id, int N, int M, const rbplan_t *p) 
     S->rb.t0 = clock_mono_s();
     S->rb.from_t = S->nt; S->rb.from_d = S->nd; S->rb.to_t = N; S->rb.to_d = M;
     S->rb.to_gpus[0] = 0;
-    if (S->gpu_mode) {
+    int net = S->o->listen_port > 0;
+    if (net) {
+        char a[RBPLAN_MAX * 50], b[RBPLAN_MAX * 50];
+        snprintf(S->rb.to_gpus, sizeof S->rb.to_gpus, " (targets on %s, drafters on %s; %d kept, %d started, "
+                 "%d moved, %d retired)", fmt_nodes(S, p->target_node, N, a, sizeof a),
+                 fmt_nodes(S, p->drafter_node, M, b, sizeof b), p->n_keep, p->n_start, p->n_move, p->n_retire);
+    } else if (S->gpu_mode) {
         char a[RBPLAN_MAX * 6], b[RBPLAN_MAX * 6];
         snprintf(S->rb.to_gpus, sizeof S->rb.to_gpus, " (targets on GPUs %s, drafters on GPUs %s; %d kept, "
                  "%d started, %d moved, %d retired)", rbplan_format_gpus(p->target_gpu, N, a, sizeof a),
@@ -125,6 +275,7 @@ static void rb_start(sup_t *S, const char *id, int N, int M, const rbplan_t *p) 
     snprintf(S->rb.status, sizeof S->rb.status, "running");
     snprintf(S->rb.message, sizeof S->rb.message, "%d+%d -> %d+%d%s", S->nt, S->nd, N, M, S->rb.to_gpus);
     log_info("rebalance %s: %d target(s) + %d drafter(s) -> %d + %d%s", id, S->nt, S->nd, N, M, S->rb.to_gpus);
+    if (net) rb_send_placement(S, N, M, p);   /* every stage knows the new nodes first */
     S->nt = N;
     S->nd = M;
     int ok = 1;
@@ -147,22 +298,31 @@ static void rb_start(sup_t *S, const char *id, int N, int M, const rbplan_t *p) 
             if (x->exited) x->active = 0, x->retiring = 0, x->restart_at = 0;
         }
     }
-    /* GPU runs: a stage of an index that stays gets its (new) GPU; one running on
-     * another GPU is stopped and started at once on the new one (sup__reap) */
-    for (int r = 0; r < 2 && S->gpu_mode && ok; r++)
+    /* GPU runs: a stage of an index that stays gets its (new) GPU; multi-node runs: its
+     * (new) node. One running elsewhere is stopped there and started at once on the new
+     * GPU / node (sup__on_exit, sup__node_can_spawn): a new incarnation, its work re-issued */
+    for (int r = 0; r < 2 && (S->gpu_mode || net) && ok; r++)
         for (int i = 0; i < (r ? N : M) && ok; i++) {
             sstage_t *x = rb_slot(S, r, i);
             int g = r ? p->target_gpu[i] : p->drafter_gpu[i], from = x ? sup__spec_gpu(x->spec) : -1;
-            if (!x || spec_set_gpu(S, x, g) < 0) { ok = 0; break; }
+            int k = r ? p->target_node[i] : p->drafter_node[i], kfrom = x ? x->spec->node : 0;
+            if (!x || (S->gpu_mode && spec_set_gpu(S, x, g) < 0) || (net && spec_set_node(S, x, k) < 0)) {
+                ok = 0;
+                break;
+            }
             if ((r ? p->target[i] : p->drafter[i]) != RBPLAN_MOVE || !x->active) continue;
-            if (!x->exited && x->pid > 0) {
+            if (!x->exited && (x->pid > 0 || sup__stage_node(S, x) > 0)) {
                 x->moving = 1;
                 x->term_at = clock_mono_s();
                 sup__kill(S, x, SIGTERM);
-                log_info("%s: moving from GPU %d to GPU %d (stopped, then started again)", x->spec->name,
-                         from, g);
+                if (net && k != kfrom)
+                    log_info("%s: moving from node %s to node %s (stopped there, then started on node %s)",
+                             x->spec->name, node_name(S, kfrom), node_name(S, k), node_name(S, k));
+                else
+                    log_info("%s: moving from GPU %d to GPU %d (stopped, then started again)", x->spec->name,
+                             from, g);
             } else if (x->restart_at > 0) {
-                x->restart_at = clock_mono_s();   /* it was restarting anyway: on its new GPU, now */
+                x->restart_at = clock_mono_s();   /* it was restarting anyway: on its new GPU / node, now */
             }
         }
     for (int i = 0; i < M && ok; i++) {
@@ -181,10 +341,12 @@ static void rb_start(sup_t *S, const char *id, int N, int M, const rbplan_t *p) 
     rb_write_result(S);
 }
 
-void sup__rb_request(sup_t *S, const char *id, int N, int M, const int *tg, int ntg, const int *dg, int ndg) {
-    char msg[256];
-    int gpu_req = ntg > 0 || ndg > 0;
-    /* GPU runs: the plan per stage index (common/pipe/rbplan.h) */
+void sup__rb_request(sup_t *S, const char *id, int N, int M, const int *tg, int ntg, const int *dg, int ndg,
+                     const char *tplace, const char *dplace) {
+    char msg[512];
+    int gpu_req = ntg > 0 || ndg > 0, net = S->o->listen_port > 0;
+    /* GPU runs: the plan per stage index (common/pipe/rbplan.h); multi-node runs:
+     * with the node of each index (rb_net_plan) */
     rbplan_t plan;
     memset(&plan, 0, sizeof plan);
     int plan_rc = 0;
@@ -199,7 +361,7 @@ void sup__rb_request(sup_t *S, const char *id, int N, int M, const int *tg, int 
         for (int i = 0; i < RBPLAN_MAX && cg[i] >= 0; i++) k = i + 1;
         rbplan_format_gpus(cg, k, cur_dg, sizeof cur_dg);
     }
-    if (S->gpu_mode && gpu_req) {
+    if (S->gpu_mode && gpu_req && !net) {
         int ct[RBPLAN_MAX], cd[RBPLAN_MAX];
         rb_live_gpus(S, 1, ct);
         rb_live_gpus(S, 0, cd);
@@ -207,11 +369,6 @@ void sup__rb_request(sup_t *S, const char *id, int N, int M, const int *tg, int 
         if (plan_rc == 0) { N = plan.n_targets; M = plan.n_drafters; }
     }
     if (S->stopping) rb_reject(S, id, "the run is stopping");
-    else if (S->o->listen_port)
-        /* the stages' node table is their RUN_CONFIG's: a stage added or moved by a
-         * rebalance would be looked for on the wrong node (docs/MULTINODE.md section 6) */
-        rb_reject(S, id, "this is a multi-node run: rebalance across nodes is not built yet "
-                         "(stop it and `draftline run --resume` it with the new placement)");
     else if (S->rb.running) rb_reject(S, id, "a rebalance is already running");
     else if (gpu_req && !S->gpu_mode)
         rb_reject(S, id, "--target-gpus/--drafter-gpus: this run is in CPU mode (use --targets/--drafters)");
@@ -219,7 +376,11 @@ void sup__rb_request(sup_t *S, const char *id, int N, int M, const int *tg, int 
         snprintf(msg, sizeof msg, "this run is in GPU mode: give the new placement as --target-gpus LIST "
                  "--drafter-gpus LIST (now --target-gpus %s --drafter-gpus %s)", cur_tg, cur_dg);
         rb_reject(S, id, msg);
-    } else if (S->gpu_mode && plan_rc < 0)
+    } else if (!net && ((tplace && tplace[0]) || (dplace && dplace[0])))
+        rb_reject(S, id, "the placement names nodes: this run is on one host (started without --listen)");
+    else if (net && rb_net_plan(S, &N, &M, tg, ntg, dg, ndg, tplace, dplace, &plan, msg, sizeof msg) < 0)
+        rb_reject(S, id, msg);
+    else if (S->gpu_mode && plan_rc < 0)
         rb_reject(S, id, dl_errmsg());
     else if (N < 1 || N > PIPE_MAX_TARGETS || M < 1 || M > PIPE_MAX_DRAFTERS)
         rb_reject(S, id, "targets and drafters must be 1..64");
@@ -228,10 +389,14 @@ void sup__rb_request(sup_t *S, const char *id, int N, int M, const int *tg, int 
                  "drafter's %d inbox slots: the pipeline could deadlock (start the run with a larger --inbox-gb)",
                  (N + M - 1) / M, S->o->lookahead, S->o->inbox_slots);
         rb_reject(S, id, msg);
-    } else if (S->gpu_mode ? plan.n_start + plan.n_move + plan.n_retire == 0 : N == S->nt && M == S->nd) {
+    } else if (S->gpu_mode || net ? plan.n_start + plan.n_move + plan.n_retire == 0 : N == S->nt && M == S->nd) {
         snprintf(S->rb.id, sizeof S->rb.id, "%s", id);
         snprintf(S->rb.status, sizeof S->rb.status, "done");
-        if (S->gpu_mode)
+        char a[RBPLAN_MAX * 50], b[RBPLAN_MAX * 50];
+        if (net)
+            snprintf(S->rb.message, sizeof S->rb.message, "already targets on %s, drafters on %s",
+                     fmt_nodes(S, plan.target_node, N, a, sizeof a), fmt_nodes(S, plan.drafter_node, M, b, sizeof b));
+        else if (S->gpu_mode)
             snprintf(S->rb.message, sizeof S->rb.message, "already targets on GPUs %s, drafters on GPUs %s",
                      cur_tg, cur_dg);
         else

@@ -54,6 +54,8 @@ typedef struct {
     int active;                 /* part of the current topology (started, not retired) */
     int retiring;               /* rebalance: draining, then stopped; never restarted */
     int moving;                 /* GPU rebalance: SIGTERM sent, restarts at once on its new GPU */
+    int node_was;               /* rebalance across nodes: 1 + the node the running incarnation is on
+                                 * while spec->node already names the next one (0: spec->node) */
     int planned;                /* killed by the supervisor to re-sync: restart at once */
     int fails;                  /* consecutive short-lived incarnations (backoff exponent) */
     double t_spawn, retire_t0;
@@ -174,8 +176,10 @@ typedef struct {
     } ev;
     /* node agents (nodes.c): on = this run takes agents (--nodes, or a placement naming
      * nodes); n nodes known (the head, the named ones, others that joined); ready: every
-     * wanted node joined and the stages were started; failed: why the join failed */
-    struct { int on, n, ready; double t0, t_ready, last_line; char failed[600]; } ntab;
+     * wanted node joined and the stages were started; failed: why the join failed; said:
+     * the last "waiting for nodes" line's who-is-missing part (said again only on a change,
+     * or after SUP_NODES_REMIND_S) */
+    struct { int on, n, ready; double t0, t_ready, last_line; char failed[600]; char said[512]; } ntab;
 } sup_t;
 
 static inline int is_target(const sstage_t *x) { return x->spec->stage_id >= PIPE_ID_TARGET0; }
@@ -286,10 +290,13 @@ void sup__ev_done(sup_t *S, int status);
 /* rebalance.c */
 /* A rebalance request (`draftline rebalance` through the control socket; id names it
  * in logs and run.json): N targets and M drafters (CPU runs), or the whole new
- * placement tg[ntg] / dg[ndg] (GPU runs; ntg + ndg > 0). Rejects it, answers it
+ * placement tg[ntg] / dg[ndg] (GPU runs; ntg + ndg > 0); tplace / dplace: the
+ * placement as written when it names nodes ("" or NULL: every entry on the head;
+ * multi-node runs only, docs/MULTINODE.md section 6). Rejects it, answers it
  * ("done": nothing to change) or starts it; every status change goes through
  * sup__ctl_rb_update. */
-void sup__rb_request(sup_t *S, const char *id, int N, int M, const int *tg, int ntg, const int *dg, int ndg);
+void sup__rb_request(sup_t *S, const char *id, int N, int M, const int *tg, int ntg, const int *dg, int ndg,
+                     const char *tplace, const char *dplace);
 /* Advances a running rebalance (drain, SIGTERM/SIGKILL of retiring stages, done). */
 void sup__rb_tick(sup_t *S);
 

@@ -96,6 +96,8 @@ typedef struct {
     double t_rate; uint64_t tokens_at; double rate;
     stage_rate_t rate_win;   /* tokens_per_s over the last 5 s */
     int next_route;            /* re-route asked for mid-forward: applied after it (-1 none) */
+    int rewire;                /* the routed drafter moved node (CONTROL PLACEMENT): connect anew */
+    int route_node;            /* the routed drafter's node when this target connected to it */
     uint64_t cur_inc;          /* drafter incarnation whose slot the forward in flight writes */
     int drop_pending;          /* the drafter restarted mid-forward: unmap its old slabs after it */
     /* GPU mode (--gpu N >= 0) */
@@ -476,7 +478,7 @@ static void on_drafter_dead(bus_t *bus, const char *peer, uint64_t ms, void *arg
 }
 
 static int set_route(tw_t *T, int d) {
-    if (d == T->route && T->drafter) {
+    if (d == T->route && T->drafter && !T->rewire) {
         send_hello(T, T->drafter); /* the drafter may have restarted: it must know us */
         return 0;
     }
@@ -495,6 +497,8 @@ static int set_route(tw_t *T, int d) {
         bus_destroy(&T->drafter);
     }
     T->route = d;
+    T->rewire = 0;
+    T->route_node = runcfg_stage_node(T->st.cfg, PIPE_ID_DRAFTER0 + (uint32_t)d);
     T->drafter_inc = 0;
     T->remote = stage_remote(&T->st, PIPE_ID_DRAFTER0 + (uint32_t)d);
     if (T->remote && T->gpu >= 0 && !T->nc.on) {
@@ -547,6 +551,17 @@ static void on_idle_timer(bus_t *bus, void *arg) {
 
 static void on_control(stage_t *st, const proto_control_t *c, void *arg) {
     tw_t *T = arg;
+    if (c->op == PROTO_CTL_PLACEMENT && T->drafter && T->route >= 0 &&
+        runcfg_stage_node(st->cfg, PIPE_ID_DRAFTER0 + (uint32_t)T->route) != T->route_node) {
+        /* a rebalance across nodes (the table is already the new one): the drafter this
+         * target is routed to moves to another node, so its endpoint (and whether it is
+         * remote) changes; its grants are void there. Reconnect now, or after the
+         * forward in progress (next_route) */
+        T->rewire = 1;
+        if (T->busy) T->next_route = T->route;
+        else set_route(T, T->route), pump(T);
+        return;
+    }
     if (c->op != PROTO_CTL_ROUTE) return;
     /* a route push follows a restart of the loader or a drafter: introduce ourselves
      * again and renew the work credit (a new loader knows none; extra credit only
@@ -558,7 +573,7 @@ static void on_control(stage_t *st, const proto_control_t *c, void *arg) {
         if ((uint32_t)c->ints[i] == st->stage_id) {
             int64_t d = c->ints[i + 1] - PIPE_ID_DRAFTER0;
             if (d < 0 || d >= PIPE_MAX_DRAFTERS) { log_warn("route to stage %lld ignored", (long long)c->ints[i + 1]); return; }
-            if (T->busy && d != T->route) {
+            if (T->busy && (d != T->route || T->rewire)) {
                 /* the forward is writing into the old drafter's slot (mapped): the
                  * switch (which unmaps it) waits until that micro-batch is handed over */
                 log_info("re-route to drafter %lld while writing: applied after this micro-batch", (long long)d);

@@ -2,8 +2,12 @@
  * `--target-gpus 0,0 --drafter-gpus 1` (GPU mode: entry i is the GPU of target /
  * drafter i; a stage whose GPU stays keeps running, one whose GPU changes is
  * restarted there, see common/pipe/rbplan.h): changes the split of a running job.
- * The lists are checked here (both given, 1..64 ordinals 0..1023 each) before anything
- * is written; whether the run is in GPU mode is the supervisor's answer.
+ * On a multi-node run the placement names nodes as `draftline run` takes it
+ * (`--targets a:2,b:1`, `--target-gpus a:0-3`; rbplan_parse_place; a bare count or
+ * list is the head's): a stage whose node changes is stopped there and started on
+ * the new node. The lists are checked here (syntax, both given, 1..64 entries,
+ * ordinals 0..1023) before anything is written; whether the run is in GPU mode, and
+ * whether the names are its nodes, is the supervisor's answer.
  *
  * The request travels on the run's control socket (common/rundir/ctl.h, a
  * CTL_REQUEST rebalance); the supervisor answers "running", then "done" or
@@ -38,8 +42,36 @@ static int print_final(const char *id, const proto_ctl_reply_t *r) {
     return strcmp(r->state, "done") ? 1 : 0;
 }
 
+/* --targets / --drafters: a count N, or a placement naming nodes ("a:2,b:1": *place
+ * = s, the count its processes). 0 or DL_EINVAL (message set). */
+static int place_count(const char *flag, const char *s, const char **place, int *count) {
+    *place = NULL;
+    if (!strchr(s, ':')) return cli_parse_int(flag, s, 1, 64, count);
+    rbplan_nodes_t t = {.n = 1};
+    snprintf(t.name[0], sizeof t.name[0], "head");
+    int out[RBPLAN_MAX], node[RBPLAN_MAX];
+    int n = rbplan_parse_place(flag, s, 1, &t, out, node, RBPLAN_MAX);
+    if (n < 0) return n;
+    *place = s;
+    *count = n;
+    return 0;
+}
+
+/* --target-gpus / --drafter-gpus: a bare list, or one naming nodes ("a:0-3,b:0"):
+ * out[] the ordinals, *place = s when it names nodes. The count, or DL_EINVAL. */
+static int place_gpus(const char *flag, const char *s, const char **place, int *out) {
+    *place = NULL;
+    if (!strchr(s, ':')) return rbplan_parse_gpus(flag, s, out, RBPLAN_MAX);
+    rbplan_nodes_t t = {.n = 1};
+    snprintf(t.name[0], sizeof t.name[0], "head");
+    int node[RBPLAN_MAX];
+    int n = rbplan_parse_place(flag, s, 0, &t, out, node, RBPLAN_MAX);
+    if (n >= 0) *place = s;
+    return n;
+}
+
 int cmd_rebalance(int argc, char **argv) {
-    const char *dir = NULL, *tg = NULL, *dg = NULL;
+    const char *dir = NULL, *tg = NULL, *dg = NULL, *tp = NULL, *dp = NULL;
     int targets = -1, drafters = -1;
     double wait_s = 120;
     static const struct option opts[] = {
@@ -52,14 +84,14 @@ int cmd_rebalance(int argc, char **argv) {
         int rc = 0;
         switch (c) {
         case 'r': dir = optarg; break;
-        case 't': rc = cli_parse_int("--targets", optarg, 1, 64, &targets); break;
-        case 'd': rc = cli_parse_int("--drafters", optarg, 1, 64, &drafters); break;
+        case 't': rc = place_count("--targets", optarg, &tp, &targets); break;
+        case 'd': rc = place_count("--drafters", optarg, &dp, &drafters); break;
         case 'T': tg = optarg; break;
         case 'D': dg = optarg; break;
         case 'w': rc = cli_parse_f64("--wait", optarg, 0, 86400, &wait_s); break;
         case 'h':
-            printf("usage: draftline rebalance --run DIR (--targets N --drafters M | --target-gpus L --drafter-gpus L)\n"
-                   "                          [--wait S]\n"
+            printf("usage: draftline rebalance --run DIR (--targets N|PLACE --drafters M|PLACE |\n"
+                   "                          --target-gpus L --drafter-gpus L) [--wait S]\n"
                    "Changes the split of a running job: drafters that go drain their inbox and stop at a\n"
                    "step boundary, new stages start, targets are re-routed and the optimizer told the new\n"
                    "membership. Training goes on; the math is unchanged. Waits up to S seconds (default\n"
@@ -71,7 +103,15 @@ int cmd_rebalance(int argc, char **argv) {
                    "GPU changes is stopped and started on the new GPU (its unapplied work is re-issued);\n"
                    "entries past the old list start new stages; stages past the new list retire.\n"
                    "Example: --target-gpus 0 --drafter-gpus 1  ->  --target-gpus 0,0 --drafter-gpus 1\n"
-                   "starts a second target on GPU 0; the first target and the drafter keep running.\n");
+                   "starts a second target on GPU 0; the first target and the drafter keep running.\n"
+                   "Multi-node runs (started with --listen): name nodes as `draftline run` does, a NAME:\n"
+                   "prefix applies to the entries after it, entries before any prefix (a bare count or\n"
+                   "list) are the head's: --targets a:2,b:1 --drafters b:2 (CPU), --target-gpus a:0-3\n"
+                   "--drafter-gpus a:4-7 (GPU). Entry i is still target (drafter) i: one whose node\n"
+                   "changes is stopped there and started on the new node (its work is re-issued).\n"
+                   "Refused: a node not in the run's placement or not joined, drafter0 changing node\n"
+                   "(the optimizer and its checkpoints stay with it), and on GPUs a target and its\n"
+                   "drafter, or a drafter and the optimizer, on different nodes.\n");
             return 0;
         default: return 2;
         }
@@ -96,8 +136,8 @@ int cmd_rebalance(int argc, char **argv) {
                                              "the lengths of --target-gpus/--drafter-gpus");
             return 2;
         }
-        if ((targets = rbplan_parse_gpus("--target-gpus", tg, tgl, RBPLAN_MAX)) < 0 ||
-            (drafters = rbplan_parse_gpus("--drafter-gpus", dg, dgl, RBPLAN_MAX)) < 0) {
+        if ((targets = place_gpus("--target-gpus", tg, &tp, tgl)) < 0 ||
+            (drafters = place_gpus("--drafter-gpus", dg, &dp, dgl)) < 0) {
             cli_error("draftline rebalance", dl_errmsg());
             return 2;
         }
@@ -116,6 +156,12 @@ int cmd_rebalance(int argc, char **argv) {
     } else {
         q.targets = (uint32_t)targets, q.drafters = (uint32_t)drafters;
     }
+    if ((tp && strlen(tp) > DL_PROTO_CTL_PLACE_MAX) || (dp && strlen(dp) > DL_PROTO_CTL_PLACE_MAX)) {
+        cli_error("draftline rebalance", "a placement is longer than 1024 characters");
+        return 2;
+    }
+    if (tp) snprintf(q.target_place, sizeof q.target_place, "%s", tp);
+    if (dp) snprintf(q.drafter_place, sizeof q.drafter_place, "%s", dp);
     proto_msg_t r;
     rundir_ctl_t *cl = NULL;
     int crc = rundir_ctl_call(dir, &q, RUNDIR_CTL_ANSWER_MS, &r, &cl);
@@ -139,6 +185,8 @@ int cmd_rebalance(int argc, char **argv) {
     }
     if (gpu) printf("rebalance %s requested: %d target(s) on GPUs %s, %d drafter(s) on GPUs %s\n", id, targets, tg,
                     drafters, dg);
+    else if (tp || dp) printf("rebalance %s requested: %d target(s) (%s), %d drafter(s) (%s)\n", id, targets,
+                              tp ? tp : "head", drafters, dp ? dp : "head");
     else printf("rebalance %s requested: %d target(s), %d drafter(s)\n", id, targets, drafters);
     fflush(stdout);
     int ret = -1;

@@ -1,7 +1,7 @@
 /* Live rebalance plan for GPU runs: what the supervisor does with each target and
  * drafter index when `draftline rebalance --target-gpus L --drafter-gpus L` asks for
  * a new placement. Pure functions (no CUDA, no processes), so the rules are tested
- * on CPU (tests/unit/test_rbplan.c); tools/supervisor.c applies the plan.
+ * on CPU (tests/unit/test_rbplan.c); supervisor/rebalance.c applies the plan.
  *
  * Rules. Stage ids stay dense (target i = index i, routed to drafter i mod M, as in
  * CPU mode), so entry i of the new list is the GPU of target (drafter) i:
@@ -31,6 +31,8 @@ typedef struct {
     int drafter_gpu[RBPLAN_MAX];
     rbplan_action_t target[RBPLAN_MAX];      /* per index, every entry set */
     rbplan_action_t drafter[RBPLAN_MAX];
+    int target_node[RBPLAN_MAX];             /* new node per index (rbplan_make_placed; 0 else) */
+    int drafter_node[RBPLAN_MAX];
     int n_keep, n_start, n_move, n_retire;   /* over targets and drafters */
 } rbplan_t;
 
@@ -56,5 +58,50 @@ int rbplan_make(const int *cur_target_gpu, const int *cur_drafter_gpu, const int
 
 /* "keep", "start", "move", "retire", "none". */
 const char *rbplan_action_name(rbplan_action_t a);
+
+/* ---- placements that name nodes (docs/MULTINODE.md sections 1 and 6) ---- */
+
+#define RBPLAN_MAX_NODES 16          /* = RUNCFG_NODES_MAX: nodes of one run, 0 = the head */
+#define RBPLAN_NODE_NAME_MAX 48      /* = NODE_NAME_CHARS */
+
+/* The node names a placement may use: name[k] is node k (name[0] "head", also taken
+ * as the head's name). fixed 0 (`draftline run`): a new name gets the next index;
+ * fixed 1 (a live run's table): a name not in it is refused. */
+typedef struct {
+    char name[RBPLAN_MAX_NODES][64];
+    int n;                           /* 1..RBPLAN_MAX_NODES */
+    int fixed;
+} rbplan_nodes_t;
+
+/* Parses a placement that may name nodes, as `draftline run` and `draftline
+ * rebalance` take it: comma-separated entries; a "NAME:" prefix applies to the
+ * entries after it until the next one; entries before any prefix are the head's
+ * (node 0), so a bare "2" or "0,1" means the head. counts 1 (CPU --targets /
+ * --drafters): an entry is a number of processes N (1..64) on the node (out[] = -1
+ * each); counts 0 (GPU lists): an entry is a CUDA ordinal N or a range A-B (0..1023),
+ * one process each. Writes one out[] (GPU or -1) and node[] (node index in *nodes)
+ * per process. Returns the number of processes (1..cap), or DL_EINVAL with
+ * "FLAG S: why" (a bad name, more than RBPLAN_MAX_NODES - 1 nodes, a malformed
+ * entry, too many processes, empty) or DL_ENOENT "FLAG S: node X is not in this
+ * run's node table (head, a, b)" (fixed tables). */
+int rbplan_parse_place(const char *flag, const char *s, int counts, rbplan_nodes_t *nodes, int *out, int *node,
+                       int cap);
+
+/* GPU placements across nodes (this version has no NCCL between nodes for users):
+ * every target i on the node of its drafter i mod n_d, every drafter on the
+ * optimizer's node opt_node. 0, or DL_EINVAL naming the first pair that is not
+ * ("target1 on node b and its drafter1 on node a: on GPUs the hidden states between
+ * nodes move by NCCL, ..."); names: the node names. cross_ok 1 (test hook
+ * nccl_cross): targets may be on another node than their drafter. */
+int rbplan_gpu_pairs_local(const int *tnode, int n_t, const int *dnode, int n_d, int opt_node,
+                           const rbplan_nodes_t *names, int cross_ok);
+
+/* The plan as rbplan_make, with nodes: an index whose stage is live (cur_*_live[i])
+ * keeps running only when both its GPU and its node stay, else RBPLAN_MOVE (stopped,
+ * started on the new node / GPU). GPUs may be -1 (CPU runs); nodes 0..RBPLAN_MAX_NODES-1.
+ * Fills *plan (target_node / drafter_node below). 0, or DL_EINVAL (message set). */
+int rbplan_make_placed(const int *cur_t_live, const int *cur_tgpu, const int *cur_tnode, const int *cur_d_live,
+                       const int *cur_dgpu, const int *cur_dnode, const int *new_tgpu, const int *new_tnode, int n_t,
+                       const int *new_dgpu, const int *new_dnode, int n_d, rbplan_t *plan);
 
 #endif

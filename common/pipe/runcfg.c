@@ -207,6 +207,35 @@ int runcfg_stage_node(const run_config_t *c, uint32_t id) {
     return 0;
 }
 
+int runcfg_apply_placement(run_config_t *c, const int64_t *ints, uint32_t n) {
+    if (n < 2 || ints[0] < 1 || ints[0] > PIPE_MAX_TARGETS || ints[1] < 1 || ints[1] > PIPE_MAX_DRAFTERS ||
+        (int64_t)n != 2 + ints[0] + ints[1])
+        return dl_seterr(DL_EINVAL, "placement: %u ints do not give 1..%d targets and 1..%d drafters with their nodes",
+                         n, PIPE_MAX_TARGETS, PIPE_MAX_DRAFTERS);
+    int nt = (int)ints[0], nd = (int)ints[1];
+    int nodes = c->net_port ? c->n_nodes : 1;
+    for (uint32_t i = 2; i < n; i++)
+        if (ints[i] < 0 || ints[i] >= nodes)
+            return dl_seterr(DL_EINVAL, "placement: node %lld of %s %u is not in this stage's node table (%d nodes)",
+                             (long long)ints[i], i < 2 + (uint32_t)nt ? "target" : "drafter",
+                             i < 2 + (uint32_t)nt ? i - 2 : i - 2 - (uint32_t)nt, nodes);
+    int changed = nt != c->n_targets || nd != c->n_drafters;
+    for (int i = c->n_targets; i < nt; i++) c->target_gpu[i] = -1;
+    for (int i = c->n_drafters; i < nd; i++) c->drafter_gpu[i] = -1;
+    for (int i = 0; i < nt; i++) {
+        changed |= c->target_node[i] != ints[2 + i];
+        c->target_node[i] = ints[2 + i];
+        c->target_drafter[i] = i % nd;
+    }
+    for (int i = 0; i < nd; i++) {
+        changed |= c->drafter_node[i] != ints[2 + nt + i];
+        c->drafter_node[i] = ints[2 + nt + i];
+    }
+    c->n_targets = nt;
+    c->n_drafters = nd;
+    return changed;
+}
+
 int runcfg_endpoint(const run_config_t *c, const char *sock_dir, const char *name, char *buf, size_t cap) {
     if (!c->net_port) return bus_endpoint(sock_dir, name, buf, cap);
     int node, off;

@@ -114,6 +114,17 @@ int runcfg_stage_node(const run_config_t *c, uint32_t stage_id);
  * Errors: DL_EINVAL (unknown name), DL_ERANGE (buffer or path too long). */
 int runcfg_endpoint(const run_config_t *c, const char *sock_dir, const char *name, char *buf, size_t cap);
 
+/* A live placement from the supervisor (CONTROL PLACEMENT, proto/msg.h op 7: ints =
+ * [n_t, n_d, node of target 0..n_t-1, node of drafter 0..n_d-1], n ints, validated by
+ * the decoder) into c, the stage's run configuration: n_targets / n_drafters and every
+ * target's / drafter's node, so runcfg_endpoint and runcfg_stage_node answer with the
+ * new table from now on. Targets or drafters new to c get GPU -1 (their GPU is their
+ * own business) and route i mod n_d; c->node (the receiving stage's own node: it does
+ * not move while it runs) and the node addresses stay. Returns 1 when a node or a
+ * count changed, 0 when nothing did, or DL_EINVAL (n does not match the counts, a
+ * count outside 1..PIPE_MAX_*, a node outside c's n_nodes; c unchanged). */
+int runcfg_apply_placement(run_config_t *c, const int64_t *ints, uint32_t n);
+
 /* Clears every GPU of the placement (all stages on CPU: the strip_gpu test hook). */
 void runcfg_clear_gpus(run_config_t *c);
 

@@ -40,6 +40,15 @@ static void on_sup_msg(bus_t *bus, const char *peer, const void *data, size_t le
                 st->stopping = 1;
                 if (st->stop_cb) st->stop_cb(st, st->stop_arg);
             }
+        } else if (m.control.op == PROTO_CTL_PLACEMENT) {
+            /* a rebalance across nodes: the new node table first (the stage's main owns
+             * *st->cfg), then the stage's own reaction (a target reconnects its drafter) */
+            int rc = st->cfg ? runcfg_apply_placement((run_config_t *)st->cfg, m.control.ints, m.control.n_ints)
+                             : 0;
+            if (rc < 0) log_warn("placement from the supervisor ignored: %s", dl_errmsg());
+            else if (rc > 0) log_info("new placement: %lld target(s), %lld drafter(s)", (long long)m.control.ints[0],
+                                      (long long)m.control.ints[1]);
+            if (rc >= 0 && st->control_cb) st->control_cb(st, &m.control, st->control_arg);
         } else if (st->control_cb) {
             st->control_cb(st, &m.control, st->control_arg);
         }

@@ -137,7 +137,10 @@ int stage_config(proto_role_t role, uint32_t stage_id, const char *name, const s
  * supervisor DEALER (as stage_config found it: a and cfg); sends HELLO and starts the
  * 1 s metrics timer. cfg (borrowed, must outlive the stage): the run id
  * ([A-Za-z0-9_.]{1,16}, slab names) and, on a multi-node run, the endpoints of the
- * other stages (stage_bus). Errors from the bus (DL_EIO, DL_EINVAL). */
+ * other stages (stage_bus). A CONTROL PLACEMENT from the supervisor (a rebalance
+ * across nodes) rewrites cfg's placement in place (runcfg_apply_placement) before the
+ * control callback sees it: cfg must point at writable storage (each stage main's
+ * static run_config_t). Errors from the bus (DL_EIO, DL_EINVAL). */
 int stage_init(stage_t *st, proto_role_t role, uint32_t stage_id, const char *name, const stage_args_t *a,
                const struct run_config *cfg);
 /* Callbacks: metrics fill-in (called once a second before publishing), control

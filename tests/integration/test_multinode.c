@@ -363,17 +363,18 @@ static void test_fake_nodes_refusals(void **state) {
     double t1 = now_s();   /* its own budget: under load the first step alone can take long */
     while (steps_done(out) < at + 2 && now_s() - t1 < 90) usleep(20000);   /* still training */
     assert_true(steps_done(out) >= at + 2);
-    /* a rebalance of a multi-node run is refused, saying why (docs/MULTINODE.md section 6) */
+    /* a rebalance naming a node outside the run's table is refused, saying why
+     * (docs/MULTINODE.md section 6; moves between nodes: test_node_rebalance) */
     static pf_run_args_t r;
     memset(&r, 0, sizeof r);
-    const char *rv[] = {fx.exe, "rebalance", "--run", out, "--targets", "1", "--drafters", "1", NULL};
+    const char *rv[] = {fx.exe, "rebalance", "--run", out, "--targets", "1", "--drafters", "zz:1", NULL};
     for (int i = 0; rv[i]; i++) r.argv[i] = (char *)rv[i];
     snprintf(r.log, sizeof r.log, "%s/rebalance.out", fx.root);
     assert_int_equal(pf_run_draftline(&r, NULL, 60, NULL), 1);
     char *rt = pf_slurp(r.log, NULL);
     assert_non_null(rt);
-    if (!strstr(rt, "rebalance across nodes is not built yet")) printf("%s\n", rt);
-    assert_non_null(strstr(rt, "rebalance across nodes is not built yet"));
+    if (!strstr(rt, "node zz is not in this run's node table (head)")) printf("%s\n", rt);
+    assert_non_null(strstr(rt, "node zz is not in this run's node table (head)"));
     free(rt);
     assert_int_equal(kill(p.pid, SIGTERM), 0);
     run_wait(&p, &a, out, 128 + SIGTERM);

@@ -73,7 +73,7 @@ static void assert_msg_equal(const proto_msg_t *x, const proto_msg_t *y) {
         EQ(code); EQ(ref_type); EQS(message); break; }
     case PROTO_CTL_REQUEST: { const proto_ctl_request_t *a = &x->ctl_request, *b = &y->ctl_request;
         EQ(id); EQ(op); EQ(flags); EQ(targets); EQ(drafters); EQA(target_gpus, n_target_gpus);
-        EQA(drafter_gpus, n_drafter_gpus); break; }
+        EQA(drafter_gpus, n_drafter_gpus); EQS(target_place); EQS(drafter_place); break; }
     case PROTO_CTL_REPLY: { const proto_ctl_reply_t *a = &x->ctl_reply, *b = &y->ctl_reply;
         EQ(id); EQ(code); EQS(state); EQA(text, n_text); break; }
     case PROTO_RUN_CONFIG: { const proto_run_config_t *a = &x->run_config, *b = &y->run_config;
@@ -216,6 +216,16 @@ static void test_roundtrip_variants(void **state) {
     assert_int_equal(proto_decode(buf, len, &d), 0);
     assert_int_equal(d.control.op, PROTO_CTL_STOP);
     assert_null(d.control.ints);
+    proto_msg_free(&d); free(buf);
+
+    /* PLACEMENT (op 7): [n_t, n_d, target nodes, drafter nodes] round trips */
+    static const int64_t place[] = {3, 2, 1, 1, 0, 2, 0};
+    make_sample(PROTO_CONTROL, false, &m);
+    m.control.op = PROTO_CTL_PLACEMENT; m.control.ints = place; m.control.n_ints = 7; m.control.arg[0] = 0;
+    buf = encode_heap(&m, &len);
+    assert_int_equal(proto_decode(buf, len, &d), 0);
+    assert_msg_equal(&m, &d);
+    assert_string_equal(proto_ctl_op_name(d.control.op), "placement");
     proto_msg_free(&d); free(buf);
 
     /* one host (what runcfg_to_msg sends without --listen): port 0, no addresses, all on node 0 */

@@ -281,6 +281,11 @@ static inline void make_sample(int t, bool big, proto_msg_t *m) {
         for (uint32_t i = 0; i < DL_PROTO_CTL_GPUS_MAX; i++) { g_gpus[0][i] = i % 8; g_gpus[1][i] = (i + 3) % 8; }
         r->id = 0xc0ffee0000000001ull; r->op = PROTO_CTLREQ_REBALANCE; r->flags = PROTO_CTLREQ_WAIT;
         r->target_gpus = g_gpus[0]; r->n_target_gpus = nt; r->drafter_gpus = g_gpus[1]; r->n_drafter_gpus = nd;
+        if (big) {
+            memset(r->target_place, 'a', DL_PROTO_CTL_PLACE_MAX); r->target_place[DL_PROTO_CTL_PLACE_MAX] = 0;
+        } else {
+            strcpy(r->target_place, "a:0,b:1"); strcpy(r->drafter_place, "a:3");
+        }
         break;
     }
     case PROTO_CTL_REPLY: {

@@ -46,7 +46,8 @@ static const char *const SPEC[PROTO_TYPE_COUNT_][48] = {
     [PROTO_CONTROL] = { "op", "seq", "step", "ints", "arg" },
     [PROTO_APPLIED] = { "step", "mbs" },
     [PROTO_ERROR] = { "code", "ref_type", "message" },
-    [PROTO_CTL_REQUEST] = { "id", "op", "flags", "targets", "drafters", "target_gpus", "drafter_gpus" },
+    [PROTO_CTL_REQUEST] = { "id", "op", "flags", "targets", "drafters", "target_gpus", "drafter_gpus",
+                            "target_place", "drafter_place" },
     [PROTO_CTL_REPLY] = { "id", "code", "state", "text" },
     [PROTO_RUN_CONFIG] = { "stage_id", "incarnation", "run_id", "data_cache", "target_model", "out_dir",
                            "cursor_base", "cursor_in", "resume_dir", "target_fp", "seed", "token_budget",
@@ -547,8 +548,22 @@ static void test_semantic_rules(void **state) {
     expect_invalid(&m, "control.ints[3]: 9 out of range [1, 6] for rebalance");
     g_ints[3] = PROTO_ROLE_TARGET;
     assert_int_equal(proto_validate(&m), 0);
-    m.control.op = 7;
-    expect_invalid(&m, "control.op: 7 out of range [1, 6]");
+    m.control.op = 8;
+    expect_invalid(&m, "control.op: 8 out of range [1, 7]");
+    /* PLACEMENT (op 7): counts, length, node range */
+    make_sample(PROTO_CONTROL, false, &m);
+    m.control.op = PROTO_CTL_PLACEMENT;
+    g_ints[0] = 2; g_ints[1] = 1; g_ints[2] = 0; g_ints[3] = 1; g_ints[4] = 1;
+    m.control.n_ints = 5;
+    assert_int_equal(proto_validate(&m), 0);
+    m.control.n_ints = 1;
+    expect_invalid(&m, "control.ints: placement needs [n_targets, n_drafters, nodes...], got 1 ints");
+    m.control.n_ints = 4;
+    expect_invalid(&m, "control.ints: placement of 2 targets and 1 drafters needs 5 ints, got 4");
+    m.control.n_ints = 5; g_ints[1] = 0;
+    expect_invalid(&m, "control.ints[1]: 0 drafters out of range [1, 64]");
+    g_ints[1] = 1; g_ints[4] = 64;
+    expect_invalid(&m, "control.ints[4]: node 64 out of range [0, 63]");
 
     make_sample(PROTO_ERROR, false, &m);
     m.error.code = 3;
@@ -587,6 +602,8 @@ static void test_ctl_rules(void **state) {
     m.ctl_request.op = PROTO_CTLREQ_STOP;
     expect_invalid(&m, "ctl_request.targets: stop takes no targets");
     m.ctl_request.targets = m.ctl_request.drafters = 0;
+    expect_invalid(&m, "ctl_request.targets: stop takes no targets, drafters, GPU lists or places");
+    m.ctl_request.target_place[0] = m.ctl_request.drafter_place[0] = 0;
     assert_int_equal(proto_validate(&m), 0);
     m.ctl_request.op = PROTO_CTLREQ_COUNT_;
     expect_invalid(&m, "ctl_request.op: 5 out of range");
