@@ -13,6 +13,8 @@
 #   ref:   the same target and drafter on the reference work (8 x 4096 tokens, 512
 #          anchors per sequence, block 16) from long sequences ($LONG): 1 GPU, 2 GPUs
 #          split, 2 GPUs each with a target and a drafter.
+#   anchors: the reference work on 1 GPU at --num-anchors 512 and 1024 ($ANCHORS): one
+#          drafter pass and two (issue 14 item 1).
 # Each run: nvidia-smi sampling (utilization.gpu every 0.5 s) during the run, then
 # scripts/gpu_pipeline_report.py (tokens/s, standalone stage rates, efficiency,
 # waits, handle opens, inbox high water vs the bound, GPU busy %), one JSON line
@@ -101,6 +103,19 @@ ref)
         split) [ "$NGPU" -ge 2 ] && DATA=$LONG one ref_split 0 1 qwen3-8b ${BIG_TIMEOUT:-200} $R --micro-batches-per-step 1 --max-steps ${BIG_STEPS:-16} ;;
         mirror) [ "$NGPU" -ge 2 ] && DATA=$LONG one ref_mirror 0,1 0,1 qwen3-8b ${BIG_TIMEOUT:-200} $R --micro-batches-per-step 2 --max-steps ${BIG_STEPS:-16} ;;
         esac
+    done
+    ;;
+anchors)
+    # --num-anchors past one drafter pass (issue 14 item 1): the reference work on 1 GPU
+    # with 512 anchors per sequence (4,096 blocks: one pass) and 1,024 (8,192 blocks: two
+    # passes); the drafter log's pass line and its final count
+    mk qwen3-8b
+    LONG=${LONG:-gpucarry/long.dlc}
+    R="--token-budget 32768 --max-len 4096 --block-size 16 --drafter-layers 5 --threads 8 --inbox-gb 6"
+    for a in ${ANCHORS:-512 1024}; do
+        DATA=$LONG one ref_a$a 0 0 qwen3-8b ${BIG_TIMEOUT:-240} $R --num-anchors $a --micro-batches-per-step 1 \
+            --max-steps ${BIG_STEPS:-16}
+        grep -hE "passes|micro-batches computed" "$W/ref_a$a/logs/drafter0.log" | head -3
     done
     ;;
 smol)
