@@ -103,10 +103,7 @@ static void on_tick(uv_timer_t *t) {
     sup__nodes_tick(S, now);
     sup__rb_tick(S);
     sup__ev_poll(S);
-    if (now - S->last_progress_print >= S->o->progress_every_s) {
-        S->last_progress_print = now;
-        sup__print_progress(S);
-    }
+    sup__progress_tick(S, now);
     sup__stall_check(S, now);
 }
 
@@ -184,7 +181,8 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     uv_timer_init(&S.loop, &S.tick);
     S.tick.data = &S;
     S.t0 = clock_mono_s();
-    S.last_progress_print = S.t0;
+    sup__progress_init(&S);
+    S.prog.t_print = S.t0;
     S.ev.last_ckpt = sup__ev_latest_step(&S);   /* a resumed run's checkpoint is not evaluated again */
     {
         /* rebalance requests travel on the control socket now; a request file left by
@@ -206,6 +204,7 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     prom_server_destroy(&S.prom);
     uv_run(&S.loop, UV_RUN_DEFAULT);
     mon_run_destroy(&S.mon);
+    sup__progress_final(&S);
     S.done = 1;
     sup__write_run_json(&S);
     uv_loop_close(&S.loop);
