@@ -8,10 +8,13 @@
  * Ba 2015 section 3), so they do not jump with one slow or fast step; an optimizer
  * restart (the step goes back) is said and no interval spans it. On a terminal the line
  * is rewritten in place (\r, erase to the end of line) and ended before any other output
- * (sup__progress_break, the log hook); in a file or pipe every line is a plain line. */
+ * (sup__progress_break, the log hook); in a file or pipe every line is a plain line.
+ * Each step's scalars also go to <out>/tb/ as TensorBoard event files (common/monitor/tb.h). */
 #include "supervisor/sup_int.h"
 #include "common/base/clock.h"
+#include "common/base/err.h"
 #include "common/base/log.h"
+#include "common/monitor/tb.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -32,6 +35,7 @@ void sup__progress_init(sup_t *S) {
 
 void sup__progress_fini(sup_t *S) {
     sup__progress_break(S);
+    mon_tb_close(&S->prog.tb);
     if (S->prog.tty) log_set_before(NULL, NULL);
 }
 
@@ -71,8 +75,9 @@ static void print_step(sup_t *S) {
     uint64_t done = p->step + 1, max = S->o->max_steps;
     uint64_t left = max > done ? max - done : 0;
     double w = 1 - p->ema_pow;     /* bias correction of both averages */
-    double step_s = p->ema_pow < 1 ? p->ema_dt / w : NAN;
-    double rate = p->ema_pow < 1 && p->ema_dt > 0 ? p->ema_dtok / p->ema_dt : NAN;
+    int any = p->ema_pow > 0 && p->ema_pow < 1;   /* an interval was seen */
+    double step_s = any ? p->ema_dt / w : NAN;
+    double rate = any && p->ema_dt > 0 ? p->ema_dtok / p->ema_dt : NAN;
     char eta[32], accs[96] = "", text[512];
     if (left == 0) snprintf(eta, sizeof eta, "done");
     else { snprintf(eta, sizeof eta, "ETA "); fmt_dur(step_s * (double)left, eta + 4, sizeof eta - 4); }
@@ -89,6 +94,36 @@ static void print_step(sup_t *S) {
     emit(S, text, 1);
     p->printed = p->step + 1;
     p->t_wait_print = 0;
+}
+
+/* Step s's scalars (message m) into <out>/tb/ (opened at the first step; a failure is said
+ * once and the run goes on without it). tokens_per_s: the smoothed rate of the line. */
+static void tb_step(sup_t *S, const proto_metrics_t *m, uint64_t s) {
+    sup_progress_t *p = &S->prog;
+    double now = clock_wall_s();
+    if (!p->tb && !p->tb_failed && !(p->tb = mon_tb_open(S->o->out_dir, now))) {
+        p->tb_failed = 1;
+        log_warn("no TensorBoard event file for this run: %s", dl_errmsg());
+    }
+    if (!p->tb) return;
+    int rc = 0;
+    for (uint32_t i = 0; i < m->n_metrics && rc == 0; i++) {
+        const char *k = m->metrics[i].name;
+        char tag[32];
+        if (!strcmp(k, "loss") || !strcmp(k, "lr") || !strcmp(k, "grad_norm")) snprintf(tag, sizeof tag, "%s", k);
+        else if (!strcmp(k, "acc_mean")) snprintf(tag, sizeof tag, "accuracy/mean");
+        else if (!strncmp(k, "acc_", 4)) snprintf(tag, sizeof tag, "accuracy/position_%.8s", k + 4);
+        else continue;
+        rc = mon_tb_scalar(p->tb, now, (int64_t)s, tag, m->metrics[i].value);
+    }
+    if (rc == 0 && p->ema_pow > 0 && p->ema_dt > 0)
+        rc = mon_tb_scalar(p->tb, now, (int64_t)s, "tokens_per_s", p->ema_dtok / p->ema_dt);
+    if (rc == 0) rc = mon_tb_flush(p->tb);
+    if (rc < 0) {
+        log_warn("TensorBoard event file: %s (no more scalars written)", dl_errmsg());
+        mon_tb_close(&p->tb);
+        p->tb_failed = 1;
+    }
 }
 
 void sup__progress_step(sup_t *S, const proto_metrics_t *m) {
@@ -126,6 +161,7 @@ void sup__progress_step(sup_t *S, const proto_metrics_t *m) {
     p->t_step = now;
     p->tokens = tokens;
     p->loss = loss, p->lr = lr, p->gnorm = gnorm;
+    tb_step(S, m, s);
     if (s + 1 >= S->o->max_steps) print_step(S);   /* the last step: at once, before the stop */
 }
 

@@ -86,6 +86,8 @@ typedef struct {
     double ema_pow;             /* SUP_PROGRESS_EMA^k after k intervals (0: none yet) */
     double t_print, t_wait_print;   /* the last line printed, the last "waiting" line (0: none) */
     int up_printed;             /* stages up in the last "starting" line */
+    struct mon_tb *tb;          /* <out>/tb/ event file (common/monitor/tb.h; NULL: not yet open) */
+    int tb_failed;              /* it could not be opened or written: said once, not retried */
 } sup_progress_t;
 
 /* A node of a multi-node run (index = its place in sup_opts_t.node_names; 0 = the head,

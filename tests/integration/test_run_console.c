@@ -6,6 +6,8 @@
  *    writes slowed by the test hook optimizer.ckpt_delay_ms) says "waiting for step N"
  *    instead of repeating one line; no two progress lines say the same;
  *  - `t` in steps.jsonl goes on across a `run --resume` (never goes back);
+ *  - every applied step's scalars are in <out>/tb/ (TensorBoard event files: the run's
+ *    and its resume's, 9 "loss" values);
  *  - `inspect RUN_DIR` shows the run's latest checkpoint (as `eval --drafter RUN_DIR`);
  *  - a missing --data does not create --out;
  *  - more drafters than targets: `run` names the idle drafters ("drafter1", not
@@ -26,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -79,6 +82,26 @@ static int steps_t(const char *path, double *t, int cap) {
         t[n++] = k ? atof(k + 4) : NAN;
     }
     if (f) fclose(f);
+    return n;
+}
+
+/* How many Summary values tagged "loss" the event files in dir/tb hold. */
+static int tb_losses(const char *dir) {
+    char tb[600];
+    snprintf(tb, sizeof tb, "%s/tb", dir);
+    DIR *d = opendir(tb);
+    int n = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        if (strncmp(de->d_name, "events.out.tfevents.", 20)) continue;
+        char p[1000];
+        snprintf(p, sizeof p, "%s/%s", tb, de->d_name);
+        size_t len = 0;
+        char *b = pf_slurp(p, &len);
+        for (size_t i = 0; b && i + 7 <= len; i++) n += !memcmp(b + i, "\x0a\x04loss\x15", 7);
+        free(b);
+    }
+    if (d) closedir(d);
     return n;
 }
 
@@ -149,6 +172,7 @@ static void test_progress_and_resume(void **state) {
     assert_non_null(txt);
     assert_non_null(strstr(txt, "] step 8 done (9 of 9)"));
     free(txt);
+    assert_int_equal(tb_losses(out), 9);
 }
 
 /* A --data that does not exist: refused before --out is created. */
