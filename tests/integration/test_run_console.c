@@ -12,7 +12,8 @@
  *  - a missing --data does not create --out;
  *  - more drafters than targets: `run` names the idle drafters ("drafter1", not
  *    "drafter1..1"), `rebalance` warns too;
- *  - a corrupt safetensors header's error message carries no raw control bytes. */
+ *  - a corrupt safetensors header's error message carries no raw control bytes;
+ *  - `draftline prepare` says how far it is (test hook prepare.progress_ms: every chunk). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -235,11 +236,35 @@ static void test_safetensors_error_printable(void **state) {
     assert_non_null(strstr(m, "F\\x1b\\x07"));
 }
 
+/* prepare's progress line, in a file: bytes, lines, rate. */
+static void test_prepare_progress(void **state) {
+    (void)state;
+    char data[400], out[400], log[500];
+    snprintf(data, sizeof data, "%s/gsm8k60.jsonl", fx.root);
+    snprintf(out, sizeof out, "%s/prep.dlc", fx.root);
+    snprintf(log, sizeof log, "%s/prep.out", fx.root);
+    const char *args[] = {"prepare", "--data", data, "--out", out, "--format", "fields", "--prompt-field",
+                          "question", "--response-field", "answer", "--threads", "1", NULL};
+    setenv("DL_TEST_HOOKS", "prepare.progress_ms=0", 1);
+    int code = tool(log, 60, args);
+    unsetenv("DL_TEST_HOOKS");
+    assert_int_equal(code, 0);
+    char *txt = pf_slurp(log, NULL);
+    assert_non_null(txt);
+    fprintf(stderr, "%s", txt);
+    assert_non_null(strstr(txt, "prepare: "));
+    assert_non_null(strstr(txt, " MB read (100%), 60 lines, "));
+    assert_non_null(strstr(txt, " MB/s, "));
+    assert_null(strstr(txt, "\r"));   /* not a terminal: plain lines */
+    free(txt);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_safetensors_error_printable),
         cmocka_unit_test(test_missing_data_no_out),
         cmocka_unit_test(test_idle_drafters_said),
+        cmocka_unit_test(test_prepare_progress),
         cmocka_unit_test(test_progress_and_resume),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
