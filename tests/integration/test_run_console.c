@@ -6,6 +6,8 @@
  *    writes slowed by the test hook optimizer.ckpt_delay_ms) says "waiting for step N"
  *    instead of repeating one line; no two progress lines say the same;
  *  - `t` in steps.jsonl goes on across a `run --resume` (never goes back);
+ *  - an optimizer killed with SIGKILL: the console says it restarted and from which step,
+ *    and steps.jsonl's t does not go back;
  *  - every applied step's scalars are in <out>/tb/ (TensorBoard event files: the run's
  *    and its resume's, 9 "loss" values);
  *  - `inspect RUN_DIR` shows the run's latest checkpoint (as `eval --drafter RUN_DIR`);
@@ -29,7 +31,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <cjson/cJSON.h>
 #include <dirent.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -236,6 +240,58 @@ static void test_safetensors_error_printable(void **state) {
     assert_non_null(strstr(m, "F\\x1b\\x07"));
 }
 
+/* The pid run.json gives stage `stage`, or 0. */
+static pid_t stage_pid(const char *out, const char *stage) {
+    char p[500];
+    snprintf(p, sizeof p, "%s/run.json", out);
+    char *txt = pf_slurp(p, NULL);
+    cJSON *j = txt ? cJSON_Parse(txt) : NULL;
+    free(txt);
+    pid_t pid = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, cJSON_GetObjectItem(j, "stages")) {
+        const cJSON *n = cJSON_GetObjectItem(e, "name"), *q = cJSON_GetObjectItem(e, "pid");
+        if (cJSON_IsString(n) && !strcmp(n->valuestring, stage) && cJSON_IsNumber(q)) pid = (pid_t)q->valuedouble;
+    }
+    cJSON_Delete(j);
+    return pid;
+}
+
+/* kill -9 of the optimizer after 4 steps (no checkpoint yet: it starts again at step 0). */
+static void test_optimizer_restart_said(void **state) {
+    (void)state;
+    char out[300], log[380], steps[600];
+    snprintf(out, sizeof out, "%s/optkill", fx.root);
+    snprintf(log, sizeof log, "%s/optkill.out", fx.root);
+    snprintf(steps, sizeof steps, "%s/steps.jsonl", out);
+    static pf_run_args_t a;
+    memset(&a, 0, sizeof a);
+    const char *args[] = {fx.exe, "run", "--target-model", fx.model_dir, "--data", fx.cache, "--device", "cpu",
+                          "--token-budget", "256", "--block-size", "4", "--num-anchors", "8", "--drafter-layers", "1",
+                          "--seed", "5", "--progress-every", "1", "--threads", "1", "--out", out, "--max-steps", "10",
+                          NULL};
+    for (int i = 0; args[i]; i++) a.argv[i] = (char *)args[i];
+    snprintf(a.log, sizeof a.log, "%s", log);
+    proc_t run;
+    assert_int_equal(proc_spawn(&run, "draftline run", pf_run_child, &a), 0);
+    for (int i = 0; i < 9000 && pf_count_lines(steps) < 4; i++) usleep(10000);
+    assert_true(pf_count_lines(steps) >= 4);
+    pid_t pid = stage_pid(out, "optimizer");
+    assert_true(pid > 0);
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    assert_int_equal(pf_run_finish(&run, log, out, 180, NULL), 0);
+    char *txt = pf_slurp(log, NULL);
+    assert_non_null(txt);
+    fprintf(stderr, "%s", txt);
+    assert_non_null(strstr(txt, "] optimizer restarted from step 0 (steps 0 to "));
+    assert_non_null(strstr(txt, "] step 9 done (10 of 10)"));
+    free(txt);
+    double t[64];
+    int n = steps_t(steps, t, 64);
+    assert_int_equal(n, 10);
+    for (int i = 1; i < n; i++) assert_true(t[i] >= t[i - 1]);
+}
+
 /* prepare's progress line, in a file: bytes, lines, rate. */
 static void test_prepare_progress(void **state) {
     (void)state;
@@ -265,6 +321,7 @@ int main(void) {
         cmocka_unit_test(test_missing_data_no_out),
         cmocka_unit_test(test_idle_drafters_said),
         cmocka_unit_test(test_prepare_progress),
+        cmocka_unit_test(test_optimizer_restart_said),
         cmocka_unit_test(test_progress_and_resume),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
