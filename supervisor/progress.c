@@ -89,7 +89,7 @@ static void print_step(sup_t *S) {
     else snprintf(rs, sizeof rs, "? tok/s");
     snprintf(text, sizeof text, "[%5.0fs] step %llu done (%llu of %llu)  loss %.4f  lr %.2e  |g| %.3g  "
              "acc %.3f [pos 1-4: %s]  %s  %s", now - S->t0, (unsigned long long)p->step,
-             (unsigned long long)done, (unsigned long long)max, p->loss, p->lr, p->gnorm, S->last_acc_mean,
+             (unsigned long long)done, (unsigned long long)max, p->loss, p->lr, p->gnorm, p->acc_mean,
              accs, rs, eta);
     emit(S, text, 1);
     p->printed = p->step + 1;
@@ -128,7 +128,7 @@ static void tb_step(sup_t *S, const proto_metrics_t *m, uint64_t s) {
 
 void sup__progress_step(sup_t *S, const proto_metrics_t *m) {
     sup_progress_t *p = &S->prog;
-    double step = -1, tokens = NAN, loss = NAN, lr = NAN, gnorm = NAN;
+    double step = -1, tokens = NAN, loss = NAN, lr = NAN, gnorm = NAN, accm = NAN;
     for (uint32_t i = 0; i < m->n_metrics; i++) {
         const char *k = m->metrics[i].name;
         double v = m->metrics[i].value;
@@ -137,6 +137,7 @@ void sup__progress_step(sup_t *S, const proto_metrics_t *m) {
         else if (!strcmp(k, "loss")) loss = v;
         else if (!strcmp(k, "lr")) lr = v;
         else if (!strcmp(k, "grad_norm")) gnorm = v;
+        else if (!strcmp(k, "acc_mean")) accm = v;
     }
     if (!(step >= 0 && step < 9e18)) return;
     uint64_t s = (uint64_t)step;
@@ -160,7 +161,7 @@ void sup__progress_step(sup_t *S, const proto_metrics_t *m) {
     p->step = s;
     p->t_step = now;
     p->tokens = tokens;
-    p->loss = loss, p->lr = lr, p->gnorm = gnorm;
+    p->loss = loss, p->lr = lr, p->gnorm = gnorm, p->acc_mean = accm;
     tb_step(S, m, s);
     if (s + 1 >= S->o->max_steps) print_step(S);   /* the last step: at once, before the stop */
 }

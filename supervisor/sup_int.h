@@ -81,7 +81,7 @@ typedef struct {
     uint64_t step;              /* the last step seen */
     uint64_t printed;           /* steps whose line was printed: the last printed is step printed - 1 */
     double t_step, tokens;      /* monotonic s when it came, the run's tokens then */
-    double loss, lr, gnorm;     /* its figures */
+    double loss, lr, gnorm, acc_mean;   /* its figures (per position: S->acc) */
     double ema_dt, ema_dtok;    /* exponential averages of s and tokens per step (not debiased) */
     double ema_pow;             /* SUP_PROGRESS_EMA^k after k intervals (0: none yet) */
     double t_print, t_wait_print;   /* the last line printed, the last "waiting" line (0: none) */
