@@ -309,6 +309,9 @@ int mon_plot_cols(const mon_run_t *run, double ema, mon_plot_cols_t *c) {
         }
         c->tps[j] = r;
     }
+    /* the last step's interval holds the final checkpoint write (the optimizer saves it
+     * before it publishes the step): not a rate of training */
+    if (n > 1) c->tps[n - 1] = NAN;
     free(st);
     c->warm = n / 20 + 1 < 50 ? n / 20 + 1 : 50;
     if (c->warm >= n) c->warm = 0;      /* too few points for a warm-up */

@@ -26,7 +26,8 @@ typedef struct {
     double *x;                  /* the step, as steps.jsonl numbers it (from 0) */
     double *loss, *loss_ema;    /* loss_ema: NaN over the warm-up, then a debiased EMA */
     double *tps, *tps_ema;      /* target tokens/s over the last w steps (w = n / 60, at least 1),
-                                   NaN where those w steps are not all there (a restart, a gap) */
+                                   NaN where those w steps are not all there (a restart, a gap)
+                                   and at the last step (its interval holds the final checkpoint) */
     double *accm, *acc[4];      /* mean, positions 1, 2, 3 and the last one present */
     int last_pos;
     double *buf_;

@@ -1,7 +1,8 @@
 /* `draftline plot`'s data (common/monitor/plot.h, plot_events.h) on synthetic runs:
  *  - the loss EMA starts after the warm-up (the step-0 outlier is not in it) and the
  *    warm-up points are out of the axis range;
- *  - tokens/s only over complete windows of consecutive steps (none across a gap);
+ *  - tokens/s only over complete windows of consecutive steps (none across a gap), and
+ *    none for the last step (its interval holds the final checkpoint: the end spike);
  *  - events from metrics.jsonl: τ of an eval, a restart, a rebalance, a resume, and the
  *    lr peak of the warm-up from the steps. */
 #include <setjmp.h>
@@ -40,7 +41,8 @@ static void test_loss_ema_after_warmup(void **state) {
     for (int i = c.warm; i < 100; i++) assert_true(fabs(c.loss_ema[i] - 5.0) < 1e-9);   /* no trace of 100 */
     /* every rate is a full window: 1000 tokens per 2 s */
     assert_true(isnan(c.tps[0]));
-    for (int i = 1; i < 100; i++) assert_true(fabs(c.tps[i] - 500.0) < 1e-6);
+    for (int i = 1; i < 99; i++) assert_true(fabs(c.tps[i] - 500.0) < 1e-6);
+    assert_true(isnan(c.tps[99]));                      /* the final checkpoint's interval */
     mon_plot_cols_free(&c);
     mon_run_destroy(&run);
 }
@@ -54,7 +56,8 @@ static void test_rate_windows_skip_gaps(void **state) {
     assert_int_equal(c.n, 9);
     assert_true(isnan(c.tps[5]));                       /* step 6 after the missing step 5 */
     assert_true(fabs(c.tps[6] - 100.0) < 1e-9);
-    assert_true(fabs(c.tps[8] - 100.0) < 1e-9);          /* the last one too: no end spike */
+    assert_true(fabs(c.tps[7] - 100.0) < 1e-9);
+    assert_true(isnan(c.tps[8]));                       /* the last: not a rate */
     mon_plot_cols_free(&c);
     mon_run_destroy(&run);
 }
