@@ -29,6 +29,7 @@ static void log_break(void *arg) { sup__progress_break(arg); }
 void sup__progress_init(sup_t *S) {
     sup_progress_t *p = &S->prog;
     memset(p, 0, sizeof *p);
+    p->t_print = S->t0;          /* the first line after --progress-every s */
     p->tty = isatty(STDOUT_FILENO) == 1;
     if (p->tty) log_set_before(log_break, S);
 }

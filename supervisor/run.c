@@ -84,6 +84,7 @@ static void on_tick(uv_timer_t *t) {
             uv_close((uv_handle_t *)&S->sig_term, NULL);
             uv_close((uv_handle_t *)&S->sig_chld, NULL);
             sup__nodes_run_over(S);
+            sup__progress_final(S);   /* the last step's line, before the summary */
             bus_close(S->bus, NULL, NULL);
             if (S->pub) bus_close(S->pub, NULL, NULL);
             /* every stage is gone: run.json says so before the clients waiting for
@@ -182,7 +183,6 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     S.tick.data = &S;
     S.t0 = clock_mono_s();
     sup__progress_init(&S);
-    S.prog.t_print = S.t0;
     S.ev.last_ckpt = sup__ev_latest_step(&S);   /* a resumed run's checkpoint is not evaluated again */
     {
         /* rebalance requests travel on the control socket now; a request file left by
@@ -204,7 +204,6 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     prom_server_destroy(&S.prom);
     uv_run(&S.loop, UV_RUN_DEFAULT);
     mon_run_destroy(&S.mon);
-    sup__progress_final(&S);
     S.done = 1;
     sup__write_run_json(&S);
     uv_loop_close(&S.loop);

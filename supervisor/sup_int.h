@@ -292,8 +292,8 @@ double sup__mean_range(const double *v, uint64_t a, uint64_t b);
 void sup__stall_check(sup_t *S, double now);
 
 /* progress.c */
-/* Before the first tick: whether stdout is a terminal; on one, the log hook that ends a
- * half-written progress line before a log line. */
+/* Before the first tick, after S->t0 is set: whether stdout is a terminal; on one, the
+ * log hook that ends a half-written progress line before a log line. */
 void sup__progress_init(sup_t *S);
 /* A step message m of the live optimizer incarnation: figures, rate averages, an
  * optimizer restart said (the step went back); the run's last step printed at once. */
@@ -302,8 +302,8 @@ void sup__progress_step(sup_t *S, const proto_metrics_t *m);
 void sup__progress_tick(sup_t *S, double now);
 /* Ends a half-written progress line on the terminal (call before printing anything else). */
 void sup__progress_break(sup_t *S);
-/* After the loop: the last step's line if it was not printed, the line ended, the log
- * hook removed. */
+/* Once every stage is gone: the last step's line if it was not printed, the line ended,
+ * the log hook removed, the event file closed. */
 void sup__progress_final(sup_t *S);
 
 /* eval.c */
