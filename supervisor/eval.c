@@ -109,6 +109,7 @@ void sup__ev_done(sup_t *S, int status) {
         if (cJSON_IsNumber(c) && c->string) names[nv] = c->string, values[nv++] = c->valuedouble;
     if (S->metrics && rundir_metrics_append_eval(S->metrics, clock_wall_s(), step, secs, names, values, nv) < 0)
         log_warn("%s", dl_errmsg());
+    sup__progress_break(S);
     printf("eval step %llu: tau %.3f (%d prompts, %.1f s)\n", (unsigned long long)step, tau->valuedouble,
            S->o->eval_prompts, secs);
     fflush(stdout);

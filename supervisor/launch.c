@@ -205,6 +205,10 @@ static int lc_validate(launch_t *L) {
             cli_error("draftline run", "--data is required");
         return 2;
     }
+    if (access(o->data, R_OK) != 0) {   /* before --out is created: a typo leaves no empty run dir */
+        fprintf(stderr, "draftline run: --data %s: %s\n", o->data, strerror(errno));
+        return 2;
+    }
     if (access(o->target_model, R_OK) != 0) {
         fprintf(stderr, "draftline run: target model %s not found (run `make model` or pass --target-model)\n",
                 o->target_model);
@@ -241,10 +245,14 @@ static int lc_validate(launch_t *L) {
             log_warn("--eval-every %d: checkpoints are evaluated, and without --save-every there is only the "
                      "final one (not evaluated): no eval will run", o->eval_every);
     }
-    if (o->drafters > o->targets)
-        log_warn("%d drafters for %d target(s): target i feeds drafter i mod %d, so drafter%d..%d get no "
-                 "input and sit idle (use --drafters <= --targets)", o->drafters, o->targets, o->drafters,
-                 o->targets, o->drafters - 1);
+    if (o->drafters > o->targets) {
+        char idle[48];   /* "drafter2", or "drafters 2 to 3" */
+        if (o->drafters - o->targets == 1) snprintf(idle, sizeof idle, "drafter%d gets", o->targets);
+        else snprintf(idle, sizeof idle, "drafters %d to %d get", o->targets, o->drafters - 1);
+        log_warn("%d drafters for %d target(s): target i feeds drafter i mod %d, so %s no input and sit%s "
+                 "idle (use --drafters <= --targets)", o->drafters, o->targets, o->drafters, idle,
+                 o->drafters - o->targets == 1 ? "s" : "");
+    }
     return 0;
 }
 

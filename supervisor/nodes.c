@@ -173,6 +173,7 @@ static void node_lost(sup_t *S, int k, const char *why) {
         if (n >= sizeof who) n = sizeof who - 1;
         sup__on_exit(S, x, SIGKILL);   /* a wait status: killed by SIGKILL */
     }
+    sup__progress_break(S);
     printf("node %s lost (%s): %s stopped; %s\n", nd->name, why, who[0] ? who : "no stage",
            S->stopping ? "the run is stopping" : "waiting for it to rejoin");
     fflush(stdout);
@@ -253,6 +254,7 @@ static void on_node_hello(sup_t *S, const char *peer, const proto_node_hello_t *
     nd->joined = nd->up = 1;
     welcome(S, peer, k);
     if (dup) return;
+    sup__progress_break(S);
     printf("node %s %sjoined as node %d: %s (%s), %u core(s), %u GPU(s), run dir %s\n", nd->name, again ? "re" : "",
            k, nd->hostname, nd->addr, nd->cores, nd->n_gpus, nd->run_dir);
     fflush(stdout);

@@ -1,5 +1,5 @@
 /* Supervisor, what the stages tell it: hellos, the metrics relay (metrics.jsonl, PUB,
- * Prometheus), the loss history, the progress line and the stall check. */
+ * Prometheus), the loss history and the stall check (the progress line: progress.c). */
 #include "supervisor/sup_int.h"
 #include "supervisor/nodes.h"
 #include "common/base/clock.h"
@@ -37,6 +37,7 @@ static void ckpt_failure(sup_t *S, const proto_metrics_t *m) {
     snprintf(log_path, sizeof log_path, "%s/logs/optimizer.log", k > 0 ? S->nodes[k].run_dir : S->o->out_dir);
     if (sup__last_error_line(log_path, S->ckpt_error, sizeof S->ckpt_error) < 0)
         snprintf(S->ckpt_error, sizeof S->ckpt_error, "see %.400s", log_path);
+    sup__progress_break(S);
     printf("checkpoint step_%lld could not be written: %s; training goes on, the next checkpoint tries "
            "again (log %s)\n", (long long)S->ckpt_failed_step, S->ckpt_error, log_path);
     fflush(stdout);
@@ -117,6 +118,7 @@ static void on_metrics(sup_t *S, const char *peer, const proto_metrics_t *m) {
         S->t_opt_died = 0;
         log_info("optimizer recovery: first step %.0f applied %.2f s after its death", step, S->last_recovery_s);
     }
+    sup__progress_step(S, m);
     /* the rate is over the supervisor's clock, from the first applied step to the last:
      * the optimizer's elapsed_s restarts with each incarnation, while its token count
      * (restored from the checkpoint) is the run's, so the two do not mix across a
@@ -245,46 +247,6 @@ double sup__mean_range(const double *v, uint64_t a, uint64_t b) {
     return n ? s / (double)n : NAN;
 }
 
-static void fmt_dur(double s, char *out, size_t cap) {
-    if (!isfinite(s) || s < 0) { snprintf(out, cap, "?"); return; }
-    long t = (long)(s + 0.5);
-    if (t >= 3600) snprintf(out, cap, "%ldh%02ldm", t / 3600, (t / 60) % 60);
-    else if (t >= 60) snprintf(out, cap, "%ldm%02lds", t / 60, t % 60);
-    else snprintf(out, cap, "%lds", t);
-}
-
-void sup__print_progress(sup_t *S) {
-    double now = clock_mono_s();
-    if (!S->have_step) {
-        int up = 0;
-        for (int i = 0; i < S->n; i++) up += S->st[i].helloed && !S->st[i].exited;
-        printf("[%5.0fs] starting: %d/%d stages up, waiting for the first step\n", now - S->t0, up, S->n);
-        fflush(stdout);
-        return;
-    }
-    uint64_t done = S->last_step_seen + 1 - S->o->start_step;
-    uint64_t left = S->o->max_steps > S->last_step_seen + 1 ? S->o->max_steps - S->last_step_seen - 1 : 0;
-    double dt = now - S->t_first_step;
-    double per_step = done > 1 ? dt / (double)(done - 1) : NAN;
-    if (S->last_tokens_t > 0 && now > S->last_tokens_t) {
-        double r = (S->tokens - S->last_tokens) / (now - S->last_tokens_t);
-        if (r > 0 || S->tok_rate == 0) S->tok_rate = r;
-    }
-    S->last_tokens = S->tokens;
-    S->last_tokens_t = now;
-    char eta[32], accs[128] = "";
-    fmt_dur(per_step * (double)left, eta, sizeof eta);
-    int n = 0;
-    for (int k = 0; k < S->n_acc && k < 4; k++)
-        n += snprintf(accs + n, sizeof accs - (size_t)n, "%s%.2f", k ? " " : "", S->acc[k]);
-    double span = S->t_last_step - S->t_first_step;
-    double avg_rate = span > 0 ? (S->tokens - S->tokens_first) / span : 0;
-    printf("[%5.0fs] step %llu/%llu  loss %.4f  acc %.3f [pos 1-4: %s]  %.0f tok/s  ETA %s\n", now - S->t0,
-           (unsigned long long)(S->last_step_seen + 1), (unsigned long long)S->o->max_steps, S->last_loss,
-           S->last_acc_mean, accs, avg_rate, eta);
-    fflush(stdout);
-}
-
 /* A run with no applied step for max(60 s, 10 x the mean step time) says so in its own
  * output once, and again every minute while it lasts: the stages whose own progress
  * counter (since_progress_s) is as old, and where to look (`draftline monitor`). */
@@ -310,6 +272,7 @@ void sup__stall_check(sup_t *S, double now) {
         n += (size_t)snprintf(who + n, n < sizeof who ? sizeof who - n : 0, "%s%s", n ? ", " : "", x->spec->name);
         if (n >= sizeof who) break;
     }
+    sup__progress_break(S);
     printf("[%5.0fs] WARNING: no step applied for %.0f s%s; stages with no progress: %s. See `draftline "
            "monitor --run %s` (and %s/logs)\n", now - S->t0, since, S->have_step ? "" : " (none yet)",
            who[0] ? who : "(every stage reports progress: waiting on each other?)", S->o->out_dir, S->o->out_dir);

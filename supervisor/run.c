@@ -84,6 +84,7 @@ static void on_tick(uv_timer_t *t) {
             uv_close((uv_handle_t *)&S->sig_term, NULL);
             uv_close((uv_handle_t *)&S->sig_chld, NULL);
             sup__nodes_run_over(S);
+            sup__progress_final(S);   /* the last step's line, before the summary */
             bus_close(S->bus, NULL, NULL);
             if (S->pub) bus_close(S->pub, NULL, NULL);
             /* every stage is gone: run.json says so before the clients waiting for
@@ -103,10 +104,7 @@ static void on_tick(uv_timer_t *t) {
     sup__nodes_tick(S, now);
     sup__rb_tick(S);
     sup__ev_poll(S);
-    if (now - S->last_progress_print >= S->o->progress_every_s) {
-        S->last_progress_print = now;
-        sup__print_progress(S);
-    }
+    sup__progress_tick(S, now);
     sup__stall_check(S, now);
 }
 
@@ -184,7 +182,7 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     uv_timer_init(&S.loop, &S.tick);
     S.tick.data = &S;
     S.t0 = clock_mono_s();
-    S.last_progress_print = S.t0;
+    sup__progress_init(&S);
     S.ev.last_ckpt = sup__ev_latest_step(&S);   /* a resumed run's checkpoint is not evaluated again */
     {
         /* rebalance requests travel on the control socket now; a request file left by

@@ -6,8 +6,9 @@
  *                each stage's RUN_CONFIG
  *   rebalance.c  live rebalance (checks, placement plan, drain and retire)
  *   eval.c       the training-time eval child
- *   relay.c      hellos (and config requests), metrics relay (metrics.jsonl, PUB, Prometheus), progress line,
+ *   relay.c      hellos (and config requests), metrics relay (metrics.jsonl, PUB, Prometheus),
  *                loss history, stall check
+ *   progress.c   the console's progress line
  *   runjson.c    <out>/run.json (through common/rundir)
  *   ctl.c        the control socket: status, stop, rebalance, subscribe
  *   run.c        supervisor_run: the loop, signals, stop, summary
@@ -74,6 +75,23 @@ typedef struct {
     int from_ckpt;
 } sstage_t;
 
+/* The console's progress (progress.c). Steps as steps.jsonl numbers them (from 0). */
+typedef struct {
+    int tty;                    /* stdout is a terminal: the line is rewritten in place */
+    int partial, partial_step;  /* a progress line without its newline is on the terminal (a step's) */
+    int have;                   /* a step was seen */
+    uint64_t step;              /* the last step seen */
+    uint64_t printed;           /* steps whose line was printed: the last printed is step printed - 1 */
+    double t_step, tokens;      /* monotonic s when it came, the run's tokens then */
+    double loss, lr, gnorm, acc_mean;   /* its figures (per position: S->acc) */
+    double ema_dt, ema_dtok;    /* exponential averages of s and tokens per step (not debiased) */
+    double ema_pow;             /* SUP_PROGRESS_EMA^k after k intervals (0: none yet) */
+    double t_print, t_wait_print;   /* the last line printed, the last "waiting" line (0: none) */
+    int up_printed;             /* stages up in the last "starting" line */
+    struct mon_tb *tb;          /* <out>/tb/ event file (common/monitor/tb.h; NULL: not yet open) */
+    int tb_failed;              /* it could not be opened or written: said once, not retried */
+} sup_progress_t;
+
 /* A node of a multi-node run (index = its place in sup_opts_t.node_names; 0 = the head,
  * always up). Agents fill the rest when they join (nodes.c). */
 typedef struct {
@@ -129,7 +147,7 @@ typedef struct {
     int n_acc;
     double tokens, elapsed, tok_rate, tokens_first, elapsed_first;
     double last_tokens, last_tokens_t;
-    double last_progress_print;
+    sup_progress_t prog;        /* the console's progress (progress.c) */
     double t_last_step, last_stall_warn;   /* stall warning: last step seen, last warning */
     double stall_warn_floor_s;  /* its floor: 60 s, or the test hook stall_warn_s (read at the first check) */
     /* live topology (rebalance) */
@@ -274,10 +292,23 @@ void sup__ctl_close(sup_t *S);
 void sup__on_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg);
 /* Mean of the finite v[a..b), NAN when there is none. */
 double sup__mean_range(const double *v, uint64_t a, uint64_t b);
-/* One progress line on stdout. */
-void sup__print_progress(sup_t *S);
 /* The no-step-applied warning (see relay.c); now: monotonic s. */
 void sup__stall_check(sup_t *S, double now);
+
+/* progress.c */
+/* Before the first tick, after S->t0 is set: whether stdout is a terminal; on one, the
+ * log hook that ends a half-written progress line before a log line. */
+void sup__progress_init(sup_t *S);
+/* A step message m of the live optimizer incarnation: figures, rate averages, an
+ * optimizer restart said (the step went back); the run's last step printed at once. */
+void sup__progress_step(sup_t *S, const proto_metrics_t *m);
+/* Every tick (now: monotonic s): the step line, "starting", or "waiting for step N". */
+void sup__progress_tick(sup_t *S, double now);
+/* Ends a half-written progress line on the terminal (call before printing anything else). */
+void sup__progress_break(sup_t *S);
+/* Once every stage is gone: the last step's line if it was not printed, the line ended,
+ * the log hook removed, the event file closed. */
+void sup__progress_final(sup_t *S);
 
 /* eval.c */
 /* The step of <out>/checkpoints/latest ("step_<S>"), or 0 when there is none. */

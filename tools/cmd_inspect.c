@@ -24,7 +24,8 @@ static void inspect_usage(FILE *f) {
             "usage: draftline inspect PATH [--tensors]\n\n"
             "Prints a checkpoint's architecture, shapes, dtypes and parameter count.\n"
             "PATH: a .gguf file, a Hugging Face model directory (config.json + safetensors,\n"
-            "sharded or not), a .safetensors file, or a drafter checkpoint directory.\n\n"
+            "sharded or not), a .safetensors file, a drafter checkpoint directory, or a run\n"
+            "directory (`draftline run --out DIR`: its latest checkpoint).\n\n"
             "  --tensors   list every tensor (default: the first 12 and the dtype totals)\n");
 }
 
@@ -252,6 +253,15 @@ int cmd_inspect(int argc, char **argv) {
     if (stat(path, &sb) < 0) {
         fprintf(stderr, "inspect: %s: no such file or directory\n", path);
         return 1;
+    }
+    char resolved[4096];
+    if (S_ISDIR(sb.st_mode)) {   /* a run dir (`run --out DIR`): its latest checkpoint, as `eval --drafter` */
+        char cfgp[4200];
+        snprintf(cfgp, sizeof cfgp, "%s/config.json", path);
+        if (access(cfgp, F_OK) != 0 && ckpt_resolve(path, resolved, sizeof resolved) == 0) {
+            printf("run           %s: its latest checkpoint\n", path);
+            path = resolved;
+        }
     }
     printf("path          %s\n", path);
     if (S_ISDIR(sb.st_mode)) return inspect_safetensors(path, 1, all);

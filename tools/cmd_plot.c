@@ -11,24 +11,31 @@
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static void plot_usage(FILE *f) {
     fprintf(f,
-            "usage: draftline plot --run DIR [--out FILE.png] [--width PX] [--height PX]\n\n"
+            "usage: draftline plot --run DIR [--out FILE.png] [--width PX] [--height PX]\n"
+            "                      [--loss-scale auto|log|linear]\n\n"
             "Draws loss, per-position accuracy and target tokens/s over steps of a run\n"
-            "(from DIR/steps.jsonl and DIR/metrics.jsonl) into a PNG.\n\n"
+            "(from DIR/steps.jsonl and DIR/metrics.jsonl) into a PNG, with its events marked:\n"
+            "eval results (tau), the end of the lr warm-up, restarts, resumes, rebalances.\n"
+            "The same scalars are in DIR/tb/ for TensorBoard (`tensorboard --logdir DIR/tb`).\n\n"
             "  --run DIR       run directory (`draftline run --out DIR`)\n"
             "  --out FILE      PNG to write (default DIR/plot.png)\n"
             "  --width PX      image width (default 1200)\n"
             "  --height PX     image height (default 1350)\n"
-            "  --title TEXT    title (default: the run dir and step count)\n");
+            "  --title TEXT    title (default: the run dir and step count)\n"
+            "  --loss-scale S  loss axis: log, linear, or auto (default: log when the loss\n"
+            "                  after the first steps spans more than a factor 2)\n");
 }
 
 int cmd_plot(int argc, char **argv) {
     static const struct option opts[] = {
         {"run", required_argument, 0, 'r'}, {"out", required_argument, 0, 'o'},
         {"width", required_argument, 0, 'W'}, {"height", required_argument, 0, 'H'},
-        {"title", required_argument, 0, 't'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"title", required_argument, 0, 't'}, {"loss-scale", required_argument, 0, 'L'},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     const char *dir = NULL, *out = NULL;
     mon_plot_opts_t po = {0};
     int c;
@@ -40,6 +47,12 @@ int cmd_plot(int argc, char **argv) {
         case 'W': if (cli_parse_int("--width", optarg, 300, 10000, &po.width) < 0) { cli_error("plot", dl_errmsg()); return 2; } break;
         case 'H': if (cli_parse_int("--height", optarg, 300, 10000, &po.height) < 0) { cli_error("plot", dl_errmsg()); return 2; } break;
         case 't': po.title = optarg; break;
+        case 'L':
+            if (!strcmp(optarg, "auto")) po.loss_scale = MON_PLOT_LOSS_AUTO;
+            else if (!strcmp(optarg, "log")) po.loss_scale = MON_PLOT_LOSS_LOG;
+            else if (!strcmp(optarg, "linear")) po.loss_scale = MON_PLOT_LOSS_LINEAR;
+            else { cli_error("plot", "--loss-scale: expected auto, log or linear"); return 2; }
+            break;
         case 'h': plot_usage(stdout); return 0;
         default: plot_usage(stderr); return 2;
         }

@@ -5,6 +5,7 @@
 #include "common/base/err.h"
 #include "common/base/log.h"
 #include "common/base/paths.h"
+#include "common/base/testhook.h"
 #include "common/data/chat.h"
 #include "common/data/dataset.h"
 #include "common/data/prepare.h"
@@ -13,6 +14,38 @@
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Progress on big files: on a terminal a line rewritten in place at most once a second,
+ * in a file or pipe a plain line every 10 s; nothing for a file read in under 2 s. */
+typedef struct {
+    int tty;
+    double every_s, floor_s;    /* 1 s on a terminal, else 10 s; no line before floor_s (2 s) */
+    double last;                /* seconds (prep's clock) of the last line; 0: none yet */
+    uint64_t size;              /* the input's size in bytes (0: unknown, or compressed) */
+    int partial;                /* a line without its newline is on the terminal */
+} prep_show_t;
+
+static void show_progress(uint64_t bytes, uint64_t records, uint64_t tokens, double s, void *arg) {
+    prep_show_t *p = arg;
+    if (s < p->floor_s || (p->last > 0 && s - p->last < p->every_s)) return;
+    p->last = s;
+    char pct[32] = "";
+    if (p->size && bytes <= p->size) snprintf(pct, sizeof pct, " (%.0f%%)", 100.0 * (double)bytes / (double)p->size);
+    fprintf(stderr, "%sprepare: %.1f MB read%s, %llu lines, %.2fM tokens, %.1f MB/s, %.0f s%s", p->tty ? "\r" : "",
+            (double)bytes / 1e6, pct, (unsigned long long)records, (double)tokens / 1e6,
+            s > 0 ? (double)bytes / 1e6 / s : 0.0, s, p->tty ? "\033[K" : "\n");
+    fflush(stderr);
+    p->partial = p->tty;
+}
+
+/* A log line (a bad record's warning) starts on a line of its own. */
+static void end_line(void *arg) {
+    prep_show_t *p = arg;
+    if (p->partial) fputs("\n", stderr);
+    p->partial = 0;
+}
 
 static void prepare_usage(FILE *f) {
     fprintf(f,
@@ -92,7 +125,19 @@ int cmd_prepare(int argc, char **argv) {
     log_info("tokenizer %s (%s pre-tokenizer, %d tokens), chat template %s%s", model, tok_pre_name(t),
              tok_n_vocab(t), chat_family_name(ct.family), ct.default_system[0] ? " + default system prompt" : "");
     prep_stats_t st;
+    prep_show_t show = {isatty(STDERR_FILENO) == 1, 10.0, 2.0, 0, 0, 0};
+    if (show.tty) show.every_s = 1.0;
+    int64_t ms;   /* test hook: every chunk's line, from the start */
+    if (testhook_i64("prepare.progress_ms", &ms) == 1 && ms >= 0) show.every_s = show.floor_s = (double)ms / 1e3;
+    struct stat sb;
+    size_t dl = strlen(data);
+    if (stat(data, &sb) == 0 && !(dl > 3 && !strcmp(data + dl - 3, ".gz"))) show.size = (uint64_t)sb.st_size;
+    po.progress = show_progress;
+    po.progress_arg = &show;
+    if (show.tty) log_set_before(end_line, &show);
     rc = prep_run(t, &po, &st);
+    end_line(&show);
+    log_set_before(NULL, NULL);
     tok_destroy(&t);
     if (rc < 0) { log_rc(rc, "prepare"); return 1; }
     double mb = (double)st.bytes_in / 1e6;

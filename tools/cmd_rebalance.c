@@ -142,6 +142,15 @@ int cmd_rebalance(int argc, char **argv) {
             return 2;
         }
     }
+    if (drafters > targets) {   /* as `run` warns: target i feeds drafter i mod M */
+        if (drafters - targets == 1)
+            fprintf(stderr, "draftline rebalance: warning: %d drafters for %d target(s): drafter%d gets no input "
+                            "and sits idle (use --drafters <= --targets)\n", drafters, targets, targets);
+        else
+            fprintf(stderr, "draftline rebalance: warning: %d drafters for %d target(s): drafters %d to %d get no "
+                            "input and sit idle (use --drafters <= --targets)\n", drafters, targets, targets,
+                    drafters - 1);
+    }
     char id[64];
     time_t now = time(NULL);
     snprintf(id, sizeof id, "rb-%ld-%d", (long)now, (int)getpid());

@@ -14,6 +14,11 @@
 static char log_stage[32] = "draftline";
 static log_level_t log_level = LOG_INFO;
 
+static void (*log_before)(void *);   /* log_set_before */
+static void *log_before_arg;
+
+void log_set_before(void (*fn)(void *), void *arg) { log_before = fn, log_before_arg = arg; }
+
 static const char *const level_names[] = {"ERROR", "WARN", "INFO", "DEBUG"};
 
 int log_parse_level(const char *s, log_level_t *out) {
@@ -46,6 +51,7 @@ void log_msg(log_level_t level, const char *file, int line, const char *fmt, ...
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    if (log_before) log_before(log_before_arg);
     if (level == LOG_DEBUG)
         fprintf(stderr, "%s.%03dZ %s %s[%d] %s (%s:%d)\n", ts, (int)(tv.tv_usec / 1000),
                 level_names[level], log_stage, (int)getpid(), msg, file, line);

@@ -24,6 +24,11 @@ void log_msg(log_level_t level, const char *file, int line, const char *fmt, ...
 #define log_info(...)  log_msg(LOG_INFO, __FILE__, __LINE__, __VA_ARGS__)
 #define log_debug(...) log_msg(LOG_DEBUG, __FILE__, __LINE__, __VA_ARGS__)
 
+/* fn(arg) runs before each log line is written (NULL: none); the `run` supervisor ends a
+ * half-written progress line on the terminal with it. Not thread-safe: set it while
+ * only one thread logs. */
+void log_set_before(void (*fn)(void *), void *arg);
+
 /* Logs "what: <dl_strerror(rc)>: <dl_errmsg()>" at error level; returns rc. */
 int log_rc(int rc, const char *what);
 

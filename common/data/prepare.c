@@ -432,6 +432,8 @@ int prep_run(const tok_t *t, const prep_opts_t *o, prep_stats_t *st) {
         if ((rc = prep_read_chunk(&c, &n, &eof)) < 0 || n == 0) break;
         prep_tokenize_chunk(&c, n);
         rc = prep_write_chunk(&c, n);
+        if (rc == 0 && o->progress)
+            o->progress(ds_bytes_read(c.rd), c.nsamp + ds_skipped(c.rd), c.ntok, now_s() - t0, o->progress_arg);
     }
     if (rc == 0 && c.nsamp == 0) rc = no_samples_error(o, ds_skipped(c.rd), c.skip_fields, c.skip_hint, c.skip_why);
     if (rc == 0) rc = prep_finish(&c);

@@ -47,6 +47,11 @@ typedef struct {
     int n_threads;                /* 0 = all cores (omp_get_max_threads) */
     uint32_t chunk_records;       /* records per parallel chunk; 0 = 2048 */
     const char *out_path;
+    /* optional: called (on the calling thread) after each chunk is written with the
+     * input bytes read so far, the records (samples + skipped), the tokens and the
+     * seconds since the start; the caller decides how often to show it */
+    void (*progress)(uint64_t bytes_in, uint64_t records, uint64_t tokens, double seconds, void *arg);
+    void *progress_arg;
 } prep_opts_t;
 
 typedef struct {

@@ -94,6 +94,21 @@ static int push_tensor(safetensors_t *st, st_tensor_t *t, const char *name) {
     return 0;
 }
 
+/* s (a tensor name or dtype from a header that may be corrupt) as printable text for an
+ * error message: printable ASCII kept, every other byte as \xNN, '...' past 48 bytes, so
+ * a corrupt header never sends raw bytes (escape sequences) to a terminal. buf: 256. */
+static const char *esc(const char *s, char buf[256]) {
+    size_t n = 0;
+    for (size_t i = 0; s[i] && n + 8 < 256; i++) {
+        if (i == 48) { memcpy(buf + n, "...", 3); n += 3; break; }
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c < 0x7f && c != '\\') buf[n++] = (char)c;
+        else n += (size_t)snprintf(buf + n, 256 - n, "\\x%02x", c);
+    }
+    buf[n] = 0;
+    return buf;
+}
+
 /* Parses the header of file index fi and appends its tensors. If only (weight_map
  * filter) is not NULL, tensors are appended regardless (the index lists them all). */
 static int parse_file(safetensors_t *st, int fi) {
@@ -114,7 +129,12 @@ static int parse_file(safetensors_t *st, int fi) {
     uint64_t data_size = f->size - 8 - hlen;
     cJSON *root = cJSON_ParseWithLength((const char *)f->map + 8, (size_t)hlen);
     if (!root || !cJSON_IsObject(root)) {
+        const char *at = cJSON_GetErrorPtr();
+        long off = at && at >= (const char *)f->map + 8 && at <= (const char *)f->map + 8 + hlen
+                   ? (long)(at - (const char *)f->map - 8) : -1;
         cJSON_Delete(root);
+        if (off >= 0) return dl_seterr(DL_EFORMAT, "%s: header is not a JSON object (it stops parsing at byte %ld of "
+                                       "its %llu)", f->path, off, (unsigned long long)hlen);
         return dl_seterr(DL_EFORMAT, "%s: header is not a JSON object", f->path);
     }
     int rc = 0;
@@ -122,6 +142,7 @@ static int parse_file(safetensors_t *st, int fi) {
     cJSON_ArrayForEach(e, root) {
         const char *name = e->string;
         if (!strcmp(name, "__metadata__")) continue;
+        char eb[256], db[256];
         st_tensor_t t;
         memset(&t, 0, sizeof t);
         t.file = fi;
@@ -131,13 +152,13 @@ static int parse_file(safetensors_t *st, int fi) {
         if (!cJSON_IsString(dt) || !cJSON_IsArray(sh) || !cJSON_IsArray(off) ||
             cJSON_GetArraySize(off) != 2) {
             rc = dl_seterr(DL_EFORMAT, "%s: tensor '%s': needs dtype (string), shape (array) and "
-                           "data_offsets ([begin, end])", f->path, name);
+                           "data_offsets ([begin, end])", f->path, esc(name, eb));
             break;
         }
         size_t es = st_dtype_size(dt->valuestring);
         if (!es) {
-            rc = dl_seterr(DL_EFORMAT, "%s: tensor '%s': unknown dtype '%s'", f->path, name,
-                           dt->valuestring);
+            rc = dl_seterr(DL_EFORMAT, "%s: tensor '%s': unknown dtype '%s'", f->path, esc(name, eb),
+                           esc(dt->valuestring, db));
             break;
         }
         snprintf(t.dtype_name, sizeof t.dtype_name, "%s", dt->valuestring);
@@ -145,7 +166,7 @@ static int parse_file(safetensors_t *st, int fi) {
                 : !strcmp(dt->valuestring, "BF16") ? ST_BF16 : ST_OTHER;
         int nd = cJSON_GetArraySize(sh);
         if (nd > ST_MAX_DIMS) {
-            rc = dl_seterr(DL_EFORMAT, "%s: tensor '%s': %d dims (max %d)", f->path, name, nd, ST_MAX_DIMS);
+            rc = dl_seterr(DL_EFORMAT, "%s: tensor '%s': %d dims (max %d)", f->path, esc(name, eb), nd, ST_MAX_DIMS);
             break;
         }
         t.n_dims = nd;
@@ -155,12 +176,12 @@ static int parse_file(safetensors_t *st, int fi) {
         cJSON_ArrayForEach(d, sh) {
             double v = cJSON_IsNumber(d) ? d->valuedouble : -1;
             if (!(v >= 0 && v < 9007199254740992.0) || v != floor(v)) {
-                rc = dl_seterr(DL_EFORMAT, "%s: tensor '%s': bad shape entry %d", f->path, name, i);
+                rc = dl_seterr(DL_EFORMAT, "%s: tensor '%s': bad shape entry %d", f->path, esc(name, eb), i);
                 break;
             }
             t.shape[i++] = (int64_t)v;
             if (v > 0 && nel > (UINT64_C(1) << 53) / (uint64_t)v) {
-                rc = dl_seterr(DL_EFORMAT, "%s: tensor '%s': shape overflows", f->path, name);
+                rc = dl_seterr(DL_EFORMAT, "%s: tensor '%s': shape overflows", f->path, esc(name, eb));
                 break;
             }
             nel *= (uint64_t)v;
@@ -170,13 +191,13 @@ static int parse_file(safetensors_t *st, int fi) {
         double en = cJSON_IsNumber(cJSON_GetArrayItem(off, 1)) ? cJSON_GetArrayItem(off, 1)->valuedouble : -1;
         if (!(b >= 0 && en >= b && en <= (double)data_size) || b != floor(b) || en != floor(en)) {
             rc = dl_seterr(DL_EFORMAT, "%s: tensor '%s': data_offsets [%.0f, %.0f] outside the data "
-                           "section (%llu bytes)", f->path, name, b, en, (unsigned long long)data_size);
+                           "section (%llu bytes)", f->path, esc(name, eb), b, en, (unsigned long long)data_size);
             break;
         }
         t.nbytes = (uint64_t)en - (uint64_t)b;
         if (t.nbytes != nel * es) {
             rc = dl_seterr(DL_EFORMAT, "%s: tensor '%s': %llu bytes but dtype %s x shape needs %llu",
-                           f->path, name, (unsigned long long)t.nbytes, t.dtype_name,
+                           f->path, esc(name, eb), (unsigned long long)t.nbytes, t.dtype_name,
                            (unsigned long long)(nel * es));
             break;
         }

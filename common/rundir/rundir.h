@@ -28,7 +28,9 @@
  *
  * steps.jsonl line (rundir_steps_append):
  *   {"step":N,"loss":%.9g|null,"grad_norm":%.9g|null,"lr":%.9g,"tokens":N,
- *    "skipped":0|1,"acc_mean":%.6f,"t":%.3f seconds since the optimizer's first step}
+ *    "skipped":0|1,"acc_mean":%.6f,"t":%.3f seconds of training of the run so far: a resumed
+ *    or restarted optimizer's t goes on from the last line it keeps (the time between
+ *    processes is not counted)}
  *
  * Errors: DL_ENOENT (file missing), DL_EINVAL (malformed: the detail names the file
  * and, where there is one, the key), DL_EIO (write failed; errno in the detail),
@@ -223,7 +225,8 @@ typedef struct {
     uint64_t tokens;                    /* cumulative target tokens of applied steps */
     int skipped;                        /* 1: the step's update was skipped (NaN) */
     double acc_mean;                    /* mean top-1 accuracy over block positions 1.. */
-    double t;                           /* s since the optimizer's first step */
+    double t;                           /* s since this optimizer's first step (the line gets
+                                           the rewind's last kept t added: see the open) */
 } rundir_step_t;
 
 typedef struct rundir_steps rundir_steps_t;
@@ -231,7 +234,8 @@ typedef struct rundir_steps rundir_steps_t;
 /* Opens <dir>/steps.jsonl for appending. When rewind_from >= 0 (a resumed optimizer
  * undoes every step from there on), first rewrites the file without the lines of
  * steps >= rewind_from and without a torn last line (to .tmp, renamed; lines that do
- * not parse are kept; logs how many were removed). NULL + dl_errmsg (DL_EIO,
+ * not parse are kept; logs how many were removed); the last kept line's "t" is then
+ * added to every appended t, so t continues across a resume. NULL + dl_errmsg (DL_EIO,
  * DL_ENOMEM) when the file cannot be opened. */
 rundir_steps_t *rundir_steps_open(const char *dir, int64_t rewind_from);
 void rundir_steps_close(rundir_steps_t **w);

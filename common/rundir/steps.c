@@ -16,12 +16,13 @@
 struct rundir_steps {
     FILE *f;
     char path[RUNDIR_PATH_MAX + 64];
+    double t_base;      /* "t" of the last line kept by the rewind: where this writer's t starts */
 };
 
 /* A resumed optimizer undoes every step from `step` on: their lines leave the file
  * (rewritten to a .tmp and renamed), so the log is the ledger of the weights' actual
  * history, each step once. Lines that do not parse are kept. */
-static void steps_rewind(const char *path, uint64_t step) {
+static void steps_rewind(const char *path, uint64_t step, double *t_last) {
     FILE *in = fopen(path, "r");
     if (!in) return;
     char tmp[RUNDIR_PATH_MAX + 80];
@@ -37,6 +38,9 @@ static void steps_rewind(const char *path, uint64_t step) {
         if (line[n - 1] != '\n') { dropped++; continue; }  /* torn last line of a killed writer */
         if (sscanf(line, "{\"step\":%llu", &s) == 1 && s >= step) { dropped++; continue; }
         fputs(line, out);
+        const char *tk = strstr(line, "\"t\":");
+        double t;
+        if (tk && sscanf(tk + 4, "%lf", &t) == 1 && isfinite(t) && t >= 0) *t_last = t;
     }
     free(line);
     fclose(in);
@@ -52,7 +56,7 @@ rundir_steps_t *rundir_steps_open(const char *dir, int64_t rewind_from) {
     rundir_steps_t *w = calloc(1, sizeof *w);
     if (!w) { dl_seterr(DL_ENOMEM, "steps.jsonl: out of memory"); return NULL; }
     if (rundir_path(w->path, sizeof w->path, dir, RUNDIR_STEPS) < 0) { free(w); return NULL; }
-    if (rewind_from >= 0) steps_rewind(w->path, (uint64_t)rewind_from);
+    if (rewind_from >= 0) steps_rewind(w->path, (uint64_t)rewind_from, &w->t_base);
     w->f = fopen(w->path, "a");
     if (!w->f) {
         dl_seterr(DL_EIO, "%s: %s", w->path, strerror(errno));
@@ -75,7 +79,7 @@ int rundir_steps_append(rundir_steps_t *w, const rundir_step_t *s) {
     snprintf(gs, sizeof gs, isfinite(s->grad_norm) ? "%.9g" : "null", s->grad_norm);
     fprintf(w->f, "{\"step\":%llu,\"loss\":%s,\"grad_norm\":%s,\"lr\":%.9g,\"tokens\":%llu,"
             "\"skipped\":%d,\"acc_mean\":%.6f,\"t\":%.3f}\n", (unsigned long long)s->step, ls, gs,
-            s->lr, (unsigned long long)s->tokens, s->skipped, s->acc_mean, s->t);
+            s->lr, (unsigned long long)s->tokens, s->skipped, s->acc_mean, w->t_base + s->t);
     if (fflush(w->f) != 0 || ferror(w->f)) {
         clearerr(w->f);
         return dl_seterr(DL_EIO, "%s: %s", w->path, strerror(errno));

@@ -267,6 +267,7 @@ static void test_cli_once_and_plot(void **state) {
     assert_memory_equal(h, "\x89PNG\r\n\x1a\n", 8);
     /* a run dir without steps: exit 1; no --run: usage, exit 2 */
     char *argv3[] = {"draftline", "plot", "--run", tmpdir, NULL};
+    fprintf(stderr, "(expected: the ERROR line below is a negative test's)\n");
     free(run_cli(argv3, &code));
     assert_int_equal(code, 1);
     char *argv4[] = {"draftline", "monitor", "--once", NULL};

@@ -185,6 +185,7 @@ static void test_regen_kill_resume(void **state) {
     fputs("{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"a\"}]}\n"
           "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}\n", f);
     fclose(f);
+    fprintf(stderr, "(expected: the ERROR line below is a negative test's)\n");
     assert_int_equal(run_regen(bad), 1);
     assert_int_equal(count_lines(bad), 2); /* untouched */
 }
@@ -237,6 +238,7 @@ static void test_regen_foreign_and_empty(void **state) {
         assert_non_null(f);
         fputs(foreign[i], f);
         fclose(f);
+        fprintf(stderr, "(expected: the ERROR line below is a negative test's)\n");
         assert_int_equal(run_regen_on(g_data, out), 1);
         size_t n;
         char *b = slurp(out, &n);
@@ -251,8 +253,10 @@ static void test_regen_foreign_and_empty(void **state) {
     fputs("{\"foo\": \"bar\"}\n{broken\n", f);
     fclose(f);
     snprintf(out, sizeof out, "%s/empty_out.jsonl", g_dir);
+    fprintf(stderr, "(expected: the ERROR line below is a negative test's)\n");
     assert_int_equal(run_regen_on(in, out), 1);
     assert_int_not_equal(access(out, F_OK), 0);
+    fprintf(stderr, "(expected: the ERROR line below is a negative test's)\n");
     assert_int_equal(run_regen_on("/nonexistent/in.jsonl", out), 1);
     assert_int_not_equal(access(out, F_OK), 0);
 }
