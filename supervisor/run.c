@@ -102,6 +102,7 @@ static void on_tick(uv_timer_t *t) {
     }
     sup__nodes_tick(S, now);
     sup__rb_tick(S);
+    sup__balance_tick(S, now);
     sup__ev_poll(S);
     if (now - S->last_progress_print >= S->o->progress_every_s) {
         S->last_progress_print = now;
