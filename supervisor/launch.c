@@ -176,6 +176,20 @@ static int lc_gpu_lists(launch_t *L) {
                 L->node_names[L->dnode[0]]);
         return 2;
     }
+    if (o->balance_auto && o->listen) {
+        fprintf(stderr, "draftline run: --balance auto: not for multi-node runs yet (it moves stages of one "
+                        "host); choose the split with --targets/--drafters or the GPU lists\n");
+        return 2;
+    }
+    if (o->balance_auto && L->gpu_mode)
+        for (int i = 0; i < L->ngt + L->ngd; i++)
+            for (int j = i + 1; j < L->ngt + L->ngd; j++)
+                if ((i < L->ngt ? L->tgpu[i] : L->dgpu[i - L->ngt]) == (j < L->ngt ? L->tgpu[j] : L->dgpu[j - L->ngt])) {
+                    fprintf(stderr, "draftline run: --balance auto moves whole GPUs between targets and drafters: "
+                                    "give each target and drafter a GPU of its own (GPU %d runs two stages)\n",
+                            i < L->ngt ? L->tgpu[i] : L->dgpu[i - L->ngt]);
+                    return 2;
+                }
     return L->gpu_mode ? gpu_pairs_local(L) : 0;
 }
 

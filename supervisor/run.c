@@ -103,6 +103,7 @@ static void on_tick(uv_timer_t *t) {
     }
     sup__nodes_tick(S, now);
     sup__rb_tick(S);
+    sup__balance_tick(S, now);
     sup__ev_poll(S);
     sup__progress_tick(S, now);
     sup__stall_check(S, now);

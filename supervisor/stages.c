@@ -49,6 +49,8 @@ static void fill_opts(launch_t *L) {
     so->save_every = o->save_every;
     so->keep_checkpoints = o->keep_checkpoints;
     so->deterministic = o->deterministic;
+    so->balance_auto = o->balance_auto;
+    so->balance_every_s = o->balance_every_s > 0 ? o->balance_every_s : 60;
     if (o->eval_data) {
         so->eval_data = o->eval_data;
         so->eval_every = o->eval_every;

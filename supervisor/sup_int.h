@@ -5,6 +5,7 @@
  *   proc.c       process table: spawn, reap, restarts with backoff, routes, control,
  *                each stage's RUN_CONFIG
  *   rebalance.c  live rebalance (checks, placement plan, drain and retire)
+ *   balance.c    --balance auto: the split from measured rates, applied by a rebalance
  *   eval.c       the training-time eval child
  *   relay.c      hellos (and config requests), metrics relay (metrics.jsonl, PUB, Prometheus),
  *                loss history, stall check
@@ -163,6 +164,10 @@ typedef struct {
         char to_gpus[160];      /* GPU runs: " (targets on GPUs L, drafters on GPUs L)" */
         char status[16], message[256];
     } rb;
+    /* --balance auto (balance.c): next check (monotonic s; 0: not scheduled yet), the step
+     * of the last move (the next check waits for 2 more), checks and moves made, off (a
+     * move could not be made: said once), the last verdict and split said on the console */
+    struct { double next_check; int64_t change_step; int checks, moves, off; char last_said[64]; } bal;
     char resume_ckpt[4200];     /* the optimizer restarts from here ("" = its first args) */
     int opt_recoveries;
     double t_opt_died, last_recovery_s;
@@ -330,5 +335,11 @@ void sup__rb_request(sup_t *S, const char *id, int N, int M, const int *tg, int 
                      const char *tplace, const char *dplace);
 /* Advances a running rebalance (drain, SIGTERM/SIGKILL of retiring stages, done). */
 void sup__rb_tick(sup_t *S);
+/* balance.c */
+/* --balance auto: every balance_every_s after 2 applied steps, the split with the best
+ * predicted throughput from the stages' measured rates (common/pipe/balance.h), moved to
+ * by a live rebalance when it beats the live split by 15 %; each decision logged and
+ * printed. Called from the supervisor's tick; does nothing without --balance auto. */
+void sup__balance_tick(sup_t *S, double now);
 
 #endif

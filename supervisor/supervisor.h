@@ -58,6 +58,11 @@ typedef struct {
     int64_t save_every;
     int64_t keep_checkpoints;   /* --keep-checkpoints (0: keep all); in run.json */
     int deterministic;
+    /* --balance auto: the supervisor picks the target/drafter split from measured rates
+     * (supervisor/balance.c), first after balance_every_s and 2 applied steps, then every
+     * balance_every_s (s) */
+    int balance_auto;
+    double balance_every_s;
     int eval_every, eval_prompts, eval_max_new_tokens;
     /* the run's one configuration (validated); each stage's RUN_CONFIG is built from it */
     const struct run_config *cfg;

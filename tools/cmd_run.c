@@ -34,7 +34,8 @@ static const struct option run_options[] = {
     {"eval-data", 1, 0, RUN_O_EVD}, {"eval-every", 1, 0, RUN_O_EVE},
     {"eval-prompts", 1, 0, RUN_O_EVP}, {"eval-max-new-tokens", 1, 0, RUN_O_EVM},
     {"keep-checkpoints", 1, 0, RUN_O_KC}, {"listen", 1, 0, RUN_O_LISTEN}, {"key", 1, 0, RUN_O_KEY},
-    {"nodes", 1, 0, RUN_O_NODES}, {"join-timeout", 1, 0, RUN_O_JT}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    {"nodes", 1, 0, RUN_O_NODES}, {"join-timeout", 1, 0, RUN_O_JT}, {"balance", 1, 0, RUN_O_BAL},
+    {"balance-every", 1, 0, RUN_O_BALE}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
 
 static void run_usage(FILE *f) {
     fprintf(f,
@@ -123,6 +124,13 @@ static void run_usage(FILE *f) {
         "  --eval-prompts K           first K prompts (default 4)\n"
         "  --eval-max-new-tokens M    per prompt (default 48)\n"
         "live changes: `draftline rebalance --run DIR --targets N --drafters M`, `draftline status`\n"
+        "  --balance auto|off         auto: the supervisor picks the target/drafter split itself from\n"
+        "                             the stages' measured rates (after 2 steps and --balance-every S,\n"
+        "                             then every S) and rebalances live when that predicts >= 15%% more\n"
+        "                             tokens/s; each decision printed with its numbers. CPU: the\n"
+        "                             processes are shared; GPU: whole GPUs, one stage each. One host\n"
+        "                             only; not kept by --resume (default off)\n"
+        "  --balance-every S          seconds between its checks (default 60)\n"
         "  --config FILE.yaml         the same keys as the flags (without --); flags override\n"
         "  -h, --help                 this help\n");
 }
@@ -177,6 +185,10 @@ static int set_opt(run_opts_t *o, int code, const char *v) {
     case RUN_O_KEY: o->key = v; return 0;
     case RUN_O_NODES: return cli_parse_int("--nodes", v, 0, 15, &o->nodes);
     case RUN_O_JT: return cli_parse_f64("--join-timeout", v, 1, 86400, &o->join_timeout_s);
+    case RUN_O_BAL:
+        if (!strcmp(v, "auto") || !strcmp(v, "off")) { o->balance_auto = !strcmp(v, "auto"); return 0; }
+        return dl_seterr(DL_EINVAL, "--balance %s: expected auto or off", v);
+    case RUN_O_BALE: return cli_parse_f64("--balance-every", v, 1, 86400, &o->balance_every_s);
     case RUN_O_CFG: return 0;
     }
     (void)x;
