@@ -99,7 +99,8 @@ static int gpu_lists(const sup_t *S, int N, int M, int *tg, int *dg) {
 }
 
 /* "balance: <what> (<why>)" on the console and in the log. */
-static void say(const char *what, const char *why) {
+static void say(sup_t *S, const char *what, const char *why) {
+    sup__progress_break(S);
     printf("balance: %s (%s)\n", what, why);
     fflush(stdout);
     log_info("balance: %s (%s)", what, why);
@@ -127,7 +128,7 @@ void sup__balance_tick(sup_t *S, double now) {
         char key[64];
         snprintf(key, sizeof key, "%d %d+%d", (int)p.verdict, in.n_targets, in.n_drafters);
         if (strcmp(key, S->bal.last_said) != 0 && p.verdict != BALANCE_UNKNOWN)
-            printf("balance: keeping %d+%d (%s)\n", in.n_targets, in.n_drafters, p.why), fflush(stdout);
+            sup__progress_break(S), printf("balance: keeping %d+%d (%s)\n", in.n_targets, in.n_drafters, p.why), fflush(stdout);
         snprintf(S->bal.last_said, sizeof S->bal.last_said, "%s", key);
         log_info("balance: %s (%s)", balance_verdict_name(p.verdict), p.why);
         return;
@@ -138,18 +139,18 @@ void sup__balance_tick(sup_t *S, double now) {
     if (S->gpu_mode && gpu_lists(S, p.n_targets, p.n_drafters, tg, dg) < 0) {
         snprintf(what, sizeof what, "%d+%d would be better, but the GPUs do not run one stage each: auto "
                  "balance is off for this run", p.n_targets, p.n_drafters);
-        say(what, p.why);
+        say(S, what, p.why);
         S->bal.off = 1;
         return;
     }
     snprintf(what, sizeof what, "moving to %d target(s) + %d drafter(s)", p.n_targets, p.n_drafters);
-    say(what, p.why);
-    if (S->gpu_mode) sup__rb_request(S, id, p.n_targets, p.n_drafters, tg, p.n_targets, dg, p.n_drafters);
-    else sup__rb_request(S, id, p.n_targets, p.n_drafters, NULL, 0, NULL, 0);
+    say(S, what, p.why);
+    if (S->gpu_mode) sup__rb_request(S, id, p.n_targets, p.n_drafters, tg, p.n_targets, dg, p.n_drafters, NULL, NULL);
+    else sup__rb_request(S, id, p.n_targets, p.n_drafters, NULL, 0, NULL, 0, NULL, NULL);
     if (!S->rb.running) {
         snprintf(what, sizeof what, "the rebalance to %d+%d did not start (%s): auto balance is off for this run",
                  p.n_targets, p.n_drafters, S->rb.message);
-        say(what, p.why);
+        say(S, what, p.why);
         S->bal.off = 1;
         return;
     }
