@@ -170,8 +170,9 @@ static int gpu_pairs_local(const launch_t *L) {
     const char *why = NULL;
     char a[32] = "", b[32] = "";
     int na = 0, nb = 0;
-    /* test hook nccl_cross=1 (issue 17, two GPUs): target -> drafter across nodes by NCCL
-     * (target_worker/nccl_out.c, drafter_worker/nccl_in.c); gradients still refused */
+    /* test hook nccl_cross=1 (issue 17, two GPUs): target -> drafter (target_worker/nccl_out.c,
+     * drafter_worker/nccl_in.c) and drafters -> optimizer (optimizer/nccl_step.c,
+     * drafter_worker/nccl_step.c) across nodes by NCCL */
     int64_t cross = 0;
     int nccl_cross = testhook_i64("nccl_cross", &cross) && cross == 1;
     for (int i = 0; i < L->ngt && !why && !nccl_cross; i++) {
@@ -181,7 +182,7 @@ static int gpu_pairs_local(const launch_t *L) {
             na = L->tnode[i]; nb = L->dnode[d]; why = "hidden states";
         }
     }
-    for (int j = 1; j < L->ngd && !why; j++) {
+    for (int j = 1; j < L->ngd && !why && !nccl_cross; j++) {
         if (L->dnode[j] != L->dnode[0]) {
             snprintf(a, sizeof a, "drafter%d", j); snprintf(b, sizeof b, "the optimizer (with drafter0)");
             na = L->dnode[j]; nb = L->dnode[0]; why = "gradients and weights";
