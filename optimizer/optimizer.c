@@ -43,7 +43,8 @@
  * same arithmetic). The new weights go to them as slab_data (the version's half of the
  * weights slab) before weights_version; a step is applied only when no weights are
  * still waiting for the bus (their source is the weights slab). GPU optimizers with
- * drafters on other nodes need NCCL (not built yet): refused at start.
+ * drafters on other nodes need NCCL: refused at start unless the test hook nccl_cross=1
+ * is set (nccl_step.c: the step communicator, opt_int.h).
  */
 #include "common/base/clock.h"
 #include "common/base/err.h"
