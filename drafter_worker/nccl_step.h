@@ -8,7 +8,7 @@
 #include "drafter_worker/dw_int.h"
 
 #define DW_NSTEP_POLL_MS 10
-#define DW_NSTEP_ENQ_WAIT_MS 2000    /* an operation NCCL is still enqueuing (first use); < the 3 s heartbeat timeout */
+#define DW_NSTEP_ENQ_WAIT_MS 2000    /* NCCL still enqueuing (first use); < the 3 s heartbeat */
 #define DW_NSTEP_READY_MS 30000      /* a generation not ready after this: aborted here */
 
 /* After dw__nccl_init, before dw__xfer_init: W->nstep set when the hook is on, this is a

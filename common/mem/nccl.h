@@ -43,10 +43,11 @@ int nccl_available(void);
 int nccl_id_new(uint8_t id[NCCL_PAIR_ID_BYTES]);
 
 /* Starts joining communicator `id` as rank `rank` of `nranks` (1..NCCL_PAIR_RANKS_MAX:
- * 2 for a target/drafter pair, 1 + k for the step communicator; 0 <= rank < nranks) on CUDA device `device`, non-blocking: returns at once with *out set (owned by
- * the caller: nccl_pair_abort or nccl_pair_destroy) while NCCL connects in the
- * background; nccl_pair_poll says when it is ready. The calling thread's current device
- * is restored on return. Errors: DL_EINVAL (nranks / rank / NULL), DL_ECUDA (the init
+ * 2 for a target/drafter pair, 1 + k for the step communicator; 0 <= rank < nranks)
+ * on CUDA device `device`, non-blocking: returns at once with *out set (owned by the
+ * caller: nccl_pair_abort or nccl_pair_destroy) while NCCL connects in the background;
+ * nccl_pair_poll says when it is ready. The calling thread's current device is restored
+ * on return. Errors: DL_EINVAL (nranks / rank / NULL), DL_ECUDA (the init
  * failed at once; *out = NULL), DL_ENOMEM. CPU: DL_ENOTSUP, *out = NULL. */
 int nccl_pair_init(nccl_pair_t **out, const uint8_t id[NCCL_PAIR_ID_BYTES], int nranks, int rank,
                    int device);
