@@ -51,6 +51,7 @@
 #include "common/pipe/slot.h"
 #include "common/pipe/stage.h"
 #include "drafter_worker/dw_int.h"
+#include "drafter_worker/nccl_step.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -331,7 +332,7 @@ static void after_work_cb(uv_work_t *req, int status) {
     /* test hook nan_mb=<mb> poisons that micro-batch's loss (the optimizer must skip
      * its step and report it) */
     if (W->nan_mb >= 0 && (uint64_t)W->nan_mb == it->mb) g->loss_sum = NAN;
-    dw__send_grads(W, &m);   /* optimizer on another node: the slot's bytes first */
+    if (!dw__nstep_send(W, &m)) dw__send_grads(W, &m);   /* optimizer on another node: the slot's bytes first */
     W->sent[it->mb_in_step] = 1;
     W->computed++;
     W->tokens += it->T;
@@ -594,16 +595,18 @@ static void on_opt_msg(bus_t *bus, const char *peer, const void *data, size_t le
                       "(start drafters and optimizer both with or both without --gpu)");
             W->have_wslab = 0;
         }
-        if (W->have_wslab && dw__weights_export(W) < 0) W->have_wslab = 0;
+        if (W->have_wslab && (W->nstep ? dw__nstep_export(W) : dw__weights_export(W)) < 0) W->have_wslab = 0;
     } else if (m.type == PROTO_SLAB_DATA) {   /* the optimizer on another node: its weights */
-        dw__on_opt_data(W, &m.slab_data);
+        if (!dw__nstep_refuse(W, &m.slab_data)) dw__on_opt_data(W, &m.slab_data);
+    } else if (m.type == PROTO_NCCL_ID) {     /* its step communicator (GPU, hook nccl_cross=1) */
+        dw__nstep_on_id(W, &m.nccl_id);
     } else if (m.type == PROTO_WEIGHTS_VERSION) {
         const proto_weights_version_t *v = &m.weights_version;
         if (!W->have_wslab || v->n_params != W->P || v->dtype != PROTO_DTYPE_F32 ||
             v->slab_id != W->wslab.slab_id || v->offset + v->bytes > W->wslab.bytes) {
             log_error("weights_version %llu does not match this drafter (%llu params)",
                       (unsigned long long)v->version, (unsigned long long)v->n_params);
-        } else if ((int64_t)v->version != W->version) {
+        } else if ((int64_t)v->version != W->version && dw__nstep_weights(W, v) >= 0) {
             if (W->busy) { W->pending_version = (int64_t)v->version; W->pending_offset = v->offset; }
             else load_weights(W, (int64_t)v->version, v->offset);
             try_compute(W);
@@ -714,6 +717,7 @@ static void send_hello(dw_t *W) {
 /* Releases what main and dw_slabs made (after stage_run). */
 static void dw_fini(dw_t *W) {
     dw__nccl_fini(W);
+    dw__nstep_fini(W);   /* before the free of W->wmirror: its mirror is device memory */
     xfer_destroy(&W->oxf);
     free(W->wmirror);
     bus_destroy(&W->srv);
@@ -843,8 +847,9 @@ int main(int argc, char **argv) {
     bus_on_message(W.opt, on_opt_msg, &W);
     stage_on_metrics(&W.st, on_metrics, &W);
     stage_on_stop(&W.st, on_stop, &W);
-    if (dw__xfer_init(&W) < 0) return 1;
     if (dw__nccl_init(&W) < 0) return log_rc(DL_ENOTSUP, "nccl_cross"), 1;
+    if (dw__nstep_init(&W) < 0) return 1;
+    if (dw__xfer_init(&W) < 0) return 1;
     send_hello(&W);
     export_slab(&W, W.opt, NULL, W.grad);
     W.t_rate = W.idle_since = clock_mono_s();

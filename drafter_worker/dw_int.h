@@ -118,6 +118,7 @@ typedef struct {
     struct nccl_pair *npair[PEERS_MAX];  /* by registry index, NULL none */
     int npair_ready[PEERS_MAX];
     bus_timer_t *nccl_timer;
+    struct dw_nstep *nstep;    /* the optimizer on another node by NCCL (nccl_step.c), NULL none */
 } dw_t;
 
 /* ---- xfer_in.c: the data plane across nodes ---- */

@@ -43,7 +43,8 @@
  * same arithmetic). The new weights go to them as slab_data (the version's half of the
  * weights slab) before weights_version; a step is applied only when no weights are
  * still waiting for the bus (their source is the weights slab). GPU optimizers with
- * drafters on other nodes need NCCL (not built yet): refused at start.
+ * drafters on other nodes need NCCL: refused at start unless the test hook nccl_cross=1
+ * is set (nccl_step.c: the step communicator, opt_int.h).
  */
 #include "common/base/clock.h"
 #include "common/base/err.h"
@@ -62,6 +63,7 @@
 #include "common/pipe/stage.h"
 #include "common/pipe/xfer.h"
 #include "common/rundir/rundir.h"
+#include "optimizer/opt_int.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -130,6 +132,7 @@ typedef struct {
     /* across nodes: weights to remote drafters (source: the weights slab) */
     xfer_t *xf;                /* on srv */
     xfer_rx_t rx;
+    ons_t *ns;                 /* GPU drafters on other nodes: NCCL (nccl_step.c; hook nccl_cross=1) */
     int in_apply;
     /* the checkpoint in flight on the worker thread (ck_busy) and what follows it */
     uv_work_t ck_work;
@@ -173,6 +176,11 @@ static void send_weights(opt_t *O, int i) {
     m.weights_version.bytes = O->P * sizeof(float);
     m.weights_version.n_params = O->P;
     m.weights_version.dtype = PROTO_DTYPE_F32;
+    if (O->ns && O->dp[i].remote) {   /* NCCL: one broadcast per version, this message per member */
+        if (ons_member(O->ns, i) && ons_weights(O->ns, wbuf(O, O->step), O->P * sizeof(float), O->step) == 0)
+            stage_send(O->srv, O->peers.p[i].id, &m);
+        return;   /* not a member yet: its generation's ready callback sends them */
+    }
     if (!O->dp[i].remote || !O->xf) {
         stage_send(O->srv, O->peers.p[i].id, &m);
         return;
@@ -457,6 +465,7 @@ static void on_grads_checked(opt_t *O, int pi, const proto_gradients_ready_t *g)
 
 static void on_grads(opt_t *O, int pi, const proto_gradients_ready_t *g) {
     on_grads_checked(O, pi, g);
+    ons_drain(O->ns, pi, g->bytes);   /* a member's send not taken: received all the same */
     O->dp[pi].rx = 0;   /* the next announcement counts its own bytes */
 }
 
@@ -484,13 +493,14 @@ static void on_grads_checked(opt_t *O, int pi, const proto_gradients_ready_t *g)
         log_warn("%s: gradients in an unknown slab %u / out of range", O->peers.p[pi].id, g->slab_id);
         return;
     }
-    if (p->remote && p->rx != g->bytes) {
+    if (p->remote && O->gpu < 0 && p->rx != g->bytes) {
         log_warn("%s: gradients of micro-batch %llu announced with %llu of their %llu bytes received: dropped",
                  O->peers.p[pi].id, (unsigned long long)mb, (unsigned long long)p->rx, (unsigned long long)g->bytes);
         return;
     }
     void *base = p->mirror;   /* another node: the mirror its slab_data filled */
-    int rc = p->remote ? 0 : hcache_get(O->hc, &p->grad, &base);
+    int rc = p->remote ? ons_take(O->ns, pi, mb % O->K, g->offset, g->bytes, &base)   /* GPU: NCCL */
+                       : hcache_get(O->hc, &p->grad, &base);
     if (rc < 0) { log_rc(rc, "map drafter gradients"); return; }
     c->present = 1;
     c->peer = pi;
@@ -509,6 +519,7 @@ static void maybe_apply(opt_t *O) {
     if (O->ck_busy || O->stop_pending) return;   /* ck_after calls again */
     for (uint64_t j = 0; j < O->K; j++) if (!O->c[j].present) return;
     if (xfer_pending(O->xf)) return;   /* on_weights_sent calls again */
+    if (ons_busy(O->ns)) return;       /* NCCL transfers outstanding: its landed callback calls again */
     O->in_apply = 1;
     apply_step(O);
     O->in_apply = 0;
@@ -519,12 +530,26 @@ static void maybe_apply(opt_t *O) {
  * DL_ENOMEM logged; a local drafter: 0, nothing to do. */
 static int grad_mirror(opt_t *O, int i) {
     dpeer_t *p = &O->dp[i];
-    if (!p->remote || p->mirror) return 0;
+    if (!p->remote || p->mirror || O->gpu >= 0) return 0;   /* GPU: NCCL lands in ons' buffer */
     p->mirror = calloc(1, p->grad.bytes);
     if (!p->mirror)
         return log_error("%s: out of memory for the mirror of its gradient slab (%llu bytes)", O->peers.p[i].id,
                          (unsigned long long)p->grad.bytes), DL_ENOMEM;
     return 0;
+}
+
+/* The step communicator's news (nccl_step.c): transfers done, a slot's bytes lost, a new
+ * generation ready (its members get the current weights). */
+static void ons_landed(void *arg) {
+    opt_t *O = arg;
+    if (!O->in_apply) maybe_apply(O);
+}
+
+static void ons_lost(void *arg, uint64_t k) { ((opt_t *)arg)->c[k].present = 0; }
+
+static void ons_ready(void *arg) {
+    opt_t *O = arg;
+    for (int i = 0; i < O->peers.n; i++) if (O->peers.p[i].alive && ons_member(O->ns, i)) send_weights(O, i);
 }
 
 static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg) {
@@ -583,6 +608,9 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
     }
     case PROTO_GRADIENTS_READY:
         if (i >= 0) on_grads(O, i, &m.gradients_ready);
+        break;
+    case PROTO_NCCL_ID:   /* a member's echo: its ranks of the step communicator are ready */
+        ons_echo(O->ns, i, peer, &m.nccl_id);
         break;
     default:
         log_warn("unexpected %s from %s", proto_type_name(m.type), peer);
@@ -746,7 +774,7 @@ static int opt_xfer_init(opt_t *O) {
     const run_config_t *c = O->st.cfg;
     for (int i = 0; i < c->n_drafters; i++) {
         uint32_t id = PIPE_ID_DRAFTER0 + (uint32_t)i;
-        if (O->gpu < 0 || !stage_remote(&O->st, id)) continue;
+        if (O->gpu < 0 || !stage_remote(&O->st, id) || O->ns) continue;   /* O->ns: by NCCL */
         int me = c->node, dn = runcfg_stage_node(c, id);
         log_error("optimizer on GPU %d of node %d (%s), drafter %d on node %d (%s): GPU stages on different nodes "
                   "need NCCL, which is not built yet (place the optimizer with its drafters)", O->gpu, me,
@@ -775,6 +803,7 @@ static void send_hello(opt_t *O) {
 
 /* Releases what main and opt_state_init made (after stage_run). */
 static void opt_fini(opt_t *O) {
+    ons_destroy(&O->ns);
     xfer_destroy(&O->xf);
     for (int i = 0; i < PEERS_MAX; i++) free(O->dp[i].mirror);
     bus_destroy(&O->srv);
@@ -871,6 +900,8 @@ int main(int argc, char **argv) {
     if (!O.srv || !O.loader) return log_rc(DL_EIO, "optimizer sockets"), 1;
     bus_on_message(O.srv, on_msg, &O);
     bus_on_peer_dead(O.srv, on_dead, &O);
+    ons_cb_t ncb = {ons_landed, ons_lost, ons_ready, &O};
+    if (ons_new(&O.ns, &O.st, O.srv, &O.ops, O.gpu, &O.peers, O.P, O.K, &ncb) < 0) return 1;
     if (opt_xfer_init(&O) < 0) return 1;
     stage_on_metrics(&O.st, on_metrics, &O);
     stage_on_control(&O.st, on_control, &O);

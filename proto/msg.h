@@ -509,7 +509,13 @@ typedef struct {
  * section 4, common/mem/nccl.h): the drafter (owner, rank 0) made `id` with
  * ncclGetUniqueId for the target incarnation peer_inc (its hello's) and inits rank 0;
  * the target inits rank `rank` of `nranks` with it. An id for another incarnation
- * of either side is stale: dropped. id: exactly DL_PROTO_NCCL_ID_BYTES, opaque. */
+ * of either side is stale: dropped. id: exactly DL_PROTO_NCCL_ID_BYTES, opaque.
+ * Also the step communicator (sections 4-5, optimizer/nccl_step.c): owner = the
+ * optimizer (rank 0), one message per member drafter (peer, ranks 1..nranks-1 in
+ * stage-id order), a new id per generation (the member set changed); a drafter takes
+ * the newest of its optimizer incarnation (arrival order) and drops the rest
+ * (nccl_step_id_fresh). Once its ranks are ready the drafter sends the same message
+ * back (echo): from it on, its gradients_ready are sent on that generation. */
 typedef struct {
     uint32_t owner_id;                             /* the drafter's stage id */
     uint64_t owner_inc;

@@ -125,13 +125,15 @@ static int lc_cpu_place(launch_t *L) {
  * on its drafter's node (target i -> drafter i mod M) and every drafter on the optimizer's
  * (drafter 0's). Refused (exit 2) naming the first pair that is not, never run another way. */
 static int gpu_pairs_local(const launch_t *L) {
-    /* test hook nccl_cross=1 (issue 17, two GPUs): target -> drafter across nodes by NCCL
-     * (target_worker/nccl_out.c, drafter_worker/nccl_in.c); gradients still refused */
+    /* test hook nccl_cross=1 (issue 17, two GPUs): target -> drafter (target_worker/nccl_out.c,
+     * drafter_worker/nccl_in.c) and drafters -> optimizer (optimizer/nccl_step.c,
+     * drafter_worker/nccl_step.c) across nodes by NCCL */
     int64_t cross = 0;
     int nccl_cross = testhook_i64("nccl_cross", &cross) && cross == 1;
     rbplan_nodes_t t = {.n = L->n_nodes};
     for (int k = 0; k < L->n_nodes; k++) snprintf(t.name[k], sizeof t.name[k], "%s", L->node_names[k]);
-    if (rbplan_gpu_pairs_local(L->tnode, L->ngt, L->dnode, L->ngd, L->dnode[0], &t, nccl_cross) == 0) return 0;
+    if (rbplan_gpu_pairs_local(L->tnode, L->ngt, L->dnode, L->ngd, L->dnode[0], &t,
+                               nccl_cross ? RBPLAN_CROSS_HIDDEN | RBPLAN_CROSS_GRADS : 0) == 0) return 0;
     fprintf(stderr, "draftline run: %s\n", dl_errmsg());
     return 2;
 }

@@ -208,8 +208,11 @@ static int rb_net_plan(sup_t *S, int *N, int *M, const int *tg, int ntg, const i
         return -1;
     }
     int64_t cross = 0;
+    /* nccl_cross: a target may be moved away from its drafter; a GPU drafter away from the
+     * optimizer stays refused in a rebalance (the step communicator's rebuild on a live
+     * move is for issue 17's two-GPU run to exercise first) */
     if (gpu && rbplan_gpu_pairs_local(want_n[0], n[0], want_n[1], n[1], on, &t,
-                                      testhook_i64("nccl_cross", &cross) && cross == 1) < 0) {
+                                      testhook_i64("nccl_cross", &cross) && cross == 1 ? RBPLAN_CROSS_HIDDEN : 0) < 0) {
         snprintf(why, cap, "%s", dl_errmsg());
         return -1;
     }

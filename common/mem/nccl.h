@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #define NCCL_PAIR_ID_BYTES 128             /* sizeof(ncclUniqueId) = DL_PROTO_NCCL_ID_BYTES */
+#define NCCL_PAIR_RANKS_MAX 64             /* nranks of one communicator = DL_PROTO_NCCL_RANKS_MAX */
 #define NCCL_PAIR_DESTROY_TIMEOUT_MS 5000  /* nccl_pair_destroy: finalize, then abort */
 
 typedef struct nccl_pair nccl_pair_t;
@@ -41,11 +42,12 @@ int nccl_available(void);
  * context needed. CPU: DL_ENOTSUP. */
 int nccl_id_new(uint8_t id[NCCL_PAIR_ID_BYTES]);
 
-/* Starts joining communicator `id` as rank `rank` of `nranks` (1 or 2; 0 <= rank <
- * nranks) on CUDA device `device`, non-blocking: returns at once with *out set (owned by
- * the caller: nccl_pair_abort or nccl_pair_destroy) while NCCL connects in the
- * background; nccl_pair_poll says when it is ready. The calling thread's current device
- * is restored on return. Errors: DL_EINVAL (nranks / rank / NULL), DL_ECUDA (the init
+/* Starts joining communicator `id` as rank `rank` of `nranks` (1..NCCL_PAIR_RANKS_MAX:
+ * 2 for a target/drafter pair, 1 + k for the step communicator; 0 <= rank < nranks)
+ * on CUDA device `device`, non-blocking: returns at once with *out set (owned by the
+ * caller: nccl_pair_abort or nccl_pair_destroy) while NCCL connects in the background;
+ * nccl_pair_poll says when it is ready. The calling thread's current device is restored
+ * on return. Errors: DL_EINVAL (nranks / rank / NULL), DL_ECUDA (the init
  * failed at once; *out = NULL), DL_ENOMEM. CPU: DL_ENOTSUP, *out = NULL. */
 int nccl_pair_init(nccl_pair_t **out, const uint8_t id[NCCL_PAIR_ID_BYTES], int nranks, int rank,
                    int device);
@@ -99,5 +101,74 @@ int nccl_pair_destroy(nccl_pair_t **p);
 /* "nccl pair 1a2b3c4d (rank 0 of 2, GPU 0)": the id's hash, for logs. Valid as long as
  * the pair. */
 const char *nccl_pair_name(const nccl_pair_t *p);
+
+/* ncclBroadcast of `bytes` bytes (ncclUint8) from rank `root`'s `buf` into every other
+ * rank's `buf` (device memory; in place on the root), on `stream`, stream-ordered as
+ * nccl_pair_send. A collective: every rank of the communicator issues it, in the same
+ * order as its other collectives. Returns and fails like nccl_pair_send (DL_EINVAL:
+ * root out of range or NULL buf). CPU: DL_ENOTSUP. */
+int nccl_pair_bcast(nccl_pair_t *p, void *buf, size_t bytes, int root, void *stream);
+
+/* A second communicator of the same ranks (ncclCommSplit, color 0, key = rank), non-
+ * blocking like nccl_pair_init: *out is returned at once (owned by the caller) and
+ * nccl_pair_poll says when it is ready. A collective on `parent`: every rank calls it,
+ * once parent polled ready, as its next call on parent. Its operations are ordered
+ * independently of the parent's, so a broadcast on one cannot wait behind a send on the
+ * other (the step communicator's weights vs gradients, docs/MULTINODE.md section 4).
+ * Errors: DL_EINVAL, DL_ESTATE (parent not ready), DL_ECUDA; *out = NULL then.
+ * CPU: DL_ENOTSUP. */
+int nccl_pair_split(nccl_pair_t *parent, nccl_pair_t **out);
+
+/* Completion marks: a CUDA event (no timing) recorded after the transfers queued on a
+ * stream, queried without waiting, so a stage's loop learns that a receive landed (or a
+ * broadcast left) from a timer and never blocks on a stream a dead peer holds up.
+ *   nccl_mark_new: *ev owned by the caller (nccl_mark_destroy; NULL accepted).
+ *   nccl_mark_record: cudaEventRecord(ev, stream).
+ *   nccl_mark_done: 0 the work recorded before it is done, DL_EAGAIN not yet, DL_ECUDA.
+ * Any thread; the calling thread's current device must be the stream's. CPU: DL_ENOTSUP
+ * (destroy: nothing). */
+int nccl_mark_new(void **ev);
+int nccl_mark_record(void *ev, void *stream);
+int nccl_mark_done(void *ev);
+void nccl_mark_destroy(void *ev);
+
+/* ---- the step communicator's rules (pure; both builds; tests/unit/test_nccl_step.c) ----
+ * The optimizer is rank 0; the live GPU drafters on other nodes are ranks 1..k in stage-id
+ * order. The optimizer makes a new communicator (a new id, sent to each member as proto
+ * `nccl_id`) whenever that set changes: a member's new incarnation, a death, a rebalance. */
+
+#define NCCL_STEP_MEMBERS_MAX (NCCL_PAIR_RANKS_MAX - 1)
+
+typedef struct {
+    uint32_t stage_id;         /* a drafter's stage id */
+    uint64_t incarnation;      /* from its hello */
+} nccl_member_t;
+
+typedef struct {
+    int n;                                      /* members: ranks 1..n */
+    nccl_member_t m[NCCL_STEP_MEMBERS_MAX];     /* by rank - 1: stage-id order */
+} nccl_members_t;
+
+/* The member set of n candidates (any order): sorted by stage id; a stage id listed
+ * twice keeps its highest incarnation. 0, or DL_ERANGE (over NCCL_STEP_MEMBERS_MAX
+ * distinct stages; *out holds the first ones) / DL_EINVAL (NULL, n < 0). */
+int nccl_step_members(const nccl_member_t *cand, int n, nccl_members_t *out);
+
+/* The rank (1..n) of drafter (stage_id, incarnation) in s, or -1 (not a member, or
+ * another incarnation of it). */
+int nccl_step_rank(const nccl_members_t *s, uint32_t stage_id, uint64_t incarnation);
+
+/* 1 when a and b are the same set (same stages, same incarnations): no rebuild. */
+int nccl_step_same(const nccl_members_t *a, const nccl_members_t *b);
+
+/* A drafter's check of an `nccl_id` for the step communicator: for this drafter (me,
+ * my_inc), from the optimizer's incarnation owner_inc, with (nranks, rank) well formed.
+ * last_owner_inc: the optimizer incarnation of the newest id taken (0 none). Ids of one
+ * optimizer incarnation arrive in the order it made them (one connection), so the latest
+ * is the newest; one of an older optimizer incarnation, or for another incarnation of
+ * this drafter, is stale. 1 take it (abort the old communicator), 0 stale (drop it),
+ * DL_EINVAL malformed (nranks outside 2..NCCL_PAIR_RANKS_MAX, rank outside 1..nranks-1). */
+int nccl_step_id_fresh(uint32_t me, uint64_t my_inc, uint64_t last_owner_inc, uint32_t peer_id,
+                       uint64_t peer_inc, uint64_t owner_inc, uint32_t nranks, uint32_t rank);
 
 #endif

@@ -153,14 +153,14 @@ int rbplan_gpu_pairs_local(const int *tnode, int n_t, const int *dnode, int n_d,
     const char *why = NULL;
     char a[32] = "", b[40] = "";
     int na = 0, nb = 0;
-    for (int i = 0; i < n_t && !why && !cross_ok; i++) {
+    for (int i = 0; i < n_t && !why && !(cross_ok & RBPLAN_CROSS_HIDDEN); i++) {
         int d = i % n_d;
         if (tnode[i] != dnode[d]) {
             snprintf(a, sizeof a, "target%d", i); snprintf(b, sizeof b, "its drafter%d", d);
             na = tnode[i]; nb = dnode[d]; why = "hidden states";
         }
     }
-    for (int j = 0; j < n_d && !why; j++) {
+    for (int j = 0; j < n_d && !why && !(cross_ok & RBPLAN_CROSS_GRADS); j++) {
         if (dnode[j] != opt_node) {
             snprintf(a, sizeof a, "drafter%d", j); snprintf(b, sizeof b, "the optimizer (with drafter0)");
             na = dnode[j]; nb = opt_node; why = "gradients and weights";

@@ -91,8 +91,11 @@ int rbplan_parse_place(const char *flag, const char *s, int counts, rbplan_nodes
  * every target i on the node of its drafter i mod n_d, every drafter on the
  * optimizer's node opt_node. 0, or DL_EINVAL naming the first pair that is not
  * ("target1 on node b and its drafter1 on node a: on GPUs the hidden states between
- * nodes move by NCCL, ..."); names: the node names. cross_ok 1 (test hook
- * nccl_cross): targets may be on another node than their drafter. */
+ * nodes move by NCCL, ..."); names: the node names. cross_ok (test hook nccl_cross,
+ * bits): RBPLAN_CROSS_HIDDEN, targets may be on another node than their drafter;
+ * RBPLAN_CROSS_GRADS, drafters on another node than the optimizer. */
+#define RBPLAN_CROSS_HIDDEN 1
+#define RBPLAN_CROSS_GRADS 2
 int rbplan_gpu_pairs_local(const int *tnode, int n_t, const int *dnode, int n_d, int opt_node,
                            const rbplan_nodes_t *names, int cross_ok);
 

@@ -69,10 +69,12 @@ static void test_pairs_and_plan(void **state) {
     /* target1 on b, its drafter1 on a */
     assert_int_equal(rbplan_gpu_pairs_local(tn, 2, dn, 2, 1, &t, 0), DL_EINVAL);
     assert_non_null(strstr(dl_errmsg(), "target1 on node b and its drafter1 on node a"));
-    assert_int_equal(rbplan_gpu_pairs_local(tn, 2, dn, 2, 1, &t, 1), 0);   /* nccl_cross */
+    assert_int_equal(rbplan_gpu_pairs_local(tn, 2, dn, 2, 1, &t, RBPLAN_CROSS_HIDDEN), 0);   /* nccl_cross */
     tn[1] = 1; dn[1] = 2;
     assert_int_equal(rbplan_gpu_pairs_local(tn, 1, dn, 2, 1, &t, 0), DL_EINVAL);
     assert_non_null(strstr(dl_errmsg(), "drafter1 on node b and the optimizer (with drafter0) on node a"));
+    assert_int_equal(rbplan_gpu_pairs_local(tn, 1, dn, 2, 1, &t, RBPLAN_CROSS_HIDDEN), DL_EINVAL);
+    assert_int_equal(rbplan_gpu_pairs_local(tn, 1, dn, 2, 1, &t, RBPLAN_CROSS_GRADS), 0);
     /* CPU plan: a node change is a move, the rest keeps */
     int live[RBPLAN_MAX] = {1, 1}, cg[RBPLAN_MAX], cn[RBPLAN_MAX] = {1, 1}, wg[2] = {-1, -1}, wt[2] = {1, 2};
     int dlive[RBPLAN_MAX] = {1, 1}, dcn[RBPLAN_MAX] = {2, 2}, wd[2] = {2, 0};

@@ -62,9 +62,9 @@ int nccl_pair_init(nccl_pair_t **out, const uint8_t id[NCCL_PAIR_ID_BYTES], int 
                    int device) {
     if (!out) return dl_seterr(DL_EINVAL, "nccl_pair_init: NULL out");
     *out = NULL;
-    if (!id || nranks < 1 || nranks > 2 || rank < 0 || rank >= nranks || device < 0)
-        return dl_seterr(DL_EINVAL, "nccl_pair_init: rank %d of %d on GPU %d (a pair: 1 or 2 ranks)", rank,
-                         nranks, device);
+    if (!id || nranks < 1 || nranks > NCCL_PAIR_RANKS_MAX || rank < 0 || rank >= nranks || device < 0)
+        return dl_seterr(DL_EINVAL, "nccl_pair_init: rank %d of %d on GPU %d (1..%d ranks)", rank, nranks, device,
+                         NCCL_PAIR_RANKS_MAX);
     nccl_pair_t *p = calloc(1, sizeof *p);
     if (!p) return dl_seterr(DL_ENOMEM, "nccl_pair_init: out of memory");
     p->nranks = nranks; p->rank = rank; p->device = device;
@@ -211,5 +211,79 @@ int nccl_pair_destroy(nccl_pair_t **pp) {
 }
 
 const char *nccl_pair_name(const nccl_pair_t *p) { return p ? p->name : "nccl pair (none)"; }
+
+int nccl_pair_bcast(nccl_pair_t *p, void *buf, size_t bytes, int root, void *stream) {
+    DL_TRY(p2p_check(p, buf, bytes, root, "ncclBroadcast"));
+    ncclResult_t r = ncclBroadcast(buf, buf, bytes, ncclUint8, root, p->comm, (cudaStream_t)stream);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        p->ready = 0;
+        p->failed = DL_ECUDA;
+        return nc_err(p, r, "ncclBroadcast");
+    }
+    if (t_group_depth > 0 || r == ncclSuccess) return 0;   /* in a group: its end says the rest */
+    p->ready = 0;
+    return DL_EAGAIN;
+}
+
+int nccl_pair_split(nccl_pair_t *parent, nccl_pair_t **out) {
+    if (!out) return dl_seterr(DL_EINVAL, "nccl_pair_split: NULL out");
+    *out = NULL;
+    if (!parent) return dl_seterr(DL_EINVAL, "nccl_pair_split: NULL parent");
+    if (parent->failed || !parent->ready)
+        return dl_seterr(DL_ESTATE, "%s: split before it is ready (poll until 0)", parent->name);
+    nccl_pair_t *p = calloc(1, sizeof *p);
+    if (!p) return dl_seterr(DL_ENOMEM, "nccl_pair_split: out of memory");
+    p->nranks = parent->nranks; p->rank = parent->rank; p->device = parent->device;
+    snprintf(p->name, sizeof p->name, "%.50s/split", parent->name);
+    int prev = -1;
+    cudaError_t ce = cudaGetDevice(&prev);
+    if (ce == cudaSuccess) ce = cudaSetDevice(p->device);
+    if (ce != cudaSuccess) {
+        int rc = dl_seterr(DL_ECUDA, "%s: cudaSetDevice(%d): %s", p->name, p->device, cudaGetErrorString(ce));
+        free(p);
+        return rc;
+    }
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclResult_t r = ncclCommSplit(parent->comm, 0, parent->rank, &p->comm, &cfg);
+    if (prev >= 0 && prev != p->device) (void)cudaSetDevice(prev);
+    if (r != ncclSuccess && r != ncclInProgress) {
+        int rc = nc_err(parent, r, "ncclCommSplit");
+        parent->ready = 0;
+        parent->failed = DL_ECUDA;
+        if (p->comm) ncclCommAbort(p->comm);
+        free(p);
+        return rc;
+    }
+    parent->ready = 0;   /* the parent is in the split until polled (NCCL's non-blocking rule) */
+    *out = p;
+    return 0;
+}
+
+int nccl_mark_new(void **ev) {
+    if (!ev) return dl_seterr(DL_EINVAL, "nccl_mark_new: NULL");
+    cudaEvent_t e = NULL;
+    cudaError_t ce = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    *ev = ce == cudaSuccess ? (void *)e : NULL;
+    if (ce != cudaSuccess) return dl_seterr(DL_ECUDA, "cudaEventCreateWithFlags: %s", cudaGetErrorString(ce));
+    return 0;
+}
+
+int nccl_mark_record(void *ev, void *stream) {
+    cudaError_t ce = cudaEventRecord((cudaEvent_t)ev, (cudaStream_t)stream);
+    if (ce != cudaSuccess) return dl_seterr(DL_ECUDA, "cudaEventRecord: %s", cudaGetErrorString(ce));
+    return 0;
+}
+
+int nccl_mark_done(void *ev) {
+    cudaError_t ce = cudaEventQuery((cudaEvent_t)ev);
+    if (ce == cudaSuccess) return 0;
+    if (ce == cudaErrorNotReady) return DL_EAGAIN;
+    return dl_seterr(DL_ECUDA, "cudaEventQuery: %s", cudaGetErrorString(ce));
+}
+
+void nccl_mark_destroy(void *ev) {
+    if (ev) (void)cudaEventDestroy((cudaEvent_t)ev);
+}
 
 #endif
