@@ -128,7 +128,10 @@ typedef enum {
     PROTO_CTL_ROUTE      = 4,  /* ints: routing table, pairs [target_id, drafter_id, ...] */
     PROTO_CTL_MEMBERSHIP = 5,  /* ints: live stage ids; arg: endpoints, one per line */
     PROTO_CTL_RESUME     = 6,  /* take work again after DRAIN */
-    PROTO_CTL_COUNT_     = 7
+    /* 7: reserved (issue 15, another work package) */
+    PROTO_CTL_PEERS      = 8,  /* arg: the run's peer key, 64 hex digits (common/pipe/cred.h); sent
+                                * before RUN_CONFIG on a config request's connection */
+    PROTO_CTL_COUNT_     = 9
 } proto_ctl_op_t;
 
 /* What a control client asks the supervisor (ctl_request.op). */
