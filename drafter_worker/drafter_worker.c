@@ -522,14 +522,15 @@ static void on_target_msg(bus_t *bus, const char *peer, const void *data, size_t
     if (stage_decode(W->st.name, peer, data, len, &m) < 0) return;
     int i = peers_find(&W->peers, peer);
     switch (m.type) {
-    case PROTO_HELLO:
-        if (i < 0) {
-            if ((i = peers_add(&W->peers, peer)) < 0) break;
-            memset(&W->tp[i], 0, sizeof W->tp[i]);
-        }
+    case PROTO_HELLO: {   /* only targets of this run (stage_admit: a refused one changes nothing) */
+        int n = W->peers.n;
+        peers_hello_t what;
+        i = stage_admit(&W->st, &W->peers, W->srv, peer, &m.hello, PIPE_ID_TARGET0,
+                        PIPE_ID_TARGET0 + PIPE_MAX_TARGETS, &what, NULL);
+        if (i < 0) break;
+        if (i >= n) memset(&W->tp[i], 0, sizeof W->tp[i]);
         /* a restarted target's unused grants are reclaimed */
-        if (peers_hello(&W->peers, i, m.hello.stage_id, m.hello.incarnation, NULL) == PEERS_RESTARTED)
-            reclaim(W, i);
+        if (what == PEERS_RESTARTED) reclaim(W, i);
         log_info("hello from %s (target %u, incarnation %llu)", peer, m.hello.stage_id,
                  (unsigned long long)m.hello.incarnation);
         /* events of an earlier incarnation of this target are dead */
@@ -544,17 +545,17 @@ static void on_target_msg(bus_t *bus, const char *peer, const void *data, size_t
         dw__nccl_hello(W, i);   /* a GPU target on another node: a new pair, its grants held */
         grant_all(W);
         break;
-    case PROTO_HIDDEN_STATES_READY:
+    }
+    case PROTO_HIDDEN_STATES_READY:   /* (an earlier incarnation of this drafter may be meant) */
         if (i >= 0) on_hs_ready(W, i, &m.hidden_states_ready);
-        else log_warn("%s: hidden_states_ready before hello (written for an earlier incarnation of "
-                      "this drafter?): micro-batch %llu dropped", peer,
-                      (unsigned long long)m.hidden_states_ready.mb);
+        else stage_refuse(&W->st, W->srv, peer, m.type, "not a member's verified peer (no hello)");
         break;
     case PROTO_SLAB_DATA:    /* a target on another node: features into its granted slot */
         dw__on_target_data(W, i, peer, &m.slab_data);
         break;
     case PROTO_SLOT_RELEASE: /* an unused grant handed back (target re-routed or stopping) */
-        if (i >= 0 && m.slot_release.slot_id < DW_MAX_SLOTS &&
+        if (i < 0) stage_refuse(&W->st, W->srv, peer, m.type, "not a member's verified peer (no hello)");
+        else if (m.slot_release.slot_id < DW_MAX_SLOTS &&
             W->slot_owner[m.slot_release.slot_id] == (uint32_t)i + 1) {
             inbox_free(W->ib, m.slot_release.slot_id);
             W->slot_owner[m.slot_release.slot_id] = 0;
@@ -589,6 +590,7 @@ static void on_opt_msg(bus_t *bus, const char *peer, const void *data, size_t le
     (void)peer;
     if (m.type == PROTO_SLAB_EXPORT) {
         stage_slab_from_export(&m.slab_export, &W->wslab);
+        W->wslab.readonly = 1;   /* the optimizer's: mapped PROT_READ (CPU; CUDA IPC cannot) */
         W->have_wslab = 1;
         if (W->wslab.kind == SLAB_CUDA && W->gpu < 0) {
             log_error("the optimizer publishes weights in GPU memory but this drafter runs on the CPU "
@@ -711,6 +713,7 @@ static void send_hello(dw_t *W) {
     h.hello.pid = (uint32_t)getpid();
     h.hello.proto_version = DL_PROTO_VERSION;
     h.hello.capabilities = PROTO_CAP_SHM | PROTO_CAP_HOST_TIER;
+    stage_peer_token(&W->st, PIPE_ID_OPTIMIZER, &h.hello);
     stage_send(W->opt, NULL, &h);
 }
 

@@ -60,13 +60,6 @@ typedef struct {
     bus_timer_t *watchdog;
 } loader_t;
 
-/* Registry index of `peer`, added (alive, no credit) if unknown; -1 when full. */
-static int peer_get(loader_t *L, const char *peer) {
-    int n = L->peers.n, i = peers_add(&L->peers, peer);
-    if (i >= n) L->credit[i] = 0;
-    return i;
-}
-
 /* All unapplied work held by peer i goes back to the queue (its target died or
  * restarted: whatever it computed may never reach a drafter). */
 static void requeue_peer(loader_t *L, int i, const char *why) {
@@ -191,36 +184,54 @@ static void on_applied(loader_t *L, const proto_applied_t *a) {
     serve(L);
 }
 
+/* A hello: targets and the optimizer are members that may talk to the loader
+ * (stage_admit; a refused one changes nothing). A restarted target's unapplied work goes
+ * back to the queue. */
+static void on_hello(loader_t *L, const char *peer, const proto_hello_t *h) {
+    int n = L->peers.n;
+    peers_hello_t what;
+    int i = h->stage_id == PIPE_ID_OPTIMIZER
+                ? stage_admit(&L->st, &L->peers, L->srv, peer, h, PIPE_ID_OPTIMIZER, PIPE_ID_OPTIMIZER + 1, &what, NULL)
+                : stage_admit(&L->st, &L->peers, L->srv, peer, h, PIPE_ID_TARGET0,
+                              PIPE_ID_TARGET0 + PIPE_MAX_TARGETS, &what, NULL);
+    if (i < 0) return;
+    if (i >= n) L->credit[i] = 0;
+    if (what == PEERS_RESTARTED && h->role == PROTO_ROLE_TARGET) requeue_peer(L, i, "restarted");
+    if (what != PEERS_SAME || h->role == PROTO_ROLE_TARGET)   /* (the optimizer's comes every step) */
+        log_info("hello from %s (%s %u, incarnation %llu)", peer, proto_role_name(h->role), h->stage_id,
+                 (unsigned long long)h->incarnation);
+}
+
 static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg) {
     (void)bus;
     loader_t *L = arg;
     proto_msg_t m;
     if (stage_decode("loader", peer, data, len, &m) < 0) return;
     switch (m.type) {
-    case PROTO_HELLO: {
-        int i = peer_get(L, peer);
-        if (i < 0) { log_error("too many peers"); break; }
-        /* a restarted target's unapplied work goes back to the queue */
-        if (m.hello.role == PROTO_ROLE_TARGET &&
-            peers_hello(&L->peers, i, m.hello.stage_id, m.hello.incarnation, NULL) == PEERS_RESTARTED)
-            requeue_peer(L, i, "restarted");
-        L->peers.p[i].alive = 1;
-        log_info("hello from %s (%s %u, incarnation %llu)", peer, proto_role_name(m.hello.role),
-                 m.hello.stage_id, (unsigned long long)m.hello.incarnation);
+    case PROTO_HELLO:
+        on_hello(L, peer, &m.hello);
         break;
-    }
-    case PROTO_WORK_REQUEST: {
-        int i = peer_get(L, peer);
-        if (i < 0) break;
+    case PROTO_WORK_REQUEST: {   /* only from a target that said a verified hello */
+        int i = peers_find(&L->peers, peer);
+        if (i < 0 || L->peers.p[i].stage_id < PIPE_ID_TARGET0 || m.work_request.target_id != L->peers.p[i].stage_id) {
+            stage_refuse(&L->st, L->srv, peer, m.type, i < 0 ? "not a member's verified peer (no hello)"
+                                                               : "not from the target it names");
+            break;
+        }
         L->peers.p[i].alive = 1;
-        L->peers.p[i].stage_id = m.work_request.target_id;
         L->credit[i] += m.work_request.count;
         serve(L);
         break;
     }
-    case PROTO_APPLIED:
+    case PROTO_APPLIED: {   /* the optimizer's only: it makes the loader forget work */
+        int i = peers_find(&L->peers, peer);
+        if (i < 0 || L->peers.p[i].stage_id != PIPE_ID_OPTIMIZER) {
+            stage_refuse(&L->st, L->srv, peer, m.type, "not the optimizer's verified peer");
+            break;
+        }
         on_applied(L, &m.applied);
         break;
+    }
     default:
         log_warn("unexpected %s from %s", proto_type_name(m.type), peer);
     }

@@ -219,6 +219,7 @@ static double lr_at(const opt_t *O, uint64_t step) {
 
 static void publish_step(opt_t *O);
 static void opt_stop(opt_t *O);
+static void send_hello(opt_t *O);
 
 /* Worker thread: the files of the checkpoint (and the retention). Touches only what no
  * loop callback changes while ck_busy: the host state, the layout, the header copy. */
@@ -423,6 +424,7 @@ static void publish_step(opt_t *O) {
     a.applied.step = applied;
     a.applied.mbs = mbs;
     a.applied.n_mbs = (uint32_t)K;
+    send_hello(O);   /* the loader takes applied from a member only: a restarted one too */
     stage_send(O->loader, NULL, &a);
     stage_send(O->st.sup, NULL, &a);
     /* per-step metrics: loss and per-position accuracy for the supervisor's progress */
@@ -559,13 +561,15 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
     if (stage_decode("optimizer", peer, data, len, &m) < 0) return;
     int i = peers_find(&O->peers, peer);
     switch (m.type) {
-    case PROTO_HELLO:
-        if (i < 0) {
-            if ((i = peers_add(&O->peers, peer)) < 0) break;
-            memset(&O->dp[i], 0, sizeof O->dp[i]);
-        }
+    case PROTO_HELLO: {   /* only drafters of this run (stage_admit: a refused one changes nothing) */
+        int n = O->peers.n;
+        peers_hello_t what;
+        i = stage_admit(&O->st, &O->peers, O->srv, peer, &m.hello, PIPE_ID_DRAFTER0,
+                        PIPE_ID_DRAFTER0 + PIPE_MAX_DRAFTERS, &what, NULL);
+        if (i < 0) break;
+        if (i >= n) memset(&O->dp[i], 0, sizeof O->dp[i]);
         /* a new incarnation (or the first): what an earlier one exported is gone */
-        if (peers_hello(&O->peers, i, m.hello.stage_id, m.hello.incarnation, NULL) != PEERS_SAME) {
+        if (what != PEERS_SAME) {
             hcache_drop_owner(O->hc, m.hello.stage_id);
             O->dp[i].have_grad = 0;
             free(O->dp[i].mirror);   /* another node: replaced at its new slab_export */
@@ -581,8 +585,9 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
         export_slab(O->srv, peer, slab_handle(O->wslab));
         send_weights(O, i);
         break;
+    }
     case PROTO_SLAB_EXPORT:
-        if (i < 0) break;
+        if (i < 0) { stage_refuse(&O->st, O->srv, peer, m.type, "not a member's verified peer (no hello)"); break; }
         stage_slab_from_export(&m.slab_export, &O->dp[i].grad);
         /* the sum reads gradients where the step runs: device memory on GPU, host on CPU */
         if ((O->dp[i].grad.kind == SLAB_CUDA) != (O->gpu >= 0)) {
@@ -608,6 +613,7 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
     }
     case PROTO_GRADIENTS_READY:
         if (i >= 0) on_grads(O, i, &m.gradients_ready);
+        else stage_refuse(&O->st, O->srv, peer, m.type, "not a member's verified peer (no hello)");
         break;
     case PROTO_NCCL_ID:   /* a member's echo: its ranks of the step communicator are ready */
         ons_echo(O->ns, i, peer, &m.nccl_id);
@@ -798,6 +804,7 @@ static void send_hello(opt_t *O) {
     h.hello.pid = (uint32_t)getpid();
     h.hello.proto_version = DL_PROTO_VERSION;
     h.hello.capabilities = PROTO_CAP_SHM;
+    stage_peer_token(&O->st, PIPE_ID_LOADER, &h.hello);
     stage_send(O->loader, NULL, &h);
 }
 

@@ -40,7 +40,7 @@ static const char *const CTLREQ_NAMES[PROTO_CTLREQ_COUNT_] = {
 static const char *const TIER_NAMES[PROTO_TIER_COUNT_] = { "?", "gpu", "host" };
 static const char *const DTYPE_NAMES[PROTO_DTYPE_COUNT_] = { "?", "bf16", "f16", "f32" };
 static const char *const CTL_NAMES[PROTO_CTL_COUNT_] = {
-    "?", "rebalance", "drain", "stop", "route", "membership", "resume", "placement",
+    "?", "rebalance", "drain", "stop", "route", "membership", "resume", "placement", "peers",
 };
 
 #define NAME_OF(tab, n, v) ((unsigned)(v) < (unsigned)(n) && (tab)[(unsigned)(v)] ? (tab)[(unsigned)(v)] : "?")

@@ -130,7 +130,9 @@ typedef enum {
     PROTO_CTL_MEMBERSHIP = 5,  /* ints: live stage ids; arg: endpoints, one per line */
     PROTO_CTL_RESUME     = 6,  /* take work again after DRAIN */
     PROTO_CTL_PLACEMENT  = 7,  /* ints: [n_t, n_d, node of target 0..n_t-1, node of drafter 0..n_d-1] */
-    PROTO_CTL_COUNT_     = 8
+    PROTO_CTL_PEERS      = 8,  /* arg: the run's peer key, 64 hex digits (common/pipe/cred.h); sent
+                                * before RUN_CONFIG on a config request's connection */
+    PROTO_CTL_COUNT_     = 9
 } proto_ctl_op_t;
 
 /* What a control client asks the supervisor (ctl_request.op). */

@@ -161,6 +161,21 @@ static int hello_member(sup_t *S, const char *peer, const proto_hello_t *h) {
     return 0;
 }
 
+/* Stage-to-stage membership (common/pipe/cred.h): the run's peer key, to a stage whose
+ * config request was just verified (CONTROL PEERS, then its RUN_CONFIG). The key lets a
+ * member make and check hello tokens; the run secret stays here. */
+static void send_peer_key(sup_t *S, const char *peer) {
+    uint8_t key[CRED_BYTES];
+    cred_peer_key(S->secret, S->o->run_id, key);
+    proto_msg_t m;
+    proto_msg_init(&m, PROTO_CONTROL);
+    m.control.op = PROTO_CTL_PEERS;
+    cred_to_hex(key, m.control.arg);
+    stage_send(S->bus, peer, &m);
+    memset(key, 0, sizeof key);
+    memset(m.control.arg, 0, sizeof m.control.arg);
+}
+
 void sup__on_msg(bus_t *bus, const char *peer, const void *data, size_t len, void *arg) {
     (void)bus;
     sup_t *S = arg;
@@ -175,7 +190,10 @@ void sup__on_msg(bus_t *bus, const char *peer, const void *data, size_t len, voi
         if (m.hello.capabilities & PROTO_CAP_WANT_CONFIG) {
             /* a config request, before the stage loads anything: RUN_CONFIG only (not "up");
              * one from an incarnation already replaced gets nothing */
-            if (m.hello.incarnation == x->incarnation && !x->exited) sup__send_config(S, x, peer, m.hello.incarnation);
+            if (m.hello.incarnation == x->incarnation && !x->exited) {
+                send_peer_key(S, peer);   /* first, on the same connection: in order */
+                sup__send_config(S, x, peer, m.hello.incarnation);
+            }
             else log_warn("config request from %s incarnation %llu (current %llu): ignored", peer,
                           (unsigned long long)m.hello.incarnation, (unsigned long long)x->incarnation);
             bus_peer_quiet(bus, peer);   /* its socket closes once answered: not a death */

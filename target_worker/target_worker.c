@@ -139,6 +139,8 @@ static void send_hello(tw_t *T, bus_t *b) {
     h.hello.pid = (uint32_t)getpid();
     h.hello.proto_version = DL_PROTO_VERSION;
     h.hello.capabilities = PROTO_CAP_SHM;
+    /* its token for that receiver: the loader, or the routed drafter (membership) */
+    stage_peer_token(&T->st, b == T->loader ? PIPE_ID_LOADER : PIPE_ID_DRAFTER0 + (uint32_t)T->route, &h.hello);
     stage_send(b, NULL, &h);
 }
 

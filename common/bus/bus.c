@@ -792,7 +792,7 @@ static int bus_setup_socket(bus_t *b, const bus_opts_t *o) {
     if (b->kind == BUS_ROUTER) {
         /* MANDATORY: unknown peer -> EHOSTUNREACH and full pipe -> EAGAIN instead of silent drops. */
         DL_TRY(setopt_int(b, ZMQ_ROUTER_MANDATORY, 1, "ZMQ_ROUTER_MANDATORY"));
-        DL_TRY(setopt_int(b, ZMQ_ROUTER_HANDOVER, 1, "ZMQ_ROUTER_HANDOVER"));
+        DL_TRY(setopt_int(b, ZMQ_ROUTER_HANDOVER, !o->no_handover, "ZMQ_ROUTER_HANDOVER"));
     }
     if (b->kind == BUS_DEALER &&
         zmq_setsockopt(b->sock, ZMQ_ROUTING_ID, b->identity, strlen(b->identity)) != 0)

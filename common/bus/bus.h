@@ -22,7 +22,7 @@
  * Peer ids (ROUTER routing ids, PUB/SUB topics) are strings of 1..BUS_ID_MAX printable ASCII
  * characters (0x21..0x7e). A DEALER bus always sets one (opts.identity or a generated
  * "dl-<pid>-<hex>"), so a ROUTER sees stable names across reconnects (ZMQ_ROUTER_HANDOVER lets a
- * restarted peer with the same id take over).
+ * restarted peer with the same id take over, unless opts.no_handover).
  *
  * ZMQ_FD is edge-triggered: it signals a change of state, not "data available". After every
  * wake-up the bus receives until EAGAIN and then re-reads ZMQ_EVENTS until it has no POLLIN. A
@@ -131,6 +131,9 @@ typedef struct {
                                      * bus_peer_dead_cb still runs */
     int goodbye;                    /* nonzero (ROUTER/DEALER): bus_close says goodbye to every
                                      * live peer (see Goodbye above) */
+    int no_handover;                /* ROUTER: nonzero turns ZMQ_ROUTER_HANDOVER off: a connection
+                                     * under the routing id of a live one is ignored, the live one
+                                     * keeps its route (the stages' servers: membership) */
 } bus_opts_t;
 
 typedef struct bus bus_t;

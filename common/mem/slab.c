@@ -118,7 +118,7 @@ int slab_open(slab_t **out, const slab_handle_t *h, int device) {
     if (!s) return dl_seterr(DL_ENOMEM, "slab_open: out of host memory");
     s->h = *h;
     if (h->kind == SLAB_HOST) {
-        int fd = shm_open(h->name, O_RDWR, 0);
+        int fd = shm_open(h->name, h->readonly ? O_RDONLY : O_RDWR, 0);
         if (fd < 0) {
             int rc = dl_seterr(errno == ENOENT ? DL_ENOENT : DL_EIO, "shm_open %s: %s", h->name,
                                strerror(errno));
@@ -132,7 +132,7 @@ int slab_open(slab_t **out, const slab_handle_t *h, int device) {
             return dl_seterr(DL_EPROTO, "slab %s: object smaller than the handle's %llu bytes",
                              h->name, (unsigned long long)h->bytes);
         }
-        int rc = host_map(s, fd, 1);
+        int rc = host_map(s, fd, !h->readonly);
         close(fd);
         if (rc < 0) { free(s); return rc; }
         *out = s;

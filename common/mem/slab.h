@@ -32,7 +32,8 @@ typedef struct {
     uint32_t slab_id;              /* owner-chosen id, unique per owner incarnation */
     uint64_t incarnation;          /* owner's incarnation (restart count) */
     uint32_t pinned;               /* SLAB_HOST: registered with CUDA by the owner */
-    uint32_t pad_;
+    uint32_t readonly;             /* slab_open, SLAB_HOST: map PROT_READ (the reader's own
+                                    * choice, never on the wire; CUDA IPC maps read-write) */
     uint64_t bytes;                /* usable size in bytes */
     char name[SLAB_NAME_MAX];      /* unique name: shm object name, also the cache key */
     uint8_t ipc[SLAB_IPC_BYTES];   /* SLAB_CUDA: cudaIpcMemHandle_t */
@@ -53,7 +54,8 @@ int slab_create(slab_t **out, slab_kind_t kind, const char *run_id, const char *
                 uint32_t owner_id, uint64_t incarnation, uint32_t slab_id, const char *tag,
                 size_t bytes, int device, int pin);
 
-/* Maps a peer's slab from its handle (no ownership: destroy only unmaps).
+/* Maps a peer's slab from its handle (no ownership: destroy only unmaps); a host
+ * slab read-only (shm O_RDONLY, PROT_READ: a write faults) when h->readonly.
  * device: for SLAB_CUDA, the caller's CUDA ordinal (peer access must be possible).
  * Errors: DL_EPROTO (handle malformed), DL_ENOENT (the object is gone: the owner
  * died or restarted), DL_EIO, DL_ENOTSUP, DL_ECUDA. */

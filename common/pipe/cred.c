@@ -14,15 +14,34 @@ int cred_secret_new(uint8_t secret[CRED_BYTES]) {
     return 0;
 }
 
+/* HMAC-SHA256(key, msg[0..n)) into out. */
+static void hmac(const uint8_t key[CRED_BYTES], const char *msg, int n, uint8_t out[CRED_BYTES]) {
+    crypto_auth_hmacsha256_state h;
+    crypto_auth_hmacsha256_init(&h, key, CRED_BYTES);
+    crypto_auth_hmacsha256_update(&h, (const unsigned char *)msg, (unsigned long long)n);
+    crypto_auth_hmacsha256_final(&h, out);
+    sodium_memzero(&h, sizeof h);
+}
+
 void cred_stage(const uint8_t secret[CRED_BYTES], const char *run_id, uint32_t stage_id,
                 uint64_t incarnation, uint8_t out[CRED_BYTES]) {
     char msg[64];
     int n = snprintf(msg, sizeof msg, "%s:%" PRIu32 ":%" PRIu64, run_id, stage_id, incarnation);
-    crypto_auth_hmacsha256_state h;
-    crypto_auth_hmacsha256_init(&h, secret, CRED_BYTES);
-    crypto_auth_hmacsha256_update(&h, (const unsigned char *)msg, (unsigned long long)n);
-    crypto_auth_hmacsha256_final(&h, out);
-    sodium_memzero(&h, sizeof h);
+    hmac(secret, msg, n, out);
+}
+
+void cred_peer_key(const uint8_t secret[CRED_BYTES], const char *run_id, uint8_t out[CRED_BYTES]) {
+    char msg[64];
+    int n = snprintf(msg, sizeof msg, "peers:%s", run_id);
+    hmac(secret, msg, n, out);
+}
+
+void cred_peer_token(const uint8_t key[CRED_BYTES], const char *run_id, uint32_t stage_id,
+                     uint64_t incarnation, uint32_t to_id, uint8_t out[CRED_BYTES]) {
+    char msg[96];
+    int n = snprintf(msg, sizeof msg, "peer:%s:%" PRIu32 ":%" PRIu64 ":%" PRIu32, run_id, stage_id,
+                     incarnation, to_id);
+    hmac(key, msg, n, out);
 }
 
 int cred_equal(const uint8_t *a, size_t n_a, const uint8_t b[CRED_BYTES]) {

@@ -34,6 +34,21 @@ void cred_stage(const uint8_t secret[CRED_BYTES], const char *run_id, uint32_t s
  * not, and when n_a != CRED_BYTES (a message without a credential). */
 int cred_equal(const uint8_t *a, size_t n_a, const uint8_t b[CRED_BYTES]);
 
+/* Stage-to-stage membership (docs/ARCHITECTURE.md "Membership"). The run's peer key
+ *   key = HMAC-SHA256(secret, "peers:<run_id>")
+ * is what the supervisor gives each verified stage (CONTROL PROTO_CTL_PEERS before its
+ * RUN_CONFIG); it lets a stage make its own hello tokens and check those of its peers
+ * without the run secret. out: CRED_BYTES. */
+void cred_peer_key(const uint8_t secret[CRED_BYTES], const char *run_id, uint8_t out[CRED_BYTES]);
+
+/* The token that incarnation `incarnation` of stage `stage_id` puts in its hello to
+ * stage `to_id` (PIPE_ID_*):
+ *   HMAC-SHA256(key, "peer:<run_id>:<stage_id>:<incarnation>:<to_id>")
+ * Bound to the receiver, so a token seen by one server is worth nothing at another.
+ * out: CRED_BYTES. */
+void cred_peer_token(const uint8_t key[CRED_BYTES], const char *run_id, uint32_t stage_id,
+                     uint64_t incarnation, uint32_t to_id, uint8_t out[CRED_BYTES]);
+
 /* Hex form (lower case, NUL-terminated: out holds CRED_HEX_LEN + 1 bytes). */
 void cred_to_hex(const uint8_t c[CRED_BYTES], char out[CRED_HEX_LEN + 1]);
 /* Parses exactly CRED_HEX_LEN hex digits. Returns 0, or DL_EINVAL (out untouched). */

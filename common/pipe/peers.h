@@ -53,6 +53,21 @@ int peers_add(peers_t *r, const char *id);
  * peers_hello_t); *old (may be NULL) = the incarnation known before (0 if none). */
 peers_hello_t peers_hello(peers_t *r, int i, uint32_t stage_id, uint64_t incarnation, uint64_t *old);
 
+/* Admits a hello whose credential the caller verified (stage_admit, common/pipe/stage.h):
+ * stage stage_id, incarnation inc, from bus id `id`. A stage keeps one registry index
+ * whatever its connection:
+ *  - id known: it must be the same stage, at the known incarnation or a newer one;
+ *  - the stage known under another id (its new incarnation's routing id, or a new
+ *    connection): a newer incarnation takes the entry over (the entry's id becomes
+ *    `id`: the old connection's messages then find no peer), the same incarnation only
+ *    when the old connection is dead, an older one never;
+ *  - else a new entry (peers_add).
+ * Returns the index, with *what as peers_hello (PEERS_RESTARTED for a takeover) and
+ * *old (may be NULL) the incarnation known before; or -1 with *why (static text: the
+ * refusal, for the log and the error reply). */
+int peers_admit(peers_t *r, const char *id, uint32_t stage_id, uint64_t inc, peers_hello_t *what,
+                uint64_t *old, const char **why);
+
 /* Index of the first peer of stage id `stage_id`, or -1. */
 int peers_by_stage(const peers_t *r, uint32_t stage_id);
 

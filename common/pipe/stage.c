@@ -143,11 +143,14 @@ bus_t *stage_bus(stage_t *st, bus_kind_t kind, const char *endpoint) {
         dl_seterr(DL_EINVAL, "%s: a multi-node run needs the run's key file (--key)", endpoint);
         return NULL;
     }
+    char id[BUS_ID_MAX + 1];   /* the incarnation in the routing id: membership (stage.h) */
+    snprintf(id, sizeof id, "%s.%llu", st->name, (unsigned long long)st->incarnation);
     bus_opts_t o = {0};
     o.curve = net ? &st->keys : NULL;
     o.kind = kind;
     o.name = endpoint;
-    o.identity = kind == BUS_DEALER ? st->name : NULL;
+    o.identity = kind == BUS_DEALER ? id : NULL;
+    o.no_handover = 1;
     o.zmq_ctx = st->zctx;
     o.heartbeat_interval_ms = PIPE_HEARTBEAT_MS;
     o.heartbeat_timeout_ms = PIPE_DEAD_MS;
@@ -190,6 +193,8 @@ int stage_init(stage_t *st, proto_role_t role, uint32_t stage_id, const char *na
     if (a->has_keys) st->keys = a->keys;
     st->has_cred = a->has_cred;
     memcpy(st->cred, a->cred, sizeof st->cred);
+    st->has_peer_key = a->has_peer_key;
+    memcpy(st->peer_key, a->peer_key, sizeof st->peer_key);
     st->gpu_index = -1;
     if (strlen(run_dir) >= sizeof st->run_dir)
         return dl_seterr(DL_ERANGE, "--run-dir too long (%zu chars, max %zu)", strlen(run_dir),
@@ -315,6 +320,7 @@ typedef struct {
     uint32_t stage_id;
     uint64_t inc;
     run_config_t *cfg;
+    stage_args_t *a;            /* peer_key from CONTROL PEERS */
     int got, rc;
     bus_timer_t *timer;
     char refused[DL_PROTO_ERRMSG_MAX + 1];   /* the supervisor's error reply ("" none) */
@@ -332,6 +338,10 @@ static void on_cfg_msg(bus_t *bus, const char *peer, const void *data, size_t le
         snprintf(w->refused, sizeof w->refused, "%s", m.error.message[0] ? m.error.message : "refused");
         bus_timer_stop(&w->timer);
         bus_close(bus, NULL, NULL);
+    } else if (m.type == PROTO_CONTROL && m.control.op == PROTO_CTL_PEERS) {
+        /* the run's peer key (membership), on this connection just before RUN_CONFIG */
+        if (cred_from_hex(m.control.arg, w->a->peer_key) == 0) w->a->has_peer_key = 1;
+        else log_warn("supervisor sent a malformed peer key: dropped");
     } else if (m.type != PROTO_RUN_CONFIG) {
         log_warn("supervisor sent %s before the run configuration: dropped", proto_type_name(m.type));
     } else if (m.run_config.stage_id != w->stage_id || m.run_config.incarnation != w->inc) {
@@ -353,7 +363,7 @@ static void on_cfg_timeout(bus_t *bus, void *arg) {
     bus_close(bus, NULL, NULL);
 }
 
-int stage_config(proto_role_t role, uint32_t stage_id, const char *name, const stage_args_t *a,
+int stage_config(proto_role_t role, uint32_t stage_id, const char *name, stage_args_t *a,
                  int timeout_ms, run_config_t *cfg) {
     uint64_t incarnation = a->incarnation;
     char ep[320];
@@ -362,7 +372,7 @@ int stage_config(proto_role_t role, uint32_t stage_id, const char *name, const s
     if (testhook_i64("config_timeout_ms", &hook_ms) && hook_ms > 0 && hook_ms < timeout_ms) timeout_ms = (int)hook_ms;
     uv_loop_t loop;
     if (uv_loop_init(&loop) != 0) return dl_seterr(DL_EIO, "uv_loop_init failed");
-    cfg_wait_t w = {.stage_id = stage_id, .inc = incarnation ? incarnation : 1, .cfg = cfg};
+    cfg_wait_t w = {.stage_id = stage_id, .inc = incarnation ? incarnation : 1, .cfg = cfg, .a = a};
     /* its own short-lived DEALER (no signal handling: until stage_init a SIGTERM ends
      * the process at once, as before); the supervisor's ROUTER hands the identity over
      * to stage_init's DEALER */
@@ -414,6 +424,72 @@ void stage_xfer_moved(stage_t *st) {
 
 int stage_remote(const stage_t *st, uint32_t peer_id) {
     return st->cfg && st->cfg->net_port && runcfg_stage_node(st->cfg, peer_id) != st->cfg->node;
+}
+
+/* ---- stage-to-stage membership (docs/ARCHITECTURE.md "Membership") ---- */
+
+void stage_peer_token(const stage_t *st, uint32_t to_id, proto_hello_t *h) {
+    if (!st->has_peer_key) return;
+    cred_peer_token(st->peer_key, st->run_id, st->stage_id, st->incarnation, to_id, h->cred);
+    h->cred_len = CRED_BYTES;
+}
+
+/* The role a stage id is a stage of (PROTO_ROLE_* ; 0 for none). */
+static proto_role_t role_of(uint32_t id) {
+    if (id == PIPE_ID_LOADER) return PROTO_ROLE_LOADER;
+    if (id == PIPE_ID_OPTIMIZER) return PROTO_ROLE_OPTIMIZER;
+    if (id >= PIPE_ID_TARGET0 && id < PIPE_ID_TARGET0 + PIPE_MAX_TARGETS) return PROTO_ROLE_TARGET;
+    if (id >= PIPE_ID_DRAFTER0 && id < PIPE_ID_DRAFTER0 + PIPE_MAX_DRAFTERS) return PROTO_ROLE_DRAFTER;
+    return (proto_role_t)0;
+}
+
+void stage_refuse(stage_t *st, bus_t *srv, const char *peer, uint32_t type, const char *why) {
+    st->refused++;
+    double now = clock_mono_s();
+    if (now - st->refuse_logged_s >= 1.0) {   /* one line a second: an intruder cannot flood the log */
+        st->refuse_logged_s = now;
+        log_warn("%s from %s refused: %s (%llu refused so far)", proto_type_name((proto_type_t)type), peer,
+                 why, (unsigned long long)st->refused);
+    }
+    proto_msg_t e;
+    proto_msg_init(&e, PROTO_ERROR);
+    e.error.code = DL_EPROTO;
+    e.error.ref_type = type;
+    snprintf(e.error.message, sizeof e.error.message, "%s refused: %s",
+             proto_type_name((proto_type_t)type), why);
+    stage_send(srv, peer, &e);
+}
+
+int stage_admit(stage_t *st, peers_t *r, bus_t *srv, const char *peer, const proto_hello_t *h,
+                uint32_t lo, uint32_t hi, peers_hello_t *what, uint64_t *old) {
+    char why[160];
+    const char *w = NULL;
+    if (h->stage_id < lo || h->stage_id >= hi || h->role != role_of(h->stage_id)) {
+        snprintf(why, sizeof why, "%s %u may not say hello to %s", proto_role_name(h->role), h->stage_id, st->name);
+        stage_refuse(st, srv, peer, PROTO_HELLO, why);
+        return -1;
+    }
+    if (st->has_peer_key) {
+        uint8_t want[CRED_BYTES];
+        cred_peer_token(st->peer_key, st->run_id, h->stage_id, h->incarnation, st->stage_id, want);
+        int ok = cred_equal(h->cred, h->cred_len, want);
+        memset(want, 0, sizeof want);
+        if (!ok) {
+            char name[32];
+            pipe_stage_name(h->stage_id, name, sizeof name);
+            snprintf(why, sizeof why, "not a member of run %s in role %s (%s token)", st->run_id, name,
+                     h->cred_len ? "wrong" : "no");
+            stage_refuse(st, srv, peer, PROTO_HELLO, why);
+            return -1;
+        }
+    }
+    int i = peers_admit(r, peer, h->stage_id, h->incarnation, what, old, &w);
+    if (i < 0) {
+        snprintf(why, sizeof why, "%s incarnation %llu: %s", proto_role_name(h->role),
+                 (unsigned long long)h->incarnation, w);
+        stage_refuse(st, srv, peer, PROTO_HELLO, why);
+    }
+    return i;
 }
 
 int stage_send(bus_t *bus, const char *peer, const proto_msg_t *m) {

@@ -14,6 +14,7 @@
 #include "common/bus/bus.h"
 #include "common/mem/slab.h"
 #include "common/pipe/cred.h"
+#include "common/pipe/peers.h"
 #include "proto/msg.h"
 
 #include <stddef.h>
@@ -72,6 +73,10 @@ struct stage {
     const struct run_config *cfg;
     uint8_t cred[CRED_BYTES];   /* membership credential (stage_args_t.cred), in every hello */
     int has_cred;
+    uint8_t peer_key[CRED_BYTES];   /* the run's peer key (stage_args_t.peer_key): hello tokens */
+    int has_peer_key;
+    uint64_t refused;           /* peer messages refused (stage_refuse), for the log's count */
+    double refuse_logged_s;     /* monotonic s of the last refusal line (one a second) */
     char gpu_uuid[64];          /* "" on CPU */
     int gpu_index;              /* CUDA device ordinal of the stage; -1 on CPU (published as gpu_index) */
     uv_loop_t loop;
@@ -111,6 +116,11 @@ typedef struct {
      * command line or a log); has_cred 0 when absent: the supervisor refuses the hellos */
     uint8_t cred[CRED_BYTES];
     int has_cred;
+    /* the run's peer key (cred_peer_key), set by stage_config from the supervisor's
+     * CONTROL PEERS; has_peer_key 0 when the supervisor sent none (a test playing the
+     * supervisor): the stage then checks no peer token (stage_admit) */
+    uint8_t peer_key[CRED_BYTES];
+    int has_peer_key;
     int exit_code;              /* when stage_args returns -1: main's exit status */
 } stage_args_t;
 
@@ -126,11 +136,12 @@ int stage_args(int argc, char **argv, const char *prog, int max_index, void (*us
  * name, incarnation a->incarnation, then up to timeout_ms
  * (STAGE_CONFIG_TIMEOUT_MS in the stages) for the supervisor's RUN_CONFIG of this
  * stage_id and incarnation, decoded into *cfg (runcfg_from_msg; caller-owned) and
- * checked (runcfg_validate). The DEALER is closed before returning; stage_init opens
+ * checked (runcfg_validate). The supervisor's CONTROL PEERS before it (the run's peer
+ * key) goes into a->peer_key. The DEALER is closed before returning; stage_init opens
  * the stage's own afterwards (its HELLO means "up"). Returns 0; DL_ETIMEDOUT (no
  * answer: the message names the supervisor endpoint), the validation's
  * DL_EINVAL / DL_ERANGE, or the bus's error; dl_errmsg says which. */
-int stage_config(proto_role_t role, uint32_t stage_id, const char *name, const stage_args_t *a,
+int stage_config(proto_role_t role, uint32_t stage_id, const char *name, stage_args_t *a,
                  int timeout_ms, struct run_config *cfg);
 
 /* Initialises *st (caller-owned storage), the loop, the ZeroMQ context and the
@@ -151,8 +162,10 @@ void stage_on_control(stage_t *st, stage_control_cb cb, void *arg);
 void stage_on_stop(stage_t *st, stage_stop_cb cb, void *arg);
 
 /* A bus on the stage's loop and context with the pipeline's heartbeat settings.
- * kind BUS_ROUTER binds the server `endpoint` ("loader", "optimizer", "drafter<i>");
- * BUS_DEALER connects to it with identity st->name. One host: <run_dir>/<endpoint>.sock;
+ * kind BUS_ROUTER binds the server `endpoint` ("loader", "optimizer", "drafter<i>")
+ * without ZMQ_ROUTER_HANDOVER (a live peer's routing id cannot be taken over);
+ * BUS_DEALER connects to it with identity "<st->name>.<incarnation>" (a new incarnation
+ * is a new routing id: it never collides with its predecessor's connection). One host: <run_dir>/<endpoint>.sock;
  * multi-node: runcfg_endpoint's tcp:// with the run's keys. NULL with dl_errmsg on
  * failure. */
 bus_t *stage_bus(stage_t *st, bus_kind_t kind, const char *endpoint);
@@ -166,6 +179,24 @@ int stage_remote(const stage_t *st, uint32_t peer_id);
  * metrics are published at once (not at the next 1 s tick), so even a short run shows
  * that the path across nodes is used. */
 void stage_xfer_moved(stage_t *st);
+
+/* Stage-to-stage membership (docs/ARCHITECTURE.md "Membership"). */
+
+/* Puts this stage's token for receiver to_id (PIPE_ID_*) into hello h (cred_peer_token
+ * with st's peer key; nothing when the stage has none). */
+void stage_peer_token(const stage_t *st, uint32_t to_id, proto_hello_t *h);
+
+/* A server's check of hello h from bus id `peer` on srv: its stage id in [lo, hi) with
+ * the matching role, its token that of (stage id, incarnation) towards this stage (when
+ * the stage has the peer key), then peers_admit into r. Returns the registry index with
+ * *what / *old as peers_admit; or -1 after stage_refuse (nothing in r changed). */
+int stage_admit(stage_t *st, peers_t *r, bus_t *srv, const char *peer, const proto_hello_t *h,
+                uint32_t lo, uint32_t hi, peers_hello_t *what, uint64_t *old);
+
+/* Refuses message type `type` from peer on srv: an `error` reply (code DL_EPROTO,
+ * ref_type type, message "<type> refused: <why>", proto/PROTOCOL.md) and a WARN line,
+ * at most one a second with the running count (st->refused). Changes nothing else. */
+void stage_refuse(stage_t *st, bus_t *srv, const char *peer, uint32_t type, const char *why);
 
 /* Encodes and sends m to peer on bus (peer ignored on a DEALER). Returns bus_send's
  * code; an encode error is logged and returned (DL_EPROTO). */

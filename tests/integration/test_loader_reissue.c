@@ -179,6 +179,14 @@ static void sup_on_msg(bus_t *bus, const char *peer, const void *data, size_t le
 static void applied(opt_t *o, uint64_t step) {
     uint64_t mb = step; /* one micro-batch per step */
     proto_msg_t m;
+    proto_msg_init(&m, PROTO_HELLO);   /* as the optimizer: the loader takes applied only after it */
+    m.hello.role = PROTO_ROLE_OPTIMIZER;
+    m.hello.stage_id = PIPE_ID_OPTIMIZER;
+    m.hello.incarnation = 1;
+    m.hello.pid = (uint32_t)getpid();
+    m.hello.proto_version = DL_PROTO_VERSION;
+    m.hello.capabilities = PROTO_CAP_SHM;
+    send_msg(o->bus, &m);
     proto_msg_init(&m, PROTO_APPLIED);
     m.applied.step = step;
     m.applied.mbs = &mb;

@@ -380,7 +380,7 @@ static void test_fake_nodes_refusals(void **state) {
     run_wait(&p, &a, out, 128 + SIGTERM);
     assert_true(log_has(out, "drafter1", "slab_data from intruder"));
     assert_true(log_has(out, "drafter1", "has not said hello"));
-    assert_true(log_has(out, "drafter1", "not inside a slot granted to it"));
+    assert_true(log_has(out, "drafter1", "hello from intruder refused: not a member"));   /* membership */
     assert_true(log_has(out, "optimizer", "slab_data from intruder"));
     assert_true(log_has(out, "optimizer", "is not known here"));
 }

@@ -548,8 +548,8 @@ static void test_semantic_rules(void **state) {
     expect_invalid(&m, "control.ints[3]: 9 out of range [1, 6] for rebalance");
     g_ints[3] = PROTO_ROLE_TARGET;
     assert_int_equal(proto_validate(&m), 0);
-    m.control.op = 8;
-    expect_invalid(&m, "control.op: 8 out of range [1, 7]");
+    m.control.op = PROTO_CTL_COUNT_;
+    expect_invalid(&m, "control.op: 9 out of range [1, 8]");
     /* PLACEMENT (op 7): counts, length, node range */
     make_sample(PROTO_CONTROL, false, &m);
     m.control.op = PROTO_CTL_PLACEMENT;
