@@ -392,11 +392,12 @@ static int loader_setup(loader_t *L, const run_config_t *c, uint64_t *total) {
     batcher_opts_default(&L->bo, 0);
     L->bo.seed = c->seed;
     L->bo.token_budget = c->token_budget;
-    if (c->max_len > 0) L->bo.max_len = c->max_len;
+    /* one default everywhere (run --help, the supervisor's data checks, the optimizer's
+     * record that a resume passes back): --max-len 0 is the token budget */
+    L->bo.max_len = c->max_len > 0 && c->max_len < c->token_budget ? c->max_len : c->token_budget;
     L->bo.micro_batches_per_step = c->mbs_per_step;
     L->bo.epochs = c->epochs;
     int64_t max_steps = (int64_t)c->max_steps, start_step = (int64_t)c->start_step;
-    if (L->bo.max_len == 0 || L->bo.max_len > L->bo.token_budget) L->bo.max_len = L->bo.token_budget;
     int rc = dlc_open(c->data_cache, &L->cache);
     if (rc < 0) return log_rc(rc, "open cache"), 1;
     rc = batcher_new(L->cache, &L->bo, &L->b);
