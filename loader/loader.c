@@ -36,6 +36,7 @@ typedef struct {
     uint64_t mb;
     int peer;               /* index into peers, or INFLIGHT_REISSUE_* */
     double issued_s;
+    int last;               /* the peer it went to last (a stall re-issue avoids it) */
 } inflight_t;
 
 typedef struct {
@@ -54,6 +55,7 @@ typedef struct {
      * mean interval between its work requests (s; 0 until two were seen): a target asks
      * again each time a forward ends, so a long silence means its work is stuck */
     double t_progress[PEERS_MAX], gap_ema[PEERS_MAX];
+    uint8_t asks[PEERS_MAX];    /* by registry index: it asked for work at least once (a target) */
     inflight_t *inflight;   /* unapplied micro-batches handed out or queued again */
     size_t ninflight, capinflight;
     /* packing buffers, sized by the token budget */
@@ -66,7 +68,7 @@ typedef struct {
     double rate_tok, rate_mb;
     int done_logged;
     /* stall watchdog: re-issue the current step's work when no step was applied for a while */
-    double t_applied, step_ema, t_stall_reissue;   /* step_ema: 0 until two steps were applied */
+    double t_applied, t_stall_reissue;
     int watch_armed;        /* from the first applied step on (start-up is not a stall) */
     bus_timer_t *watchdog;
 } loader_t;
@@ -74,7 +76,7 @@ typedef struct {
 /* Registry index of `peer`, added (alive, no credit) if unknown; -1 when full. */
 static int peer_get(loader_t *L, const char *peer) {
     int n = L->peers.n, i = peers_add(&L->peers, peer);
-    if (i >= n) { L->credit[i] = 0; L->t_progress[i] = clock_mono_s(); L->gap_ema[i] = 0; }
+    if (i >= n) { L->credit[i] = 0; L->t_progress[i] = clock_mono_s(); L->gap_ema[i] = 0; L->asks[i] = 0; }
     return i;
 }
 
@@ -120,13 +122,23 @@ static int send_mb(loader_t *L, int pi, uint64_t mb) {
 }
 
 /* Index in L->inflight of the lowest queued micro-batch of kind `why`
- * (INFLIGHT_REISSUE_*): the lowest holds up the oldest step. SIZE_MAX when none. */
-static size_t reissue_pick(const loader_t *L, int why) {
+ * (INFLIGHT_REISSUE_*) that did not last go to peer `avoid` (-1: none avoided): the lowest
+ * holds up the oldest step. SIZE_MAX when none. */
+static size_t reissue_pick(const loader_t *L, int why, int avoid) {
     size_t best = SIZE_MAX;
     for (size_t k = 0; k < L->ninflight; k++)
-        if (L->inflight[k].peer == why && (best == SIZE_MAX || L->inflight[k].mb < L->inflight[best].mb))
+        if (L->inflight[k].peer == why && L->inflight[k].last != avoid &&
+            (best == SIZE_MAX || L->inflight[k].mb < L->inflight[best].mb))
             best = k;
     return best;
+}
+
+/* 1 when a live target other than peer i asks for work: a stall re-issue then goes there
+ * rather than back to the target that fell silent holding it (wedged downstream). */
+static int other_target(const loader_t *L, int i) {
+    for (int j = 0; j < L->peers.n; j++)
+        if (j != i && L->peers.p[j].alive && L->asks[j]) return 1;
+    return 0;
 }
 
 /* Hands out work while some target has credit and some micro-batch may go: first the
@@ -139,11 +151,12 @@ static void serve(loader_t *L) {
             const peer_info_t *p = &L->peers.p[i];
             uint32_t *credit = &L->credit[i];
             if (!p->alive || *credit == 0) continue;
-            size_t best = reissue_pick(L, INFLIGHT_REISSUE_DEAD);
-            if (best == SIZE_MAX && L->next_mb >= step_limit(L)) best = reissue_pick(L, INFLIGHT_REISSUE_STALL);
+            size_t best = reissue_pick(L, INFLIGHT_REISSUE_DEAD, -1);
+            if (best == SIZE_MAX && L->next_mb >= step_limit(L))
+                best = reissue_pick(L, INFLIGHT_REISSUE_STALL, other_target(L, i) ? i : -1);
             if (best != SIZE_MAX) {
                 if (send_mb(L, i, L->inflight[best].mb) == 0) {
-                    L->inflight[best].peer = i;
+                    L->inflight[best].peer = L->inflight[best].last = i;
                     L->inflight[best].issued_s = clock_mono_s();
                     (*credit)--;
                     L->reissued++;
@@ -162,7 +175,7 @@ static void serve(loader_t *L) {
                 L->capinflight = cap;
             }
             if (send_mb(L, i, L->next_mb) == 0) {
-                L->inflight[L->ninflight++] = (inflight_t){L->next_mb, i, clock_mono_s()};
+                L->inflight[L->ninflight++] = (inflight_t){L->next_mb, i, clock_mono_s(), i};
                 L->next_mb++;
                 (*credit)--;
                 progress = 1;
@@ -192,13 +205,8 @@ static void on_applied(loader_t *L, const proto_applied_t *a) {
         else L->dup_applied++;
     }
     if (a->step + 1 > L->applied_steps) {
-        double now = clock_mono_s();
-        double dt = now - L->t_applied;
-        /* the first interval includes start-up: it only arms the watchdog (an estimate of
-         * 0 s would leave the watchdog at its floor however slow a step really is) */
-        if (L->watch_armed) L->step_ema = L->step_ema > 0 ? 0.8 * L->step_ema + 0.2 * dt : dt;
-        L->watch_armed = 1;
-        L->t_applied = now;
+        L->watch_armed = 1;   /* start-up (model loading) is not a stall */
+        L->t_applied = clock_mono_s();
         L->applied_steps = a->step + 1;
     }
     /* Work of older steps can no longer be applied: forget it. */
@@ -236,6 +244,7 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
         L->peers.p[i].alive = 1;
         L->peers.p[i].stage_id = m.work_request.target_id;
         L->credit[i] += m.work_request.count;
+        L->asks[i] = 1;
         double now = clock_mono_s(), gap = now - L->t_progress[i];
         L->gap_ema[i] = L->gap_ema[i] > 0 ? 0.8 * L->gap_ema[i] + 0.2 * gap : gap;
         L->t_progress[i] = now;
@@ -253,12 +262,14 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
 
 /* Liveness safety net: work can be lost in ways nobody reports (hidden states
  * written into the slab of a drafter that died just before, a message to a peer that
- * restarted). When no step has been applied for max(LOADER_STALL_MIN_S, 5 x the
- * recent step time), the current step's unapplied micro-batches whose owner is silent
- * go out again: an owner is silent when it has asked for no work for max(LOADER_STALL_MIN_S,
- * 5 x its usual interval between asks) and got the micro-batch at least that long ago (a
- * slow target that keeps finishing forwards is computing it; one that finished it and
- * lost it downstream runs dry and falls silent). A dead owner's work was queued already
+ * restarted, a target wedged on a drafter that froze). When no step has been applied (nor
+ * anything re-issued) for LOADER_STALL_MIN_S, the current step's unapplied micro-batches
+ * whose owner is silent go out again, to another target when there is one: an owner is
+ * silent when it has asked for no work for max(LOADER_STALL_MIN_S, 5 x its usual interval
+ * between asks) and got the micro-batch at least that long ago (a slow target that keeps
+ * finishing forwards is computing it; one that finished it and lost it downstream, or is
+ * wedged, stops asking). The step time is no measure (the old watchdog's estimate, 1e-3 s
+ * after the first step, re-issued a slow target's work forever). A dead owner's work was queued already
  * (on_dead, hello, membership). The ledger drops whatever turns out to be a duplicate, and
  * a duplicate is computed from the same data with the same weights, so the math is
  * unchanged. Re-issues of this kind go out after new work (serve). */
@@ -268,9 +279,8 @@ static void on_watchdog(bus_t *bus, void *arg) {
     loader_t *L = arg;
     if (L->st.stopping || L->ninflight == 0 || !L->watch_armed) return;
     double now = clock_mono_s();
-    double limit = 5 * L->step_ema > LOADER_STALL_MIN_S ? 5 * L->step_ema : LOADER_STALL_MIN_S;
     double since = now - (L->t_applied > L->t_stall_reissue ? L->t_applied : L->t_stall_reissue);
-    if (since < limit) return;
+    if (since < LOADER_STALL_MIN_S) return;
     uint64_t K = L->bo.micro_batches_per_step, lo = L->applied_steps * K, hi = lo + K;
     size_t n = 0;
     for (size_t k = 0; k < L->ninflight; k++) {
