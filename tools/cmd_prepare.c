@@ -92,6 +92,7 @@ int cmd_prepare(int argc, char **argv) {
     log_info("tokenizer %s (%s pre-tokenizer, %d tokens), chat template %s%s", model, tok_pre_name(t),
              tok_n_vocab(t), chat_family_name(ct.family), ct.default_system[0] ? " + default system prompt" : "");
     prep_stats_t st;
+    if ((rc = prep_cleanup_on_signal()) < 0) log_rc(rc, "prepare: signal handlers");   /* only the cleanup is lost */
     rc = prep_run(t, &po, &st);
     tok_destroy(&t);
     if (rc < 0) { log_rc(rc, "prepare"); return 1; }
