@@ -78,7 +78,7 @@ static void test_sigstop_drafter_diagnosed(void **state) {
     memset(&a, 0, sizeof a);
     char *argv[] = {fx.exe, "run", "--target-model", fx.model_dir, "--data", fx.cache, "--device", "cpu",
                     "--token-budget", "256", "--block-size", "4", "--num-anchors", "8", "--drafter-layers", "1",
-                    "--threads", "1", "--targets", "2", "--drafters", "2", "--max-steps", "150", "--epochs", "4",
+                    "--threads", "1", "--targets", "2", "--drafters", "2", "--max-steps", "60", "--epochs", "2",
                     "--out", out, NULL};
     for (int i = 0; argv[i]; i++) a.argv[i] = argv[i];
     snprintf(a.log, sizeof a.log, "%s", log);
@@ -131,7 +131,7 @@ static void test_sigstop_drafter_diagnosed(void **state) {
     assert_true(seen_monitor);
     assert_true(bottleneck_ok);
     assert_int_equal(code, 0);
-    assert_int_equal(pf_count_lines(p), 150);
+    assert_int_equal(pf_count_lines(p), 60);
 }
 
 int main(void) {
