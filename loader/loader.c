@@ -26,10 +26,17 @@
 #include <string.h>
 
 
+/* inflight_t.peer below 0: queued for re-issue. Work of a dead or restarted target goes
+ * out before new work (nobody else will compute it); work the stall watchdog suspects
+ * lost goes out only when no new micro-batch may go, so it never starves new work. */
+#define INFLIGHT_REISSUE_DEAD  (-1)
+#define INFLIGHT_REISSUE_STALL (-2)
+
 typedef struct {
     uint64_t mb;
-    int peer;               /* index into peers, -1 = queued for re-issue */
+    int peer;               /* index into peers, or INFLIGHT_REISSUE_* */
     double issued_s;
+    int last;               /* the peer it went to last (a stall re-issue avoids it) */
 } inflight_t;
 
 typedef struct {
@@ -44,6 +51,11 @@ typedef struct {
     uint64_t lookahead;     /* micro-batches allowed past the current step */
     peers_t peers;          /* targets (and others) that said hello (common/pipe/peers.h) */
     uint32_t credit[PEERS_MAX]; /* by registry index: micro-batches asked for, not received */
+    /* by registry index: when the peer last showed progress (hello, work request), and the
+     * mean interval between its work requests (s; 0 until two were seen): a target asks
+     * again each time a forward ends, so a long silence means its work is stuck */
+    double t_progress[PEERS_MAX], gap_ema[PEERS_MAX];
+    uint8_t asks[PEERS_MAX];    /* by registry index: it asked for work at least once (a target) */
     inflight_t *inflight;   /* unapplied micro-batches handed out or queued again */
     size_t ninflight, capinflight;
     /* packing buffers, sized by the token budget */
@@ -56,7 +68,8 @@ typedef struct {
     double rate_tok, rate_mb;
     int done_logged;
     /* stall watchdog: re-issue the current step's work when no step was applied for a while */
-    double t_applied, step_ema, t_stall_reissue;
+    double t_applied, t_stall_reissue;
+    int watch_armed;        /* from the first applied step on (start-up is not a stall) */
     bus_timer_t *watchdog;
 } loader_t;
 
@@ -65,7 +78,7 @@ typedef struct {
 static void requeue_peer(loader_t *L, int i, const char *why) {
     int n = 0;
     for (size_t k = 0; k < L->ninflight; k++)
-        if (L->inflight[k].peer == i) { L->inflight[k].peer = -1; n++; }
+        if (L->inflight[k].peer == i) { L->inflight[k].peer = INFLIGHT_REISSUE_DEAD; n++; }
     L->credit[i] = 0;
     if (n) log_warn("%s %s: %d micro-batch(es) queued for re-issue", L->peers.p[i].id, why, n);
 }
@@ -101,7 +114,28 @@ static int send_mb(loader_t *L, int pi, uint64_t mb) {
     return 0;
 }
 
-/* Hands out work while some target has credit and some micro-batch may go. */
+/* Index in L->inflight of the lowest queued micro-batch of kind `why`
+ * (INFLIGHT_REISSUE_*) that did not last go to peer `avoid` (-1: none avoided): the lowest
+ * holds up the oldest step. SIZE_MAX when none. */
+static size_t reissue_pick(const loader_t *L, int why, int avoid) {
+    size_t best = SIZE_MAX;
+    for (size_t k = 0; k < L->ninflight; k++)
+        if (L->inflight[k].peer == why && L->inflight[k].last != avoid &&
+            (best == SIZE_MAX || L->inflight[k].mb < L->inflight[best].mb))
+            best = k;
+    return best;
+}
+
+/* 1 when a live target other than peer i asks for work: a stall re-issue then goes there
+ * rather than back to the target that fell silent holding it (wedged downstream). */
+static int other_target(const loader_t *L, int i) {
+    for (int j = 0; j < L->peers.n; j++)
+        if (j != i && L->peers.p[j].alive && L->asks[j]) return 1;
+    return 0;
+}
+
+/* Hands out work while some target has credit and some micro-batch may go: first the
+ * work of dead targets, then new micro-batches, then what the stall watchdog queued. */
 static void serve(loader_t *L) {
     if (L->st.stopping) return;
     for (int progress = 1; progress;) {
@@ -110,15 +144,12 @@ static void serve(loader_t *L) {
             const peer_info_t *p = &L->peers.p[i];
             uint32_t *credit = &L->credit[i];
             if (!p->alive || *credit == 0) continue;
-            /* re-issue first (lowest mb first: it holds up the oldest step) */
-            size_t best = SIZE_MAX;
-            for (size_t k = 0; k < L->ninflight; k++)
-                if (L->inflight[k].peer < 0 &&
-                    (best == SIZE_MAX || L->inflight[k].mb < L->inflight[best].mb))
-                    best = k;
+            size_t best = reissue_pick(L, INFLIGHT_REISSUE_DEAD, -1);
+            if (best == SIZE_MAX && L->next_mb >= step_limit(L))
+                best = reissue_pick(L, INFLIGHT_REISSUE_STALL, other_target(L, i) ? i : -1);
             if (best != SIZE_MAX) {
                 if (send_mb(L, i, L->inflight[best].mb) == 0) {
-                    L->inflight[best].peer = i;
+                    L->inflight[best].peer = L->inflight[best].last = i;
                     L->inflight[best].issued_s = clock_mono_s();
                     (*credit)--;
                     L->reissued++;
@@ -137,7 +168,7 @@ static void serve(loader_t *L) {
                 L->capinflight = cap;
             }
             if (send_mb(L, i, L->next_mb) == 0) {
-                L->inflight[L->ninflight++] = (inflight_t){L->next_mb, i, clock_mono_s()};
+                L->inflight[L->ninflight++] = (inflight_t){L->next_mb, i, clock_mono_s(), i};
                 L->next_mb++;
                 (*credit)--;
                 progress = 1;
@@ -167,11 +198,8 @@ static void on_applied(loader_t *L, const proto_applied_t *a) {
         else L->dup_applied++;
     }
     if (a->step + 1 > L->applied_steps) {
-        double now = clock_mono_s();
-        double dt = now - L->t_applied;
-        /* the first interval includes start-up: it only arms the watchdog */
-        L->step_ema = L->step_ema > 0 ? 0.8 * L->step_ema + 0.2 * dt : 1e-3;
-        L->t_applied = now;
+        L->watch_armed = 1;   /* start-up (model loading) is not a stall */
+        L->t_applied = clock_mono_s();
         L->applied_steps = a->step + 1;
     }
     /* Work of older steps can no longer be applied: forget it. */
@@ -195,7 +223,8 @@ static void on_hello(loader_t *L, const char *peer, const proto_hello_t *h) {
                 : stage_admit(&L->st, &L->peers, L->srv, peer, h, PIPE_ID_TARGET0,
                               PIPE_ID_TARGET0 + PIPE_MAX_TARGETS, &what, NULL);
     if (i < 0) return;
-    if (i >= n) L->credit[i] = 0;
+    if (i >= n) { L->credit[i] = 0; L->gap_ema[i] = 0; L->asks[i] = 0; }
+    L->t_progress[i] = clock_mono_s();
     if (what == PEERS_RESTARTED && h->role == PROTO_ROLE_TARGET) requeue_peer(L, i, "restarted");
     if (what != PEERS_SAME || h->role == PROTO_ROLE_TARGET)   /* (the optimizer's comes every step) */
         log_info("hello from %s (%s %u, incarnation %llu)", peer, proto_role_name(h->role), h->stage_id,
@@ -220,6 +249,10 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
         }
         L->peers.p[i].alive = 1;
         L->credit[i] += m.work_request.count;
+        L->asks[i] = 1;
+        double now = clock_mono_s(), gap = now - L->t_progress[i];
+        L->gap_ema[i] = L->gap_ema[i] > 0 ? 0.8 * L->gap_ema[i] + 0.2 * gap : gap;
+        L->t_progress[i] = now;
         serve(L);
         break;
     }
@@ -240,31 +273,39 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
 
 /* Liveness safety net: work can be lost in ways nobody reports (hidden states
  * written into the slab of a drafter that died just before, a message to a peer that
- * restarted). When no step has been applied for max(LOADER_STALL_MIN_S, 5 x the
- * recent step time), the current step's unapplied micro-batches go out again; the
- * ledger drops whatever turns out to be a duplicate, and a duplicate is computed from
- * the same data with the same weights, so the math is unchanged. */
+ * restarted, a target wedged on a drafter that froze). When no step has been applied (nor
+ * anything re-issued) for LOADER_STALL_MIN_S, the current step's unapplied micro-batches
+ * whose owner is silent go out again, to another target when there is one: an owner is
+ * silent when it has asked for no work for max(LOADER_STALL_MIN_S, 5 x its usual interval
+ * between asks) and got the micro-batch at least that long ago (a slow target that keeps
+ * finishing forwards is computing it; one that finished it and lost it downstream, or is
+ * wedged, stops asking). The step time is no measure (the old watchdog's estimate, 1e-3 s
+ * after the first step, re-issued a slow target's work forever). A dead owner's work was queued already
+ * (on_dead, hello, membership). The ledger drops whatever turns out to be a duplicate, and
+ * a duplicate is computed from the same data with the same weights, so the math is
+ * unchanged. Re-issues of this kind go out after new work (serve). */
 #define LOADER_STALL_MIN_S 2.0
 static void on_watchdog(bus_t *bus, void *arg) {
     (void)bus;
     loader_t *L = arg;
-    /* armed from the first applied step on: start-up (model loading) is not a stall */
-    if (L->st.stopping || L->ninflight == 0 || L->step_ema <= 0) return;
+    if (L->st.stopping || L->ninflight == 0 || !L->watch_armed) return;
     double now = clock_mono_s();
-    double limit = 5 * L->step_ema > LOADER_STALL_MIN_S ? 5 * L->step_ema : LOADER_STALL_MIN_S;
     double since = now - (L->t_applied > L->t_stall_reissue ? L->t_applied : L->t_stall_reissue);
-    if (since < limit) return;
+    if (since < LOADER_STALL_MIN_S) return;
     uint64_t K = L->bo.micro_batches_per_step, lo = L->applied_steps * K, hi = lo + K;
     size_t n = 0;
-    for (size_t k = 0; k < L->ninflight; k++)
-        if (L->inflight[k].mb >= lo && L->inflight[k].mb < hi && L->inflight[k].peer >= 0) {
-            L->inflight[k].peer = -1;
-            n++;
-        }
+    for (size_t k = 0; k < L->ninflight; k++) {
+        inflight_t *f = &L->inflight[k];
+        if (f->mb < lo || f->mb >= hi || f->peer < 0) continue;
+        double quiet = 5 * L->gap_ema[f->peer] > LOADER_STALL_MIN_S ? 5 * L->gap_ema[f->peer] : LOADER_STALL_MIN_S;
+        if (now - L->t_progress[f->peer] < quiet || now - f->issued_s < quiet) continue;
+        f->peer = INFLIGHT_REISSUE_STALL;
+        n++;
+    }
     L->t_stall_reissue = now;
     if (n) {
-        log_warn("step %llu: nothing applied for %.1f s: its %zu unapplied micro-batch(es) go out again",
-                 (unsigned long long)L->applied_steps, since, n);
+        log_warn("step %llu: nothing applied for %.1f s and %zu of its micro-batch(es) held by a silent target: "
+                 "they go out again", (unsigned long long)L->applied_steps, since, n);
         serve(L);
     }
 }
@@ -293,7 +334,7 @@ static void on_control(stage_t *st, const proto_control_t *c, void *arg) {
                  * micro-batch (duplicates are dropped by the drafters and the ledger) */
                 size_t n = 0;
                 for (size_t k = 0; k < L->ninflight; k++)
-                    if (L->inflight[k].peer >= 0) { L->inflight[k].peer = -1; n++; }
+                    if (L->inflight[k].peer >= 0) { L->inflight[k].peer = INFLIGHT_REISSUE_DEAD; n++; }
                 log_warn("drafter %lld gone: %zu unapplied micro-batch(es) queued for re-issue",
                          (long long)(c->ints[j] - PIPE_ID_DRAFTER0), n);
             }
@@ -372,11 +413,12 @@ static int loader_setup(loader_t *L, const run_config_t *c, uint64_t *total) {
     batcher_opts_default(&L->bo, 0);
     L->bo.seed = c->seed;
     L->bo.token_budget = c->token_budget;
-    if (c->max_len > 0) L->bo.max_len = c->max_len;
+    /* one default everywhere (run --help, the supervisor's data checks, the optimizer's
+     * record that a resume passes back): --max-len 0 is the token budget */
+    L->bo.max_len = c->max_len > 0 && c->max_len < c->token_budget ? c->max_len : c->token_budget;
     L->bo.micro_batches_per_step = c->mbs_per_step;
     L->bo.epochs = c->epochs;
     int64_t max_steps = (int64_t)c->max_steps, start_step = (int64_t)c->start_step;
-    if (L->bo.max_len == 0 || L->bo.max_len > L->bo.token_budget) L->bo.max_len = L->bo.token_budget;
     int rc = dlc_open(c->data_cache, &L->cache);
     if (rc < 0) return log_rc(rc, "open cache"), 1;
     rc = batcher_new(L->cache, &L->bo, &L->b);
@@ -423,7 +465,7 @@ int main(int argc, char **argv) {
     /* a restarted loader joins a running pipeline (models loaded): its stall watchdog
      * is armed at once (work its predecessor's targets wrote into a restarted drafter
      * is lost without a report, and no step would ever be applied to arm it) */
-    if (a.incarnation > 1) L.step_ema = LOADER_STALL_MIN_S / 5;
+    if (a.incarnation > 1) L.watch_armed = 1;
     bus_timer_start(L.srv, 500, 500, on_watchdog, &L, &L.watchdog);
     L.st.state = PROTO_STATE_IDLE;
     log_info("serving %s: %llu micro-batches in total, issuing %llu..%llu, %llu per step, lookahead %llu",

@@ -6,6 +6,7 @@
  * ROUTER peer; subscribers and clients waiting for the end are kept by peer id and
  * forgotten when they go silent (bus heartbeats). */
 #include "supervisor/sup_int.h"
+#include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
 #include "common/rundir/ctl.h"
@@ -87,7 +88,9 @@ static int append(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
 }
 
 /* {"run": <run.json>, "metrics": [<metrics.jsonl line of each stage's latest>],
- *  "step": last applied step seen (-1 none), "loss": its loss (null none)} */
+ *  "step": last applied step seen (-1 none), "loss": its loss (null none)}; each metrics
+ * line gets "metrics_age_s": seconds since the supervisor received it (its own clock,
+ * so a stage on another node with a skewed clock is measured right). */
 static int status_doc(sup_t *S, char **out, size_t *out_len) {
     char *doc = NULL, *run = NULL, tail[96];
     size_t len = 0, cap = 0;
@@ -96,15 +99,18 @@ static int status_doc(sup_t *S, char **out, size_t *out_len) {
     if (rc == 0) rc = append(&doc, &len, &cap, "{\"run\":", 7);
     if (rc == 0) rc = append(&doc, &len, &cap, run, strlen(run));
     if (rc == 0) rc = append(&doc, &len, &cap, ",\"metrics\":[", 12);
+    double now = clock_mono_s();
     for (int i = 0; i < S->ctl.n_last && rc == 0; i++) {
         const proto_metrics_t *m = &S->ctl.last[i].m;
-        const char *names[DL_PROTO_MAX_METRICS];
-        double values[DL_PROTO_MAX_METRICS];
-        for (uint32_t k = 0; k < m->n_metrics; k++) names[k] = m->metrics[k].name, values[k] = m->metrics[k].value;
+        const char *names[DL_PROTO_MAX_METRICS + 1];
+        double values[DL_PROTO_MAX_METRICS + 1];
+        uint32_t nm = 0;
+        for (; nm < m->n_metrics; nm++) names[nm] = m->metrics[nm].name, values[nm] = m->metrics[nm].value;
+        names[nm] = "metrics_age_s", values[nm++] = now - S->ctl.last[i].t_recv;
         char *line;
         size_t n;
         rc = rundir_metrics_format(&line, &n, m->ts_ns, S->ctl.last[i].peer, m->stage_id, m->incarnation, m->state,
-                                   names, values, (int)m->n_metrics);
+                                   names, values, (int)nm);
         if (rc == 0 && i) rc = append(&doc, &len, &cap, ",", 1);
         if (rc == 0) rc = append(&doc, &len, &cap, line, n > 0 ? n - 1 : 0);   /* without its '\n' */
         free(line);
@@ -288,7 +294,7 @@ void sup__ctl_on_metrics(sup_t *S, const char *peer, const proto_metrics_t *m, c
         int i = 0;
         while (i < S->ctl.n_last && strcmp(S->ctl.last[i].peer, peer)) i++;
         if (i == S->ctl.n_last && i < RUNDIR_MAX_STAGES) snprintf(S->ctl.last[S->ctl.n_last++].peer, BUS_ID_MAX + 1, "%s", peer);
-        if (i < S->ctl.n_last) S->ctl.last[i].m = *m;
+        if (i < S->ctl.n_last) S->ctl.last[i].m = *m, S->ctl.last[i].t_recv = clock_mono_s();
     }
     for (int i = 0; i < S->ctl.n_subs; i++) {
         int rc = bus_send(S->ctl.bus, S->ctl.subs[i].peer, data, len);

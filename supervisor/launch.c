@@ -247,6 +247,10 @@ static int lc_validate(launch_t *L) {
                 o->max_len, o->target_model, mc->max_pos, mc->max_pos);
         return 2;
     }
+    /* --max-len not given: the token budget, capped at the target's context; resolved here
+     * once, so every stage, the data checks, the checkpoint's record and a resume that
+     * takes it back see the same value (issue 15 item 22) */
+    if (o->max_len == 0 && L->mc_rc == 0 && mc->max_pos > 0 && mc->max_pos < o->token_budget) o->max_len = mc->max_pos;
     if (o->deterministic && o->threads == 0) o->threads = 1;
     if (o->eval_data || o->eval_every) {
         if (!o->eval_data || o->eval_every < 1) {

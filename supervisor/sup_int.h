@@ -185,8 +185,9 @@ typedef struct {
         sup_ctl_client_t waiters[SUP_CTL_MAX_CLIENTS];  /* stop with WAIT: "stopped" at the end */
         int n_waiters;
         sup_ctl_client_t rb;                        /* who asked for the current rebalance ("" none) */
-        /* each stage's latest non-step METRICS (status), in order of first appearance */
-        struct { char peer[BUS_ID_MAX + 1]; proto_metrics_t m; } last[RUNDIR_MAX_STAGES];
+        /* each stage's latest non-step METRICS (status), in order of first appearance, and
+         * when it arrived (clock_mono_s: its age in status shows a frozen stage) */
+        struct { char peer[BUS_ID_MAX + 1]; proto_metrics_t m; double t_recv; } last[RUNDIR_MAX_STAGES];
         int n_last;
     } ctl;
     /* training-time eval child (see sup_opts_t.eval_data) */

@@ -28,6 +28,7 @@
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
+#include "common/base/testhook.h"
 #include "common/mem/dev.h"
 #include "common/mem/hcache.h"
 #include "common/mem/slab.h"
@@ -43,6 +44,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "target_worker/nccl_out.h"
 
@@ -100,6 +102,7 @@ typedef struct {
     int route_node;            /* the routed drafter's node when this target connected to it */
     uint64_t cur_inc;          /* drafter incarnation whose slot the forward in flight writes */
     int drop_pending;          /* the drafter restarted mid-forward: unmap its old slabs after it */
+    int64_t fwd_delay_ms;      /* test hook target.forward_delay_ms: each forward takes this much longer */
     /* GPU mode (--gpu N >= 0) */
     int gpu;
     size_t elem;               /* feature element bytes: 4 (f32, CPU) or 2 (bf16, CUDA) */
@@ -200,7 +203,9 @@ static void work_run(uv_work_t *req) {
 static void work_cb(uv_work_t *req) {
     tw_t *T = req->data;
     T->cur_err[0] = 0;
+    if (T->fwd_delay_ms > 0) usleep((useconds_t)(T->fwd_delay_ms * 1000));
     work_run(req);
+    T->cur_fwd_s += T->fwd_delay_ms > 0 ? (double)T->fwd_delay_ms / 1e3 : 0;   /* counted as forward */
     if (T->cur_rc < 0) snprintf(T->cur_err, sizeof T->cur_err, "%s", dl_errmsg());
 }
 
@@ -713,6 +718,7 @@ int main(int argc, char **argv) {
     stage_on_stop(&T.st, on_stop, &T);
     T.t_rate = T.wait_since = clock_mono_s();
     T.st.state = PROTO_STATE_IDLE;
+    testhook_i64("target.forward_delay_ms", &T.fwd_delay_ms);   /* read once, at start-up */
     request_work(&T);
     T.idle_grant_since = clock_mono_s();
     bus_timer_start(T.loader, 50, 50, on_idle_timer, &T, &T.idle_timer);

@@ -125,6 +125,7 @@ int cmd_prepare(int argc, char **argv) {
     log_info("tokenizer %s (%s pre-tokenizer, %d tokens), chat template %s%s", model, tok_pre_name(t),
              tok_n_vocab(t), chat_family_name(ct.family), ct.default_system[0] ? " + default system prompt" : "");
     prep_stats_t st;
+    if ((rc = prep_cleanup_on_signal()) < 0) log_rc(rc, "prepare: signal handlers");   /* only the cleanup is lost */
     prep_show_t show = {isatty(STDERR_FILENO) == 1, 10.0, 2.0, 0, 0, 0};
     if (show.tty) show.every_s = 1.0;
     int64_t ms;   /* test hook: every chunk's line, from the start */

@@ -21,6 +21,9 @@
 #include <unistd.h>
 
 #define STATUS_TAIL_BYTES (1u << 20) /* the last MiB of metrics.jsonl holds every stage's latest */
+/* Stages send metrics every second: a running stage silent this long is frozen or hung
+ * (the same threshold as monitor's diagnosis, MON_SILENT_S_DEFAULT). */
+#define STATUS_SILENT_S 5.0
 
 /* A metric of a stage's latest line, -1 when absent or null (as printed since v1). */
 static double num(const rundir_metrics_rec_t *x, const char *k) {
@@ -77,21 +80,31 @@ static void print_run(const rundir_run_t *run, const char *dir, int alive) {
     if (run->metrics_endpoint[0]) printf("metrics relay (PUB): %s\n", run->metrics_endpoint);
 }
 
-/* One row of the stage table: run.json's entry e and its latest metrics x (or NULL). */
+/* One row of the stage table: run.json's entry e and its latest metrics x (or NULL).
+ * alive > 0 (a live run's answer): x's metrics_age_s, the seconds since the supervisor
+ * received it, is the "metrics" column; a running stage silent STATUS_SILENT_S or more
+ * shows as "silent Ns" with "frozen?" in its detail. */
 static void print_stage(const rundir_stage_t *e, const rundir_metrics_rec_t *x, int alive, int nodes) {
-    char detail[160] = "";
+    char detail[200] = "", age[24] = "-", state[24];
+    double a = x && alive > 0 ? num(x, "metrics_age_s") : -1;
+    int silent = a >= STATUS_SILENT_S && !strcmp(str_or(e->process, "?"), "running") && strcmp(x->state, "stopping");
+    if (a >= 0) snprintf(age, sizeof age, "%.1fs", a);
+    if (silent) snprintf(state, sizeof state, "silent %.0fs", a);
+    else snprintf(state, sizeof state, "%s", !alive ? "not running" : x ? x->state : "-");
+    if (silent) snprintf(detail, sizeof detail, "frozen? no metrics for %.0f s (SIGSTOP, hung); ", a);
+    size_t dl = strlen(detail);
     if (x) {
         double v;
-        if ((v = num(x, "step")) >= 0) snprintf(detail, sizeof detail, "step %g, loss %.4f", v, num(x, "loss"));
+        if ((v = num(x, "step")) >= 0) snprintf(detail + dl, sizeof detail - dl, "step %g, loss %.4f", v, num(x, "loss"));
         else if ((v = num(x, "inbox_high_water")) >= 0)
-            snprintf(detail, sizeof detail, "inbox %.1f+%.1f MB used, high %.1f MB, ready %g, weights v%g",
+            snprintf(detail + dl, sizeof detail - dl, "inbox %.1f+%.1f MB used, high %.1f MB, ready %g, weights v%g",
                      num(x, "inbox_gpu_bytes") / 1e6, num(x, "inbox_host_bytes") / 1e6, v / 1e6,
                      num(x, "ready"), num(x, "weights_version"));
         else if ((v = num(x, "in_flight")) >= 0)
-            snprintf(detail, sizeof detail, "next mb %g, in flight %g, re-issued %g", num(x, "next_mb"), v,
+            snprintf(detail + dl, sizeof detail - dl, "next mb %g, in flight %g, re-issued %g", num(x, "next_mb"), v,
                      num(x, "reissued"));
         else if ((v = num(x, "done")) >= 0)
-            snprintf(detail, sizeof detail, "%g micro-batches, route drafter%g", v, num(x, "route"));
+            snprintf(detail + dl, sizeof detail - dl, "%g micro-batches, route drafter%g", v, num(x, "route"));
     }
     double compute = x ? num(x, "forward_s") + num(x, "backward_s") + num(x, "step_s") : 0;
     char rate[32] = "-";
@@ -102,8 +115,8 @@ static void print_stage(const rundir_stage_t *e, const rundir_metrics_rec_t *x, 
     else snprintf(pids, sizeof pids, "-");
     printf("%-10s ", str_or(e->name, "?"));
     if (nodes) printf("%-10s ", str_or(e->node, "-"));
-    printf("%-8s %7s %4g %3g %4s  %-11s %10s %8.1fs %8.1fs %8.1fs  %s\n", !alive ? "-" : str_or(e->process, "?"), pids, (double)e->incarnation, (double)e->restarts, gpu,
-           !alive ? "not running" : x ? x->state : "-", !alive ? "-" : rate,
+    printf("%-8s %7s %4g %3g %4s  %-11s %8s %10s %8.1fs %8.1fs %8.1fs  %s\n", !alive ? "-" : str_or(e->process, "?"), pids, (double)e->incarnation, (double)e->restarts, gpu,
+           state, age, !alive ? "-" : rate,
            x ? num(x, "wait_input_s") : 0, x ? num(x, "wait_credit_s") : 0, compute, detail);
 }
 
@@ -149,7 +162,8 @@ int cmd_status(int argc, char **argv) {
             printf("usage: draftline status --run DIR\n"
                    "Prints a run's topology (GPU runs: the GPU of each target and drafter), routing\n"
                    "table (target -> drafter) and each stage's process, GPU, state, incarnation,\n"
-                   "restarts and key metrics.\n");
+                   "restarts, the age of its last metrics (live runs; a running stage silent 5 s\n"
+                   "or more shows as \"silent\": frozen or hung) and key metrics.\n");
             return 0;
         } else return 2;
     }
@@ -182,8 +196,8 @@ int cmd_status(int argc, char **argv) {
     }
     printf("%-10s ", "stage");
     if (nodes) printf("%-10s ", "node");
-    printf("%-8s %7s %4s %3s %4s  %-11s %10s %9s %9s %9s  %s\n", "process", "pid", "inc", "rst",
-           "gpu", "state", "tokens/s", "wait_in", "wait_cr", "compute", "detail");
+    printf("%-8s %7s %4s %3s %4s  %-11s %8s %10s %9s %9s %9s  %s\n", "process", "pid", "inc", "rst",
+           "gpu", "state", "metrics", "tokens/s", "wait_in", "wait_cr", "compute", "detail");
     for (int i = 0; i < run->n_stages; i++)
         print_stage(&run->stages[i], rundir_metrics_find(last, nl, run->stages[i].name), alive != 0, nodes);
     rundir_metrics_latest_free(&last, nl);

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <omp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -193,9 +194,34 @@ static int check_out_path(const prep_opts_t *o) {
     return 0;
 }
 
+/* The cache file a prep_run is writing now (its tmp), for prep_cleanup_on_signal's
+ * handler: process-wide because a signal handler has no context argument. */
+static char g_sig_tmp[4096];
+static volatile sig_atomic_t g_sig_tmp_live;
+
+static void on_fatal_signal(int sig) {
+    if (g_sig_tmp_live) unlink(g_sig_tmp);   /* async-signal-safe */
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+int prep_cleanup_on_signal(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_fatal_signal;
+    sigemptyset(&sa.sa_mask);
+    const int sigs[] = {SIGINT, SIGTERM, SIGHUP};
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++)
+        if (sigaction(sigs[i], &sa, NULL) != 0) return dl_seterr(DL_EIO, "sigaction: %s", strerror(errno));
+    return 0;
+}
+
 /* Opens the temp outputs, allocates the chunk buffers and writes a zero
  * header (rewritten by prep_finish). */
 static int prep_open(prep_ctx_t *c) {
+    g_sig_tmp_live = 0;
+    snprintf(g_sig_tmp, sizeof g_sig_tmp, "%s", c->tmp);
+    g_sig_tmp_live = 1;   /* before the file exists: unlinking a missing one is harmless */
     c->out = fopen(c->tmp, "wb");
     if (!c->out) return dl_seterr(DL_EIO, "%s: %s", c->tmp, strerror(errno));
     setvbuf(c->out, NULL, _IOFBF, 1 << 20);
@@ -400,6 +426,7 @@ static int prep_finish(prep_ctx_t *c) {
  * was not renamed. */
 static void prep_close(prep_ctx_t *c) {
     if (c->out) { fclose(c->out); unlink(c->tmp); }
+    g_sig_tmp_live = 0;   /* renamed over out_path, or removed */
     if (c->mtmp) fclose(c->mtmp);
     if (c->res)
         for (uint32_t i = 0; i < c->chunk; i++) { free(c->res[i].ids); free(c->res[i].mask); }

@@ -66,6 +66,12 @@ typedef struct {
  * FILE ..." with a hint (the first bad record's fields) and writes nothing. Errors: those of the dataset reader and tokenizer, plus DL_EIO. */
 int prep_run(const tok_t *t, const prep_opts_t *opts, prep_stats_t *stats);
 
+/* For a process whose job is prep_run (`draftline prepare`): SIGINT, SIGTERM and SIGHUP
+ * first remove the cache file a prep_run is writing (out_path.tmp.<pid>, else left behind:
+ * 70-100 MB for a big dataset), then end the process by the same signal as before (the
+ * default action). Call once, before prep_run. Returns 0 or DL_EIO (sigaction failed). */
+int prep_cleanup_on_signal(void);
+
 /* --- reading ---------------------------------------------------------------- */
 
 typedef struct dlc dlc_t;

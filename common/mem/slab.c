@@ -228,6 +228,30 @@ int slab_sweep_stage(const char *run_id, const char *stage, uint64_t incarnation
     return n;
 }
 
+int slab_sweep_older(const char *run_id, const char *stage, uint64_t incarnation) {
+    if (!slab_name_ok(run_id) || !slab_name_ok(stage))
+        return dl_seterr(DL_EINVAL, "slab_sweep_older: run id '%s' or stage '%s' malformed", run_id, stage);
+    char prefix[96];
+    int pl = snprintf(prefix, sizeof prefix, "dl-%s-%s-", run_id, stage);
+    DIR *d = opendir("/dev/shm");
+    if (!d) return dl_seterr(DL_EIO, "opendir /dev/shm: %s", strerror(errno));
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, prefix, (size_t)pl) != 0) continue;
+        const char *p = e->d_name + pl;
+        char *end;
+        errno = 0;
+        unsigned long long inc = strtoull(p, &end, 10);
+        if (end == p || *end != '-' || errno || inc >= incarnation) continue;
+        char name[300];
+        snprintf(name, sizeof name, "/%s", e->d_name);
+        if (shm_unlink(name) == 0) n++;
+    }
+    closedir(d);
+    return n;
+}
+
 /* Run ids (the "<run>" of "dl-<run>-...") seen in /dev/shm, with liveness flags. */
 typedef struct { char id[17]; int live; } sweep_run_t;
 #define SWEEP_MAX_RUNS 256

@@ -84,6 +84,14 @@ int slab_sweep(const char *run_id);
  * Returns the number removed (>= 0), DL_EINVAL (malformed component) or DL_EIO. */
 int slab_sweep_stage(const char *run_id, const char *stage, uint64_t incarnation);
 
+/* Unlinks the shared-memory objects of every earlier incarnation of one stage ("/dl-<run_id>-
+ * <stage>-<k>-*" with k < incarnation): a new incarnation calls it once it is up, so the
+ * slabs of a predecessor killed without its exit path (kill -9, OOM) are not held until the
+ * run ends (peers that still map them drop their mappings when they see the new
+ * incarnation's slab_export or hello; the memory goes with the last mapping). Returns the
+ * number removed (>= 0), DL_EINVAL (malformed component) or DL_EIO. */
+int slab_sweep_older(const char *run_id, const char *stage, uint64_t incarnation);
+
 /* Removes the shared-memory objects of dead runs ("/dev/shm/dl-<run>-*"), as left when a
  * supervisor was killed with SIGKILL. Rule (safe for live runs): the objects of a run
  * are removed only when NO process maps any of them (every /proc/<pid>/maps readable to

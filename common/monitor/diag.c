@@ -20,7 +20,7 @@ void mon_diag_opts_default(mon_diag_opts_t *o) {
     o->stall_s = 60;
     o->wait_share = 0.5;
     o->window_s = 10;
-    o->silent_s = 10;
+    o->silent_s = MON_SILENT_S_DEFAULT;
 }
 
 /* snprintf that may truncate on purpose (messages for humans). */
@@ -102,7 +102,11 @@ void mon_diagnose(const mon_stage_view_t *v, const mon_diag_opts_t *o, mon_diag_
         out->share_credit = clamp01(cr);
         out->share_busy = clamp01(bu);
     }
-    double silent = o->silent_s > o->stall_s ? o->silent_s : o->stall_s;
+    /* metrics come every second from a loop that long work never blocks: a few seconds
+     * of silence is a frozen or hung process, whatever --stall-s says; a stage loading
+     * (a new incarnation) may send nothing for longer */
+    int loading = !strcmp(v->state, "starting");
+    double silent = loading && o->stall_s > o->silent_s ? o->stall_s : o->silent_s;
     if (!v->state[0]) {
         out->kind = MON_DIAG_UNKNOWN;
         fmt(out->why, sizeof out->why, "no metrics yet");
@@ -117,7 +121,7 @@ void mon_diagnose(const mon_stage_view_t *v, const mon_diag_opts_t *o, mon_diag_
     }
     if (v->staleness_s >= silent) {
         out->kind = MON_DIAG_SILENT;
-        fmt(out->why, sizeof out->why, "no metrics for %.0f s (process hung or gone)", v->staleness_s);
+        fmt(out->why, sizeof out->why, "silent %.0f s: no metrics (frozen? hung or gone)", v->staleness_s);
         return;
     }
     if (!strcmp(v->state, "starting")) {

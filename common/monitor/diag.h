@@ -14,7 +14,7 @@
  *
  * Diagnosis (DESIGN.md section 6):
  *   stopping/exited/retired/starting    -> STOPPED / STARTING
- *   no sample for silent_s              -> SILENT (process hung or gone)
+ *   no sample for silent_s (5 s; starting: max(silent_s, stall_s)) -> SILENT (frozen, hung or gone)
  *   no progress for stall_s:
  *     waiting for input now or share_in >= wait_share          -> STARVED
  *     waiting for credit now or share_credit >= wait_share     -> BACKPRESSURED
@@ -42,11 +42,15 @@ typedef enum {
 /* "unknown", "ok", "starved", "back-pressured", "stuck", "silent", "starting", "stopped". */
 const char *mon_diag_name(mon_diag_kind_t k);
 
+/* Stages send metrics every second (common/pipe/stage.c): 5 s without one is a frozen stage. */
+#define MON_SILENT_S_DEFAULT 5.0
+
 typedef struct {
     double stall_s;             /* no progress for this long = stalled (default 60) */
     double wait_share;          /* a wait share at least this is "waiting" (default 0.5) */
     double window_s;            /* history window for the shares (default 10) */
-    double silent_s;            /* no metrics for max(silent_s, stall_s) = silent (default 10) */
+    double silent_s;            /* no metrics for this long = silent (default MON_SILENT_S_DEFAULT;
+                                 * a starting stage: max(silent_s, stall_s)) */
 } mon_diag_opts_t;
 
 void mon_diag_opts_default(mon_diag_opts_t *o);

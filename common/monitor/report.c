@@ -99,6 +99,9 @@ int mon_report(const mon_run_t *run, const mon_report_opts_t *o, char **text) {
         else if (finished || (ts && !strcmp(ts->process, "exited") && ts->incarnation == run->stages[i]->incarnation))
             gone = "exited";
         if (gone) snprintf(views[i].state, sizeof views[i].state, "%s", gone);
+        /* a newer incarnation is loading: the old one's last metrics are not a silence */
+        else if (ts && ts->incarnation > run->stages[i]->incarnation)
+            snprintf(views[i].state, sizeof views[i].state, "starting");
         n_retired += gone && !strcmp(gone, "retired");
         mon_diagnose(&views[i], &o->diag, &diags[i]);
         shown[i] = views[i].state;

@@ -21,7 +21,8 @@ int pipe_target_check(const char *path);
 
 /* Drafter config for target mc: n_layers drafter layers, block size B, n_feat
  * captured layers at DFlash's default ids; mask token by family (Qwen3: 151669 when
- * inside the vocabulary, else 0 = <|endoftext|> as in SmolLM2). Finished and
+ * inside the vocabulary, else DRAFTER_MASK_TOKEN_SMOLLM2 = 16, <empty_output>, as for SmolLM2:
+ * common/model/drafter.h). Finished and
  * validated (drafter_config_finish). */
 int pipe_drafter_config(const model_config_t *mc, int n_layers, int n_feat, int B,
                         drafter_config_t *out);

@@ -207,6 +207,10 @@ int stage_init(stage_t *st, proto_role_t role, uint32_t stage_id, const char *na
         g_exit_sweep.inc = st->incarnation;
         g_exit_sweep.armed = 1;
         atexit(stage_exit_sweep);
+        /* a predecessor killed without its exit path (kill -9) left its slabs: this
+         * incarnation replaces it, so they go now rather than at the end of the run */
+        int swept = st->incarnation > 1 ? slab_sweep_older(run_id, name, st->incarnation) : 0;
+        if (swept > 0) log_info("removed %d shared-memory object(s) of earlier incarnations", swept);
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = on_parent_death;
