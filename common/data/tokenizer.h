@@ -6,7 +6,9 @@
  *      their ids; the text between them goes through steps 2-4;
  *   2. pre-tokenizer: a chain of regex splits (PCRE2, UTF-8 + Unicode properties,
  *      JIT when available), each "Isolated": matches and the gaps between them
- *      become pieces;
+ *      become pieces. The known regexes (GPT-2, Llama-3, Qwen2, digits) run on
+ *      a stand-in text whose classes come from Unicode 16.0, as in `tokenizers`
+ *      (uclass.h); a custom Split regex runs on the text with PCRE2's tables;
  *   3. each piece's bytes start as one symbol per byte (the GPT-2 byte-to-unicode
  *      mapping is undone at load, so the vocab is keyed by raw bytes);
  *   4. adjacent pairs are merged by lowest merge rank until none applies
