@@ -805,8 +805,10 @@ static int bpe_piece(enc_t *e, const char *s, size_t n, uint32_t off) {
             if (q) heap_push(e->heap, &hn, (cand_t){q->rank, c.pos, l->id, sy[l->next].id});
         }
     }
-    for (int32_t i = 0; i >= 0; i = sy[i].next)
+    for (int32_t i = 0; i >= 0; i = sy[i].next) {
         if (sy[i].id >= 0) DL_TRY(tok_ids_push(e->out, sy[i].id, off + sy[i].start));
+        else if (!e->out->n_dropped++) e->out->dropped_byte = (unsigned char)s[sy[i].start]; /* no byte token */
+    }
     return 0;
 }
 

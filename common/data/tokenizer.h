@@ -40,6 +40,10 @@ typedef struct {
                          text; only filled when want_offsets was set */
     size_t n, cap;
     int want_offsets;
+    size_t n_dropped;     /* bytes the vocabulary has no token for (invalid UTF-8 such as
+                             0xC0, 0xFE, 0xFF for SmolLM2), dropped by tok_encode; counted
+                             across calls, the caller resets it */
+    int dropped_byte;     /* the first such byte (0..255), valid when n_dropped > 0 */
 } tok_ids_t;
 
 void tok_ids_free(tok_ids_t *v);
@@ -71,7 +75,8 @@ int tok_load(const char *path, tok_t **out);
 void tok_destroy(tok_t **t);
 
 /* Encodes text[0..len) (UTF-8; invalid UTF-8 is not rejected: the regex runs
- * without UTF checks only on valid text, invalid bytes are byte-encoded). Appends to
+ * without UTF checks only on valid text, invalid bytes are byte-encoded, and a byte
+ * the vocabulary has no token for is dropped and counted in out->n_dropped). Appends to
  * *out. parse_special: 1 matches added/special tokens in the text (HF default),
  * 0 treats all text as plain. Offsets, when out->want_offsets, are byte offsets
  * relative to `text` plus `base_off`. Returns 0, DL_ENOMEM, DL_EFORMAT (regex
