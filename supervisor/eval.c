@@ -3,7 +3,6 @@
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
-#include "common/base/ompwait.h"
 
 #include <cjson/cJSON.h>
 
@@ -43,7 +42,6 @@ static void ev_spawn(sup_t *S, uint64_t step) {
     if (pid < 0) { log_warn("eval: fork: %s", strerror(errno)); return; }
     if (pid == 0) {
         sup__child_setup(parent, SIGTERM, log_path, o->threads_per_stage);
-        (void)ompwait_passive_env();   /* OpenMP compute on shared cores (common/base/ompwait.h) */
         char *argv[] = {exe, "eval", "--target-model", (char *)o->target_model, "--drafter", ckpt,
                         "--data", (char *)o->eval_data, "--num-prompts", np, "--max-new-tokens", mnt,
                         "--no-baseline", "--json", S->ev.json, "--device", "cpu", "--threads", thr, NULL};

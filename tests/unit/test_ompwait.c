@@ -2,7 +2,8 @@
  * unless the user set one, a re-exec carries it into the new image, a failed exec
  * leaves the environment as it was; `draftline eval` on CPU runs its work with it
  * (libgomp's OMP_DISPLAY_ENV=verbose shows GOMP_SPINCOUNT '0' only when passive:
- * before, eval kept the default spin count 300000). No timing is asserted. */
+ * before, eval kept the default spin count 300000), and so do a run's stages
+ * (before: the default). No timing is asserted. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -107,11 +108,50 @@ static void test_eval_runs_passive(void **state) {
     if (!strstr(buf, "GOMP_SPINCOUNT = '0'")) fail_msg("eval did not run passive:\n%s", buf);
 }
 
+/* Every child the supervisor starts (stages, eval child: sup__child_setup) runs
+ * passive: the stage logs hold libgomp's settings (OMP_DISPLAY_ENV is inherited). */
+static void test_run_stages_passive(void **state) {
+    (void)state;
+    const char *bin = getenv("DL_BIN_DIR");
+    char model[4096], data[4200], cmd[12000], path[256];
+    if (!bin) { fprintf(stderr, "skip: DL_BIN_DIR not set (make test sets it)\n"); skip(); }
+    if (paths_default_model(model, sizeof model) < 0 || access(model, R_OK) != 0) {
+        fprintf(stderr, "skip: %s absent (run `make model`)\n", model);
+        skip();
+    }
+    if (paths_shared_data(data, sizeof data) < 0) skip();
+    strncat(data, "/gsm8k/train.jsonl", sizeof data - strlen(data) - 1);
+    if (access(data, R_OK) != 0) { fprintf(stderr, "skip: %s absent\n", data); skip(); }
+    char dir[] = "/tmp/dl_ompwait_run_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd,
+             "env -u OMP_WAIT_POLICY OMP_DISPLAY_ENV=verbose %s/draftline run --device cpu --targets 1 --drafters 1 "
+             "--token-budget 512 --num-anchors 8 --data %s --prompt-field question --response-field answer "
+             "--drafter-layers 1 --block-size 8 --max-steps 1 --seed 0 --out %s/run >%s/console 2>&1",
+             bin, data, dir, dir);
+    assert_int_equal(WEXITSTATUS(system(cmd)), 0);
+    static const char *const logs[] = {"target0", "drafter0", "optimizer"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/run/logs/%s.log", dir, logs[i]);
+        FILE *f = fopen(path, "r");
+        if (!f) fail_msg("no %s", path);
+        static char buf[1 << 20];
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        buf[n] = 0;
+        fclose(f);
+        if (!strstr(buf, "GOMP_SPINCOUNT = '0'")) fail_msg("%s did not run passive:\n%.2000s", logs[i], buf);
+        assert_null(strstr(buf, "GOMP_SPINCOUNT = '300000'"));
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_passive_env),
         cmocka_unit_test(test_reexec),
         cmocka_unit_test(test_eval_runs_passive),
+        cmocka_unit_test(test_run_stages_passive),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
