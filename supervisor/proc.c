@@ -4,6 +4,7 @@
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
+#include "common/base/ompwait.h"
 #include "common/pipe/ckpt.h"
 #include "common/pipe/runcfg.h"
 
@@ -71,7 +72,7 @@ void sup__send_config(sup_t *S, sstage_t *x, const char *peer, uint64_t inc) {
 /* In a child just forked by the supervisor (parent: the supervisor's pid): dies with the
  * supervisor (pdeathsig), stdout/stderr appended to log_path, stdin /dev/null, default
  * signal dispositions and an empty mask, OMP_NUM_THREADS/OPENBLAS_NUM_THREADS = threads
- * (1 when <= 0). _exit(1) when the supervisor is already gone. */
+ * (1 when <= 0), OMP_WAIT_POLICY=passive unless set. _exit(1) when the supervisor is already gone. */
 void sup__child_setup(pid_t parent, int pdeathsig, const char *log_path, int threads) {
     prctl(PR_SET_PDEATHSIG, pdeathsig);
     if (getppid() != parent) _exit(1);
@@ -87,6 +88,7 @@ void sup__child_setup(pid_t parent, int pdeathsig, const char *log_path, int thr
     snprintf(thr, sizeof thr, "%d", threads > 0 ? threads : 1);
     setenv("OMP_NUM_THREADS", thr, 1);
     setenv("OPENBLAS_NUM_THREADS", thr, 1);
+    (void)ompwait_passive_env();   /* unless the user set a policy (common/base/ompwait.h) */
 }
 
 void sup__cred(const sup_t *S, uint32_t stage_id, uint64_t inc, uint8_t out[CRED_BYTES]) {

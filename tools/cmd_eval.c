@@ -8,6 +8,7 @@
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
+#include "common/base/ompwait.h"
 #include "common/base/paths.h"
 #include "common/data/chat.h"
 #include "common/data/prompts.h"
@@ -322,6 +323,8 @@ int cmd_eval(int argc, char **argv) {
     int ret = eval_parse_flags(argc, argv, &o);
     if (ret < 0) ret = eval_check_flags(&o);
     if (ret >= 0) return ret;
+    /* passive OpenMP waits on shared cores; argv - 1: main passes argv + 1 */
+    if (!strcmp(o.device, "cpu") && ompwait_reexec_passive("/proc/self/exe", argv - 1) < 0) dl_clearerr();
 
     eval_t e;
     memset(&e, 0, sizeof e);

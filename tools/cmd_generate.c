@@ -6,6 +6,7 @@
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
+#include "common/base/ompwait.h"
 #include "common/base/paths.h"
 #include "common/data/chat.h"
 #include "common/data/tokenizer.h"
@@ -57,17 +58,6 @@ static void on_token(int i, int32_t id, void *user) {
     fflush(stdout);
 }
 
-/* libgomp spin-waits after every parallel region by default; when the cores are shared
- * with other processes each of the ~400 regions of a decode step then waits for a
- * scheduler tick (SmolLM2 on 2 busy cores: 0.8 tok/s spinning, 10 tok/s passive). The
- * policy is read only at process start, so set it and re-exec once (argv - 1 is the
- * front end's full argv: main passes argv + 1). A failed exec just continues. */
-static void prefer_passive_omp(char **argv) {
-    if (getenv("OMP_WAIT_POLICY")) return;
-    setenv("OMP_WAIT_POLICY", "passive", 1);
-    execv("/proc/self/exe", argv - 1);
-}
-
 int cmd_generate(int argc, char **argv) {
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},       {"device", required_argument, 0, 'd'},
@@ -116,7 +106,9 @@ int cmd_generate(int argc, char **argv) {
     if (!model[0] && paths_default_model(model, sizeof model) < 0) return log_rc(DL_ERANGE, "default model path");
 
     ops_ctx_t ops;
-    if (!strcmp(device, "cpu")) prefer_passive_omp(argv);
+    /* passive OpenMP waits on shared cores (SmolLM2 on 2 busy cores: 0.8 tok/s spinning,
+     * 10 tok/s passive); argv - 1 is the front end's full argv (main passes argv + 1) */
+    if (!strcmp(device, "cpu") && ompwait_reexec_passive("/proc/self/exe", argv - 1) < 0) dl_clearerr();
     if ((rc = ops_init_named(&ops, device, gpu, threads)) < 0) return log_rc(rc, "--device"), 1;
     tok_t *tok = NULL;
     target_t *t = NULL;

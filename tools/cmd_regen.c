@@ -19,6 +19,7 @@
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
+#include "common/base/ompwait.h"
 #include "common/base/paths.h"
 #include "common/base/rng.h"
 #include "common/data/chat.h"
@@ -516,6 +517,8 @@ int cmd_regen(int argc, char **argv) {
     regen_t r;
     memset(&r, 0, sizeof r);
     int ret = regen_parse_flags(argc, argv, &o);
+    /* passive OpenMP waits on shared cores; argv - 1: main passes argv + 1 */
+    if (ret < 0 && !strcmp(o.device, "cpu") && ompwait_reexec_passive("/proc/self/exe", argv - 1) < 0) dl_clearerr();
     if (ret < 0) ret = regen_resume(&o, &r.have);
     if (ret >= 0) return ret;
     int rc;

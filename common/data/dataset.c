@@ -28,6 +28,7 @@ struct ds_reader {
     uint64_t line;            /* current line (1-based) at buf[pos] */
     uint64_t bytes;
     uint64_t skipped;
+    uint64_t dropped_lines;   /* lines whose sample lost bytes the tokenizer cannot encode */
     char *rec;                /* current record */
     size_t rec_len, rec_cap;
 };
@@ -128,6 +129,9 @@ void ds_close(ds_reader_t **rp) {
     if (r->skipped > DS_MAX_WARN)
         log_warn("%s: ... %llu more bad lines (not shown)", r->path,
                  (unsigned long long)(r->skipped - DS_MAX_WARN));
+    if (r->dropped_lines > DS_MAX_WARN)
+        log_warn("%s: ... %llu more lines with bytes the tokenizer cannot encode (not shown)", r->path,
+                 (unsigned long long)(r->dropped_lines - DS_MAX_WARN));
     free(r->buf);
     free(r->rec);
     free(r->path);
@@ -506,6 +510,16 @@ int ds_report_bad(ds_reader_t *r, uint64_t line, const char *why) {
     r->skipped++;
     if (r->skipped <= DS_MAX_WARN)
         log_warn("%s:%llu: %s (skipped)", r->path, (unsigned long long)line, why);
+    return 0;
+}
+
+int ds_report_dropped(ds_reader_t *r, uint64_t line, uint64_t n_bytes, int byte) {
+    char why[160];
+    snprintf(why, sizeof why, "%llu byte%s the tokenizer cannot encode (invalid UTF-8, first 0x%02X) dropped",
+             (unsigned long long)n_bytes, n_bytes == 1 ? "" : "s", byte & 0xFF);
+    if (r->opts.strict) return dl_seterr(DL_EFORMAT, "%s:%llu: %s", r->path, (unsigned long long)line, why);
+    if (++r->dropped_lines <= DS_MAX_WARN)
+        log_warn("%s:%llu: %s from the sample", r->path, (unsigned long long)line, why);
     return 0;
 }
 

@@ -75,6 +75,12 @@ int ds_next(ds_reader_t *r, ds_sample_t *out);
  * (parallel prepare). */
 int ds_report_bad(ds_reader_t *r, uint64_t line, const char *why);
 
+/* Records that line's sample lost n_bytes bytes the tokenizer cannot encode
+ * (tok_ids_t.n_dropped; byte: the first of them): a warn log "file:line: ..." for
+ * the first 10 such lines, counted for the rest (ds_close logs "... N more"); the
+ * sample is kept. With strict, DL_EFORMAT with the same detail. */
+int ds_report_dropped(ds_reader_t *r, uint64_t line, uint64_t n_bytes, int byte);
+
 uint64_t ds_skipped(const ds_reader_t *r);
 /* Bytes consumed from the (decompressed) stream so far. */
 uint64_t ds_bytes_read(const ds_reader_t *r);

@@ -28,6 +28,8 @@ typedef struct {
     uint8_t *mask;
     uint32_t n;
     uint64_t n_asst;
+    uint64_t dropped;   /* bytes the tokenizer could not encode (tok_ids_t.n_dropped) */
+    int dropped_byte;
     int rc;
     char err[256];
 } result_t;
@@ -42,6 +44,7 @@ static double now_s(void) {
 static void tokenize_one(const tok_t *t, const prep_opts_t *o, const char *rec, size_t len, ds_sample_t *s,
                          tok_ids_t *ids, uint8_t **mask, size_t *mask_cap, result_t *r) {
     ids->n = 0;
+    ids->n_dropped = 0;
     int rc = ds_parse(&o->ds, rec, len, s);
     uint64_t na = 0;
     if (rc == 0) {
@@ -67,6 +70,8 @@ static void tokenize_one(const tok_t *t, const prep_opts_t *o, const char *rec, 
     }
     r->n = (uint32_t)ids->n;
     r->n_asst = na;
+    r->dropped = ids->n_dropped;
+    r->dropped_byte = ids->dropped_byte;
     r->ids = malloc(ids->n * sizeof *r->ids + 1);
     r->mask = malloc(ids->n + 1);
     if (!r->ids || !r->mask) {
@@ -355,6 +360,7 @@ static int prep_write_chunk(prep_ctx_t *c, uint32_t n) {
             rc = ds_report_bad(c->rd, c->rec_line[i], "sample has no tokens");
         } else if (rc == 0) {
             rc = prep_append(c, r);
+            if (rc == 0 && r->dropped) rc = ds_report_dropped(c->rd, c->rec_line[i], r->dropped, r->dropped_byte);
         }
         free(r->ids);
         free(r->mask);

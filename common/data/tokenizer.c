@@ -5,6 +5,7 @@
 
 #include "common/base/err.h"
 #include "common/data/nfc.h"
+#include "common/data/uclass.h"
 #include "common/format/gguf.h"
 
 #include <cjson/cJSON.h>
@@ -76,6 +77,7 @@ struct tok {
     int n_rx;
     int ignore_merges;
     int nfc;                  /* normalizer NFC (Qwen2/3) */
+    int premap;               /* every regex is a known one: match on uclass_premap'd text */
     int32_t bos, eos, pad;
     char *chat_template;
     char pre_name[16];
@@ -155,33 +157,13 @@ static void byte_unicode(uint32_t cp_of_byte[256]) {
     }
 }
 
-/* Decodes one UTF-8 sequence at s[0..n); returns its length (0 if invalid). */
-static int utf8_dec(const unsigned char *s, size_t n, uint32_t *cp) {
-    if (n == 0) return 0;
-    unsigned c = s[0];
-    if (c < 0x80) { *cp = c; return 1; }
-    int len = (c >= 0xF0 && c < 0xF8) ? 4 : (c >= 0xE0) ? 3 : (c >= 0xC2 && c < 0xE0) ? 2 : 0;
-    if (c >= 0xF8) len = 0;
-    if (!len || (size_t)len > n) return 0;
-    uint32_t v = c & (0x7F >> len);
-    for (int i = 1; i < len; i++) {
-        if ((s[i] & 0xC0) != 0x80) return 0;
-        v = (v << 6) | (s[i] & 0x3F);
-    }
-    if ((len == 3 && v < 0x800) || (len == 4 && (v < 0x10000 || v > 0x10FFFF)) ||
-        (v >= 0xD800 && v <= 0xDFFF))
-        return 0;
-    *cp = v;
-    return len;
-}
-
 /* Byte-level token string -> raw bytes, in place into out (cap >= n). Returns
  * the byte length, or -1 if a code point is outside the mapping. */
 static long unmap_bytes(const int16_t *byte_of_cp, const char *s, size_t n, char *out) {
     size_t i = 0, o = 0;
     while (i < n) {
         uint32_t cp;
-        int l = utf8_dec((const unsigned char *)s + i, n - i, &cp);
+        int l = uclass_utf8_dec((const unsigned char *)s + i, n - i, &cp);
         if (!l || cp >= 324 || byte_of_cp[cp] < 0) return -1;
         out[o++] = (char)byte_of_cp[cp];
         i += (size_t)l;
@@ -303,6 +285,15 @@ static int builder_finish(builder_t *b) {
     h = fnv1a(&t->ignore_merges, sizeof t->ignore_merges, h);
     h = fnv1a(&t->nfc, sizeof t->nfc, h);
     t->fingerprint = h;
+    /* the known regexes depend on non-ASCII text only through \p{L}, \p{N}, \s
+     * (see uclass.h); a custom one keeps PCRE2's own tables */
+    static const char *const known[] = {RX_GPT2, RX_LLAMA3, RX_QWEN2, RX_DIGIT, "\\p{N}+"};
+    t->premap = 1;
+    for (int i = 0; i < t->n_rx; i++) {
+        int k = 0;
+        while (k < 5 && strcmp(t->rx_src[i], known[k])) k++;
+        if (k == 5) t->premap = 0;
+    }
     return 0;
 }
 
@@ -729,6 +720,8 @@ typedef struct {
     const tok_t *t;
     tok_ids_t *out;
     pcre2_match_data *md[TOK_MAX_STAGES];
+    char *map;              /* uclass_premap'd text (map_cap bytes) */
+    size_t map_cap;
     sym_t *sym;
     cand_t *heap;
     size_t sym_cap, heap_cap;
@@ -812,17 +805,22 @@ static int bpe_piece(enc_t *e, const char *s, size_t n, uint32_t off) {
             if (q) heap_push(e->heap, &hn, (cand_t){q->rank, c.pos, l->id, sy[l->next].id});
         }
     }
-    for (int32_t i = 0; i >= 0; i = sy[i].next)
+    for (int32_t i = 0; i >= 0; i = sy[i].next) {
         if (sy[i].id >= 0) DL_TRY(tok_ids_push(e->out, sy[i].id, off + sy[i].start));
+        else if (!e->out->n_dropped++) e->out->dropped_byte = (unsigned char)s[sy[i].start]; /* no byte token */
+    }
     return 0;
 }
 
+/* 1: valid UTF-8 (2: and all ASCII), 0: invalid. */
 static int utf8_valid(const char *s, size_t n) {
     size_t i = 0;
+    while (i < n && (unsigned char)s[i] < 0x80) i++;
+    if (i == n) return 2;
     while (i < n) {
         if ((unsigned char)s[i] < 0x80) { i++; continue; }
         uint32_t cp;
-        int l = utf8_dec((const unsigned char *)s + i, n - i, &cp);
+        int l = uclass_utf8_dec((const unsigned char *)s + i, n - i, &cp);
         if (!l) return 0;
         i += (size_t)l;
     }
@@ -830,16 +828,17 @@ static int utf8_valid(const char *s, size_t n) {
 }
 
 /* Splits s[0..n) with regex stage k ("Isolated": matches and gaps are pieces),
- * recursing into stage k+1, BPE at the end. */
-static int split_stage(enc_t *e, int k, const char *s, size_t n, uint32_t off) {
+ * recursing into stage k+1, BPE at the end. The regex runs on m, s itself or its
+ * uclass_premap (same length, same boundaries); BPE on s. */
+static int split_stage(enc_t *e, int k, const char *s, const char *m, size_t n, uint32_t off) {
     const tok_t *t = e->t;
     if (k >= t->n_rx || n == 0) return bpe_piece(e, s, n, off);
     size_t pos = 0, last = 0;
     uint32_t opts = PCRE2_NO_UTF_CHECK;
     while (pos <= n) {
-        int rc = pcre2_match(t->rx[k], (PCRE2_SPTR)s, n, pos, opts, e->md[k], NULL);
+        int rc = pcre2_match(t->rx[k], (PCRE2_SPTR)m, n, pos, opts, e->md[k], NULL);
         if (rc == PCRE2_ERROR_JIT_STACKLIMIT)
-            rc = pcre2_match(t->rx[k], (PCRE2_SPTR)s, n, pos, opts | PCRE2_NO_JIT, e->md[k], NULL);
+            rc = pcre2_match(t->rx[k], (PCRE2_SPTR)m, n, pos, opts | PCRE2_NO_JIT, e->md[k], NULL);
         if (rc == PCRE2_ERROR_NOMATCH) break;
         if (rc < 0) {
             PCRE2_UCHAR msg[128];
@@ -854,27 +853,40 @@ static int split_stage(enc_t *e, int k, const char *s, size_t n, uint32_t off) {
             while (pos < n && ((unsigned char)s[pos] & 0xC0) == 0x80) pos++;
             continue;
         }
-        if (ms > last) DL_TRY(split_stage(e, k + 1, s + last, ms - last, off + (uint32_t)last));
-        DL_TRY(split_stage(e, k + 1, s + ms, me - ms, off + (uint32_t)ms));
+        if (ms > last) DL_TRY(split_stage(e, k + 1, s + last, m + last, ms - last, off + (uint32_t)last));
+        DL_TRY(split_stage(e, k + 1, s + ms, m + ms, me - ms, off + (uint32_t)ms));
         last = pos = me;
     }
-    if (last < n) DL_TRY(split_stage(e, k + 1, s + last, n - last, off + (uint32_t)last));
+    if (last < n) DL_TRY(split_stage(e, k + 1, s + last, m + last, n - last, off + (uint32_t)last));
     return 0;
+}
+
+/* Pre-tokenizes valid UTF-8 s[0..n): on its uclass_premap when t->premap. */
+static int split_text(enc_t *e, const char *s, size_t n, uint32_t off, int ascii) {
+    if (!e->t->premap || ascii) return split_stage(e, 0, s, s, n, off);
+    if (n > e->map_cap) {
+        char *nm = realloc(e->map, n);
+        if (!nm) return dl_seterr(DL_ENOMEM, "tokenizer: %zu bytes", n);
+        e->map = nm;
+        e->map_cap = n;
+    }
+    return split_stage(e, 0, s, uclass_premap(s, n, e->map) ? e->map : s, n, off);
 }
 
 /* Plain text (no added tokens inside). */
 static int encode_plain(enc_t *e, const char *s, size_t n, uint32_t off) {
     if (n == 0) return 0;
-    if (!utf8_valid(s, n)) return bpe_piece(e, s, n, off); /* regex needs valid UTF-8 */
-    if (!e->t->nfc) return split_stage(e, 0, s, n, off);
+    int valid = utf8_valid(s, n);
+    if (!valid) return bpe_piece(e, s, n, off); /* regex needs valid UTF-8 */
+    if (!e->t->nfc) return split_text(e, s, n, off, valid == 2);
     char *ns;
     size_t nn;
     uint32_t *map = NULL;
     int rc = nfc_normalize(s, n, &ns, &nn, e->out->want_offsets ? &map : NULL);
     if (rc < 0) return rc;
-    if (!ns) return split_stage(e, 0, s, n, off);
+    if (!ns) return split_text(e, s, n, off, valid == 2);
     size_t first = e->out->n;
-    rc = split_stage(e, 0, ns, nn, 0);
+    rc = split_text(e, ns, nn, 0, 0);
     if (rc == 0 && map) /* offsets back to the caller's (unnormalized) text */
         for (size_t i = first; i < e->out->n; i++) e->out->offs[i] = off + map[e->out->offs[i]];
     free(ns);
@@ -915,6 +927,7 @@ done:
     for (int k = 0; k < t->n_rx; k++) pcre2_match_data_free(e.md[k]);
     free(e.sym);
     free(e.heap);
+    free(e.map);
     return rc;
 }
 

@@ -6,7 +6,9 @@
  *      their ids; the text between them goes through steps 2-4;
  *   2. pre-tokenizer: a chain of regex splits (PCRE2, UTF-8 + Unicode properties,
  *      JIT when available), each "Isolated": matches and the gaps between them
- *      become pieces;
+ *      become pieces. The known regexes (GPT-2, Llama-3, Qwen2, digits) run on
+ *      a stand-in text whose classes come from Unicode 16.0, as in `tokenizers`
+ *      (uclass.h); a custom Split regex runs on the text with PCRE2's tables;
  *   3. each piece's bytes start as one symbol per byte (the GPT-2 byte-to-unicode
  *      mapping is undone at load, so the vocab is keyed by raw bytes);
  *   4. adjacent pairs are merged by lowest merge rank until none applies
@@ -38,6 +40,10 @@ typedef struct {
                          text; only filled when want_offsets was set */
     size_t n, cap;
     int want_offsets;
+    size_t n_dropped;     /* bytes the vocabulary has no token for (invalid UTF-8 such as
+                             0xC0, 0xFE, 0xFF for SmolLM2), dropped by tok_encode; counted
+                             across calls, the caller resets it */
+    int dropped_byte;     /* the first such byte (0..255), valid when n_dropped > 0 */
 } tok_ids_t;
 
 void tok_ids_free(tok_ids_t *v);
@@ -69,7 +75,8 @@ int tok_load(const char *path, tok_t **out);
 void tok_destroy(tok_t **t);
 
 /* Encodes text[0..len) (UTF-8; invalid UTF-8 is not rejected: the regex runs
- * without UTF checks only on valid text, invalid bytes are byte-encoded). Appends to
+ * without UTF checks only on valid text, invalid bytes are byte-encoded, and a byte
+ * the vocabulary has no token for is dropped and counted in out->n_dropped). Appends to
  * *out. parse_special: 1 matches added/special tokens in the text (HF default),
  * 0 treats all text as plain. Offsets, when out->want_offsets, are byte offsets
  * relative to `text` plus `base_off`. Returns 0, DL_ENOMEM, DL_EFORMAT (regex
