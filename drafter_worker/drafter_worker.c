@@ -570,15 +570,38 @@ static void on_target_msg(bus_t *bus, const char *peer, const void *data, size_t
     proto_msg_free(&m);
 }
 
+/* A target that left (goodbye) or whose NCCL pair is dropped: its unused grants are
+ * reclaimed. A target only silent (stalled, SIGSTOP, a long pause) gets no new grant
+ * until it is heard again (on_target_back), but its outstanding grant stays reserved:
+ * a stalled target that wakes up may still write into that slot, which must not be
+ * another target's by then. A dead one restarts as a new incarnation, whose hello
+ * reclaims it (a target that is never restarted keeps its one slot reserved). */
 static void on_target_dead(bus_t *bus, const char *peer, uint64_t silent_ms, void *arg) {
     (void)bus;
     dw_t *W = arg;
     int i = peers_find(&W->peers, peer);
     if (i < 0) return;
-    log_warn("%s silent for %llu ms: its unused grants are reclaimed", peer, (unsigned long long)silent_ms);
     W->peers.p[i].alive = 0;
-    reclaim(W, i);
-    dw__nccl_dead(W, i);
+    if (silent_ms == BUS_PEER_LEFT || W->npair[i]) {
+        if (silent_ms != BUS_PEER_LEFT)
+            log_warn("%s silent for %llu ms: its unused grants are reclaimed", peer, (unsigned long long)silent_ms);
+        reclaim(W, i);
+        dw__nccl_dead(W, i);
+    } else {
+        log_warn("%s silent for %llu ms: no new grant until it is heard again (its %d outstanding grant(s) stay "
+                 "reserved for it)", peer, (unsigned long long)silent_ms, W->tp[i].granted);
+    }
+    grant_all(W);
+}
+
+/* A target heard again after it was silent (the bus calls it a new peer): grants again. */
+static void on_target_back(bus_t *bus, const char *peer, void *arg) {
+    (void)bus;
+    dw_t *W = arg;
+    int i = peers_find(&W->peers, peer);
+    if (i < 0 || W->peers.p[i].alive) return;
+    log_info("%s heard again: granting again", peer);
+    W->peers.p[i].alive = 1;
     grant_all(W);
 }
 
@@ -847,6 +870,7 @@ int main(int argc, char **argv) {
     if (!W.srv || !W.opt) return log_rc(DL_EIO, "drafter sockets"), 1;
     bus_on_message(W.srv, on_target_msg, &W);
     bus_on_peer_dead(W.srv, on_target_dead, &W);
+    bus_on_peer_new(W.srv, on_target_back, &W);
     bus_on_message(W.opt, on_opt_msg, &W);
     stage_on_metrics(&W.st, on_metrics, &W);
     stage_on_stop(&W.st, on_stop, &W);

@@ -77,6 +77,7 @@ typedef struct {
     slab_handle_t grad;        /* its gradient slab (from slab_export) */
     int have_grad;
     int remote;                /* on another node: grad is mirrored, never mapped */
+    int retired;               /* left the membership (supervisor): not revived by its heartbeats */
     uint8_t *mirror;           /* (grad.bytes) its gradient slab's bytes, from slab_data */
     uint64_t rx;               /* bytes received since its last gradients_ready */
 } dpeer_t;
@@ -580,6 +581,7 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
                 if (O->c[j].present && O->c[j].peer == i) O->c[j].present = 0;
         }
         O->dp[i].remote = stage_remote(&O->st, m.hello.stage_id);
+        O->dp[i].retired = 0;
         log_info("hello from %s (drafter %u, incarnation %llu%s)", peer, m.hello.stage_id,
                  (unsigned long long)m.hello.incarnation, O->dp[i].remote ? ", on another node" : "");
         export_slab(O->srv, peer, slab_handle(O->wslab));
@@ -634,6 +636,21 @@ static void on_dead(bus_t *bus, const char *peer, uint64_t silent_ms, void *arg)
     O->peers.p[i].alive = 0;
 }
 
+/* A drafter heard again after it fell silent (stalled, SIGSTOP; the bus calls it a new
+ * peer): alive again, and it gets the current weights, which it missed while it was
+ * silent (without them it would hold its micro-batches, waiting for a version that
+ * never comes). A dead drafter restarts and says hello instead; one the supervisor
+ * retired stays out. */
+static void on_back(bus_t *bus, const char *peer, void *arg) {
+    (void)bus;
+    opt_t *O = arg;
+    int i = peers_find(&O->peers, peer);
+    if (i < 0 || O->peers.p[i].alive || O->dp[i].retired) return;
+    O->peers.p[i].alive = 1;
+    log_info("%s heard again: weights of step %llu sent again", peer, (unsigned long long)O->step);
+    send_weights(O, i);
+}
+
 /* MEMBERSHIP from the supervisor: drafters retired by a rebalance (ints: stage ids).
  * They get no more weights; contributions they made stay (their gradient slab is
  * still mapped here, and the sum is in micro-batch order whoever computed it). */
@@ -645,6 +662,7 @@ static void on_control(stage_t *st, const proto_control_t *c, void *arg) {
         for (int i = 0; i < O->peers.n; i++)
             if (O->peers.p[i].stage_id == (uint32_t)c->ints[j]) {
                 O->peers.p[i].alive = 0;
+                O->dp[i].retired = 1;
                 /* its gradient slab stays mapped while a pending contribution points
                  * into it; else the mapping is closed now */
                 int used = 0;
@@ -907,6 +925,7 @@ int main(int argc, char **argv) {
     if (!O.srv || !O.loader) return log_rc(DL_EIO, "optimizer sockets"), 1;
     bus_on_message(O.srv, on_msg, &O);
     bus_on_peer_dead(O.srv, on_dead, &O);
+    bus_on_peer_new(O.srv, on_back, &O);
     ons_cb_t ncb = {ons_landed, ons_lost, ons_ready, &O};
     if (ons_new(&O.ns, &O.st, O.srv, &O.ops, O.gpu, &O.peers, O.P, O.K, &ncb) < 0) return 1;
     if (opt_xfer_init(&O) < 0) return 1;

@@ -477,10 +477,21 @@ static void on_drafter_new(bus_t *bus, const char *peer, void *arg) {
     send_hello(T, bus); /* the drafter came (back): it must know us to grant */
 }
 
+/* A drafter that left (goodbye), or across nodes by NCCL: its grants are void. A
+ * drafter only silent (stalled, SIGSTOP): its grants are kept, since it keeps them
+ * reserved for us (drafter_worker's on_target_dead) and takes what we write into them
+ * when it wakes up; if it died instead, its new incarnation's slab export replaces them
+ * (on_drafter_msg: forget_drafter), and what we announced to the dead one is re-issued
+ * by the loader. */
 static void on_drafter_dead(bus_t *bus, const char *peer, uint64_t ms, void *arg) {
     (void)bus; (void)peer;
     tw_t *T = arg;
-    log_warn("drafter %d silent for %llu ms: its grants are void", T->route, (unsigned long long)ms);
+    if (ms != BUS_PEER_LEFT && !T->nc.on) {
+        log_warn("drafter %d silent for %llu ms: keeping its %d grant(s) until it is heard again or restarts",
+                 T->route, (unsigned long long)ms, T->gn);
+        return;
+    }
+    if (ms != BUS_PEER_LEFT) log_warn("drafter %d silent for %llu ms: its grants are void", T->route, (unsigned long long)ms);
     forget_drafter(T);
 }
 

@@ -134,9 +134,87 @@ static void test_sigstop_drafter_diagnosed(void **state) {
     assert_int_equal(pf_count_lines(p), 60);
 }
 
+/* The pid of stage `name` in the run dir's run.json; 0 when not listed. */
+static int stage_pid(const char *out, const char *name) {
+    static rundir_run_t rj;
+    if (rundir_run_read(out, &rj) != 0) return 0;
+    for (int i = 0; i < rj.n_stages; i++)
+        if (!strcmp(rj.stages[i].name, name)) return rj.stages[i].pid;
+    return 0;
+}
+
+/* A 1+1 --deterministic run (threads 1) of `steps` steps into out; with freeze, drafter0
+ * then target0 get SIGSTOP for 6 s each (past the 3 s heartbeat timeout), then SIGCONT,
+ * once 3 and then 8 steps are applied. Returns the exit code. */
+static int run_1plus1(const char *out, const char *log, int steps, int freeze) {
+    static pf_run_args_t a;
+    memset(&a, 0, sizeof a);
+    char ms[16];
+    snprintf(ms, sizeof ms, "%d", steps);
+    char *argv[] = {fx.exe, "run", "--target-model", fx.model_dir, "--data", fx.cache, "--device", "cpu",
+                    "--token-budget", "256", "--block-size", "4", "--num-anchors", "8", "--drafter-layers", "1",
+                    "--threads", "1", "--targets", "1", "--drafters", "1", "--max-steps", ms, "--epochs", "2",
+                    "--deterministic", "--seed", "3", "--out", (char *)out, NULL};
+    for (int i = 0; argv[i]; i++) a.argv[i] = argv[i];
+    snprintf(a.log, sizeof a.log, "%s", log);
+    proc_t run;
+    assert_int_equal(proc_spawn(&run, "draftline run", pf_run_child, &a), 0);
+    char p[600];
+    snprintf(p, sizeof p, "%s/steps.jsonl", out);
+    const char *who[2] = {"drafter0", "target0"};
+    const int after[2] = {3, 8};
+    for (int k = 0; freeze && k < 2; k++) {
+        for (int i = 0; i < 12000 && pf_count_lines(p) < after[k]; i++) usleep(10000);
+        int pid = stage_pid(out, who[k]);
+        assert_true(pid > 0);
+        assert_int_equal(kill(pid, SIGSTOP), 0);
+        sleep(6);
+        assert_int_equal(kill(pid, SIGCONT), 0);
+        printf("%s stopped for 6 s after step %d, then continued\n", who[k], after[k] - 1);
+    }
+    return pf_run_finish(&run, log, out, 240, NULL);
+}
+
+/* A drafter and then a target stopped for 6 s (SIGSTOP, longer than the heartbeat
+ * timeout) in a 1+1 run: silence is not death. The target keeps its grants, the drafter
+ * keeps them reserved for the target and grants again when it is heard from again, the
+ * optimizer sends the drafter the weights it missed while silent, so the
+ * run goes on at once after SIGCONT (before: the target had voided its grants while the
+ * drafter still counted them outstanding, and the optimizer never sent the drafter weights
+ * again: the run never got past the freeze), every
+ * step is applied once, and the final checkpoint is bitwise the undisturbed run's (what a
+ * stopped target wrote into its slot after waking was not another target's by then). */
+static void test_sigstop_1plus1_goes_on(void **state) {
+    (void)state;
+    char a[300], b[300], la[380], lb[380], pa[600], pb[600];
+    snprintf(a, sizeof a, "%s/calm", fx.root);
+    snprintf(b, sizeof b, "%s/stopped", fx.root);
+    snprintf(la, sizeof la, "%s/calm.console", fx.root);
+    snprintf(lb, sizeof lb, "%s/stopped.console", fx.root);
+    assert_int_equal(run_1plus1(a, la, 16, 0), 0);
+    int code = run_1plus1(b, lb, 16, 1);
+    assert_int_equal(code, 0);
+    snprintf(pb, sizeof pb, "%s/steps.jsonl", b);
+    assert_int_equal(pf_count_lines(pb), 16);
+    snprintf(pa, sizeof pa, "%s/checkpoints/step_16/state.bin", a);
+    snprintf(pb, sizeof pb, "%s/checkpoints/step_16/state.bin", b);
+    assert_true(pf_same_file(pa, pb));
+    snprintf(pa, sizeof pa, "%s/checkpoints/step_16/model.safetensors", a);
+    snprintf(pb, sizeof pb, "%s/checkpoints/step_16/model.safetensors", b);
+    assert_true(pf_same_file(pa, pb));
+    /* both silences were seen and outlived */
+    snprintf(pb, sizeof pb, "%s/logs/target0.log", b);
+    assert_true(pf_wait_for_text(pb, "grant(s) until it is heard again or restarts", 1));
+    snprintf(pb, sizeof pb, "%s/logs/drafter0.log", b);
+    assert_true(pf_wait_for_text(pb, "heard again: granting again", 1));
+    snprintf(pb, sizeof pb, "%s/logs/optimizer.log", b);
+    assert_true(pf_wait_for_text(pb, "drafter0.1 heard again: weights of step", 1));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sigstop_drafter_diagnosed),
+        cmocka_unit_test(test_sigstop_1plus1_goes_on),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
