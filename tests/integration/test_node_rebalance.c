@@ -242,8 +242,11 @@ static void test_rebalance_refusals(void **state) {
     static agent_t A, B;
     proc_t hp;
     char out[400], hlog[400];
-    const char *place[] = {"--target-gpus", "a:0,b:0", "--drafter-gpus", "a:1", "--max-steps", "100000", NULL};
-    setenv("DL_TEST_HOOKS", "strip_gpu=1,nccl_cross=1", 1);
+    /* a run that lasts until the test stops it (60 samples are one epoch of a few seconds
+     * on a fast machine: it must still be live for the last refusal) */
+    const char *place[] = {"--target-gpus", "a:0,b:0", "--drafter-gpus", "a:1", "--max-steps", "100000",
+                           "--epochs", "10000", NULL};
+    setenv("DL_TEST_HOOKS", "strip_gpu=1,nccl_cross=1,target.forward_delay_ms=50", 1);
     head_start("rf", place, &hp, &h, out, hlog, &A, &B);
     unsetenv("DL_TEST_HOOKS");
     int up = pf_wait_for_text(hlog, "every node joined", 60);
