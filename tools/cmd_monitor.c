@@ -43,7 +43,8 @@ static void monitor_usage(FILE *f) {
             "per-stage throughput, phase shares and a stall diagnosis (ok, starved = waiting for\n"
             "input, back-pressured = waiting for credit, stuck = neither and no progress for\n"
             "--stall-s), the bottleneck with the rebalance it suggests, the drafters' inbox fill,\n"
-            "GPU utilisation and memory (NVML, when present), loss, per-position accuracy, ETA.\n\n"
+            "GPU utilisation and memory (NVML, when present; not on a CPU run), loss,\n"
+            "per-position accuracy, ETA.\n\n"
             "  --run DIR              run directory (`draftline run --out DIR`)\n"
             "  --once                 print one text snapshot and exit (no terminal UI)\n"
             "  --stall-s S            no progress for S seconds = stalled (default 60)\n"
@@ -74,6 +75,7 @@ typedef struct {
     mon_live_t *live;                       /* the control socket's feed; NULL: the files */
     mon_topo_t topo;
     mon_nvml_t *nvml;
+    int nvml_tried;                         /* opened once, after run.json said the device */
     const char *nvml_why;
     char nvml_err[200];
     mon_gpu_t gpus[MON_MAX_GPUS];
@@ -88,6 +90,19 @@ static void ctx_to_files(mon_ctx_t *C) {
     if (!r) { log_warn("monitor: %s (keeping the last live picture)", dl_errmsg()); return; }
     mon_run_destroy(&C->run);
     C->run = r;
+}
+
+/* NVML, opened the first time the device is known not to be the CPU (a CPU run never
+ * calls it: no GPU figures to show, no library error to print). */
+static void ctx_nvml(mon_ctx_t *C) {
+    if (C->nvml_tried || C->topo.cpu_run) return;
+    C->nvml_tried = 1;
+    if (C->a.no_nvml) { C->nvml_why = "--no-nvml"; return; }
+    C->nvml = mon_nvml_open(NULL);
+    if (!C->nvml) {
+        snprintf(C->nvml_err, sizeof C->nvml_err, "%s", dl_errmsg());
+        C->nvml_why = C->nvml_err;
+    }
 }
 
 /* New metrics in: the subscription's queue, or the files' appends. */
@@ -109,6 +124,7 @@ static void ctx_refresh(mon_ctx_t *C) {
     if (C->a.max_steps) t.max_steps = C->a.max_steps;
     C->topo = t;
     C->n_gpus = 0;
+    ctx_nvml(C);
     if (C->nvml) {
         int n = mon_nvml_count(C->nvml);
         for (int i = 0; i < n && C->n_gpus < MON_MAX_GPUS; i++)
@@ -116,7 +132,7 @@ static void ctx_refresh(mon_ctx_t *C) {
     }
 }
 
-static int ctx_report(mon_ctx_t *C, char **text) {
+static int ctx_report(mon_ctx_t *C, int cols, char **text) {
     mon_report_opts_t ro = {0};
     ro.wall = clock_wall_s();
     double live = 3 * C->a.interval_s > 10 ? 3 * C->a.interval_s : 10;
@@ -126,6 +142,7 @@ static int ctx_report(mon_ctx_t *C, char **text) {
     ro.gpus = C->nvml ? C->gpus : NULL;
     ro.n_gpus = C->n_gpus;
     ro.nvml_why = C->nvml_why;
+    ro.cols = cols;
     return mon_report(C->run, &ro, text);
 }
 
@@ -248,12 +265,11 @@ static int run_tui(mon_ctx_t *C) {
             ctx_refresh(C);
             next = now + C->a.interval_s;
         }
-        char *text = NULL;
-        if (ctx_report(C, &text) < 0) break;
-        erase();
         int rows, cols;
-        getmaxyx(stdscr, rows, cols);
-        (void)cols;
+        getmaxyx(stdscr, rows, cols);       /* the terminal's (TIOCGWINSZ, else $COLUMNS) */
+        char *text = NULL;
+        if (ctx_report(C, cols, &text) < 0) break;
+        erase();
         char clock_s[32];
         time_t t = (time_t)clock_wall_s();
         strftime(clock_s, sizeof clock_s, "%H:%M:%S", localtime(&t));
@@ -337,15 +353,6 @@ int cmd_monitor(int argc, char **argv) {
     C.run = mon_run_open(C.a.dir);
     if (!C.run) return log_rc(DL_ENOENT, "monitor"), 1;
     mon_live_open(C.a.dir, C.run, &C.live);     /* not live (no answer): the files */
-    if (!C.a.no_nvml) {
-        C.nvml = mon_nvml_open(NULL);
-        if (!C.nvml) {
-            snprintf(C.nvml_err, sizeof C.nvml_err, "%s", dl_errmsg());
-            C.nvml_why = C.nvml_err;
-        }
-    } else {
-        C.nvml_why = "--no-nvml";
-    }
     int ret;
     if (C.a.prom_port >= 0 && C.a.once) {
         ctx_refresh(&C);
@@ -365,7 +372,7 @@ int cmd_monitor(int argc, char **argv) {
     } else if (C.a.once) {
         ctx_refresh(&C);
         char *text = NULL;
-        if (ctx_report(&C, &text) < 0) {
+        if (ctx_report(&C, 0, &text) < 0) {     /* a file, a pipe or a terminal's own wrap: never cut */
             log_rc(DL_ENOMEM, "monitor");
             ret = 1;
         } else {

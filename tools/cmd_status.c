@@ -53,9 +53,15 @@ static void print_run(const rundir_run_t *run, const char *dir, int alive) {
     if (stale)
         printf("the supervisor (pid %d) is dead but run.json still says '%s': it was killed without "
                "finishing (no stage is running). Resume with `draftline run --resume %s`\n", sup, sts, dir);
-    printf("topology: %g target(s), %g drafter(s) on %s; steps %g..%g, %g micro-batch(es) per step\n",
-           (double)run->targets, (double)run->drafters, str_or(run->device, "?"), (double)run->start_step,
-           (double)run->max_steps, (double)run->micro_batches_per_step);
+    /* steps named from 0 as steps.jsonl and the console name them: a run to max_steps M
+     * trains steps start..M-1 */
+    char steps[64] = "?";
+    if (run->max_steps > 0 && run->start_step >= 0)
+        snprintf(steps, sizeof steps, "%lld..%lld of %lld", (long long)run->start_step, (long long)run->max_steps - 1,
+                 (long long)run->max_steps);
+    printf("topology: %g target(s), %g drafter(s) on %s; steps %s, %g micro-batch(es) per step\n",
+           (double)run->targets, (double)run->drafters, str_or(run->device, "?"), steps,
+           (double)run->micro_batches_per_step);
     /* GPU runs: the placement (entry i = GPU of target / drafter i) */
     const int *lists[2] = {run->target_gpus, run->drafter_gpus};
     const int counts[2] = {run->n_target_gpus, run->n_drafter_gpus};
@@ -83,8 +89,9 @@ static void print_run(const rundir_run_t *run, const char *dir, int alive) {
 /* One row of the stage table: run.json's entry e and its latest metrics x (or NULL).
  * alive > 0 (a live run's answer): x's metrics_age_s, the seconds since the supervisor
  * received it, is the "metrics" column; a running stage silent STATUS_SILENT_S or more
- * shows as "silent Ns" with "frozen?" in its detail. */
-static void print_stage(const rundir_stage_t *e, const rundir_metrics_rec_t *x, int alive, int nodes) {
+ * shows as "silent Ns" with "frozen?" in its detail. max_steps: run.json's (<= 0 unknown). */
+static void print_stage(const rundir_stage_t *e, const rundir_metrics_rec_t *x, int alive, int nodes,
+                        int64_t max_steps) {
     char detail[200] = "", age[24] = "-", state[24];
     double a = x && alive > 0 ? num(x, "metrics_age_s") : -1;
     int silent = a >= STATUS_SILENT_S && !strcmp(str_or(e->process, "?"), "running") && strcmp(x->state, "stopping");
@@ -95,7 +102,16 @@ static void print_stage(const rundir_stage_t *e, const rundir_metrics_rec_t *x, 
     size_t dl = strlen(detail);
     if (x) {
         double v;
-        if ((v = num(x, "step")) >= 0) snprintf(detail + dl, sizeof detail - dl, "step %g, loss %.4f", v, num(x, "loss"));
+        if ((v = num(x, "step")) >= 0) {
+            /* named from 0 as the console names them ("step 9 done (10 of 100)"): a "step"
+             * line carries the step just applied, a periodic one the count applied so far */
+            double last = !strcmp(x->state, "step") ? v : v - 1;
+            char of[32] = "";
+            if (max_steps > 0) snprintf(of, sizeof of, " of %lld", (long long)max_steps);
+            if (last < 0) snprintf(detail + dl, sizeof detail - dl, "no step applied yet");
+            else snprintf(detail + dl, sizeof detail - dl, "step %g done (%g%s), loss %.4f", last, last + 1, of,
+                          num(x, "loss"));
+        }
         else if ((v = num(x, "inbox_high_water")) >= 0)
             snprintf(detail + dl, sizeof detail - dl, "inbox %.1f+%.1f MB used, high %.1f MB, ready %g, weights v%g",
                      num(x, "inbox_gpu_bytes") / 1e6, num(x, "inbox_host_bytes") / 1e6, v / 1e6,
@@ -199,7 +215,8 @@ int cmd_status(int argc, char **argv) {
     printf("%-8s %7s %4s %3s %4s  %-11s %8s %10s %9s %9s %9s  %s\n", "process", "pid", "inc", "rst",
            "gpu", "state", "metrics", "tokens/s", "wait_in", "wait_cr", "compute", "detail");
     for (int i = 0; i < run->n_stages; i++)
-        print_stage(&run->stages[i], rundir_metrics_find(last, nl, run->stages[i].name), alive != 0, nodes);
+        print_stage(&run->stages[i], rundir_metrics_find(last, nl, run->stages[i].name), alive != 0, nodes,
+                    run->max_steps);
     rundir_metrics_latest_free(&last, nl);
     free(run);
     return 0;

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *const DIAG_NAMES[MON_DIAG_COUNT_] = {
     "unknown", "ok", "starved", "back-pressured", "stuck", "silent", "starting", "stopped"};
@@ -34,6 +35,7 @@ static void fmt(char *out, size_t cap, const char *f, ...) {
 
 static double clamp01(double x) { return x < 0 ? 0 : x > 1 ? 1 : x; }
 static double nz(double x) { return isfinite(x) ? x : 0; }
+static double pos0(double x) { return isfinite(x) && x > 0 ? x : 0; }
 
 void mon_stage_view(const mon_stage_t *s, double now, double window_s, mon_stage_view_t *v) {
     memset(v, 0, sizeof *v);
@@ -90,13 +92,21 @@ void mon_diagnose(const mon_stage_view_t *v, const mon_diag_opts_t *o, mon_diag_
     memset(out, 0, sizeof *out);
     now_t now = now_of(v);
     if (v->dt > 0) {
-        double in = clamp01(v->d_wait_input / v->dt), cr = clamp01(v->d_wait_credit / v->dt);
-        double bu = clamp01(v->d_busy / v->dt);
-        double open = 1 - in - cr - bu;            /* the phase the stage is in now */
-        if (open > 0) {
-            if (now == NOW_INPUT) in += open;
-            else if (now == NOW_CREDIT) cr += open;
-            else if (now == NOW_BUSY) bu += open;
+        double in = pos0(v->d_wait_input / v->dt), cr = pos0(v->d_wait_credit / v->dt);
+        double bu = pos0(v->d_busy / v->dt), sum = in + cr + bu;
+        if (sum > 1) {
+            /* a phase that began before the window and ended inside it adds all of its
+             * time: the window holds no open phase, and the shares are scaled together
+             * (one clamp for all three, so they add up to 100 %) */
+            in /= sum;
+            cr /= sum;
+            bu /= sum;
+        } else if (now == NOW_INPUT) {
+            in += 1 - sum;                          /* the phase the stage is in now, once */
+        } else if (now == NOW_CREDIT) {
+            cr += 1 - sum;
+        } else if (now == NOW_BUSY) {
+            bu += 1 - sum;
         }
         out->share_in = clamp01(in);
         out->share_credit = clamp01(cr);
@@ -183,7 +193,14 @@ static void max_steps_from_log(const char *dir, mon_topo_t *t) {
 
 /* The run.json fields the suggestion needs; absent ones leave *t as it is. */
 static void topo_from_runjson(const rundir_run_t *r, mon_topo_t *t) {
-    if (r->device[0]) t->gpu_mode = strcmp(r->device, "cpu") != 0;
+    if (r->device[0]) {
+        t->gpu_mode = strcmp(r->device, "cpu") != 0;
+        t->cpu_run = !t->gpu_mode;
+    }
+    if (r->n_nodes > 0) {           /* multi-node: the nodes' cores, not the monitor's host */
+        t->cores = 0;
+        for (int k = 0; k < r->n_nodes; k++) t->cores += r->nodes[k].cores > 0 ? r->nodes[k].cores : 0;
+    }
     if (r->targets >= 0) t->n_targets = r->targets;
     if (r->drafters >= 0) t->n_drafters = r->drafters;
     if (r->max_steps > 0) t->max_steps = (uint64_t)r->max_steps;
@@ -216,11 +233,19 @@ static void topo_from_runjson(const rundir_run_t *r, mon_topo_t *t) {
     }
 }
 
+/* A single-host run's cores are this machine's (the monitor runs where the run does). */
+static void cores_here(mon_topo_t *t) {
+    if (t->cores > 0) return;
+    long nc = sysconf(_SC_NPROCESSORS_ONLN);
+    t->cores = nc > 0 && nc < 1 << 20 ? (int)nc : 0;
+}
+
 int mon_topo_read(const char *dir, mon_topo_t *t) {
     rundir_run_t *r = malloc(sizeof *r);
     if (!r) return dl_seterr(DL_ENOMEM, "monitor: out of memory");
     int rc = rundir_run_read(dir, r);
     if (rc == 0) topo_from_runjson(r, t);
+    if (rc == 0 && r->n_nodes <= 0) cores_here(t);
     free(r);
     if (rc == DL_ENOENT || rc == DL_EIO || rc == 0) {   /* unreadable: as if absent */
         if (!t->max_steps) max_steps_from_log(dir, t);
@@ -234,6 +259,7 @@ int mon_topo_parse(const char *dir, const char *json, size_t len, mon_topo_t *t)
     if (!r) return dl_seterr(DL_ENOMEM, "monitor: out of memory");
     int rc = rundir_run_parse(json, len, "status reply", r);
     if (rc == 0) topo_from_runjson(r, t);
+    if (rc == 0 && r->n_nodes <= 0) cores_here(t);
     free(r);
     if (rc < 0) return rc == DL_ENOMEM ? rc : DL_EFORMAT;
     if (!t->max_steps) max_steps_from_log(dir, t);
@@ -246,11 +272,18 @@ const mon_topo_stage_t *mon_topo_stage(const mon_topo_t *t, const char *name) {
     return NULL;
 }
 
+int mon_topo_has(const mon_topo_t *t, const char *name) {
+    return !t || !t->n_stages || mon_topo_stage(t, name) != NULL;
+}
+
 void mon_topo_from_run(const mon_run_t *run, mon_topo_t *t) {
     int nt = 0, nd = 0;
     for (int i = 0; i < run->n_stages; i++) {
-        nt += run->stages[i]->role == MON_ROLE_TARGET;
-        nd += run->stages[i]->role == MON_ROLE_DRAFTER;
+        const mon_stage_t *s = run->stages[i];
+        const mon_topo_stage_t *ts = mon_topo_stage(t, s->name);
+        if (!mon_topo_has(t, s->name) || (ts && !strcmp(ts->process, "retired"))) continue;
+        nt += s->role == MON_ROLE_TARGET;
+        nd += s->role == MON_ROLE_DRAFTER;
     }
     if (!t->n_targets) t->n_targets = nt;
     if (!t->n_drafters) t->n_drafters = nd;
@@ -299,11 +332,20 @@ static void suggest_move(const mon_topo_t *t, const char *run_dir, int to_target
         if (to_targets) { nt++; nd--; } else { nt--; nd++; }
         fmt(out, cap, "%s are the bottleneck: move one process from %s to %s "
                  "(draftline rebalance --run %s --targets %d --drafters %d)", who, from, who, dir, nt, nd);
-    } else {
-        if (to_targets) nt++; else nd++;
-        fmt(out, cap, "%s are the bottleneck: add one (--targets %d --drafters %d, if cores allow)",
-                 who, nt, nd);
+        return;
     }
+    int procs = nt + nd, thr = t->threads;
+    if (thr <= 0) thr = t->cores > 0 && t->cores / (procs > 0 ? procs : 1) > 1 ? t->cores / (procs > 0 ? procs : 1) : 1;
+    if (to_targets) nt++; else nd++;
+    if (t->cores <= 0)
+        fmt(out, cap, "%s are the bottleneck: add one (--targets %d --drafters %d, if cores allow)", who, nt, nd);
+    else if ((procs + 1) * thr <= t->cores)
+        fmt(out, cap, "%s are the bottleneck: add one, a core is free (--targets %d --drafters %d; "
+                 "%d cores, %d compute processes x %d threads)", who, nt, nd, t->cores, procs, thr);
+    else
+        fmt(out, cap, "%s are the bottleneck and the machine is the limit: no core is free for another "
+                 "process (%d cores, %d compute processes x %d threads) and %s have only one to move",
+                 who, t->cores, procs, thr, from);
 }
 
 void mon_bottleneck(const mon_stage_view_t *views, const mon_diag_t *diags, int n,

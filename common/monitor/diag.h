@@ -9,8 +9,9 @@
  * Stages add a phase's time when the phase ends, so the part of the window not yet
  * accounted (1 - the three shares) is the phase the stage is in now, which its
  * state says: idle -> waiting for input (the loader: for work requests, i.e.
- * credit), blocked -> waiting for credit, running -> busy. Shares are clamped to
- * [0, 1].
+ * credit), blocked -> waiting for credit, running -> busy. When the three add up to
+ * more than 1 (a phase that began before the window ended inside it), they are scaled
+ * down together: the shares always add up to at most 1.
  *
  * Diagnosis (DESIGN.md section 6):
  *   stopping/exited/retired/starting    -> STOPPED / STARTING
@@ -100,6 +101,11 @@ typedef struct {
  * seen (CPU phrasing). */
 typedef struct {
     int gpu_mode;
+    int cpu_run;                /* run.json says device "cpu": no GPU figures, no NVML call */
+    int cores;                  /* cores the compute stages share (multi-node: run.json's nodes
+                                 * added up; else this machine's, _SC_NPROCESSORS_ONLN); 0 unknown */
+    int threads;                /* threads per compute stage; 0 unknown: the run's default
+                                 * (cores / (targets + drafters), at least 1) */
     int n_targets, n_drafters;
     int target_gpus[64], n_target_gpus;
     int drafter_gpus[64], n_drafter_gpus;
@@ -114,9 +120,13 @@ typedef struct {
 
 /* The run.json entry of stage `name`, or NULL (no run.json stages, or not listed). */
 const mon_topo_stage_t *mon_topo_stage(const mon_topo_t *t, const char *name);
+/* 1 when stage `name` belongs to the run's topology: run.json lists it (retired ones
+ * included), or run.json lists no stages. A name seen only in metrics.jsonl (an earlier
+ * run of the same dir, before a --resume with fewer stages) gives 0. */
+int mon_topo_has(const mon_topo_t *t, const char *name);
 
 /* Reads <dir>/run.json (rundir_run_read) into *t (fields it lacks are left as they
- * are); when that gives no max_steps, takes it from the optimizer's "step S of M" line
+ * are; cores: the nodes' from run.json, else this machine's); when that gives no max_steps, takes it from the optimizer's "step S of M" line
  * in <dir>/logs/optimizer.log. Returns 0, DL_ENOENT (no run.json), DL_EFORMAT
  * (malformed: the detail names the file and key) or DL_ENOMEM. */
 int mon_topo_read(const char *dir, mon_topo_t *t);
@@ -124,7 +134,8 @@ int mon_topo_read(const char *dir, mon_topo_t *t);
  * live.h; dir: the run dir, for the max_steps fallback only). Returns 0, DL_EFORMAT
  * (malformed: the detail names the key) or DL_ENOMEM. */
 int mon_topo_parse(const char *dir, const char *json, size_t len, mon_topo_t *t);
-/* Counts targets/drafters from the stages of a run (when run.json gave none). */
+/* Counts targets/drafters from the stages of a run that belong to the topology
+ * (mon_topo_has; retired ones not counted), when run.json gave no counts. */
 void mon_topo_from_run(const mon_run_t *run, mon_topo_t *t);
 
 typedef struct {
@@ -147,7 +158,11 @@ typedef struct {
  *   loader    targets and drafters both starved (share_in >= 0.5);
  *   otherwise the busiest role if its busy share >= 0.75, else none.
  * The suggestion moves one process (CPU: --targets/--drafters) or one GPU (GPU mode,
- * with the explicit lists when the topology has them). Stages in STOPPED, STARTING,
+ * with the explicit lists when the topology has them). On CPU, where nothing can move
+ * (the other role has one process), it adds one only when topo->cores has room for one
+ * more compute process of topo->threads threads ((targets + drafters + 1) x threads <=
+ * cores); with no core free it says the machine is the limit (cores 0: unknown, the
+ * add is phrased "if cores allow"). Stages in STOPPED, STARTING,
  * UNKNOWN or SILENT are left out of the means. Pure. */
 void mon_bottleneck(const mon_stage_view_t *views, const mon_diag_t *diags, int n,
                     const mon_topo_t *topo, const char *run_dir, mon_bottleneck_t *out);

@@ -94,6 +94,9 @@ int mon_prom_render(const mon_run_t *run, double now, const mon_diag_opts_t *dop
     for (int i = 0; i < n; i++) {
         mon_stage_view(run->stages[i], now, dopt->window_s, &views[i]);
         mon_diagnose(&views[i], dopt, &diags[i]);
+        /* a name run.json does not list (an earlier run's, before a --resume): not up,
+         * and not in the bottleneck's means */
+        if (!mon_topo_has(topo_in, run->stages[i]->name)) diags[i].kind = MON_DIAG_STOPPED;
     }
     /* stage metrics: one family per (sanitised) name, every stage that has it */
     char done[MON_MAX_STAGES * 8][MON_NAME_MAX + 32];

@@ -17,6 +17,9 @@ typedef struct {
     const mon_gpu_t *gpus;      /* NULL: NVML absent ("n/a") */
     int n_gpus;
     const char *nvml_why;       /* why there are no GPU figures, if gpus is NULL */
+    int cols;                   /* a terminal's width: no line wider (a stage row's diagnosis
+                                 * on its own line, long lines wrapped, nothing cut);
+                                 * 0: a file or pipe, lines as long as they are */
 } mon_report_opts_t;
 
 /* The time to judge a run at: the wall clock while the run is live (metrics newer than
@@ -25,7 +28,10 @@ typedef struct {
 double mon_report_now(const mon_run_t *run, double wall, double live_s);
 
 /* Renders the snapshot into a malloc'd string of '\n'-terminated lines (*text; the
- * caller frees). Returns 0 or DL_ENOMEM. */
+ * caller frees). Rows: the stages of o->topo (run.json), not names only an earlier run
+ * of the same dir left in metrics.jsonl. The BUSY, WAIT-IN and WAIT-CR percents of a
+ * row add up to at most 100. A CPU run (o->topo.cpu_run) has no GPU tier column and no
+ * GPU section. Returns 0 or DL_ENOMEM. */
 int mon_report(const mon_run_t *run, const mon_report_opts_t *o, char **text);
 
 #endif

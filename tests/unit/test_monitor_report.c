@@ -1,0 +1,326 @@
+/* The monitor's snapshot, issue 15 item 14 (each case failed before its fix):
+ *  - a stage's BUSY + WAIT-IN + WAIT-CR add up to at most 100 % (phases ending in the
+ *    window that began before it gave 130 %; %.0f rounding gave 101 %);
+ *  - a 1+1 run resumed in the dir of a 2+2 run counts and shows its 4 stages, not the 6
+ *    names metrics.jsonl ever saw (nor blames the old run's target1 as silent);
+ *  - no ETA on a stopped run or one at max_steps: "finished";
+ *  - a CPU run (run.json device "cpu") has no GPU tier column and no GPU section;
+ *  - on a terminal of 80 columns no line is wider and no diagnosis is cut;
+ *  - no `--targets N+1` advice when the machine has no core for another process;
+ *  - steps named from 0 as the console names them: "step 9 done (10 of 100)". */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/monitor/diag.h"
+#include "common/monitor/prom.h"
+#include "common/monitor/report.h"
+#include "common/monitor/run.h"
+
+static char tmpdir[256];
+
+static int setup_tmp(void **state) {
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/dl-test-monrep-XXXXXX");
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown_tmp(void **state) {
+    (void)state;
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void write_in(const char *name, const char *txt) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", tmpdir, name);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs(txt, f);
+    fclose(f);
+}
+
+/* The row of `stage` in a snapshot (copied into row); row[0] = 0 when there is none. */
+static void stage_row(const char *text, const char *stage, char *row, size_t cap) {
+    size_t L = strlen(stage);
+    row[0] = 0;
+    for (const char *l = text; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : NULL)
+        if (!strncmp(l, stage, L) && l[L] == ' ') {
+            const char *e = strchr(l, '\n');
+            snprintf(row, cap, "%.*s", (int)(e ? e - l : (long)strlen(l)), l);
+            return;
+        }
+}
+
+/* A snapshot of tmpdir's files at wall time `now` (run.json read as the monitor does). */
+static char *snapshot(double now, int cols) {
+    mon_run_t *run = mon_run_open(tmpdir);
+    assert_non_null(run);
+    assert_true(mon_run_poll(run) > 0);
+    mon_report_opts_t ro = {0};
+    ro.wall = ro.now = now;
+    ro.cols = cols;
+    mon_diag_opts_default(&ro.diag);
+    mon_topo_read(tmpdir, &ro.topo);
+    char *text = NULL;
+    assert_int_equal(mon_report(run, &ro, &text), 0);
+    mon_run_destroy(&run);
+    return text;
+}
+
+/* BUSY, WAIT-IN and WAIT-CR of a row, added up (percent). */
+static int row_share_sum(const char *row) {
+    char name[32], role[16], st[16], tps[16], busy[8], in[8], cr[8];
+    unsigned inc;
+    assert_int_equal(sscanf(row, "%31s %15s %u %15s %15s %7s %7s %7s", name, role, &inc, st, tps, busy, in, cr), 8);
+    return atoi(busy) + atoi(in) + atoi(cr);
+}
+
+static void test_shares_add_up(void **state) {
+    (void)state;
+    /* the pure rule: 6 s of input wait and 7 s of forward ended inside a 10 s window */
+    mon_stage_view_t v = {.name = "target0", .role = MON_ROLE_TARGET, .state = "running", .dt = 10,
+                          .d_wait_input = 6, .d_busy = 7, .since_progress_s = 0.5};
+    mon_diag_opts_t o;
+    mon_diag_opts_default(&o);
+    mon_diag_t d;
+    mon_diagnose(&v, &o, &d);
+    assert_true(d.share_in + d.share_credit + d.share_busy <= 1 + 1e-9);
+    assert_true(fabs(d.share_busy - 7.0 / 13) < 1e-9);
+    /* under 1: the open phase (running: busy) gets the rest, once */
+    v.d_wait_input = 2;
+    v.d_busy = 3;
+    mon_diagnose(&v, &o, &d);
+    assert_true(fabs(d.share_in - 0.2) < 1e-9 && fabs(d.share_busy - 0.8) < 1e-9 && d.share_credit == 0);
+    /* through the snapshot: the same overlap, and shares of 33.5 / 33.5 / 33 % */
+    write_in("metrics.jsonl",
+        "{\"ts\":100,\"stage\":\"target0\",\"stage_id\":200,\"incarnation\":1,\"state\":\"running\","
+        "\"wait_input_s\":0,\"wait_credit_s\":0,\"forward_s\":0,\"since_progress_s\":0}\n"
+        "{\"ts\":100,\"stage\":\"target1\",\"stage_id\":201,\"incarnation\":1,\"state\":\"running\","
+        "\"wait_input_s\":0,\"wait_credit_s\":0,\"forward_s\":0,\"since_progress_s\":0}\n"
+        "{\"ts\":110,\"stage\":\"target0\",\"stage_id\":200,\"incarnation\":1,\"state\":\"running\","
+        "\"wait_input_s\":6,\"wait_credit_s\":0,\"forward_s\":7,\"since_progress_s\":0}\n"
+        "{\"ts\":110,\"stage\":\"target1\",\"stage_id\":201,\"incarnation\":1,\"state\":\"running\","
+        "\"wait_input_s\":3.35,\"wait_credit_s\":3.3,\"forward_s\":3.35,\"since_progress_s\":0}\n");
+    char *text = snapshot(110, 0), row[256];
+    stage_row(text, "target0", row, sizeof row);
+    if (row_share_sum(row) > 100) fail_msg("shares above 100 %%: '%s'", row);
+    stage_row(text, "target1", row, sizeof row);
+    if (row_share_sum(row) > 100) fail_msg("rounded shares above 100 %%: '%s'", row);
+    free(text);
+}
+
+/* A 2+2 run's metrics, then the 1+1 run resumed in the same dir (run.json: its 4). */
+static void write_resumed(const char *state) {
+    char m[4096];
+    size_t w = 0;
+    const char *const old[] = {"loader:1", "optimizer:2", "target0:200", "target1:201", "drafter0:100", "drafter1:101"};
+    for (int t = 0; t < 2; t++)
+        for (int i = 0; i < 6; i++) {
+            if (t == 1 && (!strncmp(old[i], "target1", 7) || !strncmp(old[i], "drafter1", 8)))
+                continue;       /* the resumed run has no target1 / drafter1 */
+            char name[32];
+            snprintf(name, sizeof name, "%.*s", (int)(strchr(old[i], ':') - old[i]), old[i]);
+            int id = atoi(strchr(old[i], ':') + 1);
+            for (int k = 0; k < 2; k++)
+                w += (size_t)snprintf(m + w, sizeof m - w,
+                    "{\"ts\":%d,\"stage\":\"%s\",\"stage_id\":%d,\"incarnation\":1,\"state\":\"running\","
+                    "\"forward_s\":%d,\"since_progress_s\":0}\n", (t ? 500 : 100) + k, name, id, k);
+        }
+    write_in("metrics.jsonl", m);
+    char rj[2048];
+    snprintf(rj, sizeof rj,
+        "{\"device\":\"cpu\",\"max_steps\":100,\"state\":\"%s\",\"stages\":["
+        "{\"name\":\"loader\",\"stage_id\":1,\"incarnation\":1,\"process\":\"running\"},"
+        "{\"name\":\"optimizer\",\"stage_id\":2,\"incarnation\":1,\"process\":\"running\"},"
+        "{\"name\":\"drafter0\",\"stage_id\":100,\"incarnation\":1,\"process\":\"running\"},"
+        "{\"name\":\"target0\",\"stage_id\":200,\"incarnation\":1,\"process\":\"running\"}]}\n", state);
+    write_in("run.json", rj);
+}
+
+static void test_resume_counts_live_topology(void **state) {
+    (void)state;
+    write_resumed("running");
+    char *text = snapshot(501.5, 0), row[256];
+    if (!strstr(text, ": 4 stages,")) fail_msg("a 1+1 run counted as:\n%s", text);
+    stage_row(text, "target1", row, sizeof row);
+    assert_string_equal(row, "");
+    stage_row(text, "drafter1", row, sizeof row);
+    assert_string_equal(row, "");
+    assert_null(strstr(text, "silent"));            /* the old run's stages are not blamed */
+    free(text);
+    /* the counts behind the advice and the Prometheus text see the same 4 */
+    mon_run_t *run = mon_run_open(tmpdir);
+    assert_non_null(run);
+    mon_run_poll(run);
+    mon_topo_t t = {0};
+    assert_int_equal(mon_topo_read(tmpdir, &t), 0);
+    mon_topo_from_run(run, &t);
+    assert_int_equal(t.n_targets, 1);
+    assert_int_equal(t.n_drafters, 1);
+    char *prom = NULL;
+    size_t len = 0;
+    assert_int_equal(mon_prom_render(run, 501.5, NULL, &t, &prom, &len), 0);
+    assert_non_null(strstr(prom, "draftline_stage_up{stage=\"target1\",role=\"target\"} 0"));
+    assert_non_null(strstr(prom, "draftline_stage_up{stage=\"target0\",role=\"target\"} 1"));
+    free(prom);
+    mon_run_destroy(&run);
+}
+
+/* The stall fixture (steps 0..9 at 1 s each, max_steps 100) as seen with run.json's
+ * state and max_steps replaced. */
+static char *fixture_snapshot(const char *run_state, uint64_t max_steps, int cols) {
+    mon_run_t *run = mon_run_open("tests/fixtures/monitor/stall");
+    assert_non_null(run);
+    assert_true(mon_run_poll(run) > 0);
+    mon_report_opts_t ro = {0};
+    ro.wall = ro.now = run->last_ts;
+    ro.cols = cols;
+    mon_diag_opts_default(&ro.diag);
+    ro.diag.stall_s = 20;
+    assert_int_equal(mon_topo_read("tests/fixtures/monitor/stall", &ro.topo), 0);
+    snprintf(ro.topo.run_state, sizeof ro.topo.run_state, "%s", run_state);
+    if (max_steps) ro.topo.max_steps = max_steps;
+    char *text = NULL;
+    assert_int_equal(mon_report(run, &ro, &text), 0);
+    mon_run_destroy(&run);
+    return text;
+}
+
+static void test_no_eta_when_finished(void **state) {
+    (void)state;
+    char *text = fixture_snapshot("running", 0, 0);
+    assert_non_null(strstr(text, "training: step 9 done (10 of 100)"));
+    assert_non_null(strstr(text, "ETA 1m30s"));
+    free(text);
+    text = fixture_snapshot("stopped", 0, 0);       /* stopped early (Ctrl-C) */
+    if (strstr(text, "ETA") || !strstr(text, "finished")) fail_msg("a stopped run:\n%s", text);
+    free(text);
+    text = fixture_snapshot("running", 10, 0);      /* step 9 was the last of 10 */
+    assert_non_null(strstr(text, "step 9 done (10 of 10)"));
+    if (strstr(text, "ETA") || !strstr(text, "finished")) fail_msg("max_steps reached:\n%s", text);
+    free(text);
+}
+
+static void test_cpu_run_has_no_gpu_columns(void **state) {
+    (void)state;
+    char *text = fixture_snapshot("running", 0, 0);     /* run.json: device "cpu" */
+    assert_null(strstr(text, "GPU TIER"));
+    assert_null(strstr(text, "\nGPU "));
+    assert_non_null(strstr(text, "\nINBOX "));
+    assert_non_null(strstr(text, "90.0%"));             /* the host tier's fill is still there */
+    free(text);
+}
+
+static void test_terminal_width_never_cuts(void **state) {
+    (void)state;
+    char *wide = fixture_snapshot("running", 0, 0), *narrow = fixture_snapshot("running", 0, 80);
+    for (const char *l = narrow; *l;) {
+        const char *e = strchr(l, '\n');
+        if (e - l > 80) fail_msg("a line of %d columns: '%.*s'", (int)(e - l), (int)(e - l), l);
+        l = e + 1;
+    }
+    /* every row's diagnosis, whole, on a line of its own */
+    const char *const stages[] = {"drafter0", "drafter1", "target0", "target1", "optimizer", "loader"};
+    for (int i = 0; i < 6; i++) {
+        char row[256];
+        stage_row(wide, stages[i], row, sizeof row);
+        const char *diag = strstr(row, "  ") ? strrchr(row, ':') : NULL;
+        assert_non_null(diag);
+        while (diag > row && diag[-1] != ' ') diag--;   /* "stuck: no progress ..." */
+        char want[300];
+        snprintf(want, sizeof want, "\n    %s\n", diag);
+        if (!strstr(narrow, want)) fail_msg("%s's diagnosis '%s' not whole in:\n%s", stages[i], diag, narrow);
+    }
+    /* a file or a pipe (cols 0): rows as long as they are */
+    char row[256];
+    stage_row(wide, "drafter0", row, sizeof row);
+    assert_true(strlen(row) > 80);
+    assert_non_null(strstr(row, "stuck: no progress for 30 s and not waiting"));
+    free(wide);
+    free(narrow);
+}
+
+/* targets busy, drafters starved: the targets need more. */
+static void targets_bottleneck(mon_stage_view_t *v, mon_diag_t *d, int *n) {
+    mon_diag_opts_t o;
+    mon_diag_opts_default(&o);
+    const struct { const char *name; mon_role_t role; const char *st; double in, busy; } f[] = {
+        {"target0", MON_ROLE_TARGET, "running", 0.05, 0.95}, {"target1", MON_ROLE_TARGET, "running", 0.05, 0.95},
+        {"drafter0", MON_ROLE_DRAFTER, "idle", 0.6, 0.4}};
+    for (int i = 0; i < 3; i++) {
+        memset(&v[i], 0, sizeof v[i]);
+        v[i].name = f[i].name;
+        v[i].role = f[i].role;
+        snprintf(v[i].state, sizeof v[i].state, "%s", f[i].st);
+        v[i].dt = 10;
+        v[i].d_wait_input = 10 * f[i].in;
+        v[i].d_busy = 10 * f[i].busy;
+        v[i].since_progress_s = 0.5;
+        v[i].inbox_used = v[i].inbox_cap = NAN;
+        mon_diagnose(&v[i], &o, &d[i]);
+    }
+    *n = 3;
+}
+
+static void test_no_add_without_a_free_core(void **state) {
+    (void)state;
+    mon_stage_view_t v[3];
+    mon_diag_t d[3];
+    int n;
+    targets_bottleneck(v, d, &n);
+    /* this machine's cores, all taken: targets = cores, one drafter (run.json, no nodes) */
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    assert_true(cores > 0);
+    char rj[256];
+    snprintf(rj, sizeof rj, "{\"device\":\"cpu\",\"targets\":%ld,\"drafters\":1}\n", cores);
+    write_in("run.json", rj);
+    mon_topo_t t = {0};
+    assert_int_equal(mon_topo_read(tmpdir, &t), 0);
+    assert_int_equal(t.cores, (int)cores);
+    mon_bottleneck_t b;
+    mon_bottleneck(v, d, n, &t, "R", &b);
+    assert_int_equal(b.kind, MON_ROLE_TARGET);
+    char add[64];
+    snprintf(add, sizeof add, "--targets %ld", cores + 1);
+    if (strstr(b.text, add) || !strstr(b.text, "machine is the limit")) fail_msg("no core free: '%s'", b.text);
+    /* 2 cores, 2 targets + 1 drafter of 1 thread (the issue's case) */
+    mon_topo_t t2 = {.n_targets = 2, .n_drafters = 1, .cores = 2, .threads = 1};
+    mon_bottleneck(v, d, n, &t2, "R", &b);
+    if (strstr(b.text, "--targets 3") || !strstr(b.text, "machine is the limit")) fail_msg("2 cores: '%s'", b.text);
+    /* 8 cores, 1 thread each: a core is free, add one */
+    mon_topo_t t8 = {.n_targets = 2, .n_drafters = 1, .cores = 8, .threads = 1};
+    mon_bottleneck(v, d, n, &t8, "R", &b);
+    assert_non_null(strstr(b.text, "--targets 3 --drafters 1"));
+    /* two drafters: a move, whatever the cores */
+    mon_topo_t tm = {.n_targets = 2, .n_drafters = 2, .cores = 2, .threads = 1};
+    mon_bottleneck(v, d, n, &tm, "R", &b);
+    assert_non_null(strstr(b.text, "rebalance --run R --targets 3 --drafters 1"));
+    /* a multi-node run: the nodes' cores, not this machine's */
+    write_in("run.json", "{\"device\":\"cpu\",\"targets\":2,\"drafters\":1,\"nodes\":["
+                         "{\"name\":\"head\",\"index\":0,\"cores\":2,\"gpus\":0,\"alive\":true},"
+                         "{\"name\":\"b\",\"index\":1,\"cores\":64,\"gpus\":0,\"alive\":true}]}\n");
+    mon_topo_t tn = {0};
+    assert_int_equal(mon_topo_read(tmpdir, &tn), 0);
+    assert_int_equal(tn.cores, 66);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_shares_add_up, setup_tmp, teardown_tmp),
+        cmocka_unit_test_setup_teardown(test_resume_counts_live_topology, setup_tmp, teardown_tmp),
+        cmocka_unit_test(test_no_eta_when_finished),
+        cmocka_unit_test(test_cpu_run_has_no_gpu_columns),
+        cmocka_unit_test(test_terminal_width_never_cuts),
+        cmocka_unit_test_setup_teardown(test_no_add_without_a_free_core, setup_tmp, teardown_tmp),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
