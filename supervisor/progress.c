@@ -172,6 +172,7 @@ void sup__progress_tick(sup_t *S, double now) {
     char text[256];
     if (now - p->t_print < S->o->progress_every_s) return;
     if (!p->have) {
+        if (S->ntab.on && !S->ntab.ready) return;   /* the join wait says what is missing (nodes.c) */
         int up = 0;
         for (int i = 0; i < S->n; i++) up += S->st[i].helloed && !S->st[i].exited;
         /* the same count again only every SUP_PROGRESS_WAIT_S */

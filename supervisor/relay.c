@@ -20,6 +20,13 @@ static int from_member(sup_t *S, const char *peer, uint32_t stage_id) {
     return x && x->helloed && !x->exited && !strcmp(x->peer, peer);
 }
 
+/* Whether peer is the bus id of the incarnation of stage m->stage_id that said a
+ * verified hello and has exited since (the stage slot is not running another one yet). */
+static int just_exited(sup_t *S, const char *peer, const proto_metrics_t *m) {
+    sstage_t *x = sup__by_id(S, m->stage_id);
+    return x && x->helloed && x->exited && x->incarnation == m->incarnation && !strcmp(x->peer, peer);
+}
+
 /* The optimizer could not write a checkpoint (metric ckpt_failures went up): said on the
  * console at once with its reason, kept for run.json / status; training goes on. */
 static void ckpt_failure(sup_t *S, const proto_metrics_t *m) {
@@ -230,8 +237,13 @@ void sup__on_msg(bus_t *bus, const char *peer, const void *data, size_t len, voi
     }
     case PROTO_METRICS:
         /* only from the stage that said a verified hello over this peer id (an intruder's
-         * metrics would reach metrics.jsonl, the monitor and the ckpt_step bookkeeping) */
-        if (!from_member(S, peer, m.metrics.stage_id)) {
+         * metrics would reach metrics.jsonl, the monitor and the ckpt_step bookkeeping);
+         * the optimizer's last metrics of an incarnation that just exited count too: a
+         * remote optimizer's final ckpt_step travels on its own connection and may come
+         * after its agent's exit report (a stopped multi-node run then claimed its final
+         * checkpoint was not written) */
+        if (!from_member(S, peer, m.metrics.stage_id) &&
+            !(m.metrics.stage_id == PIPE_ID_OPTIMIZER && just_exited(S, peer, &m.metrics))) {
             log_debug("metrics from %s (stage %u) dropped: not a member's verified peer", peer, m.metrics.stage_id);
             break;
         }

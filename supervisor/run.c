@@ -31,7 +31,15 @@ void sup__begin_stop(sup_t *S, const char *why) {
     for (int i = 0; i < S->n; i++) {
         sstage_t *x = &S->st[i];
         x->restart_at = 0;
-        if (!x->exited && x->pid > 0) sup__kill(S, x, SIGTERM);
+        if (x->exited || x->pid <= 0) continue;
+        /* an optimizer on another node is asked with CONTROL STOP, not SIGTERM: a signal
+         * closes its connection to us at once, and the metrics that say its final
+         * checkpoint was written (ckpt_step: how the head knows it) would never come; the
+         * 60 s SIGKILL below still bounds it */
+        if (x->spec->stage_id == PIPE_ID_OPTIMIZER && sup__opt_remote(S) && x->helloed)
+            sup__send_ctl(S, x, PROTO_CTL_STOP, NULL, 0);
+        else
+            sup__kill(S, x, SIGTERM);
     }
     if (S->ev.pid > 0) kill(S->ev.pid, SIGTERM);   /* the eval child stops with the run */
 }

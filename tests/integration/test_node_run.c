@@ -317,6 +317,55 @@ static void test_agents_resume(void **state) {
     }
 }
 
+/* A multi-node run stopped by SIGTERM to its head mid-run: the optimizer on node b is
+ * asked to stop with CONTROL STOP (a signal would close its connection before it could
+ * report its final checkpoint), writes it, and the head's summary names that checkpoint
+ * on node b. Before, the head said "the final checkpoint (step_N) was not written" and
+ * "checkpoint: (none)" though it was. */
+static void test_agents_stop(void **state) {
+    (void)state;
+    static pf_run_args_t h;
+    char out[400], listen[64], key[500], hlog[400], steps[500], adir[400], bdir[400];
+    snprintf(out, sizeof out, "%s/stop", fx.root);
+    snprintf(adir, sizeof adir, "%s/stop-a", fx.root);
+    snprintf(bdir, sizeof bdir, "%s/stop-b", fx.root);
+    int port = pf_free_port_span();
+    assert_true(port > 0);
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+    snprintf(key, sizeof key, "%s/node.key", out);
+    memset(&h, 0, sizeof h);
+    const char *extra[] = {"--targets", "a:1", "--drafters", "b:1", "--listen", listen, "--nodes", "2",
+                           "--join-timeout", "120", "--epochs", "100", "--out", out, NULL};
+    run_argv(&h, extra);
+    snprintf(hlog, sizeof hlog, "%s/stop-head.out", fx.root);
+    snprintf(h.log, sizeof h.log, "%s", hlog);
+    proc_t hp;
+    setenv("DL_TEST_HOOKS", "target.forward_delay_ms=100", 1);   /* lasts past the stop */
+    assert_int_equal(proc_spawn(&hp, "draftline run", pf_run_child, &h), 0);
+    int waiting = pf_wait_for_text(hlog, "waiting for", 60);
+    if (!waiting) show(hlog);
+    assert_true(waiting);
+    static agent_t A, B;
+    agent_start(&A, "a", listen, key, "stop", adir);
+    agent_start(&B, "b", listen, key, "stop", bdir);
+    unsetenv("DL_TEST_HOOKS");
+    snprintf(steps, sizeof steps, "%s/steps.jsonl", bdir);
+    assert_true(wait_steps(steps, 3, 120));
+    assert_int_equal(kill(hp.pid, SIGTERM), 0);
+    int rc = pf_run_finish(&hp, hlog, out, 120, NULL);
+    if (rc != 143 || getenv("DL_TEST_VERBOSE")) { show(hlog); show(B.args.log); }
+    assert_int_equal(rc, 143);
+    int named = pf_wait_for_text(hlog, "(on node b)", 1), claimed = pf_wait_for_text(hlog, "was not written", 1);
+    if (!named || claimed) show(hlog);
+    assert_true(named);
+    assert_false(claimed);
+    int arc = -1;
+    proc_wait(&A.p, 20000, &arc);
+    proc_kill(&A.p);
+    proc_wait(&B.p, 20000, &arc);
+    proc_kill(&B.p);
+}
+
 static void test_agents_faults(void **state) {
     (void)state;
     agents_run("faults", 1);
@@ -327,6 +376,7 @@ int main(void) {
         cmocka_unit_test(test_agents_bitwise),
         cmocka_unit_test(test_agents_resume),
         cmocka_unit_test(test_agents_faults),
+        cmocka_unit_test(test_agents_stop),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -19,7 +19,8 @@ _Static_assert(NCCL_PAIR_ID_BYTES == NCCL_UNIQUE_ID_BYTES, "ncclUniqueId is 128 
 _Static_assert(sizeof(ncclUniqueId) == NCCL_PAIR_ID_BYTES, "ncclUniqueId is 128 bytes");
 
 struct nccl_pair {
-    ncclComm_t comm;
+    ncclComm_t comm;    /* a split's: NULL until NCCL completes it (non-blocking), then set by NCCL */
+    ncclComm_t parent;  /* a split's parent communicator while comm is NULL (polled instead), else NULL */
     int nranks, rank, device;
     int ready;          /* the last ncclCommGetAsyncError said ncclSuccess */
     int failed;         /* a dl_err once NCCL reported an error (sticky: abort the pair) */
@@ -99,6 +100,20 @@ int nccl_pair_poll(nccl_pair_t *p) {
     if (!p) return dl_seterr(DL_EINVAL, "nccl_pair_poll: NULL pair");
     if (p->failed) return dl_seterr(p->failed, "%s: failed earlier: abort it", p->name);
     ncclResult_t st = ncclInProgress;
+    if (!p->comm) {
+        /* a non-blocking ncclCommSplit in flight: NCCL writes the new communicator when it
+         * completes, and until then its state is the parent's (measured on an H200: polling
+         * the NULL child fails "comm argument is NULL") */
+        ncclResult_t r = p->parent ? ncclCommGetAsyncError(p->parent, &st) : ncclInvalidArgument;
+        if (r != ncclSuccess) st = r;
+        if (st == ncclInProgress || (st == ncclSuccess && !__atomic_load_n(&p->comm, __ATOMIC_ACQUIRE)))
+            return DL_EAGAIN;
+        if (st != ncclSuccess) {
+            p->failed = DL_ECUDA;
+            return nc_err(p, st, "ncclCommSplit (its parent's state)");
+        }
+        p->parent = NULL;
+    }
     ncclResult_t r = ncclCommGetAsyncError(p->comm, &st);
     if (r != ncclSuccess) st = r;
     if (st == ncclInProgress) { p->ready = 0; return DL_EAGAIN; }
@@ -187,6 +202,10 @@ void nccl_pair_abort(nccl_pair_t **pp) {
     nccl_pair_t *p = *pp;
     *pp = NULL;
     if (p->comm) (void)ncclCommAbort(p->comm);
+    /* a split still in flight: NCCL may yet write p->comm (until its parent is aborted,
+     * which the caller does next): the few bytes of p are left allocated rather than
+     * risk that write into freed memory */
+    if (!p->comm && p->parent) return;
     free(p);
 }
 
@@ -245,6 +264,7 @@ int nccl_pair_split(nccl_pair_t *parent, nccl_pair_t **out) {
     }
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
+    p->parent = parent->comm;
     ncclResult_t r = ncclCommSplit(parent->comm, 0, parent->rank, &p->comm, &cfg);
     if (prev >= 0 && prev != p->device) (void)cudaSetDevice(prev);
     if (r != ncclSuccess && r != ncclInProgress) {
