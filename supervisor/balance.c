@@ -98,11 +98,9 @@ static int gpu_lists(const sup_t *S, int N, int M, int *tg, int *dg) {
     return nt == N && nd == M ? 0 : -1;
 }
 
-/* "balance: <what> (<why>)" on the console and in the log. */
+/* "balance: <what> (<why>)" in the log, which the console shows (one line, not two). */
 static void say(sup_t *S, const char *what, const char *why) {
-    sup__progress_break(S);
-    printf("balance: %s (%s)\n", what, why);
-    fflush(stdout);
+    (void)S;
     log_info("balance: %s (%s)", what, why);
 }
 
@@ -118,7 +116,7 @@ void sup__balance_tick(sup_t *S, double now) {
     in.units = in.n_targets + in.n_drafters;
     balance_plan_t p;
     if (kt < 0 || kd < 0) {
-        log_info("balance: no rate measured yet for the %s", kt < 0 ? "targets" : "drafters");
+        log_debug("balance: no rate measured yet for the %s", kt < 0 ? "targets" : "drafters");
         return;
     }
     if (balance_plan(&in, &p) < 0) { log_warn("%s", dl_errmsg()); return; }
@@ -128,9 +126,10 @@ void sup__balance_tick(sup_t *S, double now) {
         char key[64];
         snprintf(key, sizeof key, "%d %d+%d", (int)p.verdict, in.n_targets, in.n_drafters);
         if (strcmp(key, S->bal.last_said) != 0 && p.verdict != BALANCE_UNKNOWN)
-            sup__progress_break(S), printf("balance: keeping %d+%d (%s)\n", in.n_targets, in.n_drafters, p.why), fflush(stdout);
+            log_info("balance: keeping %d+%d (%s)", in.n_targets, in.n_drafters, p.why);
+        else
+            log_debug("balance: %s (%s)", balance_verdict_name(p.verdict), p.why);
         snprintf(S->bal.last_said, sizeof S->bal.last_said, "%s", key);
-        log_info("balance: %s (%s)", balance_verdict_name(p.verdict), p.why);
         return;
     }
     char id[64], what[400];

@@ -178,6 +178,10 @@ static int lc_gpu_lists(launch_t *L) {
                 L->node_names[L->dnode[0]]);
         return 2;
     }
+    if (o->given[RUN_O_BALE - RUN_O_TM] && !o->balance_auto) {
+        fprintf(stderr, "draftline run: --balance-every is the period of --balance auto: give --balance auto too\n");
+        return 2;
+    }
     if (o->balance_auto && o->listen) {
         fprintf(stderr, "draftline run: --balance auto: not for multi-node runs yet (it moves stages of one "
                         "host); choose the split with --targets/--drafters or the GPU lists\n");

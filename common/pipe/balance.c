@@ -41,8 +41,7 @@ int balance_plan(const balance_in_t *in, balance_plan_t *out) {
     if (!(in->target_busy >= in->busy_floor) && !(in->drafter_busy >= in->busy_floor)) {
         out->verdict = BALANCE_NOT_LIMITED;
         snprintf(out->why, sizeof out->why, "targets %.0f%% busy, drafters %.0f%% busy: neither limits the run "
-                 "(the loader or the optimizer does); keeping %d+%d", 100 * in->target_busy,
-                 100 * in->drafter_busy, in->n_targets, in->n_drafters);
+                 "(the loader or the optimizer does)", 100 * in->target_busy, 100 * in->drafter_busy);
         out->best_pred = out->now_pred;
         return 0;
     }

@@ -6,7 +6,8 @@
  *    the numbers, rebalances live to more targets (2+2 or 3+1: both predict more than
  *    1+3 when targets are slow), and the run finishes every step once (steps.jsonl 0..N-1,
  *    no step twice) with exit 0;
- *  - the refusals: --balance with a value other than auto/off, and with a GPU placement
+ *  - the refusals: --balance with a value other than auto/off, --balance-every without
+ *    --balance auto, and --balance auto with a GPU placement
  *    whose GPUs are shared (checked before anything starts; CUDA builds only).
  * The tokens/s before and after are in the run's summary and progress lines; speed is
  * a benchmark figure (bench/NOTES.md), not asserted here. Hard timeout per run; the
@@ -118,6 +119,10 @@ static void test_refusals(void **state) {
     assert_int_equal(run(out, log, 30, "--device", "cpu", "--balance", "auto", "--balance-every", "0", NULL), 2);
     txt = pf_slurp(log, &len);
     assert_non_null(strstr(txt, "--balance-every"));
+    free(txt);
+    assert_int_equal(run(out, log, 30, "--device", "cpu", "--balance-every", "10", NULL), 2);
+    txt = pf_slurp(log, &len);
+    assert_non_null(strstr(txt, "--balance-every is the period of --balance auto"));
     free(txt);
 #ifdef DL_CUDA
     assert_int_equal(run(out, log, 30, "--target-gpus", "0,0", "--drafter-gpus", "1", "--balance", "auto", NULL), 2);
