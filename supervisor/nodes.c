@@ -20,6 +20,8 @@ void sup__nodes_init(sup_t *S) {
     if (!S->nodes[0].name[0]) snprintf(S->nodes[0].name, sizeof S->nodes[0].name, "head");
     if (gethostname(S->nodes[0].hostname, sizeof S->nodes[0].hostname - 1) != 0) S->nodes[0].hostname[0] = 0;
     S->nodes[0].up = S->nodes[0].joined = 1;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);   /* as an agent reports its own */
+    S->nodes[0].cores = cores > 0 ? (uint32_t)cores : 0;
     S->ntab.on = o->listen_port > 0 && !S->fake_nodes && (o->nodes_wait > 0 || S->ntab.n > 1);
     S->ntab.t0 = clock_mono_s();
 }

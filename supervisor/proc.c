@@ -297,9 +297,12 @@ void sup__on_exit(sup_t *S, sstage_t *x, int status) {
          * failure); its work goes again, as after a death: a target's held
          * micro-batches, or every unapplied one for a drafter (the ledger drops
          * duplicates); its successor's hello re-introduces it to its peers */
-        log_info("%s stopped (%s %d): starting it on GPU %d", x->spec->name,
+        char where[96];
+        if (sup__spec_gpu(x->spec) >= 0) snprintf(where, sizeof where, "GPU %d", sup__spec_gpu(x->spec));
+        else snprintf(where, sizeof where, "node %.64s", S->o->node_names[x->spec->node]);   /* a CPU move */
+        log_info("%s stopped (%s %d): starting it on %s", x->spec->name,
                  WIFEXITED(status) ? "status" : "signal", WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status),
-                 sup__spec_gpu(x->spec));
+                 where);
         x->moving = 0;
         x->planned = 0;
         x->term_at = 0;
