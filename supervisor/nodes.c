@@ -162,7 +162,8 @@ static void welcome(sup_t *S, const char *peer, int k) {
     stage_send(S->bus, peer, &m);
 }
 
-/* Every stage on node k (lost): dead, as after a death; they wait for the node. */
+/* Every stage on node k (lost): told to stop (CONTROL STOP, in case it still runs under a
+ * stalled agent), then dead, as after a death; they wait for the node. */
 static void node_lost(sup_t *S, int k, const char *why) {
     sup_node_t *nd = &S->nodes[k];
     nd->up = 0;
@@ -173,6 +174,10 @@ static void node_lost(sup_t *S, int k, const char *why) {
         if (sup__stage_node(S, x) != k || x->exited) continue;
         n += (size_t)snprintf(who + n, n < sizeof who ? sizeof who - n : 0, "%s%s", n ? ", " : "", x->spec->name);
         if (n >= sizeof who) n = sizeof who - 1;
+        /* a stalled agent's stages may still run, connected to us: told to stop now, so
+         * none of them (an optimizer above all) goes on working with the stages started
+         * in their place; a node that is really gone does not hear it */
+        sup__send_ctl(S, x, PROTO_CTL_STOP, NULL, 0);
         sup__on_exit(S, x, SIGKILL);   /* a wait status: killed by SIGKILL */
     }
     sup__progress_break(S);

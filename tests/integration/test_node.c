@@ -410,6 +410,56 @@ static void test_node_agent_faults(void **state) {
     assert_int_equal(arc, 0);
 }
 
+/* The optimizer's node stalls (its agent SIGSTOPped 8 s; the agent's stages keep running):
+ * the head declares the node lost, tells its stages to stop (CONTROL STOP: they still
+ * hear it) and restarts the optimizer's peers; when the agent wakes it rejoins and the
+ * optimizer starts again there. The run ends with every step once. Before, the stalled
+ * node's optimizer kept running and the new loader took its `applied`: the run never got
+ * past the stall (found by a fresh-user review). */
+static void test_node_stalled_optimizer_node(void **state) {
+    (void)state;
+    static pf_run_args_t h, g;
+    char out[400], listen[64], key[500], dir[400], steps[500];
+    snprintf(out, sizeof out, "%s/stall", fx.root);
+    snprintf(dir, sizeof dir, "%s/agent-stall", fx.root);
+    int port = pf_free_port_span();
+    assert_true(port > 0);
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+    snprintf(key, sizeof key, "%s/node.key", out);
+    const char *hargv[] = {fx.exe, "run", "--target-model", fx.model_dir, "--data", fx.cache, "--device", "cpu",
+                           "--targets", "1", "--drafters", "n1:1", "--threads", "1", "--token-budget", "256",
+                           "--block-size", "4", "--num-anchors", "8", "--max-steps", "60", "--epochs", "1000",
+                           "--listen", listen, "--nodes", "1", "--out", out, NULL};
+    memset(&h, 0, sizeof h);
+    set_argv(&h, hargv);
+    snprintf(h.log, sizeof h.log, "%s/stall-head.out", fx.root);
+    proc_t hp, ap;
+    assert_int_equal(proc_spawn(&hp, "draftline run", pf_run_child, &h), 0);
+    assert_true(pf_wait_for_text(h.log, "waiting for", 60));
+    const char *aargv[] = {fx.exe, "node", "--join", listen, "--key", key, "--name", "n1", "--run-dir", dir, NULL};
+    memset(&g, 0, sizeof g);
+    set_argv(&g, aargv);
+    snprintf(g.log, sizeof g.log, "%s/stall-agent.out", fx.root);
+    assert_int_equal(proc_spawn(&ap, "draftline node", pf_run_child, &g), 0);
+    snprintf(steps, sizeof steps, "%s/steps.jsonl", dir);
+    for (int i = 0; i < 1200 && pf_count_lines(steps) < 5; i++) usleep(100000);
+    assert_true(pf_count_lines(steps) >= 5);
+    assert_int_equal(kill(ap.pid, SIGSTOP), 0);
+    int lost = pf_wait_for_text(h.log, "node n1 lost", 15);
+    sleep(5);
+    kill(ap.pid, SIGCONT);
+    if (!lost) show(h.log);
+    assert_true(lost);
+    int rc = pf_run_finish(&hp, h.log, out, 240, NULL);
+    if (rc != 0) { show(h.log); show(g.log); }
+    assert_int_equal(rc, 0);
+    assert_true(has_text(h.log, "summary: 60 steps"));
+    assert_int_equal(pf_count_lines(steps), 60);   /* every step once (an undone one is removed) */
+    int arc = -1;
+    proc_wait(&ap, 30000, &arc);
+    proc_kill(&ap);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gpu_cross_node_refused),
@@ -418,6 +468,7 @@ int main(void) {
         cmocka_unit_test(test_node_join_run),
         cmocka_unit_test(test_node_lost_rejoin),
         cmocka_unit_test(test_node_agent_faults),
+        cmocka_unit_test(test_node_stalled_optimizer_node),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
