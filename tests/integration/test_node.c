@@ -53,18 +53,6 @@ static int group_teardown(void **state) {
     return 0;
 }
 
-static void set_argv(pf_run_args_t *a, const char *const *argv) {
-    int i = 0;
-    for (; argv[i]; i++) a->argv[i] = (char *)argv[i];
-    a->argv[i] = NULL;
-}
-
-static void show(const char *path) {
-    char *t = pf_slurp(path, NULL);
-    printf("--- %s ---\n%s\n", path, t ? t : "(none)");
-    free(t);
-}
-
 static void test_node_bad_key(void **state) {
     (void)state;
     static pf_run_args_t a;
@@ -73,7 +61,7 @@ static void test_node_bad_key(void **state) {
     snprintf(loose, sizeof loose, "%s/loose.key", fx.root);
     const char *argv1[] = {fx.exe, "node", "--join", "127.0.0.1:9", "--key", missing, NULL};
     memset(&a, 0, sizeof a);
-    set_argv(&a, argv1);
+    pf_set_argv(&a, argv1);
     snprintf(a.log, sizeof a.log, "%s/badkey1.out", fx.root);
     assert_int_equal(pf_run_draftline(&a, NULL, 30, NULL), 2);
     char *t = pf_slurp(a.log, NULL);
@@ -88,7 +76,7 @@ static void test_node_bad_key(void **state) {
     chmod(loose, 0644);
     const char *argv2[] = {fx.exe, "node", "--join", "127.0.0.1:9", "--key", loose, NULL};
     memset(&a, 0, sizeof a);
-    set_argv(&a, argv2);
+    pf_set_argv(&a, argv2);
     snprintf(a.log, sizeof a.log, "%s/badkey2.out", fx.root);
     assert_int_equal(pf_run_draftline(&a, NULL, 30, NULL), 2);
     t = pf_slurp(a.log, NULL);
@@ -113,31 +101,31 @@ static void test_node_join_run(void **state) {
                            "--block-size", "4", "--num-anchors", "8", "--max-steps", "2", "--progress-every", "1",
                            "--listen", listen, "--nodes", "1", "--join-timeout", "120", "--out", out, NULL};
     memset(&h, 0, sizeof h);
-    set_argv(&h, hargv);
+    pf_set_argv(&h, hargv);
     snprintf(h.log, sizeof h.log, "%s/head.out", fx.root);
     proc_t hp, ap;
     assert_int_equal(proc_spawn(&hp, "draftline run", pf_run_child, &h), 0);
     /* the head makes the key file before it waits for the nodes */
     int have_key = pf_wait_for_text(h.log, "waiting for", 60);
-    if (!have_key) show(h.log);
+    if (!have_key) pf_show(h.log);
     assert_true(have_key);
     const char *aargv[] = {fx.exe, "node", "--join", join, "--key", key, "--name", "n1", "--run-dir", agent_dir, NULL};
     memset(&g, 0, sizeof g);
-    set_argv(&g, aargv);
+    pf_set_argv(&g, aargv);
     snprintf(g.log, sizeof g.log, "%s/agent.out", fx.root);
     assert_int_equal(proc_spawn(&ap, "draftline node", pf_run_child, &g), 0);
     int joined = pf_wait_for_text(g.log, "as node n1 (index 1)", 30) && pf_wait_for_text(h.log, "node n1 joined as node 1", 10);
-    if (!joined) { show(g.log); show(h.log); }
+    if (!joined) { pf_show(g.log); pf_show(h.log); }
     assert_true(joined);
     char id[17];
     int rc = pf_run_finish(&hp, h.log, out, 240, id);
-    if (rc != 0) { show(h.log); show(g.log); }
+    if (rc != 0) { pf_show(h.log); pf_show(g.log); }
     assert_int_equal(rc, 0);
     /* the head tells the agent the run is over: it exits 0 by itself */
     int arc = -1;
     assert_int_equal(proc_wait(&ap, 20000, &arc), 0);
     proc_kill(&ap);
-    if (arc != 0) show(g.log);
+    if (arc != 0) pf_show(g.log);
     assert_int_equal(arc, 0);
     assert_true(pf_wait_for_text(g.log, "is over (run over): this node stops", 1));
     char *agent_out = pf_slurp(g.log, NULL);
@@ -160,7 +148,7 @@ static void test_node_join_run(void **state) {
     static pf_run_args_t mo;
     memset(&mo, 0, sizeof mo);
     const char *mv[] = {fx.exe, "monitor", "--once", "--run", out, NULL};
-    set_argv(&mo, mv);
+    pf_set_argv(&mo, mv);
     snprintf(mo.log, sizeof mo.log, "%s/monitor.out", fx.root);
     assert_int_equal(pf_run_draftline(&mo, NULL, 60, NULL), 0);
     char *mt = pf_slurp(mo.log, NULL);
@@ -197,32 +185,32 @@ static void test_node_lost_rejoin(void **state) {
                            "--block-size", "4", "--num-anchors", "8", "--max-steps", "30", "--progress-every", "1",
                            "--listen", listen, "--nodes", "1", "--out", out, NULL};
     memset(&h, 0, sizeof h);
-    set_argv(&h, hargv);
+    pf_set_argv(&h, hargv);
     snprintf(h.log, sizeof h.log, "%s/lost-head.out", fx.root);
     proc_t hp, ap, bp;
     assert_int_equal(proc_spawn(&hp, "draftline run", pf_run_child, &h), 0);
     assert_true(pf_wait_for_text(h.log, "waiting for", 60));
     const char *aargv[] = {fx.exe, "node", "--join", listen, "--key", key, "--name", "n1", "--run-dir", agent_dir, NULL};
     memset(&g, 0, sizeof g);
-    set_argv(&g, aargv);
+    pf_set_argv(&g, aargv);
     snprintf(g.log, sizeof g.log, "%s/lost-agent1.out", fx.root);
     assert_int_equal(proc_spawn(&ap, "draftline node", pf_run_child, &g), 0);
     int up = pf_wait_for_text(h.log, "target0 is up", 60);
-    if (!up) { show(h.log); show(g.log); }
+    if (!up) { pf_show(h.log); pf_show(g.log); }
     assert_true(up);
     proc_signal(&ap, SIGKILL);   /* the agent's group: the agent and its target */
     proc_kill(&ap);
     int lost = pf_wait_for_text(h.log, "node n1 lost", 20);
-    if (!lost) show(h.log);
+    if (!lost) pf_show(h.log);
     assert_true(lost);
     assert_true(pf_wait_for_text(h.log, "target0 stopped; waiting for it to rejoin", 1));
     snprintf(g.log, sizeof g.log, "%s/lost-agent2.out", fx.root);
     assert_int_equal(proc_spawn(&bp, "draftline node", pf_run_child, &g), 0);
     int back = pf_wait_for_text(h.log, "node n1 rejoined as node 1", 30);
-    if (!back) { show(h.log); show(g.log); }
+    if (!back) { pf_show(h.log); pf_show(g.log); }
     assert_true(back);
     int rc = pf_run_finish(&hp, h.log, out, 240, NULL);
-    if (rc != 0) { show(h.log); show(g.log); }
+    if (rc != 0) { pf_show(h.log); pf_show(g.log); }
     assert_int_equal(rc, 0);
     assert_true(pf_wait_for_text(h.log, "summary: 30 steps", 1));
     int arc = -1;
@@ -244,11 +232,11 @@ static void test_node_join_timeout(void **state) {
                           "--max-steps", "2", "--listen", listen, "--nodes", "1", "--join-timeout", "2",
                           "--out", out, NULL};
     memset(&a, 0, sizeof a);
-    set_argv(&a, argv);
+    pf_set_argv(&a, argv);
     snprintf(a.log, sizeof a.log, "%s/lonely.out", fx.root);
     time_t t0 = time(NULL);
     int rc = pf_run_draftline(&a, NULL, 90, NULL);
-    if (rc != 1) show(a.log);
+    if (rc != 1) pf_show(a.log);
     assert_int_equal(rc, 1);
     assert_true(time(NULL) - t0 < 60);
     char *t = pf_slurp(a.log, NULL);
@@ -271,10 +259,10 @@ static void test_gpu_cross_node_refused(void **state) {
                           "--target-gpus", "a:0,1", "--drafter-gpus", "a:0,b:1", "--listen", "127.0.0.1:29500",
                           "--out", out, NULL};
     memset(&a, 0, sizeof a);
-    set_argv(&a, argv);
+    pf_set_argv(&a, argv);
     snprintf(a.log, sizeof a.log, "%s/gpux.out", fx.root);
     int rc = pf_run_draftline(&a, NULL, 60, NULL);
-    if (rc != 2) show(a.log);
+    if (rc != 2) pf_show(a.log);
     assert_int_equal(rc, 2);
     char *t = pf_slurp(a.log, NULL);
     assert_non_null(t);
@@ -293,7 +281,7 @@ static int agent_once(const char *log, const char *key, const char *listen, cons
     static pf_run_args_t a;
     const char *v[] = {fx.exe, "node", "--join", listen, "--key", key, "--name", name, "--run-dir", dir, NULL};
     memset(&a, 0, sizeof a);
-    set_argv(&a, v);
+    pf_set_argv(&a, v);
     snprintf(a.log, sizeof a.log, "%s", log);
     proc_t p;
     if (proc_spawn(&p, "draftline node", pf_run_child, &a) != 0) return -1;
@@ -337,7 +325,7 @@ static void test_node_agent_faults(void **state) {
                            "--block-size", "4", "--num-anchors", "8", "--max-steps", "600", "--epochs", "1000",
                            "--listen", listen, "--nodes", "1", "--out", out, NULL};
     memset(&h, 0, sizeof h);
-    set_argv(&h, hargv);
+    pf_set_argv(&h, hargv);
     snprintf(h.log, sizeof h.log, "%s/faults-head.out", fx.root);
     proc_t hp, ap, wp;
     assert_int_equal(proc_spawn(&hp, "draftline run", pf_run_child, &h), 0);
@@ -354,7 +342,7 @@ static void test_node_agent_faults(void **state) {
     /* another run's key: no reply; the agent says so after 10 s */
     const char *wv[] = {fx.exe, "node", "--join", listen, "--key", wrong_key, "--name", "n1", "--run-dir", other, NULL};
     memset(&w, 0, sizeof w);
-    set_argv(&w, wv);
+    pf_set_argv(&w, wv);
     snprintf(w.log, sizeof w.log, "%s/faults-wrongkey.out", fx.root);
     assert_int_equal(proc_spawn(&wp, "draftline node", pf_run_child, &w), 0);
     int said = pf_wait_for_text(w.log, "no answer from the head at ", 14);
@@ -363,11 +351,11 @@ static void test_node_agent_faults(void **state) {
     /* n1 joins, the run starts */
     const char *aargv[] = {fx.exe, "node", "--join", listen, "--key", key, "--name", "n1", "--run-dir", dir, NULL};
     memset(&g, 0, sizeof g);
-    set_argv(&g, aargv);
+    pf_set_argv(&g, aargv);
     snprintf(g.log, sizeof g.log, "%s/faults-agent.out", fx.root);
     assert_int_equal(proc_spawn(&ap, "draftline node", pf_run_child, &g), 0);
     int up = pf_wait_for_text(h.log, "target0 is up", 60);
-    if (!up) { show(h.log); show(g.log); }
+    if (!up) { pf_show(h.log); pf_show(g.log); }
     assert_true(up);
     /* a second n1 while n1 is up: refused, n1 keeps its stages */
     snprintf(log, sizeof log, "%s/faults-dup.out", fx.root);
@@ -376,7 +364,7 @@ static void test_node_agent_faults(void **state) {
     assert_true(has_text(log, "a second agent with that name is refused"));
     /* ... and the live n1 was not cut off by it (its own routing id: no handover) */
     sleep(4);
-    if (has_text(h.log, "node n1 lost") || has_text(g.log, "lost the head")) { show(h.log); show(g.log); }
+    if (has_text(h.log, "node n1 lost") || has_text(g.log, "lost the head")) { pf_show(h.log); pf_show(g.log); }
     assert_false(has_text(h.log, "node n1 lost"));
     assert_false(has_text(g.log, "lost the head"));
     /* n1 stalls: lost; a rejoin from another run dir is refused; then it wakes up */
@@ -388,15 +376,15 @@ static void test_node_agent_faults(void **state) {
         lost = orc == 2 && has_text(log, "rejoin with --run-dir ");
     }
     kill(ap.pid, SIGCONT);
-    if (!lost) show(h.log);
+    if (!lost) pf_show(h.log);
     assert_true(lost);
     int again = pf_wait_for_text(g.log, "the head dropped this node (silent too long)", 20) ||
                 pf_wait_for_text(g.log, "lost the head", 1);
-    if (!again) { show(h.log); show(g.log); }
+    if (!again) { pf_show(h.log); pf_show(g.log); }
     assert_true(again);
     assert_true(pf_wait_for_text(h.log, "node n1 rejoined as node 1", 40));
     int rc = pf_run_finish(&hp, h.log, out, 300, NULL);
-    if (rc != 0) { show(h.log); show(g.log); }
+    if (rc != 0) { pf_show(h.log); pf_show(g.log); }
     assert_int_equal(rc, 0);
     assert_true(has_text(h.log, "summary: 600 steps"));
     char *ht = pf_slurp(h.log, NULL);
@@ -406,7 +394,7 @@ static void test_node_agent_faults(void **state) {
     int arc = -1;
     assert_int_equal(proc_wait(&ap, 30000, &arc), 0);
     proc_kill(&ap);
-    if (arc != 0) show(g.log);
+    if (arc != 0) pf_show(g.log);
     assert_int_equal(arc, 0);
 }
 
@@ -431,14 +419,14 @@ static void test_node_stalled_optimizer_node(void **state) {
                            "--block-size", "4", "--num-anchors", "8", "--max-steps", "60", "--epochs", "1000",
                            "--listen", listen, "--nodes", "1", "--out", out, NULL};
     memset(&h, 0, sizeof h);
-    set_argv(&h, hargv);
+    pf_set_argv(&h, hargv);
     snprintf(h.log, sizeof h.log, "%s/stall-head.out", fx.root);
     proc_t hp, ap;
     assert_int_equal(proc_spawn(&hp, "draftline run", pf_run_child, &h), 0);
     assert_true(pf_wait_for_text(h.log, "waiting for", 60));
     const char *aargv[] = {fx.exe, "node", "--join", listen, "--key", key, "--name", "n1", "--run-dir", dir, NULL};
     memset(&g, 0, sizeof g);
-    set_argv(&g, aargv);
+    pf_set_argv(&g, aargv);
     snprintf(g.log, sizeof g.log, "%s/stall-agent.out", fx.root);
     assert_int_equal(proc_spawn(&ap, "draftline node", pf_run_child, &g), 0);
     snprintf(steps, sizeof steps, "%s/steps.jsonl", dir);
@@ -448,10 +436,10 @@ static void test_node_stalled_optimizer_node(void **state) {
     int lost = pf_wait_for_text(h.log, "node n1 lost", 15);
     sleep(5);
     kill(ap.pid, SIGCONT);
-    if (!lost) show(h.log);
+    if (!lost) pf_show(h.log);
     assert_true(lost);
     int rc = pf_run_finish(&hp, h.log, out, 240, NULL);
-    if (rc != 0) { show(h.log); show(g.log); }
+    if (rc != 0) { pf_show(h.log); pf_show(g.log); }
     assert_int_equal(rc, 0);
     assert_true(has_text(h.log, "summary: 60 steps"));
     assert_int_equal(pf_count_lines(steps), 60);   /* every step once (an undone one is removed) */

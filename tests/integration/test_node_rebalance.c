@@ -45,18 +45,6 @@ static int group_teardown(void **state) {
     return 0;
 }
 
-static void set_argv(pf_run_args_t *a, const char *const *argv) {
-    int i = 0;
-    for (; argv[i]; i++) a->argv[i] = (char *)argv[i];
-    a->argv[i] = NULL;
-}
-
-static void show(const char *path) {
-    char *t = pf_slurp(path, NULL);
-    printf("--- %s ---\n%s\n", path, t ? t : "(none)");
-    free(t);
-}
-
 #define STEPS "24"
 #define NSTEPS 24
 
@@ -74,7 +62,7 @@ static void run_argv(pf_run_args_t *a, const char *const *extra) {
     for (int i = 0; RUN_FLAGS[i]; i++) v[n++] = RUN_FLAGS[i];
     for (int i = 0; extra[i]; i++) v[n++] = extra[i];
     v[n] = NULL;
-    set_argv(a, v);
+    pf_set_argv(a, v);
 }
 
 typedef struct {
@@ -88,7 +76,7 @@ static void agent_start(agent_t *g, const char *name, const char *listen, const 
     snprintf(g->dir, sizeof g->dir, "%s/%s-%s", fx.root, tag, name);
     const char *v[] = {fx.exe, "node", "--join", listen, "--key", key, "--name", name, "--run-dir", g->dir, NULL};
     memset(&g->args, 0, sizeof g->args);
-    set_argv(&g->args, v);
+    pf_set_argv(&g->args, v);
     snprintf(g->args.log, sizeof g->args.log, "%s/%s-%s.out", fx.root, tag, name);
     assert_int_equal(proc_spawn(&g->p, "draftline node", pf_run_child, &g->args), 0);
 }
@@ -115,7 +103,7 @@ static void head_start(const char *tag, const char *const *place, proc_t *hp, pf
     snprintf(h->log, sizeof h->log, "%s", hlog);
     assert_int_equal(proc_spawn(hp, "draftline run", pf_run_child, h), 0);
     int waiting = pf_wait_for_text(hlog, "waiting for", 60);
-    if (!waiting) show(hlog);
+    if (!waiting) pf_show(hlog);
     assert_true(waiting);
     agent_start(A, "a", listen, key, tag);
     agent_start(B, "b", listen, key, tag);
@@ -130,7 +118,7 @@ static void rebalance(const char *out, int rc, const char *needle, const char *c
     int n = 4;
     for (int i = 0; args[i]; i++) v[n++] = args[i];
     v[n] = NULL;
-    set_argv(&r, v);
+    pf_set_argv(&r, v);
     snprintf(r.log, sizeof r.log, "%s/rebalance%d.out", fx.root, k++);
     int got = pf_run_draftline(&r, NULL, 150, NULL);
     char *t = pf_slurp(r.log, NULL);
@@ -185,7 +173,7 @@ static void test_rebalance_moves(void **state) {
     run_argv(&o, oe);
     snprintf(o.log, sizeof o.log, "%s/one.out", fx.root);
     int rc = pf_run_draftline(&o, one, 200, NULL);
-    if (rc != 0) show(o.log);
+    if (rc != 0) pf_show(o.log);
     assert_int_equal(rc, 0);
     /* the same run across a and b, rebalanced mid-run */
     static pf_run_args_t h;
@@ -196,7 +184,7 @@ static void test_rebalance_moves(void **state) {
     head_start("mv", place, &hp, &h, out, hlog, &A, &B);
     snprintf(steps, sizeof steps, "%s/steps.jsonl", B.dir);   /* the optimizer is on b */
     int at = wait_steps(steps, 5, 150);
-    if (!at) { show(hlog); show(A.args.log); show(B.args.log); }
+    if (!at) { pf_show(hlog); pf_show(A.args.log); pf_show(B.args.log); }
     assert_true(at);
     const char *unknown[] = {"--targets", "a:2", "--drafters", "b:1,zz:1", "--wait", "30", NULL};
     rebalance(out, 1, "node zz is not in this run's node table (head, a, b)", unknown);
@@ -208,7 +196,7 @@ static void test_rebalance_moves(void **state) {
     rebalance(out, 0, "2 kept, 0 started, 2 moved, 0 retired", mv);
     char id[17];
     rc = pf_run_finish(&hp, hlog, out, 300, id);
-    if (rc != 0 || getenv("DL_TEST_VERBOSE")) { show(hlog); show(A.args.log); show(B.args.log); }
+    if (rc != 0 || getenv("DL_TEST_VERBOSE")) { pf_show(hlog); pf_show(A.args.log); pf_show(B.args.log); }
     assert_int_equal(rc, 0);
     int arc = -1;
     assert_int_equal(proc_wait(&A.p, 20000, &arc), 0);
@@ -250,7 +238,7 @@ static void test_rebalance_refusals(void **state) {
     head_start("rf", place, &hp, &h, out, hlog, &A, &B);
     unsetenv("DL_TEST_HOOKS");
     int up = pf_wait_for_text(hlog, "every node joined", 60);
-    if (!up) show(hlog);
+    if (!up) pf_show(hlog);
     assert_true(up);
     const char *pairs[] = {"--target-gpus", "a:0,b:0", "--drafter-gpus", "a:1,b:1", "--wait", "30", NULL};
     rebalance(out, 1, "drafter1 on node b and the optimizer (with drafter0) on node a", pairs);
@@ -259,7 +247,7 @@ static void test_rebalance_refusals(void **state) {
     proc_signal(&B.p, SIGKILL);   /* agent b (target1 with it) */
     proc_kill(&B.p);
     int lost = pf_wait_for_text(hlog, "node b lost", 20);
-    if (!lost) show(hlog);
+    if (!lost) pf_show(hlog);
     assert_true(lost);
     const char *down[] = {"--target-gpus", "a:0,b:0,b:1", "--drafter-gpus", "a:1", "--wait", "30", NULL};
     rebalance(out, 1, "node b is not up", down);

@@ -53,18 +53,6 @@ static int group_teardown(void **state) {
     return 0;
 }
 
-static void set_argv(pf_run_args_t *a, const char *const *argv) {
-    int i = 0;
-    for (; argv[i]; i++) a->argv[i] = (char *)argv[i];
-    a->argv[i] = NULL;
-}
-
-static void show(const char *path) {
-    char *t = pf_slurp(path, NULL);
-    printf("--- %s ---\n%s\n", path, t ? t : "(none)");
-    free(t);
-}
-
 
 #define STEPS "24"
 #define NSTEPS 24
@@ -85,7 +73,7 @@ static void run_argv(pf_run_args_t *a, const char *const *extra) {
     for (int i = 0; RUN_FLAGS[i]; i++) v[n++] = RUN_FLAGS[i];
     for (int i = 0; extra[i]; i++) v[n++] = extra[i];
     v[n] = NULL;
-    set_argv(a, v);
+    pf_set_argv(a, v);
 }
 
 static void one_host_run(void) {
@@ -97,7 +85,7 @@ static void one_host_run(void) {
     run_argv(&a, extra);
     snprintf(a.log, sizeof a.log, "%s/one.out", fx.root);
     int rc = pf_run_draftline(&a, g_one, 200, NULL);
-    if (rc != 0) show(a.log);
+    if (rc != 0) pf_show(a.log);
     assert_int_equal(rc, 0);
 }
 
@@ -115,7 +103,7 @@ static void agent_start(agent_t *g, const char *name, const char *listen, const 
     else snprintf(g->dir, sizeof g->dir, "%s/%s-%s", fx.root, log, name);
     const char *v[] = {fx.exe, "node", "--join", listen, "--key", key, "--name", name, "--run-dir", g->dir, NULL};
     memset(&g->args, 0, sizeof g->args);
-    set_argv(&g->args, v);
+    pf_set_argv(&g->args, v);
     snprintf(g->args.log, sizeof g->args.log, "%s/%s-%s.out", fx.root, log, name);
     assert_int_equal(proc_spawn(&g->p, "draftline node", pf_run_child, &g->args), 0);
 }
@@ -195,7 +183,7 @@ static void agents_run(const char *tag, int faults) {
     proc_t hp;
     assert_int_equal(proc_spawn(&hp, "draftline run", pf_run_child, &h), 0);
     int waiting = pf_wait_for_text(hlog, "waiting for", 60);
-    if (!waiting) show(hlog);
+    if (!waiting) pf_show(hlog);
     assert_true(waiting);
     static agent_t A, B, B2;
     agent_start(&A, "a", listen, key, tag, NULL);
@@ -205,22 +193,22 @@ static void agents_run(const char *tag, int faults) {
     agent_t *b_now = &B;
     if (faults) {
         int at6 = wait_steps(steps, 6, 120);
-        if (!at6) { show(hlog); show(B.args.log); }
+        if (!at6) { pf_show(hlog); pf_show(B.args.log); }
         assert_true(at6);
         proc_signal(&B.p, SIGKILL);          /* agent b and its stages: drafters, optimizer */
         proc_kill(&B.p);
         int lost = pf_wait_for_text(hlog, "node b lost", 20);
-        if (!lost) show(hlog);
+        if (!lost) pf_show(hlog);
         assert_true(lost);
         char tag2[64];
         snprintf(tag2, sizeof tag2, "%s2", tag);
         agent_start(&B2, "b", listen, key, tag2, B.dir);   /* same run dir: its checkpoints are there */
         b_now = &B2;
         int back = pf_wait_for_text(hlog, "node b rejoined", 30);
-        if (!back) { show(hlog); show(B2.args.log); }
+        if (!back) { pf_show(hlog); pf_show(B2.args.log); }
         assert_true(back);
         int at14 = wait_steps(steps, 14, 120);
-        if (!at14) { show(hlog); show(B2.args.log); }
+        if (!at14) { pf_show(hlog); pf_show(B2.args.log); }
         assert_true(at14);
         pid_t t1 = started_pid(A.args.log, "target1");
         assert_true(t1 > 0);
@@ -228,7 +216,7 @@ static void agents_run(const char *tag, int faults) {
     }
     char id[17];
     int rc = pf_run_finish(&hp, hlog, out, 300, id);
-    if (rc != 0 || getenv("DL_TEST_VERBOSE")) { show(hlog); show(A.args.log); show(b_now->args.log); }
+    if (rc != 0 || getenv("DL_TEST_VERBOSE")) { pf_show(hlog); pf_show(A.args.log); pf_show(b_now->args.log); }
     assert_int_equal(rc, 0);
     int arc = -1;
     assert_int_equal(proc_wait(&A.p, 20000, &arc), 0);
@@ -271,10 +259,10 @@ static void test_agents_resume(void **state) {
     static pf_run_args_t o;
     memset(&o, 0, sizeof o);
     const char *ov[] = {fx.exe, "run", "--resume", g_one, "--max-steps", "28", NULL};
-    set_argv(&o, ov);
+    pf_set_argv(&o, ov);
     snprintf(o.log, sizeof o.log, "%s/one28.out", fx.root);
     int rc = pf_run_draftline(&o, g_one, 200, NULL);
-    if (rc != 0) show(o.log);
+    if (rc != 0) pf_show(o.log);
     assert_int_equal(rc, 0);
     /* the multi-node run dir, resumed with its agents back (same names, same run dirs) */
     int port = pf_free_port_span();
@@ -284,19 +272,19 @@ static void test_agents_resume(void **state) {
     memset(&h, 0, sizeof h);
     const char *hv[] = {fx.exe, "run", "--resume", clean, "--max-steps", "28", "--targets", "a:2", "--drafters", "b:2",
                         "--listen", listen, "--nodes", "2", "--join-timeout", "120", NULL};
-    set_argv(&h, hv);
+    pf_set_argv(&h, hv);
     snprintf(hlog, sizeof hlog, "%s/resume-head.out", fx.root);
     snprintf(h.log, sizeof h.log, "%s", hlog);
     proc_t hp;
     assert_int_equal(proc_spawn(&hp, "draftline run", pf_run_child, &h), 0);
     int waiting = pf_wait_for_text(hlog, "waiting for", 60);
-    if (!waiting) show(hlog);
+    if (!waiting) pf_show(hlog);
     assert_true(waiting);
     static agent_t A, B;
     agent_start(&A, "a", listen, key, "resume", adir);
     agent_start(&B, "b", listen, key, "resume", bdir);
     rc = pf_run_finish(&hp, hlog, clean, 300, NULL);
-    if (rc != 0 || getenv("DL_TEST_VERBOSE")) { show(hlog); show(A.args.log); show(B.args.log); }
+    if (rc != 0 || getenv("DL_TEST_VERBOSE")) { pf_show(hlog); pf_show(A.args.log); pf_show(B.args.log); }
     assert_int_equal(rc, 0);
     assert_true(pf_wait_for_text(hlog, "its optimizer ran on node b: resuming from", 1));
     assert_true(pf_wait_for_text(hlog, "summary: 28 steps", 1));
@@ -343,7 +331,7 @@ static void test_agents_stop(void **state) {
     setenv("DL_TEST_HOOKS", "target.forward_delay_ms=100", 1);   /* lasts past the stop */
     assert_int_equal(proc_spawn(&hp, "draftline run", pf_run_child, &h), 0);
     int waiting = pf_wait_for_text(hlog, "waiting for", 60);
-    if (!waiting) show(hlog);
+    if (!waiting) pf_show(hlog);
     assert_true(waiting);
     static agent_t A, B;
     agent_start(&A, "a", listen, key, "stop", adir);
@@ -353,10 +341,10 @@ static void test_agents_stop(void **state) {
     assert_true(wait_steps(steps, 3, 120));
     assert_int_equal(kill(hp.pid, SIGTERM), 0);
     int rc = pf_run_finish(&hp, hlog, out, 120, NULL);
-    if (rc != 143 || getenv("DL_TEST_VERBOSE")) { show(hlog); show(B.args.log); }
+    if (rc != 143 || getenv("DL_TEST_VERBOSE")) { pf_show(hlog); pf_show(B.args.log); }
     assert_int_equal(rc, 143);
     int named = pf_wait_for_text(hlog, "(on node b)", 1), claimed = pf_wait_for_text(hlog, "was not written", 1);
-    if (!named || claimed) show(hlog);
+    if (!named || claimed) pf_show(hlog);
     assert_true(named);
     assert_false(claimed);
     int arc = -1;

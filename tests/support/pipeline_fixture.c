@@ -344,3 +344,15 @@ int pf_wait_for_text(const char *path, const char *needle, double timeout_s) {
     }
     return 0;
 }
+
+void pf_set_argv(pf_run_args_t *a, const char *const *argv) {
+    int i = 0;
+    for (; argv[i]; i++) a->argv[i] = (char *)argv[i];
+    a->argv[i] = NULL;
+}
+
+void pf_show(const char *path) {
+    char *t = pf_slurp(path, NULL);
+    printf("--- %s ---\n%s\n", path, t ? t : "(none)");
+    free(t);
+}

@@ -43,6 +43,13 @@ typedef struct {
  * log open fails, 127 when execv fails; does not return on success. arg: pf_run_args_t *. */
 int pf_run_child(void *arg, int report_fd);
 
+/* a->argv = argv (borrowed, NULL-terminated, at most 79 entries), NULL-terminated. */
+void pf_set_argv(pf_run_args_t *a, const char *const *argv);
+
+/* Prints "--- path ---" and the file's whole text ("(none)" when it cannot be read):
+ * a failing multi-process test shows the logs it looked at. */
+void pf_show(const char *path);
+
 /* Number of '\n' in the file at path; 0 when it cannot be opened. */
 int pf_count_lines(const char *path);
 
