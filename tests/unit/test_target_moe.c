@@ -18,6 +18,7 @@
 #include "common/base/err.h"
 #include "common/format/safetensors.h"
 #include "common/model/config.h"
+#include "common/model/mkmodel.h"
 #include "common/model/target.h"
 #include "common/ops/ops.h"
 
@@ -253,12 +254,50 @@ static void test_route_ops(void **s) {
     ops_ctx_destroy(&c);
 }
 
+/* mkmodel presets: Qwen3-30B-A3B's published sizes (30.5B total, 3.3B active), and the
+ * tiny MoE preset writes a dir target_load runs. */
+static void test_mkmodel_moe(void **s) {
+    (void)s;
+    model_config_t c;
+    assert_int_equal(mkmodel_preset("qwen3-30b-a3b", &c), 0);
+    assert_int_equal(model_config_validate(&c, "preset"), 0);
+    assert_int_equal(model_config_n_moe_layers(&c), 48);
+    uint64_t n = model_config_n_params(&c), a = model_config_n_active_params(&c);
+    printf("  qwen3-30b-a3b: %.3f B parameters, %.3f B active\n", n / 1e9, a / 1e9);
+    assert_true(n > 30.4e9 && n < 30.6e9);
+    assert_true(a > 3.3e9 && a < 3.4e9);
+    assert_int_equal(mkmodel_preset("tiny-qwen3-moe", &c), 0);
+    char dir[] = "/tmp/dl_moe_mkXXXXXX";
+    assert_non_null(mkdtemp(dir));
+    assert_int_equal(mkmodel_write(&c, dir, 7, "bf16", 0, NULL), 0);
+    model_config_t r;
+    assert_int_equal(model_config_from_hf_dir(dir, &r), 0);
+    assert_int_equal(r.n_experts, 8);
+    assert_int_equal(model_config_n_params(&r), model_config_n_params(&c));
+    ops_ctx_t oc;
+    ops_cpu_init(&oc, 0);
+    target_opts_t o = {.max_tokens = 16, .max_seqs = 1};
+    target_t *t = NULL;
+    assert_int_equal(target_load(dir, &oc, &o, &t), 0);
+    assert_int_equal(target_weight_bytes(t), model_config_n_params(&c) * 4);
+    int32_t ids[5] = {1, 2, 3, 4, 5}, cu[2] = {0, 5};
+    void *h = oc.impl->malloc_(&oc, (size_t)5 * c.D * 4);
+    assert_int_equal(target_forward_host(t, ids, NULL, cu, 1, 5, NULL, h), 0);
+    oc.impl->free_(&oc, h);
+    target_destroy(&t);
+    ops_ctx_destroy(&oc);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_route_ops),
         cmocka_unit_test(test_config),
         cmocka_unit_test(test_hf_and_gguf),
         cmocka_unit_test(test_greedy_kv),
+        cmocka_unit_test(test_mkmodel_moe),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
