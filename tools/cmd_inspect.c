@@ -45,6 +45,14 @@ static void print_config(const model_config_t *m) {
     printf("max positions %d   bos %d   eos", m->max_pos, m->bos_id);
     for (int i = 0; i < m->n_eos; i++) printf(" %d", m->eos_ids[i]);
     printf("\nparameters    %.3f M (from the config)\n", model_config_n_params(m) / 1e6);
+    if (m->n_experts > 0) {
+        int n_moe = model_config_n_moe_layers(m);
+        printf("experts       %d per MoE layer, top-%d per token%s, expert F=%d; %d of %d layers "
+               "MoE\n", m->n_experts, m->top_k, m->norm_topk ? " (renormalised)" : "", m->moe_F,
+               n_moe, m->L);
+        printf("active        %.3f M parameters per token (of %.3f M total)\n",
+               model_config_n_active_params(m) / 1e6, model_config_n_params(m) / 1e6);
+    }
 }
 
 static int inspect_gguf(const char *path, int all) {

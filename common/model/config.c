@@ -89,8 +89,39 @@ static int parse_rope(const cJSON *root, const char *where, rope_params_t *r) {
     return 0;
 }
 
+/* Qwen3MoeConfig: experts, and which layers are sparse (Qwen3MoeDecoderLayer: l not in
+ * mlp_only_layers and num_experts > 0 and (l + 1) % decoder_sparse_step == 0). */
+static int parse_moe(const cJSON *root, const char *where, model_config_t *c) {
+    const char *ne = cJSON_GetObjectItemCaseSensitive(root, "num_experts") ? "num_experts"
+                                                                           : "num_local_experts";
+    int step;
+    DL_TRY(json_int(root, ne, where, 1, 0, &c->n_experts));
+    DL_TRY(json_int(root, "num_experts_per_tok", where, 1, 0, &c->top_k));
+    DL_TRY(json_int(root, "moe_intermediate_size", where, 1, 0, &c->moe_F));
+    DL_TRY(json_bool(root, "norm_topk_prob", where, 0, &c->norm_topk));
+    DL_TRY(json_int(root, "decoder_sparse_step", where, 0, 1, &step));
+    if (step < 1) return dl_seterr(DL_EFORMAT, "%s: decoder_sparse_step %d must be >= 1", where, step);
+    if (c->L > MODEL_MAX_MOE_LAYERS)
+        return dl_seterr(DL_ENOTSUP, "%s: %d layers: MoE models of at most %d layers supported", where,
+                         c->L, MODEL_MAX_MOE_LAYERS);
+    if (c->n_experts <= 0) return 0;
+    for (int l = 0; l < c->L; l++)
+        if ((l + 1) % step == 0) c->moe_layers[l / 64] |= UINT64_C(1) << (l % 64);
+    const cJSON *only = cJSON_GetObjectItemCaseSensitive(root, "mlp_only_layers"), *e;
+    if (only && !cJSON_IsNull(only) && !cJSON_IsArray(only))
+        return dl_seterr(DL_EFORMAT, "%s: field 'mlp_only_layers': expected an array", where);
+    cJSON_ArrayForEach(e, only) {
+        if (!cJSON_IsNumber(e))
+            return dl_seterr(DL_EFORMAT, "%s: mlp_only_layers: expected integers", where);
+        int l = (int)e->valuedouble;
+        if (l >= 0 && l < c->L) c->moe_layers[l / 64] &= ~(UINT64_C(1) << (l % 64));
+    }
+    return 0;
+}
+
 static int parse_config(const cJSON *root, const char *where, model_config_t *c) {
     memset(c, 0, sizeof *c);
+    int moe = 0;
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(root, "architectures");
     const cJSON *mt = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     const char *arch = NULL;
@@ -105,10 +136,13 @@ static int parse_config(const cJSON *root, const char *where, model_config_t *c)
         c->family = MODEL_QWEN2;
     else if ((arch && !strcmp(arch, "Qwen3ForCausalLM")) || (!arch && !strcmp(mtype, "qwen3")))
         c->family = MODEL_QWEN3;
-    else
+    else if ((arch && !strcmp(arch, "Qwen3MoeForCausalLM")) || (!arch && !strcmp(mtype, "qwen3_moe"))) {
+        c->family = MODEL_QWEN3;
+        moe = 1;
+    } else
         return dl_seterr(DL_ENOTSUP, "%s: architecture '%s' (model_type '%s') not supported "
-                         "(LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM are)", where,
-                         arch ? arch : "?", mtype);
+                         "(LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                         "Qwen3MoeForCausalLM are)", where, arch ? arch : "?", mtype);
     const cJSON *act = cJSON_GetObjectItemCaseSensitive(root, "hidden_act");
     if (cJSON_IsString(act) && strcmp(act->valuestring, "silu"))
         return dl_seterr(DL_ENOTSUP, "%s: hidden_act '%s' not supported (silu is)", where, act->valuestring);
@@ -134,6 +168,7 @@ static int parse_config(const cJSON *root, const char *where, model_config_t *c)
     case MODEL_QWEN2: c->attn_bias = 1; c->o_bias = 0; c->mlp_bias = 0; break;
     case MODEL_QWEN3: c->attn_bias = ab; c->o_bias = ab; c->mlp_bias = 0; c->qk_norm = 1; break;
     }
+    if (moe) DL_TRY(parse_moe(root, where, c));
     DL_TRY(json_int(root, "bos_token_id", where, 0, -1, &c->bos_id));
     const cJSON *eos = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id");
     if (cJSON_IsNumber(eos)) c->eos_ids[c->n_eos++] = (int)eos->valuedouble;
@@ -215,6 +250,27 @@ static int gguf_num(const gguf_t *g, const char *arch, const char *suffix, int r
     return rc;
 }
 
+/* llama.cpp qwen3moe (convert_hf_to_gguf.py Qwen3MoeModel, gguf-py constants): the
+ * expert_* keys; a layer is sparse iff it has blk.L.ffn_gate_inp.weight (the file names no
+ * decoder_sparse_step / mlp_only_layers); llama.cpp always renormalises the top-k weights
+ * for qwen3moe (llm_build_qwen3moe, norm_w = true) unless expert_weights_norm says otherwise. */
+static int gguf_moe(const gguf_t *g, const char *arch, model_config_t *c) {
+    DL_TRY(gguf_int(g, arch, "block_count", 1, 0, &c->L));
+    DL_TRY(gguf_int(g, arch, "expert_count", 1, 0, &c->n_experts));
+    DL_TRY(gguf_int(g, arch, "expert_used_count", 1, 0, &c->top_k));
+    DL_TRY(gguf_int(g, arch, "expert_feed_forward_length", 1, 0, &c->moe_F));
+    DL_TRY(gguf_int(g, arch, "expert_weights_norm", 0, 1, &c->norm_topk));
+    if (c->L > MODEL_MAX_MOE_LAYERS)
+        return dl_seterr(DL_ENOTSUP, "GGUF: %d layers: MoE models of at most %d layers supported", c->L,
+                         MODEL_MAX_MOE_LAYERS);
+    for (int l = 0; l < c->L; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", l);
+        if (gguf_find_tensor(g, name)) c->moe_layers[l / 64] |= UINT64_C(1) << (l % 64);
+    }
+    return 0;
+}
+
 int model_config_from_gguf(const gguf_t *g, model_config_t *c) {
     memset(c, 0, sizeof *c);
     gguf_str_t a;
@@ -224,13 +280,16 @@ int model_config_from_gguf(const gguf_t *g, model_config_t *c) {
     snprintf(c->arch, sizeof c->arch, "%s", arch);
     if (!strcmp(arch, "llama")) c->family = MODEL_LLAMA;
     else if (!strcmp(arch, "qwen2")) c->family = MODEL_QWEN2;
-    else if (!strcmp(arch, "qwen3")) c->family = MODEL_QWEN3;
-    else return dl_seterr(DL_ENOTSUP, "GGUF architecture '%s' not supported (llama, qwen2, qwen3 are)", arch);
+    else if (!strcmp(arch, "qwen3") || !strcmp(arch, "qwen3moe")) c->family = MODEL_QWEN3;
+    else return dl_seterr(DL_ENOTSUP, "GGUF architecture '%s' not supported (llama, qwen2, qwen3, "
+                          "qwen3moe are)", arch);
+    int moe = !strcmp(arch, "qwen3moe");
+    if (moe) DL_TRY(gguf_moe(g, arch, c));
     DL_TRY(gguf_int(g, arch, "block_count", 1, 0, &c->L));
     DL_TRY(gguf_int(g, arch, "embedding_length", 1, 0, &c->D));
     DL_TRY(gguf_int(g, arch, "attention.head_count", 1, 0, &c->H));
     DL_TRY(gguf_int(g, arch, "attention.head_count_kv", 0, c->H, &c->Hkv));
-    DL_TRY(gguf_int(g, arch, "feed_forward_length", 1, 0, &c->F));
+    DL_TRY(gguf_int(g, arch, "feed_forward_length", !moe, c->moe_F, &c->F));
     if (c->H <= 0) return dl_seterr(DL_EFORMAT, "GGUF: %s.attention.head_count must be > 0", arch);
     DL_TRY(gguf_int(g, arch, "attention.key_length", 0, c->D / c->H, &c->hd));
     DL_TRY(gguf_int(g, arch, "context_length", 0, 0, &c->max_pos));
@@ -266,6 +325,10 @@ int model_config_validate(const model_config_t *c, const char *where) {
     if (c->H % c->Hkv)
         return dl_seterr(DL_EFORMAT, "%s: num_attention_heads %d not a multiple of num_key_value_heads %d",
                          where, c->H, c->Hkv);
+    if (c->n_experts < 0 || (c->n_experts > 0 && (c->top_k < 1 || c->top_k > c->n_experts || c->moe_F <= 0)))
+        return dl_seterr(DL_EFORMAT, "%s: MoE: num_experts %d, num_experts_per_tok %d (must be in [1, "
+                         "num_experts]), moe_intermediate_size %d (must be > 0)", where, c->n_experts,
+                         c->top_k, c->moe_F);
     if (c->hd % 2) return dl_seterr(DL_EFORMAT, "%s: head_dim %d must be even (RoPE)", where, c->hd);
     if (!(c->eps > 0)) return dl_seterr(DL_EFORMAT, "%s: rms_norm_eps must be > 0", where);
     if (!(c->rope.theta > 0)) return dl_seterr(DL_EFORMAT, "%s: rope_theta must be > 0", where);
@@ -276,22 +339,36 @@ int model_config_validate(const model_config_t *c, const char *where) {
     return 0;
 }
 
-uint64_t model_config_n_params(const model_config_t *c) {
+int model_config_n_moe_layers(const model_config_t *c) {
+    int n = 0;
+    for (int l = 0; l < c->L; l++) n += model_config_layer_moe(c, l);
+    return n;
+}
+
+/* Parameters with n_used experts per MoE layer. */
+static uint64_t n_params_with(const model_config_t *c, int n_used) {
     uint64_t D = c->D, F = c->F, V = c->V, q = (uint64_t)c->H * c->hd, kv = (uint64_t)c->Hkv * c->hd;
-    uint64_t layer = D * q + 2 * D * kv + q * D + 3 * D * F + 2 * D;
+    uint64_t layer = D * q + 2 * D * kv + q * D + 2 * D;
     if (c->attn_bias) layer += q + 2 * kv;
     if (c->o_bias) layer += D;
-    if (c->mlp_bias) layer += 2 * F + D;
     if (c->qk_norm) layer += 2 * (uint64_t)c->hd;
-    return V * D * (c->tie_embeddings ? 1 : 2) + D + (uint64_t)c->L * layer;
+    uint64_t dense = 3 * D * F + (c->mlp_bias ? 2 * F + D : 0);
+    uint64_t sparse = (uint64_t)c->n_experts * D + (uint64_t)n_used * 3 * D * c->moe_F;
+    int n_moe = model_config_n_moe_layers(c);
+    return V * D * (c->tie_embeddings ? 1 : 2) + D + (uint64_t)c->L * layer +
+           (uint64_t)(c->L - n_moe) * dense + (uint64_t)n_moe * sparse;
 }
+
+uint64_t model_config_n_params(const model_config_t *c) { return n_params_with(c, c->n_experts); }
+uint64_t model_config_n_active_params(const model_config_t *c) { return n_params_with(c, c->top_k); }
 
 char *model_config_to_json(const model_config_t *c) {
     static const char *archs[] = {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
     cJSON *r = cJSON_CreateObject();
     if (!r) return NULL;
     cJSON *a = cJSON_AddArrayToObject(r, "architectures");
-    cJSON_AddItemToArray(a, cJSON_CreateString(archs[c->family]));
+    int moe = c->n_experts > 0;
+    cJSON_AddItemToArray(a, cJSON_CreateString(moe ? "Qwen3MoeForCausalLM" : archs[c->family]));
     cJSON_AddBoolToObject(r, "attention_bias", c->family == MODEL_QWEN2 ? 0 : c->attn_bias);
     cJSON_AddNumberToObject(r, "attention_dropout", 0.0);
     if (c->bos_id >= 0) cJSON_AddNumberToObject(r, "bos_token_id", c->bos_id);
@@ -306,8 +383,20 @@ char *model_config_to_json(const model_config_t *c) {
     cJSON_AddNumberToObject(r, "initializer_range", 0.02);
     cJSON_AddNumberToObject(r, "intermediate_size", c->F);
     cJSON_AddNumberToObject(r, "max_position_embeddings", c->max_pos);
+    if (moe) { /* the dense layers as mlp_only_layers: the same set whatever the original step */
+        cJSON_AddNumberToObject(r, "decoder_sparse_step", 1);
+        cJSON *only = cJSON_AddArrayToObject(r, "mlp_only_layers");
+        for (int l = 0; l < c->L; l++)
+            if (!model_config_layer_moe(c, l)) cJSON_AddItemToArray(only, cJSON_CreateNumber(l));
+        cJSON_AddNumberToObject(r, "moe_intermediate_size", c->moe_F);
+    }
     if (c->family == MODEL_LLAMA) cJSON_AddBoolToObject(r, "mlp_bias", c->mlp_bias);
-    cJSON_AddStringToObject(r, "model_type", model_family_name(c->family));
+    cJSON_AddStringToObject(r, "model_type", moe ? "qwen3_moe" : model_family_name(c->family));
+    if (moe) {
+        cJSON_AddBoolToObject(r, "norm_topk_prob", c->norm_topk);
+        cJSON_AddNumberToObject(r, "num_experts", c->n_experts);
+        cJSON_AddNumberToObject(r, "num_experts_per_tok", c->top_k);
+    }
     cJSON_AddNumberToObject(r, "num_attention_heads", c->H);
     cJSON_AddNumberToObject(r, "num_hidden_layers", c->L);
     cJSON_AddNumberToObject(r, "num_key_value_heads", c->Hkv);

@@ -26,19 +26,32 @@ typedef struct {
     double theta, eps;
     int llama3;
     int eos[3], n_eos;
+    int E, k, Fm, norm_topk;      /* MoE: experts (0: dense), per token, size; every layer sparse */
 } preset_t;
 
 static const preset_t presets[] = {
-    {"qwen3-0.6b", MODEL_QWEN3, 28, 1024, 16, 8, 128, 3072, 151936, 1, 40960, 151643, 1e6, 1e-6, 0, {151645}, 1},
-    {"qwen3-4b", MODEL_QWEN3, 36, 2560, 32, 8, 128, 9728, 151936, 1, 40960, 151643, 1e6, 1e-6, 0, {151645}, 1},
-    {"qwen3-8b", MODEL_QWEN3, 36, 4096, 32, 8, 128, 12288, 151936, 0, 40960, 151643, 1e6, 1e-6, 0, {151645}, 1},
+    {"qwen3-0.6b", MODEL_QWEN3, 28, 1024, 16, 8, 128, 3072, 151936, 1, 40960, 151643, 1e6, 1e-6, 0, {151645}, 1,
+     0, 0, 0, 0},
+    {"qwen3-4b", MODEL_QWEN3, 36, 2560, 32, 8, 128, 9728, 151936, 1, 40960, 151643, 1e6, 1e-6, 0, {151645}, 1,
+     0, 0, 0, 0},
+    {"qwen3-8b", MODEL_QWEN3, 36, 4096, 32, 8, 128, 12288, 151936, 0, 40960, 151643, 1e6, 1e-6, 0, {151645}, 1,
+     0, 0, 0, 0},
     {"llama-3.1-8b", MODEL_LLAMA, 32, 4096, 32, 8, 128, 14336, 128256, 0, 131072, 128000, 500000.0, 1e-5, 1,
-     {128001, 128008, 128009}, 3},
-    {"tiny-qwen3", MODEL_QWEN3, 2, 64, 4, 2, 16, 128, 151936, 1, 40960, 151643, 1e6, 1e-6, 0, {151645}, 1},
+     {128001, 128008, 128009}, 3, 0, 0, 0, 0},
+    {"tiny-qwen3", MODEL_QWEN3, 2, 64, 4, 2, 16, 128, 151936, 1, 40960, 151643, 1e6, 1e-6, 0, {151645}, 1,
+     0, 0, 0, 0},
+    /* Qwen/Qwen3-30B-A3B config.json (transformers Qwen3MoeConfig: decoder_sparse_step 1,
+     * mlp_only_layers []: every layer sparse; intermediate_size 6144 is then unused) */
+    {"qwen3-30b-a3b", MODEL_QWEN3, 48, 2048, 32, 4, 128, 6144, 151936, 0, 40960, 151643, 1e6, 1e-6, 0,
+     {151645}, 1, 128, 8, 768, 1},
+    {"tiny-qwen3-moe", MODEL_QWEN3, 2, 64, 4, 2, 16, 128, 151936, 1, 40960, 151643, 1e6, 1e-6, 0, {151645}, 1,
+     8, 2, 32, 1},
 };
 #define N_PRESETS ((int)(sizeof presets / sizeof presets[0]))
 
-const char *mkmodel_preset_names(void) { return "qwen3-0.6b, qwen3-4b, qwen3-8b, llama-3.1-8b, tiny-qwen3"; }
+const char *mkmodel_preset_names(void) {
+    return "qwen3-0.6b, qwen3-4b, qwen3-8b, llama-3.1-8b, tiny-qwen3, qwen3-30b-a3b, tiny-qwen3-moe";
+}
 
 int mkmodel_preset(const char *name, model_config_t *c) {
     for (int i = 0; i < N_PRESETS; i++) {
@@ -62,7 +75,13 @@ int mkmodel_preset(const char *name, model_config_t *c) {
         c->attn_bias = p->family == MODEL_QWEN2;
         c->bos_id = p->bos;
         for (int k = 0; k < p->n_eos; k++) c->eos_ids[c->n_eos++] = p->eos[k];
-        snprintf(c->arch, sizeof c->arch, "%s", p->family == MODEL_LLAMA ? "LlamaForCausalLM" : "Qwen3ForCausalLM");
+        c->n_experts = p->E;
+        c->top_k = p->k;
+        c->moe_F = p->Fm;
+        c->norm_topk = p->norm_topk;
+        for (int l = 0; p->E > 0 && l < p->L; l++) c->moe_layers[l / 64] |= UINT64_C(1) << (l % 64);
+        snprintf(c->arch, sizeof c->arch, "%s", p->family == MODEL_LLAMA ? "LlamaForCausalLM"
+                                                : p->E > 0 ? "Qwen3MoeForCausalLM" : "Qwen3ForCausalLM");
         snprintf(c->dtype, sizeof c->dtype, "bfloat16");
         return 0;
     }
@@ -94,6 +113,19 @@ static int list_tensors(const model_config_t *c, mk_tensor_t *t) {
             ADD("model.layers.%d.self_attn.k_norm.weight", l, c->hd, 0, 1);
         }
         ADD("model.layers.%d.post_attention_layernorm.weight", l, c->D, 0, 1);
+        if (model_config_layer_moe(c, l)) {   /* router, then the Hub's per-expert names */
+            ADD("model.layers.%d.mlp.gate.weight", l, c->n_experts, c->D, 0);
+            for (int e = 0; e < c->n_experts; e++) {
+                char f[3][96];
+                snprintf(f[0], sizeof f[0], "model.layers.%%d.mlp.experts.%d.gate_proj.weight", e);
+                snprintf(f[1], sizeof f[1], "model.layers.%%d.mlp.experts.%d.up_proj.weight", e);
+                snprintf(f[2], sizeof f[2], "model.layers.%%d.mlp.experts.%d.down_proj.weight", e);
+                ADD(f[0], l, c->moe_F, c->D, 0);
+                ADD(f[1], l, c->moe_F, c->D, 0);
+                ADD(f[2], l, c->D, c->moe_F, 0);
+            }
+            continue;
+        }
         ADD("model.layers.%d.mlp.gate_proj.weight", l, c->F, c->D, 0);
         ADD("model.layers.%d.mlp.up_proj.weight", l, c->F, c->D, 0);
         ADD("model.layers.%d.mlp.down_proj.weight", l, c->D, c->F, 0);

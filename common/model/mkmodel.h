@@ -9,9 +9,13 @@
  *                 rope_theta 5e5 with llama3 rope_scaling (factor 8, 1, 4, 8192)
  *   tiny-qwen3    a 2-layer Qwen3 (D 64, H 4, Hkv 2, hd 16, F 128) with the Qwen3 vocabulary,
  *                 for tests
+ *   qwen3-30b-a3b Qwen/Qwen3-30B-A3B  L 48, D 2048, H 32, Hkv 4, hd 128, V 151936, untied;
+ *                 every layer MoE: 128 experts of 768, 8 per token, norm_topk_prob
+ *   tiny-qwen3-moe a 2-layer Qwen3-MoE (as tiny-qwen3; 8 experts of 32, top-2, renormalised)
  * Weights: Linear and embeddings ~ N(0, 0.02^2) (transformers' initializer_range),
  * RMSNorm weights 1. Element e of tensor k comes from rng chunk rng_mix(seed, k, e / 2^20),
  * so the files are a pure function of (preset, seed, dtype) whatever the thread count.
+ * MoE experts are written with the Hub's per-expert names (experts.E.{gate,up,down}_proj).
  * Written tensor by tensor, 2^20 elements at a time (an 8B model never sits in memory).
  */
 #ifndef DL_MODEL_MKMODEL_H

@@ -6,6 +6,7 @@
 #include "common/base/log.h"
 #include "common/format/gguf.h"
 #include "common/format/safetensors.h"
+#include "common/model/target_moe.h"
 
 #include <limits.h>
 #include <math.h>
@@ -27,6 +28,7 @@ typedef struct {
     void *mlp_norm;                  /* (D) */
     void *wg, *wu, *wd;              /* (F, D), (F, D), (D, F) */
     void *bg, *bu, *bd;              /* biases or NULL */
+    target_moe_t moe;                /* MoE layers (model_config_layer_moe): wg/wu/wd NULL */
 } tlayer_t;
 
 struct target {
@@ -42,7 +44,8 @@ struct target {
     int mlp_chunk;
     /* activations (act, backend), sized for opts.max_tokens */
     void *x, *xn, *q, *k, *v, *att, *qn, *kn;  /* (T,D) (T,D) (T,H*hd) (T,Hkv*hd) x2 (T,H*hd) (T,H*hd) (T,Hkv*hd) */
-    void *gate, *up, *hmlp;          /* (chunk, F) */
+    void *gate, *up, *hmlp;          /* (chunk, max(F, k*Fm)): dense, or the chunk's routed rows */
+    target_moe_scratch_t moe_s;      /* MoE block scratch (MoE targets only) */
     /* i32 backend */
     int32_t *d_ids, *d_pos, *d_cu, *d_cs, *d_cl, *d_gather;
     /* host scratch */
@@ -170,6 +173,60 @@ static int load_tensor(target_t *t, src_t *s, const char *hf, const char *gg, in
     return 0;
 }
 
+/* Layer l's MoE block. Expert layouts accepted:
+ *   HF per-expert  model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight (Fm,D) (D,Fm):
+ *                  the Hub checkpoints (Qwen/Qwen3-30B-A3B, ...) and what transformers 5.24's
+ *                  save_pretrained writes (it converts its fused in-memory layout back);
+ *   HF fused       model.layers.L.mlp.experts.gate_up_proj (E, 2Fm, D) (gate rows first) and
+ *                  experts.down_proj (E, D, Fm): transformers 5's Qwen3MoeExperts parameters;
+ *   GGUF qwen3moe  blk.L.ffn_{gate,up,down}_exps.weight, ggml ne [D, Fm, E], [D, Fm, E],
+ *                  [Fm, D, E] (convert_hf_to_gguf.py stacks the experts on a new dim 0).
+ * The router is model.layers.L.mlp.gate.weight (E, D) / blk.L.ffn_gate_inp.weight. */
+static int load_moe_layer(target_t *t, src_t *s, int l, target_moe_t *y) {
+    const model_config_t *m = &t->cfg;
+    int D = m->D, E = m->n_experts, Fm = m->moe_F, rc;
+    char nm[160];
+    DL_TRY(target_moe__alloc(y, E));
+    DL_TRY(load_tensor(t, s, "model.layers.%d.mlp.gate.weight", "blk.%d.ffn_gate_inp.weight", l, E, D, 0,
+                       0, &y->router));
+    if (s->g) {
+        static const char *gg[3] = {"gate", "up", "down"};
+        for (int i = 0; i < 3; i++) {
+            snprintf(nm, sizeof nm, "blk.%d.ffn_%s_exps.weight", l, gg[i]);
+            rc = target_moe__load_stacked(t->c, s->g, NULL, s->path, nm, E, i < 2 ? Fm : D,
+                                          i < 2 ? D : Fm, &y->stack[i], &t->weight_bytes);
+            if (rc < 0) return rc;
+            if (rc == 0) return dl_seterr(DL_EFORMAT, "%s: tensor '%s' missing", s->path, nm);
+        }
+        target_moe__point_stacked(y, E, Fm, D, t->ab, 0);
+        return 0;
+    }
+    snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.gate_up_proj", l);
+    rc = target_moe__load_stacked(t->c, NULL, s->st, s->path, nm, E, 2 * Fm, D, &y->stack[0],
+                                  &t->weight_bytes);
+    if (rc < 0) return rc;
+    if (rc == 1) {
+        snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.down_proj", l);
+        rc = target_moe__load_stacked(t->c, NULL, s->st, s->path, nm, E, D, Fm, &y->stack[2],
+                                      &t->weight_bytes);
+        if (rc < 0) return rc;
+        if (rc == 0) return dl_seterr(DL_EFORMAT, "%s: tensor '%s' missing", s->path, nm);
+        target_moe__point_stacked(y, E, Fm, D, t->ab, 1);
+        return 0;
+    }
+    y->per_expert = 1;
+    for (int e = 0; e < E; e++) {
+        char fg[128], fu[128], fd[128];
+        snprintf(fg, sizeof fg, "model.layers.%%d.mlp.experts.%d.gate_proj.weight", e);
+        snprintf(fu, sizeof fu, "model.layers.%%d.mlp.experts.%d.up_proj.weight", e);
+        snprintf(fd, sizeof fd, "model.layers.%%d.mlp.experts.%d.down_proj.weight", e);
+        DL_TRY(load_tensor(t, s, fg, fg, l, Fm, D, 0, 0, &y->wg[e]));
+        DL_TRY(load_tensor(t, s, fu, fu, l, Fm, D, 0, 0, &y->wu[e]));
+        DL_TRY(load_tensor(t, s, fd, fd, l, D, Fm, 0, 0, &y->wd[e]));
+    }
+    return 0;
+}
+
 static int load_weights(target_t *t, src_t *s) {
     const model_config_t *m = &t->cfg;
     int D = m->D, qd = m->H * m->hd, kd = m->Hkv * m->hd, F = m->F;
@@ -199,6 +256,10 @@ static int load_weights(target_t *t, src_t *s) {
             DL_TRY(load_tensor(t, s, P "self_attn.k_norm.weight", G "attn_k_norm.weight", l, m->hd, 0, 0, 0, &y->k_norm));
         }
         DL_TRY(load_tensor(t, s, P "post_attention_layernorm.weight", G "ffn_norm.weight", l, D, 0, 0, 0, &y->mlp_norm));
+        if (model_config_layer_moe(m, l)) {
+            DL_TRY(load_moe_layer(t, s, l, &y->moe));
+            continue;
+        }
         DL_TRY(load_tensor(t, s, P "mlp.gate_proj.weight", G "ffn_gate.weight", l, F, D, 0, 0, &y->wg));
         DL_TRY(load_tensor(t, s, P "mlp.up_proj.weight", G "ffn_up.weight", l, F, D, 0, 0, &y->wu));
         DL_TRY(load_tensor(t, s, P "mlp.down_proj.weight", G "ffn_down.weight", l, D, F, 0, 0, &y->wd));
@@ -238,12 +299,15 @@ static int alloc_acts(target_t *t) {
     const model_config_t *m = &t->cfg;
     size_t T = (size_t)t->opts.max_tokens, qd = (size_t)m->H * m->hd, kd = (size_t)m->Hkv * m->hd;
     t->mlp_chunk = t->opts.max_tokens < TARGET_MLP_CHUNK ? t->opts.max_tokens : TARGET_MLP_CHUNK;
+    /* an MoE chunk holds k routed rows of Fm per token; dense layers need F */
+    size_t mlp_w = (size_t)m->F;
+    if (m->n_experts > 0 && (size_t)m->top_k * m->moe_F > mlp_w) mlp_w = (size_t)m->top_k * m->moe_F;
     struct { void **p; size_t bytes; } a[] = {
         {&t->x, T * m->D * t->ab}, {&t->xn, T * m->D * t->ab}, {&t->q, T * qd * t->ab},
         {&t->k, T * kd * t->ab}, {&t->v, T * kd * t->ab}, {&t->att, T * qd * t->ab},
         {&t->qn, m->qk_norm ? T * qd * t->ab : 0}, {&t->kn, m->qk_norm ? T * kd * t->ab : 0},
-        {&t->gate, (size_t)t->mlp_chunk * m->F * t->ab}, {&t->up, (size_t)t->mlp_chunk * m->F * t->ab},
-        {&t->hmlp, (size_t)t->mlp_chunk * m->F * t->ab},
+        {&t->gate, (size_t)t->mlp_chunk * mlp_w * t->ab}, {&t->up, (size_t)t->mlp_chunk * mlp_w * t->ab},
+        {&t->hmlp, (size_t)t->mlp_chunk * mlp_w * t->ab},
         {(void **)&t->d_ids, T * 4}, {(void **)&t->d_pos, T * 4},
         {(void **)&t->d_cu, ((size_t)t->opts.max_seqs + 1) * 4},
         {(void **)&t->d_cs, T * 4}, {(void **)&t->d_cl, T * 4}, {(void **)&t->d_gather, T * 4},
@@ -256,6 +320,8 @@ static int alloc_acts(target_t *t) {
                              "backend (lower --token-budget; max_tokens %zu)", a[i].bytes,
                              c->impl->name, T);
     }
+    if (m->n_experts > 0 && !t->opts.embed_only)
+        DL_TRY(target_moe__scratch_new(c, m, t->mlp_chunk, &t->moe_s));
     t->h_pos = malloc(T * 4);
     t->h_cs = malloc(T * 4);
     t->h_cl = malloc(T * 4);
@@ -328,8 +394,10 @@ void target_destroy(target_t **tp) {
             void *ps[] = {y->attn_norm, y->wq, y->wk, y->wv, y->wo, y->bq, y->bk, y->bv, y->bo,
                           y->q_norm, y->k_norm, y->mlp_norm, y->wg, y->wu, y->wd, y->bg, y->bu, y->bd};
             for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) FREE(ps[i]);
+            target_moe__free(c, &y->moe, t->cfg.n_experts);
         }
     }
+    target_moe__scratch_free(c, &t->moe_s);
     void *as[] = {t->x, t->xn, t->q, t->k, t->v, t->att, t->qn, t->kn, t->gate, t->up, t->hmlp,
                   t->d_ids, t->d_pos, t->d_cu, t->d_cs, t->d_cl, t->d_gather};
     for (size_t i = 0; i < sizeof as / sizeof as[0]; i++) FREE(as[i]);
@@ -411,9 +479,14 @@ static void layer_forward(target_t *t, int l, int T, const int32_t *pos, const a
     o->add(c, t->x, t->x, t->xn, (size_t)T * D);
 
     o->rmsnorm_forward(c, t->xn, NULL, t->x, y->mlp_norm, m->eps, T, D);
+    int moe = model_config_layer_moe(m, l);
     for (int r0 = 0; r0 < T; r0 += t->mlp_chunk) {
         int n = T - r0 < t->mlp_chunk ? T - r0 : t->mlp_chunk;
         void *xin = act_at(t, t->xn, (size_t)r0 * D);
+        if (moe) {   /* writes the block's output over this chunk of xn, as the dense path */
+            target_moe__forward(c, m, &y->moe, &t->moe_s, t->gate, t->up, t->hmlp, xin, xin, n);
+            continue;
+        }
         o->matmul_forward(c, t->gate, xin, y->wg, y->bg, n, D, m->F);
         o->matmul_forward(c, t->up, xin, y->wu, y->bu, n, D, m->F);
         o->swiglu_forward(c, t->hmlp, t->gate, t->up, (size_t)n * m->F);

@@ -177,6 +177,31 @@ struct ops_impl {
      * (Optimizer helper; common/ops/cpu/add.c.) */
     void (*f32_add_scale)(const ops_ctx_t *c, float *out, const float *a, const float *b,
                           float scale, size_t n);
+
+    /* ---- Mixture of experts (target MoE layers: transformers Qwen3MoeSparseMoeBlock).
+     * Letters: E experts, k experts per token (top-k), R = T*k routed rows. A layer runs
+     * route -> permute -> gather (embedding_forward with tok as ids) -> per expert e one
+     * GEMM chain on its rows [offsets[e], offsets[e+1]) -> combine. (common/ops/cpu/moe.c) */
+
+    /* Router: p = softmax(logits[t]) in f32 over E, then the k largest p in descending
+     * order: idx (T,k) i32 expert ids, w (T,k) f32 their p, divided by their sum when norm
+     * (norm_topk_prob). logits (T,E) act. Ties: the lower expert id first (torch.topk on
+     * CPU orders ties by its libstdc++ partial sort, which no simple rule reproduces; exact
+     * ties in p need identical router logits). 1 <= k <= E. */
+    void (*moe_route)(const ops_ctx_t *c, int32_t *idx, float *w, const void *logits, int T,
+                      int E, int k, int norm);
+    /* Counting sort of the R = T*k routed entries by expert, stable by entry (i = t*k + j,
+     * so by token): offsets (E+1) i32 prefix sums of the per-expert counts (offsets[0] = 0,
+     * offsets[E] = R); tok (R) i32: tok[r] = token of sorted row r; inv (R) i32: inv[i] =
+     * sorted row of entry i. idx (T,k) i32 from moe_route (each in [0, E)). */
+    void (*moe_permute)(const ops_ctx_t *c, int32_t *offsets, int32_t *tok, int32_t *inv,
+                        const int32_t *idx, int T, int E, int k);
+    /* Weighted scatter-add back to tokens, written as a gather so it is deterministic:
+     * out[t] (D) act = sum over j < k, in j order, of w[t*k+j] * y[inv[t*k+j]], summed in
+     * f32 (ASSIGNED). y (R,D) act the experts' outputs in sorted order; inv (R) i32, w (R)
+     * f32 from moe_permute / moe_route. out must not alias y. */
+    void (*moe_combine)(const ops_ctx_t *c, void *out, const void *y, const int32_t *inv,
+                        const float *w, int T, int k, int D);
 };
 
 /* Backend constructors. ops_cpu_init never fails. ops_cuda_init selects the device,

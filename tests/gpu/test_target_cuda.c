@@ -1,8 +1,12 @@
 /* common/model/target on the CUDA backend (bf16 weights and activations, fp32
  * accumulation) held against the CPU backend (fp32, itself held to Hugging Face
  * transformers within 1e-4 by tests/unit/test_target.c) on the committed parity
- * fixtures tests/fixtures/target/{llama_untied,qwen2_tied,qwen3_untied,qwen3_tied}
- * (packed batch of 3 sequences; tests/fixtures/target/make_fixtures.py).
+ * fixtures tests/fixtures/target/{llama_untied,qwen2_tied,qwen3_untied,qwen3_tied,qwen3_moe}
+ * (packed batch of 3 sequences; tests/fixtures/target/make_fixtures.py). qwen3_moe: the
+ * same tolerances; a router near-tie rounded differently in bf16 could pick another expert
+ * for a token (as HF in bf16 would): the printed per-layer errors show it. The MoE ops
+ * (moe_route, moe_permute: exact; moe_combine: bf16) are also held to the CPU directly on
+ * random routings of 3000 tokens over 128 experts, top-8, with forced ties.
  *
  * Metrics per tensor (b = CPU fp32 reference, a = CUDA):
  *   max_rel  = max_i |a_i - b_i| / max_i |b_i|
@@ -184,6 +188,58 @@ static void test_llama_untied(void **s) { (void)s; check_family("llama_untied");
 static void test_qwen2_tied(void **s) { (void)s; check_family("qwen2_tied"); }
 static void test_qwen3_untied(void **s) { (void)s; check_family("qwen3_untied"); }
 static void test_qwen3_tied(void **s) { (void)s; check_family("qwen3_tied"); }
+static void test_qwen3_moe(void **s) { (void)s; check_family("qwen3_moe"); }
+
+/* moe_route / moe_permute identical on CUDA and CPU (logits exactly representable in bf16,
+ * every 7th token all-equal: a forced tie), moe_combine within bf16 rounding. */
+static void test_moe_ops(void **s) {
+    (void)s;
+    enum { T = 3000, E = 128, K = 8, D = 96 };
+    const ops_impl_t *oc = g_cpu.impl, *og = g_gpu.impl;
+    float *lg = malloc((size_t)T * E * 4), *y = malloc((size_t)T * K * D * 4);
+    srand(7);
+    for (int t = 0; t < T; t++)
+        for (int e = 0; e < E; e++)
+            lg[(size_t)t * E + e] = t % 7 == 0 ? 0.5f : (float)(rand() % 64 - 32) / 16.0f;
+    for (size_t i = 0; i < (size_t)T * K * D; i++) y[i] = (float)(rand() % 256 - 128) / 64.0f;
+    int32_t *ic = malloc(T * K * 4), *ig = malloc(T * K * 4), *offc = malloc((E + 1) * 4),
+            *offg = malloc((E + 1) * 4), *tc = malloc(T * K * 4), *tg = malloc(T * K * 4),
+            *vc = malloc(T * K * 4), *vg = malloc(T * K * 4);
+    float *wc = malloc(T * K * 4), *wg = malloc(T * K * 4), *outc = malloc((size_t)T * D * 4),
+          *outg = malloc((size_t)T * D * 4);
+    oc->moe_route(&g_cpu, ic, wc, lg, T, E, K, 1);
+    oc->moe_permute(&g_cpu, offc, tc, vc, ic, T, E, K);
+    oc->moe_combine(&g_cpu, outc, y, vc, wc, T, K, D);
+    void *dl = og->malloc_(&g_gpu, (size_t)T * E * 2), *dy = og->malloc_(&g_gpu, (size_t)T * K * D * 2);
+    void *dout = og->malloc_(&g_gpu, (size_t)T * D * 2);
+    int32_t *di = og->malloc_(&g_gpu, T * K * 4), *doff = og->malloc_(&g_gpu, (E + 1) * 4),
+            *dt = og->malloc_(&g_gpu, T * K * 4), *dv = og->malloc_(&g_gpu, T * K * 4);
+    float *dw = og->malloc_(&g_gpu, T * K * 4);
+    og->upload_act(&g_gpu, dl, lg, (size_t)T * E);
+    og->upload_act(&g_gpu, dy, y, (size_t)T * K * D);
+    og->moe_route(&g_gpu, di, dw, dl, T, E, K, 1);
+    og->moe_permute(&g_gpu, doff, dt, dv, di, T, E, K);
+    og->moe_combine(&g_gpu, dout, dy, dv, dw, T, K, D);
+    og->download(&g_gpu, ig, di, T * K * 4);
+    og->download(&g_gpu, wg, dw, T * K * 4);
+    og->download(&g_gpu, offg, doff, (E + 1) * 4);
+    og->download(&g_gpu, tg, dt, T * K * 4);
+    og->download(&g_gpu, vg, dv, T * K * 4);
+    og->download_act(&g_gpu, outg, dout, (size_t)T * D);
+    assert_memory_equal(ig, ic, T * K * 4);
+    assert_memory_equal(offg, offc, (E + 1) * 4);
+    assert_memory_equal(tg, tc, T * K * 4);
+    assert_memory_equal(vg, vc, T * K * 4);
+    double mw = 0;
+    for (int i = 0; i < T * K; i++) mw = fmax(mw, fabs((double)wg[i] - wc[i]));
+    printf("  moe ops: ids, offsets, permutation identical; max |w diff| %.2e\n", mw);
+    assert_true(mw < 1e-6);
+    check("moe_combine", "out", -1, outg, outc, (size_t)T * D);
+    og->free_(&g_gpu, dl), og->free_(&g_gpu, dy), og->free_(&g_gpu, dout), og->free_(&g_gpu, di);
+    og->free_(&g_gpu, doff), og->free_(&g_gpu, dt), og->free_(&g_gpu, dv), og->free_(&g_gpu, dw);
+    free(lg), free(y), free(ic), free(ig), free(offc), free(offg), free(tc), free(tg), free(vc);
+    free(vg), free(wc), free(wg), free(outc), free(outg);
+}
 
 /* Packed forward of the same sequences in one batch or each alone gives the same
  * rows on CUDA within bf16 noise (GEMM tiling differs with T): catches varlen
@@ -276,6 +332,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama_untied),   cmocka_unit_test(test_qwen2_tied),
         cmocka_unit_test(test_qwen3_untied),   cmocka_unit_test(test_qwen3_tied),
+        cmocka_unit_test(test_qwen3_moe),      cmocka_unit_test(test_moe_ops),
         cmocka_unit_test(test_packed_equals_alone), cmocka_unit_test(test_smollm2_generate),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);

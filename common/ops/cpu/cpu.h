@@ -89,5 +89,12 @@ void ops_cpu_sumsq(const ops_ctx_t *c, float *out, const float *x, size_t n, int
 void ops_cpu_adamw(const ops_ctx_t *c, float *master, void *work, const float *grad, float *m,
                    float *v, size_t n, float lr, float b1, float b2, float eps, float wd, int t,
                    const float *norm_sq, float max_norm);
+/* moe.c (target MoE layers) */
+void ops_cpu_moe_route(const ops_ctx_t *c, int32_t *idx, float *w, const void *logits, int T,
+                       int E, int k, int norm);
+void ops_cpu_moe_permute(const ops_ctx_t *c, int32_t *offsets, int32_t *tok, int32_t *inv,
+                         const int32_t *idx, int T, int E, int k);
+void ops_cpu_moe_combine(const ops_ctx_t *c, void *out, const void *y, const int32_t *inv,
+                         const float *w, int T, int k, int D);
 
 #endif

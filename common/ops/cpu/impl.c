@@ -33,4 +33,7 @@ const ops_impl_t ops_cpu_impl = {
     .sumsq = ops_cpu_sumsq,
     .adamw = ops_cpu_adamw,
     .f32_add_scale = ops_cpu_f32_add_scale,
+    .moe_route = ops_cpu_moe_route,
+    .moe_permute = ops_cpu_moe_permute,
+    .moe_combine = ops_cpu_moe_combine,
 };

@@ -99,6 +99,13 @@ void cuda_f32_add_scale(const ops_ctx_t *c, float *out, const float *a, const fl
 void cuda_adamw(const ops_ctx_t *c, float *master, void *work, const float *grad, float *m,
                 float *v, size_t n, float lr, float b1, float b2, float eps, float wd, int t,
                 const float *norm_sq, float max_norm);
+// moe.cu (target MoE layers)
+void cuda_moe_route(const ops_ctx_t *c, int32_t *idx, float *w, const void *logits, int T, int E,
+                    int k, int norm);
+void cuda_moe_permute(const ops_ctx_t *c, int32_t *offsets, int32_t *tok, int32_t *inv,
+                      const int32_t *idx, int T, int E, int k);
+void cuda_moe_combine(const ops_ctx_t *c, void *out, const void *y, const int32_t *inv,
+                      const float *w, int T, int k, int D);
 
 // ---- device helpers ----
 __device__ __forceinline__ float warp_sum(float v) {

@@ -255,6 +255,9 @@ static const ops_impl_t cuda_impl_template = {
     cuda_adamw,
     cuda_copy2d,
     cuda_f32_add_scale,
+    cuda_moe_route,
+    cuda_moe_permute,
+    cuda_moe_combine,
 };
 
 #define INIT_TRY(call)                                                                     \

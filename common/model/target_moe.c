@@ -1,0 +1,146 @@
+/* The sparse MoE block of a Qwen3-MoE target layer: stacked expert loading and the grouped
+ * forward. See target_moe.h. */
+#include "common/model/target_moe.h"
+
+#include "common/base/err.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int target_moe__load_stacked(const ops_ctx_t *c, gguf_t *g, safetensors_t *st, const char *path,
+                             const char *name, int E, int rows, int cols, void **dst,
+                             size_t *bytes) {
+    *dst = NULL;
+    size_t n = (size_t)E * rows * cols;
+    float *tmp = NULL;
+    int rc;
+    if (g) {
+        const gguf_tensor_t *gt = gguf_find_tensor(g, name);
+        if (!gt) return 0;
+        if (gt->n_dims != 3 || gt->ne[0] != (uint64_t)cols || gt->ne[1] != (uint64_t)rows ||
+            gt->ne[2] != (uint64_t)E)
+            return dl_seterr(DL_EFORMAT, "%s: tensor '%s': ggml shape [%llu, %llu, %llu] (%u dims), "
+                             "expected [%d, %d, %d]", path, name, (unsigned long long)gt->ne[0],
+                             (unsigned long long)gt->ne[1], (unsigned long long)gt->ne[2],
+                             gt->n_dims, cols, rows, E);
+        if (!(tmp = malloc(n * sizeof *tmp))) goto oom;
+        rc = gguf_dequantize(gt, tmp);
+    } else {
+        const st_tensor_t *t = safetensors_find(st, name);
+        if (!t) return 0;
+        if (t->n_dims != 3 || t->shape[0] != E || t->shape[1] != rows || t->shape[2] != cols)
+            return dl_seterr(DL_EFORMAT, "%s: tensor '%s': %d dims, expected (%d, %d, %d)", path, name,
+                             t->n_dims, E, rows, cols);
+        if (!(tmp = malloc(n * sizeof *tmp))) goto oom;
+        rc = st_tensor_to_f32(t, tmp);
+    }
+    if (rc < 0) {
+        free(tmp);
+        return dl_wraperr(rc, "%s", path);
+    }
+    size_t b = n * ops_act_bytes(c);
+    *dst = c->impl->malloc_(c, b);
+    if (!*dst) {
+        free(tmp);
+        return dl_seterr(DL_ENOMEM, "%s: tensor '%s': cannot allocate %zu bytes on the %s backend", path,
+                         name, b, c->impl->name);
+    }
+    c->impl->upload_act(c, *dst, tmp, n);
+    free(tmp);
+    *bytes += b;
+    return 1;
+oom:
+    return dl_seterr(DL_ENOMEM, "%s: tensor '%s': no host memory for %zu elements", path, name, n);
+}
+
+void target_moe__point_stacked(target_moe_t *y, int E, int Fm, int D, size_t ab, int fused) {
+    size_t mat = (size_t)Fm * D * ab;   /* bytes of one (Fm, D) or (D, Fm) matrix */
+    for (int e = 0; e < E; e++) {
+        if (fused) {
+            y->wg[e] = (char *)y->stack[0] + 2 * mat * e;
+            y->wu[e] = (char *)y->wg[e] + mat;
+        } else {
+            y->wg[e] = (char *)y->stack[0] + mat * e;
+            y->wu[e] = (char *)y->stack[1] + mat * e;
+        }
+        y->wd[e] = (char *)y->stack[2] + mat * e;
+    }
+}
+
+int target_moe__alloc(target_moe_t *y, int E) {
+    y->wg = calloc((size_t)E, sizeof *y->wg);
+    y->wu = calloc((size_t)E, sizeof *y->wu);
+    y->wd = calloc((size_t)E, sizeof *y->wd);
+    if (!y->wg || !y->wu || !y->wd) return dl_seterr(DL_ENOMEM, "target: out of memory (experts)");
+    return 0;
+}
+
+void target_moe__free(const ops_ctx_t *c, target_moe_t *y, int E) {
+    if (y->router) c->impl->free_(c, y->router);
+    for (int i = 0; i < 3; i++)
+        if (y->stack[i]) c->impl->free_(c, y->stack[i]);
+    if (y->per_expert)
+        for (int e = 0; e < E; e++) {
+            void *ps[] = {y->wg ? y->wg[e] : NULL, y->wu ? y->wu[e] : NULL, y->wd ? y->wd[e] : NULL};
+            for (int i = 0; i < 3; i++)
+                if (ps[i]) c->impl->free_(c, ps[i]);
+        }
+    free(y->wg);
+    free(y->wu);
+    free(y->wd);
+    memset(y, 0, sizeof *y);
+}
+
+int target_moe__scratch_new(const ops_ctx_t *c, const model_config_t *m, int chunk,
+                            target_moe_scratch_t *s) {
+    memset(s, 0, sizeof *s);
+    size_t R = (size_t)chunk * m->top_k, E = (size_t)m->n_experts;
+    struct { void **p; size_t bytes; } a[] = {
+        {&s->rlog, (size_t)chunk * E * ops_act_bytes(c)}, {(void **)&s->idx, R * 4},
+        {(void **)&s->off, (E + 1) * 4}, {(void **)&s->tok, R * 4}, {(void **)&s->inv, R * 4},
+        {(void **)&s->w, R * 4}, {&s->xs, R * m->D * ops_act_bytes(c)},
+    };
+    for (size_t i = 0; i < sizeof a / sizeof a[0]; i++)
+        if (!(*a[i].p = c->impl->malloc_(c, a[i].bytes)))
+            return dl_seterr(DL_ENOMEM, "target: cannot allocate %zu bytes of MoE activations on the "
+                             "%s backend (lower --token-budget)", a[i].bytes, c->impl->name);
+    if (!(s->off_h = malloc((E + 1) * 4))) return dl_seterr(DL_ENOMEM, "target: out of memory");
+    return 0;
+}
+
+void target_moe__scratch_free(const ops_ctx_t *c, target_moe_scratch_t *s) {
+    void *ps[] = {s->rlog, s->idx, s->off, s->tok, s->inv, s->w, s->xs};
+    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
+        if (ps[i]) c->impl->free_(c, ps[i]);
+    free(s->off_h);
+    memset(s, 0, sizeof *s);
+}
+
+void target_moe__forward(const ops_ctx_t *c, const model_config_t *m, const target_moe_t *y,
+                         target_moe_scratch_t *s, void *gate, void *up, void *h, void *out,
+                         const void *xin, int n) {
+    const ops_impl_t *o = c->impl;
+    int D = m->D, E = m->n_experts, k = m->top_k, Fm = m->moe_F, R = n * k;
+    size_t ab = ops_act_bytes(c);
+    o->matmul_forward(c, s->rlog, xin, y->router, NULL, n, D, E);
+    o->moe_route(c, s->idx, s->w, s->rlog, n, E, k, m->norm_topk);
+    o->moe_permute(c, s->off, s->tok, s->inv, s->idx, n, E, k);
+    o->embedding_forward(c, s->xs, s->tok, xin, R, D);   /* gather: row r = xin[tok[r]] */
+    o->download(c, s->off_h, s->off, (size_t)(E + 1) * 4);
+    for (int e = 0; e < E; e++) {
+        int r0 = s->off_h[e], M = s->off_h[e + 1] - r0;
+        if (M == 0) continue;   /* no padding: an expert sees only its rows */
+        const void *xe = (const char *)s->xs + (size_t)r0 * D * ab;
+        o->matmul_forward(c, (char *)gate + (size_t)r0 * Fm * ab, xe, y->wg[e], NULL, M, D, Fm);
+        o->matmul_forward(c, (char *)up + (size_t)r0 * Fm * ab, xe, y->wu[e], NULL, M, D, Fm);
+    }
+    o->swiglu_forward(c, h, gate, up, (size_t)R * Fm);
+    for (int e = 0; e < E; e++) {
+        int r0 = s->off_h[e], M = s->off_h[e + 1] - r0;
+        if (M == 0) continue;
+        /* the expert's output overwrites its own gathered rows, no longer needed */
+        o->matmul_forward(c, (char *)s->xs + (size_t)r0 * D * ab, (const char *)h + (size_t)r0 * Fm * ab,
+                          y->wd[e], NULL, M, Fm, D);
+    }
+    o->moe_combine(c, out, s->xs, s->inv, s->w, n, k, D);
+}

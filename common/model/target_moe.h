@@ -1,0 +1,64 @@
+/* Internal to the target (common/model/target.c, target_moe.c): the sparse MoE block of a
+ * Qwen3-MoE decoder layer (transformers modeling_qwen3_moe.py Qwen3MoeSparseMoeBlock):
+ *   p = softmax(xn . router^T) (T, E);  top-k experts per token (moe_route);
+ *   out[t] = sum_j w[t,j] * down_e(silu(gate_e(xn[t])) * up_e(xn[t])),  e = idx[t,j]
+ * run as grouped GEMMs: tokens sorted by expert (moe_permute), gathered, one GEMM per
+ * expert over its M_e rows, combined back weighted (moe_combine). Not a public header. */
+#ifndef DL_MODEL_TARGET_MOE_H
+#define DL_MODEL_TARGET_MOE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/format/gguf.h"
+#include "common/format/safetensors.h"
+#include "common/model/config.h"
+#include "common/ops/ops.h"
+
+/* One MoE layer's weights, act on the backend. wg/wu/wd hold E pointers each, to expert
+ * e's (Fm, D), (Fm, D), (D, Fm) matrices: separate buffers (HF per-expert tensors) or
+ * slices of the stacked buffers in stack[] (GGUF *_exps, HF fused experts.gate_up_proj). */
+typedef struct {
+    void *router;            /* (E, D) mlp.gate.weight */
+    void **wg, **wu, **wd;   /* (E) pointers */
+    void *stack[3];          /* owned stacked buffers (NULL when per-expert) */
+    int per_expert;          /* 1: every wg/wu/wd[e] is its own buffer */
+} target_moe_t;
+
+/* Scratch of the MoE block for chunks of up to `chunk` tokens (backend unless _h). */
+typedef struct {
+    void *rlog;              /* (chunk, E) act router logits */
+    int32_t *idx, *off, *tok, *inv;  /* (chunk*k), (E+1), (chunk*k), (chunk*k) i32 */
+    float *w;                /* (chunk*k) f32 routing weights */
+    void *xs;                /* (chunk*k, D) act gathered rows, then the experts' outputs */
+    int32_t *off_h;          /* (E+1) host copy of off */
+} target_moe_scratch_t;
+
+/* Loads a stacked expert tensor of (E, rows, cols) act (HF: that shape; GGUF: ggml ne
+ * [cols, rows, E]) from g (GGUF) or st (safetensors) into a new backend buffer *dst.
+ * Returns 1 when loaded, 0 when the tensor is absent (*dst NULL), DL_EFORMAT (shape),
+ * DL_ENOMEM. *bytes += backend bytes. */
+int target_moe__load_stacked(const ops_ctx_t *c, gguf_t *g, safetensors_t *st, const char *path,
+                             const char *name, int E, int rows, int cols, void **dst,
+                             size_t *bytes);
+/* Points y->wg/wu/wd[e] into y->stack[]: gate_up fused = 1 means stack[0] is (E, 2Fm, D)
+ * with gate rows first (HF Qwen3MoeExperts.gate_up_proj, chunk(2) order) and stack[1]
+ * unused; else stack[0], stack[1] are (E, Fm, D) gate, up. stack[2] is (E, D, Fm) down. */
+void target_moe__point_stacked(target_moe_t *y, int E, int Fm, int D, size_t ab, int fused);
+/* Allocates y's pointer arrays (E each). DL_ENOMEM. */
+int target_moe__alloc(target_moe_t *y, int E);
+/* Frees y's buffers on c and its arrays. */
+void target_moe__free(const ops_ctx_t *c, target_moe_t *y, int E);
+
+int target_moe__scratch_new(const ops_ctx_t *c, const model_config_t *m, int chunk,
+                            target_moe_scratch_t *s);
+void target_moe__scratch_free(const ops_ctx_t *c, target_moe_scratch_t *s);
+
+/* out (n, D) act = the MoE block of xin (n, D) act; n <= chunk. gate, up, h: (chunk*k*Fm)
+ * act scratch. out may alias xin. One download of the expert offsets per call (the host
+ * sizes the per-expert GEMMs): synchronises the stream on CUDA. */
+void target_moe__forward(const ops_ctx_t *c, const model_config_t *m, const target_moe_t *y,
+                         target_moe_scratch_t *s, void *gate, void *up, void *h, void *out,
+                         const void *xin, int n);
+
+#endif

@@ -1,0 +1,303 @@
+/* Qwen3-MoE targets (common/model/target_moe.c, the moe_* ops): parity with Hugging Face
+ * transformers on the tiny random-init qwen3_moe fixture (tests/fixtures/target/
+ * make_fixtures.py: 6 layers, MoE at 1 and 5, dense at 0/2/4 by decoder_sparse_step and at
+ * 3 by mlp_only_layers), the same weights as GGUF (make_gguf_moe.py), greedy decoding
+ * through the KV cache token for token, and the routing ops on hand-made cases (ties).
+ *
+ * Metric as test_target.c: err = max|a - b| / max|b| (b = HF) <= 1e-4 in fp32. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/base/err.h"
+#include "common/format/safetensors.h"
+#include "common/model/config.h"
+#include "common/model/mkmodel.h"
+#include "common/model/target.h"
+#include "common/ops/ops.h"
+
+#define TOL 1e-4
+
+static const char *fixtures_dir(void) {
+    const char *d = getenv("DL_FIXTURES_DIR");
+    return d ? d : "tests/fixtures";
+}
+
+static double rel_err(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (!(d <= num)) num = d;
+        if (fabs(b[i]) > den) den = fabs(b[i]);
+    }
+    return den > 0 ? num / den : num;
+}
+
+static float *expected(safetensors_t *e, const char *name, size_t *n) {
+    const st_tensor_t *t = safetensors_find(e, name);
+    if (!t) fail_msg("expected tensor %s missing", name);
+    float *x = malloc(st_tensor_nelem(t) * sizeof *x);
+    assert_int_equal(st_tensor_to_f32(t, x), 0);
+    if (n) *n = st_tensor_nelem(t);
+    return x;
+}
+
+static void path_of(char *out, size_t cap, const char *rel) {
+    snprintf(out, cap, "%s/target/%s", fixtures_dir(), rel);
+}
+
+static void test_config(void **s) {
+    (void)s;
+    char dir[512];
+    path_of(dir, sizeof dir, "qwen3_moe");
+    model_config_t c;
+    assert_int_equal(model_config_from_hf_dir(dir, &c), 0);
+    assert_int_equal(c.family, MODEL_QWEN3);
+    assert_int_equal(c.qk_norm, 1);
+    assert_int_equal(c.n_experts, 6);   /* transformers 5.24 writes num_local_experts */
+    assert_int_equal(c.top_k, 2);
+    assert_int_equal(c.moe_F, 40);
+    assert_int_equal(c.norm_topk, 1);
+    int want[6] = {0, 1, 0, 0, 0, 1};
+    for (int l = 0; l < 6; l++) assert_int_equal(model_config_layer_moe(&c, l), want[l]);
+    /* transformers: sum of numel of Qwen3MoeForCausalLM's parameters (tied) */
+    assert_int_equal(model_config_n_params(&c), 325056);
+    assert_int_equal(model_config_n_active_params(&c), 325056 - 2 * 4 * 3 * 72 * 40);
+    /* to_json round trip keeps the sparse layers (as mlp_only_layers with step 1) */
+    char *j = model_config_to_json(&c);
+    model_config_t r;
+    assert_int_equal(model_config_from_json(j, "rt", &r), 0);
+    free(j);
+    assert_int_equal(r.n_experts, 6);
+    assert_memory_equal(r.moe_layers, c.moe_layers, sizeof c.moe_layers);
+    /* the GGUF finds the same layers from its tensors */
+    char gp[512];
+    path_of(gp, sizeof gp, "qwen3_moe.gguf");
+    gguf_t *g = NULL;
+    assert_int_equal(gguf_open(gp, &g), 0);
+    model_config_t cg;
+    assert_int_equal(model_config_from_gguf(g, &cg), 0);
+    gguf_close(&g);
+    assert_int_equal(cg.n_experts, 6);
+    assert_int_equal(cg.top_k, 2);
+    assert_int_equal(cg.moe_F, 40);
+    assert_int_equal(cg.norm_topk, 1);
+    assert_int_equal(cg.F, 100);
+    assert_memory_equal(cg.moe_layers, c.moe_layers, sizeof c.moe_layers);
+    assert_int_equal(model_config_n_params(&cg), 325056);
+    /* errors */
+    const char *bad = "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"num_hidden_layers\":2,"
+                      "\"hidden_size\":8,\"num_attention_heads\":2,\"intermediate_size\":8,"
+                      "\"vocab_size\":8,\"num_experts\":4,\"num_experts_per_tok\":5,"
+                      "\"moe_intermediate_size\":4}";
+    assert_int_equal(model_config_from_json(bad, "bad", &r), DL_EFORMAT);
+}
+
+/* Loads path, runs the packed forward of the fixture batch capturing every layer, compares
+ * with HF; returns the logits (T, V) (malloc'd). */
+static float *check_forward(const char *path, safetensors_t *e) {
+    const st_tensor_t *tids = safetensors_find(e, "ids"), *tcu = safetensors_find(e, "cu_seqlens");
+    int T = (int)tids->shape[0], nseq = (int)tcu->shape[0] - 1;
+    ops_ctx_t c;
+    ops_cpu_init(&c, 0);
+    target_opts_t o = {.max_tokens = 64, .max_seqs = 4, .n_capture = 6};
+    for (int i = 0; i < 6; i++) o.capture_ids[i] = i;
+    target_t *t = NULL;
+    if (target_load(path, &c, &o, &t)) fail_msg("target_load %s: %s", path, dl_errmsg());
+    const model_config_t *m = target_config(t);
+    int D = m->D, L = m->L, V = m->V;
+    size_t nf = (size_t)T * L * D;
+    void *feat = c.impl->malloc_(&c, nf * 4), *hid = c.impl->malloc_(&c, (size_t)T * D * 4);
+    void *lg = c.impl->malloc_(&c, (size_t)T * V * 4);
+    assert_int_equal(target_forward_host(t, (const int32_t *)tids->data, NULL,
+                                         (const int32_t *)tcu->data, nseq, T, feat, hid), 0);
+    target_logits(t, lg, hid, T);
+    float *a = malloc(nf * 4), *ah = malloc((size_t)T * D * 4), *al = malloc((size_t)T * V * 4);
+    c.impl->download_act(&c, a, feat, nf);
+    c.impl->download_act(&c, ah, hid, (size_t)T * D);
+    c.impl->download_act(&c, al, lg, (size_t)T * V);
+    float *b = expected(e, "layers", NULL), *bh = expected(e, "hidden", NULL);
+    float *bl = expected(e, "logits", NULL);
+    float *ca = malloc((size_t)T * D * 4), *cb = malloc((size_t)T * D * 4);
+    for (int l = 0; l < L; l++) {
+        for (int r = 0; r < T; r++) {
+            memcpy(ca + (size_t)r * D, a + ((size_t)r * L + l) * D, D * 4);
+            memcpy(cb + (size_t)r * D, b + ((size_t)r * L + l) * D, D * 4);
+        }
+        double err = rel_err(ca, cb, (size_t)T * D);
+        printf("  %-40s layer %d (%s) err %.2e\n", path, l, model_config_layer_moe(m, l) ? "moe" : "dense", err);
+        assert_true(err <= TOL);
+    }
+    double eh = rel_err(ah, bh, (size_t)T * D), el = rel_err(al, bl, (size_t)T * V);
+    printf("  %-40s hidden err %.2e  logits err %.2e\n", path, eh, el);
+    assert_true(eh <= TOL);
+    assert_true(el <= TOL);
+    free(ca); free(cb); free(a); free(ah); free(b); free(bh); free(bl);
+    c.impl->free_(&c, feat);
+    c.impl->free_(&c, hid);
+    c.impl->free_(&c, lg);
+    target_destroy(&t);
+    ops_ctx_destroy(&c);
+    return al;
+}
+
+static void test_hf_and_gguf(void **s) {
+    (void)s;
+    char dir[512], gp[512], exp[600];
+    path_of(dir, sizeof dir, "qwen3_moe");
+    path_of(gp, sizeof gp, "qwen3_moe.gguf");
+    snprintf(exp, sizeof exp, "%s/expected.safetensors", dir);
+    safetensors_t *e = NULL;
+    assert_int_equal(safetensors_open(exp, &e), 0);
+    size_t n;
+    free(expected(e, "logits", &n));
+    float *lh = check_forward(dir, e), *lgg = check_forward(gp, e);
+    /* same BF16 weights either way: the same logits up to summation order */
+    double err = rel_err(lgg, lh, n);
+    printf("  GGUF vs HF dir logits err %.2e\n", err);
+    assert_true(err <= 1e-6);
+    free(lh);
+    free(lgg);
+    safetensors_close(&e);
+}
+
+static int argmax(const float *x, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Greedy decoding through the KV cache (prefill, then one token per step) gives HF's
+ * generate(do_sample=False) tokens. */
+static void test_greedy_kv(void **s) {
+    (void)s;
+    char dir[512], exp[600];
+    path_of(dir, sizeof dir, "qwen3_moe");
+    snprintf(exp, sizeof exp, "%s/expected.safetensors", dir);
+    safetensors_t *e = NULL;
+    assert_int_equal(safetensors_open(exp, &e), 0);
+    const st_tensor_t *tp = safetensors_find(e, "greedy_prompt"), *tg = safetensors_find(e, "greedy");
+    assert_non_null(tp);
+    assert_non_null(tg);
+    int np = (int)tp->shape[0], ng = (int)tg->shape[0];
+    const int32_t *want = (const int32_t *)tg->data;
+    ops_ctx_t c;
+    ops_cpu_init(&c, 0);
+    target_opts_t o = {.max_tokens = 64, .max_seqs = 2};
+    target_t *t = NULL;
+    assert_int_equal(target_load(dir, &c, &o, &t), 0);
+    int V = target_config(t)->V, D = target_config(t)->D;
+    target_kv_t *kv = NULL;
+    assert_int_equal(target_kv_new(t, 1, 64, &kv), 0);
+    void *lh = c.impl->malloc_(&c, (size_t)D * 4), *lg = c.impl->malloc_(&c, (size_t)V * 4);
+    float *l = malloc((size_t)V * 4);
+    int32_t slot = 0, start = 0, cu[2] = {0, np}, ids[64];
+    memcpy(ids, tp->data, (size_t)np * 4);
+    for (int i = 0; i < ng; i++) {
+        assert_int_equal(target_forward_kv(t, kv, &slot, &start, cu, 1, ids + start, cu[1], lh, NULL), 0);
+        target_logits(t, lg, lh, 1);
+        c.impl->download_act(&c, l, lg, (size_t)V);
+        start += cu[1];
+        ids[start] = argmax(l, V);
+        assert_int_equal(ids[start], want[i]);
+        cu[1] = 1;
+    }
+    free(l);
+    c.impl->free_(&c, lh);
+    c.impl->free_(&c, lg);
+    target_kv_destroy(&kv);
+    target_destroy(&t);
+    ops_ctx_destroy(&c);
+    safetensors_close(&e);
+}
+
+/* moe_route / moe_permute / moe_combine on hand-made values. */
+static void test_route_ops(void **s) {
+    (void)s;
+    ops_ctx_t c;
+    ops_cpu_init(&c, 1);
+    const ops_impl_t *o = c.impl;
+    /* token 0: a three-way tie at 0.3 -> ids 1, 2 (lower ids first); token 1: all equal ->
+     * 0, 1; token 2: distinct, descending order 3, 0 */
+    float lg[3 * 4] = {0.1f, 0.3f, 0.3f, 0.3f, 0, 0, 0, 0, 0.5f, -1.0f, 0.2f, 2.0f};
+    int32_t idx[6], off[5], tok[6], inv[6];
+    float w[6];
+    o->moe_route(&c, idx, w, lg, 3, 4, 2, 0);
+    int32_t want_idx[6] = {1, 2, 0, 1, 3, 0};
+    assert_memory_equal(idx, want_idx, sizeof want_idx);
+    assert_true(fabsf(w[2] - 0.25f) < 1e-7f && fabsf(w[3] - 0.25f) < 1e-7f);
+    double z = exp(0.5) + exp(-1.0) + exp(0.2) + exp(2.0);
+    assert_true(fabs(w[4] - exp(2.0) / z) < 1e-6 && fabs(w[5] - exp(0.5) / z) < 1e-6);
+    o->moe_route(&c, idx, w, lg, 3, 4, 2, 1);   /* renormalised */
+    assert_true(fabsf(w[0] + w[1] - 1.0f) < 1e-6f && fabsf(w[2] - 0.5f) < 1e-6f);
+    assert_true(fabs(w[4] - exp(2.0) / (exp(2.0) + exp(0.5))) < 1e-6);
+    /* counting sort: expert 0 gets entries 2 (t1), 5 (t2); 1: 0 (t0), 3 (t1); 2: 1; 3: 4 */
+    o->moe_permute(&c, off, tok, inv, idx, 3, 4, 2);
+    int32_t want_off[5] = {0, 2, 4, 5, 6}, want_tok[6] = {1, 2, 0, 1, 0, 2}, want_inv[6] = {2, 4, 0, 3, 5, 1};
+    assert_memory_equal(off, want_off, sizeof want_off);
+    assert_memory_equal(tok, want_tok, sizeof want_tok);
+    assert_memory_equal(inv, want_inv, sizeof want_inv);
+    /* combine: y row r = (r, 10 r); out[t] = sum_j w * y[inv] */
+    float y[6 * 2], out[3 * 2], wc[6] = {1, 2, 3, 4, 5, 6};
+    for (int r = 0; r < 6; r++) { y[2 * r] = (float)r; y[2 * r + 1] = 10.0f * r; }
+    o->moe_combine(&c, out, y, inv, wc, 3, 2, 2);
+    float want_out[6] = {1 * 2 + 2 * 4, 10 * (1 * 2 + 2 * 4), 3 * 0 + 4 * 3, 10 * (3 * 0 + 4 * 3),
+                         5 * 5 + 6 * 1, 10 * (5 * 5 + 6 * 1)};
+    for (int i = 0; i < 6; i++) assert_true(fabsf(out[i] - want_out[i]) < 1e-5f);
+    ops_ctx_destroy(&c);
+}
+
+/* mkmodel presets: Qwen3-30B-A3B's published sizes (30.5B total, 3.3B active), and the
+ * tiny MoE preset writes a dir target_load runs. */
+static void test_mkmodel_moe(void **s) {
+    (void)s;
+    model_config_t c;
+    assert_int_equal(mkmodel_preset("qwen3-30b-a3b", &c), 0);
+    assert_int_equal(model_config_validate(&c, "preset"), 0);
+    assert_int_equal(model_config_n_moe_layers(&c), 48);
+    uint64_t n = model_config_n_params(&c), a = model_config_n_active_params(&c);
+    printf("  qwen3-30b-a3b: %.3f B parameters, %.3f B active\n", n / 1e9, a / 1e9);
+    assert_true(n > 30.4e9 && n < 30.6e9);
+    assert_true(a > 3.3e9 && a < 3.4e9);
+    assert_int_equal(mkmodel_preset("tiny-qwen3-moe", &c), 0);
+    char dir[] = "/tmp/dl_moe_mkXXXXXX";
+    assert_non_null(mkdtemp(dir));
+    assert_int_equal(mkmodel_write(&c, dir, 7, "bf16", 0, NULL), 0);
+    model_config_t r;
+    assert_int_equal(model_config_from_hf_dir(dir, &r), 0);
+    assert_int_equal(r.n_experts, 8);
+    assert_int_equal(model_config_n_params(&r), model_config_n_params(&c));
+    ops_ctx_t oc;
+    ops_cpu_init(&oc, 0);
+    target_opts_t o = {.max_tokens = 16, .max_seqs = 1};
+    target_t *t = NULL;
+    assert_int_equal(target_load(dir, &oc, &o, &t), 0);
+    assert_int_equal(target_weight_bytes(t), model_config_n_params(&c) * 4);
+    int32_t ids[5] = {1, 2, 3, 4, 5}, cu[2] = {0, 5};
+    void *h = oc.impl->malloc_(&oc, (size_t)5 * c.D * 4);
+    assert_int_equal(target_forward_host(t, ids, NULL, cu, 1, 5, NULL, h), 0);
+    oc.impl->free_(&oc, h);
+    target_destroy(&t);
+    ops_ctx_destroy(&oc);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_route_ops),
+        cmocka_unit_test(test_config),
+        cmocka_unit_test(test_hf_and_gguf),
+        cmocka_unit_test(test_greedy_kv),
+        cmocka_unit_test(test_mkmodel_moe),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
