@@ -33,4 +33,7 @@ const ops_impl_t ops_cpu_impl = {
     .sumsq = ops_cpu_sumsq,
     .adamw = ops_cpu_adamw,
     .f32_add_scale = ops_cpu_f32_add_scale,
+    .host_alloc = ops_cpu_host_alloc,
+    .host_free = ops_cpu_free,
+    .upload_async = ops_cpu_upload,
 };
