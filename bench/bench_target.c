@@ -1,6 +1,7 @@
 /* GPU benchmark of the target forward (common/model/target.c on the CUDA backend).
  *
  * Usage: bench_target --model DIR [--tokens 65536] [--reps 5] [--capture 5] [--profile]
+ *                     [--load-only]
  *   DIR: an HF model dir, e.g. made by `draftline mkmodel --config qwen3-8b --out DIR`.
  *
  * Measures, in one run:
@@ -23,6 +24,11 @@
  * --profile: afterwards, the ops of one decoder layer as target.c's layer_forward
  * issues them (random weights of the model's shapes, the mixed batch), each timed
  * alone (median of --reps), with its share of the layer: where a layer's time goes.
+ * --load-only: start-up costs only, then exit: target_load of the whole model and of
+ *   its embedding / LM head (embed_only, the drafter worker's), each timed with GB/s
+ *   (run twice: the first may read the disk, the second the page cache), and
+ *   drafter_new of a 5-layer drafter for this model on the CPU backend (the optimizer's
+ *   layout and seeded init) with its init and without (drafter_new_opts no_init).
  * Prints "SKIP: ..." and exits 0 without CUDA or without --model. */
 #include <math.h>
 #include <stdint.h>
@@ -33,7 +39,10 @@
 #include "common/base/err.h"
 #include "common/base/rng.h"
 #include "common/model/config.h"
+#include "common/model/drafter.h"
 #include "common/model/target.h"
+#include "common/base/clock.h"
+#include "common/pipe/model.h"
 #include "common/ops/ops.h"
 
 #ifndef DL_CUDA
@@ -188,8 +197,44 @@ static double layer_params(const model_config_t *m) {
     return D * (Q + 2 * KV) + Q * D + 3 * D * F;
 }
 
+/* --load-only (see the top): prints the start-up timings; 0 or 1. */
+static int load_only(const char *model, const model_config_t *cfg, target_opts_t o) {
+    for (int embed_only = 0; embed_only < 2; embed_only++) {
+        o.embed_only = embed_only;
+        for (int k = 0; k < 2; k++) {
+            target_t *t = NULL;
+            double t0 = clock_mono_s();
+            if (target_load(model, &C, &o, &t)) { fprintf(stderr, "bench_target: %s\n", dl_errmsg()); return 1; }
+            double dt = clock_mono_s() - t0;
+            printf("target_load%s (run %d): %.2f s, %.2f GB of weights, %.2f GB/s\n", embed_only ? " embed_only" : "",
+                   k + 1, dt, target_weight_bytes(t) / 1e9, target_weight_bytes(t) / 1e9 / dt);
+            target_destroy(&t);
+        }
+    }
+    drafter_config_t dc;
+    if (pipe_drafter_config(cfg, 5, 0, 16, &dc)) { fprintf(stderr, "bench_target: %s\n", dl_errmsg()); return 1; }
+    ops_ctx_t cpu;
+    ops_cpu_init(&cpu, 0);
+    static const float no_embedding[1];
+    for (int no_init = 0; no_init < 2; no_init++) {
+        drafter_new_opts_t dopt = {.no_init = no_init};
+        drafter_t *d = NULL;
+        double t0 = clock_mono_s();
+        if (drafter_new_opts(&cpu, &dc, no_embedding, no_embedding, 1, 1, 0, &dopt, &d)) {
+            fprintf(stderr, "bench_target: %s\n", dl_errmsg());
+            return 1;
+        }
+        printf("drafter_new (CPU, 5 layers, %zu parameters)%s: %.2f s\n", drafter_n_params(d),
+               no_init ? " no_init" : " seeded init", clock_mono_s() - t0);
+        drafter_destroy(&d);
+    }
+    ops_ctx_destroy(&cpu);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *model = NULL;
+    int load = 0;
     int T = 65536, reps = 5, ncap = 5, profile = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
@@ -198,6 +243,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--capture") && i + 1 < argc) ncap = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) reps = 2;
         else if (!strcmp(argv[i], "--profile")) profile = 1;
+        else if (!strcmp(argv[i], "--load-only")) load = 1;
     }
     if (reps < 1 || reps > 50) reps = 5;
     int ndev = 0;
@@ -223,6 +269,7 @@ int main(int argc, char **argv) {
     if (model_config_from_hf_dir(model, &cfg)) { fprintf(stderr, "bench_target: %s\n", dl_errmsg()); return 1; }
     target_opts_t o = {.max_tokens = T, .max_seqs = T / 128 + 1, .n_capture = ncap};
     if (target_default_layer_ids(cfg.L, ncap, o.capture_ids)) { fprintf(stderr, "%s\n", dl_errmsg()); return 1; }
+    if (load) return load_only(model, &cfg, o);
     target_t *t = NULL;
     if (target_load(model, &C, &o, &t)) { fprintf(stderr, "bench_target: %s\n", dl_errmsg()); return 1; }
     const model_config_t *m = target_config(t);

@@ -695,33 +695,28 @@ static void usage(FILE *f) {
 
 /* The inbox tiers (caps[0] GPU tier, caps[1] host tier, in bytes; a tier of 0 is not
  * made, and a lone host tier becomes tier 0), the gradient slab (K * P f32) and, on a
- * GPU, the staging buffer for host-tier items. Logs and returns a negative error code
- * on failure. */
-static int dw_slabs(dw_t *W, const char *run_id, const char *name, int64_t inc, uint64_t caps[2]) {
+ * GPU, the staging buffer for host-tier items; sid: this stage's id. Made before
+ * stage_init (pinning a host tier takes seconds): nothing here may use W->st. Logs and
+ * returns a negative error code on failure. */
+static int dw_slabs(dw_t *W, const char *run_id, const char *name, uint32_t sid, int64_t inc, uint64_t caps[2]) {
     int rc = 0;
     uint64_t row = (uint64_t)W->dcfg.n_feat * (uint64_t)W->dcfg.D;
     /* the slabs are the inbox: exactly the two capacities, nothing else */
     int on_gpu = W->gpu >= 0;
-    if (on_gpu) {
-        W->st.gpu_index = W->gpu;
-        rc = dev_uuid(W->gpu, W->st.gpu_uuid, sizeof W->st.gpu_uuid);
-    }
     if (rc == 0 && caps[0])
-        rc = slab_create(&W->tier[0], on_gpu ? SLAB_CUDA : SLAB_HOST, run_id, name, W->st.stage_id, (uint64_t)inc,
+        rc = slab_create(&W->tier[0], on_gpu ? SLAB_CUDA : SLAB_HOST, run_id, name, sid, (uint64_t)inc,
                          SLOT_SLAB_GPU, "ibg", caps[0], W->gpu, 0);
-    if (rc == 0 && caps[1]) rc = slab_create(&W->tier[1], SLAB_HOST, run_id, name, W->st.stage_id, (uint64_t)inc, SLOT_SLAB_HOST, "ibh", caps[1], -1, on_gpu);
+    if (rc == 0 && caps[1]) rc = slab_create(&W->tier[1], SLAB_HOST, run_id, name, sid, (uint64_t)inc, SLOT_SLAB_HOST, "ibh", caps[1], -1, on_gpu);
     if (rc == 0 && !W->tier[0]) { W->tier[0] = W->tier[1]; W->tier[1] = NULL; caps[0] = caps[1]; caps[1] = 0; }
     /* gradients: one slot of P f32 (grad_stride apart) per micro-batch of a step; device
      * memory on GPU (the optimizer maps it by IPC and reads it in place) */
-    if (rc == 0) rc = slab_create(&W->grad, on_gpu ? SLAB_CUDA : SLAB_HOST, run_id, name, W->st.stage_id,
+    if (rc == 0) rc = slab_create(&W->grad, on_gpu ? SLAB_CUDA : SLAB_HOST, run_id, name, sid,
                                   (uint64_t)inc, SLOT_SLAB_GRAD, "grad", (size_t)W->K * grad_stride(W), W->gpu, 0);
     if (rc == 0 && on_gpu && (caps[1] || slab_handle(W->tier[0])->kind == SLAB_HOST)) {
         /* host-tier items are copied here before the math (compute memory, not inbox) */
         W->staging = W->ops.impl->malloc_(&W->ops, (size_t)W->token_budget * row * W->elem);
         if (!W->staging) rc = DL_ENOMEM;
     }
-    if (rc == 0 && on_gpu)
-        log_info("on GPU %d (%s): GPU-tier inbox exported by CUDA IPC", W->gpu, W->st.gpu_uuid);
     if (rc < 0) log_rc(rc, "inbox slabs");
     return rc;
 }
@@ -806,8 +801,11 @@ static int dw_setup(dw_t *W, const run_config_t *c) {
     /* test hook drafter.max_blocks=<n>: a smaller pass (CPU runs never need several) */
     int64_t hb = 0;
     if (testhook_i64("drafter.max_blocks", &hb) && hb >= 1 && hb < (int64_t)W->max_blocks) W->max_blocks = (uint32_t)hb;
-    rc = drafter_new(&W->ops, &W->dcfg, target_embed(W->tgt), target_lm_head(W->tgt), (int)W->token_budget,
-                     (int)W->max_blocks, W->seed, &W->d);
+    /* no seeded init: nothing is computed before the optimizer's weights are loaded
+     * (try_compute waits for W->version >= 0, which only load_weights sets) */
+    drafter_new_opts_t dopts = {.no_init = 1};
+    rc = drafter_new_opts(&W->ops, &W->dcfg, target_embed(W->tgt), target_lm_head(W->tgt), (int)W->token_budget,
+                          (int)W->max_blocks, W->seed, &dopts, &W->d);
     if (rc < 0) return log_rc(rc, "drafter"), PIPE_EXIT_PERMANENT;
     W->P = drafter_n_params(W->d);
     log_info("target %s loaded for embedding/LM head in %.1f s; drafter %zu parameters",
@@ -858,12 +856,24 @@ int main(int argc, char **argv) {
     if (!W.sent || !W.items || !W.cu || !W.anchor_buf) { log_error("out of memory"); return 1; }
     W.version = -1;
     W.pending_version = -1;
-    rc = stage_init(&W.st, PROTO_ROLE_DRAFTER, PIPE_ID_DRAFTER0 + (uint32_t)W.index, name, &a, &cfg);
-    if (rc < 0) return log_rc(rc, "stage init"), 1;
+    /* the inbox before stage_init: once the supervisor has our hello, the loop must keep
+     * heartbeating (pinning a host tier of many GB takes seconds) */
     uint64_t caps[2] = {inbox_b >= W.slot_bytes ? inbox_b : 0, host_b};
-    if (dw_slabs(&W, cfg.run_id, name, inc, caps) < 0) return 1;
+    uint32_t sid = PIPE_ID_DRAFTER0 + (uint32_t)W.index;
+    if (dw_slabs(&W, cfg.run_id, name, sid, inc, caps) < 0) return 1;
     rc = inbox_new(&W.ib, caps, DW_MAX_SLOTS);
     if (rc < 0) return log_rc(rc, "inbox"), 1;
+    rc = stage_init(&W.st, PROTO_ROLE_DRAFTER, sid, name, &a, &cfg);
+    if (rc < 0) {
+        slab_destroy(&W.tier[0]); slab_destroy(&W.tier[1]); slab_destroy(&W.grad);
+        return log_rc(rc, "stage init"), 1;
+    }
+    if (W.gpu >= 0) {
+        W.st.gpu_index = W.gpu;
+        rc = dev_uuid(W.gpu, W.st.gpu_uuid, sizeof W.st.gpu_uuid);
+        if (rc < 0) return log_rc(rc, "GPU UUID"), 1;
+        log_info("on GPU %d (%s): GPU-tier inbox exported by CUDA IPC", W.gpu, W.st.gpu_uuid);
+    }
     hcache_new(&W.hc, W.gpu);
     W.srv = stage_bus(&W.st, BUS_ROUTER, name);
     W.opt = stage_bus(&W.st, BUS_DEALER, "optimizer");

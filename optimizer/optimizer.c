@@ -916,9 +916,11 @@ int main(int argc, char **argv) {
     }
     /* a resumed optimizer undoes every step from O.step on: their lines leave steps.jsonl */
     O.steps_log = rundir_steps_open(O.out, resume || inc > 1 ? (int64_t)O.step : -1);
-    rc = stage_init(&O.st, PROTO_ROLE_OPTIMIZER, PIPE_ID_OPTIMIZER, "optimizer", &a, &cfg);
-    if (rc < 0) return log_rc(rc, "stage init"), 1;
+    /* the state's allocation and upload (seconds at 1B parameters on a GPU) before
+     * stage_init: once the supervisor has our hello, the loop must keep heartbeating */
     if (opt_state_init(&O, cfg.run_id, inc) < 0) return 1;
+    rc = stage_init(&O.st, PROTO_ROLE_OPTIMIZER, PIPE_ID_OPTIMIZER, "optimizer", &a, &cfg);
+    if (rc < 0) return slab_destroy(&O.wslab), log_rc(rc, "stage init"), 1;
     if (O.gpu >= 0) log_info("on GPU %d: master weights, moments and AdamW on the device", O.gpu);
     O.srv = stage_bus(&O.st, BUS_ROUTER, "optimizer");
     O.loader = stage_bus(&O.st, BUS_DEALER, "loader");

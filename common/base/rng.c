@@ -1,6 +1,7 @@
 #include "common/base/rng.h"
 
 #include <math.h>
+#include <string.h>
 
 static uint64_t splitmix64(uint64_t *x) {
     uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
@@ -28,6 +29,47 @@ uint64_t rng_u64(rng_t *r) {
     s[3] = rotl(s[3], 45);
     return result;
 }
+
+/* The GF(2)-linear image of state s under j. */
+static void jump_vec(const rng_jump_t *j, const uint64_t s[4], uint64_t out[4]) {
+    uint64_t o[4] = {0, 0, 0, 0};
+    for (int w = 0; w < 4; w++)
+        for (uint64_t bits = s[w]; bits; bits &= bits - 1) {
+            const uint64_t *c = j->col[64 * w + __builtin_ctzll(bits)];
+            o[0] ^= c[0], o[1] ^= c[1], o[2] ^= c[2], o[3] ^= c[3];
+        }
+    memcpy(out, o, sizeof o);
+}
+
+/* out = a after b (out may not alias a or b). */
+static void jump_compose(const rng_jump_t *a, const rng_jump_t *b, rng_jump_t *out) {
+    for (int k = 0; k < 256; k++) jump_vec(a, b->col[k], out->col[k]);
+}
+
+void rng_jump_make(rng_jump_t *j, uint64_t n) {
+    rng_jump_t p, t;    /* p: the map of 2^i draws */
+    memset(&p, 0, sizeof p);
+    memset(j, 0, sizeof *j);
+    for (int k = 0; k < 256; k++) {
+        rng_t r = {{0, 0, 0, 0}};
+        r.s[k / 64] = 1ull << (k % 64);
+        (void)rng_u64(&r);
+        memcpy(p.col[k], r.s, sizeof r.s);
+        j->col[k][k / 64] = 1ull << (k % 64);    /* identity: 0 draws */
+    }
+    for (; n; n >>= 1) {
+        if (n & 1) {
+            jump_compose(&p, j, &t);
+            *j = t;
+        }
+        if (n > 1) {
+            jump_compose(&p, &p, &t);
+            p = t;
+        }
+    }
+}
+
+void rng_jump_apply(const rng_jump_t *j, rng_t *r) { jump_vec(j, r->s, r->s); }
 
 uint64_t rng_below(rng_t *r, uint64_t n) {
     if (n <= 1) return 0;

@@ -22,6 +22,15 @@ uint64_t rng_below(rng_t *r, uint64_t n);
 float rng_uniform(rng_t *r);
 /* Standard normal (Box-Muller; uses two uniforms per call, discards the second). */
 float rng_normal(rng_t *r);
+/* Jump-ahead (xoshiro256**'s state update is linear over GF(2)): the map of n rng_u64
+ * draws as a 256x256 bit matrix (8 KiB, column j the image of state bit j). Made in
+ * O(log n) matrix products (a few ms); rng_jump_apply(j, r) then moves r exactly as n
+ * rng_u64 calls would, in about a microsecond. So a long stream can be cut into chunks
+ * whose start states are found without drawing every number before them (the drafter's
+ * parallel init). */
+typedef struct { uint64_t col[256][4]; } rng_jump_t;
+void rng_jump_make(rng_jump_t *j, uint64_t n);
+void rng_jump_apply(const rng_jump_t *j, rng_t *r);
 /* Stateless 64-bit hash of (seed, a, b) (splitmix64 finaliser chain). */
 uint64_t rng_mix(uint64_t seed, uint64_t a, uint64_t b);
 /* Fisher-Yates shuffle of idx[n] in place. */

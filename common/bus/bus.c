@@ -38,6 +38,7 @@ typedef struct {
     int alive;
     int heard;                  /* a message came from it since it entered the table */
     int quiet;                  /* bus_peer_quiet: its silence is expected, not a death */
+    int waited;                 /* DEALER: "waiting for" already logged for its upstream */
     qmsg_t *qhead, *qtail;      /* outgoing FIFO, used once ZeroMQ said EAGAIN */
     size_t qmsgs;
 } peer_t;
@@ -545,6 +546,17 @@ again:
         if (b->kind == BUS_DEALER && !b->connected) continue;
         uint64_t now = clock_mono_ns();
         if (now - p->last_seen_ns < timeout_ns) continue;
+        if (b->kind == BUS_DEALER && !p->heard) {
+            /* Never heard: not up yet (still loading, socket not bound), not dead. Only
+             * silence after a first sign of life is a death; a server that never comes up
+             * is its owner's to find (process exit, a start-up time limit). */
+            if (!p->waited)
+                log_msg(b->peer_dead_debug ? LOG_DEBUG : LOG_INFO, __FILE__, __LINE__,
+                        "bus %s: waiting for the peer (not heard yet, %llu ms after connect)", b->name,
+                        (unsigned long long)((now - p->last_seen_ns) / 1000000ull));
+            p->waited = 1;
+            continue;
+        }
         if (p->quiet && b->kind == BUS_ROUTER) {   /* expected silence: forget it, no report */
             peer_remove(b, i, "quiet peer gone");
             goto again;

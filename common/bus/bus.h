@@ -44,7 +44,9 @@
  * is reported between timeout and timeout + interval/4 (+ loop latency) after the peer's last
  * message. A dead ROUTER peer is forgotten (its queued messages are dropped and counted); if it
  * comes back it is a new peer (bus_peer_new_cb). A DEALER keeps heartbeating its dead upstream so a
- * restarted server sees it again.
+ * restarted server sees it again. A DEALER's upstream that was never heard is not up yet (still
+ * loading, its socket not bound): it is never reported dead, only logged once ("waiting for the
+ * peer") after the timeout; its death is reported only after a first sign of life.
  *
  * Goodbye (ROUTER and DEALER, opts.goodbye): an orderly close is not a death. bus_close hands
  * every live peer a BUS_T_GOODBYE envelope after anything still queued for it (so it arrives

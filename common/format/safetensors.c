@@ -417,6 +417,66 @@ int st_tensor_to_f32(const st_tensor_t *t, float *out) {
     }
 }
 
+static int st_unsupported(const st_tensor_t *t) {
+    return dl_seterr(DL_ENOTSUP, "tensor '%s': dtype %s not supported (F32, F16, BF16 are)", t->name,
+                     t->dtype_name);
+}
+
+int st_tensor_to_f32_range(const st_tensor_t *t, uint64_t first, uint64_t n, float *out) {
+    const uint8_t *p = t->data;
+    switch (t->dtype) {
+    case ST_F32:
+        if (n) memcpy(out, p + 4 * first, n * 4);
+        return 0;
+    case ST_BF16:
+    case ST_F16: {
+        int bf = t->dtype == ST_BF16;
+        p += 2 * first;
+        for (uint64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, p + 2 * i, 2);
+            out[i] = bf ? st_bf16_to_f32(h) : st_f16_to_f32(h);
+        }
+        return 0;
+    }
+    default:
+        return st_unsupported(t);
+    }
+}
+
+int st_tensor_to_bf16_range(const st_tensor_t *t, uint64_t first, uint64_t n, uint16_t *out) {
+    const uint8_t *p = t->data;
+    switch (t->dtype) {
+    case ST_BF16:
+        /* bf16 -> f32 is exact and f32 -> bf16 (RNE) gives the same bits back, except
+         * that a NaN comes back quiet: a copy with that one change */
+        p += 2 * first;
+        if (n) memcpy(out, p, n * 2);
+        for (uint64_t i = 0; i < n; i++)
+            if ((out[i] & 0x7fffu) > 0x7f80u) out[i] |= 0x40u;
+        return 0;
+    case ST_F32:
+    case ST_F16: {
+        int f32 = t->dtype == ST_F32;
+        p += (f32 ? 4 : 2) * first;
+        for (uint64_t i = 0; i < n; i++) {
+            float x;
+            if (f32) {
+                memcpy(&x, p + 4 * i, 4);
+            } else {
+                uint16_t h;
+                memcpy(&h, p + 2 * i, 2);
+                x = st_f16_to_f32(h);
+            }
+            out[i] = st_f32_to_bf16(x);
+        }
+        return 0;
+    }
+    default:
+        return st_unsupported(t);
+    }
+}
+
 /* ---- writer ------------------------------------------------------------- */
 
 typedef struct { char *name; char dtype[8]; int n_dims; int64_t shape[ST_MAX_DIMS]; uint64_t nbytes; } st_decl_t;

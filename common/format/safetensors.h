@@ -55,6 +55,13 @@ size_t st_dtype_size(const char *dtype_name);
 
 /* Converts t (F32, F16 or BF16) to fp32 out[nelem]. DL_ENOTSUP names other dtypes. */
 int st_tensor_to_f32(const st_tensor_t *t, float *out);
+/* Elements [first, first + n) of t (F32, F16 or BF16; the range inside the tensor, not
+ * checked) to out[n]: _f32 as st_tensor_to_f32; _bf16 bitwise as st_tensor_to_f32 then
+ * st_f32_to_bf16 (so a BF16 tensor is copied, a NaN made quiet). One thread: callers
+ * cut a big tensor into ranges for their threads. Reads the mapping (page faults on a
+ * file not yet in memory). 0, or DL_ENOTSUP naming another dtype (n == 0 checks that). */
+int st_tensor_to_f32_range(const st_tensor_t *t, uint64_t first, uint64_t n, float *out);
+int st_tensor_to_bf16_range(const st_tensor_t *t, uint64_t first, uint64_t n, uint16_t *out);
 
 /* ---- streaming writer --------------------------------------------------
  * Declare every tensor (name, dtype, shape) first, then write their data in

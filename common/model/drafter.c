@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/base/err.h"
+#include "common/base/rng.h"
 #include "common/model/target.h"
 
 /* Tensor order inside one layer of the flat vector (and of the checkpoint). */
@@ -232,9 +233,73 @@ void drafter_zero_grad(drafter_t *d) { IMPL->memset0(d->c, d->grad, d->n_params 
 
 typedef struct { void **slot; size_t bytes; } alloc_req_t;
 
-int drafter_new(const ops_ctx_t *c, const drafter_config_t *cfg_in, const void *embed,
+/* The seeded init as Qwen3PreTrainedModel._init_weights (Linear N(0, 0.02), RMSNorm 1)
+ * into dst[n_params] host f32, bitwise as the sequential loop
+ *     rng_seed(&r, seed); for each tensor, each element e:
+ *         dst[off + e] = n_dims == 2 ? 0.02f * rng_normal(&r) : 1.0f;
+ * rng_normal takes exactly two rng_u64 draws and 1-D tensors none, so normal number g
+ * of the stream (over the 2-D tensors in order) starts at draw 2g: the stream is cut
+ * into DRAFTER_INIT_CHUNK normals, chunk k starting from the seeded state jumped
+ * 2 * DRAFTER_INIT_CHUNK * k draws (rng_jump_t), and the chunks run on OpenMP threads.
+ * 0 or DL_ENOMEM. */
+static int init_weights(const drafter_t *d, uint64_t seed, float *dst) {
+    int nt = d->n_tensors;
+    size_t *gstart = malloc(((size_t)nt + 1) * sizeof *gstart);  /* first normal of tensor i */
+    if (!gstart) return DL_ENOMEM;
+    size_t G = 0;
+    for (int i = 0; i < nt; i++) {
+        gstart[i] = G;
+        if (d->tensors[i].n_dims == 2) G += d->tensors[i].numel;
+    }
+    gstart[nt] = G;
+    size_t nch = (G + DRAFTER_INIT_CHUNK - 1) / DRAFTER_INIT_CHUNK;
+    rng_t *st = malloc((nch ? nch : 1) * sizeof *st);
+    rng_jump_t *jump = malloc(sizeof *jump);
+    if (!st || !jump) {
+        free(gstart); free(st); free(jump);
+        return DL_ENOMEM;
+    }
+    rng_jump_make(jump, 2 * (uint64_t)DRAFTER_INIT_CHUNK);
+    rng_seed(&st[0], seed);
+    for (size_t k = 1; k < nch; k++) {
+        st[k] = st[k - 1];
+        rng_jump_apply(jump, &st[k]);
+    }
+    free(jump);
+    #pragma omp parallel for schedule(dynamic, 1)
+    for (size_t k = 0; k < nch; k++) {
+        rng_t r = st[k];
+        size_t g = k * DRAFTER_INIT_CHUNK, g1 = g + DRAFTER_INIT_CHUNK < G ? g + DRAFTER_INIT_CHUNK : G;
+        int i = 0;
+        while (d->tensors[i].n_dims != 2 || gstart[i] + d->tensors[i].numel <= g) i++;
+        for (; g < g1; i++) {
+            const drafter_tensor_t *t = &d->tensors[i];
+            if (t->n_dims != 2) continue;
+            size_t e = g - gstart[i], e1 = g1 - gstart[i] < t->numel ? g1 - gstart[i] : t->numel;
+            float *p = dst + t->offset;
+            for (; e < e1; e++) p[e] = 0.02f * rng_normal(&r);
+            g = gstart[i] + e1;
+        }
+    }
+    for (int i = 0; i < nt; i++) {
+        const drafter_tensor_t *t = &d->tensors[i];
+        if (t->n_dims == 2) continue;
+        for (size_t e = 0; e < t->numel; e++) dst[t->offset + e] = 1.0f;
+    }
+    free(st);
+    free(gstart);
+    return 0;
+}
+
+int drafter_new(const ops_ctx_t *c, const drafter_config_t *cfg, const void *embed,
                 const void *lm_head, int max_tokens, int max_blocks, uint64_t seed,
                 drafter_t **out) {
+    return drafter_new_opts(c, cfg, embed, lm_head, max_tokens, max_blocks, seed, NULL, out);
+}
+
+int drafter_new_opts(const ops_ctx_t *c, const drafter_config_t *cfg_in, const void *embed,
+                     const void *lm_head, int max_tokens, int max_blocks, uint64_t seed,
+                     const drafter_new_opts_t *opts, drafter_t **out) {
     *out = NULL;
     drafter_config_t cfg = *cfg_in;
     DL_TRY(drafter_config_finish(&cfg));
@@ -310,25 +375,28 @@ int drafter_new(const ops_ctx_t *c, const drafter_config_t *cfg_in, const void *
     d->h_ctx_pos = malloc(T * 4), d->h_ctx_start = malloc((size_t)max_blocks * 4);
     d->h_ctx_len = malloc((size_t)max_blocks * 4), d->h_row_w = malloc(R * 4);
     d->h_row_loss = malloc(R * 4), d->h_row_correct = malloc(R * 4), d->h_row_mask = malloc(R);
-    float *init = malloc(d->n_params * sizeof(float));
+    /* CPU: master is host memory, initialised in place */
+    int in_place = c->backend == OPS_CPU || (opts && opts->no_init);
+    float *init = in_place ? (float *)d->master : malloc(d->n_params * sizeof(float));
     float inv[1024]; /* hd/2 inverse frequencies */
     if (!d->h_row_target || !d->h_row_ids || !d->h_row_pos || !d->h_ctx_pos || !d->h_ctx_start ||
         !d->h_ctx_len || !d->h_row_w || !d->h_row_loss || !d->h_row_correct || !d->h_row_mask ||
         !init || cfg.hd / 2 > (int)(sizeof inv / sizeof inv[0])) {
-        free(init);
+        if (!in_place) free(init);
         drafter_destroy(&d);
         return dl_seterr(DL_ENOMEM, "drafter_new: host staging");
     }
-    /* init as Qwen3PreTrainedModel._init_weights: Linear N(0, 0.02), RMSNorm 1 */
-    rng_t r;
-    rng_seed(&r, seed);
-    for (int i = 0; i < d->n_tensors; i++) {
-        const drafter_tensor_t *t = &d->tensors[i];
-        float *p = init + t->offset;
-        for (size_t e = 0; e < t->numel; e++) p[e] = t->n_dims == 2 ? 0.02f * rng_normal(&r) : 1.0f;
+    if (opts && opts->no_init) {
+        IMPL->memset0(c, d->master, d->n_params * 4);   /* the caller's weights replace these */
+    } else if (init_weights(d, seed, init) < 0) {
+        if (!in_place) free(init);
+        drafter_destroy(&d);
+        return dl_seterr(DL_ENOMEM, "drafter_new: init chunk table");
     }
-    IMPL->upload(c, d->master, init, d->n_params * 4);
-    free(init);
+    if (!in_place) {
+        IMPL->upload(c, d->master, init, d->n_params * 4);
+        free(init);
+    }
     drafter_sync_weights(d);
     drafter_zero_grad(d);
     ops_rope_inv_freq(&cfg.rope, cfg.hd, inv);

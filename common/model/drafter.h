@@ -137,6 +137,23 @@ typedef struct drafter drafter_t;
 int drafter_new(const ops_ctx_t *c, const drafter_config_t *cfg, const void *embed,
                 const void *lm_head, int max_tokens, int max_blocks, uint64_t seed,
                 drafter_t **out);
+
+/* The init runs on OpenMP threads in chunks of this many normal numbers, bitwise as
+ * the sequential loop (drafter.c, init_weights). */
+#define DRAFTER_INIT_CHUNK 65536
+
+typedef struct {
+    int no_init;    /* nonzero: skip the seeded init (about 1 s per 100M parameters on one
+                     * core): the master weights are zeros until the caller loads its own
+                     * (drafter_upload_master, or a device copy into drafter_master then
+                     * drafter_sync_weights) before any forward. The drafter worker, whose
+                     * weights always come from the optimizer's weights slab. seed unused. */
+} drafter_new_opts_t;
+
+/* drafter_new with options; opts NULL: as drafter_new. */
+int drafter_new_opts(const ops_ctx_t *c, const drafter_config_t *cfg, const void *embed,
+                     const void *lm_head, int max_tokens, int max_blocks, uint64_t seed,
+                     const drafter_new_opts_t *opts, drafter_t **out);
 void drafter_destroy(drafter_t **d);
 
 const drafter_config_t *drafter_config(const drafter_t *d);

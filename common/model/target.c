@@ -94,6 +94,9 @@ typedef struct {
     const char *path;
     float *tmp;          /* host scratch */
     size_t tmp_cap;      /* elements */
+    void *stage[2];      /* device backends: host_alloc'd staging, TARGET_STAGE_BYTES each */
+    int cur;             /* the staging buffer filled next */
+    int stage_failed;    /* host_alloc failed: the f32 scratch path */
 } src_t;
 
 static int tmp_reserve(src_t *s, size_t n) {
@@ -102,6 +105,67 @@ static int tmp_reserve(src_t *s, size_t n) {
     if (!p) return dl_seterr(DL_ENOMEM, "%s: no host memory for a %zu-element tensor", s->path, n);
     s->tmp = p;
     s->tmp_cap = n;
+    return 0;
+}
+
+/* Staging for safetensors uploads to a device: two buffers, one filled by the host
+ * threads while the other's copy runs (ops upload_async). */
+#define TARGET_STAGE_BYTES ((size_t)64 << 20)
+#define TARGET_CONVERT_ELEMS ((size_t)1 << 20)   /* elements per thread's range */
+
+/* Waits for the last staged upload and frees the staging and the scratch. */
+static void src_release(target_t *t, src_t *s) {
+    if (s->stage[0] || s->stage[1]) t->c->impl->sync(t->c);
+    for (int i = 0; i < 2; i++)
+        if (s->stage[i]) t->c->impl->host_free(t->c, s->stage[i]);
+    free(s->tmp);
+}
+
+/* Converts elements [i0, i0 + n) of st to ab-byte elements (4 f32, 2 bf16) at out, on
+ * OpenMP threads. Only after the dtype was checked (no error can come back). */
+static void convert_range(int ab, const st_tensor_t *st, size_t i0, size_t n, void *out) {
+    size_t nr = (n + TARGET_CONVERT_ELEMS - 1) / TARGET_CONVERT_ELEMS;
+    #pragma omp parallel for schedule(dynamic, 1) if (nr > 1)
+    for (size_t r = 0; r < nr; r++) {
+        size_t a = r * TARGET_CONVERT_ELEMS, m = n - a < TARGET_CONVERT_ELEMS ? n - a : TARGET_CONVERT_ELEMS;
+        if (ab == 2) st_tensor_to_bf16_range(st, i0 + a, m, (uint16_t *)out + a);
+        else st_tensor_to_f32_range(st, i0 + a, m, (float *)out + a);
+    }
+}
+
+/* Safetensors tensor st (n elements) into d (n act elements on the backend), the bytes
+ * exactly those of st_tensor_to_f32 then upload_act (ops.h): CPU: converted in place
+ * (act is f32, d host memory); a device with bf16 act: converted to bf16 (a BF16
+ * checkpoint is copied, st_tensor_to_bf16_range, bitwise what upload_act made of its
+ * f32 values) into pinned staging by several
+ * threads, TARGET_STAGE_BYTES at a time, while the previous piece's copy runs. Falls
+ * back to the f32 scratch and upload_act if no staging can be had. 0 or an error. */
+static int load_st(target_t *t, src_t *s, const st_tensor_t *st, void *d, size_t n) {
+    const ops_impl_t *x = t->c->impl;
+    int rc = st_tensor_to_f32_range(st, 0, 0, NULL);   /* the dtype check */
+    if (rc < 0) return dl_wraperr(rc, "%s", s->path);
+    if (t->c->backend == OPS_CPU && t->ab == 4) {
+        convert_range(4, st, 0, n, d);
+        return 0;
+    }
+    /* a device's act of 2 bytes is bf16 (CUDA, ops.h); any other: the f32 scratch path */
+    for (int i = 0; i < 2 && t->ab == 2 && !s->stage_failed; i++)
+        if (!s->stage[i] && !(s->stage[i] = x->host_alloc(t->c, TARGET_STAGE_BYTES))) s->stage_failed = 1;
+    if (s->stage_failed || t->ab != 2) {
+        DL_TRY(tmp_reserve(s, n));
+        convert_range(4, st, 0, n, s->tmp);
+        x->upload_act(t->c, d, s->tmp, n);
+        return 0;
+    }
+    size_t per = TARGET_STAGE_BYTES / t->ab;
+    for (size_t i0 = 0; i0 < n; i0 += per) {
+        size_t m = n - i0 < per ? n - i0 : per;
+        void *buf = s->stage[s->cur];
+        convert_range(t->ab, st, i0, m, buf);
+        x->sync(t->c);                  /* the other buffer's copy is done: */
+        x->upload_async(t->c, (uint8_t *)d + i0 * t->ab, buf, m * t->ab);
+        s->cur ^= 1;                    /* it is filled next, while this one copies */
+    }
     return 0;
 }
 
@@ -160,9 +224,18 @@ static int load_tensor(target_t *t, src_t *s, const char *hf, const char *gg, in
             return dl_seterr(DL_EFORMAT, "%s: tensor '%s': shape (%lld, %lld) (%d dims), expected (%d, %d)",
                              s->path, name, (long long)st->shape[0],
                              (long long)(st->n_dims > 1 ? st->shape[1] : 0), st->n_dims, rows, cols);
-        DL_TRY(tmp_reserve(s, n));
-        int rc = st_tensor_to_f32(st, s->tmp);
-        if (rc < 0) return dl_wraperr(rc, "%s", s->path);
+        void *d = t->c->impl->malloc_(t->c, n * t->ab);
+        if (!d) return dl_seterr(DL_ENOMEM, "%s: tensor '%s': cannot allocate %zu bytes on the %s backend",
+                                 s->path, name, n * t->ab, t->c->impl->name);
+        int rc = load_st(t, s, st, d, n);
+        if (rc < 0) {
+            t->c->impl->sync(t->c);     /* no staged copy may still write into d */
+            t->c->impl->free_(t->c, d);
+            return rc;
+        }
+        t->weight_bytes += n * t->ab;
+        *dst = d;
+        return 0;
     }
     void *d = t->c->impl->malloc_(t->c, n * t->ab);
     if (!d) return dl_seterr(DL_ENOMEM, "%s: tensor '%s': cannot allocate %zu bytes on the %s backend",
@@ -368,7 +441,7 @@ int target_load(const char *path, const ops_ctx_t *c, const target_opts_t *opts,
     if ((rc = load_weights(t, &s)) < 0) goto done;
     rc = alloc_acts(t);
 done:
-    free(s.tmp);
+    src_release(t, &s);
     gguf_close(&s.g);
     safetensors_close(&s.st);
     if (rc < 0) {

@@ -202,6 +202,15 @@ struct ops_impl {
      * f32 from moe_permute / moe_route. out must not alias y. */
     void (*moe_combine)(const ops_ctx_t *c, void *out, const void *y, const int32_t *inv,
                         const float *w, int T, int k, int D);
+    /* Bulk host -> backend uploads (the target's weights: GBs at start-up), added last.
+     * host_alloc: bytes of host memory the backend copies from fastest (CUDA: pinned,
+     * cudaMallocHost; CPU: malloc); NULL on failure; release with host_free.
+     * upload_async: like upload, but only queued: src_host (from host_alloc, for a truly
+     * asynchronous copy on CUDA) must stay unchanged until the next sync, which is also
+     * when dst is ready. CPU: a plain copy. (common/ops/cpu/memory.c, cuda/ops_cuda.cu) */
+    void *(*host_alloc)(const ops_ctx_t *c, size_t bytes);
+    void (*host_free)(const ops_ctx_t *c, void *p);
+    void (*upload_async)(const ops_ctx_t *c, void *dst, const void *src_host, size_t bytes);
 };
 
 /* Backend constructors. ops_cpu_init never fails. ops_cuda_init selects the device,

@@ -29,6 +29,7 @@ void ops_cpu_f32_add_scale(const ops_ctx_t *c, float *out, const float *a, const
 void ops_cpu_copy2d(const ops_ctx_t *c, void *dst, size_t dst_pitch, const void *src,
                     size_t src_pitch, size_t width_bytes, size_t rows);
 void ops_cpu_upload(const ops_ctx_t *c, void *dst, const void *src_host, size_t bytes);
+void *ops_cpu_host_alloc(const ops_ctx_t *c, size_t bytes);
 void ops_cpu_download(const ops_ctx_t *c, void *dst_host, const void *src, size_t bytes);
 void ops_cpu_sync(const ops_ctx_t *c);
 void ops_cpu_upload_act(const ops_ctx_t *c, void *dst_act, const float *src_host, size_t n);

@@ -36,4 +36,7 @@ const ops_impl_t ops_cpu_impl = {
     .moe_route = ops_cpu_moe_route,
     .moe_permute = ops_cpu_moe_permute,
     .moe_combine = ops_cpu_moe_combine,
+    .host_alloc = ops_cpu_host_alloc,
+    .host_free = ops_cpu_free,
+    .upload_async = ops_cpu_upload,
 };

@@ -33,6 +33,8 @@ void ops_cpu_upload(const ops_ctx_t *c, void *dst, const void *src_host, size_t 
     ops_cpu_copy(c, dst, src_host, bytes);
 }
 
+void *ops_cpu_host_alloc(const ops_ctx_t *c, size_t bytes) { return ops_cpu_malloc(c, bytes); }
+
 void ops_cpu_download(const ops_ctx_t *c, void *dst_host, const void *src, size_t bytes) {
     ops_cpu_copy(c, dst_host, src, bytes);
 }

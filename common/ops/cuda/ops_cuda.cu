@@ -78,6 +78,24 @@ static void cuda_download(const ops_ctx_t *c, void *dst_host, const void *src, s
     cuda_check(cudaStreamSynchronize(cuda_stream(c)));
 }
 static void cuda_sync(const ops_ctx_t *c) { cuda_check(cudaStreamSynchronize(cuda_stream(c))); }
+// Pinned host memory for bulk uploads (host_alloc/host_free/upload_async, ops.h).
+static void *cuda_host_alloc(const ops_ctx_t *c, size_t bytes) {
+    (void)c;
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
+        (void)cudaGetLastError();   // not sticky: clear it, the caller handles NULL
+        return NULL;
+    }
+    return p;
+}
+static void cuda_host_free(const ops_ctx_t *c, void *p) {
+    (void)c;
+    if (p) cuda_check(cudaFreeHost(p));
+}
+static void cuda_upload_async(const ops_ctx_t *c, void *dst, const void *src_host, size_t bytes) {
+    if (!bytes) return;
+    cuda_check(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, cuda_stream(c)));
+}
 
 // ---------------------------------------------------------------- conversions
 __global__ void f32_to_bf16_kernel(bf16 *dst, const float *src, size_t n) {
@@ -258,6 +276,9 @@ static const ops_impl_t cuda_impl_template = {
     cuda_moe_route,
     cuda_moe_permute,
     cuda_moe_combine,
+    cuda_host_alloc,
+    cuda_host_free,
+    cuda_upload_async,
 };
 
 #define INIT_TRY(call)                                                                     \
