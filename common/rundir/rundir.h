@@ -229,6 +229,15 @@ typedef struct {
                                            the rewind's last kept t added: see the open) */
 } rundir_step_t;
 
+/* A checkpoint written since the previous steps line: the line ends with
+ * "ckpt":{"step":N,"waited_s":W,"snapshot_s":S,"write_s":F}, in s: waited for the
+ * previous write, snapshot of the state (no step applied meanwhile), files written (steps
+ * went on meanwhile, except after the final one). */
+typedef struct {
+    uint64_t step;
+    double waited_s, snap_s, write_s;
+} rundir_step_ckpt_t;
+
 typedef struct rundir_steps rundir_steps_t;
 
 /* Opens <dir>/steps.jsonl for appending. When rewind_from >= 0 (a resumed optimizer
@@ -241,6 +250,8 @@ rundir_steps_t *rundir_steps_open(const char *dir, int64_t rewind_from);
 void rundir_steps_close(rundir_steps_t **w);
 /* Appends and flushes one line. Returns 0 or DL_EIO. */
 int rundir_steps_append(rundir_steps_t *w, const rundir_step_t *s);
+/* The same with a checkpoint's times on the line (ck may be NULL: none). */
+int rundir_steps_append_ck(rundir_steps_t *w, const rundir_step_t *s, const rundir_step_ckpt_t *ck);
 
 /* One parsed steps line; NaN for every absent or null field. */
 typedef struct {
