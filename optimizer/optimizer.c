@@ -397,6 +397,7 @@ static void publish_step(opt_t *O) {
     stage_metric(&mm.metrics, "grad_norm", gnorm);
     stage_metric(&mm.metrics, "lr", lr);
     stage_metric(&mm.metrics, "tokens", (double)O->tokens);
+    stage_metric(&mm.metrics, "step_tokens", (double)toks);
     stage_metric(&mm.metrics, "skipped", skip);
     stage_metric(&mm.metrics, "elapsed_s", now - O->t_step0);
     char name[16];
