@@ -18,12 +18,12 @@
  * weights_version sent to every drafter, applied sent to the loader and supervisor.
  * A step whose loss or gradient norm is NaN/Inf is skipped (weights unchanged,
  * the micro-batches reported) and counted.
- * Checkpoints every --save-every steps and at the end (common/pipe/ckpt.h). The files are
- * written on a libuv worker thread (uv_queue_work) so the loop keeps heartbeating however
- * long the write takes (25 s for an 8B drafter, over the 3 s heartbeat timeout); no step is
- * applied while one is in flight (on CPU the state arrays are the ones written), and the
- * final step's news (weights, applied, metrics, steps.jsonl) wait for its checkpoint. GPU:
- * the state comes to the host copies on the loop thread first, as before.
+ * Checkpoints every --save-every steps and at the end (common/pipe/ckpt.h), by the writer
+ * of ckpt_write.c (opt_int.h): a snapshot of the state off the loop thread (GPU: pinned
+ * host memory on a copy stream), during which no step is applied, then the files from the
+ * snapshot on a worker thread while steps go on; the loop keeps heartbeating however long
+ * either takes. The final step's news (weights, applied, metrics, steps.jsonl) wait for
+ * its checkpoint.
  *
  * GPU mode (--gpu N, CUDA builds; `draftline run` puts it on the first drafter GPU):
  * master weights, moments and the step's gradient live on GPU N; the weights slab is

@@ -116,6 +116,15 @@ typedef struct {
         char message[256];
         double seconds;
     } rebalance;
+    /* the summary's two target tokens/s, so far (supervisor/progress.c sup__rates): written
+     * as "throughput" once a step was applied (on 0: not written / absent) */
+    struct {
+        int on;
+        double steady_tokens_per_s;     /* 0: too few steps */
+        int64_t steady_from, steady_to; /* its window: steps from..to */
+        double wall_tokens_per_s, wall_s, startup_s;
+        double final_ckpt_s;            /* 0: not known (yet) */
+    } throughput;
     rundir_stage_t stages[RUNDIR_MAX_STAGES];
     int n_stages;
     uint32_t routes[RUNDIR_MAX_STAGES][2];  /* [target stage_id, drafter stage_id] */
