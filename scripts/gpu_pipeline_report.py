@@ -53,7 +53,7 @@ def main():
         gaps = sorted(b["t"] - a["t"] for a, b in zip(steps[1:-1], steps[2:-1]))
         if gaps:
             out["step_gap_median_max_s"] = [round(gaps[len(gaps) // 2], 3), round(gaps[-1], 3)]
-        out["checkpoints"] = [r["ckpt"] for r in steps if "ckpt" in r]
+        out["checkpoints"] = [{k: r[k] for k in r if k.startswith("ckpt_")} for r in steps if "ckpt_step" in r]
     tgt = drf = 0.0
     waits, opens = {}, {}
     for s, r in sorted(last.items()):

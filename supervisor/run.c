@@ -117,6 +117,31 @@ static void on_tick(uv_timer_t *t) {
     sup__stall_check(S, now);
 }
 
+/* The summary's loss means and throughput (steady, wall: sup__rates) at the run's end. */
+static void sum_figures(const sup_t *S, sup_summary_t *sum) {
+    uint64_t n = S->n_losses;
+    uint64_t k = n < 10 ? n : 10;
+    sum->loss_first10 = sup__mean_range(S->losses, 0, k);
+    sum->loss_last10 = sup__mean_range(S->losses, n - k, n);
+    sum->n_first = sum->n_last = (int)k;
+    sum->tokens = (uint64_t)S->tokens;
+    /* steady state: from the first applied step to the last (model loading excluded), on
+     * the supervisor's clock (the optimizer's own restarts with each incarnation), with
+     * the tokens of the steps that survive an optimizer restart (relay.c) */
+    sum->seconds = S->have_step ? S->t_last_step - S->t_first_step : 0;
+    sum->tokens_per_s = sum->seconds > 0 ? (S->tokens - S->tokens_first) / sum->seconds : 0;
+    sup_rates_t r;
+    sup__rates(S, clock_mono_s(), &r);
+    sum->steady_tokens_per_s = r.steady;
+    sum->steady_from = r.from;
+    sum->steady_to = r.to;
+    snprintf(sum->steady_note, sizeof sum->steady_note, "%s", r.note);
+    sum->wall_tokens_per_s = r.wall;
+    sum->wall_s = r.wall_s;
+    sum->startup_s = r.startup_s;
+    sum->final_ckpt_s = r.final_ckpt_s;
+}
+
 /* One supervisor per run dir: the caller (cmd_run) holds the exclusive flock on
  * <out>/run.lock for the whole run (taken there, before the dir is touched: a second
  * flock here, on another fd of the same process, would conflict with it). */
@@ -229,26 +254,7 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
      * --max-steps) did not cut the run short: it finished its steps */
     if (sum->interrupted && sum->steps >= o->max_steps) sum->interrupted = 0, sum->signal = 0;
     uint64_t n = S.n_losses;
-    uint64_t k = n < 10 ? n : 10;
-    sum->loss_first10 = sup__mean_range(S.losses, 0, k);
-    sum->loss_last10 = sup__mean_range(S.losses, n - k, n);
-    sum->n_first = sum->n_last = (int)k;
-    sum->tokens = (uint64_t)S.tokens;
-    /* steady state: from the first applied step to the last (model loading excluded), on
-     * the supervisor's clock (the optimizer's own restarts with each incarnation), with
-     * the tokens of the steps that survive an optimizer restart (relay.c) */
-    sum->seconds = S.have_step ? S.t_last_step - S.t_first_step : 0;
-    sum->tokens_per_s = sum->seconds > 0 ? (S.tokens - S.tokens_first) / sum->seconds : 0;
-    sup_rates_t r;
-    sup__rates(&S, clock_mono_s(), &r);
-    sum->steady_tokens_per_s = r.steady;
-    sum->steady_from = r.from;
-    sum->steady_to = r.to;
-    snprintf(sum->steady_note, sizeof sum->steady_note, "%s", r.note);
-    sum->wall_tokens_per_s = r.wall;
-    sum->wall_s = r.wall_s;
-    sum->startup_s = r.startup_s;
-    sum->final_ckpt_s = r.final_ckpt_s;
+    sum_figures(&S, sum);
     sum->failed = S.failed;
     char name[128];
     uint64_t latest_step = 0;

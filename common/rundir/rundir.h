@@ -239,7 +239,8 @@ typedef struct {
 } rundir_step_t;
 
 /* A checkpoint written since the previous steps line: the line ends with
- * "ckpt":{"step":N,"waited_s":W,"snapshot_s":S,"write_s":F}, in s: waited for the
+ * "ckpt_step":N,"ckpt_waited_s":W,"ckpt_snapshot_s":S,"ckpt_write_s":F (flat: readers
+ * that count "step": keys see one per line), in s: waited for the
  * previous write, snapshot of the state (no step applied meanwhile), files written (steps
  * went on meanwhile, except after the final one). */
 typedef struct {

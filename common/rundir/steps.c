@@ -83,7 +83,7 @@ int rundir_steps_append_ck(rundir_steps_t *w, const rundir_step_t *s, const rund
     snprintf(gs, sizeof gs, isfinite(s->grad_norm) ? "%.9g" : "null", s->grad_norm);
     char ck[160] = "";
     if (c)
-        snprintf(ck, sizeof ck, ",\"ckpt\":{\"step\":%llu,\"waited_s\":%.3f,\"snapshot_s\":%.3f,\"write_s\":%.3f}",
+        snprintf(ck, sizeof ck, ",\"ckpt_step\":%llu,\"ckpt_waited_s\":%.3f,\"ckpt_snapshot_s\":%.3f,\"ckpt_write_s\":%.3f",
                  (unsigned long long)c->step, c->waited_s, c->snap_s, c->write_s);
     fprintf(w->f, "{\"step\":%llu,\"loss\":%s,\"grad_norm\":%s,\"lr\":%.9g,\"tokens\":%llu,"
             "\"skipped\":%d,\"acc_mean\":%.6f,\"t\":%.3f%s}\n", (unsigned long long)s->step, ls, gs,
