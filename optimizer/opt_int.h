@@ -13,7 +13,9 @@
 #ifndef DL_OPTIMIZER_OPT_INT_H
 #define DL_OPTIMIZER_OPT_INT_H
 
+#include "common/model/drafter.h"
 #include "common/ops/ops.h"
+#include "common/pipe/ckpt.h"
 #include "common/pipe/peers.h"
 #include "common/pipe/stage.h"
 
@@ -72,5 +74,76 @@ void ons_echo(ons_t *n, int pi, const char *who, const proto_nccl_id_t *x);
 
 /* 1 while a receive or a broadcast is outstanding (no step is applied then). */
 int ons_busy(const ons_t *n);
+
+/* ---- the checkpoint writer (ckpt_write.c) ----
+ * A checkpoint is a snapshot, then a write. The snapshot copies the step's state
+ * (master, m, v: P f32 each) into buffers of the writer's own, allocated once at the
+ * first checkpoint and reused: on GPU pinned host memory (dev_host_alloc) filled by
+ * async device-to-host copies on a copy stream of its own, waited for on a libuv worker
+ * thread; on CPU a memcpy in parallel chunks on that thread. No step may be applied
+ * while the snapshot is pending (ockw_holds_steps); once it is complete (`snapped`),
+ * steps go on while the files are written from the snapshot on a worker thread
+ * (ckpt_write, then the retention). A checkpoint asked for while the previous one is
+ * still being written waits for it (logged with how long). The loop thread never
+ * copies, writes nor fsyncs state. A final checkpoint (then != OCKW_THEN_NONE) on CPU
+ * writes from the state itself (no step follows it): no snapshot copy. */
+typedef struct ockw ockw_t;
+
+/* What follows a checkpoint (handed back in `done`). */
+enum { OCKW_THEN_NONE, OCKW_THEN_PUBLISH, OCKW_THEN_STOP };
+
+typedef struct {
+    const char *out;           /* the run's out dir (checkpoints/ under it) */
+    drafter_t *layout;         /* its master vector is written by the worker thread: the
+                                  loop reads only its tensor table (names, offsets) */
+    size_t P;                  /* parameters */
+    int gpu;                   /* -1: the state is host memory */
+    int64_t keep;              /* --keep-checkpoints (0: keep all) */
+    const char *resume_dir;    /* the checkpoint resumed from ("" if none), kept from the
+                                  retention until a newer step is written */
+    uint64_t resume_step;
+    int64_t delay_ms;          /* test hook optimizer.ckpt_delay_ms: each write that much slower */
+    int64_t fail_step;         /* test hook optimizer.ckpt_fail_step: that step's write fails (-1 none) */
+} ockw_cfg_t;
+
+/* Loop-thread news. snapped: the snapshot is complete, steps may be applied again.
+ * done: the checkpoint of `step` was written (rc 0: last_dir names it) or not (rc < 0,
+ * already logged): `then` as given to ockw_start. */
+typedef struct {
+    void (*snapped)(void *arg);
+    void (*done)(void *arg, uint64_t step, int rc, int then);
+    void *arg;
+} ockw_cb_t;
+
+/* The figures of the last checkpoint written (steps.jsonl, the final step's metrics). */
+typedef struct {
+    uint64_t step;
+    double waited_s;           /* for the previous write before its snapshot */
+    double snap_s, write_s;    /* snapshot; files + retention */
+} ockw_times_t;
+
+/* A writer on `loop` (the stage's); cfg's strings are not copied (they outlive it).
+ * Allocates only the struct (the snapshot buffers come at the first checkpoint).
+ * Returns 0 or DL_ENOMEM. */
+int ockw_new(ockw_t **out, uv_loop_t *loop, const ockw_cfg_t *cfg, const ockw_cb_t *cb);
+/* Frees the snapshot buffers and the copy stream; *w = NULL; NULL accepted. Only when
+ * nothing is in flight (!ockw_busy). */
+void ockw_destroy(ockw_t **w);
+
+/* Starts the checkpoint of header h (step, schedule, settings; crc filled by ckpt_write)
+ * with the state master, m, v (P f32 each, on the backend: device memory on GPU; they
+ * must hold step h->step and not change until `snapped`) and the loader cursor (40
+ * bytes, copied; NULL: none). GPU: the step's work on the compute stream is complete
+ * (apply_step synchronises it). Queued behind a write in flight. Never blocks. */
+void ockw_start(ockw_t *w, const ckpt_state_hdr_t *h, const uint8_t *cursor, const float *master,
+                const float *m, const float *v, int then);
+/* 1 while a started checkpoint's snapshot is not complete: no step may be applied. */
+int ockw_holds_steps(const ockw_t *w);
+/* 1 while a checkpoint is queued, snapshotting or writing. NULL: 0. */
+int ockw_busy(const ockw_t *w);
+/* The final dir of the last checkpoint written ("" before any). */
+const char *ockw_last_dir(const ockw_t *w);
+/* Times of the last checkpoint written; 0 (and *t untouched) before any. */
+int ockw_times(const ockw_t *w, ockw_times_t *t);
 
 #endif

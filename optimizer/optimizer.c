@@ -18,12 +18,12 @@
  * weights_version sent to every drafter, applied sent to the loader and supervisor.
  * A step whose loss or gradient norm is NaN/Inf is skipped (weights unchanged,
  * the micro-batches reported) and counted.
- * Checkpoints every --save-every steps and at the end (common/pipe/ckpt.h). The files are
- * written on a libuv worker thread (uv_queue_work) so the loop keeps heartbeating however
- * long the write takes (25 s for an 8B drafter, over the 3 s heartbeat timeout); no step is
- * applied while one is in flight (on CPU the state arrays are the ones written), and the
- * final step's news (weights, applied, metrics, steps.jsonl) wait for its checkpoint. GPU:
- * the state comes to the host copies on the loop thread first, as before.
+ * Checkpoints every --save-every steps and at the end (common/pipe/ckpt.h), by the writer
+ * of ckpt_write.c (opt_int.h): a snapshot of the state off the loop thread (GPU: pinned
+ * host memory on a copy stream), during which no step is applied, then the files from the
+ * snapshot on a worker thread while steps go on; the loop keeps heartbeating however long
+ * either takes. The final step's news (weights, applied, metrics, steps.jsonl) wait for
+ * its checkpoint.
  *
  * GPU mode (--gpu N, CUDA builds; `draftline run` puts it on the first drafter GPU):
  * master weights, moments and the step's gradient live on GPU N; the weights slab is
@@ -103,7 +103,7 @@ typedef struct {
     drafter_config_t dcfg;
     size_t P;
     float *master, *m, *v, *gsum, *norm_sq;  /* on the ops backend (device on GPU) */
-    float *h_master, *h_m, *h_v;  /* host copies for checkpoints (== the above on CPU) */
+    float *h_master, *h_m, *h_v;  /* host state at start-up (== the above on CPU) */
     slab_t *wslab;             /* 2 * P f32: weights of versions v%2 (device on GPU) */
     hcache_t *hc;
     peers_t peers;             /* the drafters that said hello (common/pipe/peers.h) */
@@ -123,7 +123,6 @@ typedef struct {
     rundir_steps_t *steps_log;     /* <out>/steps.jsonl */
     double t_step0;
     double last_loss, last_gnorm, last_lr;
-    char last_ckpt_dir[4200];
     /* --keep-checkpoints (0: keep all) and the checkpoint resumed from (protected from
      * the retention until a newer one is written; "" when not resumed) */
     int64_t keep_ckpts;
@@ -135,14 +134,10 @@ typedef struct {
     xfer_rx_t rx;
     ons_t *ns;                 /* GPU drafters on other nodes: NCCL (nccl_step.c; hook nccl_cross=1) */
     int in_apply;
-    /* the checkpoint in flight on the worker thread (ck_busy) and what follows it */
-    uv_work_t ck_work;
-    int ck_busy, ck_then, ck_rc, ck_pruned, stop_pending, ck_stop_tried;
-    ckpt_state_hdr_t ck_h;
-    uint8_t ck_cur[BATCHER_CURSOR_BYTES];
-    int ck_have_cur;
-    double ck_t0;
-    char ck_err[512], ck_prune_err[512];
+    /* checkpoints: snapshot, then files on a worker thread (ckpt_write.c; made at the first) */
+    ockw_t *ck;
+    int stop_pending, ck_stop_tried;
+    uint64_t ck_logged;        /* the checkpoint whose times went on a steps.jsonl line (0: none) */
     int64_t ck_delay_ms;       /* test hook optimizer.ckpt_delay_ms: each write that much slower */
     int64_t ck_fail_step;      /* test hook optimizer.ckpt_fail_step: that step's write fails (-1 none) */
     int ckpt_failures;         /* checkpoints that could not be written (ckpt_failures metric) */
@@ -151,9 +146,6 @@ typedef struct {
     struct { uint64_t applied, toks; double loss, gnorm, lr; int skip; uint32_t n_acc;
              double acc[DL_PROTO_MAX_BLOCK]; } pub;
 } opt_t;
-
-/* What follows a checkpoint write (ck_after). */
-enum { CK_THEN_NONE, CK_THEN_PUBLISH, CK_THEN_STOP };
 
 static float *wbuf(opt_t *O, uint64_t version) {
     return (float *)slab_ptr(O->wslab) + (version % 2) * O->P;
@@ -200,15 +192,6 @@ static void export_slab(bus_t *bus, const char *peer, const slab_handle_t *h) {
     stage_send(bus, peer, &m);
 }
 
-/* GPU mode: the backend's state to the host copies (checkpoints). */
-static void state_to_host(opt_t *O) {
-    if (O->gpu < 0) return;
-    const ops_impl_t *x = O->ops.impl;
-    x->download(&O->ops, O->h_master, O->master, O->P * 4);
-    x->download(&O->ops, O->h_m, O->m, O->P * 4);
-    x->download(&O->ops, O->h_v, O->v, O->P * 4);
-}
-
 static double lr_at(const opt_t *O, uint64_t step) {
     if (O->warmup && step < O->warmup) return O->lr * (double)(step + 1) / (double)O->warmup;
     if (O->max_steps <= O->warmup + 1) return O->lr;
@@ -222,72 +205,50 @@ static void publish_step(opt_t *O);
 static void opt_stop(opt_t *O);
 static void send_hello(opt_t *O);
 
-/* Worker thread: the files of the checkpoint (and the retention). Touches only what no
- * loop callback changes while ck_busy: the host state, the layout, the header copy. */
-static void ck_work(uv_work_t *req) {
-    opt_t *O = req->data;
-    if (O->ck_delay_ms > 0)
-        nanosleep(&(struct timespec){O->ck_delay_ms / 1000, (long)(O->ck_delay_ms % 1000) * 1000000L}, NULL);
-    if (O->ck_fail_step >= 0 && O->ck_h.step == (uint64_t)O->ck_fail_step)   /* as a full disk would */
-        O->ck_rc = dl_seterr(DL_EIO, "%s/checkpoints/step_%llu.tmp: write: No space left on device (test hook "
-                             "optimizer.ckpt_fail_step)", O->out, (unsigned long long)O->ck_h.step);
-    else
-        O->ck_rc = ckpt_write(O->out, O->layout, &O->ck_h, O->h_master, O->h_m, O->h_v,
-                              O->ck_have_cur ? O->ck_cur : NULL, O->last_ckpt_dir, sizeof O->last_ckpt_dir);
-    O->ck_pruned = 0;
-    if (O->ck_rc < 0) {
-        snprintf(O->ck_err, sizeof O->ck_err, "%s", dl_errmsg());   /* thread-local message */
-        return;
-    }
-    if (O->keep_ckpts > 0) {
-        /* retention: failures are warnings, the run goes on */
-        uint64_t step = O->ck_h.step;
-        const char *protect = O->resume_dir[0] && step <= O->resume_step ? O->resume_dir : NULL;
-        O->ck_pruned = ckpt_prune(O->out, O->keep_ckpts, O->P, protect);
-        if (O->ck_pruned < 0) snprintf(O->ck_prune_err, sizeof O->ck_prune_err, "%s", dl_errmsg());
-    }
+/* The checkpoint's snapshot is complete: steps may be applied again. */
+static void ck_snapped(void *arg) {
+    opt_t *O = arg;
+    if (!O->in_apply) maybe_apply(O);
 }
 
-/* Loop thread, after ck_work: the log lines and metrics of the checkpoint, then what was
- * waiting for it (the final step's news, the stop, the next step). */
-static void ck_after(uv_work_t *req, int status) {
-    opt_t *O = req->data;
-    (void)status;
-    O->ck_busy = 0;
-    if (O->ck_rc < 0) {
-        dl_seterr(O->ck_rc, "%s", O->ck_err);
-        log_rc(O->ck_rc, "checkpoint");
+/* A checkpoint was written (rc 0) or not (rc < 0, logged by the writer): its metrics,
+ * then what waited for it (the final step's news, the stop, the next step). */
+static void ck_done(void *arg, uint64_t step, int rc, int then) {
+    opt_t *O = arg;
+    if (rc < 0) {
         /* training goes on (the next checkpoint tries again); the supervisor says it on
          * the console at once and in status (metrics ckpt_failures, ckpt_failed_step) */
         O->ckpt_failures++;
-        O->ckpt_failed_step = O->ck_h.step;
-        stage_publish_metrics(&O->st);
+        O->ckpt_failed_step = step;
     } else {
-        O->last_ckpt = O->ck_h.step;
-        /* at once (not at the next 1 s tick): a supervisor on another node learns of it */
+        O->last_ckpt = step;
         O->ckpt_written = 1;
-        stage_publish_metrics(&O->st);
-        log_info("checkpoint step %llu written to %s (%.2f s)", (unsigned long long)O->ck_h.step,
-                 O->last_ckpt_dir, clock_mono_s() - O->ck_t0);
-        if (O->ck_pruned < 0) log_warn("--keep-checkpoints %lld: %s", (long long)O->keep_ckpts, O->ck_prune_err);
-        else if (O->ck_pruned > 0)
-            log_info("--keep-checkpoints %lld: removed %d older checkpoint(s)", (long long)O->keep_ckpts, O->ck_pruned);
     }
-    int then = O->ck_then;
-    O->ck_then = CK_THEN_NONE;
-    if (then == CK_THEN_PUBLISH) {
+    /* at once (not at the next 1 s tick): a supervisor on another node learns of it */
+    stage_publish_metrics(&O->st);
+    if (then == OCKW_THEN_PUBLISH) {
         O->in_apply = 1;
         publish_step(O);
         O->in_apply = 0;
     }
-    if (then == CK_THEN_STOP || O->stop_pending) opt_stop(O);
+    if (then == OCKW_THEN_STOP || O->stop_pending) opt_stop(O);
     else maybe_apply(O);
 }
 
-/* Starts the checkpoint of step O->step on the worker thread (ck_work, then ck_after with
- * `then`). The header and cursor are taken now; GPU: the state comes to the host copies
- * here, on the loop thread. */
+/* Starts the checkpoint of step O->step (ckpt_write.c: snapshot, then the files on a
+ * worker thread; ck_snapped, then ck_done with `then`). The header and cursor are taken
+ * now. The writer is made at the first checkpoint. */
 static void checkpoint(opt_t *O, int then) {
+    if (!O->ck) {
+        ockw_cfg_t kc = {O->out, O->layout, O->P, O->gpu, O->keep_ckpts, O->resume_dir, O->resume_step,
+                         O->ck_delay_ms, O->ck_fail_step};
+        ockw_cb_t kb = {ck_snapped, ck_done, O};
+        if (ockw_new(&O->ck, &O->st.loop, &kc, &kb) < 0) {
+            log_rc(DL_ENOMEM, "checkpoint");
+            ck_done(O, O->step, DL_ENOMEM, then);
+            return;
+        }
+    }
     ckpt_state_hdr_t h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, CKPT_MAGIC, 8);
@@ -306,20 +267,14 @@ static void checkpoint(opt_t *O, int then) {
         h.token_budget = O->rec_tb; h.max_len = O->rec_ml; h.num_anchors = O->rec_na; h.epochs = O->rec_ep;
         h.block_size = O->rec_bs; h.drafter_layers = O->rec_dl; h.target_fp = O->rec_tfp;
     }
-    O->ck_have_cur = O->have_cursor;
+    uint8_t cur[BATCHER_CURSOR_BYTES];
     if (O->have_cursor) {
         batcher_cursor_t c;
         batcher_cursor_decode(O->cursor, sizeof O->cursor, &c);
         c.next_mb = O->step * O->K;
-        batcher_cursor_encode(&c, O->ck_cur);
+        batcher_cursor_encode(&c, cur);
     }
-    O->ck_h = h;
-    O->ck_t0 = clock_mono_s();
-    state_to_host(O);
-    O->ck_busy = 1;
-    O->ck_then = then;
-    O->ck_work.data = O;
-    uv_queue_work(&O->st.loop, &O->ck_work, ck_work, ck_after);
+    ockw_start(O->ck, &h, O->have_cursor ? cur : NULL, O->master, O->m, O->v, then);
 }
 
 static void apply_step(opt_t *O) {
@@ -402,7 +357,7 @@ static void apply_step(opt_t *O) {
     O->pub.applied = applied; O->pub.toks = toks; O->pub.loss = loss; O->pub.gnorm = gnorm; O->pub.lr = lr;
     O->pub.skip = skip; O->pub.n_acc = n_acc;
     memcpy(O->pub.acc, acc, sizeof acc);
-    if (O->step == O->max_steps) checkpoint(O, CK_THEN_PUBLISH);   /* ck_after publishes */
+    if (O->step == O->max_steps) checkpoint(O, OCKW_THEN_PUBLISH);   /* ck_done publishes */
     else publish_step(O);
 }
 
@@ -442,6 +397,7 @@ static void publish_step(opt_t *O) {
     stage_metric(&mm.metrics, "grad_norm", gnorm);
     stage_metric(&mm.metrics, "lr", lr);
     stage_metric(&mm.metrics, "tokens", (double)O->tokens);
+    stage_metric(&mm.metrics, "step_tokens", (double)toks);
     stage_metric(&mm.metrics, "skipped", skip);
     stage_metric(&mm.metrics, "elapsed_s", now - O->t_step0);
     char name[16];
@@ -452,15 +408,21 @@ static void publish_step(opt_t *O) {
         if (k < 16) { snprintf(name, sizeof name, "acc_%u", k); stage_metric(&mm.metrics, name, a_k); }
     }
     stage_metric(&mm.metrics, "acc_mean", n_acc > 1 ? accm / (n_acc - 1) : 0);
+    /* a checkpoint written since the last line: its times (the final one's for the summary) */
+    ockw_times_t ct = {0};
+    int has_ck = ockw_times(O->ck, &ct) && ct.step != O->ck_logged;
+    if (has_ck) O->ck_logged = ct.step;
+    if (has_ck && final) stage_metric(&mm.metrics, "ckpt_s", ct.snap_s + ct.write_s);
     stage_send(O->st.sup, NULL, &mm);
     if (O->steps_log) {
         rundir_step_t sl = {applied, loss, gnorm, lr, O->tokens, skip, n_acc > 1 ? accm / (n_acc - 1) : 0.0,
                             now - O->t_step0};
-        rundir_steps_append(O->steps_log, &sl);
+        rundir_step_ckpt_t sc = {ct.step, ct.waited_s, ct.snap_s, ct.write_s};
+        rundir_steps_append_ck(O->steps_log, &sl, has_ck ? &sc : NULL);
     }
     log_info("step %llu applied: loss %.4f, |g| %.3g, lr %.3g, %llu tokens", (unsigned long long)applied,
              loss, gnorm, lr, (unsigned long long)toks);
-    if (!final && O->save_every && O->step % O->save_every == 0) checkpoint(O, CK_THEN_NONE);
+    if (!final && O->save_every && O->step % O->save_every == 0) checkpoint(O, OCKW_THEN_NONE);
     if (O->step == O->max_steps) log_info("reached --max-steps %llu", (unsigned long long)O->max_steps);
 }
 
@@ -519,7 +481,7 @@ static void on_grads_checked(opt_t *O, int pi, const proto_gradients_ready_t *g)
 /* Applies the step once every micro-batch contributed and no weights wait for the bus
  * (their source is the slab half the step would rewrite two versions on). */
 static void maybe_apply(opt_t *O) {
-    if (O->ck_busy || O->stop_pending) return;   /* ck_after calls again */
+    if (ockw_holds_steps(O->ck) || O->stop_pending) return;   /* ck_snapped / ck_done call again */
     for (uint64_t j = 0; j < O->K; j++) if (!O->c[j].present) return;
     if (xfer_pending(O->xf)) return;   /* on_weights_sent calls again */
     if (ons_busy(O->ns)) return;       /* NCCL transfers outstanding: its landed callback calls again */
@@ -703,10 +665,10 @@ static void on_metrics(stage_t *st, proto_metrics_t *m, void *arg) {
  * flight, if any: ck_after calls again), then the sockets close. */
 static void opt_stop(opt_t *O) {
     O->stop_pending = 1;
-    if (O->ck_busy) return;
-    if (O->step != O->last_ckpt && O->ck_then != CK_THEN_STOP && !O->ck_stop_tried) {
+    if (ockw_busy(O->ck)) return;   /* ck_done calls again */
+    if (O->step != O->last_ckpt && !O->ck_stop_tried) {
         O->ck_stop_tried = 1;
-        checkpoint(O, CK_THEN_STOP);
+        checkpoint(O, OCKW_THEN_STOP);
         return;
     }
     if (O->srv) bus_close(O->srv, NULL, NULL);
@@ -835,6 +797,7 @@ static void opt_fini(opt_t *O) {
     bus_destroy(&O->loader);
     stage_fini(&O->st);
     hcache_destroy(&O->hc);
+    ockw_destroy(&O->ck);   /* before the device's context goes (its copy stream) */
     slab_destroy(&O->wslab);
     drafter_destroy(&O->layout);
     if (O->gpu >= 0) {

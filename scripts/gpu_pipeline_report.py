@@ -48,6 +48,12 @@ def main():
         out["tokens_per_s_e2e"] = round((s1["tokens"] - s0["tokens"]) / (s1["t"] - s0["t"]), 1)
         out["steady_window_s"] = round(s1["t"] - s0["t"], 2)
         out["loss_first_last"] = [steps[0]["loss"], steps[-1]["loss"]]
+        # step gaps (issue 14: none over 1.5x the median with --save-every) and the checkpoints'
+        # snapshot / write times the optimizer put on the steps' lines
+        gaps = sorted(b["t"] - a["t"] for a, b in zip(steps[1:-1], steps[2:-1]))
+        if gaps:
+            out["step_gap_median_max_s"] = [round(gaps[len(gaps) // 2], 3), round(gaps[-1], 3)]
+        out["checkpoints"] = [{k: r[k] for k in r if k.startswith("ckpt_")} for r in steps if "ckpt_step" in r]
     tgt = drf = 0.0
     waits, opens = {}, {}
     for s, r in sorted(last.items()):

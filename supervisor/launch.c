@@ -6,6 +6,7 @@
  * run dir is taken. */
 #include "supervisor/launch_int.h"
 #include "common/base/cli.h"
+#include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
 #include "common/base/paths.h"
@@ -451,12 +452,21 @@ static int lc_supervise(launch_t *L) {
     int rc = supervisor_run(&L->so, &sum);
     if (strcmp(L->sock, L->out) != 0) rmdir(L->sock);
     if (L->lock_fd >= 0) close(L->lock_fd);   /* the run dir is free again */
-    if (sum.n_first > 0)
-        printf("\nsummary: %llu steps%s, loss %.4f (mean of the first %d) -> %.4f (mean of the last %d), "
-               "%.0f target tokens/s over %.1f s, %d restart(s)\n",
+    if (sum.n_first > 0) {
+        char steady[192], ck[48] = "";
+        if (sum.steady_tokens_per_s > 0)
+            snprintf(steady, sizeof steady, "steady %.0f target tokens/s (steps %llu..%llu%s%s)",
+                     sum.steady_tokens_per_s, (unsigned long long)sum.steady_from, (unsigned long long)sum.steady_to,
+                     sum.steady_note[0] ? ": " : "", sum.steady_note);
+        else
+            snprintf(steady, sizeof steady, "steady n/a (%s)", sum.steady_note[0] ? sum.steady_note : "no rate");
+        if (sum.final_ckpt_s > 0) snprintf(ck, sizeof ck, ", final checkpoint %.1f s", sum.final_ckpt_s);
+        printf("\nsummary: %llu steps%s, loss %.4f (mean of the first %d) -> %.4f (mean of the last %d), %s, "
+               "wall %.0f target tokens/s over %.1f s (start-up %.1f s to step %llu%s), %d restart(s)\n",
                (unsigned long long)sum.steps, sum.interrupted ? " (interrupted)" : "", sum.loss_first10,
-               sum.n_first, sum.loss_last10, sum.n_last, sum.tokens_per_s, sum.seconds, sum.restarts);
-    else
+               sum.n_first, sum.loss_last10, sum.n_last, steady, sum.wall_tokens_per_s, sum.wall_s, sum.startup_s,
+               (unsigned long long)L->start_step, ck, sum.restarts);
+    } else
         printf("\nsummary: no step applied%s, %d restart(s)\n", sum.interrupted ? " (interrupted)" : "",
                sum.restarts);
     printf("checkpoint: %s%s%s%s\n", sum.checkpoint[0] ? sum.checkpoint : "(none)",
@@ -474,6 +484,7 @@ int sup_launch(run_opts_t *o) {
     memset(&L, 0, sizeof L);
     L.o = o;
     L.lock_fd = -1;
+    L.so.t_launch = clock_mono_s();   /* the wall clock of the summary starts here */
     /* Everything that does not need the data is checked before the data is prepared and
      * before the out dir is created. */
     int (*const phases[])(launch_t *) = {

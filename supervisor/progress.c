@@ -198,3 +198,31 @@ void sup__progress_final(sup_t *S) {
     if (S->prog.have && S->prog.printed < S->prog.step + 1) print_step(S);
     sup__progress_fini(S);
 }
+
+void sup__rates(const sup_t *S, double now, sup_rates_t *r) {
+    uint64_t n = S->n_losses, s0 = S->o->start_step;
+    memset(r, 0, sizeof *r);
+    r->note = "";
+    for (uint64_t i = 0; i < n; i++) r->tokens += S->step_tok[i];
+    double t_start = S->o->t_launch > 0 ? S->o->t_launch : S->t0;
+    r->wall_s = now - t_start;
+    r->wall = r->wall_s > 0 ? r->tokens / r->wall_s : 0;
+    r->startup_s = n ? S->step_t[0] - t_start : 0;
+    r->final_ckpt_s = S->final_ckpt_s;
+    uint64_t a, z;   /* the window: steps a..z of this run, timed from the end of step a - 1 */
+    if (n >= 4) {
+        a = 2, z = n - 2;
+    } else if (n >= 2) {
+        a = 1, z = n - 1;
+        r->note = "too few steps to leave out the first two and the last";
+    } else {
+        r->note = n ? "one step" : "no step";
+        return;
+    }
+    double tok = 0;
+    for (uint64_t i = a; i <= z; i++) tok += S->step_tok[i];
+    double dt = S->step_t[z] - S->step_t[a - 1];
+    r->steady = dt > 0 ? tok / dt : 0;
+    r->from = s0 + a;
+    r->to = s0 + z;
+}

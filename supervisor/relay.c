@@ -85,7 +85,7 @@ static void on_metrics(sup_t *S, const char *peer, const proto_metrics_t *m) {
         }
     }
     if (m->role != PROTO_ROLE_OPTIMIZER || strcmp(m->state, "step") != 0) return;
-    double step = -1, loss = NAN, acc_mean = 0, tokens = 0, elapsed = 0;
+    double step = -1, loss = NAN, acc_mean = 0, tokens = 0, elapsed = 0, step_tokens = NAN;
     S->n_acc = 0;
     for (uint32_t i = 0; i < m->n_metrics; i++) {
         const char *n = m->metrics[i].name;
@@ -95,6 +95,8 @@ static void on_metrics(sup_t *S, const char *peer, const proto_metrics_t *m) {
         else if (!strcmp(n, "acc_mean")) acc_mean = v;
         else if (!strcmp(n, "tokens")) tokens = v;
         else if (!strcmp(n, "elapsed_s")) elapsed = v;
+        else if (!strcmp(n, "step_tokens")) step_tokens = v;
+        else if (!strcmp(n, "ckpt_s")) S->final_ckpt_s = v;   /* only on the final step's */
         else if (!strncmp(n, "acc_", 4) && S->n_acc < 16) S->acc[S->n_acc++] = v;
     }
     if (step < 0) return;
@@ -142,7 +144,14 @@ static void on_metrics(sup_t *S, const char *peer, const proto_metrics_t *m) {
     S->last_acc_mean = acc_mean;
     S->tokens = tokens;
     S->elapsed = elapsed;
-    if (S->n_losses < SUP_LOSS_HIST) S->losses[S->n_losses++] = loss;
+    if (S->n_losses < SUP_LOSS_HIST) {
+        /* an optimizer without step_tokens: the cumulative count's difference */
+        double prev = S->n_losses ? S->last_tokens_step : tokens;
+        S->step_t[S->n_losses] = clock_mono_s();
+        S->step_tok[S->n_losses] = isfinite(step_tokens) ? step_tokens : tokens - prev;
+        S->losses[S->n_losses++] = loss;
+    }
+    S->last_tokens_step = tokens;
 }
 
 /* Membership (common/pipe/cred.h): 1 when hello h carries the credential of its stage id

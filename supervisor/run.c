@@ -117,6 +117,31 @@ static void on_tick(uv_timer_t *t) {
     sup__stall_check(S, now);
 }
 
+/* The summary's loss means and throughput (steady, wall: sup__rates) at the run's end. */
+static void sum_figures(const sup_t *S, sup_summary_t *sum) {
+    uint64_t n = S->n_losses;
+    uint64_t k = n < 10 ? n : 10;
+    sum->loss_first10 = sup__mean_range(S->losses, 0, k);
+    sum->loss_last10 = sup__mean_range(S->losses, n - k, n);
+    sum->n_first = sum->n_last = (int)k;
+    sum->tokens = (uint64_t)S->tokens;
+    /* steady state: from the first applied step to the last (model loading excluded), on
+     * the supervisor's clock (the optimizer's own restarts with each incarnation), with
+     * the tokens of the steps that survive an optimizer restart (relay.c) */
+    sum->seconds = S->have_step ? S->t_last_step - S->t_first_step : 0;
+    sum->tokens_per_s = sum->seconds > 0 ? (S->tokens - S->tokens_first) / sum->seconds : 0;
+    sup_rates_t r;
+    sup__rates(S, clock_mono_s(), &r);
+    sum->steady_tokens_per_s = r.steady;
+    sum->steady_from = r.from;
+    sum->steady_to = r.to;
+    snprintf(sum->steady_note, sizeof sum->steady_note, "%s", r.note);
+    sum->wall_tokens_per_s = r.wall;
+    sum->wall_s = r.wall_s;
+    sum->startup_s = r.startup_s;
+    sum->final_ckpt_s = r.final_ckpt_s;
+}
+
 /* One supervisor per run dir: the caller (cmd_run) holds the exclusive flock on
  * <out>/run.lock for the whole run (taken there, before the dir is touched: a second
  * flock here, on another fd of the same process, would conflict with it). */
@@ -129,10 +154,15 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     int64_t strip = 0;   /* test hook (see sup_t.strip_gpu), read once before any spawn */
     S.strip_gpu = testhook_i64("strip_gpu", &strip) == 1 && strip == 1;
     S.losses = calloc(SUP_LOSS_HIST, sizeof(double));
+    S.step_t = calloc(SUP_LOSS_HIST, sizeof(double));
+    S.step_tok = calloc(SUP_LOSS_HIST, sizeof(double));
     S.last_applied = (int64_t)o->start_step - 1;
     S.opt_ckpt_step = -1;
     S.ckpt_failed_step = -1;
-    if (!S.losses) return dl_seterr(DL_ENOMEM, "supervisor: out of memory");
+    if (!S.losses || !S.step_t || !S.step_tok) {
+        free(S.losses); free(S.step_t); free(S.step_tok);
+        return dl_seterr(DL_ENOMEM, "supervisor: out of memory");
+    }
     DL_TRY(cred_secret_new(S.secret));   /* membership: each stage's credential derives from it */
     uv_loop_init(&S.loop);
     S.metrics = rundir_metrics_open(o->out_dir);
@@ -224,16 +254,7 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
      * --max-steps) did not cut the run short: it finished its steps */
     if (sum->interrupted && sum->steps >= o->max_steps) sum->interrupted = 0, sum->signal = 0;
     uint64_t n = S.n_losses;
-    uint64_t k = n < 10 ? n : 10;
-    sum->loss_first10 = sup__mean_range(S.losses, 0, k);
-    sum->loss_last10 = sup__mean_range(S.losses, n - k, n);
-    sum->n_first = sum->n_last = (int)k;
-    sum->tokens = (uint64_t)S.tokens;
-    /* steady state: from the first applied step to the last (model loading excluded), on
-     * the supervisor's clock (the optimizer's own restarts with each incarnation), with
-     * the tokens of the steps that survive an optimizer restart (relay.c) */
-    sum->seconds = S.have_step ? S.t_last_step - S.t_first_step : 0;
-    sum->tokens_per_s = sum->seconds > 0 ? (S.tokens - S.tokens_first) / sum->seconds : 0;
+    sum_figures(&S, sum);
     sum->failed = S.failed;
     char name[128];
     uint64_t latest_step = 0;
@@ -252,6 +273,8 @@ int supervisor_run(const sup_opts_t *o, sup_summary_t *sum) {
     uint64_t finite = 0;
     for (uint64_t i = 0; i < n; i++) finite += isfinite(S.losses[i]) != 0;
     free(S.losses);
+    free(S.step_t);
+    free(S.step_tok);
     /* a failed run's result is a checkpoint this run wrote, never the one it started from */
     if (S.failed && (!have_latest || latest_step <= o->start_step)) sum->checkpoint[0] = 0;
     int nrc = sup__nodes_result(&S);

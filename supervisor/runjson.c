@@ -2,6 +2,7 @@
  * state and writes it through common/rundir (the format's one owner). */
 #include "supervisor/sup_int.h"
 #include "supervisor/nodes.h"
+#include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
 
@@ -81,6 +82,18 @@ void sup__fill_run(sup_t *S) {
         snprintf(r->rebalance.status, sizeof r->rebalance.status, "%s", S->rb.status);
         snprintf(r->rebalance.message, sizeof r->rebalance.message, "%s", S->rb.message);
         r->rebalance.seconds = S->rb.seconds;
+    }
+    if (S->have_step && S->n_losses) {   /* the summary's figures, so far (status, run.json) */
+        sup_rates_t t;
+        sup__rates(S, clock_mono_s(), &t);
+        r->throughput.on = 1;
+        r->throughput.steady_tokens_per_s = t.steady;
+        r->throughput.steady_from = (int64_t)t.from;
+        r->throughput.steady_to = (int64_t)t.to;
+        r->throughput.wall_tokens_per_s = t.wall;
+        r->throughput.wall_s = t.wall_s;
+        r->throughput.startup_s = t.startup_s;
+        r->throughput.final_ckpt_s = t.final_ckpt_s;
     }
     fill_stages(S, r);
     for (int k = 0; S->ntab.on && k < S->ntab.n && k < RUNDIR_MAX_NODES; k++) {

@@ -139,7 +139,10 @@ typedef struct {
     int metrics_warned;
     rundir_run_t run;           /* what run.json holds (sup__fill_run) */
     double t0, t_first_step;
-    double *losses;
+    double *losses;             /* (SUP_LOSS_HIST) per applied step of this run, n_losses of them; */
+    double *step_t, *step_tok;  /* with the time each was heard (clock_mono_s) and its tokens */
+    double final_ckpt_s;        /* the final checkpoint's duration (metric ckpt_s), 0 unknown */
+    double last_tokens_step;    /* the cumulative tokens of the last step message */
     uint64_t n_losses;
     uint64_t last_step_seen;
     int64_t last_applied;       /* last step the optimizer reported applied; -1 none */
@@ -302,6 +305,17 @@ double sup__mean_range(const double *v, uint64_t a, uint64_t b);
 void sup__stall_check(sup_t *S, double now);
 
 /* progress.c */
+/* Throughput of the run so far (progress.c): steady over the steps of this run minus
+ * the first two and the last (fewer than 4 steps: all but the first, said in note),
+ * timed from the end of the step before the window, on the supervisor's clock; wall:
+ * every token trained in this run over now - the run's start (sup_opts_t.t_launch). */
+typedef struct {
+    double steady, wall, wall_s, startup_s, final_ckpt_s, tokens;   /* tokens/s; s; tokens */
+    uint64_t from, to;          /* the steady window: steps from..to (0, 0: none) */
+    const char *note;           /* "" or why the window is not the usual one (static) */
+} sup_rates_t;
+void sup__rates(const sup_t *S, double now, sup_rates_t *r);
+
 /* Before the first tick, after S->t0 is set: whether stdout is a terminal; on one, the
  * log hook that ends a half-written progress line before a log line. */
 void sup__progress_init(sup_t *S);

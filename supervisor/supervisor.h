@@ -80,14 +80,25 @@ typedef struct {
     double join_timeout_s;
     sup_stage_spec_t stages[SUP_MAX_STAGES];
     int n_stages;
+    double t_launch;            /* clock_mono_s() when `draftline run` started (0: the
+                                   supervisor's own start): the wall clock's origin */
 } sup_opts_t;
 
 typedef struct {
     uint64_t steps;             /* last applied step + 1 */
     double loss_first10, loss_last10;
     int n_first, n_last;
-    double tokens_per_s, seconds;
+    double tokens_per_s, seconds;   /* from the first applied step to the last (before the
+                                       steady and wall figures; kept for callers) */
     uint64_t tokens;
+    /* throughput (sup__rates): steady over steps steady_from..steady_to (steady 0: too
+     * few steps; steady_note says why a window is not the usual one, "" when it is);
+     * wall: every target token trained in this run over wall_s, from `draftline run`'s
+     * start to the summary; startup_s: from that start to the first step applied;
+     * final_ckpt_s: the final checkpoint (snapshot + files; 0 unknown) */
+    double steady_tokens_per_s, wall_tokens_per_s, wall_s, startup_s, final_ckpt_s;
+    uint64_t steady_from, steady_to;
+    char steady_note[96];
     int restarts;
     int interrupted;            /* stopped by a signal before max_steps */
     int signal;                 /* the first stopping signal (SIGINT, SIGTERM), 0 if none */

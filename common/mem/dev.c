@@ -3,6 +3,7 @@
 #include "common/mem/dev.h"
 #include "common/base/err.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #ifndef DL_CUDA
@@ -40,6 +41,13 @@ int dev_copy_async(void *dst, const void *src, size_t bytes, void *stream) {
     if (bytes) memcpy(dst, src, bytes);
     return 0;
 }
+
+int dev_host_alloc(void **p, size_t bytes) {
+    *p = malloc(bytes ? bytes : 1);
+    return *p ? 0 : dl_seterr(DL_ENOMEM, "dev_host_alloc: %zu bytes", bytes);
+}
+
+void dev_host_free(void *p) { free(p); }
 
 int dev_event_create(void **ev, uint8_t handle[DEV_EVENT_BYTES]) {
     *ev = NULL;

@@ -47,6 +47,14 @@ int dev_stream_wait(void *stream, void *ev);
  * staged by the driver. CPU: memcpy, done on return. */
 int dev_copy_async(void *dst, const void *src, size_t bytes, void *stream);
 
+/* Page-locked host memory (cudaHostAlloc, cudaHostAllocPortable): the destination of
+ * dev_copy_async copies the driver does not stage, so a device -> host copy runs at
+ * full bus speed and truly asynchronously. *p owned by the caller, freed with
+ * dev_host_free (NULL accepted). Allocation pins every page: seconds for tens of GB,
+ * so not on a loop thread. CPU: malloc. Errors: DL_ECUDA / DL_ENOMEM, *p = NULL. */
+int dev_host_alloc(void **p, size_t bytes);
+void dev_host_free(void *p);
+
 /* Interprocess event (cudaEventInterprocess | cudaEventDisableTiming), created once by
  * its owner; handle[DEV_EVENT_BYTES] is what goes on the wire. *ev owned by the caller.
  * CPU: *ev = NULL and a zero handle. */

@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <zlib.h>
 #include <stdio.h>
@@ -20,12 +21,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int write_file(const char *path, const void *a, size_t na, const void *b, size_t nb,
-                      const void *c, size_t nc, const void *d, size_t nd) {
+static int write_file(const char *path, const void *a, size_t na) {
     FILE *f = fopen(path, "wb");
     if (!f) return dl_seterr(DL_EIO, "open %s: %s", path, strerror(errno));
-    int ok = (!na || fwrite(a, 1, na, f) == na) && (!nb || fwrite(b, 1, nb, f) == nb) &&
-             (!nc || fwrite(c, 1, nc, f) == nc) && (!nd || fwrite(d, 1, nd, f) == nd);
+    int ok = !na || fwrite(a, 1, na, f) == na;
     ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
     if (fclose(f) != 0) ok = 0;
     if (!ok) return dl_seterr(DL_EIO, "write %s: %s", path, strerror(errno));
@@ -37,15 +36,132 @@ static void fsync_dir(const char *dir) {
     if (fd >= 0) { fsync(fd); close(fd); }
 }
 
-static void rm_tree(const char *dir) {
+/* model.safetensors and config.json are written by dflash_ckpt_save into this subdir of
+ * step_<N>.tmp (its own atomic dir: <sub>.tmp renamed to <sub>) while state.bin is
+ * written beside it, then moved up: the finished checkpoint holds only its four files. */
+#define CKPT_MODEL_SUBDIR "model.d"
+
+static void rm_files(const char *dir) {
     static const char *const files[] = {"model.safetensors", "model.safetensors.tmp", "config.json",
                                         "config.json.tmp", "state.bin", "cursor.bin"};
-    char p[4400];
+    char p[4600];
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         snprintf(p, sizeof p, "%s/%s", dir, files[i]);
         unlink(p);
     }
     rmdir(dir);
+}
+
+static void rm_tree(const char *dir) {
+    char p[4400];
+    snprintf(p, sizeof p, "%s/" CKPT_MODEL_SUBDIR ".tmp", dir);
+    rm_files(p);
+    snprintf(p, sizeof p, "%s/" CKPT_MODEL_SUBDIR, dir);
+    rm_files(p);
+    rm_files(dir);
+}
+
+/* ---- the write (ckpt_write): model and state.bin at once, state.bin in spans ---- */
+
+#define CKPT_SPANS_PER_ARRAY 2              /* master, m, v: 6 writer threads for state.bin */
+#define CKPT_WRITE_CHUNK (64u << 20)        /* bytes per pwrite */
+
+/* One span of state.bin: its bytes at file offset off, their CRC-32 (combined in order). */
+typedef struct {
+    int fd;
+    const uint8_t *p;
+    size_t n;
+    off_t off;
+    uLong crc;
+    int err;                                /* errno of a failed write, EIO for a short one */
+} span_t;
+
+static void *span_write(void *arg) {
+    span_t *s = arg;
+    s->crc = crc32_z(crc32_z(0, Z_NULL, 0), s->p, s->n);
+    size_t done = 0;
+    while (done < s->n) {
+        size_t want = s->n - done < CKPT_WRITE_CHUNK ? s->n - done : CKPT_WRITE_CHUNK;
+        ssize_t w = pwrite(s->fd, s->p + done, want, s->off + (off_t)done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) { s->err = w < 0 ? errno : EIO; return NULL; }
+        done += (size_t)w;
+    }
+    return NULL;
+}
+
+/* state.bin at path: header h (crc32 filled here) + master, m, v (pb bytes each), the
+ * arrays by CKPT_SPANS_PER_ARRAY threads each with pwrite at their offsets, the CRC-32
+ * of each span combined in file order (crc32_combine), the header last, one fsync.
+ * The bytes are those of one sequential write of header, master, m, v. */
+static int write_state(const char *path, ckpt_state_hdr_t *h, const float *const arr[3], size_t pb) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return dl_seterr(DL_EIO, "open %s: %s", path, strerror(errno));
+    enum { NS = 3 * CKPT_SPANS_PER_ARRAY };
+    span_t s[NS];
+    pthread_t th[NS];
+    int started[NS] = {0};
+    size_t per = (pb / CKPT_SPANS_PER_ARRAY + 4095) & ~(size_t)4095;
+    for (int i = 0; i < NS; i++) {
+        int a = i / CKPT_SPANS_PER_ARRAY, k = i % CKPT_SPANS_PER_ARRAY;
+        size_t lo = (size_t)k * per < pb ? (size_t)k * per : pb;
+        size_t hi = lo + per < pb && k < CKPT_SPANS_PER_ARRAY - 1 ? lo + per : pb;
+        s[i] = (span_t){fd, (const uint8_t *)arr[a] + lo, hi - lo, (off_t)(sizeof *h + (size_t)a * pb + lo), 0, 0};
+        started[i] = pthread_create(&th[i], NULL, span_write, &s[i]) == 0;
+        if (!started[i]) span_write(&s[i]);   /* no thread: this one writes it */
+    }
+    uLong crc = crc32_z(crc32_z(0, Z_NULL, 0), (const Bytef *)h, sizeof *h);   /* h->crc32 is 0 */
+    int err = 0;
+    for (int i = 0; i < NS; i++) {
+        if (started[i]) pthread_join(th[i], NULL);
+        if (s[i].err && !err) err = s[i].err;
+        crc = crc32_combine(crc, s[i].crc, (z_off_t)s[i].n);
+    }
+    h->crc32 = (uint32_t)crc;
+    size_t done = 0;
+    while (!err && done < sizeof *h) {
+        ssize_t w = pwrite(fd, (const uint8_t *)h + done, sizeof *h - done, (off_t)done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) err = w < 0 ? errno : EIO;
+        else done += (size_t)w;
+    }
+    if (!err && fsync(fd) != 0) err = errno;
+    if (close(fd) != 0 && !err) err = errno;
+    return err ? dl_seterr(DL_EIO, "write %s: %s", path, strerror(err)) : 0;
+}
+
+/* The public part on its own thread: config.json + model.safetensors (dflash_ckpt_save)
+ * into <tmp>/CKPT_MODEL_SUBDIR; the error message (thread-local) comes back in msg. */
+typedef struct {
+    drafter_t *d;
+    const float *master;
+    size_t n;
+    char sub[4300];
+    int rc;
+    char msg[512];
+} model_job_t;
+
+static void *model_write(void *arg) {
+    model_job_t *j = arg;
+    /* only the master weights are written: the layout's working weights are not synced */
+    memcpy(drafter_master(j->d), j->master, j->n * sizeof(float));
+    j->rc = dflash_ckpt_save(j->d, j->sub, "F32", NULL);
+    if (j->rc < 0) snprintf(j->msg, sizeof j->msg, "%s", dl_errmsg());
+    return NULL;
+}
+
+/* Moves config.json and model.safetensors from tmp's model subdir into tmp. */
+static int model_up(const char *tmp) {
+    static const char *const names[] = {"config.json", "model.safetensors"};
+    char a[4400], b[4400];
+    for (int i = 0; i < 2; i++) {
+        snprintf(a, sizeof a, "%s/" CKPT_MODEL_SUBDIR "/%s", tmp, names[i]);
+        snprintf(b, sizeof b, "%s/%s", tmp, names[i]);
+        if (rename(a, b) != 0) return dl_seterr(DL_EIO, "rename %s: %s", a, strerror(errno));
+    }
+    snprintf(a, sizeof a, "%s/" CKPT_MODEL_SUBDIR, tmp);
+    if (rmdir(a) != 0) return dl_seterr(DL_EIO, "rmdir %s: %s", a, strerror(errno));
+    return 0;
 }
 
 int ckpt_write(const char *out_dir, drafter_t *d, const ckpt_state_hdr_t *hdr,
@@ -57,26 +173,35 @@ int ckpt_write(const char *out_dir, drafter_t *d, const ckpt_state_hdr_t *hdr,
     snprintf(tmp, sizeof tmp, "%s/step_%llu.tmp", root, (unsigned long long)hdr->step);
     snprintf(fin, sizeof fin, "%s/step_%llu", root, (unsigned long long)hdr->step);
     rm_tree(tmp);
-    /* the public part: config.json + model.safetensors, written by dflash_ckpt into tmp */
-    memcpy(drafter_master(d), master, hdr->n_params * sizeof(float));
-    drafter_sync_weights(d);
-    int rc = dflash_ckpt_save(d, tmp, "F32", NULL);
-    if (rc < 0) { rc = dl_wraperr(rc, "checkpoint %s", tmp); goto fail; }
+    if (mkdir(tmp, 0755) != 0) return dl_seterr(DL_EIO, "mkdir %s: %s", tmp, strerror(errno));
+    /* the public part (config.json + model.safetensors) on a thread of its own while
+     * state.bin is written here: the disk sees both at once */
+    model_job_t job = {.d = d, .master = master, .n = hdr->n_params};
+    snprintf(job.sub, sizeof job.sub, "%s/" CKPT_MODEL_SUBDIR, tmp);
+    pthread_t mt;
+    int threaded = pthread_create(&mt, NULL, model_write, &job) == 0;
+    if (!threaded) model_write(&job);
     size_t pb = hdr->n_params * sizeof(float);
     ckpt_state_hdr_t h = *hdr;
     h.crc_kind = CKPT_CRC32;
     h.crc32 = 0;
     memset(h.reserved, 0, sizeof h.reserved);
-    uLong crc = crc32_z(0, Z_NULL, 0);
-    crc = crc32_z(crc, (const Bytef *)&h, sizeof h);
-    crc = crc32_z(crc, (const Bytef *)master, pb);
-    crc = crc32_z(crc, (const Bytef *)m, pb);
-    h.crc32 = (uint32_t)crc32_z(crc, (const Bytef *)v, pb);
     snprintf(p, sizeof p, "%s/state.bin", tmp);
-    if ((rc = write_file(p, &h, sizeof h, master, pb, m, pb, v, pb)) < 0) goto fail;
+    const float *const arr[3] = {master, m, v};
+    int rc = write_state(p, &h, arr, pb);
+    char state_msg[512] = "";
+    if (rc < 0) snprintf(state_msg, sizeof state_msg, "%s", dl_errmsg());
+    if (threaded) pthread_join(mt, NULL);
+    if (job.rc < 0) {
+        dl_seterr(job.rc, "%s", job.msg);
+        rc = dl_wraperr(job.rc, "checkpoint %s", tmp);
+        goto fail;
+    }
+    if (rc < 0) { rc = dl_seterr(rc, "%s", state_msg); goto fail; }
+    if ((rc = model_up(tmp)) < 0) goto fail;
     if (cursor) {
         snprintf(p, sizeof p, "%s/cursor.bin", tmp);
-        if ((rc = write_file(p, cursor, 40, NULL, 0, NULL, 0, NULL, 0)) < 0) goto fail;
+        if ((rc = write_file(p, cursor, 40)) < 0) goto fail;
     }
     fsync_dir(tmp);
     rm_tree(fin);

@@ -61,9 +61,15 @@ typedef struct {
 _Static_assert(sizeof(ckpt_state_hdr_t) == 168, "state.bin header layout is on disk");
 
 /* Writes a checkpoint of drafter d with weights master (P f32, host; copied into
- * d's master vector, which on CPU is host memory), Adam moments m, v (P f32 host)
- * and the loader cursor (40 bytes, may be NULL). Returns 0, or DL_EIO naming the
- * file; *dir_out (cap bytes, may be NULL) gets the final dir. */
+ * d's master vector, which on CPU is host memory; d's working weights are left as they
+ * are), Adam moments m, v (P f32 host) and the loader cursor (40 bytes, may be NULL).
+ * As fast as the disk allows: model.safetensors + config.json (dflash_ckpt_save, into
+ * a subdir of step_<N>.tmp, moved up after) on one thread while state.bin is written
+ * by 6 threads (master, m, v in 2 spans each, pwrite at their offsets, 64 MiB writes,
+ * CRC-32 per span combined in order), one fsync per file; the bytes are those of a
+ * sequential write. Blocks for the whole write (call it off any loop thread); master,
+ * m, v must not change until it returns. Returns 0, or DL_EIO naming the file; *dir_out
+ * (cap bytes, may be NULL) gets the final dir. */
 int ckpt_write(const char *out_dir, drafter_t *d, const ckpt_state_hdr_t *hdr,
                const float *master, const float *m, const float *v, const uint8_t *cursor,
                char *dir_out, size_t cap);

@@ -116,6 +116,15 @@ typedef struct {
         char message[256];
         double seconds;
     } rebalance;
+    /* the summary's two target tokens/s, so far (supervisor/progress.c sup__rates): written
+     * as "throughput" once a step was applied (on 0: not written / absent) */
+    struct {
+        int on;
+        double steady_tokens_per_s;     /* 0: too few steps */
+        int64_t steady_from, steady_to; /* its window: steps from..to */
+        double wall_tokens_per_s, wall_s, startup_s;
+        double final_ckpt_s;            /* 0: not known (yet) */
+    } throughput;
     rundir_stage_t stages[RUNDIR_MAX_STAGES];
     int n_stages;
     uint32_t routes[RUNDIR_MAX_STAGES][2];  /* [target stage_id, drafter stage_id] */
@@ -229,6 +238,16 @@ typedef struct {
                                            the rewind's last kept t added: see the open) */
 } rundir_step_t;
 
+/* A checkpoint written since the previous steps line: the line ends with
+ * "ckpt_step":N,"ckpt_waited_s":W,"ckpt_snapshot_s":S,"ckpt_write_s":F (flat: readers
+ * that count "step": keys see one per line), in s: waited for the
+ * previous write, snapshot of the state (no step applied meanwhile), files written (steps
+ * went on meanwhile, except after the final one). */
+typedef struct {
+    uint64_t step;
+    double waited_s, snap_s, write_s;
+} rundir_step_ckpt_t;
+
 typedef struct rundir_steps rundir_steps_t;
 
 /* Opens <dir>/steps.jsonl for appending. When rewind_from >= 0 (a resumed optimizer
@@ -241,6 +260,8 @@ rundir_steps_t *rundir_steps_open(const char *dir, int64_t rewind_from);
 void rundir_steps_close(rundir_steps_t **w);
 /* Appends and flushes one line. Returns 0 or DL_EIO. */
 int rundir_steps_append(rundir_steps_t *w, const rundir_step_t *s);
+/* The same with a checkpoint's times on the line (ck may be NULL: none). */
+int rundir_steps_append_ck(rundir_steps_t *w, const rundir_step_t *s, const rundir_step_ckpt_t *ck);
 
 /* One parsed steps line; NaN for every absent or null field. */
 typedef struct {

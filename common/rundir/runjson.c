@@ -82,6 +82,16 @@ static cJSON *run_json(const rundir_run_t *r) {
     cJSON_AddNumberToObject(j, "save_every", (double)r->save_every);
     cJSON_AddNumberToObject(j, "keep_checkpoints", (double)r->keep_checkpoints);
     cJSON_AddBoolToObject(j, "deterministic", r->deterministic > 0);
+    if (r->throughput.on) {
+        cJSON *t = cJSON_AddObjectToObject(j, "throughput");
+        cJSON_AddNumberToObject(t, "steady_tokens_per_s", r->throughput.steady_tokens_per_s);
+        cJSON_AddNumberToObject(t, "steady_from", (double)r->throughput.steady_from);
+        cJSON_AddNumberToObject(t, "steady_to", (double)r->throughput.steady_to);
+        cJSON_AddNumberToObject(t, "wall_tokens_per_s", r->throughput.wall_tokens_per_s);
+        cJSON_AddNumberToObject(t, "wall_s", r->throughput.wall_s);
+        cJSON_AddNumberToObject(t, "startup_s", r->throughput.startup_s);
+        cJSON_AddNumberToObject(t, "final_ckpt_s", r->throughput.final_ckpt_s);
+    }
     if (r->rebalance.id[0]) {
         cJSON *b = cJSON_AddObjectToObject(j, "rebalance");
         cJSON_AddStringToObject(b, "id", r->rebalance.id);
@@ -307,6 +317,22 @@ static int read_rebalance(const rctx_t *c0, const cJSON *o, rundir_run_t *r) {
     return get_num(&c, b, "seconds", &r->rebalance.seconds);
 }
 
+static int read_throughput(const rctx_t *c0, const cJSON *o, rundir_run_t *r) {
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(o, "throughput");
+    if (!b) return 0;
+    if (!cJSON_IsObject(b)) return bad_key(c0, "throughput", "expected an object");
+    rctx_t c = {c0->what, "throughput."};
+    DL_TRY(get_num(&c, b, "steady_tokens_per_s", &r->throughput.steady_tokens_per_s));
+    DL_TRY(get_i64(&c, b, "steady_from", &r->throughput.steady_from));
+    DL_TRY(get_i64(&c, b, "steady_to", &r->throughput.steady_to));
+    DL_TRY(get_num(&c, b, "wall_tokens_per_s", &r->throughput.wall_tokens_per_s));
+    DL_TRY(get_num(&c, b, "wall_s", &r->throughput.wall_s));
+    DL_TRY(get_num(&c, b, "startup_s", &r->throughput.startup_s));
+    DL_TRY(get_num(&c, b, "final_ckpt_s", &r->throughput.final_ckpt_s));
+    r->throughput.on = 1;
+    return 0;
+}
+
 static int read_obj(const rctx_t *c, const cJSON *o, rundir_run_t *r) {
     DL_TRY(get_str(c, o, "run_id", r->run_id, sizeof r->run_id));
     DL_TRY(get_str(c, o, "device", r->device, sizeof r->device));
@@ -334,6 +360,7 @@ static int read_obj(const rctx_t *c, const cJSON *o, rundir_run_t *r) {
     if (v && !cJSON_IsBool(v)) return bad_key(c, "deterministic", "expected true or false");
     if (v) r->deterministic = cJSON_IsTrue(v);
     DL_TRY(read_rebalance(c, o, r));
+    DL_TRY(read_throughput(c, o, r));
     DL_TRY(read_nodes(c, o, r));
     return read_lists(c, o, r);
 }

@@ -74,12 +74,20 @@ void rundir_steps_close(rundir_steps_t **w) {
 }
 
 int rundir_steps_append(rundir_steps_t *w, const rundir_step_t *s) {
+    return rundir_steps_append_ck(w, s, NULL);
+}
+
+int rundir_steps_append_ck(rundir_steps_t *w, const rundir_step_t *s, const rundir_step_ckpt_t *c) {
     char ls[32], gs[32]; /* JSON has no NaN: null */
     snprintf(ls, sizeof ls, isfinite(s->loss) ? "%.9g" : "null", s->loss);
     snprintf(gs, sizeof gs, isfinite(s->grad_norm) ? "%.9g" : "null", s->grad_norm);
+    char ck[160] = "";
+    if (c)
+        snprintf(ck, sizeof ck, ",\"ckpt_step\":%llu,\"ckpt_waited_s\":%.3f,\"ckpt_snapshot_s\":%.3f,\"ckpt_write_s\":%.3f",
+                 (unsigned long long)c->step, c->waited_s, c->snap_s, c->write_s);
     fprintf(w->f, "{\"step\":%llu,\"loss\":%s,\"grad_norm\":%s,\"lr\":%.9g,\"tokens\":%llu,"
-            "\"skipped\":%d,\"acc_mean\":%.6f,\"t\":%.3f}\n", (unsigned long long)s->step, ls, gs,
-            s->lr, (unsigned long long)s->tokens, s->skipped, s->acc_mean, w->t_base + s->t);
+            "\"skipped\":%d,\"acc_mean\":%.6f,\"t\":%.3f%s}\n", (unsigned long long)s->step, ls, gs,
+            s->lr, (unsigned long long)s->tokens, s->skipped, s->acc_mean, w->t_base + s->t, ck);
     if (fflush(w->f) != 0 || ferror(w->f)) {
         clearerr(w->f);
         return dl_seterr(DL_EIO, "%s: %s", w->path, strerror(errno));

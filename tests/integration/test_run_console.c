@@ -149,7 +149,10 @@ static void test_progress_and_resume(void **state) {
         }
         l = nl ? nl + 1 : NULL;
     }
-    assert_true(progress >= 6);
+    /* the intermediate writes no longer hold the steps (they go on during a write): only a
+     * checkpoint waiting for the previous write and the final one leave seconds without one */
+    fprintf(stderr, "%d progress lines\n", progress);
+    assert_true(progress >= 5);
     free(txt);
     /* inspect RUN_DIR: its latest checkpoint */
     char ilog[500];

@@ -22,6 +22,9 @@ int dev_copy_async(void *dst, const void *src, size_t bytes, void *stream) {
     return mem_cuda_memcpy_async(dst, src, bytes, stream);
 }
 
+int dev_host_alloc(void **p, size_t bytes) { return mem_cuda_host_alloc(p, bytes); }
+void dev_host_free(void *p) { mem_cuda_host_free(p); }
+
 int dev_event_create(void **ev, uint8_t handle[DEV_EVENT_BYTES]) { return mem_cuda_event_create(ev, handle); }
 int dev_event_open(const uint8_t handle[DEV_EVENT_BYTES], void **ev) { return mem_cuda_event_open(handle, ev); }
 void dev_event_destroy(void *ev) { mem_cuda_event_destroy(ev); }

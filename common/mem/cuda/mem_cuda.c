@@ -54,6 +54,14 @@ int mem_cuda_host_register(void *p, size_t bytes) {
 
 void mem_cuda_host_unregister(void *p) { if (p) cudaHostUnregister(p); }
 
+int mem_cuda_host_alloc(void **p, size_t bytes) {
+    *p = NULL;
+    CU(cudaHostAlloc(p, bytes, cudaHostAllocPortable));
+    return 0;
+}
+
+void mem_cuda_host_free(void *p) { if (p) cudaFreeHost(p); }
+
 int mem_cuda_event_create(void **ev, uint8_t handle[64]) {
     cudaEvent_t e;
     CU(cudaEventCreateWithFlags(&e, cudaEventInterprocess | cudaEventDisableTiming));

@@ -21,6 +21,10 @@ int mem_cuda_open(int device, const uint8_t ipc[64], void **dptr);
 void mem_cuda_close(void *dptr);
 int mem_cuda_host_register(void *p, size_t bytes);
 void mem_cuda_host_unregister(void *p);
+/* cudaHostAlloc(bytes, cudaHostAllocPortable): page-locked host memory; free with
+ * mem_cuda_host_free (NULL accepted). */
+int mem_cuda_host_alloc(void **p, size_t bytes);
+void mem_cuda_host_free(void *p);
 /* UUID string of `device` ("GPU-xxxxxxxx-xxxx-...") */
 int mem_cuda_uuid(int device, char *uuid, size_t cap);
 
