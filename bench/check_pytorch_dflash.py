@@ -106,7 +106,7 @@ def check_batches(draftline, data, model, work):
               f"{nb} blocks")
         ok &= got == len(ids)
     log = open(os.path.join(run, "logs", "drafter0.log")).read()
-    print("drafter0:", [ln for ln in log.splitlines() if "blocks" in ln or "anchors" in ln][:3])
+    print("drafter0:", [ln[ln.find("stopped"):] for ln in log.splitlines() if "stopped:" in ln][:1])
     return ok
 
 

@@ -181,7 +181,9 @@ def make_batch(ids, mask, cu, anchors, B, gamma, mask_token, device):
         ctx_ok = (kv_seq[kv] == blk_seq[qb]) & (kv < blk_anchor[qb])
         return ctx_ok | (kv_blk[kv] == qb)
 
-    bm = create_block_mask(mask_mod, None, None, nb * B, T + nb * B, device=device)
+    # compiled mask construction on the GPU (uncompiled it materialises R x (T + R) booleans)
+    bm = create_block_mask(mask_mod, None, None, nb * B, T + nb * B, device=device,
+                           _compile=str(device).startswith("cuda"))
     return {
         "T": T, "n_blocks": nb, "block_mask": bm,
         "ctx_pos": torch.tensor(pos, **dv), "blk_pos": torch.tensor((pos[a][:, None] + k).reshape(-1), **dv),
