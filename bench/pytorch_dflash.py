@@ -89,7 +89,7 @@ def plan(a):
 
 def load_target(a, torch):
     from transformers import AutoModelForCausalLM
-    dtype = torch.float32 if a.tiny else torch.bfloat16
+    dtype = torch.bfloat16 if a.device.startswith("cuda") else torch.float32
     try:  # straight onto the device when accelerate is installed, else load on the host and move
         import accelerate  # noqa: F401
         kw, how = {"device_map": a.device}, "device_map"
@@ -222,7 +222,8 @@ def main():
     times = {"plan_s": time.time() - t}
     if a.plan_only:
         print(json.dumps({"micro_batches_per_epoch": per_epoch, "epochs": epochs, "steps": a.steps,
-                          "tokens": [len(m[0]) for m in mbs], "blocks": [len(m[3]) for m in mbs]}))
+                          "tokens": [len(m[0]) for m in mbs], "seqs": [len(m[2]) - 1 for m in mbs],
+                          "blocks": [len(m[3]) for m in mbs]}))
         return 0
     import torch
     import dflash_torch as dt
