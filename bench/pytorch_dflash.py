@@ -113,7 +113,7 @@ def target_features(model, ids, cu, layer_ids, device, torch):
         att[i, :n] = 1
     inp, att = inp.to(device), att.to(device)
     with torch.no_grad():
-        hs = model.model(input_ids=inp, attention_mask=att, output_hidden_states=True).hidden_states
+        hs = model.model(input_ids=inp, attention_mask=att, output_hidden_states=True, use_cache=False).hidden_states
         feats = torch.cat([hs[i + 1] for i in layer_ids], -1)[att.bool()]
     return feats, len(lens) * L
 
