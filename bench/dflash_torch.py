@@ -97,11 +97,12 @@ class Drafter(nn.Module):
         self.norm = nn.Parameter(torch.ones(D))
 
     def init_random(self, std=0.02, seed=0):
-        g = torch.Generator().manual_seed(seed)
+        """N(0, std^2) matrices, in place on the parameters' device (norms stay 1)."""
+        torch.manual_seed(seed)
         with torch.no_grad():
             for p in self.parameters():
                 if p.dim() == 2:
-                    p.copy_(torch.randn(p.shape, generator=g) * std)
+                    p.normal_(0.0, std)
 
     def load_public(self, named):
         """Weights under the public names (layers.i.self_attn.q_proj.weight, fc.weight, ...)."""

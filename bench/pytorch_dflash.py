@@ -120,11 +120,11 @@ def target_features(model, ids, cu, layer_ids, device, torch):
 
 def build_drafter(a, cfg, n_feat, device, torch, dt):
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    dr = dt.Drafter(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, hd,
-                    cfg.intermediate_size, a.drafter_layers, n_feat, cfg.rms_norm_eps,
-                    getattr(cfg, "rope_theta", None) or cfg.rope_parameters["rope_theta"])
+    with torch.device(device):  # built and initialised on the device
+        dr = dt.Drafter(cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, hd,
+                        cfg.intermediate_size, a.drafter_layers, n_feat, cfg.rms_norm_eps,
+                        getattr(cfg, "rope_theta", None) or cfg.rope_parameters["rope_theta"])
     dr.init_random(seed=a.seed)
-    dr.to(device)
     if a.compile_layers:
         for layer in dr.layers:
             layer.compile()
