@@ -81,7 +81,7 @@ TEST_BINS := $(foreach t,$(UNIT_C),$(BUILD)/tests/$(basename $(notdir $(t)))) \
 
 .SECONDEXPANSION:
 .SECONDARY:
-.PHONY: all deps deps-check model test test-build demo bench fuzz bundle clean help info
+.PHONY: all deps deps-check model test test-build demo bench bench-vs-pytorch fuzz bundle clean help info
 all: $(LIB) $(STAGE_BINS) $(if $(TOOLS_C),$(BIN)/draftline) $(TEST_BINS)
 
 help:
@@ -91,6 +91,7 @@ help:
 	@echo "make test       build and run every test (unit, integration, gpu when present)"
 	@echo "make demo       set up what is missing, then run the main job on real data"
 	@echo "make bench      benchmarks (GPU figures when a GPU is present)"
+	@echo "make bench-vs-pytorch  draftline vs a PyTorch DFlash loop, one GPU call (bench/NOTES.md)"
 	@echo "make fuzz       build and run the protocol decoder fuzzer (clang, libFuzzer)"
 	@echo "make bundle     bin/ + lib/ with the runtime .so files, for shipping to GPU nodes"
 
@@ -163,6 +164,11 @@ demo: deps-check model all
 
 bench: all
 	@bash scripts/bench.sh
+
+# issue 14's comparison on a GPU machine with the bundle unpacked (bench/vs_pytorch.sh:
+# WORK, STEPS, PRECISION, BUDGET_S); it builds nothing
+bench-vs-pytorch:
+	@bash bench/vs_pytorch.sh
 
 fuzz:
 	@bash scripts/fuzz.sh
