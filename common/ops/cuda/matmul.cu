@@ -113,7 +113,8 @@ static cuda_gemm_plan *get_plan(const ops_ctx_t *c, int kind, int M, int K, int 
     p->bias = key_bias;
 
     cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
-    if (kind == GEMM_FWD || kind == GEMM_FWD_ROWS) {  // C(N x M) = op(A = W stored K x N)^T . B (inp stored K x M)
+    // forward: C(N x M) = op(A = W stored K x N)^T . B (inp stored K x M)
+    if (kind == GEMM_FWD || kind == GEMM_FWD_ROWS) {
         ta = CUBLAS_OP_T;
         cublas_check(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, K, N, K));
         cublas_check(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, K, M, K));
