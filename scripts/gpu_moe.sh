@@ -5,8 +5,11 @@
 #
 # usage (repo root on the GPU machine, bundle/ unpacked with bench/ and the stage programs,
 # the reference data at $LONG):
-#   [PARTS="bench hf pipe"] [LAYERS=auto|N] [DRY=1] bash scripts/gpu_moe.sh
+#   [PARTS="test bench hf pipe"] [LAYERS=auto|N] [DRY=1] bash scripts/gpu_moe.sh
 # Phases (each timed, each printed as "== phase NAME: ... s rc"):
+#   test   bundle/tests/gpu_test_moe_gemm_cuda and gpu_test_target_cuda (the MoE GEMM path
+#          against the CPU; the qwen3_moe fixture end to end): the figures mean nothing if
+#          these fail (the other phases still run)
 #   mk     draftline mkmodel --config qwen3-30b-a3b --layers $LAYERS into $MODEL (skipped when
 #          $MODEL/config.json already has that many layers: a warm machine reuses it);
 #          always run before the others when they need the model
@@ -23,16 +26,19 @@
 # LAYERS=N forces N (the place is still picked by room). MODEL_DIR=... forces the place.
 # Per-layer figures (MFU, ms per layer) carry over from fewer layers; totals do not.
 # Budget: the device call has 600 s; BUDGET_S (default 570) is shared by the phases in order,
-# each capped (MK_CAP, BENCH_CAP, HF_CAP, PIPE_CAP s) and by what is left; a phase that cannot
-# get MIN_PHASE_S (60) is skipped and reported so.
+# each capped (TEST_CAP, MK_CAP, BENCH_CAP, HF_CAP, PIPE_CAP s) and by what is left; a phase that
+# cannot get MIN_PHASE_S (60; the pipeline PIPE_MIN_S) is skipped and reported so. Estimated for
+# 48 layers (mkmodel ~0.4 GB/s, loads ~0.65 GB/s as measured for Qwen3-8B): mk ~155 s, bench
+# ~125 s, hf ~60 s, pipe ~170 s: if it does not all fit, the model stays where it was written
+# and a second call on the warm machine (PARTS="pipe") reuses it.
 # Output: $OUT/gpu_moe.json (phases, times, where the model was, the figures), $OUT/*.log.
 # DRY=1 prints the commands (and the place/layers decision) without running anything.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/moe-out}; W=${W:-/tmp/moe}
-PARTS=${PARTS:-bench hf pipe}
+PARTS=${PARTS:-test bench hf pipe}
 BUDGET_S=${BUDGET_S:-570}; MIN_PHASE_S=${MIN_PHASE_S:-60}
-MK_CAP=${MK_CAP:-300}; BENCH_CAP=${BENCH_CAP:-200}; HF_CAP=${HF_CAP:-200}; PIPE_CAP=${PIPE_CAP:-300}
+TEST_CAP=${TEST_CAP:-90}; MK_CAP=${MK_CAP:-300}; BENCH_CAP=${BENCH_CAP:-200}; HF_CAP=${HF_CAP:-200}; PIPE_CAP=${PIPE_CAP:-300}
 REPS=${REPS:-3}; STEPS=${STEPS:-14}; LONG=${LONG:-gpucarry/long.dlc}
 HF_EXPERTS=${HF_EXPERTS:-default}; LAYERS=${LAYERS:-auto}; DRY=${DRY:-0}
 DL=${DL:-bundle/bin/draftline}; BENCH=${BENCH:-bundle/bench/bench_target}; PY=${PY:-python3}
@@ -72,7 +78,7 @@ phase() {
         echo "{\"phase\": \"$name\", \"dry\": true, \"limit_s\": $lim}" >> "$PHASES"
         return 0
     fi
-    if [ "$lim" -lt "$MIN_PHASE_S" ]; then
+    if [ "$lim" -lt "${PHASE_MIN:-$MIN_PHASE_S}" ]; then
         echo "== phase $name: skipped, ${lim}s left of the budget"
         echo "{\"phase\": \"$name\", \"skipped\": \"budget\", \"left_s\": $lim}" >> "$PHASES"
         return 1
@@ -106,6 +112,10 @@ echo "model: $MODEL ($PLACE), $LAYERS of $FULL_LAYERS layers, $(need_b "$LAYERS"
 if [ "$LAYERS" -lt 1 ]; then echo "gpu_moe: no room for even one layer"; exit 1; fi
 
 FAILED=0
+if has test; then
+    phase test "$TEST_CAP" bash -c 'bundle/tests/gpu_test_moe_gemm_cuda && bundle/tests/gpu_test_target_cuda' \
+        || FAILED=1
+fi
 have_model() { [ -f "$MODEL/config.json" ] && grep -q "\"num_hidden_layers\":[[:space:]]*$LAYERS," "$MODEL/config.json"; }
 if has bench || has pipe || has mk; then
     if [ "$DRY" != 1 ] && have_model; then
@@ -131,7 +141,9 @@ fi
 if has pipe; then
     [ "$DRY" = 1 ] || rm -rf "$W/pipe"
     # the reference flags of scripts/gpu_pipeline.sh ref, 1 GPU
-    phase pipe "$PIPE_CAP" $DL run --target-model "$MODEL" --data "$LONG" --target-gpus 0 --drafter-gpus 0 \
+    # a cut-off run measures nothing: start it only with PIPE_MIN_S left (default 60 + 3 s per
+    # layer: two loads of the target at ~0.65 GB/s, 14 steps, the final checkpoint)
+    PHASE_MIN=${PIPE_MIN_S:-$((60 + 3 * LAYERS))} phase pipe "$PIPE_CAP" $DL run --target-model "$MODEL" --data "$LONG" --target-gpus 0 --drafter-gpus 0 \
         --out "$W/pipe" --progress-every 5 --token-budget 32768 --max-len 4096 --block-size 16 \
         --num-anchors 512 --drafter-layers 5 --threads 8 --inbox-gb 6 --micro-batches-per-step 1 \
         --max-steps "$STEPS" || FAILED=1
