@@ -24,9 +24,19 @@ static void mkmodel_usage(FILE *f) {
             "  --seed S             (default 0)\n"
             "  --dtype T            bf16|f16|f32 (default bf16)\n"
             "  --shard-gb G         max shard size in GiB (default 5)\n"
+            "  --layers N           write only the first N decoder layers (same shapes; config.json\n"
+            "                       says N): for benchmarks that cannot hold the full model (disk,\n"
+            "                       RAM or time); per-layer figures carry over, totals do not\n"
             "  --tokenizer DIR      copy DIR/tokenizer.json (+ tokenizer_config.json) into --out;\n"
             "                       without it the model dir has no tokenizer\n",
             mkmodel_preset_names());
+}
+
+/* Keeps the first L decoder layers of c (their shapes and MoE flags unchanged). */
+static void truncate_layers(model_config_t *c, int L) {
+    for (int l = L; l < c->L && l < MODEL_MAX_MOE_LAYERS; l++)
+        c->moe_layers[l / 64] &= ~(UINT64_C(1) << (l % 64));
+    c->L = L;
 }
 
 int cmd_mkmodel(int argc, char **argv) {
@@ -34,12 +44,12 @@ int cmd_mkmodel(int argc, char **argv) {
         {"config", required_argument, 0, 'c'}, {"out", required_argument, 0, 'o'},
         {"seed", required_argument, 0, 's'},   {"dtype", required_argument, 0, 'd'},
         {"shard-gb", required_argument, 0, 'g'}, {"tokenizer", required_argument, 0, 't'},
-        {"force", no_argument, 0, 'F'},
+        {"force", no_argument, 0, 'F'},       {"layers", required_argument, 0, 'L'},
         {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
     const char *name = NULL, *out = NULL, *dtype = "bf16", *tokdir = NULL;
     int64_t seed = 0;
     size_t shard = 0;
-    int c, force = 0;
+    int c, force = 0, layers = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -53,6 +63,9 @@ int cmd_mkmodel(int argc, char **argv) {
             if (cli_parse_gb("--shard-gb", optarg, 0.001, 1024, &shard) < 0) { cli_error("mkmodel", dl_errmsg()); return 2; }
             break;
         case 't': tokdir = optarg; break;
+        case 'L':
+            if (cli_parse_int("--layers", optarg, 1, 100000, &layers) < 0) { cli_error("mkmodel", dl_errmsg()); return 2; }
+            break;
         case 'F': force = 1; break;
         case 'h': mkmodel_usage(stdout); return 0;
         default: mkmodel_usage(stderr); return 2;
@@ -80,11 +93,22 @@ int cmd_mkmodel(int argc, char **argv) {
     }
     model_config_t cfg;
     if (mkmodel_preset(name, &cfg) < 0) { cli_error("mkmodel", dl_errmsg()); return 2; }
+    int full_L = cfg.L;
+    if (layers > full_L) {
+        char m[160];
+        snprintf(m, sizeof m, "--layers %d: %s has %d layers", layers, name, full_L);
+        cli_error("mkmodel", m);
+        return 2;
+    }
+    if (layers) truncate_layers(&cfg, layers);
     double t0 = clock_mono_s();
     int rc = mkmodel_write(&cfg, out, (uint64_t)seed, dtype, shard, tokdir);
     if (rc < 0) return log_rc(rc, "mkmodel"), 1;
     printf("%s: %s-shaped random model, %.3f M parameters, %s, in %.1f s\n", out, name,
            model_config_n_params(&cfg) / 1e6, dtype, clock_mono_s() - t0);
+    if (cfg.L < full_L)
+        printf("note: %d of %s's %d decoder layers (--layers); config.json says %d\n", cfg.L, name,
+               full_L, cfg.L);
     if (!tokdir)
         printf("note: no tokenizer written (pass --tokenizer DIR holding the real model's tokenizer.json)\n");
     return 0;

@@ -85,6 +85,7 @@ const void *target_embed(const target_t *t) { return t->embed; }
 const void *target_lm_head(const target_t *t) { return t->lm_head; }
 size_t target_weight_bytes(const target_t *t) { return t->weight_bytes; }
 void *target_scratch_hidden(target_t *t) { return t->xn; }
+target_moe_scratch_t *target__moe_scratch(target_t *t) { return &t->moe_s; }
 
 /* ---- loading ------------------------------------------------------------- */
 
@@ -557,7 +558,7 @@ static void layer_forward(target_t *t, int l, int T, const int32_t *pos, const a
         int n = T - r0 < t->mlp_chunk ? T - r0 : t->mlp_chunk;
         void *xin = act_at(t, t->xn, (size_t)r0 * D);
         if (moe) {   /* writes the block's output over this chunk of xn, as the dense path */
-            target_moe__forward(c, m, &y->moe, &t->moe_s, t->gate, t->up, t->hmlp, xin, xin, n);
+            target_moe__forward(c, m, &y->moe, &t->moe_s, t->gate, t->up, t->hmlp, xin, xin, n, l);
             continue;
         }
         o->matmul_forward(c, t->gate, xin, y->wg, y->bg, n, D, m->F);

@@ -3,6 +3,9 @@
 #include "common/model/target_moe.h"
 
 #include "common/base/err.h"
+#ifdef DL_CUDA
+#include "common/ops/cuda/ops_cuda.h"
+#endif
 
 #include <stdlib.h>
 #include <string.h>
@@ -113,34 +116,87 @@ void target_moe__scratch_free(const ops_ctx_t *c, target_moe_scratch_t *s) {
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
         if (ps[i]) c->impl->free_(c, ps[i]);
     free(s->off_h);
+    free(s->counts_h);
     memset(s, 0, sizeof *s);
+}
+
+/* out rows [off[e], off[e+1]) (N) = x rows (K) . w[e] (N, K)^T for every expert e; no
+ * padding: an expert sees only its rows. On CUDA one call (row-bucketed plans). */
+static void expert_gemms(const ops_ctx_t *c, void *out, const void *x, void *const *w,
+                         const int32_t *off, int E, int K, int N) {
+#ifdef DL_CUDA
+    if (c->backend == OPS_CUDA) {
+        ops_cuda_moe_gemm(c, out, x, w, off, E, K, N);
+        return;
+    }
+#endif
+    size_t ab = ops_act_bytes(c);
+    for (int e = 0; e < E; e++) {
+        int r0 = off[e], M = off[e + 1] - r0;
+        if (M == 0) continue;
+        c->impl->matmul_forward(c, (char *)out + (size_t)r0 * N * ab,
+                                (const char *)x + (size_t)r0 * K * ab, w[e], NULL, M, K, N);
+    }
 }
 
 void target_moe__forward(const ops_ctx_t *c, const model_config_t *m, const target_moe_t *y,
                          target_moe_scratch_t *s, void *gate, void *up, void *h, void *out,
-                         const void *xin, int n) {
+                         const void *xin, int n, int l) {
     const ops_impl_t *o = c->impl;
     int D = m->D, E = m->n_experts, k = m->top_k, Fm = m->moe_F, R = n * k;
-    size_t ab = ops_act_bytes(c);
     o->matmul_forward(c, s->rlog, xin, y->router, NULL, n, D, E);
     o->moe_route(c, s->idx, s->w, s->rlog, n, E, k, m->norm_topk);
     o->moe_permute(c, s->off, s->tok, s->inv, s->idx, n, E, k);
     o->embedding_forward(c, s->xs, s->tok, xin, R, D);   /* gather: row r = xin[tok[r]] */
     o->download(c, s->off_h, s->off, (size_t)(E + 1) * 4);
-    for (int e = 0; e < E; e++) {
-        int r0 = s->off_h[e], M = s->off_h[e + 1] - r0;
-        if (M == 0) continue;   /* no padding: an expert sees only its rows */
-        const void *xe = (const char *)s->xs + (size_t)r0 * D * ab;
-        o->matmul_forward(c, (char *)gate + (size_t)r0 * Fm * ab, xe, y->wg[e], NULL, M, D, Fm);
-        o->matmul_forward(c, (char *)up + (size_t)r0 * Fm * ab, xe, y->wu[e], NULL, M, D, Fm);
-    }
+    if (s->counting)
+        for (int e = 0; e < E; e++) s->counts_h[(size_t)l * E + e] += s->off_h[e + 1] - s->off_h[e];
+    expert_gemms(c, gate, s->xs, y->wg, s->off_h, E, D, Fm);
+    expert_gemms(c, up, s->xs, y->wu, s->off_h, E, D, Fm);
     o->swiglu_forward(c, h, gate, up, (size_t)R * Fm);
-    for (int e = 0; e < E; e++) {
-        int r0 = s->off_h[e], M = s->off_h[e + 1] - r0;
-        if (M == 0) continue;
-        /* the expert's output overwrites its own gathered rows, no longer needed */
-        o->matmul_forward(c, (char *)s->xs + (size_t)r0 * D * ab, (const char *)h + (size_t)r0 * Fm * ab,
-                          y->wd[e], NULL, M, Fm, D);
-    }
+    /* the experts' outputs overwrite their own gathered rows, no longer needed */
+    expert_gemms(c, s->xs, h, y->wd, s->off_h, E, Fm, D);
     o->moe_combine(c, out, s->xs, s->inv, s->w, n, k, D);
+}
+
+int target_moe_count_routes(target_t *t, int on) {
+    const model_config_t *m = target_config(t);
+    target_moe_scratch_t *s = target__moe_scratch(t);
+    if (m->n_experts <= 0 || !s->off_h)
+        return dl_seterr(DL_EINVAL, "target: routing counts asked of a dense target");
+    size_t n = (size_t)m->L * m->n_experts;
+    if (!on) {   /* stop adding; the counts stay readable */
+        s->counting = 0;
+        return 0;
+    }
+    if (!s->counts_h && !(s->counts_h = calloc(n, sizeof *s->counts_h)))
+        return dl_seterr(DL_ENOMEM, "target: out of memory (routing counts)");
+    memset(s->counts_h, 0, n * sizeof *s->counts_h);
+    s->counting = 1;
+    return 0;
+}
+
+const int64_t *target_moe_route_counts(target_t *t) { return target__moe_scratch(t)->counts_h; }
+
+double target_moe_balance(const model_config_t *m, const int64_t *counts, double *ratio,
+                          int *worst_layer, int64_t *routed) {
+    double worst = 0;
+    *worst_layer = -1;
+    *routed = 0;
+    for (int l = 0; l < m->L; l++) {
+        if (ratio) ratio[l] = 0;
+        if (!model_config_layer_moe(m, l)) continue;
+        int64_t sum = 0, mx = 0;
+        for (int e = 0; e < m->n_experts; e++) {
+            int64_t v = counts[(size_t)l * m->n_experts + e];
+            sum += v;
+            if (v > mx) mx = v;
+        }
+        if (sum <= 0) continue;
+        double r = (double)mx * m->n_experts / (double)sum;   /* max / mean */
+        if (ratio) ratio[l] = r;
+        if (r > worst) worst = r, *worst_layer = l;
+        *routed += sum;
+    }
+    return worst;
 }

@@ -13,6 +13,7 @@
 #include "common/format/gguf.h"
 #include "common/format/safetensors.h"
 #include "common/model/config.h"
+#include "common/model/target.h"
 #include "common/ops/ops.h"
 
 /* One MoE layer's weights, act on the backend. wg/wu/wd hold E pointers each, to expert
@@ -32,6 +33,9 @@ typedef struct {
     float *w;                /* (chunk*k) f32 routing weights */
     void *xs;                /* (chunk*k, D) act gathered rows, then the experts' outputs */
     int32_t *off_h;          /* (E+1) host copy of off */
+    int64_t *counts_h;       /* (L, E) host: tokens routed per layer and expert, summed over the
+                              * forwards since target_moe_count_routes(t, 1); NULL until then */
+    int counting;            /* 1: the forward adds to counts_h */
 } target_moe_scratch_t;
 
 /* Loads a stacked expert tensor of (E, rows, cols) act (HF: that shape; GGUF: ggml ne
@@ -54,11 +58,33 @@ int target_moe__scratch_new(const ops_ctx_t *c, const model_config_t *m, int chu
                             target_moe_scratch_t *s);
 void target_moe__scratch_free(const ops_ctx_t *c, target_moe_scratch_t *s);
 
-/* out (n, D) act = the MoE block of xin (n, D) act; n <= chunk. gate, up, h: (chunk*k*Fm)
- * act scratch. out may alias xin. One download of the expert offsets per call (the host
- * sizes the per-expert GEMMs): synchronises the stream on CUDA. */
+/* out (n, D) act = the MoE block of layer l of xin (n, D) act; n <= chunk. gate, up, h:
+ * (chunk*k*Fm) act scratch. out may alias xin. One download of the expert offsets per call
+ * (the host sizes the per-expert GEMMs): synchronises the stream on CUDA; when s->counting,
+ * s->counts_h[l*E + e] += rows of expert e from that same download (no extra sync).
+ * On CUDA the per-expert GEMMs take ops_cuda_moe_gemm (row-count-bucketed cuBLASLt plans). */
 void target_moe__forward(const ops_ctx_t *c, const model_config_t *m, const target_moe_t *y,
                          target_moe_scratch_t *s, void *gate, void *up, void *h, void *out,
-                         const void *xin, int n);
+                         const void *xin, int n, int l);
+
+/* The target's MoE scratch (common/model/target.c; all zero for a dense target). */
+target_moe_scratch_t *target__moe_scratch(target_t *t);
+
+/* Routing statistics for benchmarks (bench/bench_target.c). on = 1 starts counting the
+ * tokens routed to each expert of each MoE layer, zeroing earlier counts (allocates (L, E)
+ * int64 on the host on first use); on = 0 stops (the counts stay readable). Counting costs
+ * no device sync beyond the one the forward already has. Returns 0, DL_EINVAL (not an MoE
+ * target), DL_ENOMEM. */
+int target_moe_count_routes(target_t *t, int on);
+/* The counts: (L, E) int64, row l all zero for a dense layer; NULL before the first
+ * target_moe_count_routes(t, 1). Owned by the target, valid until target_destroy. */
+const int64_t *target_moe_route_counts(target_t *t);
+
+/* Balance of counts (L, E) over the MoE layers of m (each with sum > 0): per layer
+ * max / mean tokens per expert; *worst_layer the layer with the largest ratio (-1 if
+ * none), returns that ratio (0 if none); ratio[] (L) when not NULL, 0 for dense layers.
+ * *routed = total routed (token, expert) pairs. */
+double target_moe_balance(const model_config_t *m, const int64_t *counts, double *ratio,
+                          int *worst_layer, int64_t *routed);
 
 #endif

@@ -2,7 +2,9 @@
  * transformers on the tiny random-init qwen3_moe fixture (tests/fixtures/target/
  * make_fixtures.py: 6 layers, MoE at 1 and 5, dense at 0/2/4 by decoder_sparse_step and at
  * 3 by mlp_only_layers), the same weights as GGUF (make_gguf_moe.py), greedy decoding
- * through the KV cache token for token, and the routing ops on hand-made cases (ties).
+ * through the KV cache token for token, the same weights rewritten in transformers 5's fused
+ * expert layout (experts.gate_up_proj / experts.down_proj), the routing counts the benchmark
+ * reads, and the routing ops on hand-made cases (ties).
  *
  * Metric as test_target.c: err = max|a - b| / max|b| (b = HF) <= 1e-4 in fp32. */
 #include <setjmp.h>
@@ -20,6 +22,7 @@
 #include "common/model/config.h"
 #include "common/model/mkmodel.h"
 #include "common/model/target.h"
+#include "common/model/target_moe.h"
 #include "common/ops/ops.h"
 
 #define TOL 1e-4
@@ -167,6 +170,146 @@ static void test_hf_and_gguf(void **s) {
     safetensors_close(&e);
 }
 
+static void copy_file_or_fail(const char *src, const char *dst) {
+    FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
+    assert_non_null(in);
+    assert_non_null(out);
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0) assert_int_equal(fwrite(buf, 1, n, out), n);
+    fclose(in);
+    assert_int_equal(fclose(out), 0);
+}
+
+/* Writes src's tensors to dir/model.safetensors with every MoE layer's per-expert tensors
+ * replaced by transformers 5's fused parameters: experts.gate_up_proj (E, 2Fm, D), expert
+ * e's gate rows then its up rows, and experts.down_proj (E, D, Fm). */
+static void write_fused(const safetensors_t *src, const model_config_t *m, const char *dir) {
+    char path[600], nm[160];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    st_writer_t *w = NULL;
+    assert_int_equal(st_writer_new(path, &w), 0);
+    size_t nt = safetensors_n_tensors(src);
+    const char *dt = safetensors_tensor_at(src, 0)->dtype_name;
+    for (size_t i = 0; i < nt; i++) {
+        const st_tensor_t *t = safetensors_tensor_at(src, i);
+        if (strstr(t->name, ".mlp.experts.")) continue;
+        assert_int_equal(st_writer_add(w, t->name, t->dtype_name, t->n_dims, t->shape), 0);
+    }
+    int E = m->n_experts, D = m->D, Fm = m->moe_F;
+    for (int l = 0; l < m->L; l++) {
+        if (!model_config_layer_moe(m, l)) continue;
+        int64_t gu[3] = {E, 2 * Fm, D}, dn[3] = {E, D, Fm};
+        snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.gate_up_proj", l);
+        assert_int_equal(st_writer_add(w, nm, dt, 3, gu), 0);
+        snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.down_proj", l);
+        assert_int_equal(st_writer_add(w, nm, dt, 3, dn), 0);
+    }
+    for (size_t i = 0; i < nt; i++) {
+        const st_tensor_t *t = safetensors_tensor_at(src, i);
+        if (!strstr(t->name, ".mlp.experts.")) assert_int_equal(st_writer_write(w, t->data, t->nbytes), 0);
+    }
+    static const char *parts[2][2] = {{"gate_proj", "up_proj"}, {"down_proj", NULL}};
+    for (int l = 0; l < m->L; l++) {
+        if (!model_config_layer_moe(m, l)) continue;
+        for (int f = 0; f < 2; f++)
+            for (int e = 0; e < E; e++)
+                for (int j = 0; j < 2 && parts[f][j]; j++) {
+                    snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.%d.%s.weight", l, e, parts[f][j]);
+                    const st_tensor_t *t = safetensors_find(src, nm);
+                    assert_non_null(t);
+                    assert_int_equal(st_writer_write(w, t->data, t->nbytes), 0);
+                }
+    }
+    assert_int_equal(st_writer_finish(&w), 0);
+}
+
+/* The fixture's experts in the fused layout (what transformers 5 holds in memory and what
+ * a checkpoint saved without its conversion has) give HF's outputs and bit-identical
+ * logits to the per-expert layout. */
+static void test_fused_layout(void **s) {
+    (void)s;
+    char dir[512], exp[600], src[600], dst[600];
+    path_of(dir, sizeof dir, "qwen3_moe");
+    snprintf(exp, sizeof exp, "%s/expected.safetensors", dir);
+    model_config_t m;
+    assert_int_equal(model_config_from_hf_dir(dir, &m), 0);
+    char tmp[] = "/tmp/dl_moe_fusedXXXXXX";
+    assert_non_null(mkdtemp(tmp));
+    snprintf(src, sizeof src, "%s/config.json", dir);
+    snprintf(dst, sizeof dst, "%s/config.json", tmp);
+    copy_file_or_fail(src, dst);
+    safetensors_t *st = NULL, *e = NULL;
+    snprintf(src, sizeof src, "%s/model.safetensors", dir);
+    assert_int_equal(safetensors_open(src, &st), 0);
+    write_fused(st, &m, tmp);
+    safetensors_close(&st);
+    /* the rewritten file really is fused: no per-expert tensor left */
+    snprintf(dst, sizeof dst, "%s/model.safetensors", tmp);
+    assert_int_equal(safetensors_open(dst, &st), 0);
+    assert_non_null(safetensors_find(st, "model.layers.1.mlp.experts.gate_up_proj"));
+    assert_null(safetensors_find(st, "model.layers.1.mlp.experts.0.gate_proj.weight"));
+    safetensors_close(&st);
+    assert_int_equal(safetensors_open(exp, &e), 0);
+    size_t n;
+    free(expected(e, "logits", &n));
+    float *lp = check_forward(dir, e), *lf = check_forward(tmp, e);
+    printf("  fused vs per-expert logits err %.2e\n", rel_err(lf, lp, n));
+    assert_memory_equal(lf, lp, n * sizeof *lf);
+    free(lp);
+    free(lf);
+    safetensors_close(&e);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* Routing counts (bench_target's balance): per MoE layer they sum to T * k, dense layers
+ * stay zero; off, a forward adds nothing; a dense target refuses. */
+static void test_route_counts(void **s) {
+    (void)s;
+    char dir[512];
+    path_of(dir, sizeof dir, "qwen3_moe");
+    ops_ctx_t c;
+    ops_cpu_init(&c, 0);
+    target_opts_t o = {.max_tokens = 32, .max_seqs = 2};
+    target_t *t = NULL;
+    assert_int_equal(target_load(dir, &c, &o, &t), 0);
+    const model_config_t *m = target_config(t);
+    assert_null(target_moe_route_counts(t));
+    assert_int_equal(target_moe_count_routes(t, 1), 0);
+    int32_t ids[20], cu[3] = {0, 12, 20};
+    for (int i = 0; i < 20; i++) ids[i] = (i * 37 + 5) % m->V;
+    void *h = c.impl->malloc_(&c, (size_t)20 * m->D * 4);
+    assert_int_equal(target_forward_host(t, ids, NULL, cu, 2, 20, NULL, h), 0);
+    assert_int_equal(target_moe_count_routes(t, 0), 0);
+    assert_int_equal(target_forward_host(t, ids, NULL, cu, 2, 20, NULL, h), 0);
+    const int64_t *k = target_moe_route_counts(t);
+    assert_non_null(k);
+    for (int l = 0; l < m->L; l++) {
+        int64_t sum = 0;
+        for (int e = 0; e < m->n_experts; e++) sum += k[(size_t)l * m->n_experts + e];
+        assert_int_equal(sum, model_config_layer_moe(m, l) ? 20 * m->top_k : 0);
+    }
+    double ratio[8];
+    int worst;
+    int64_t routed;
+    double r = target_moe_balance(m, k, ratio, &worst, &routed);
+    printf("  routing balance: worst layer %d max/mean %.2f, %lld routed\n", worst, r, (long long)routed);
+    assert_true(r >= 1.0 && r <= m->n_experts);
+    assert_true(worst == 1 || worst == 5);
+    assert_int_equal(routed, 2 * 20 * m->top_k);
+    assert_true(ratio[0] == 0 && ratio[worst] == r);
+    c.impl->free_(&c, h);
+    target_destroy(&t);
+    /* a dense target has no counts */
+    path_of(dir, sizeof dir, "qwen3_tied");
+    assert_int_equal(target_load(dir, &c, &o, &t), 0);
+    assert_int_equal(target_moe_count_routes(t, 1), DL_EINVAL);
+    target_destroy(&t);
+    ops_ctx_destroy(&c);
+}
+
 static int argmax(const float *x, int n) {
     int b = 0;
     for (int i = 1; i < n; i++)
@@ -296,6 +439,8 @@ int main(void) {
         cmocka_unit_test(test_route_ops),
         cmocka_unit_test(test_config),
         cmocka_unit_test(test_hf_and_gguf),
+        cmocka_unit_test(test_fused_layout),
+        cmocka_unit_test(test_route_counts),
         cmocka_unit_test(test_greedy_kv),
         cmocka_unit_test(test_mkmodel_moe),
     };

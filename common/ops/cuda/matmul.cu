@@ -8,11 +8,19 @@
 // heuristic once and cached in the context; the hot path allocates nothing
 // (the workspace is allocated at init). Shapes the heuristic cannot serve (e.g.
 // odd leading dimensions) take a plain tiled fallback kernel.
+// The MoE experts' forward GEMMs (ops_cuda_moe_gemm) see a new row count M at almost
+// every call (tokens per expert vary per chunk and layer): keyed by exact M they would
+// make a plan (descriptors + heuristic) per call and churn the cache. They use plans
+// keyed by a row bucket instead (GEMM_FWD_ROWS, M rounded up to a quarter octave), the
+// layouts' M set to the call's rows before each cuBLASLt call.
 #include <string.h>
 
 #include "common/ops/cuda/cuda_common.cuh"
+extern "C" {
+#include "common/ops/cuda/ops_cuda.h"
+}
 
-enum { GEMM_FWD = 0, GEMM_DINP = 1, GEMM_DW = 2 };
+enum { GEMM_FWD = 0, GEMM_DINP = 1, GEMM_DW = 2, GEMM_FWD_ROWS = 3 };
 
 static int align_class(const void *p) {
     uintptr_t a = (uintptr_t)p;
@@ -31,6 +39,49 @@ void cuda_gemm_plans_destroy(ops_cuda_state *st) {
         if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
         memset(p, 0, sizeof(*p));
     }
+}
+
+// Row bucket of M for GEMM_FWD_ROWS plans: 64 for M <= 64, else M rounded up to a
+// multiple of p/8 where p is the power of two with p/2 < M <= p (four buckets per
+// octave: the algorithm chosen for the bucket's top serves rows within 25% of it).
+static int rows_bucket(int M) {
+    if (M <= 64) return 64;
+    int p = 128;
+    while (p < M) p <<= 1;
+    int step = p / 8;
+    return (M + step - 1) / step * step;
+}
+// Smallest M of the bucket whose top is b.
+static int rows_bucket_lo(int b) {
+    if (b <= 64) return 1;
+    int p = 128;
+    while (p < b) p <<= 1;
+    return b - p / 8 + 1;
+}
+
+// Sets the row count (M) of a forward plan's B (K x M) and C (N x M) layouts.
+static void plan_set_rows(cuda_gemm_plan *p, int M) {
+    uint64_t cols = (uint64_t)M;
+    cublas_check(cublasLtMatrixLayoutSetAttribute(p->lb, CUBLASLT_MATRIX_LAYOUT_COLS, &cols,
+                                                  sizeof(cols)));
+    cublas_check(cublasLtMatrixLayoutSetAttribute(p->lc, CUBLASLT_MATRIX_LAYOUT_COLS, &cols,
+                                                  sizeof(cols)));
+}
+
+// A bucket's algorithm (chosen for its top, p->M) must also serve its smallest M within
+// the workspace: cublasLtMatmulAlgoCheck at lo. Anything else: "no algorithm", and the
+// caller takes the exact-M path.
+static cublasStatus_t rows_plan_check(const ops_ctx_t *c, cuda_gemm_plan *p,
+                                      const cublasLtMatmulAlgo_t *algo, int lo) {
+    cublasLtMatmulHeuristicResult_t chk;
+    memset(&chk, 0, sizeof(chk));
+    plan_set_rows(p, lo);
+    cublasStatus_t s = cublasLtMatmulAlgoCheck((cublasLtHandle_t)c->blas, p->op, p->la, p->lb,
+                                               p->lc, p->lc, algo, &chk);
+    plan_set_rows(p, p->M);
+    if (s == CUBLAS_STATUS_SUCCESS && chk.workspaceSize > c->workspace_bytes)
+        s = CUBLAS_STATUS_NOT_SUPPORTED;
+    return s;
 }
 
 // Returns the cached plan, making it on first use; NULL when cuBLASLt has no
@@ -62,7 +113,8 @@ static cuda_gemm_plan *get_plan(const ops_ctx_t *c, int kind, int M, int K, int 
     p->bias = key_bias;
 
     cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
-    if (kind == GEMM_FWD) {  // C(N x M) = op(A = W stored K x N)^T . B (inp stored K x M)
+    // forward: C(N x M) = op(A = W stored K x N)^T . B (inp stored K x M)
+    if (kind == GEMM_FWD || kind == GEMM_FWD_ROWS) {
         ta = CUBLAS_OP_T;
         cublas_check(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_16BF, K, N, K));
         cublas_check(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_16BF, K, M, K));
@@ -104,6 +156,8 @@ static cuda_gemm_plan *get_plan(const ops_ctx_t *c, int kind, int M, int K, int 
     cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)c->blas, p->op, p->la,
                                                       p->lb, p->lc, p->lc, pref, 1, &res, &nres);
     cublasLtMatmulPreferenceDestroy(pref);
+    if (s == CUBLAS_STATUS_SUCCESS && nres > 0 && kind == GEMM_FWD_ROWS)
+        s = rows_plan_check(c, p, &res.algo, rows_bucket_lo(M));
     if (s != CUBLAS_STATUS_SUCCESS || nres == 0) {
         cublasLtMatmulDescDestroy(p->op);  // remembered as "no algorithm": p->op = NULL
         p->op = NULL;
@@ -169,6 +223,31 @@ void cuda_matmul_forward(const ops_ctx_t *c, void *out, const void *inp, const v
                                                (const bf16 *)weight, (const bf16 *)bias, M, N,
                                                K > 0 ? K : 0, K, 1, 1, K, 0);
     cuda_check_launch();
+}
+
+// One expert's forward GEMM through its row bucket's plan; the exact-M path when the
+// bucket has no algorithm valid down to its smallest M.
+static void matmul_forward_rows(const ops_ctx_t *c, void *out, const void *inp,
+                                const void *weight, int M, int K, int N) {
+    cuda_gemm_plan *p = get_plan(c, GEMM_FWD_ROWS, rows_bucket(M), K, N, 0, align_class(weight),
+                                 align_class(inp), align_class(out));
+    if (!p) {
+        cuda_matmul_forward(c, out, inp, weight, NULL, M, K, N);
+        return;
+    }
+    plan_set_rows(p, M);
+    run_plan(c, p, out, weight, inp, NULL, 0.0f);
+}
+
+extern "C" void ops_cuda_moe_gemm(const ops_ctx_t *c, void *out, const void *x,
+                                  void *const *w, const int32_t *off_h, int E, int K, int N) {
+    if (K <= 0 || N <= 0) return;
+    for (int e = 0; e < E; e++) {
+        int r0 = off_h[e], M = off_h[e + 1] - r0;
+        if (M <= 0) continue;   // no padding: an expert sees only its rows
+        matmul_forward_rows(c, (bf16 *)out + (size_t)r0 * N, (const bf16 *)x + (size_t)r0 * K,
+                            w[e], M, K, N);
+    }
 }
 
 // dbias[n] += sum_m dout[m][n]: 32 columns x 8 row groups per block.

@@ -16,4 +16,14 @@ void ops_cuda_attention_varlen_forward_variant(const ops_ctx_t *c, int variant, 
                                                const int32_t *cu_seqlens, int nseq,
                                                int max_seqlen, int T, int H, int Hkv, int hd);
 
+/* The MoE experts' forward GEMMs: for each expert e with rows [off_h[e], off_h[e+1]),
+ * out[r] (N) = x[r] (K) . w[e] (N, K)^T, r in those rows. out (R, N) bf16, x (R, K) bf16,
+ * w (E) device pointers to (N, K) bf16, off_h (E+1) i32 HOST offsets (non-decreasing,
+ * off_h[0] = 0, R = off_h[E]). The contract of ops_impl_t.matmul_forward per expert (bf16,
+ * f32 accumulation; the cuBLASLt algorithm may differ from the exact-M one), with plans
+ * keyed by a row bucket of M, not M: no plan made per call as row counts change
+ * (common/ops/cuda/matmul.cu). Stream-ordered on c's stream; no sync. */
+void ops_cuda_moe_gemm(const ops_ctx_t *c, void *out, const void *x, void *const *w,
+                       const int32_t *off_h, int E, int K, int N);
+
 #endif
