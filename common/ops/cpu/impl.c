@@ -36,4 +36,7 @@ const ops_impl_t ops_cpu_impl = {
     .moe_route = ops_cpu_moe_route,
     .moe_permute = ops_cpu_moe_permute,
     .moe_combine = ops_cpu_moe_combine,
+    .fp8_quantize_rows = ops_cpu_fp8_quantize_rows,
+    .fp8_matmul_forward = ops_cpu_fp8_matmul_forward,
+    .fp8_check = ops_cpu_fp8_check,
 };
