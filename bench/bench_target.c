@@ -36,6 +36,16 @@
  *   (run twice: the first may read the disk, the second the page cache), and
  *   drafter_new of a 5-layer drafter for this model on the CPU backend (the optimizer's
  *   layout and seeded init) with its init and without (drafter_new_opts no_init).
+ * --precision fp8: the target's decoder linears in E4M3 (target_opts_t.precision); the
+ *   FP8 GEMM peak (cuBLASLt E4M3, 8192^3 through fp8_matmul_forward) is measured too and
+ *   each row is followed by its MFU against that peak; the MFU column stays against the
+ *   bf16 peak (the useful FLOPs are the same; H200 dense peaks: bf16 989, fp8 1979 TFLOP/s).
+ * --feature-error [--device cpu|cuda] [--text FILE]: no timing; the same batch through
+ *   the bf16 and the fp8 target, every layer captured: per layer ||fp8 - bf16|| / ||bf16||
+ *   and max|fp8 - bf16| / max|bf16| (DFlash's default capture layers marked *). Token ids:
+ *   FILE's bytes tokenized with the model's tokenizer (real text; needs real weights, e.g.
+ *   the embedded SmolLM2 GGUF), in sequences of 2048, else random ids. --device cpu runs
+ *   without a GPU (fp32 vs the fp8 emulation; SmolLM2-sized models).
  * Prints "SKIP: ..." and exits 0 without CUDA or without --model. */
 #include <math.h>
 #include <stdint.h>
@@ -46,6 +56,7 @@
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/rng.h"
+#include "common/data/tokenizer.h"
 #include "common/model/config.h"
 #include "common/model/drafter.h"
 #include "common/model/target.h"
@@ -201,6 +212,132 @@ static void profile_layer(const model_config_t *m, int T, int mlp_chunk, const i
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) C.impl->free_(&C, bufs[i]);
 }
 
+/* ---- FP8 (--precision fp8, --feature-error); separate from the bf16 paths above. */
+
+/* FP8 GEMM peak: 8192^3 E4M3 through fp8_matmul_forward (cuBLASLt), TFLOP/s. */
+static double fp8_gemm_peak(void) {
+    const int n = 8192;
+    void *a = rand_act((size_t)n * n, 3), *b = rand_act((size_t)n * n, 4);
+    uint8_t *qa = C.impl->malloc_(&C, (size_t)n * n), *qb = C.impl->malloc_(&C, (size_t)n * n);
+    float *sa = C.impl->malloc_(&C, (size_t)n * 4), *sb = C.impl->malloc_(&C, (size_t)n * 4);
+    void *c = C.impl->malloc_(&C, (size_t)n * n * 2);
+    if (C.impl->fp8_check(&C, n, n) < 0) { printf("fp8 GEMM: %s\n", dl_errmsg()); return 0; }
+    C.impl->fp8_quantize_rows(&C, qa, sa, a, n, n);
+    C.impl->fp8_quantize_rows(&C, qb, sb, b, n, n);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    float t[20];
+    for (int i = 0; i < 5; i++) C.impl->fp8_matmul_forward(&C, c, qa, sa, qb, sb, NULL, n, n, n);
+    for (int i = 0; i < 20; i++) {
+        cudaEventRecord(e0, (cudaStream_t)C.stream);
+        C.impl->fp8_matmul_forward(&C, c, qa, sa, qb, sb, NULL, n, n, n);
+        cudaEventRecord(e1, (cudaStream_t)C.stream);
+        cudaEventSynchronize(e1);
+        cudaEventElapsedTime(&t[i], e0, e1);
+    }
+    qsort(t, 20, sizeof(float), cmpf);
+    double tf = 2.0 * n * n * (double)n / (t[10] * 1e-3) / 1e12;
+    printf("GEMM peak (fp8 E4M3, cuBLASLt, outer-vector scales, 8192^3): %.3f ms = %.1f TFLOP/s\n",
+           t[10], tf);
+    void *bufs[] = {a, b, qa, qb, sa, sb, c};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) C.impl->free_(&C, bufs[i]);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return tf;
+}
+
+/* After a table row of an fp8 target: its MFU against the FP8 peak. */
+static void fp8_row_note(double tflops, double peak8) {
+    if (peak8 > 0) printf("%52s(fp8: %.1f%% of the fp8 GEMM peak %.0f TFLOP/s)\n", "", 100 * tflops / peak8, peak8);
+}
+
+/* T token ids: text_path tokenized with the model's tokenizer (repeated to fill T), or
+ * random ids below V. 0, or -1 after a message. */
+static int fe_ids(const char *model, const char *text_path, int V, int T, int32_t *ids) {
+    if (!text_path) {
+        rng_t r;
+        rng_seed(&r, 20261202);
+        for (int i = 0; i < T; i++) ids[i] = (int32_t)rng_below(&r, (uint64_t)V);
+        return 0;
+    }
+    tok_t *tok = NULL;
+    FILE *f = fopen(text_path, "rb");
+    if (!f || tok_load(model, &tok) < 0) { fprintf(stderr, "bench_target: --text: %s\n", f ? dl_errmsg() : text_path); return -1; }
+    size_t cap = (size_t)T * 8 + 4096;
+    char *buf = malloc(cap);
+    size_t n = fread(buf, 1, cap, f);
+    fclose(f);
+    tok_ids_t v = {0};
+    int rc = tok_encode(tok, buf, n, 0, 0, &v);
+    free(buf);
+    tok_destroy(&tok);
+    if (rc < 0 || v.n == 0) { fprintf(stderr, "bench_target: --text: no tokens\n"); tok_ids_free(&v); return -1; }
+    for (int i = 0; i < T; i++) ids[i] = v.ids[(size_t)i % v.n];
+    printf("text %s: %zu tokens (%s)\n", text_path, v.n, v.n >= (size_t)T ? "first T used" : "repeated to T");
+    tok_ids_free(&v);
+    return 0;
+}
+
+/* Features of every layer (T, L*D), downloaded to f32, of model at precision prec. */
+static float *fe_forward(ops_ctx_t *c, const char *model, int prec, const int32_t *ids, const int32_t *cu,
+                         int nseq, int T, int L, int D) {
+    target_opts_t o = {.max_tokens = T, .max_seqs = nseq, .n_capture = L, .precision = prec};
+    for (int i = 0; i < L; i++) o.capture_ids[i] = i;
+    target_t *t = NULL;
+    if (target_load(model, c, &o, &t)) { fprintf(stderr, "bench_target: %s\n", dl_errmsg()); return NULL; }
+    size_t n = (size_t)T * L * D;
+    void *f = c->impl->malloc_(c, n * ops_act_bytes(c));
+    float *h = malloc(n * sizeof *h);
+    if (!f || !h || target_forward_host(t, ids, NULL, cu, nseq, T, f, NULL)) {
+        fprintf(stderr, "bench_target: feature forward: %s\n", dl_errmsg());
+        return NULL;
+    }
+    c->impl->download_act(c, h, f, n);
+    c->impl->free_(c, f);
+    target_destroy(&t);
+    return h;
+}
+
+/* --feature-error: per-layer error of fp8 features vs bf16 (see the header). */
+static int feature_error(const char *model, const char *device, const char *text, int T, int ncap) {
+    ops_ctx_t c;
+    if (ops_init_named(&c, device, 0, 0)) { printf("SKIP: bench_target: %s\n", dl_errmsg()); return 0; }
+    target_opts_t o0 = {.max_tokens = 1, .max_seqs = 1, .embed_only = 1};
+    target_t *t0 = NULL;
+    if (target_load(model, &c, &o0, &t0)) { fprintf(stderr, "bench_target: %s\n", dl_errmsg()); return 1; }
+    model_config_t m = *target_config(t0);
+    target_destroy(&t0);
+    int L = m.L, D = m.D, nseq = (T + 2047) / 2048, def[TARGET_MAX_CAPTURE] = {0};
+    if (L > TARGET_MAX_CAPTURE || target_default_layer_ids(L, ncap, def)) { fprintf(stderr, "bench_target: L %d\n", L); return 1; }
+    int32_t *ids = malloc((size_t)T * 4), *cu = malloc(((size_t)nseq + 1) * 4);
+    for (int s = 0; s <= nseq; s++) cu[s] = s * 2048 < T ? s * 2048 : T;
+    if (fe_ids(model, text, m.V, T, ids) < 0) return 1;
+    printf("feature error, fp8 vs %s target: %s (%s), %d tokens in %d sequences\n",
+           c.backend == OPS_CPU ? "fp32" : "bf16", model, device, T, nseq);
+    float *a = fe_forward(&c, model, TARGET_PRECISION_BF16, ids, cu, nseq, T, L, D);
+    float *b = a ? fe_forward(&c, model, TARGET_PRECISION_FP8, ids, cu, nseq, T, L, D) : NULL;
+    if (!b) return 1;
+    printf("%6s %12s %12s\n", "layer", "norm_rel", "max_rel");
+    for (int l = 0; l < L; l++) {
+        double num = 0, den = 0, dmax = 0, amax = 0;
+        for (int r = 0; r < T; r++)
+            for (int k = 0; k < D; k++) {
+                size_t i = ((size_t)r * L + l) * D + k;
+                double d = (double)b[i] - a[i];
+                num += d * d, den += (double)a[i] * a[i];
+                dmax = fmax(dmax, fabs(d)), amax = fmax(amax, fabs(a[i]));
+            }
+        int star = 0;
+        for (int i = 0; i < ncap; i++) star |= def[i] == l;
+        printf("%5d%s %12.3e %12.3e\n", l, star ? "*" : " ", sqrt(num / (den > 0 ? den : 1)),
+               dmax / (amax > 0 ? amax : 1));
+    }
+    free(a); free(b); free(ids); free(cu);
+    ops_ctx_destroy(&c);
+    return 0;
+}
+
 /* Useful FLOPs of layer l over a forward of T tokens: 2 * T * (attention matmul params)
  * + causal attention 4 * hd * H * attn_pairs, plus the MLP: dense 2 * T * 3 * D * F; MoE
  * the router 2 * T * D * E and the routed experts 2 * rows * 3 * D * Fm, rows = the
@@ -255,7 +392,7 @@ typedef struct {
     const int32_t *d_ids, *d_pos, *d_cu;
     int T, nseq, maxlen, reps;
     void *feat, *hid;
-    double pairs, peak;
+    double pairs, peak, peak8;   /* peak8: the fp8 GEMM peak (0: bf16 target) */
     cJSON *rows;       /* array the results go to (NULL: none) */
 } bench_run_t;
 
@@ -311,6 +448,7 @@ static int run_mode(bench_run_t *b, const char *bname, int mode, int last, cudaE
     double ms = ts[b->reps / 2], tf = fl / (ms * 1e-3) / 1e12;
     printf("%-8s %-8s %5d %6d %9.2f %11.0f %9.1f %6.1f%%\n", bname, mode == 0 ? "capture" : "full",
            b->nseq, nl, ms, b->T / (ms * 1e-3), tf, 100 * tf / b->peak);
+    fp8_row_note(tf, b->peak8);
     cJSON *row = b->rows ? cJSON_CreateObject() : NULL;
     if (row) {
         cJSON_AddStringToObject(row, "batch", bname);
@@ -332,8 +470,9 @@ static int run_mode(bench_run_t *b, const char *bname, int mode, int last, cudaE
 
 static void print_model(const char *model, const model_config_t *m, const target_t *t,
                         const target_opts_t *o, int ncap) {
-    printf("model %s: L %d, D %d, H %d/%d, hd %d, F %d, V %d; %.2f GB of weights; capture [", model,
-           m->L, m->D, m->H, m->Hkv, m->hd, m->F, m->V, target_weight_bytes(t) / 1e9);
+    printf("model %s: L %d, D %d, H %d/%d, hd %d, F %d, V %d; %.2f GB of %s weights; capture [", model,
+           m->L, m->D, m->H, m->Hkv, m->hd, m->F, m->V, target_weight_bytes(t) / 1e9,
+           target_precision_name(target_opts(t)->precision));
     for (int i = 0; i < ncap; i++) printf("%s%d", i ? ", " : "", o->capture_ids[i]);
     printf("]\n");
     if (m->n_experts > 0)
@@ -404,8 +543,8 @@ static int load_only(const char *model, const model_config_t *cfg, target_opts_t
 }
 
 int main(int argc, char **argv) {
-    const char *model = NULL, *json = NULL;
-    int load = 0;
+    const char *model = NULL, *json = NULL, *device = "cuda", *text = NULL;
+    int load = 0, prec = TARGET_PRECISION_BF16, ferr = 0;
     int T = 65536, reps = 5, ncap = 5, profile = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
@@ -416,7 +555,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--quick")) reps = 2;
         else if (!strcmp(argv[i], "--profile")) profile = 1;
         else if (!strcmp(argv[i], "--load-only")) load = 1;
+        else if (!strcmp(argv[i], "--precision") && i + 1 < argc) {
+            if (target_precision_parse(argv[++i], &prec)) { fprintf(stderr, "bench_target: %s\n", dl_errmsg()); return 2; }
+        } else if (!strcmp(argv[i], "--feature-error")) ferr = 1;
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
+        else if (!strcmp(argv[i], "--text") && i + 1 < argc) text = argv[++i];
     }
+    if (ferr && model) return feature_error(model, device, text, T == 65536 ? 8192 : T, ncap);
     if (reps < 1 || reps > 50) reps = 5;
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -435,11 +580,11 @@ int main(int argc, char **argv) {
     struct cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, 0);
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
-    double peak = gemm_peak();
+    double peak = gemm_peak(), peak8 = prec == TARGET_PRECISION_FP8 ? fp8_gemm_peak() : 0;
 
     model_config_t cfg;
     if (model_config_from_hf_dir(model, &cfg)) { fprintf(stderr, "bench_target: %s\n", dl_errmsg()); return 1; }
-    target_opts_t o = {.max_tokens = T, .max_seqs = T / 128 + 1, .n_capture = ncap};
+    target_opts_t o = {.max_tokens = T, .max_seqs = T / 128 + 1, .n_capture = ncap, .precision = prec};
     if (target_default_layer_ids(cfg.L, ncap, o.capture_ids)) { fprintf(stderr, "%s\n", dl_errmsg()); return 1; }
     if (load) return load_only(model, &cfg, o);
     target_t *t = NULL;
@@ -472,7 +617,7 @@ int main(int argc, char **argv) {
     printf("%-8s %-8s %5s %6s %9s %11s %9s %7s\n", "batch", "mode", "seqs", "layers", "ms", "tokens/s",
            "TFLOP/s", "MFU");
     bench_run_t b = {.t = t, .d_ids = d_ids, .d_pos = d_pos, .d_cu = d_cu, .T = T, .reps = reps,
-                     .feat = feat, .hid = hid, .peak = peak,
+                     .feat = feat, .hid = hid, .peak = peak, .peak8 = peak8,
                      .rows = js ? cJSON_GetObjectItem(js, "rows") : NULL};
     for (int batch = 0; batch < 2; batch++) {
         b.nseq = make_batch(batch, T, cu, pos, &b.maxlen, &b.pairs);

@@ -428,6 +428,8 @@ typedef struct {
     int32_t node, loader_node, optimizer_node;                  /* 0..DL_PROTO_MAX_NODES-1 */
     const int64_t *target_nodes; uint32_t n_target_nodes;       /* == n_target_gpus */
     const int64_t *drafter_nodes; uint32_t n_drafter_nodes;     /* == n_drafter_gpus */
+    uint32_t target_precision;   /* targets' linear weights: 0 = bf16 (the default, zero-initialised),
+                                  * 1 = fp8 (--target-precision; common/model/target.h) */
 } proto_run_config_t;
 
 /* Bytes [offset, offset + n_data) of slab `slab_id` owned by stage `owner_id`

@@ -114,6 +114,7 @@ void sup__run_config(const launch_t *L, run_config_t *c) {
     c->prefetch = (uint32_t)o->prefetch;
     c->threads = (uint32_t)L->so.threads_per_stage;
     c->deterministic = o->deterministic ? 1 : 0;
+    c->target_precision = o->target_precision;
     c->n_targets = o->targets;
     c->n_drafters = o->drafters;
     for (int i = 0; i < o->targets && i < PIPE_MAX_TARGETS; i++) {

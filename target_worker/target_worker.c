@@ -679,12 +679,14 @@ static int tw_setup(tw_t *T, const run_config_t *c) {
     to.max_tokens = (int)T->token_budget;
     to.max_seqs = (int)T->token_budget;
     to.n_capture = T->dcfg.n_feat;
+    to.precision = c->target_precision;
     memcpy(to.capture_ids, T->dcfg.target_layer_ids, sizeof(int) * (size_t)T->dcfg.n_feat);
     double t0 = clock_mono_s();
     rc = target_load(model, &T->ops, &to, &T->t);
     if (rc < 0) return log_rc(rc, "load target"), PIPE_EXIT_PERMANENT;
-    log_info("target %s loaded in %.1f s (%.0f MB of weights), capturing %d layer(s) from layer %d",
-             model, clock_mono_s() - t0, target_weight_bytes(T->t) / 1e6, T->dcfg.n_feat, T->dcfg.target_layer_ids[0]);
+    log_info("target %s loaded in %.1f s (%.0f MB of %s weights), capturing %d layer(s) from layer %d",
+             model, clock_mono_s() - t0, target_weight_bytes(T->t) / 1e6,
+             target_precision_name(c->target_precision), T->dcfg.n_feat, T->dcfg.target_layer_ids[0]);
     return 0;
 }
 

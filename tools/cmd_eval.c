@@ -15,6 +15,7 @@
 #include "common/data/tokenizer.h"
 #include "common/model/dflash_ckpt.h"
 #include "common/model/specdec.h"
+#include "common/model/target.h"
 #include "common/pipe/ckpt.h"
 #include "common/pipe/model.h"
 
@@ -43,6 +44,9 @@ static void eval_usage(FILE *f) {
             "  --temperature T        0 = greedy (default); > 0: rejection sampling\n"
             "  --seed S               sampling / random-drafter seed (default 0)\n"
             "  --device cpu|cuda      (default cpu)    --gpu N   CUDA device (default 0)\n"
+            "  --target-precision P   bf16 (default) or fp8: the target's decoder linears in E4M3 with\n"
+            "                         per-channel/per-token scales (CUDA: sm_89+; CPU: fp32 emulation;\n"
+            "                         MoE targets refused; see `draftline run --help`)\n"
             "  --threads N            CPU threads (default: all cores)\n"
             "  --drafter-layers N     random/zero drafter: layers (default 1, as `run`)\n"
             "  --block-size B         random/zero drafter: block size (default 8, as `run`)\n"
@@ -59,7 +63,7 @@ static void eval_usage(FILE *f) {
 }
 
 enum { O_TM = 256, O_DR, O_DATA, O_NP, O_MNT, O_TEMP, O_SEED, O_DEV, O_GPU, O_THR, O_DL, O_BS,
-       O_NOBASE, O_MPT, O_JSON, O_VERB, O_REP, O_MAXS, O_HELP };
+       O_NOBASE, O_MPT, O_JSON, O_VERB, O_REP, O_MAXS, O_HELP, O_TP };
 
 /* 0 when path can be written (its directory exists and is writable, and path
  * is not a directory / read-only file), else DL_EIO naming it: checked before
@@ -104,6 +108,7 @@ typedef struct {
     char resolved[4096];              /* a run dir's latest checkpoint (drafter_arg points here) */
     const char *drafter_arg, *data, *json_out, *device;
     int n_prompts, max_new, gpu, threads, dlayers, bsize, baseline, max_prompt, verbose, repeats;
+    int precision;                    /* --target-precision: TARGET_PRECISION_* */
     double temp, max_seconds;         /* temperature; --max-seconds in s */
     int64_t seed;
     int is_random, is_zero;           /* --drafter random | zero */
@@ -134,7 +139,7 @@ static int eval_parse_flags(int argc, char **argv, eval_opts_t *o) {
         {"threads", 1, 0, O_THR}, {"drafter-layers", 1, 0, O_DL}, {"block-size", 1, 0, O_BS},
         {"no-baseline", 0, 0, O_NOBASE}, {"max-prompt-tokens", 1, 0, O_MPT}, {"json", 1, 0, O_JSON},
         {"verbose", 0, 0, O_VERB}, {"timing-repeats", 1, 0, O_REP}, {"max-seconds", 1, 0, O_MAXS},
-        {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
+        {"target-precision", 1, 0, O_TP}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
     int c;
     memset(o, 0, sizeof *o);
     o->device = "cpu";
@@ -161,6 +166,7 @@ static int eval_parse_flags(int argc, char **argv, eval_opts_t *o) {
         case O_VERB: o->verbose = 1; break;
         case O_REP: FLAG(cli_parse_int("--timing-repeats", optarg, 1, SPECDEC_MAX_REPEATS, &o->repeats)); break;
         case O_MAXS: FLAG(cli_parse_f64("--max-seconds", optarg, 0, 1e9, &o->max_seconds)); break;
+        case O_TP: FLAG(target_precision_parse(optarg, &o->precision)); break;
         case 'h': case O_HELP: eval_usage(stdout); return 0;
         default: eval_usage(stderr); return 2;
         }
@@ -231,7 +237,8 @@ static int eval_load_prompts(const eval_opts_t *o, eval_t *e) {
 static int eval_load_models(const eval_opts_t *o, eval_t *e) {
     int rc;
     drafter_config_t *dc = &e->dc;
-    target_opts_t to = {.max_tokens = e->max_len > dc->B ? e->max_len : dc->B, .max_seqs = 1, .n_capture = dc->n_feat};
+    target_opts_t to = {.max_tokens = e->max_len > dc->B ? e->max_len : dc->B, .max_seqs = 1, .n_capture = dc->n_feat,
+                        .precision = o->precision};
     memcpy(to.capture_ids, dc->target_layer_ids, (size_t)dc->n_feat * sizeof(int));
     double t0 = clock_mono_s();
     if ((rc = target_load(o->model, &e->ops, &to, &e->t)) < 0) return log_rc(rc, "loading the target"), 1;

@@ -30,6 +30,9 @@ static void generate_usage(FILE *f) {
             "                         SmolLM2-135M-Instruct GGUF, see `make model`)\n"
             "  --device cpu|cuda      backend (default cpu)\n"
             "  --gpu N                CUDA device ordinal (default 0)\n"
+            "  --target-precision P   bf16 (default) or fp8: the target's decoder linears in E4M3 with\n"
+            "                         per-channel/per-token scales (CUDA: sm_89+; CPU: fp32 emulation;\n"
+            "                         MoE targets refused; see `draftline run --help`)\n"
             "  --prompt TEXT          user message (repeat for a batch, at most %d)\n"
             "  --system TEXT          system message (default: the template's own, if any)\n"
             "  --raw                  no chat template: the prompt text is the model input\n"
@@ -67,11 +70,12 @@ int cmd_generate(int argc, char **argv) {
         {"temperature", required_argument, 0, 'T'}, {"top-p", required_argument, 0, 'P'},
         {"seed", required_argument, 0, 's'},        {"threads", required_argument, 0, 't'},
         {"stats", no_argument, 0, 'x'},             {"help", no_argument, 0, 'h'},
+        {"target-precision", required_argument, 0, 'Q'},
         {0, 0, 0, 0}};
     char model[4096] = "";
     const char *device = "cpu", *system = NULL, *tmpl = NULL;
     const char *prompts[GEN_MAX_PROMPTS];
-    int n_prompts = 0, raw = 0, gpu = 0, threads = 0, max_new = 128, want_stats = 0;
+    int n_prompts = 0, raw = 0, gpu = 0, threads = 0, max_new = 128, want_stats = 0, prec = 0;
     double temp = 0, top_p = 1;
     int64_t seed = 0;
     int c, rc;
@@ -95,6 +99,7 @@ int cmd_generate(int argc, char **argv) {
         case 's': FLAG(cli_parse_i64("--seed", optarg, 0, INT64_MAX, &seed)); break;
         case 't': FLAG(cli_parse_int("--threads", optarg, 1, 1024, &threads)); break;
         case 'x': want_stats = 1; break;
+        case 'Q': FLAG(target_precision_parse(optarg, &prec)); break;
         case 'h': generate_usage(stdout); return 0;
         default: generate_usage(stderr); return 2;
         }
@@ -143,7 +148,7 @@ int cmd_generate(int argc, char **argv) {
     }
     int budget = total < 4096 ? total : 4096;
     if (budget < n_prompts) budget = n_prompts;
-    target_opts_t to = {.max_tokens = budget, .max_seqs = n_prompts};
+    target_opts_t to = {.max_tokens = budget, .max_seqs = n_prompts, .precision = prec};
     double t0 = clock_mono_s();
     if ((rc = target_load(model, &ops, &to, &t)) < 0) { log_rc(rc, "loading the model"); goto done; }
     log_info("loaded %s (%s, %d layers, D %d, %.1f M params) on %s in %.2f s", model,

@@ -59,6 +59,9 @@ static void regen_usage(FILE *f) {
             "  --max-seconds S        start no new batch after S s of decoding (the batch in\n"
             "                         flight completes; run again to resume); default 0 = off\n"
             "  --device cpu|cuda      (default cpu)    --gpu N   CUDA device (default 0)\n"
+            "  --target-precision P   bf16 (default) or fp8: the target's decoder linears in E4M3 with\n"
+            "                         per-channel/per-token scales (CUDA: sm_89+; CPU: fp32 emulation;\n"
+            "                         MoE targets refused; see `draftline run --help`)\n"
             "  --threads N            CPU threads (default: all cores)\n",
             REGEN_MAX_BATCH);
 }
@@ -238,6 +241,7 @@ typedef struct {
     char model[4096];                   /* target: .gguf or HF dir */
     const char *data, *out_path, *device;
     int max_new, max_ctx, batch, gpu, threads;
+    int precision;                      /* --target-precision: TARGET_PRECISION_* */
     double temp, top_p, max_seconds;    /* --max-seconds in s */
     int64_t seed, limit;
 } regen_opts_t;
@@ -268,13 +272,14 @@ typedef struct {
  * the exit code: 0 after --help, 2 for a bad flag, 1 without a default model. */
 static int regen_parse_flags(int argc, char **argv, regen_opts_t *o) {
     enum { O_TM = 256, O_DATA, O_OUT, O_MNT, O_CTX, O_TEMP, O_TOPP, O_SEED, O_BATCH, O_LIMIT,
-           O_DEV, O_GPU, O_THR, O_MAXS, O_HELP };
+           O_DEV, O_GPU, O_THR, O_MAXS, O_HELP, O_TP };
     static const struct option opts[] = {
         {"target-model", 1, 0, O_TM}, {"data", 1, 0, O_DATA}, {"out", 1, 0, O_OUT},
         {"max-new-tokens", 1, 0, O_MNT}, {"max-ctx", 1, 0, O_CTX}, {"temperature", 1, 0, O_TEMP},
         {"top-p", 1, 0, O_TOPP}, {"seed", 1, 0, O_SEED}, {"batch", 1, 0, O_BATCH},
         {"limit", 1, 0, O_LIMIT}, {"device", 1, 0, O_DEV}, {"gpu", 1, 0, O_GPU},
-        {"threads", 1, 0, O_THR}, {"max-seconds", 1, 0, O_MAXS}, {"help", 0, 0, O_HELP}, {0, 0, 0, 0}};
+        {"threads", 1, 0, O_THR}, {"max-seconds", 1, 0, O_MAXS}, {"help", 0, 0, O_HELP},
+        {"target-precision", 1, 0, O_TP}, {0, 0, 0, 0}};
     int c;
     memset(o, 0, sizeof *o);
     o->device = "cpu";
@@ -297,6 +302,7 @@ static int regen_parse_flags(int argc, char **argv, regen_opts_t *o) {
         case O_GPU: FLAG(cli_parse_int("--gpu", optarg, 0, 1023, &o->gpu)); break;
         case O_THR: FLAG(cli_parse_int("--threads", optarg, 1, 1024, &o->threads)); break;
         case O_MAXS: FLAG(cli_parse_f64("--max-seconds", optarg, 0, 1e9, &o->max_seconds)); break;
+        case O_TP: FLAG(target_precision_parse(optarg, &o->precision)); break;
         case 'h': case O_HELP: regen_usage(stdout); return 0;
         default: regen_usage(stderr); return 2;
         }
@@ -346,7 +352,7 @@ static int regen_open(const regen_opts_t *o, regen_t *r) {
     if ((rc = chat_template_from_tok(r->tok, &r->ct)) < 0) return log_rc(rc, "chat template"), 1;
     if ((rc = prompt_reader_open(o->data, &r->rd)) < 0) return log_rc(rc, "--data"), 1;
     int budget = o->max_ctx > batch ? o->max_ctx : batch;
-    target_opts_t to = {.max_tokens = budget, .max_seqs = batch};
+    target_opts_t to = {.max_tokens = budget, .max_seqs = batch, .precision = o->precision};
     if ((rc = target_load(o->model, &r->ops, &to, &r->t)) < 0) return log_rc(rc, "loading the target"), 1;
     int max_pos = target_config(r->t)->max_pos;
     if (max_pos > 0 && o->max_ctx > max_pos) {

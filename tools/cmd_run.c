@@ -6,6 +6,7 @@
 #include "common/base/cli.h"
 #include "common/base/err.h"
 #include "common/base/paths.h"
+#include "common/model/target.h"
 #include "supervisor/launch.h"
 #include "tools/commands.h"
 
@@ -35,7 +36,8 @@ static const struct option run_options[] = {
     {"eval-prompts", 1, 0, RUN_O_EVP}, {"eval-max-new-tokens", 1, 0, RUN_O_EVM},
     {"keep-checkpoints", 1, 0, RUN_O_KC}, {"listen", 1, 0, RUN_O_LISTEN}, {"key", 1, 0, RUN_O_KEY},
     {"nodes", 1, 0, RUN_O_NODES}, {"join-timeout", 1, 0, RUN_O_JT}, {"balance", 1, 0, RUN_O_BAL},
-    {"balance-every", 1, 0, RUN_O_BALE}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    {"balance-every", 1, 0, RUN_O_BALE}, {"target-precision", 1, 0, RUN_O_TP},
+    {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
 
 static void run_usage(FILE *f) {
     fprintf(f,
@@ -50,6 +52,14 @@ static void run_usage(FILE *f) {
         "                             or a prepared .dlc cache (`draftline prepare`)\n"
         "  --prompt-field F --response-field F   prompt/response datasets (GSM8K: question/answer);\n"
         "                             ignored for a .dlc (it was prepared with its fields already)\n"
+        "  --target-precision P       bf16 (default) or fp8: the targets' decoder linears (q, k, v, o,\n"
+        "                             gate, up, down) in FP8 E4M3, one scale per output channel and per\n"
+        "                             token; embedding, LM head, norms, attention stay bf16. Halves the\n"
+        "                             target's weight memory; the features differ from bf16 by a few %%.\n"
+        "                             GPUs: needs sm_89+ (Hopper: cuBLASLt FP8), refused at load\n"
+        "                             otherwise; CPU: an exact fp32 emulation (slow, for tests); MoE\n"
+        "                             targets: refused. Not recorded in checkpoints: give it again on\n"
+        "                             --resume\n"
         "topology\n"
         "  --device cpu               CPU mode (POSIX shared memory stands in for CUDA IPC)\n"
         "  --targets N --drafters M   processes in CPU mode (default 1 and 1); target i feeds drafter i%%M\n"
@@ -190,6 +200,7 @@ static int set_opt(run_opts_t *o, int code, const char *v) {
         if (!strcmp(v, "auto") || !strcmp(v, "off")) { o->balance_auto = !strcmp(v, "auto"); return 0; }
         return dl_seterr(DL_EINVAL, "--balance %s: expected auto or off", v);
     case RUN_O_BALE: return cli_parse_f64("--balance-every", v, 1, 86400, &o->balance_every_s);
+    case RUN_O_TP: return target_precision_parse(v, &o->target_precision);
     case RUN_O_CFG: return 0;
     }
     (void)x;

@@ -6,6 +6,7 @@
 #include "common/base/log.h"
 #include "common/format/gguf.h"
 #include "common/format/safetensors.h"
+#include "common/model/target_fp8.h"
 #include "common/model/target_moe.h"
 
 #include <limits.h>
@@ -29,6 +30,7 @@ typedef struct {
     void *wg, *wu, *wd;              /* (F, D), (F, D), (D, F) */
     void *bg, *bu, *bd;              /* biases or NULL */
     target_moe_t moe;                /* MoE layers (model_config_layer_moe): wg/wu/wd NULL */
+    target_fp8_layer_t f8;           /* precision fp8: the E4M3 linears (wq..wd then NULL) */
 } tlayer_t;
 
 struct target {
@@ -46,6 +48,7 @@ struct target {
     void *x, *xn, *q, *k, *v, *att, *qn, *kn;  /* (T,D) (T,D) (T,H*hd) (T,Hkv*hd) x2 (T,H*hd) (T,H*hd) (T,Hkv*hd) */
     void *gate, *up, *hmlp;          /* (chunk, max(F, k*Fm)): dense, or the chunk's routed rows */
     target_moe_scratch_t moe_s;      /* MoE block scratch (MoE targets only) */
+    target_fp8_scratch_t f8s;        /* precision fp8: the quantized input of a linear */
     /* i32 backend */
     int32_t *d_ids, *d_pos, *d_cu, *d_cs, *d_cl, *d_gather;
     /* host scratch */
@@ -404,6 +407,21 @@ static int alloc_acts(target_t *t) {
     return 0;
 }
 
+/* precision fp8: the decoder layers' linears to E4M3 (after alloc_acts: mlp_chunk). */
+static int quantize_layers(target_t *t) {
+    const model_config_t *m = &t->cfg;
+    DL_TRY(target_fp8__check(t->c, m));
+    size_t before = t->weight_bytes;
+    for (int l = 0; l < m->L; l++) {
+        tlayer_t *y = &t->layers[l];
+        void **w[TFP8_N] = {&y->wq, &y->wk, &y->wv, &y->wo, &y->wg, &y->wu, &y->wd};
+        DL_TRY(target_fp8__layer_new(t->c, m, w, &y->f8, &t->weight_bytes));
+    }
+    log_info("target: fp8 (E4M3, per-channel scales) q/k/v/o/gate/up/down of %d layers: "
+             "weights %.3f GB -> %.3f GB", m->L, before / 1e9, t->weight_bytes / 1e9);
+    return target_fp8__scratch_new(t->c, m, t->opts.max_tokens, t->mlp_chunk, &t->f8s);
+}
+
 int target_load(const char *path, const ops_ctx_t *c, const target_opts_t *opts, target_t **out) {
     *out = NULL;
     if (opts->max_tokens < 1 || opts->max_seqs < 1 || opts->n_capture < 0 ||
@@ -440,7 +458,8 @@ int target_load(const char *path, const ops_ctx_t *c, const target_opts_t *opts,
     t->layers = calloc((size_t)t->cfg.L, sizeof *t->layers);
     if (!t->layers) { rc = dl_seterr(DL_ENOMEM, "target: out of memory"); goto done; }
     if ((rc = load_weights(t, &s)) < 0) goto done;
-    rc = alloc_acts(t);
+    if ((rc = alloc_acts(t)) < 0) goto done;
+    if (opts->precision == TARGET_PRECISION_FP8 && !opts->embed_only) rc = quantize_layers(t);
 done:
     src_release(t, &s);
     gguf_close(&s.g);
@@ -469,9 +488,11 @@ void target_destroy(target_t **tp) {
                           y->q_norm, y->k_norm, y->mlp_norm, y->wg, y->wu, y->wd, y->bg, y->bu, y->bd};
             for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) FREE(ps[i]);
             target_moe__free(c, &y->moe, t->cfg.n_experts);
+            target_fp8__layer_free(c, &y->f8);
         }
     }
     target_moe__scratch_free(c, &t->moe_s);
+    target_fp8__scratch_free(c, &t->f8s);
     void *as[] = {t->x, t->xn, t->q, t->k, t->v, t->att, t->qn, t->kn, t->gate, t->up, t->hmlp,
                   t->d_ids, t->d_pos, t->d_cu, t->d_cs, t->d_cl, t->d_gather};
     for (size_t i = 0; i < sizeof as / sizeof as[0]; i++) FREE(as[i]);
@@ -510,6 +531,16 @@ static void copy_cols(target_t *t, void *dst, size_t width, size_t col, const vo
         c->impl->copy(c, (char *)dst + ((size_t)r * width + col) * t->ab, (const char *)src + r * rowb, rowb);
 }
 
+/* out (M,N) = in (M,K) . W^T + b with weight i of layer y: act, or FP8 (in quantized
+ * first unless requant is 0: the same input as the previous linear's). */
+static void linear(target_t *t, const tlayer_t *y, int i, const void *w, void *out,
+                   const void *in, int requant, const void *b, int M, int K, int N) {
+    if (y->f8.w[i].q)
+        target_fp8__linear(t->c, &t->f8s, out, in, requant, &y->f8.w[i], b, M);
+    else
+        t->c->impl->matmul_forward(t->c, out, in, w, b, M, K, N);
+}
+
 static void layer_forward(target_t *t, int l, int T, const int32_t *pos, const attn_mode_t *am) {
     const ops_ctx_t *c = t->c;
     const ops_impl_t *o = c->impl;
@@ -518,9 +549,9 @@ static void layer_forward(target_t *t, int l, int T, const int32_t *pos, const a
     int D = m->D, H = m->H, Hkv = m->Hkv, hd = m->hd, qd = H * hd, kd = Hkv * hd;
 
     o->rmsnorm_forward(c, t->xn, NULL, t->x, y->attn_norm, m->eps, T, D);
-    o->matmul_forward(c, t->q, t->xn, y->wq, y->bq, T, D, qd);
-    o->matmul_forward(c, t->k, t->xn, y->wk, y->bk, T, D, kd);
-    o->matmul_forward(c, t->v, t->xn, y->wv, y->bv, T, D, kd);
+    linear(t, y, TFP8_Q, y->wq, t->q, t->xn, 1, y->bq, T, D, qd);
+    linear(t, y, TFP8_K, y->wk, t->k, t->xn, 0, y->bk, T, D, kd);
+    linear(t, y, TFP8_V, y->wv, t->v, t->xn, 0, y->bv, T, D, kd);
     void *q = t->q, *k = t->k;
     if (m->qk_norm) {
         o->rmsnorm_forward(c, t->qn, NULL, t->q, y->q_norm, m->eps, T * H, hd);
@@ -549,7 +580,7 @@ static void layer_forward(target_t *t, int l, int T, const int32_t *pos, const a
             o->attention_varlen_forward(c, t->att, q, k, t->v, am->cu, am->nseq, am->max_seqlen, T,
                                         H, Hkv, hd);
     }
-    o->matmul_forward(c, t->xn, t->att, y->wo, y->bo, T, qd, D);
+    linear(t, y, TFP8_O, y->wo, t->xn, t->att, 1, y->bo, T, qd, D);
     o->add(c, t->x, t->x, t->xn, (size_t)T * D);
 
     o->rmsnorm_forward(c, t->xn, NULL, t->x, y->mlp_norm, m->eps, T, D);
@@ -561,11 +592,11 @@ static void layer_forward(target_t *t, int l, int T, const int32_t *pos, const a
             target_moe__forward(c, m, &y->moe, &t->moe_s, t->gate, t->up, t->hmlp, xin, xin, n, l);
             continue;
         }
-        o->matmul_forward(c, t->gate, xin, y->wg, y->bg, n, D, m->F);
-        o->matmul_forward(c, t->up, xin, y->wu, y->bu, n, D, m->F);
+        linear(t, y, TFP8_G, y->wg, t->gate, xin, 1, y->bg, n, D, m->F);
+        linear(t, y, TFP8_U, y->wu, t->up, xin, 0, y->bu, n, D, m->F);
         o->swiglu_forward(c, t->hmlp, t->gate, t->up, (size_t)n * m->F);
         /* down projection overwrites this chunk of xn, which is no longer needed */
-        o->matmul_forward(c, xin, t->hmlp, y->wd, y->bd, n, m->F, D);
+        linear(t, y, TFP8_D, y->wd, xin, t->hmlp, 1, y->bd, n, m->F, D);
     }
     o->add(c, t->x, t->x, t->xn, (size_t)T * D);
 }

@@ -42,7 +42,24 @@ typedef struct {
                               * (the drafter's frozen parts: at Qwen3-8B 1.2 GB instead of
                               * 16 GB); target_forward / target_kv_new then fail with
                               * DL_EINVAL. target_embed / target_lm_head / target_logits work. */
+    int precision;           /* TARGET_PRECISION_BF16 (0, the default): every weight in act
+                              * (bf16 on CUDA, fp32 on CPU). TARGET_PRECISION_FP8: the decoder
+                              * layers' q/k/v/o/gate/up/down weights in E4M3 with one f32 scale
+                              * per output channel (quantized once at load, the act copies
+                              * freed), their inputs quantized per token at every forward
+                              * (ops.h fp8_*); embedding, LM head, norms and attention stay in
+                              * act. CUDA needs sm_89+ (cuBLASLt FP8); CPU runs an exact fp32
+                              * emulation (slow). MoE targets: DL_ENOTSUP. Ignored with
+                              * embed_only (no layers loaded). */
 } target_opts_t;
+
+#define TARGET_PRECISION_BF16 0
+#define TARGET_PRECISION_FP8 1
+
+/* "bf16" | "fp8" -> TARGET_PRECISION_*; DL_EINVAL naming the string otherwise. */
+int target_precision_parse(const char *s, int *out);
+/* TARGET_PRECISION_* -> "bf16" | "fp8". */
+const char *target_precision_name(int precision);
 
 typedef struct target target_t;
 
@@ -55,7 +72,8 @@ int target_default_layer_ids(int L, int n, int *out);
 /* Loads the checkpoint at path (HF dir, or *.gguf) onto backend c (borrowed: must
  * outlive the target). opts: max_tokens >= 1, max_seqs >= 1, capture ids valid
  * (n_capture may be 0). Errors: DL_ENOENT/DL_EIO (files), DL_EFORMAT (missing
- * tensor or wrong shape, named), DL_ENOTSUP (architecture, dtype), DL_ENOMEM. */
+ * tensor or wrong shape, named), DL_ENOTSUP (architecture, dtype; precision fp8 where
+ * the backend or model cannot run it, with the reason), DL_ENOMEM. */
 int target_load(const char *path, const ops_ctx_t *c, const target_opts_t *opts, target_t **out);
 void target_destroy(target_t **t);
 

@@ -211,6 +211,31 @@ struct ops_impl {
     void *(*host_alloc)(const ops_ctx_t *c, size_t bytes);
     void (*host_free)(const ops_ctx_t *c, void *p);
     void (*upload_async)(const ops_ctx_t *c, void *dst, const void *src_host, size_t bytes);
+
+    /* ---- FP8 linear (target --target-precision fp8; common/ops/cpu/fp8.c, cuda/matmul_fp8.cu).
+     * fp8 = OCP E4M3 (torch.float8_e4m3fn): 1 sign, 4 exponent (bias 7), 3 mantissa bits,
+     * largest finite 448, no infinities. One scale per row of each operand: per output
+     * channel for weights (static, at load), per token for activations (dynamic). */
+
+    /* Row-wise quantization: for each row r of x (R,K) act,
+     *   s[r] = amax_r / 448 (fp32 division; amax_r = max_k |x[r][k]|; s = 1 when amax_r is 0)
+     *   q[r][k] = e4m3(x[r][k] / s[r])  (fp32 division, round to nearest even, saturating to
+     *             +-448 as __nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3); NaN -> 0x7f)
+     * q (R,K) fp8, s (R) f32 on the backend. For weights (N,K) at load and activations
+     * (M,K) before every fp8 linear. K >= 1. */
+    void (*fp8_quantize_rows)(const ops_ctx_t *c, uint8_t *q, float *s, const void *x, int R,
+                              int K);
+    /* out (M,N) act = (sum_k qx[m][k] * qw[n][k]) * sx[m] * sw[n] + bias[n] (bias (N) act or
+     * NULL); products exact, sums in f32. qx (M,K) fp8, sx (M) f32 from fp8_quantize_rows of
+     * the input; qw (N,K) fp8, sw (N) f32 of the weight (torch.nn.Linear layout). CUDA:
+     * cuBLASLt FP8 GEMM (TN) with outer-vector scales; needs fp8_check(K, N) == 0 first. */
+    void (*fp8_matmul_forward)(const ops_ctx_t *c, void *out, const uint8_t *qx, const float *sx,
+                               const uint8_t *qw, const float *sw, const void *bias, int M,
+                               int K, int N);
+    /* 0 when fp8_matmul_forward runs for weights (N,K) on this backend, else DL_ENOTSUP with
+     * the reason set (CUDA: device below sm_89, K % 16 or N % 16 not 0, or cuBLASLt has no
+     * FP8 algorithm for the shape). CPU: always 0 (exact emulation in fp32). */
+    int (*fp8_check)(const ops_ctx_t *c, int K, int N);
 };
 
 /* Backend constructors. ops_cpu_init never fails. ops_cuda_init selects the device,
@@ -231,5 +256,12 @@ static inline size_t ops_act_bytes(const ops_ctx_t *c) { return c->backend == OP
  * inv_freq[i] = theta^(-2i/hd), then Llama-3 rope_scaling if p->llama3
  * (transformers modeling_rope_utils._compute_llama3_parameters). */
 void ops_rope_inv_freq(const rope_params_t *p, int hd, float *inv_freq_host);
+
+/* One E4M3 byte from an f32, round to nearest even, saturating to +-448, NaN -> 0x7f
+ * (sign kept): the bits of __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3) and of
+ * torch's x.clamp(-448, 448).to(torch.float8_e4m3fn). (common/ops/cpu/fp8.c) */
+uint8_t ops_fp8_e4m3_from_f32(float x);
+/* The exact value of an E4M3 byte (0x7f / 0xff: NaN). */
+float ops_fp8_e4m3_to_f32(uint8_t b);
 
 #endif

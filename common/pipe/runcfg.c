@@ -180,6 +180,9 @@ int runcfg_validate(const run_config_t *c) {
         return dl_seterr(DL_EINVAL, "run config: run_id '%.*s' is not [A-Za-z0-9_.]{1,%u}",
                          (int)sizeof c->run_id, c->run_id, DL_PROTO_RUN_ID_MAX);
     for (size_t i = 0; i < sizeof FIELDS / sizeof FIELDS[0]; i++) DL_TRY(check_field(c, &FIELDS[i]));
+    if (c->target_precision != 0 && c->target_precision != 1)
+        return dl_seterr(DL_ERANGE, "run config: target_precision (--target-precision) %d is not 0 "
+                         "(bf16) or 1 (fp8)", c->target_precision);
     if (c->deterministic != 0 && c->deterministic != 1)
         return dl_seterr(DL_ERANGE, "run config: deterministic (--deterministic) %d is not 0 or 1",
                          c->deterministic);
@@ -290,6 +293,7 @@ void runcfg_to_msg(const run_config_t *c, uint32_t stage_id, uint64_t inc, proto
     r->inbox_gb = c->inbox_gb; r->host_inbox_gb = c->host_inbox_gb;
     r->hs_min_ready = c->hs_min_ready; r->prefetch = c->prefetch; r->threads = c->threads;
     r->deterministic = (uint32_t)c->deterministic;
+    r->target_precision = (uint32_t)c->target_precision;
     r->gpu = runcfg_stage_gpu(c, stage_id);
     uint32_t t = stage_id - PIPE_ID_TARGET0;
     r->drafter = stage_id >= PIPE_ID_TARGET0 && t < (uint32_t)c->n_targets ? (int32_t)c->target_drafter[t] : -1;
@@ -332,6 +336,7 @@ int runcfg_from_msg(const proto_run_config_t *r, run_config_t *c) {
     c->inbox_gb = r->inbox_gb; c->host_inbox_gb = r->host_inbox_gb;
     c->hs_min_ready = r->hs_min_ready; c->prefetch = r->prefetch; c->threads = r->threads;
     c->deterministic = (int)r->deterministic;
+    c->target_precision = (int)r->target_precision;
     c->n_targets = (int)r->n_target_gpus;
     c->n_drafters = (int)r->n_drafter_gpus;
     for (uint32_t i = 0; i < r->n_target_gpus; i++) {

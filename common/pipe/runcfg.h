@@ -87,6 +87,7 @@ typedef struct run_config {
     char node_addr[RUNCFG_NODES_MAX][RUNCFG_ADDR_MAX + 1];
     int node, loader_node, optimizer_node;
     int64_t target_node[PIPE_MAX_TARGETS], drafter_node[PIPE_MAX_DRAFTERS];
+    int target_precision;        /* TARGET_PRECISION_BF16 (0, default) | _FP8 (--target-precision) */
 } run_config_t;
 
 /* Zeroes *c and sets what is not 0 by default: every GPU -1 (CPU), one target and one

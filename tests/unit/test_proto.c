@@ -86,7 +86,7 @@ static void assert_msg_equal(const proto_msg_t *x, const proto_msg_t *y) {
         EQA(target_gpus, n_target_gpus); EQA(drafter_gpus, n_drafter_gpus);
         EQA(target_drafters, n_target_drafters); EQ(net_port); EQA(node_addrs, n_node_addrs); EQ(node);
         EQ(loader_node); EQ(optimizer_node); EQA(target_nodes, n_target_nodes);
-        EQA(drafter_nodes, n_drafter_nodes); break; }
+        EQA(drafter_nodes, n_drafter_nodes); EQ(target_precision); break; }
     case PROTO_SLAB_DATA: { const proto_slab_data_t *a = &x->slab_data, *b = &y->slab_data;
         EQ(owner_id); EQ(owner_inc); EQ(slab_id); EQ(offset); EQA(data, n_data); break; }
     case PROTO_NODE_HELLO: { const proto_node_hello_t *a = &x->node_hello, *b = &y->node_hello;

@@ -33,6 +33,7 @@ static void sample(run_config_t *c) {
     c->weight_decay = 0.01; c->clip = 1.0; c->save_every = 50; c->keep_checkpoints = 0;
     c->inbox_gb = 0.5; c->host_inbox_gb = 0.25; c->hs_min_ready = 1; c->prefetch = 1; c->threads = 2;
     c->deterministic = 1;
+    c->target_precision = 1;   /* fp8: travels bit for bit too */
     c->n_targets = 3; c->n_drafters = 2; c->optimizer_gpu = 1;
     c->target_gpu[0] = 0; c->target_gpu[1] = 0; c->target_gpu[2] = 1;
     c->drafter_gpu[0] = 1; c->drafter_gpu[1] = 2;
@@ -102,6 +103,8 @@ static void test_validate(void **state) {
     expect_bad(&g_a, "n_targets (--targets) 0");
     sample(&g_a); g_a.deterministic = 2;
     expect_bad(&g_a, "deterministic (--deterministic) 2");
+    sample(&g_a); g_a.target_precision = 2;
+    expect_bad(&g_a, "target_precision (--target-precision) 2");
 }
 
 static void test_placement(void **state) {

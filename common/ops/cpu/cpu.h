@@ -97,5 +97,12 @@ void ops_cpu_moe_permute(const ops_ctx_t *c, int32_t *offsets, int32_t *tok, int
                          const int32_t *idx, int T, int E, int k);
 void ops_cpu_moe_combine(const ops_ctx_t *c, void *out, const void *y, const int32_t *inv,
                          const float *w, int T, int k, int D);
+/* fp8.c (target --target-precision fp8) */
+void ops_cpu_fp8_quantize_rows(const ops_ctx_t *c, uint8_t *q, float *s, const void *x, int R,
+                               int K);
+void ops_cpu_fp8_matmul_forward(const ops_ctx_t *c, void *out, const uint8_t *qx,
+                                const float *sx, const uint8_t *qw, const float *sw,
+                                const void *bias, int M, int K, int N);
+int ops_cpu_fp8_check(const ops_ctx_t *c, int K, int N);
 
 #endif

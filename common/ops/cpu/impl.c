@@ -39,4 +39,7 @@ const ops_impl_t ops_cpu_impl = {
     .host_alloc = ops_cpu_host_alloc,
     .host_free = ops_cpu_free,
     .upload_async = ops_cpu_upload,
+    .fp8_quantize_rows = ops_cpu_fp8_quantize_rows,
+    .fp8_matmul_forward = ops_cpu_fp8_matmul_forward,
+    .fp8_check = ops_cpu_fp8_check,
 };

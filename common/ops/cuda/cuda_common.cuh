@@ -39,6 +39,7 @@ struct ops_cuda_state {
     size_t scratch_bytes;
     int next_plan;
     cuda_gemm_plan plans[CUDA_GEMM_PLANS];
+    void *fp8;                   // matmul_fp8.cu's plans (NULL until the first fp8 call)
 };
 
 static inline ops_cuda_state *cuda_state(const ops_ctx_t *c) {
@@ -106,6 +107,13 @@ void cuda_moe_permute(const ops_ctx_t *c, int32_t *offsets, int32_t *tok, int32_
                       const int32_t *idx, int T, int E, int k);
 void cuda_moe_combine(const ops_ctx_t *c, void *out, const void *y, const int32_t *inv,
                       const float *w, int T, int k, int D);
+// matmul_fp8.cu (target --target-precision fp8)
+void cuda_fp8_quantize_rows(const ops_ctx_t *c, uint8_t *q, float *s, const void *x, int R, int K);
+void cuda_fp8_matmul_forward(const ops_ctx_t *c, void *out, const uint8_t *qx, const float *sx,
+                             const uint8_t *qw, const float *sw, const void *bias, int M, int K,
+                             int N);
+int cuda_fp8_check(const ops_ctx_t *c, int K, int N);
+void cuda_fp8_state_destroy(ops_cuda_state *st);
 
 // ---- device helpers ----
 __device__ __forceinline__ float warp_sum(float v) {

@@ -279,6 +279,9 @@ static const ops_impl_t cuda_impl_template = {
     cuda_host_alloc,
     cuda_host_free,
     cuda_upload_async,
+    cuda_fp8_quantize_rows,
+    cuda_fp8_matmul_forward,
+    cuda_fp8_check,
 };
 
 #define INIT_TRY(call)                                                                     \
@@ -340,6 +343,7 @@ extern "C" void ops_cuda_ctx_destroy(ops_ctx_t *c) {
     cudaSetDevice(c->device);
     if (c->stream) cudaStreamSynchronize(cuda_stream(c));
     cuda_gemm_plans_destroy(st);
+    cuda_fp8_state_destroy(st);
     if (st->scratch) cudaFreeAsync(st->scratch, cuda_stream(c));
     if (c->stream) cudaStreamSynchronize(cuda_stream(c));
     if (st->partials) cudaFree(st->partials);
