@@ -11,6 +11,7 @@
 #include "common/mem/dev.h"
 #include "optimizer/opt_int.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,8 +36,12 @@ struct ockw {
     uv_work_t snap_req, write_req;
     int snapping, writing;
     ockw_job_t cur, next;      /* the one in snapshot or write; the one queued behind it */
-    /* the snapshot: master, m, v (P f32 each; GPU pinned), allocated at the first use */
+    /* the snapshot: master, m, v (P f32 each; GPU: given or allocated on alloc_th, pinned
+     * unless pinning failed; CPU: malloc'd at the first use) */
     float *snap[3];
+    int pinned[3];
+    pthread_t alloc_th;
+    int alloc_on;              /* alloc_th runs or has not been joined */
     void *stream;              /* GPU: the copy stream */
     const float *wsrc[3];      /* what the write reads: snap, or the state itself (final, CPU) */
     int snap_rc, write_rc, pruned;
@@ -49,13 +54,56 @@ struct ockw {
 
 static void start_snapshot(ockw_t *w);
 
-/* Worker thread: the pinned buffers and the copy stream (first time), the device ->
- * host copies, waited for here. */
+float *ockw_host_alloc(size_t bytes, int gpu, int *pinned, const char *what) {
+    void *p = NULL;
+    *pinned = 0;
+    if (gpu >= 0) {
+        double t0 = clock_mono_s();
+        int rc = dev_set(gpu);
+        if (rc == 0) rc = dev_host_alloc(&p, bytes);
+        if (rc == 0) {
+            *pinned = 1;
+            log_debug("%s: %.2f GiB pinned in %.2f s", what, bytes / 1073741824.0, clock_mono_s() - t0);
+            return p;
+        }
+        log_warn("%s: no pinned host memory for %.2f GiB (%s): pageable memory instead, so each checkpoint's "
+                 "snapshot will hold the steps longer (device-to-host copies staged by the driver)", what,
+                 bytes / 1073741824.0, dl_errmsg());
+    }
+    if (!(p = malloc(bytes ? bytes : 1)))
+        log_error("%s: out of memory for %.2f GiB of host memory", what, bytes / 1073741824.0);
+    return p;
+}
+
+/* Thread started by ockw_new (GPU): the snapshot buffers not given. */
+static void *alloc_main(void *arg) {
+    ockw_t *w = arg;
+    static const char *const what[3] = {"checkpoint snapshot (master)", "checkpoint snapshot (Adam m)",
+                                        "checkpoint snapshot (Adam v)"};
+    for (int i = 0; i < 3; i++)
+        if (!w->snap[i]) w->snap[i] = ockw_host_alloc(w->cfg.P * sizeof(float), w->cfg.gpu, &w->pinned[i], what[i]);
+    return NULL;
+}
+
+/* The allocation thread's end (worker thread or destroy); how long it was waited for
+ * is said when it was not done already. */
+static void alloc_join(ockw_t *w) {
+    if (!w->alloc_on) return;
+    double t0 = clock_mono_s();
+    pthread_join(w->alloc_th, NULL);
+    w->alloc_on = 0;
+    double dt = clock_mono_s() - t0;
+    if (dt > 0.1) log_info("checkpoint snapshot waited %.2f s for its host buffers to be allocated", dt);
+}
+
+/* Worker thread: the copy stream (first time), the device -> host copies into the
+ * buffers (joined first), waited for here. */
 static int snap_gpu(ockw_t *w, size_t bytes) {
+    alloc_join(w);
+    for (int i = 0; i < 3; i++)
+        if (!w->snap[i]) return dl_seterr(DL_ENOMEM, "out of host memory for %zu bytes", bytes);
     DL_TRY(dev_set(w->cfg.gpu));
     if (!w->stream) DL_TRY(dev_stream_new(w->cfg.gpu, &w->stream));
-    for (int i = 0; i < 3; i++)
-        if (!w->snap[i]) DL_TRY(dev_host_alloc((void **)&w->snap[i], bytes));
     for (int i = 0; i < 3; i++) DL_TRY(dev_copy_async(w->snap[i], w->cur.src[i], bytes, w->stream));
     return dev_stream_sync(w->stream);
 }
@@ -180,18 +228,28 @@ static void start_snapshot(ockw_t *w) {
 int ockw_new(ockw_t **out, uv_loop_t *loop, const ockw_cfg_t *cfg, const ockw_cb_t *cb) {
     ockw_t *w = calloc(1, sizeof *w);
     *out = w;
+    for (int i = 0; i < 3; i++) {
+        if (w) w->snap[i] = cfg->snap[i], w->pinned[i] = cfg->pinned[i];
+        else if (cfg->pinned[i]) dev_host_free(cfg->snap[i]);
+        else free(cfg->snap[i]);
+    }
     if (!w) return dl_seterr(DL_ENOMEM, "checkpoint writer: out of memory");
     w->loop = loop;
     w->cfg = *cfg;
     w->cb = *cb;
+    if (cfg->gpu >= 0 && (!w->snap[0] || !w->snap[1] || !w->snap[2])) {
+        w->alloc_on = pthread_create(&w->alloc_th, NULL, alloc_main, w) == 0;
+        if (!w->alloc_on) alloc_main(w);   /* no thread: here, before the first step */
+    }
     return 0;
 }
 
 void ockw_destroy(ockw_t **wp) {
     if (!wp || !*wp) return;
     ockw_t *w = *wp;
+    alloc_join(w);
     for (int i = 0; i < 3; i++) {
-        if (w->cfg.gpu >= 0) dev_host_free(w->snap[i]);
+        if (w->pinned[i]) dev_host_free(w->snap[i]);
         else free(w->snap[i]);
     }
     dev_stream_destroy(w->stream);

@@ -77,10 +77,13 @@ int ons_busy(const ons_t *n);
 
 /* ---- the checkpoint writer (ckpt_write.c) ----
  * A checkpoint is a snapshot, then a write. The snapshot copies the step's state
- * (master, m, v: P f32 each) into buffers of the writer's own, allocated once at the
- * first checkpoint and reused: on GPU pinned host memory (dev_host_alloc) filled by
- * async device-to-host copies on a copy stream of its own, waited for on a libuv worker
- * thread; on CPU a memcpy in parallel chunks on that thread. No step may be applied
+ * (master, m, v: P f32 each) into buffers of the writer's own, reused. On GPU they are
+ * the optimizer's host start-up copies (pinned, ockw_host_alloc: the resume read into
+ * them, the upload came from them; owned by the writer from ockw_new on), the ones not
+ * needed at start-up pinned on a thread ockw_new starts, which the first snapshot joins
+ * (long done but for the shortest runs); async device-to-host copies on a copy stream of
+ * its own, waited for on a libuv worker thread. On CPU, malloc'd at the first checkpoint
+ * and filled by a memcpy in parallel chunks on that thread. No step may be applied
  * while the snapshot is pending (ockw_holds_steps); once it is complete (`snapped`),
  * steps go on while the files are written from the snapshot on a worker thread
  * (ckpt_write, then the retention). A checkpoint asked for while the previous one is
@@ -94,8 +97,7 @@ enum { OCKW_THEN_NONE, OCKW_THEN_PUBLISH, OCKW_THEN_STOP };
 
 typedef struct {
     const char *out;           /* the run's out dir (checkpoints/ under it) */
-    drafter_t *layout;         /* its master vector is written by the worker thread: the
-                                  loop reads only its tensor table (names, offsets) */
+    drafter_t *layout;         /* layout_only: its tensor table and config (read only) */
     size_t P;                  /* parameters */
     int gpu;                   /* -1: the state is host memory */
     int64_t keep;              /* --keep-checkpoints (0: keep all) */
@@ -104,6 +106,10 @@ typedef struct {
     uint64_t resume_step;
     int64_t delay_ms;          /* test hook optimizer.ckpt_delay_ms: each write that much slower */
     int64_t fail_step;         /* test hook optimizer.ckpt_fail_step: that step's write fails (-1 none) */
+    float *snap[3];            /* GPU: the snapshot buffers (master, m, v; P f32 host from
+                                  ockw_host_alloc), owned by the writer from ockw_new on; a
+                                  NULL one is allocated on the writer's thread. CPU: NULL */
+    int pinned[3];             /* GPU: which of snap are pinned (1) or pageable (0) */
 } ockw_cfg_t;
 
 /* Loop-thread news. snapped: the snapshot is complete, steps may be applied again.
@@ -122,12 +128,21 @@ typedef struct {
     double snap_s, write_s;    /* snapshot; files + retention */
 } ockw_times_t;
 
-/* A writer on `loop` (the stage's); cfg's strings are not copied (they outlive it).
- * Allocates only the struct (the snapshot buffers come at the first checkpoint).
- * Returns 0 or DL_ENOMEM. */
+/* Host memory for `bytes` of the state (`what` names it in messages): gpu >= 0 pinned
+ * (dev_host_alloc, device gpu current; seconds for GB: never on a loop thread), else,
+ * or when pinning fails, pageable (malloc) - then a warning line says the checkpoints'
+ * snapshots will hold the steps longer. *pinned: 1 when pinned (free with
+ * dev_host_free, else free). NULL (logged) when out of memory. */
+float *ockw_host_alloc(size_t bytes, int gpu, int *pinned, const char *what);
+
+/* A writer on `loop` (the stage's, its address only: usable before stage_init); cfg's
+ * strings are not copied (they outlive it), its snapshot buffers are taken over. GPU:
+ * the NULL ones are allocated (ockw_host_alloc) on a thread started here, which the
+ * first snapshot joins. CPU: the buffers come at the first checkpoint. Returns 0 or
+ * DL_ENOMEM (the buffers given are freed all the same). */
 int ockw_new(ockw_t **out, uv_loop_t *loop, const ockw_cfg_t *cfg, const ockw_cb_t *cb);
-/* Frees the snapshot buffers and the copy stream; *w = NULL; NULL accepted. Only when
- * nothing is in flight (!ockw_busy). */
+/* Joins the allocation thread; frees the snapshot buffers and the copy stream; *w = NULL;
+ * NULL accepted. Only when nothing is in flight (!ockw_busy). */
 void ockw_destroy(ockw_t **w);
 
 /* Starts the checkpoint of header h (step, schedule, settings; crc filled by ckpt_write)

@@ -103,7 +103,10 @@ typedef struct {
     drafter_config_t dcfg;
     size_t P;
     float *master, *m, *v, *gsum, *norm_sq;  /* on the ops backend (device on GPU) */
-    float *h_master, *h_m, *h_v;  /* host state at start-up (== the above on CPU) */
+    float *h_master, *h_m, *h_v;  /* CPU: the state itself (== the above). GPU: the start-up
+                                     copies (pinned; h_m, h_v only when resumed), handed to
+                                     the checkpoint writer as its snapshot buffers (then NULL) */
+    int h_pinned[3];
     slab_t *wslab;             /* 2 * P f32: weights of versions v%2 (device on GPU) */
     hcache_t *hc;
     peers_t peers;             /* the drafters that said hello (common/pipe/peers.h) */
@@ -135,7 +138,7 @@ typedef struct {
     ons_t *ns;                 /* GPU drafters on other nodes: NCCL (nccl_step.c; hook nccl_cross=1) */
     int in_apply;
     /* checkpoints: snapshot, then files on a worker thread (ckpt_write.c; made at the first) */
-    ockw_t *ck;
+    ockw_t *ck;                /* made at start-up (opt_ckpt_init) */
     int stop_pending, ck_stop_tried;
     uint64_t ck_logged;        /* the checkpoint whose times went on a steps.jsonl line (0: none) */
     int64_t ck_delay_ms;       /* test hook optimizer.ckpt_delay_ms: each write that much slower */
@@ -237,18 +240,8 @@ static void ck_done(void *arg, uint64_t step, int rc, int then) {
 
 /* Starts the checkpoint of step O->step (ckpt_write.c: snapshot, then the files on a
  * worker thread; ck_snapped, then ck_done with `then`). The header and cursor are taken
- * now. The writer is made at the first checkpoint. */
+ * now. */
 static void checkpoint(opt_t *O, int then) {
-    if (!O->ck) {
-        ockw_cfg_t kc = {O->out, O->layout, O->P, O->gpu, O->keep_ckpts, O->resume_dir, O->resume_step,
-                         O->ck_delay_ms, O->ck_fail_step};
-        ockw_cb_t kb = {ck_snapped, ck_done, O};
-        if (ockw_new(&O->ck, &O->st.loop, &kc, &kb) < 0) {
-            log_rc(DL_ENOMEM, "checkpoint");
-            ck_done(O, O->step, DL_ENOMEM, then);
-            return;
-        }
-    }
     ckpt_state_hdr_t h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, CKPT_MAGIC, 8);
@@ -733,8 +726,13 @@ static int opt_state_init(opt_t *O, const char *run_id, int64_t inc) {
             return DL_ENOMEM;
         }
         x->upload(&O->ops, O->master, O->h_master, b);
-        x->upload(&O->ops, O->m, O->h_m, b);
-        x->upload(&O->ops, O->v, O->h_v, b);
+        if (O->h_m) {   /* resumed */
+            x->upload(&O->ops, O->m, O->h_m, b);
+            x->upload(&O->ops, O->v, O->h_v, b);
+        } else {        /* fresh moments: zeros, nothing to upload */
+            x->memset0(&O->ops, O->m, b);
+            x->memset0(&O->ops, O->v, b);
+        }
     } else {
         O->master = O->h_master; O->m = O->h_m; O->v = O->h_v;
         O->gsum = malloc(O->P * 4); O->norm_sq = malloc(sizeof(float));
@@ -746,6 +744,44 @@ static int opt_state_init(opt_t *O, const char *run_id, int64_t inc) {
     x->copy(&O->ops, wbuf(O, O->step), O->master, O->P * 4);
     x->sync(&O->ops);
     hcache_new(&O->hc, O->gpu);
+    return 0;
+}
+
+/* The checkpoint writer, before stage_init. GPU: the host start-up copies become its
+ * snapshot buffers (it pins the missing ones on a thread of its own meanwhile). */
+static int opt_ckpt_init(opt_t *O) {
+    ockw_cfg_t kc = {O->out, O->layout, O->P, O->gpu, O->keep_ckpts, O->resume_dir, O->resume_step,
+                     O->ck_delay_ms, O->ck_fail_step, {NULL, NULL, NULL}, {0, 0, 0}};
+    if (O->gpu >= 0) {
+        float **h[3] = {&O->h_master, &O->h_m, &O->h_v};
+        for (int i = 0; i < 3; i++) {
+            kc.snap[i] = *h[i];
+            kc.pinned[i] = O->h_pinned[i];
+            *h[i] = NULL;   /* the writer's from here on: never read as the current state */
+        }
+    }
+    ockw_cb_t kb = {ck_snapped, ck_done, O};
+    int rc = ockw_new(&O->ck, &O->st.loop, &kc, &kb);
+    return rc < 0 ? log_rc(rc, "checkpoint writer") : 0;
+}
+
+/* The host state: on CPU the state itself (h_m, h_v zeros); on GPU pinned start-up copies
+ * (h_m, h_v only to resume into). 0 or DL_ENOMEM (logged). */
+static int opt_host_alloc(opt_t *O, int resumed) {
+    size_t b = O->P * 4;
+    if (O->gpu < 0) {
+        O->h_master = malloc(b); O->h_m = calloc(O->P, 4); O->h_v = calloc(O->P, 4);
+    } else {
+        O->h_master = ockw_host_alloc(b, O->gpu, &O->h_pinned[0], "optimizer start-up (master)");
+        if (resumed) {
+            O->h_m = ockw_host_alloc(b, O->gpu, &O->h_pinned[1], "optimizer start-up (Adam m)");
+            O->h_v = ockw_host_alloc(b, O->gpu, &O->h_pinned[2], "optimizer start-up (Adam v)");
+        }
+    }
+    if (!O->h_master || ((O->gpu < 0 || resumed) && (!O->h_m || !O->h_v))) {
+        log_error("out of memory for %zu parameters", O->P);
+        return DL_ENOMEM;
+    }
     return 0;
 }
 
@@ -808,7 +844,7 @@ static void opt_fini(opt_t *O) {
     }
     ops_ctx_destroy(&O->ops);
     ops_ctx_destroy(&O->lops);
-    free(O->h_master); free(O->h_m); free(O->h_v); free(O->c);
+    free(O->h_master); free(O->h_m); free(O->h_v); free(O->c);   /* GPU: NULL (the writer's) */
 }
 
 int main(int argc, char **argv) {
@@ -843,19 +879,19 @@ int main(int argc, char **argv) {
     } else {
         ops_cpu_init(&O.ops, 0);
     }
-    /* The optimizer only needs the parameter layout, names and the seeded
-     * initialisation; it never runs a forward, so the frozen embedding / LM head
-     * (kept by pointer, read only in forward) are not loaded: a placeholder
-     * pointer that is never dereferenced stands in for them. */
+    /* The optimizer only needs the parameter layout and names (layout_only: no buffer);
+     * it never runs a forward, so the frozen embedding / LM head are not loaded: a
+     * placeholder pointer that is never dereferenced stands in for them. */
     static const float no_embedding[1];
-    rc = drafter_new(&O.lops, &O.dcfg, no_embedding, no_embedding, 1, 1, O.seed, &O.layout);
+    drafter_new_opts_t lo = {.layout_only = 1};
+    rc = drafter_new_opts(&O.lops, &O.dcfg, no_embedding, no_embedding, 1, 1, O.seed, &lo, &O.layout);
     if (rc < 0) return log_rc(rc, "drafter layout"), PIPE_EXIT_PERMANENT;
     O.P = drafter_n_params(O.layout);
-    /* host state (the whole state on CPU; checkpoint copies on GPU) */
-    O.h_master = malloc(O.P * 4); O.h_m = calloc(O.P, 4); O.h_v = calloc(O.P, 4);
     O.c = calloc(O.K, sizeof *O.c);
-    if (!O.h_master || !O.h_m || !O.h_v || !O.c) { log_error("out of memory for %zu parameters", O.P); return PIPE_EXIT_PERMANENT; }
-    memcpy(O.h_master, drafter_master(O.layout), O.P * 4);
+    if (!O.c || opt_host_alloc(&O, resume != NULL) < 0) return PIPE_EXIT_PERMANENT;
+    /* the seeded init straight into the host state (a resume overwrites all of it) */
+    if (!resume && (rc = drafter_init_master(O.layout, O.seed, O.h_master)) < 0)
+        return log_rc(rc, "drafter init"), PIPE_EXIT_PERMANENT;
     if (cursor_base) {
         FILE *f = fopen(cursor_base, "rb");
         if (f && fread(O.cursor, 1, sizeof O.cursor, f) == sizeof O.cursor) O.have_cursor = 1;
@@ -882,6 +918,10 @@ int main(int argc, char **argv) {
     /* the state's allocation and upload (seconds at 1B parameters on a GPU) before
      * stage_init: once the supervisor has our hello, the loop must keep heartbeating */
     if (opt_state_init(&O, cfg.run_id, inc) < 0) return 1;
+    testhook_i64("optimizer.ckpt_delay_ms", &O.ck_delay_ms);   /* read once, at start-up */
+    O.ck_fail_step = -1;
+    testhook_i64("optimizer.ckpt_fail_step", &O.ck_fail_step);
+    if (opt_ckpt_init(&O) < 0) return 1;
     rc = stage_init(&O.st, PROTO_ROLE_OPTIMIZER, PIPE_ID_OPTIMIZER, "optimizer", &a, &cfg);
     if (rc < 0) return slab_destroy(&O.wslab), log_rc(rc, "stage init"), 1;
     if (O.gpu >= 0) log_info("on GPU %d: master weights, moments and AdamW on the device", O.gpu);
@@ -897,9 +937,6 @@ int main(int argc, char **argv) {
     stage_on_metrics(&O.st, on_metrics, &O);
     stage_on_control(&O.st, on_control, &O);
     stage_on_stop(&O.st, on_stop, &O);
-    testhook_i64("optimizer.ckpt_delay_ms", &O.ck_delay_ms);   /* read once, at start-up */
-    O.ck_fail_step = -1;
-    testhook_i64("optimizer.ckpt_fail_step", &O.ck_fail_step);
     send_hello(&O);
     O.t_step0 = clock_mono_s();
     O.st.state = PROTO_STATE_IDLE;

@@ -82,6 +82,16 @@ static void print_run(const rundir_run_t *run, const char *dir, int alive) {
     if (run->ckpt_failed_step >= 0)
         printf("checkpoint step_%lld could not be written: %s (training went on)\n",
                (long long)run->ckpt_failed_step, run->ckpt_error[0] ? run->ckpt_error : "see logs/optimizer.log");
+    if (run->throughput.on) {   /* the summary's two rates (so far, while running) */
+        const typeof(run->throughput) *t = &run->throughput;
+        char steady[96] = "steady: too few steps yet", fin[64] = "";
+        if (t->steady_tokens_per_s > 0)
+            snprintf(steady, sizeof steady, "steady %.0f (steps %lld..%lld)", t->steady_tokens_per_s,
+                     (long long)t->steady_from, (long long)t->steady_to);
+        if (t->final_ckpt_s > 0) snprintf(fin, sizeof fin, ", final checkpoint %.1f s", t->final_ckpt_s);
+        printf("target tokens/s: %s, wall %.0f over %.1f s (start-up %.1f s%s)\n", steady, t->wall_tokens_per_s,
+               t->wall_s, t->startup_s, fin);
+    }
     if (run->metrics_port > 0) printf("Prometheus: http://localhost:%g/metrics\n", (double)run->metrics_port);
     if (run->metrics_endpoint[0]) printf("metrics relay (PUB): %s\n", run->metrics_endpoint);
 }

@@ -291,58 +291,104 @@ static void parent_of(const char *path, char *out, size_t cap) {
     else *slash = 0;
 }
 
-/* Tensor i of d as stored (dtype "F32": host's f32 bytes; else bf16 converted into *buf,
- * grown as needed): *bytes / *n. 0 or DL_ENOMEM. */
-static int stored_tensor(drafter_t *d, int i, const char *dtype, const float *host, uint16_t **buf,
-                         const void **bytes, size_t *n) {
-    const drafter_tensor_t *t = drafter_tensor(d, i);
-    const float *src = host + t->offset;
-    if (strcmp(dtype, "F32") == 0) { *bytes = src; *n = t->numel * 4; return 0; }
-    uint16_t *nb = realloc(*buf, t->numel * 2);
-    if (!nb) return dl_seterr(DL_ENOMEM, "%s: %zu elements", t->name, t->numel);
-    *buf = nb;
-    for (size_t e = 0; e < t->numel; e++) nb[e] = st_f32_to_bf16(src[e]);
-    *bytes = nb;
-    *n = t->numel * 2;
+#define DFLASH_WRITE_CHUNK (64u << 20)   /* stored bytes per write: converted and CRC'd first */
+#define DFLASH_CRC_PIECE (4u << 20)      /* bytes per parallel CRC piece (crc32_combine) */
+#define DFLASH_CRC_ZERO "00000000"       /* the header's CRC until the data is written */
+
+/* crc32_z(crc, p, n) in DFLASH_CRC_PIECE pieces on OpenMP threads, combined in order:
+ * the same value. */
+static uLong crc_par(uLong crc, const uint8_t *p, size_t n) {
+    size_t np = (n + DFLASH_CRC_PIECE - 1) / DFLASH_CRC_PIECE;
+    if (np <= 1) return crc32_z(crc, p, n);
+    uLong part[DFLASH_WRITE_CHUNK / DFLASH_CRC_PIECE + 1];
+#pragma omp parallel for schedule(static)
+    for (size_t k = 0; k < np; k++) {
+        size_t lo = k * DFLASH_CRC_PIECE, m = n - lo < DFLASH_CRC_PIECE ? n - lo : DFLASH_CRC_PIECE;
+        part[k] = crc32_z(crc32_z(0, Z_NULL, 0), p + lo, m);
+    }
+    for (size_t k = 0; k < np; k++) {
+        size_t lo = k * DFLASH_CRC_PIECE, m = n - lo < DFLASH_CRC_PIECE ? n - lo : DFLASH_CRC_PIECE;
+        crc = crc32_combine(crc, part[k], (z_off_t)m);
+    }
+    return crc;
+}
+
+/* The data section, tensor by tensor in DFLASH_WRITE_CHUNK pieces (bf16: converted in
+ * parallel into buf, DFLASH_WRITE_CHUNK bytes), each CRC'd as it goes to the writer. */
+static int write_data(const drafter_t *d, st_writer_t *w, int bf16, const float *host, uint16_t *buf, uLong *crc) {
+    size_t es = bf16 ? 2 : 4, per = DFLASH_WRITE_CHUNK / es;
+    for (int i = 0; i < drafter_n_tensors(d); i++) {
+        const drafter_tensor_t *t = drafter_tensor(d, i);
+        const float *src = host + t->offset;
+        for (size_t e = 0; e < t->numel; e += per) {
+            size_t n = t->numel - e < per ? t->numel - e : per;
+            const uint8_t *b = (const uint8_t *)(src + e);
+            if (bf16) {
+#pragma omp parallel for schedule(static) if (n > (1u << 20))
+                for (size_t k = 0; k < n; k++) buf[k] = st_f32_to_bf16(src[e + k]);
+                b = (const uint8_t *)buf;
+            }
+            *crc = crc_par(*crc, b, n * es);
+            DL_TRY(st_writer_write(w, b, n * es));
+        }
+    }
     return 0;
 }
 
-static int save_weights(drafter_t *d, const char *dir, const char *dtype, const float *host) {
+/* Writes the data section's CRC-32 (8 hex digits) over the placeholder in the header
+ * of the safetensors file at path (same length: the bytes are those a writer given the
+ * CRC first would have written). */
+static int patch_crc(const char *path, const char *crc_hex) {
+    static const char key[] = "\"" DFLASH_CRC_KEY "\":\"" DFLASH_CRC_ZERO "\"";
+    int fd = open(path, O_RDWR);
+    if (fd < 0) return dl_seterr(DL_EIO, "%s: open: %s", path, strerror(errno));
+    uint64_t hl = 0;
+    char *h = NULL;
+    int rc = 0;
+    if (pread(fd, &hl, 8, 0) != 8 || hl > DFLASH_MAX_ST_HEADER || !(h = malloc(hl + 1)) ||
+        pread(fd, h, hl, 8) != (ssize_t)hl) {
+        rc = dl_seterr(DL_EIO, "%s: header unreadable", path);
+    } else {
+        h[hl] = 0;
+        const char *at = strstr(h, key);
+        off_t off = at ? (off_t)(8 + (at - h) + strlen(key) - 1 - 8) : 0;
+        if (!at) rc = dl_seterr(DL_EFORMAT, "%s: no CRC placeholder in the header", path);
+        else if (pwrite(fd, crc_hex, 8, off) != 8 || fsync(fd) != 0)
+            rc = dl_seterr(DL_EIO, "%s: write the CRC: %s", path, strerror(errno));
+    }
+    free(h);
+    if (close(fd) != 0 && rc == 0) rc = dl_seterr(DL_EIO, "%s: close: %s", path, strerror(errno));
+    return rc;
+}
+
+/* model.safetensors in one pass over the weights: the header with a placeholder CRC,
+ * the data (CRC'd as written), then the CRC over the placeholder. */
+static int save_weights(const drafter_t *d, const char *dir, const char *dtype, const float *host) {
     char path[DFLASH_PATH_MAX];
     DL_TRY(join_path(path, dir, "model.safetensors"));
-    /* the data section's CRC-32 goes into the header, which is written before the data */
-    uLong crc = crc32_z(0, Z_NULL, 0);
-    uint16_t *buf = NULL;
-    for (int i = 0; i < drafter_n_tensors(d); i++) {
-        const void *b;
-        size_t n;
-        int e = stored_tensor(d, i, dtype, host, &buf, &b, &n);
-        if (e < 0) { free(buf); return e; }
-        crc = crc32_z(crc, b, n);
-    }
-    char crc_hex[16];
-    snprintf(crc_hex, sizeof crc_hex, "%08lx", (unsigned long)crc);
+    int bf16 = strcmp(dtype, "F32") != 0;
+    uint16_t *buf = bf16 ? malloc(DFLASH_WRITE_CHUNK) : NULL;
+    if (bf16 && !buf) return dl_seterr(DL_ENOMEM, "%s: conversion buffer", path);
     st_writer_t *w;
     int rc = st_writer_new(path, &w);
     if (rc < 0) { free(buf); return rc; }
     rc = st_writer_meta(w, "format", "pt");
-    if (rc == 0) rc = st_writer_meta(w, DFLASH_CRC_KEY, crc_hex);
+    if (rc == 0) rc = st_writer_meta(w, DFLASH_CRC_KEY, DFLASH_CRC_ZERO);
     for (int i = 0; rc == 0 && i < drafter_n_tensors(d); i++) {
         const drafter_tensor_t *t = drafter_tensor(d, i);
         rc = st_writer_add(w, t->name, dtype, t->n_dims, t->shape);
     }
-    for (int i = 0; rc == 0 && i < drafter_n_tensors(d); i++) {
-        const void *b;
-        size_t n;
-        rc = stored_tensor(d, i, dtype, host, &buf, &b, &n);
-        if (rc == 0) rc = st_writer_write(w, b, n);
-    }
+    uLong crc = crc32_z(0, Z_NULL, 0);
+    if (rc == 0) rc = write_data(d, w, bf16, host, buf, &crc);
     free(buf);
     if (rc < 0) {
         st_writer_abort(&w);
         return rc;
     }
-    return st_writer_finish(&w);
+    DL_TRY(st_writer_finish(&w));
+    char crc_hex[16];
+    snprintf(crc_hex, sizeof crc_hex, "%08lx", (unsigned long)crc);
+    return patch_crc(path, crc_hex);
 }
 
 static int save_state(const char *dir, const dflash_train_state_t *s) {
@@ -390,6 +436,17 @@ static int save_state(const char *dir, const dflash_train_state_t *s) {
 
 int dflash_ckpt_save(drafter_t *d, const char *dir, const char *dtype,
                      const dflash_train_state_t *state) {
+    size_t n = drafter_n_params(d);
+    float *host = malloc(n * sizeof(float));
+    if (!host) return dl_seterr(DL_ENOMEM, "dflash_ckpt_save: %zu params", n);
+    drafter_download_master(d, host); /* master weights live on the backend */
+    int rc = dflash_ckpt_save_host(d, host, dir, dtype, state);
+    free(host);
+    return rc;
+}
+
+int dflash_ckpt_save_host(const drafter_t *d, const float *host, const char *dir, const char *dtype,
+                          const dflash_train_state_t *state) {
     if (strcmp(dtype, "BF16") != 0 && strcmp(dtype, "F32") != 0)
         return dl_seterr(DL_EINVAL, "dflash_ckpt_save: dtype '%s' (BF16 or F32)", dtype);
     char tmp[DFLASH_PATH_MAX], old[DFLASH_PATH_MAX], parent[DFLASH_PATH_MAX];
@@ -400,14 +457,7 @@ int dflash_ckpt_save(drafter_t *d, const char *dir, const char *dtype,
     parent_of(dir, parent, sizeof parent);
     remove_flat_dir(tmp); /* leftovers of a crashed save */
     if (mkdir(tmp, 0755) != 0) return dl_seterr(DL_EIO, "%s: mkdir: %s", tmp, strerror(errno));
-    size_t n = drafter_n_params(d);
-    float *host = malloc(n * sizeof(float));
     int rc = 0;
-    if (!host) {
-        rc = dl_seterr(DL_ENOMEM, "dflash_ckpt_save: %zu params", n);
-        goto fail;
-    }
-    drafter_download_master(d, host); /* master weights live on the backend */
     char *cfg = dflash_config_to_json(drafter_config(d));
     if (cfg && strcmp(dtype, "F32") == 0) { /* torch_dtype names the stored dtype */
         cJSON *cj = cJSON_Parse(cfg);
@@ -446,10 +496,8 @@ int dflash_ckpt_save(drafter_t *d, const char *dir, const char *dtype,
     }
     fsync_dir(parent);
     if (had_old) remove_flat_dir(old);
-    free(host);
     return 0;
 fail:
-    free(host);
     remove_flat_dir(tmp);
     return rc;
 }

@@ -67,6 +67,12 @@ int dflash_config_load(const char *dir, drafter_config_t *cfg);
  * DL_EINVAL (dtype), DL_EIO naming the path. */
 int dflash_ckpt_save(drafter_t *d, const char *dir, const char *dtype,
                      const dflash_train_state_t *state);
+/* dflash_ckpt_save with the master weights given: host (drafter_n_params(d)) f32 host
+ * memory, read only (nothing is downloaded: d may be layout_only, only its tensor table
+ * and config are read). The BF16 conversion and the data's CRC-32 run on OpenMP threads
+ * in pieces as the data is written (one pass). Same files, byte for byte. */
+int dflash_ckpt_save_host(const drafter_t *d, const float *host, const char *dir, const char *dtype,
+                          const dflash_train_state_t *state);
 
 /* Loads <dir>/model.safetensors into d's master weights (then working weights).
  * Every drafter tensor must be present with its exact shape (DL_ENOENT /

@@ -291,6 +291,10 @@ static int init_weights(const drafter_t *d, uint64_t seed, float *dst) {
     return 0;
 }
 
+int drafter_init_master(const drafter_t *d, uint64_t seed, float *host) {
+    return init_weights(d, seed, host) < 0 ? dl_seterr(DL_ENOMEM, "drafter init: chunk table") : 0;
+}
+
 int drafter_new(const ops_ctx_t *c, const drafter_config_t *cfg, const void *embed,
                 const void *lm_head, int max_tokens, int max_blocks, uint64_t seed,
                 drafter_t **out) {
@@ -321,6 +325,10 @@ int drafter_new_opts(const ops_ctx_t *c, const drafter_config_t *cfg_in, const v
     if (!d->tensors || !d->L) {
         drafter_destroy(&d);
         return dl_seterr(DL_ENOMEM, "drafter_new: host tables");
+    }
+    if (opts && opts->layout_only) {   /* names, shapes and offsets: nothing on the backend */
+        *out = d;
+        return 0;
     }
     const size_t A = ops_act_bytes(c), R = (size_t)d->max_R, T = (size_t)max_tokens;
     const size_t D = (size_t)cfg.D, F = (size_t)cfg.F, Q = (size_t)cfg.H * cfg.hd;

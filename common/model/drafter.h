@@ -148,6 +148,13 @@ typedef struct {
                      * (drafter_upload_master, or a device copy into drafter_master then
                      * drafter_sync_weights) before any forward. The drafter worker, whose
                      * weights always come from the optimizer's weights slab. seed unused. */
+    int layout_only; /* nonzero: the tensor table (names, shapes, offsets, n_params) only:
+                      * no backend buffer (master, gradient, working weights, activations)
+                      * nor host staging is allocated and nothing is initialised, so
+                      * drafter_master/grads/weights return NULL and the drafter can run
+                      * no forward, backward, download or upload. The optimizer's layout,
+                      * which writes the seeded init straight into its own state
+                      * (drafter_init_master). seed and no_init unused. */
 } drafter_new_opts_t;
 
 /* drafter_new with options; opts NULL: as drafter_new. */
@@ -155,6 +162,11 @@ int drafter_new_opts(const ops_ctx_t *c, const drafter_config_t *cfg, const void
                      const void *lm_head, int max_tokens, int max_blocks, uint64_t seed,
                      const drafter_new_opts_t *opts, drafter_t **out);
 void drafter_destroy(drafter_t **d);
+
+/* The seeded init of drafter_new (Linear ~ N(0, 0.02^2), RMSNorm weights 1, from seed)
+ * written into host[drafter_n_params(d)] f32, bitwise what drafter_new puts in master;
+ * d may be layout_only. Runs on OpenMP threads. 0 or DL_ENOMEM (chunk table). */
+int drafter_init_master(const drafter_t *d, uint64_t seed, float *host);
 
 const drafter_config_t *drafter_config(const drafter_t *d);
 

@@ -127,13 +127,14 @@ static void draw_grid(cairo_t *cr, const area_t *A) {
 /* The events as dashed vertical lines (inside the clip); labels, rotated, when asked. */
 static void draw_marks(cairo_t *cr, const panel_t *p, const area_t *A) {
     static const double col[][3] = {{0.55, 0.10, 0.55}, {0.80, 0.50, 0.00}, {0.80, 0.10, 0.10},
-                                     {0.10, 0.45, 0.80}, {0.20, 0.55, 0.20}};   /* by mon_mark_kind_t */
+                                     {0.10, 0.45, 0.80}, {0.20, 0.55, 0.20},
+                                     {0.45, 0.45, 0.45}};   /* by mon_mark_kind_t */
     const double dash[] = {5, 4};
     cairo_set_font_size(cr, 11);
     for (int i = 0; i < p->nm; i++) {
         const mon_plot_mark_t *m = &p->marks[i];
         if (m->step < A->xmin || m->step > A->xmax) continue;
-        int k = (int)m->kind < 5 ? (int)m->kind : 0;
+        int k = (int)m->kind < 6 ? (int)m->kind : 0;
         double X = xp(A, m->step);
         cairo_set_source_rgb(cr, col[k][0], col[k][1], col[k][2]);
         cairo_set_line_width(cr, 1.2);

@@ -2,6 +2,7 @@
 #include "common/monitor/plot_events.h"
 #include "common/rundir/rundir.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,6 +92,31 @@ static void lr_peak(const mon_run_t *run, ev_t *e) {
     }
 }
 
+/* The checkpoints of steps.jsonl: how long each held the steps (the tokens/s dip). */
+static void ckpt_marks(const mon_run_t *run, ev_t *e) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/steps.jsonl", run->dir);
+    FILE *f = run->dir[0] ? fopen(p, "r") : NULL;
+    char *line = NULL;
+    size_t cap = 0;
+    while (f && getline(&line, &cap, f) > 0) {
+        if (!strstr(line, "\"ckpt_step\"")) continue;
+        cJSON *j = cJSON_Parse(line);
+        const cJSON *s = cJSON_GetObjectItemCaseSensitive(j, "ckpt_step");
+        if (cJSON_IsNumber(s) && s->valuedouble >= 1) {
+            const cJSON *w = cJSON_GetObjectItemCaseSensitive(j, "ckpt_waited_s");
+            const cJSON *n = cJSON_GetObjectItemCaseSensitive(j, "ckpt_snapshot_s");
+            double held = (cJSON_IsNumber(w) ? w->valuedouble : 0) + (cJSON_IsNumber(n) ? n->valuedouble : 0);
+            char lab[48];
+            snprintf(lab, sizeof lab, "ckpt %.0f held %.1f s", s->valuedouble, held);
+            add(e, s->valuedouble - 1, MON_MARK_CKPT, lab);
+        }
+        cJSON_Delete(j);
+    }
+    free(line);
+    if (f) fclose(f);
+}
+
 int mon_plot_events(const mon_run_t *run, mon_plot_mark_t *marks) {
     ev_t e;
     memset(&e, 0, sizeof e);
@@ -111,5 +137,6 @@ int mon_plot_events(const mon_run_t *run, mon_plot_mark_t *marks) {
     free(line);
     if (f) fclose(f);
     lr_peak(run, &e);
+    ckpt_marks(run, &e);   /* last: past MON_PLOT_MAX_MARKS these are the ones left out */
     return e.n;
 }

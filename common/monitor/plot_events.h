@@ -1,6 +1,6 @@
 /* The events `draftline plot` marks on its curves, read from a run's metrics.jsonl and
- * steps: eval results (τ), stage restarts, resumes, rebalances and the end of the lr
- * warm-up. */
+ * steps: eval results (τ), stage restarts, resumes, rebalances, the end of the lr
+ * warm-up and checkpoints. */
 #ifndef DL_MONITOR_PLOT_EVENTS_H
 #define DL_MONITOR_PLOT_EVENTS_H
 
@@ -8,7 +8,8 @@
 
 #define MON_PLOT_MAX_MARKS 48
 
-typedef enum { MON_MARK_TAU, MON_MARK_LR, MON_MARK_RESTART, MON_MARK_RESUME, MON_MARK_REBALANCE } mon_mark_kind_t;
+typedef enum { MON_MARK_TAU, MON_MARK_LR, MON_MARK_RESTART, MON_MARK_RESUME, MON_MARK_REBALANCE,
+               MON_MARK_CKPT } mon_mark_kind_t;
 
 typedef struct {
     double step;                /* x: the step (as steps.jsonl numbers them) */
@@ -24,7 +25,10 @@ typedef struct {
  *    on the same dir: run --resume): one "resume" mark;
  *  - a stage name first seen after the first step, not after a resume: "rebalance";
  *  - lr rising over the first steps to a peak before the last step: "lr peak" there
- *    (the end of the warm-up).
+ *    (the end of the warm-up);
+ *  - steps.jsonl's checkpoint fields ("ckpt_step":S, ckpt_waited_s, ckpt_snapshot_s,
+ *    ckpt_write_s): "ckpt S held X s" at step S - 1, X the time no step was applied
+ *    (waited + snapshot: the dip in tokens/s there), the write ran beside the steps.
  * Each at the last optimizer step seen before the line; marks of one kind at one step
  * are merged, and past MON_PLOT_MAX_MARKS the rest are left out. */
 int mon_plot_events(const mon_run_t *run, mon_plot_mark_t *marks);

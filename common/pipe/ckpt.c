@@ -130,12 +130,11 @@ static int write_state(const char *path, ckpt_state_hdr_t *h, const float *const
     return err ? dl_seterr(DL_EIO, "write %s: %s", path, strerror(err)) : 0;
 }
 
-/* The public part on its own thread: config.json + model.safetensors (dflash_ckpt_save)
+/* The public part on its own thread: config.json + model.safetensors (dflash_ckpt_save_host)
  * into <tmp>/CKPT_MODEL_SUBDIR; the error message (thread-local) comes back in msg. */
 typedef struct {
     drafter_t *d;
     const float *master;
-    size_t n;
     char sub[4300];
     int rc;
     char msg[512];
@@ -143,9 +142,7 @@ typedef struct {
 
 static void *model_write(void *arg) {
     model_job_t *j = arg;
-    /* only the master weights are written: the layout's working weights are not synced */
-    memcpy(drafter_master(j->d), j->master, j->n * sizeof(float));
-    j->rc = dflash_ckpt_save(j->d, j->sub, "F32", NULL);
+    j->rc = dflash_ckpt_save_host(j->d, j->master, j->sub, "F32", NULL);
     if (j->rc < 0) snprintf(j->msg, sizeof j->msg, "%s", dl_errmsg());
     return NULL;
 }
@@ -176,7 +173,7 @@ int ckpt_write(const char *out_dir, drafter_t *d, const ckpt_state_hdr_t *hdr,
     if (mkdir(tmp, 0755) != 0) return dl_seterr(DL_EIO, "mkdir %s: %s", tmp, strerror(errno));
     /* the public part (config.json + model.safetensors) on a thread of its own while
      * state.bin is written here: the disk sees both at once */
-    model_job_t job = {.d = d, .master = master, .n = hdr->n_params};
+    model_job_t job = {.d = d, .master = master};
     snprintf(job.sub, sizeof job.sub, "%s/" CKPT_MODEL_SUBDIR, tmp);
     pthread_t mt;
     int threaded = pthread_create(&mt, NULL, model_write, &job) == 0;

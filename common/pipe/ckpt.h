@@ -60,10 +60,10 @@ typedef struct {
 
 _Static_assert(sizeof(ckpt_state_hdr_t) == 168, "state.bin header layout is on disk");
 
-/* Writes a checkpoint of drafter d with weights master (P f32, host; copied into
- * d's master vector, which on CPU is host memory; d's working weights are left as they
- * are), Adam moments m, v (P f32 host) and the loader cursor (40 bytes, may be NULL).
- * As fast as the disk allows: model.safetensors + config.json (dflash_ckpt_save, into
+/* Writes a checkpoint of drafter d with weights master (P f32, host; read in place: only
+ * d's tensor table and config are used, d may be layout_only), Adam moments m, v (P f32
+ * host) and the loader cursor (40 bytes, may be NULL).
+ * As fast as the disk allows: model.safetensors + config.json (dflash_ckpt_save_host, into
  * a subdir of step_<N>.tmp, moved up after) on one thread while state.bin is written
  * by 6 threads (master, m, v in 2 spans each, pwrite at their offsets, 64 MiB writes,
  * CRC-32 per span combined in order), one fsync per file; the bytes are those of a

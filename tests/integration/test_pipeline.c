@@ -478,7 +478,8 @@ static int run_tool(const char *path, char *const args[]) {
 }
 
 /* `draftline status` on a live run shows its topology and stages; `draftline stop`
- * stops it cleanly (final checkpoint, exit 0, nothing left). */
+ * stops it cleanly (final checkpoint, exit 0, nothing left); status of the stopped run
+ * prints run.json's throughput (steady and wall target tokens/s). */
 static void test_status_and_stop(void **state) {
     (void)state;
     static pf_run_args_t a;
@@ -520,6 +521,14 @@ static void test_status_and_stop(void **state) {
     snprintf(p, sizeof p, "%s/run.json", out);
     txt = pf_slurp(p, &len);
     assert_non_null(strstr(txt, "\"state\":\t\"stopped\""));
+    free(txt);
+    /* the stopped run's status: the summary's rates from run.json's throughput */
+    snprintf(log, sizeof log, "%s/status2.out", fx.root);
+    assert_int_equal(run_tool(log, sargs), 0);
+    txt = pf_slurp(log, &len);
+    assert_non_null(strstr(txt, "target tokens/s: steady "));
+    assert_non_null(strstr(txt, ", wall "));
+    assert_non_null(strstr(txt, "(start-up "));
     free(txt);
 }
 

@@ -3,7 +3,9 @@
  * model.safetensors}) loads into the C drafter and reproduces the torch loss;
  * F32 save/load is bitwise; BF16 save rounds to nearest even; the training
  * state round-trips; a save over an existing checkpoint replaces it atomically
- * (no .tmp/.old left); malformed inputs give named errors. */
+ * (no .tmp/.old left); malformed inputs give named errors; the one-pass writer
+ * (dflash_ckpt_save_host: CRC while writing, parallel bf16) writes the bytes of the
+ * two-pass one (CRC first, then the writer), across its write chunks, F32 and BF16. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,8 +16,10 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "common/base/err.h"
+#include "common/base/rng.h"
 #include "common/model/dflash_ckpt.h"
 #include "common/model/drafter.h"
 #include "common/format/safetensors.h"
@@ -252,6 +256,93 @@ static void test_bad_config(void **state) {
     free(txt);
 }
 
+/* The old two-pass model.safetensors (CRC of the stored bytes first, then the writer). */
+static void write_two_pass(const drafter_t *d, const float *host, const char *dtype, const char *path) {
+    int bf16 = strcmp(dtype, "BF16") == 0;
+    uLong crc = crc32_z(0, Z_NULL, 0);
+    st_writer_t *w;
+    assert_int_equal(st_writer_new(path, &w), 0);
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass) {
+            char hex[16];
+            snprintf(hex, sizeof hex, "%08lx", (unsigned long)crc);
+            assert_int_equal(st_writer_meta(w, "format", "pt"), 0);
+            assert_int_equal(st_writer_meta(w, DFLASH_CRC_KEY, hex), 0);
+            for (int i = 0; i < drafter_n_tensors(d); i++) {
+                const drafter_tensor_t *t = drafter_tensor(d, i);
+                assert_int_equal(st_writer_add(w, t->name, dtype, t->n_dims, t->shape), 0);
+            }
+        }
+        for (int i = 0; i < drafter_n_tensors(d); i++) {
+            const drafter_tensor_t *t = drafter_tensor(d, i);
+            const void *b = host + t->offset;
+            uint16_t *h = NULL;
+            if (bf16) {
+                h = malloc(t->numel * 2);
+                for (size_t e = 0; e < t->numel; e++) h[e] = st_f32_to_bf16(host[t->offset + e]);
+                b = h;
+            }
+            if (pass) assert_int_equal(st_writer_write(w, b, t->numel * (bf16 ? 2 : 4)), 0);
+            else crc = crc32_z(crc, b, t->numel * (bf16 ? 2 : 4));
+            free(h);
+        }
+    }
+    assert_int_equal(st_writer_finish(&w), 0);
+}
+
+static int same_file(const char *a, const char *b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    int same = fa && fb;
+    static char ba[1 << 16], bb[1 << 16];
+    while (same) {
+        size_t na = fread(ba, 1, sizeof ba, fa), nb = fread(bb, 1, sizeof bb, fb);
+        same = na == nb && memcmp(ba, bb, na) == 0;
+        if (!na) break;
+    }
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return same;
+}
+
+static void test_one_pass_bytes(void **state) {
+    (void)state;
+    drafter_config_t c;
+    drafter_config_defaults(&c);
+    /* fc (D, 5 D) = 21M elements: over a 64 MiB F32 write chunk and many CRC pieces */
+    c.D = 2048, c.H = 2, c.Hkv = 1, c.hd = 64, c.F = 64, c.V = 37;
+    c.n_target_layers = 8, c.max_position_embeddings = 64, c.rms_eps = 1e-6f;
+    c.rope.theta = 10000.0;
+    c.n_layers = 1, c.n_feat = 5;
+    for (int i = 0; i < 5; i++) c.target_layer_ids[i] = i + 1;
+    c.B = 4, c.mask_token_id = 1;
+    static const float no_embedding[1];
+    drafter_new_opts_t lo = {.layout_only = 1};
+    drafter_t *d;
+    assert_int_equal(drafter_new_opts(&g_ctx, &c, no_embedding, no_embedding, 1, 1, 5, &lo, &d), 0);
+    size_t n = drafter_n_params(d);
+    assert_true(n > (64u << 20) / 4);
+    float *host = malloc(n * 4);
+    rng_t r;
+    rng_seed(&r, 9);
+    for (size_t i = 0; i < n; i++) host[i] = rng_normal(&r);
+    host[3] = 0.0f / 0.0f;   /* a NaN stays quiet in bf16 */
+    const char *dtypes[2] = {"F32", "BF16"};
+    for (int k = 0; k < 2; k++) {
+        char dir[300], ref[400], got[400];
+        snprintf(dir, sizeof dir, "%s/onepass", g_tmp);
+        snprintf(ref, sizeof ref, "%s/ref.safetensors", g_tmp);
+        snprintf(got, sizeof got, "%s/model.safetensors", dir);
+        assert_int_equal(dflash_ckpt_save_host(d, host, dir, dtypes[k], NULL), 0);
+        write_two_pass(d, host, dtypes[k], ref);
+        assert_true(same_file(got, ref));
+        int verified = 0;
+        assert_int_equal(dflash_ckpt_verify_weights(dir, &verified), 0);
+        assert_int_equal(verified, 1);
+    }
+    free(host);
+    drafter_destroy(&d);
+}
+
 static int setup(void **state) {
     (void)state;
     snprintf(g_tmp, sizeof g_tmp, "/tmp/dl-ckpt-test-XXXXXX");
@@ -270,6 +361,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_load_public_layout),
         cmocka_unit_test(test_roundtrip),
+        cmocka_unit_test(test_one_pass_bytes),
         cmocka_unit_test(test_bad_config),
         cmocka_unit_test(test_inspect_cli),
     };

@@ -1,7 +1,8 @@
 /* The drafter's parallel seeded init (common/model/drafter.c, init_weights) against the
  * sequential loop it replaced, bitwise, on a drafter with odd sizes whose normal stream
  * crosses DRAFTER_INIT_CHUNK boundaries inside tensors (checked); rng_jump_t against
- * n sequential rng_u64 draws; drafter_new_opts no_init: zeros, same layout. */
+ * n sequential rng_u64 draws; drafter_new_opts no_init: zeros, same layout; layout_only:
+ * the same tensor table, no buffer, drafter_init_master bitwise the init. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -85,6 +86,26 @@ static void test_parallel_init_bitwise(void **state) {
     drafter_upload_master(d, ref);
     assert_memory_equal(drafter_master(d), ref, P * sizeof(float));
     drafter_destroy(&d);
+
+    /* layout_only (the optimizer's): the same tensor table, no buffer; drafter_init_master
+     * writes the same init into the caller's vector */
+    drafter_t *full = NULL;
+    assert_int_equal(drafter_new(&c, &cfg, emb, emb, 8, 2, 77, &full), 0);
+    drafter_new_opts_t lo = {.layout_only = 1};
+    assert_int_equal(drafter_new_opts(&c, &cfg, emb, emb, 1, 1, 77, &lo, &d), 0);
+    assert_int_equal(drafter_n_params(d), P);
+    assert_int_equal(drafter_n_tensors(d), drafter_n_tensors(full));
+    for (int i = 0; i < drafter_n_tensors(d); i++)
+        assert_memory_equal(drafter_tensor(d, i), drafter_tensor(full, i), sizeof(drafter_tensor_t));
+    assert_null(drafter_master(d));
+    assert_null(drafter_grads(d));
+    float *h = malloc(P * sizeof(float));
+    memset(h, 0xff, P * sizeof(float));
+    assert_int_equal(drafter_init_master(d, 77, h), 0);
+    assert_memory_equal(h, ref, P * sizeof(float));
+    drafter_destroy(&d);
+    drafter_destroy(&full);
+    free(h);
     free(ref);
     free(emb);
     ops_ctx_destroy(&c);

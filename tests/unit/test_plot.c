@@ -102,11 +102,51 @@ static void test_events(void **state) {
     rmdir(dir);
 }
 
+/* steps.jsonl's checkpoint fields: a mark at the checkpoint's last step saying how long
+ * the steps were held (waited + snapshot). */
+static void test_ckpt_marks(void **state) {
+    (void)state;
+    char dir[] = "/tmp/dlplot-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char p[300], q[300];
+    snprintf(p, sizeof p, "%s/steps.jsonl", dir);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    const char *ln = "{\"step\":%d,\"loss\":5,\"grad_norm\":1,\"lr\":0.001,\"tokens\":%d,\"skipped\":0,"
+                     "\"acc_mean\":0.1,\"t\":%d%s}\n";
+    for (int i = 0; i < 25; i++)
+        fprintf(f, ln, i, 100 * (i + 1), i,
+                i == 11 ? ",\"ckpt_step\":10,\"ckpt_waited_s\":0.000,\"ckpt_snapshot_s\":1.250,\"ckpt_write_s\":3.000"
+                : i == 21 ? ",\"ckpt_step\":20,\"ckpt_waited_s\":2.000,\"ckpt_snapshot_s\":0.500,\"ckpt_write_s\":3.000"
+                : "");
+    fclose(f);
+    snprintf(q, sizeof q, "%s/metrics.jsonl", dir);
+    f = fopen(q, "w");
+    assert_non_null(f);
+    fclose(f);
+    mon_run_t *run = mon_run_open(dir);
+    assert_non_null(run);
+    mon_run_poll(run);
+    mon_plot_mark_t m[MON_PLOT_MAX_MARKS];
+    int n = mon_plot_events(run, m), seen = 0;
+    for (int i = 0; i < n; i++) {
+        fprintf(stderr, "  mark at step %.0f: %s\n", m[i].step, m[i].label);
+        if (m[i].kind == MON_MARK_CKPT && m[i].step == 9 && !strcmp(m[i].label, "ckpt 10 held 1.2 s")) seen |= 1;
+        if (m[i].kind == MON_MARK_CKPT && m[i].step == 19 && !strcmp(m[i].label, "ckpt 20 held 2.5 s")) seen |= 2;
+    }
+    assert_int_equal(seen, 3);
+    mon_run_destroy(&run);
+    unlink(p);
+    unlink(q);
+    rmdir(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_loss_ema_after_warmup),
         cmocka_unit_test(test_rate_windows_skip_gaps),
         cmocka_unit_test(test_events),
+        cmocka_unit_test(test_ckpt_marks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
