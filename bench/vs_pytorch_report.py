@@ -7,7 +7,10 @@ then writes every figure to OUT_JSON.
 
 Steady state, both sides: target tokens of steps WARMUP..last over the time from the end
 of step WARMUP-1 to the end of the last step (draftline: steps.jsonl "tokens" is
-cumulative and "t" the time the step was applied; PyTorch: its per-step wall times).
+cumulative and "t" the time the step was applied; PyTorch: its per-step wall times),
+except that draftline's window ends one step earlier: its last step's line is written
+after the final checkpoint (20-30 s at 8B shapes), which the PyTorch loop does not write;
+that time counts in the wall figure.
 Wall: the run's target tokens over the wall time of its whole command. Samples/s: the
 sequences of the same steps (draftline's from the Python port of its batcher, whose
 micro-batches are draftline's own) over the same time; per GPU (one GPU here) next to
@@ -36,13 +39,13 @@ def draftline_figures(r, warmup):
     if gaps:
         f["median_step_s"] = statistics.median(gaps[max(warmup - 1, 0):] or gaps)
         f["max_step_gap_s"] = max(gaps)
-    if len(steps) > warmup >= 1:
-        s0, s1 = steps[warmup - 1], steps[-1]
+    if len(steps) > warmup + 1 >= 2:
+        s0, s1 = steps[warmup - 1], steps[-2]   # the last step carries the final checkpoint
         secs = s1["t"] - s0["t"]
         f["steady_tokens_per_s"] = (s1["tokens"] - s0["tokens"]) / secs
         seqs = plan.get("seqs", [])
         if len(seqs) >= len(steps):
-            f["steady_samples_per_s"] = sum(seqs[s["step"]] for s in steps[warmup:]) / secs
+            f["steady_samples_per_s"] = sum(seqs[s["step"]] for s in steps[warmup:-1]) / secs
     f["anchors_per_seq_planned"] = sum(plan["blocks"][:len(steps)]) / max(sum(plan.get("seqs", [1])[:len(steps)]), 1)
     return f
 

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdio_ext.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -17,6 +18,8 @@ struct rundir_steps {
     FILE *f;
     char path[RUNDIR_PATH_MAX + 64];
     double t_base;      /* "t" of the last line kept by the rewind: where this writer's t starts */
+    int torn;           /* the last append failed (disk full): part of its line may be in the
+                         * file, so the next line starts with a newline to end that fragment */
 };
 
 /* A resumed optimizer undoes every step from `step` on: their lines leave the file
@@ -85,13 +88,23 @@ int rundir_steps_append_ck(rundir_steps_t *w, const rundir_step_t *s, const rund
     if (c)
         snprintf(ck, sizeof ck, ",\"ckpt_step\":%llu,\"ckpt_waited_s\":%.3f,\"ckpt_snapshot_s\":%.3f,\"ckpt_write_s\":%.3f",
                  (unsigned long long)c->step, c->waited_s, c->snap_s, c->write_s);
-    fprintf(w->f, "{\"step\":%llu,\"loss\":%s,\"grad_norm\":%s,\"lr\":%.9g,\"tokens\":%llu,"
-            "\"skipped\":%d,\"acc_mean\":%.6f,\"t\":%.3f%s}\n", (unsigned long long)s->step, ls, gs,
-            s->lr, (unsigned long long)s->tokens, s->skipped, s->acc_mean, w->t_base + s->t, ck);
-    if (fflush(w->f) != 0 || ferror(w->f)) {
+    /* one formatted line, one write: a failed append (disk full) drops its leftovers from
+     * the stdio buffer, so they cannot glue onto the next line ("{{..." seen on an H200
+     * whose disk filled), and the next line first ends any fragment that reached the file */
+    char line[640];
+    int n = snprintf(line, sizeof line, "%s{\"step\":%llu,\"loss\":%s,\"grad_norm\":%s,\"lr\":%.9g,"
+                     "\"tokens\":%llu,\"skipped\":%d,\"acc_mean\":%.6f,\"t\":%.3f%s}\n",
+                     w->torn ? "\n" : "", (unsigned long long)s->step, ls, gs, s->lr,
+                     (unsigned long long)s->tokens, s->skipped, s->acc_mean, w->t_base + s->t, ck);
+    if (n < 0 || (size_t)n >= sizeof line) return dl_seterr(DL_EINVAL, "%s: line too long", w->path);
+    if (fwrite(line, 1, (size_t)n, w->f) != (size_t)n || fflush(w->f) != 0 || ferror(w->f)) {
+        int e = errno;
+        __fpurge(w->f);
         clearerr(w->f);
-        return dl_seterr(DL_EIO, "%s: %s", w->path, strerror(errno));
+        w->torn = 1;
+        return dl_seterr(DL_EIO, "%s: %s", w->path, strerror(e));
     }
+    w->torn = 0;
     return 0;
 }
 
