@@ -295,6 +295,12 @@ static void after_work_cb(uv_work_t *req, int status) {
     }
     const drafter_stats_t *s = &W->cur_stats;
     if (W->cur_passes > 1) W->multi_pass_mbs++;
+    if (W->seqs_done == 0 && it->n_seqs > 0)   /* the first one: what --num-anchors became */
+        log_info("micro-batch %llu: %u sequences, %d blocks = %.1f anchors per sequence (--num-anchors %u; a "
+                 "sequence with fewer positions where a block fits takes all it has)", (unsigned long long)it->mb,
+                 it->n_seqs, W->cur_blocks, (double)W->cur_blocks / it->n_seqs, W->anchors);
+    W->blocks_done += (uint64_t)W->cur_blocks;
+    W->seqs_done += it->n_seqs;
     if (W->cur_passes > 1 && W->cur_passes != W->logged_passes) {
         log_info("micro-batch %llu: %d blocks (--num-anchors %u per sequence, %u sequences) in %d passes of "
                  "at most %u blocks (activation memory); said again when the pass count changes",
@@ -898,8 +904,9 @@ int main(int argc, char **argv) {
     stage_run(&W.st);
     uint64_t opens = hcache_opens(W.hc);
     dw_fini(&W);
-    log_info("stopped: %llu micro-batches computed (%llu in several passes), %llu dropped, %llu handle opens, "
-             "%llu event opens", (unsigned long long)W.computed, (unsigned long long)W.multi_pass_mbs,
+    log_info("stopped: %llu micro-batches computed (%llu in several passes), %.2f anchors per sequence "
+             "(--num-anchors %u), %llu dropped, %llu handle opens, %llu event opens", (unsigned long long)W.computed,
+             (unsigned long long)W.multi_pass_mbs, W.seqs_done ? (double)W.blocks_done / W.seqs_done : 0.0, W.anchors,
              (unsigned long long)W.dropped, (unsigned long long)opens, (unsigned long long)W.event_opens);
     free(W.sent); free(W.items); free(W.cu); free(W.anchor_buf);
     return 0;

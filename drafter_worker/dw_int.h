@@ -83,6 +83,8 @@ typedef struct {
     int cur_passes, cur_blocks;  /* of the micro-batch in work: drafter passes, blocks (anchors) */
     int logged_passes;         /* the pass count last said in the log (said again when it changes) */
     uint64_t multi_pass_mbs;   /* micro-batches that took more than one pass */
+    uint64_t blocks_done;      /* blocks (anchors) and sequences of the computed micro-batches: */
+    uint64_t seqs_done;        /* the anchors per sequence actually trained, said in the log */
     double cur_fb_s, cur_copy_s;
     int32_t *cu, *anchor_buf;
     bus_timer_t *pool_timer, *grant_timer;

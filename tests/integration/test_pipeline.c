@@ -380,6 +380,15 @@ static int step_losses(const char *out, double *loss, int cap) {
     return n;
 }
 
+/* The "X anchors per sequence (--num-anchors 8)" of a drafter log's stopped line, or -1. */
+static double anchors_per_seq(const char *log) {
+    const char *p = strstr(log, " anchors per sequence (--num-anchors 8)");
+    if (!p) return -1;
+    const char *q = p;
+    while (q > log && q[-1] != ' ') q--;   /* the number's first char */
+    return atof(q);
+}
+
 /* --num-anchors is honoured when a micro-batch has more blocks than one drafter pass
  * holds (issue 14 item 1): with passes of at most 4 blocks (test hook
  * drafter.max_blocks=4; GPU drafters hold 4,096) and 8 anchors per sequence, the
@@ -412,11 +421,17 @@ static void test_anchors_in_passes(void **state) {
     assert_non_null(txt);
     assert_non_null(strstr(txt, "passes of at most 4 blocks"));
     assert_null(strstr(txt, "(0 in several passes)"));
+    double apm2 = anchors_per_seq(txt);
     free(txt);
     snprintf(p, sizeof p, "%s/logs/drafter0.log", out1);
     txt = pf_slurp(p, &len);
     assert_null(strstr(txt, "passes of at most"));
     assert_non_null(strstr(txt, "(0 in several passes)"));
+    /* the anchors per sequence actually trained are said, the same in passes as in one */
+    double apm1 = anchors_per_seq(txt);
+    fprintf(stderr, "anchors per sequence: %.2f in one pass, %.2f in passes (--num-anchors 8)\n", apm1, apm2);
+    assert_true(apm1 > 0 && apm1 <= 8.0);
+    assert_true(apm1 == apm2);
     free(txt);
 }
 
