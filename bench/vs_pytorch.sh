@@ -26,10 +26,18 @@
 # and writes $OUT/vs_pytorch.json (both sides' figures, one object per comparison) and
 # $OUT/logs.tgz. Steady state, both sides: target tokens of steps WARMUP..last over the
 # time from the end of step WARMUP-1 to the end of the last step (draftline: steps.jsonl,
-# whose t is the time each step was applied; PyTorch: its per-step wall times). Wall: the
-# target tokens of the run over the wall time of the whole command (process start, model
-# load, compile or start-up, every step, draftline's final checkpoint and shutdown).
+# whose t is the time each step was applied; PyTorch: its per-step wall times), except
+# that draftline's window ends one step earlier: its last step's line comes after the
+# final checkpoint (bench/vs_pytorch_report.py). Wall: the target tokens of the run over
+# the wall time of the whole command (process start, model load, compile or start-up,
+# every step, draftline's final checkpoint and shutdown).
+# -h / --help prints this header and exits (any other argument is refused: settings are env).
 set -u
+case "${1:-}" in
+  -h|--help) sed -n '2,/^set -u$/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0;;
+  "") ;;
+  *) echo "vs_pytorch.sh: no arguments (settings are environment variables; --help lists them)" >&2; exit 2;;
+esac
 cd "$(dirname "$0")/.."
 [ -n "${DL_BUNDLE_ENV:-}" ] || { [ -f bundle/env.sh ] && . bundle/env.sh; }
 export NCCL_NVLS_ENABLE=0

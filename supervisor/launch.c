@@ -13,6 +13,7 @@
 #include "common/base/testhook.h"
 #include "common/bus/bus.h"
 #include "common/mem/slab.h"
+#include "common/model/target.h"
 #include "common/pipe/layout.h"
 #include "common/pipe/model.h"
 #include "common/pipe/rbplan.h"
@@ -246,6 +247,13 @@ static int lc_validate(launch_t *L) {
         return 2;
     }
     const model_config_t *mc = &L->mc;
+    /* the target's own refusal (target_fp8.c), said here: from a stage it was only a
+     * "permanent start-up error" on the console, the reason in target0.log */
+    if (o->target_precision == TARGET_PRECISION_FP8 && L->mc_rc == 0 && mc->n_experts > 0) {
+        fprintf(stderr, "draftline run: --target-precision fp8: %s is a MoE target (%d experts): not supported "
+                        "(the experts stay bf16); use bf16\n", o->target_model, mc->n_experts);
+        return 2;
+    }
     if (o->max_len > 0 && L->mc_rc == 0 && mc->max_pos > 0 && o->max_len > mc->max_pos) {
         fprintf(stderr, "draftline run: --max-len %d is past the context of %s (%d tokens: "
                         "max_position_embeddings / context_length); use --max-len <= %d\n",

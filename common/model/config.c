@@ -113,8 +113,12 @@ static int parse_moe(const cJSON *root, const char *where, model_config_t *c) {
     cJSON_ArrayForEach(e, only) {
         if (!cJSON_IsNumber(e))
             return dl_seterr(DL_EFORMAT, "%s: mlp_only_layers: expected integers", where);
-        int l = (int)e->valuedouble;
-        if (l >= 0 && l < c->L) c->moe_layers[l / 64] &= ~(UINT64_C(1) << (l % 64));
+        /* transformers ignores a layer it does not have; here it is a typo'd config */
+        double v = e->valuedouble;
+        if (v != (int)v || v < 0 || v >= c->L)
+            return dl_seterr(DL_EFORMAT, "%s: mlp_only_layers: %g is not a layer (0..%d)", where, v, c->L - 1);
+        int l = (int)v;
+        c->moe_layers[l / 64] &= ~(UINT64_C(1) << (l % 64));
     }
     return 0;
 }
@@ -266,7 +270,12 @@ static int gguf_moe(const gguf_t *g, const char *arch, model_config_t *c) {
     for (int l = 0; l < c->L; l++) {
         char name[64];
         snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", l);
-        if (gguf_find_tensor(g, name)) c->moe_layers[l / 64] |= UINT64_C(1) << (l % 64);
+        const gguf_tensor_t *r = gguf_find_tensor(g, name);   /* the router: ne [D, E] */
+        if (!r) continue;
+        if (r->ne[1] != (uint64_t)c->n_experts)
+            return dl_seterr(DL_EFORMAT, "GGUF: %s.expert_count %d, but %s routes to %llu experts", arch,
+                             c->n_experts, name, (unsigned long long)r->ne[1]);
+        c->moe_layers[l / 64] |= UINT64_C(1) << (l % 64);
     }
     return 0;
 }

@@ -124,8 +124,32 @@ static void test_moe_target_trains(void **state) {
     ops_ctx_destroy(&ops);
 }
 
+/* fp8 with a MoE target is refused by `draftline run` itself, with the reason, exit 2 and
+ * no run dir (was: the target's start-up error, the reason only in target0.log) */
+static void test_moe_fp8_refused(void **state) {
+    (void)state;
+    char out[400], log[380];
+    snprintf(out, sizeof out, "%s/fp8", fx.root);
+    snprintf(log, sizeof log, "%s/fp8.out", fx.root);
+    static pf_run_args_t a;
+    memset(&a, 0, sizeof a);
+    const char *argv[] = {fx.exe, "run", "--target-model", moe_dir, "--data", fx.cache, "--device", "cpu",
+                          "--target-precision", "fp8", "--max-steps", "2", "--out", out, NULL};
+    pf_set_argv(&a, argv);
+    snprintf(a.log, sizeof a.log, "%s", log);
+    char id[17];
+    assert_int_equal(pf_run_draftline(&a, out, 30, id), 2);
+    char *txt = pf_slurp(log, NULL);
+    assert_non_null(txt);
+    assert_non_null(strstr(txt, "--target-precision fp8: "));
+    assert_non_null(strstr(txt, "is a MoE target (8 experts): not supported"));
+    free(txt);
+    assert_int_not_equal(access(out, F_OK), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_moe_fp8_refused),
         cmocka_unit_test(test_moe_target_trains),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -181,6 +181,68 @@ static void copy_file_or_fail(const char *src, const char *dst) {
     assert_int_equal(fclose(out), 0);
 }
 
+/* Malformed MoE configs are refused with what is wrong: an mlp_only_layers entry that is not
+ * a layer (transformers silently ignores it), a qwen3moe GGUF whose expert_count disagrees
+ * with its router tensors (was a shape error on the first router, or with expert_count 0 a
+ * "ffn_gate.weight missing" as if the layer were dense). */
+static void test_config_errors(void **s) {
+    (void)s;
+    static const char *only[] = {"[2]", "[-1]", "[0.5]"};
+    char j[512];
+    model_config_t r;
+    for (int i = 0; i < 3; i++) {
+        snprintf(j, sizeof j,
+                 "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"num_hidden_layers\":2,\"hidden_size\":8,"
+                 "\"num_attention_heads\":2,\"intermediate_size\":8,\"vocab_size\":8,\"num_experts\":4,"
+                 "\"num_experts_per_tok\":2,\"moe_intermediate_size\":4,\"mlp_only_layers\":%s}", only[i]);
+        assert_int_equal(model_config_from_json(j, "bad.json", &r), DL_EFORMAT);
+        printf("  %s\n", dl_errmsg());
+        assert_non_null(strstr(dl_errmsg(), "bad.json: mlp_only_layers"));
+    }
+    snprintf(j, sizeof j,
+             "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"num_hidden_layers\":2,\"hidden_size\":8,"
+             "\"num_attention_heads\":2,\"intermediate_size\":8,\"vocab_size\":8,\"num_experts\":4,"
+             "\"num_experts_per_tok\":2,\"moe_intermediate_size\":4,\"mlp_only_layers\":[1]}");
+    assert_int_equal(model_config_from_json(j, "ok.json", &r), 0);
+    assert_int_equal(model_config_layer_moe(&r, 0), 1);
+    assert_int_equal(model_config_layer_moe(&r, 1), 0);
+    /* the fixture GGUF (6 experts) with qwen3moe.expert_count rewritten in place (u32) */
+    char src[512], tmp[] = "/tmp/dl_moe_ggufXXXXXX", dst[600];
+    path_of(src, sizeof src, "qwen3_moe.gguf");
+    assert_non_null(mkdtemp(tmp));
+    snprintf(dst, sizeof dst, "%s/bad.gguf", tmp);
+    static const uint32_t counts[] = {16, 0};
+    for (int i = 0; i < 2; i++) {
+        copy_file_or_fail(src, dst);
+        FILE *f = fopen(dst, "r+b");
+        assert_non_null(f);
+        static char buf[1 << 16];
+        size_t n = fread(buf, 1, sizeof buf, f);
+        const char *key = "qwen3moe.expert_count";
+        char *at = memmem(buf, n, key, strlen(key));
+        assert_non_null(at);
+        uint32_t type, was;
+        memcpy(&type, at + strlen(key), 4);
+        memcpy(&was, at + strlen(key) + 4, 4);
+        assert_int_equal(type, 4);   /* GGUF_TYPE_UINT32 */
+        assert_int_equal(was, 6);
+        assert_int_equal(fseek(f, (long)(at - buf + strlen(key) + 4), SEEK_SET), 0);
+        assert_int_equal(fwrite(&counts[i], 4, 1, f), 1);
+        assert_int_equal(fclose(f), 0);
+        ops_ctx_t c;
+        ops_cpu_init(&c, 0);
+        target_opts_t o = {.max_tokens = 16, .max_seqs = 1};
+        target_t *t = NULL;
+        assert_int_equal(target_load(dst, &c, &o, &t), DL_EFORMAT);
+        printf("  %s\n", dl_errmsg());
+        assert_non_null(strstr(dl_errmsg(), "bad.gguf"));
+        assert_non_null(strstr(dl_errmsg(), "expert_count"));
+        ops_ctx_destroy(&c);
+    }
+    snprintf(j, sizeof j, "rm -rf '%s'", tmp);
+    assert_int_equal(system(j), 0);
+}
+
 /* Writes src's tensors to dir/model.safetensors with every MoE layer's per-expert tensors
  * replaced by transformers 5's fused parameters: experts.gate_up_proj (E, 2Fm, D), expert
  * e's gate rows then its up rows, and experts.down_proj (E, D, Fm). */
@@ -439,6 +501,7 @@ int main(void) {
         cmocka_unit_test(test_route_ops),
         cmocka_unit_test(test_config),
         cmocka_unit_test(test_hf_and_gguf),
+        cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_fused_layout),
         cmocka_unit_test(test_route_counts),
         cmocka_unit_test(test_greedy_kv),
