@@ -405,7 +405,7 @@ static void publish_step(opt_t *O) {
     ockw_times_t ct = {0};
     int has_ck = ockw_times(O->ck, &ct) && ct.step != O->ck_logged;
     if (has_ck) O->ck_logged = ct.step;
-    if (has_ck && final) stage_metric(&mm.metrics, "ckpt_s", ct.snap_s + ct.write_s);
+    if (has_ck && final) stage_metric(&mm.metrics, "ckpt_s", ct.waited_s + ct.snap_s + ct.write_s);   /* its wait for the previous write too */
     stage_send(O->st.sup, NULL, &mm);
     if (O->steps_log) {
         rundir_step_t sl = {applied, loss, gnorm, lr, O->tokens, skip, n_acc > 1 ? accm / (n_acc - 1) : 0.0,
