@@ -363,23 +363,6 @@ static void test_config_file_and_target_crash(void **state) {
 }
 
 /* Losses of steps.jsonl under out, step by step into loss[cap]; returns the count. */
-static int step_losses(const char *out, double *loss, int cap) {
-    char p[500];
-    snprintf(p, sizeof p, "%s/steps.jsonl", out);
-    size_t len;
-    char *txt = pf_slurp(p, &len);
-    assert_non_null(txt);
-    int n = 0;
-    for (char *l = strtok(txt, "\n"); l && n < cap; l = strtok(NULL, "\n")) {
-        cJSON *j = cJSON_Parse(l);
-        assert_non_null(j);
-        loss[n++] = cJSON_GetObjectItem(j, "loss")->valuedouble;
-        cJSON_Delete(j);
-    }
-    free(txt);
-    return n;
-}
-
 /* The "X anchors per sequence (--num-anchors 8)" of a drafter log's stopped line, or -1. */
 static double anchors_per_seq(const char *log) {
     const char *p = strstr(log, " anchors per sequence (--num-anchors 8)");
@@ -409,8 +392,8 @@ static void test_anchors_in_passes(void **state) {
     unsetenv("DL_TEST_HOOKS");
     assert_int_equal(code, 0);
     double a[8], b[8];
-    assert_int_equal(step_losses(out1, a, 8), 3);
-    assert_int_equal(step_losses(out2, b, 8), 3);
+    assert_int_equal(pf_step_losses(out1, a, 8), 3);
+    assert_int_equal(pf_step_losses(out2, b, 8), 3);
     for (int i = 0; i < 3; i++) {
         fprintf(stderr, "step %d: loss %.9g in one pass, %.9g in passes of 4 blocks\n", i, a[i], b[i]);
         assert_true(fabs(a[i] - b[i]) <= 1e-5 * fabs(a[i]));

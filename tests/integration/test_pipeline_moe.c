@@ -49,7 +49,7 @@ static int group_teardown(void **state) {
 
 static void test_moe_target_trains(void **state) {
     (void)state;
-    char out[400], log[380], steps[600], sn[8];
+    char out[400], log[380], sn[8];
     snprintf(out, sizeof out, "%s/run", fx.root);
     snprintf(log, sizeof log, "%s/run.out", fx.root);
     snprintf(sn, sizeof sn, "%d", N_STEPS);
@@ -67,22 +67,10 @@ static void test_moe_target_trains(void **state) {
     assert_int_equal(pf_run_draftline(&a, out, 90, id), 0);
 
     /* every step has a finite loss, and the last three are below the first three */
-    snprintf(steps, sizeof steps, "%s/steps.jsonl", out);
-    size_t len;
-    char *txt = pf_slurp(steps, &len);
-    assert_non_null(txt);
     double loss[N_STEPS];
-    int n = 0;
-    for (char *l = strtok(txt, "\n"); l && n < N_STEPS; l = strtok(NULL, "\n")) {
-        cJSON *j = cJSON_Parse(l);
-        assert_non_null(j);
-        loss[n] = cJSON_GetObjectItem(j, "loss")->valuedouble;
-        assert_true(isfinite(loss[n]));
-        n++;
-        cJSON_Delete(j);
-    }
-    free(txt);
+    int n = pf_step_losses(out, loss, N_STEPS);
     assert_int_equal(n, N_STEPS);
+    for (int i = 0; i < n; i++) assert_true(isfinite(loss[i]));
     double first = (loss[0] + loss[1] + loss[2]) / 3, last = (loss[n - 1] + loss[n - 2] + loss[n - 3]) / 3;
     printf("  loss %.3f (first 3 steps) -> %.3f (last 3)\n", first, last);
     assert_true(last < first);

@@ -44,7 +44,7 @@ static int file_has(const char *dir, const char *needle) {
 
 static void test_fp8_target_trains(void **state) {
     (void)state;
-    char out[400], log[380], steps[600], sn[8], logs[500];
+    char out[400], log[380], sn[8], logs[500];
     snprintf(out, sizeof out, "%s/run", fx.root);
     snprintf(log, sizeof log, "%s/run.out", fx.root);
     snprintf(sn, sizeof sn, "%d", N_STEPS);
@@ -64,22 +64,10 @@ static void test_fp8_target_trains(void **state) {
     assert_true(file_has(logs, "target: fp8 (E4M3, per-channel scales)"));
     assert_true(file_has(logs, "of fp8 weights"));
 
-    snprintf(steps, sizeof steps, "%s/steps.jsonl", out);
-    size_t len;
-    char *txt = pf_slurp(steps, &len);
-    assert_non_null(txt);
     double loss[N_STEPS];
-    int n = 0;
-    for (char *l = strtok(txt, "\n"); l && n < N_STEPS; l = strtok(NULL, "\n")) {
-        cJSON *j = cJSON_Parse(l);
-        assert_non_null(j);
-        loss[n] = cJSON_GetObjectItem(j, "loss")->valuedouble;
-        assert_true(isfinite(loss[n]));
-        n++;
-        cJSON_Delete(j);
-    }
-    free(txt);
+    int n = pf_step_losses(out, loss, N_STEPS);
     assert_int_equal(n, N_STEPS);
+    for (int i = 0; i < n; i++) assert_true(isfinite(loss[i]));
     double first = (loss[0] + loss[1] + loss[2]) / 3, last = (loss[n - 1] + loss[n - 2] + loss[n - 3]) / 3;
     printf("  fp8 target: loss %.3f (first 3 steps) -> %.3f (last 3)\n", first, last);
     assert_true(last < first);

@@ -14,6 +14,7 @@
 #include "common/mem/slab.h"
 #include "common/model/config.h"
 #include "common/format/safetensors.h"
+#include "common/rundir/rundir.h"
 #include "tests/support/proc.h"
 
 #include <arpa/inet.h>
@@ -259,6 +260,21 @@ char *pf_slurp(const char *path, size_t *len) {
     b[n] = 0;
     if (len) *len = (size_t)n;
     return b;
+}
+
+int pf_step_losses(const char *run, double *loss, int cap) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/steps.jsonl", run);
+    char *txt = pf_slurp(p, NULL);
+    if (!txt) return -1;
+    int n = 0;
+    for (char *l = strtok(txt, "\n"); l && n < cap; l = strtok(NULL, "\n")) {
+        rundir_step_rec_t r;
+        if (rundir_steps_parse_line(l, strlen(l), &r) < 0) { n = -1; break; }
+        loss[n++] = r.loss;
+    }
+    free(txt);
+    return n;
 }
 
 int pf_same_file(const char *a, const char *b) {

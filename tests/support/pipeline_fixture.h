@@ -104,6 +104,11 @@ int pf_run_draftline(const pf_run_args_t *a, const char *out, int timeout_s, cha
  * file cannot be opened or read, or memory runs out. */
 char *pf_slurp(const char *path, size_t *len);
 
+/* The "loss" of each line of <run>/steps.jsonl into loss[0..cap) (NaN for a null loss),
+ * parsed by rundir_steps_parse_line. Returns the number of lines read, or -1 when the file
+ * cannot be read or a line is not a JSON object. */
+int pf_step_losses(const char *run, double *loss, int cap);
+
 /* 1 when the files at a and b can both be read and hold the same bytes, else 0. */
 int pf_same_file(const char *a, const char *b);
 
