@@ -2,6 +2,7 @@
  *
  * Usage: bench_drafter [--model DIR] [--seqs 8] [--seqlen 4096] [--anchors 512]
  *                      [--layers 5] [--reps 5] [--loss-chunk BLOCKS (default: the drafter's, 16)]
+ *                      [--profile]
  *   The drafter's shapes come from the target's config.json (--model, e.g. a dir made
  *   by `draftline mkmodel --config qwen3-8b`), or the qwen3-8b preset without it
  *   (D 4096, H 32/8, hd 128, F 12288, V 151,936, 36 target layers).
@@ -20,7 +21,9 @@
  * measured in the same run. Memory: device memory in use after the steps
  * (cudaMemGetInfo; every buffer is allocated up front, so this is the peak; it
  * includes the CUDA context, cuBLASLt workspace, embedding and LM head, features,
- * AdamW moments). Time: median of --reps CUDA-event-timed steps after one warm-up. */
+ * AdamW moments). Time: median of --reps CUDA-event-timed steps after one warm-up.
+ * --profile: then one more step with each op timed by CUDA events, printed as a table
+ * (op class, calls, ms, % of the step, TFLOP/s of GEMMs and attention). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -92,9 +95,180 @@ static double gemm_peak(void) {
     return tf;
 }
 
+/* ---- --profile: one more step with every op timed by CUDA events.
+ * The ops table is copied and its compute entries wrapped: each call records an event
+ * before and after itself on the ops stream, keyed by a label (op, and for GEMMs K x N and
+ * which gradients: one row per call site class of the drafter). Events between the ops
+ * serialize nothing that the stream did not already order; they add ~2 us per op. Useful
+ * FLOPs: 2MKN per GEMM (per output of a backward), attention as drafter_step_flops counts
+ * it. Prints a table sorted by time; the sum is the step's op time (launch gaps excluded). */
+#define PROF_MAX 16384
+typedef struct { char label[64]; double ms, tflop; int calls; } prof_row_t;
+static ops_impl_t prof_impl;
+static const ops_impl_t *prof_inner;
+/* the wrapped calls go to the inner table with a ctx that still holds it: the CUDA backend
+ * finds its state through ctx->impl (cuda_state) */
+static ops_ctx_t prof_ctx;
+static cudaEvent_t prof_e0[PROF_MAX], prof_e1[PROF_MAX];
+static char prof_label[PROF_MAX][64];
+static double prof_flops[PROF_MAX];
+static int prof_n;
+static double prof_attn_sum_ctx; /* sum over blocks of ctx_len, for attention FLOPs */
+
+static void prof_begin(const char *label, double flops) {
+    if (prof_n >= PROF_MAX) return;
+    snprintf(prof_label[prof_n], sizeof prof_label[0], "%s", label);
+    prof_flops[prof_n] = flops;
+    cudaEventRecord(prof_e0[prof_n], (cudaStream_t)C.stream);
+}
+static void prof_end(void) {
+    if (prof_n >= PROF_MAX) return;
+    cudaEventRecord(prof_e1[prof_n], (cudaStream_t)C.stream);
+    prof_n++;
+}
+#define PROF_WRAP(label, flops, call) do { prof_begin(label, flops); call; prof_end(); } while (0)
+
+static void p_memset0(const ops_ctx_t *c, void *p, size_t n) {
+    PROF_WRAP("memset0", 0, prof_inner->memset0(&prof_ctx, p, n));
+}
+static void p_upload(const ops_ctx_t *c, void *d, const void *s, size_t n) {
+    PROF_WRAP("upload (batch indices)", 0, prof_inner->upload(&prof_ctx, d, s, n));
+}
+static void p_mm_fwd(const ops_ctx_t *c, void *o, const void *i, const void *w, const void *b, int M,
+                     int K, int N) {
+    char l[64];
+    snprintf(l, sizeof l, "gemm fwd K=%d N=%d", K, N);
+    PROF_WRAP(l, 2.0 * M * K * N, prof_inner->matmul_forward(&prof_ctx, o, i, w, b, M, K, N));
+}
+static void p_mm_bwd(const ops_ctx_t *c, void *di, float *dw, float *db, const void *dout,
+                     const void *inp, const void *w, int M, int K, int N) {
+    char l[64];
+    snprintf(l, sizeof l, "gemm bwd%s%s K=%d N=%d", di ? " dinp" : "", dw ? " dW" : "", K, N);
+    PROF_WRAP(l, 2.0 * M * K * N * ((di != NULL) + (dw != NULL)),
+              prof_inner->matmul_backward(&prof_ctx, di, dw, db, dout, inp, w, M, K, N));
+}
+static void p_rms_fwd(const ops_ctx_t *c, void *o, float *r, const void *i, const void *w, float e,
+                      int N, int C_) {
+    PROF_WRAP(C_ < 1024 ? "rmsnorm fwd (q/k heads)" : "rmsnorm fwd", 0,
+              prof_inner->rmsnorm_forward(&prof_ctx, o, r, i, w, e, N, C_));
+}
+static void p_rms_bwd(const ops_ctx_t *c, void *di, float *dw, const void *d, const void *i,
+                      const void *w, const float *r, int N, int C_) {
+    PROF_WRAP(C_ < 1024 ? "rmsnorm bwd (q/k heads)" : "rmsnorm bwd", 0,
+              prof_inner->rmsnorm_backward(&prof_ctx, di, dw, d, i, w, r, N, C_));
+}
+static void p_rope_fwd(const ops_ctx_t *c, void *x, const int32_t *p, const float *f, int N, int nh,
+                       int hd) {
+    PROF_WRAP("rope fwd", 0, prof_inner->rope_forward(&prof_ctx, x, p, f, N, nh, hd));
+}
+static void p_rope_bwd(const ops_ctx_t *c, void *x, const int32_t *p, const float *f, int N, int nh,
+                       int hd) {
+    PROF_WRAP("rope bwd", 0, prof_inner->rope_backward(&prof_ctx, x, p, f, N, nh, hd));
+}
+static void p_swi_fwd(const ops_ctx_t *c, void *o, const void *g, const void *u, size_t n) {
+    PROF_WRAP("swiglu fwd", 0, prof_inner->swiglu_forward(&prof_ctx, o, g, u, n));
+}
+static void p_swi_bwd(const ops_ctx_t *c, void *dg, void *du, const void *d, const void *g,
+                      const void *u, size_t n) {
+    PROF_WRAP("swiglu bwd", 0, prof_inner->swiglu_backward(&prof_ctx, dg, du, d, g, u, n));
+}
+static void p_emb(const ops_ctx_t *c, void *o, const int32_t *ids, const void *t, int T, int C_) {
+    PROF_WRAP("embedding", 0, prof_inner->embedding_forward(&prof_ctx, o, ids, t, T, C_));
+}
+static void p_add(const ops_ctx_t *c, void *o, const void *a, const void *b, size_t n) {
+    PROF_WRAP("add", 0, prof_inner->add(&prof_ctx, o, a, b, n));
+}
+static void p_attn_fwd(const ops_ctx_t *c, void *o, float *lse, const void *q, const void *kb,
+                       const void *vb, const void *kc, const void *vc, const int32_t *cs,
+                       const int32_t *cl, int Nb, int B, int Tc, int H, int Hkv, int hd) {
+    double fl = 4.0 * hd * H * B * (prof_attn_sum_ctx + (double)Nb * B);
+    PROF_WRAP("block attention fwd", fl,
+              prof_inner->attention_block_forward(&prof_ctx, o, lse, q, kb, vb, kc, vc, cs, cl, Nb, B, Tc,
+                                                  H, Hkv, hd));
+}
+static void p_attn_bwd(const ops_ctx_t *c, void *dq, void *dkb, void *dvb, void *dkc, void *dvc,
+                       const void *dout, const void *out, const float *lse, const void *q,
+                       const void *kb, const void *vb, const void *kc, const void *vc,
+                       const int32_t *cs, const int32_t *cl, int Nb, int B, int Tc, int H, int Hkv,
+                       int hd) {
+    double fl = 2.5 * 4.0 * hd * H * B * (prof_attn_sum_ctx + (double)Nb * B);
+    PROF_WRAP("block attention bwd", fl,
+              prof_inner->attention_block_backward(&prof_ctx, dq, dkb, dvb, dkc, dvc, dout, out, lse, q,
+                                                   kb, vb, kc, vc, cs, cl, Nb, B, Tc, H, Hkv, hd));
+}
+static void p_xent(const ops_ctx_t *c, void *lg, float *loss, float *corr, const int32_t *t,
+                   const float *w, float gs, int N, int V) {
+    PROF_WRAP("xent fwd+bwd", 0, prof_inner->xent_forward_backward(&prof_ctx, lg, loss, corr, t, w, gs, N, V));
+}
+static void p_sumsq(const ops_ctx_t *c, float *o, const float *x, size_t n, int acc) {
+    PROF_WRAP("grad norm (sumsq)", 0, prof_inner->sumsq(&prof_ctx, o, x, n, acc));
+}
+static void p_adamw(const ops_ctx_t *c, float *ms, void *wk, const float *g, float *m, float *v,
+                    size_t n, float lr, float b1, float b2, float eps, float wd, int t,
+                    const float *nsq, float mx) {
+    PROF_WRAP("adamw", 0, prof_inner->adamw(&prof_ctx, ms, wk, g, m, v, n, lr, b1, b2, eps, wd, t, nsq, mx));
+}
+
+/* Installs the wrapped table in C (the drafter holds &C, so its next calls go through it). */
+static void prof_install(double sum_ctx) {
+    prof_inner = C.impl;
+    prof_ctx = C;
+    prof_impl = *C.impl;
+    prof_impl.memset0 = p_memset0, prof_impl.upload = p_upload;
+    prof_impl.matmul_forward = p_mm_fwd, prof_impl.matmul_backward = p_mm_bwd;
+    prof_impl.rmsnorm_forward = p_rms_fwd, prof_impl.rmsnorm_backward = p_rms_bwd;
+    prof_impl.rope_forward = p_rope_fwd, prof_impl.rope_backward = p_rope_bwd;
+    prof_impl.swiglu_forward = p_swi_fwd, prof_impl.swiglu_backward = p_swi_bwd;
+    prof_impl.embedding_forward = p_emb, prof_impl.add = p_add;
+    prof_impl.attention_block_forward = p_attn_fwd, prof_impl.attention_block_backward = p_attn_bwd;
+    prof_impl.xent_forward_backward = p_xent, prof_impl.sumsq = p_sumsq, prof_impl.adamw = p_adamw;
+    for (int i = 0; i < PROF_MAX; i++) cudaEventCreate(&prof_e0[i]), cudaEventCreate(&prof_e1[i]);
+    prof_attn_sum_ctx = sum_ctx;
+    prof_n = 0;
+    C.impl = &prof_impl;
+}
+
+static int prof_cmp(const void *a, const void *b) {
+    double x = ((const prof_row_t *)a)->ms, y = ((const prof_row_t *)b)->ms;
+    return (x < y) - (x > y);
+}
+
+/* Prints the table of the events recorded since prof_install (step_ms: the step's
+ * event-timed length, for the % column and the gaps line) and restores C's table. */
+static void prof_report(double step_ms) {
+    cudaStreamSynchronize((cudaStream_t)C.stream);
+    prof_row_t *rows = calloc(PROF_MAX, sizeof *rows);
+    int nr = 0;
+    double sum = 0;
+    for (int i = 0; i < prof_n; i++) {
+        float ms = 0;
+        cudaEventElapsedTime(&ms, prof_e0[i], prof_e1[i]);
+        int r = 0;
+        while (r < nr && strcmp(rows[r].label, prof_label[i])) r++;
+        if (r == nr) snprintf(rows[nr++].label, sizeof rows[0].label, "%s", prof_label[i]);
+        rows[r].ms += ms, rows[r].tflop += prof_flops[i] / 1e12, rows[r].calls++;
+        sum += ms;
+    }
+    qsort(rows, (size_t)nr, sizeof *rows, prof_cmp);
+    printf("profile of one step (%d ops%s): op time %.1f ms of the step's %.1f ms\n", prof_n,
+           prof_n >= PROF_MAX ? ", TRUNCATED" : "", sum, step_ms);
+    printf("| op | calls | ms | %% of step | TFLOP | TFLOP/s |\n| --- | --- | --- | --- | --- | --- |\n");
+    for (int r = 0; r < nr; r++) {
+        printf("| %s | %d | %.2f | %.1f%% |", rows[r].label, rows[r].calls, rows[r].ms,
+               100 * rows[r].ms / step_ms);
+        if (rows[r].tflop > 0)
+            printf(" %.2f | %.0f |\n", rows[r].tflop, rows[r].tflop / (rows[r].ms * 1e-3));
+        else
+            printf(" | |\n");
+    }
+    printf("| (gaps between ops) | | %.2f | %.1f%% | | |\n", step_ms - sum, 100 * (step_ms - sum) / step_ms);
+    free(rows);
+    C.impl = prof_inner;
+}
+
 int main(int argc, char **argv) {
     const char *model = NULL;
-    int nseq = 8, seqlen = 4096, nanch = 512, layers = 5, reps = 5, chunk = 0;
+    int nseq = 8, seqlen = 4096, nanch = 512, layers = 5, reps = 5, chunk = 0, profile = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--seqs") && i + 1 < argc) nseq = atoi(argv[++i]);
@@ -104,6 +278,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--loss-chunk") && i + 1 < argc) chunk = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick")) reps = 2;
+        else if (!strcmp(argv[i], "--profile")) profile = 1;
+        else {
+            fprintf(stderr, "bench_drafter: unknown argument '%s' (see the header of bench/bench_drafter.c)\n", argv[i]);
+            return 2;
+        }
     }
     if (reps < 1 || reps > 50) reps = 5;
     int ndev = 0;
@@ -210,6 +389,20 @@ int main(int argc, char **argv) {
            ms - msf, tfw[reps / 2]);
     printf("device memory in use: %.2f GiB (this process's buffers: %.2f GiB; + context)\n",
            (tot - fr) / 1073741824.0, (double)(fr0 - fr) / 1073741824.0);
+    if (profile) {
+        float pms = 0;
+        prof_install(sum_ctx);
+        cudaEventRecord(e0, (cudaStream_t)C.stream);
+        drafter_zero_grad(d);
+        if (drafter_forward_backward(d, &b, 0.0f, &st)) { fprintf(stderr, "bench_drafter: %s\n", dl_errmsg()); return 1; }
+        C.impl->sumsq(&C, nsq, drafter_grads(d), np, 0);
+        C.impl->adamw(&C, drafter_master(d), drafter_weights(d), drafter_grads(d), m1, m2, np, 1e-5f,
+                      0.9f, 0.95f, 1e-8f, 0.0f, reps + 2, nsq, 1.0f);
+        cudaEventRecord(e2, (cudaStream_t)C.stream);
+        cudaEventSynchronize(e2);
+        cudaEventElapsedTime(&pms, e0, e2);
+        prof_report(pms);
+    }
     drafter_destroy(&d);
     C.impl->free_(&C, m1); C.impl->free_(&C, m2); C.impl->free_(&C, nsq);
     C.impl->free_(&C, embed); C.impl->free_(&C, lm); C.impl->free_(&C, feat);
