@@ -45,7 +45,7 @@
 #define DRAFTER_DEFAULT_LAYERS 5
 #define DRAFTER_DEFAULT_BLOCK 16
 #define DRAFTER_DEFAULT_ANCHORS 512
-#define DRAFTER_DEFAULT_LOSS_CHUNK_BLOCKS 16
+#define DRAFTER_DEFAULT_LOSS_CHUNK_BLOCKS 64
 /* SmolLM2 has no reserved mask token; we use <empty_output> (id 16), a special
  * token of its code-pretraining vocabulary that is not bos/eos/pad/unk (1/2/2/0)
  * and never appears in chat data, with its (trained) embedding as is. Qwen3
@@ -70,7 +70,7 @@ typedef struct {
     int B;                    /* block size, default 16 */
     float gamma;              /* loss decay; <= 0 = default for B (drafter_default_gamma) */
     int mask_token_id;
-    int loss_chunk_blocks;    /* blocks per logits chunk; <= 0 = default 16 */
+    int loss_chunk_blocks;    /* blocks per logits chunk; <= 0 = default 64 */
 } drafter_config_t;
 
 /* Drafter defaults (5 layers, B 16, gamma auto, mask token unset (-1: the
