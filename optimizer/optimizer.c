@@ -140,6 +140,7 @@ typedef struct {
     /* checkpoints: snapshot, then files on a worker thread (ckpt_write.c; made at the first) */
     ockw_t *ck;                /* made at start-up (opt_ckpt_init) */
     int stop_pending, ck_stop_tried;
+    double stop_ckpt_s;        /* the stop's checkpoint: wait + snapshot + files, s (0: none) */
     uint64_t ck_logged;        /* the checkpoint whose times went on a steps.jsonl line (0: none) */
     int64_t ck_delay_ms;       /* test hook optimizer.ckpt_delay_ms: each write that much slower */
     int64_t ck_fail_step;      /* test hook optimizer.ckpt_fail_step: that step's write fails (-1 none) */
@@ -226,6 +227,11 @@ static void ck_done(void *arg, uint64_t step, int rc, int then) {
     } else {
         O->last_ckpt = step;
         O->ckpt_written = 1;
+        ockw_times_t ct = {0};
+        /* the final checkpoint of a stopped run (`draftline stop`, SIGTERM): its time for the
+         * summary, as the ckpt_s of a --max-steps run's final step line gives it */
+        if (then == OCKW_THEN_STOP && ockw_times(O->ck, &ct) && ct.step == step)
+            O->stop_ckpt_s = ct.waited_s + ct.snap_s + ct.write_s;
     }
     /* at once (not at the next 1 s tick): a supervisor on another node learns of it */
     stage_publish_metrics(&O->st);
@@ -645,6 +651,7 @@ static void on_metrics(stage_t *st, proto_metrics_t *m, void *arg) {
     stage_metric(m, "stale_dropped", (double)O->stale_dropped);
     stage_metric(m, "handle_opens", (double)hcache_opens(O->hc));
     if (O->ckpt_written) stage_metric(m, "ckpt_step", (double)O->last_ckpt);
+    if (O->stop_ckpt_s > 0) stage_metric(m, "final_ckpt_s", O->stop_ckpt_s);
     if (O->ckpt_failures) {
         stage_metric(m, "ckpt_failures", O->ckpt_failures);
         stage_metric(m, "ckpt_failed_step", (double)O->ckpt_failed_step);

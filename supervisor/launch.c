@@ -461,14 +461,16 @@ static int lc_supervise(launch_t *L) {
     if (strcmp(L->sock, L->out) != 0) rmdir(L->sock);
     if (L->lock_fd >= 0) close(L->lock_fd);   /* the run dir is free again */
     if (sum.n_first > 0) {
-        char steady[192], ck[48] = "";
+        char steady[192], ck[64] = "";
         if (sum.steady_tokens_per_s > 0)
             snprintf(steady, sizeof steady, "steady %.0f target tokens/s (steps %llu..%llu%s%s)",
                      sum.steady_tokens_per_s, (unsigned long long)sum.steady_from, (unsigned long long)sum.steady_to,
                      sum.steady_note[0] ? ": " : "", sum.steady_note);
         else
             snprintf(steady, sizeof steady, "steady n/a (%s)", sum.steady_note[0] ? sum.steady_note : "no rate");
-        if (sum.final_ckpt_s > 0) snprintf(ck, sizeof ck, ", final checkpoint %.1f s", sum.final_ckpt_s);
+        if (sum.final_ckpt_s > 0)
+            snprintf(ck, sizeof ck, ", final checkpoint %.1f s%s", sum.final_ckpt_s,
+                     sum.final_ckpt_with_stop ? " with the stop" : "");
         printf("\nsummary: %llu steps%s, loss %.4f (mean of the first %d) -> %.4f (mean of the last %d), %s, "
                "wall %.0f target tokens/s over %.1f s (start-up %.1f s to step %llu%s), %d restart(s)\n",
                (unsigned long long)sum.steps, sum.interrupted ? " (interrupted)" : "", sum.loss_first10,

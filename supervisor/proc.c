@@ -274,6 +274,19 @@ void sup__on_exit(sup_t *S, sstage_t *x, int status) {
                 S->failed = 1;
             }
         }
+        if (x->spec->stage_id == PIPE_ID_OPTIMIZER && clean && S->final_ckpt_s <= 0) {
+            /* a stopped run: SIGTERM closed the optimizer's connection before its final
+             * checkpoint's time could come (a remote one sends it: final_ckpt_s); a
+             * checkpoint newer than the last one it reported was written while stopping,
+             * so the time from the stop to this exit holds it */
+            char dir[4200];
+            uint64_t ck;
+            if (sup__latest_ckpt(S, dir, sizeof dir, &ck) == 0 && (int64_t)ck > S->opt_ckpt_step &&
+                S->t_stop > 0) {
+                S->final_ckpt_s = clock_mono_s() - S->t_stop;
+                S->final_ckpt_with_stop = 1;
+            }
+        }
         return;
     }
     (void)clean;

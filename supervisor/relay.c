@@ -61,10 +61,15 @@ static void on_metrics(sup_t *S, const char *peer, const proto_metrics_t *m) {
                 if (!strcmp(m->metrics[k].name, "since_progress_s")) S->st[i].since_progress_s = m->metrics[k].value;
     if (m->role == PROTO_ROLE_OPTIMIZER) ckpt_failure(S, m);
     if (m->role == PROTO_ROLE_OPTIMIZER)
-        for (uint32_t k = 0; k < m->n_metrics; k++)
+        for (uint32_t k = 0; k < m->n_metrics; k++) {
             if (!strcmp(m->metrics[k].name, "ckpt_step") && m->metrics[k].value >= 0 &&
                 m->metrics[k].value < 9e18 && (int64_t)m->metrics[k].value > S->opt_ckpt_step)
                 S->opt_ckpt_step = (int64_t)m->metrics[k].value;
+            /* a stopped run's final checkpoint (a --max-steps run's comes as ckpt_s below) */
+            if (!strcmp(m->metrics[k].name, "final_ckpt_s") && m->metrics[k].value > 0 &&
+                m->metrics[k].value < 1e7)
+                S->final_ckpt_s = m->metrics[k].value;
+        }
     if (m->role == PROTO_ROLE_DRAFTER) {
         sstage_t *x = NULL;
         for (int i = 0; i < S->n; i++) if (S->st[i].spec->stage_id == m->stage_id) x = &S->st[i];

@@ -140,6 +140,7 @@ static void sum_figures(const sup_t *S, sup_summary_t *sum) {
     sum->wall_s = r.wall_s;
     sum->startup_s = r.startup_s;
     sum->final_ckpt_s = r.final_ckpt_s;
+    sum->final_ckpt_with_stop = S->final_ckpt_with_stop;
 }
 
 /* One supervisor per run dir: the caller (cmd_run) holds the exclusive flock on

@@ -142,6 +142,9 @@ typedef struct {
     double *losses;             /* (SUP_LOSS_HIST) per applied step of this run, n_losses of them; */
     double *step_t, *step_tok;  /* with the time each was heard (clock_mono_s) and its tokens */
     double final_ckpt_s;        /* the final checkpoint's duration (metric ckpt_s), 0 unknown */
+    int final_ckpt_with_stop;   /* final_ckpt_s is the time from the stop to the optimizer's exit
+                                   (a stopped run whose optimizer, closed by SIGTERM, could not
+                                   send the checkpoint's own time) */
     double last_tokens_step;    /* the cumulative tokens of the last step message */
     uint64_t n_losses;
     uint64_t last_step_seen;

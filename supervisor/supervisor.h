@@ -95,8 +95,11 @@ typedef struct {
      * few steps; steady_note says why a window is not the usual one, "" when it is);
      * wall: every target token trained in this run over wall_s, from `draftline run`'s
      * start to the summary; startup_s: from that start to the first step applied;
-     * final_ckpt_s: the final checkpoint (snapshot + files; 0 unknown) */
+     * final_ckpt_s: the final checkpoint (snapshot + files; 0 unknown); with
+     * final_ckpt_with_stop, a stopped run's time from the stop to the optimizer's exit,
+     * which holds its final checkpoint */
     double steady_tokens_per_s, wall_tokens_per_s, wall_s, startup_s, final_ckpt_s;
+    int final_ckpt_with_stop;
     uint64_t steady_from, steady_to;
     char steady_note[96];
     int restarts;
