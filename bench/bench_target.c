@@ -593,7 +593,8 @@ int main(int argc, char **argv) {
     tl = clock_mono_s() - tl;
     const model_config_t *m = target_config(t);
     print_model(model, m, t, &o, ncap);
-    printf("target loaded in %.1f s\n", tl);
+    printf("target loaded in %.1f s: %.2f GB of weights, %.2f GB/s\n", tl, target_weight_bytes(t) / 1e9,
+           target_weight_bytes(t) / 1e9 / tl);
     int last = 0;
     for (int i = 0; i < ncap; i++)
         if (o.capture_ids[i] > last) last = o.capture_ids[i];

@@ -8,6 +8,7 @@
 #include "common/format/safetensors.h"
 #include "common/model/target_fp8.h"
 #include "common/model/target_moe.h"
+#include "common/model/target_stage.h"
 
 #include <limits.h>
 #include <math.h>
@@ -96,11 +97,9 @@ typedef struct {
     gguf_t *g;
     safetensors_t *st;
     const char *path;
-    float *tmp;          /* host scratch */
+    float *tmp;          /* host scratch (GGUF dequantization) */
     size_t tmp_cap;      /* elements */
-    void *stage[2];      /* device backends: host_alloc'd staging, TARGET_STAGE_BYTES each */
-    int cur;             /* the staging buffer filled next */
-    int stage_failed;    /* host_alloc failed: the f32 scratch path */
+    target_stage_t stage;   /* safetensors conversion and upload (target_stage.h) */
 } src_t;
 
 static int tmp_reserve(src_t *s, size_t n) {
@@ -112,64 +111,48 @@ static int tmp_reserve(src_t *s, size_t n) {
     return 0;
 }
 
-/* Staging for safetensors uploads to a device: two buffers, one filled by the host
- * threads while the other's copy runs (ops upload_async). */
-#define TARGET_STAGE_BYTES ((size_t)64 << 20)
-#define TARGET_CONVERT_ELEMS ((size_t)1 << 20)   /* elements per thread's range */
-
 /* Waits for the last staged upload and frees the staging and the scratch. */
-static void src_release(target_t *t, src_t *s) {
-    if (s->stage[0] || s->stage[1]) t->c->impl->sync(t->c);
-    for (int i = 0; i < 2; i++)
-        if (s->stage[i]) t->c->impl->host_free(t->c, s->stage[i]);
+static void src_release(src_t *s) {
+    target_stage_release(&s->stage);
     free(s->tmp);
 }
 
-/* Converts elements [i0, i0 + n) of st to ab-byte elements (4 f32, 2 bf16) at out, on
- * OpenMP threads. Only after the dtype was checked (no error can come back). */
-static void convert_range(int ab, const st_tensor_t *st, size_t i0, size_t n, void *out) {
-    size_t nr = (n + TARGET_CONVERT_ELEMS - 1) / TARGET_CONVERT_ELEMS;
-    #pragma omp parallel for schedule(dynamic, 1) if (nr > 1)
-    for (size_t r = 0; r < nr; r++) {
-        size_t a = r * TARGET_CONVERT_ELEMS, m = n - a < TARGET_CONVERT_ELEMS ? n - a : TARGET_CONVERT_ELEMS;
-        if (ab == 2) st_tensor_to_bf16_range(st, i0 + a, m, (uint16_t *)out + a);
-        else st_tensor_to_f32_range(st, i0 + a, m, (float *)out + a);
+/* The safetensors tensor `name` (rows, cols) (cols == 0: 1-D of rows) in *out; optional:
+ * absent gives *out = NULL. DL_EFORMAT naming the tensor and the file (missing, shape). */
+static int find_st(const src_t *s, const char *name, int rows, int cols, int optional,
+                   const st_tensor_t **out) {
+    const st_tensor_t *st = *out = safetensors_find(s->st, name);
+    if (!st) {
+        if (optional) return 0;
+        return dl_seterr(DL_EFORMAT, "%s: tensor '%s' missing", s->path, name);
     }
+    int ok = cols ? (st->n_dims == 2 && st->shape[0] == rows && st->shape[1] == cols)
+                  : (st->n_dims == 1 && st->shape[0] == rows);
+    if (!ok) {
+        *out = NULL;
+        return dl_seterr(DL_EFORMAT, "%s: tensor '%s': shape (%lld, %lld) (%d dims), expected (%d, %d)",
+                         s->path, name, (long long)st->shape[0],
+                         (long long)(st->n_dims > 1 ? st->shape[1] : 0), st->n_dims, rows, cols);
+    }
+    return 0;
 }
 
-/* Safetensors tensor st (n elements) into d (n act elements on the backend), the bytes
- * exactly those of st_tensor_to_f32 then upload_act (ops.h): CPU: converted in place
- * (act is f32, d host memory); a device with bf16 act: converted to bf16 (a BF16
- * checkpoint is copied, st_tensor_to_bf16_range, bitwise what upload_act made of its
- * f32 values) into pinned staging by several
- * threads, TARGET_STAGE_BYTES at a time, while the previous piece's copy runs. Falls
- * back to the f32 scratch and upload_act if no staging can be had. 0 or an error. */
-static int load_st(target_t *t, src_t *s, const st_tensor_t *st, void *d, size_t n) {
-    const ops_impl_t *x = t->c->impl;
-    int rc = st_tensor_to_f32_range(st, 0, 0, NULL);   /* the dtype check */
-    if (rc < 0) return dl_wraperr(rc, "%s", s->path);
-    if (t->c->backend == OPS_CPU && t->ab == 4) {
-        convert_range(4, st, 0, n, d);
-        return 0;
+/* A new backend act buffer *dst holding the n_parts safetensors tensors (of one size, shapes
+ * checked) end to end, through the stage; `what` names them in errors. 0 or an error. */
+static int load_st_parts(target_t *t, src_t *s, const st_tensor_t *const *parts, int n_parts,
+                         const char *what, void **dst) {
+    size_t b = (size_t)st_tensor_nelem(parts[0]) * n_parts * t->ab;
+    void *d = t->c->impl->malloc_(t->c, b);
+    if (!d) return dl_seterr(DL_ENOMEM, "%s: tensor '%s': cannot allocate %zu bytes on the %s backend",
+                             s->path, what, b, t->c->impl->name);
+    int rc = target_stage_fill(&s->stage, s->path, parts, n_parts, d);
+    if (rc < 0) {
+        t->c->impl->sync(t->c);     /* no staged copy may still write into d */
+        t->c->impl->free_(t->c, d);
+        return rc;
     }
-    /* a device's act of 2 bytes is bf16 (CUDA, ops.h); any other: the f32 scratch path */
-    for (int i = 0; i < 2 && t->ab == 2 && !s->stage_failed; i++)
-        if (!s->stage[i] && !(s->stage[i] = x->host_alloc(t->c, TARGET_STAGE_BYTES))) s->stage_failed = 1;
-    if (s->stage_failed || t->ab != 2) {
-        DL_TRY(tmp_reserve(s, n));
-        convert_range(4, st, 0, n, s->tmp);
-        x->upload_act(t->c, d, s->tmp, n);
-        return 0;
-    }
-    size_t per = TARGET_STAGE_BYTES / t->ab;
-    for (size_t i0 = 0; i0 < n; i0 += per) {
-        size_t m = n - i0 < per ? n - i0 : per;
-        void *buf = s->stage[s->cur];
-        convert_range(t->ab, st, i0, m, buf);
-        x->sync(t->c);                  /* the other buffer's copy is done: */
-        x->upload_async(t->c, (uint8_t *)d + i0 * t->ab, buf, m * t->ab);
-        s->cur ^= 1;                    /* it is filled next, while this one copies */
-    }
+    t->weight_bytes += b;
+    *dst = d;
     return 0;
 }
 
@@ -217,29 +200,9 @@ static int load_tensor(target_t *t, src_t *s, const char *hf, const char *gg, in
         if (permute_heads > 0) DL_TRY(unpermute_rows(s->tmp, permute_heads, rows / permute_heads, cols ? cols : 1));
     } else {
         snprintf(name, sizeof name, hf, l);
-        const st_tensor_t *st = safetensors_find(s->st, name);
-        if (!st) {
-            if (optional) return 0;
-            return dl_seterr(DL_EFORMAT, "%s: tensor '%s' missing", s->path, name);
-        }
-        int ok = cols ? (st->n_dims == 2 && st->shape[0] == rows && st->shape[1] == cols)
-                      : (st->n_dims == 1 && st->shape[0] == rows);
-        if (!ok)
-            return dl_seterr(DL_EFORMAT, "%s: tensor '%s': shape (%lld, %lld) (%d dims), expected (%d, %d)",
-                             s->path, name, (long long)st->shape[0],
-                             (long long)(st->n_dims > 1 ? st->shape[1] : 0), st->n_dims, rows, cols);
-        void *d = t->c->impl->malloc_(t->c, n * t->ab);
-        if (!d) return dl_seterr(DL_ENOMEM, "%s: tensor '%s': cannot allocate %zu bytes on the %s backend",
-                                 s->path, name, n * t->ab, t->c->impl->name);
-        int rc = load_st(t, s, st, d, n);
-        if (rc < 0) {
-            t->c->impl->sync(t->c);     /* no staged copy may still write into d */
-            t->c->impl->free_(t->c, d);
-            return rc;
-        }
-        t->weight_bytes += n * t->ab;
-        *dst = d;
-        return 0;
+        const st_tensor_t *st;
+        DL_TRY(find_st(s, name, rows, cols, optional, &st));
+        return st ? load_st_parts(t, s, &st, 1, name, dst) : 0;
     }
     void *d = t->c->impl->malloc_(t->c, n * t->ab);
     if (!d) return dl_seterr(DL_ENOMEM, "%s: tensor '%s': cannot allocate %zu bytes on the %s backend",
@@ -250,10 +213,49 @@ static int load_tensor(target_t *t, src_t *s, const char *hf, const char *gg, in
     return 0;
 }
 
+/* HF fused stacked expert tensor `name` (E, rows, cols) into a new backend buffer *dst: 1,
+ * 0 when absent, or an error (DL_EFORMAT shape, DL_ENOMEM). */
+static int load_st_stacked(target_t *t, src_t *s, const char *name, int E, int rows, int cols,
+                           void **dst) {
+    const st_tensor_t *st = safetensors_find(s->st, name);
+    if (!st) return 0;
+    if (st->n_dims != 3 || st->shape[0] != E || st->shape[1] != rows || st->shape[2] != cols)
+        return dl_seterr(DL_EFORMAT, "%s: tensor '%s': %d dims, expected (%d, %d, %d)", s->path, name,
+                         st->n_dims, E, rows, cols);
+    DL_TRY(load_st_parts(t, s, &st, 1, name, dst));
+    return 1;
+}
+
+/* HF per-expert tensors of layer l into the stacked gate (E, Fm, D), up (E, Fm, D), down
+ * (E, D, Fm) buffers y->stack[0..2], each filled from its E tensors in one staged pass: no
+ * per-expert allocation, copy or sync. Every tensor is checked (in expert order, gate, up,
+ * down: the first missing or misshapen one is the error) before anything is allocated. */
+static int load_experts_hf(target_t *t, src_t *s, int l, target_moe_t *y) {
+    const model_config_t *m = &t->cfg;
+    int D = m->D, E = m->n_experts, Fm = m->moe_F, rc = 0;
+    static const char *proj[3] = {"gate", "up", "down"};
+    const st_tensor_t **parts = malloc((size_t)3 * E * sizeof *parts);   /* [proj][expert] */
+    if (!parts) return dl_seterr(DL_ENOMEM, "target: out of memory (experts)");
+    char nm[160];
+    for (int e = 0; e < E && rc == 0; e++)
+        for (int i = 0; i < 3 && rc == 0; i++) {
+            snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.%d.%s_proj.weight", l, e, proj[i]);
+            rc = find_st(s, nm, i < 2 ? Fm : D, i < 2 ? D : Fm, 0, &parts[(size_t)i * E + e]);
+        }
+    for (int i = 0; i < 3 && rc == 0; i++) {
+        snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.[0-%d].%s_proj.weight", l, E - 1, proj[i]);
+        rc = load_st_parts(t, s, parts + (size_t)i * E, E, nm, &y->stack[i]);
+    }
+    free(parts);
+    if (rc == 0) target_moe__point_stacked(y, E, Fm, D, t->ab, 0);
+    return rc;
+}
+
 /* Layer l's MoE block. Expert layouts accepted:
  *   HF per-expert  model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight (Fm,D) (D,Fm):
  *                  the Hub checkpoints (Qwen/Qwen3-30B-A3B, ...) and what transformers 5.24's
  *                  save_pretrained writes (it converts its fused in-memory layout back);
+ *                  loaded into stacked buffers as GGUF's (load_experts_hf);
  *   HF fused       model.layers.L.mlp.experts.gate_up_proj (E, 2Fm, D) (gate rows first) and
  *                  experts.down_proj (E, D, Fm): transformers 5's Qwen3MoeExperts parameters;
  *   GGUF qwen3moe  blk.L.ffn_{gate,up,down}_exps.weight, ggml ne [D, Fm, E], [D, Fm, E],
@@ -270,8 +272,8 @@ static int load_moe_layer(target_t *t, src_t *s, int l, target_moe_t *y) {
         static const char *gg[3] = {"gate", "up", "down"};
         for (int i = 0; i < 3; i++) {
             snprintf(nm, sizeof nm, "blk.%d.ffn_%s_exps.weight", l, gg[i]);
-            rc = target_moe__load_stacked(t->c, s->g, NULL, s->path, nm, E, i < 2 ? Fm : D,
-                                          i < 2 ? D : Fm, &y->stack[i], &t->weight_bytes);
+            rc = target_moe__load_gguf_stacked(t->c, s->g, s->path, nm, E, i < 2 ? Fm : D,
+                                               i < 2 ? D : Fm, &y->stack[i], &t->weight_bytes);
             if (rc < 0) return rc;
             if (rc == 0) return dl_seterr(DL_EFORMAT, "%s: tensor '%s' missing", s->path, nm);
         }
@@ -279,28 +281,14 @@ static int load_moe_layer(target_t *t, src_t *s, int l, target_moe_t *y) {
         return 0;
     }
     snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.gate_up_proj", l);
-    rc = target_moe__load_stacked(t->c, NULL, s->st, s->path, nm, E, 2 * Fm, D, &y->stack[0],
-                                  &t->weight_bytes);
+    rc = load_st_stacked(t, s, nm, E, 2 * Fm, D, &y->stack[0]);
     if (rc < 0) return rc;
-    if (rc == 1) {
-        snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.down_proj", l);
-        rc = target_moe__load_stacked(t->c, NULL, s->st, s->path, nm, E, D, Fm, &y->stack[2],
-                                      &t->weight_bytes);
-        if (rc < 0) return rc;
-        if (rc == 0) return dl_seterr(DL_EFORMAT, "%s: tensor '%s' missing", s->path, nm);
-        target_moe__point_stacked(y, E, Fm, D, t->ab, 1);
-        return 0;
-    }
-    y->per_expert = 1;
-    for (int e = 0; e < E; e++) {
-        char fg[128], fu[128], fd[128];
-        snprintf(fg, sizeof fg, "model.layers.%%d.mlp.experts.%d.gate_proj.weight", e);
-        snprintf(fu, sizeof fu, "model.layers.%%d.mlp.experts.%d.up_proj.weight", e);
-        snprintf(fd, sizeof fd, "model.layers.%%d.mlp.experts.%d.down_proj.weight", e);
-        DL_TRY(load_tensor(t, s, fg, fg, l, Fm, D, 0, 0, &y->wg[e]));
-        DL_TRY(load_tensor(t, s, fu, fu, l, Fm, D, 0, 0, &y->wu[e]));
-        DL_TRY(load_tensor(t, s, fd, fd, l, D, Fm, 0, 0, &y->wd[e]));
-    }
+    if (rc == 0) return load_experts_hf(t, s, l, y);
+    snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.down_proj", l);
+    rc = load_st_stacked(t, s, nm, E, D, Fm, &y->stack[2]);
+    if (rc < 0) return rc;
+    if (rc == 0) return dl_seterr(DL_EFORMAT, "%s: tensor '%s' missing", s->path, nm);
+    target_moe__point_stacked(y, E, Fm, D, t->ab, 1);
     return 0;
 }
 
@@ -434,6 +422,7 @@ int target_load(const char *path, const ops_ctx_t *c, const target_opts_t *opts,
     t->ab = ops_act_bytes(c);
     t->opts = *opts;
     src_t s = {.path = path};
+    target_stage_init(&s.stage, c, t->ab);
     int rc;
     struct stat sb;
     if (stat(path, &sb) < 0) {
@@ -461,7 +450,7 @@ int target_load(const char *path, const ops_ctx_t *c, const target_opts_t *opts,
     if ((rc = alloc_acts(t)) < 0) goto done;
     if (opts->precision == TARGET_PRECISION_FP8 && !opts->embed_only) rc = quantize_layers(t);
 done:
-    src_release(t, &s);
+    src_release(&s);
     gguf_close(&s.g);
     safetensors_close(&s.st);
     if (rc < 0) {
@@ -487,7 +476,7 @@ void target_destroy(target_t **tp) {
             void *ps[] = {y->attn_norm, y->wq, y->wk, y->wv, y->wo, y->bq, y->bk, y->bv, y->bo,
                           y->q_norm, y->k_norm, y->mlp_norm, y->wg, y->wu, y->wd, y->bg, y->bu, y->bd};
             for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) FREE(ps[i]);
-            target_moe__free(c, &y->moe, t->cfg.n_experts);
+            target_moe__free(c, &y->moe);
             target_fp8__layer_free(c, &y->f8);
         }
     }

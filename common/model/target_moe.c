@@ -1,5 +1,6 @@
-/* The sparse MoE block of a Qwen3-MoE target layer: stacked expert loading and the grouped
- * forward. See target_moe.h. */
+/* The sparse MoE block of a Qwen3-MoE target layer: GGUF stacked expert loading (the
+ * safetensors layouts load in target.c through target_stage.h) and the grouped forward.
+ * See target_moe.h. */
 #include "common/model/target_moe.h"
 
 #include "common/base/err.h"
@@ -10,33 +11,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-int target_moe__load_stacked(const ops_ctx_t *c, gguf_t *g, safetensors_t *st, const char *path,
-                             const char *name, int E, int rows, int cols, void **dst,
-                             size_t *bytes) {
+int target_moe__load_gguf_stacked(const ops_ctx_t *c, gguf_t *g, const char *path, const char *name,
+                                  int E, int rows, int cols, void **dst, size_t *bytes) {
     *dst = NULL;
     size_t n = (size_t)E * rows * cols;
-    float *tmp = NULL;
-    int rc;
-    if (g) {
-        const gguf_tensor_t *gt = gguf_find_tensor(g, name);
-        if (!gt) return 0;
-        if (gt->n_dims != 3 || gt->ne[0] != (uint64_t)cols || gt->ne[1] != (uint64_t)rows ||
-            gt->ne[2] != (uint64_t)E)
-            return dl_seterr(DL_EFORMAT, "%s: tensor '%s': ggml shape [%llu, %llu, %llu] (%u dims), "
-                             "expected [%d, %d, %d]", path, name, (unsigned long long)gt->ne[0],
-                             (unsigned long long)gt->ne[1], (unsigned long long)gt->ne[2],
-                             gt->n_dims, cols, rows, E);
-        if (!(tmp = malloc(n * sizeof *tmp))) goto oom;
-        rc = gguf_dequantize(gt, tmp);
-    } else {
-        const st_tensor_t *t = safetensors_find(st, name);
-        if (!t) return 0;
-        if (t->n_dims != 3 || t->shape[0] != E || t->shape[1] != rows || t->shape[2] != cols)
-            return dl_seterr(DL_EFORMAT, "%s: tensor '%s': %d dims, expected (%d, %d, %d)", path, name,
-                             t->n_dims, E, rows, cols);
-        if (!(tmp = malloc(n * sizeof *tmp))) goto oom;
-        rc = st_tensor_to_f32(t, tmp);
-    }
+    const gguf_tensor_t *gt = gguf_find_tensor(g, name);
+    if (!gt) return 0;
+    if (gt->n_dims != 3 || gt->ne[0] != (uint64_t)cols || gt->ne[1] != (uint64_t)rows ||
+        gt->ne[2] != (uint64_t)E)
+        return dl_seterr(DL_EFORMAT, "%s: tensor '%s': ggml shape [%llu, %llu, %llu] (%u dims), "
+                         "expected [%d, %d, %d]", path, name, (unsigned long long)gt->ne[0],
+                         (unsigned long long)gt->ne[1], (unsigned long long)gt->ne[2],
+                         gt->n_dims, cols, rows, E);
+    float *tmp = malloc(n * sizeof *tmp);
+    if (!tmp) return dl_seterr(DL_ENOMEM, "%s: tensor '%s': no host memory for %zu elements", path, name, n);
+    int rc = gguf_dequantize(gt, tmp);
     if (rc < 0) {
         free(tmp);
         return dl_wraperr(rc, "%s", path);
@@ -52,8 +41,6 @@ int target_moe__load_stacked(const ops_ctx_t *c, gguf_t *g, safetensors_t *st, c
     free(tmp);
     *bytes += b;
     return 1;
-oom:
-    return dl_seterr(DL_ENOMEM, "%s: tensor '%s': no host memory for %zu elements", path, name, n);
 }
 
 void target_moe__point_stacked(target_moe_t *y, int E, int Fm, int D, size_t ab, int fused) {
@@ -78,16 +65,10 @@ int target_moe__alloc(target_moe_t *y, int E) {
     return 0;
 }
 
-void target_moe__free(const ops_ctx_t *c, target_moe_t *y, int E) {
+void target_moe__free(const ops_ctx_t *c, target_moe_t *y) {
     if (y->router) c->impl->free_(c, y->router);
     for (int i = 0; i < 3; i++)
         if (y->stack[i]) c->impl->free_(c, y->stack[i]);
-    if (y->per_expert)
-        for (int e = 0; e < E; e++) {
-            void *ps[] = {y->wg ? y->wg[e] : NULL, y->wu ? y->wu[e] : NULL, y->wd ? y->wd[e] : NULL};
-            for (int i = 0; i < 3; i++)
-                if (ps[i]) c->impl->free_(c, ps[i]);
-        }
     free(y->wg);
     free(y->wu);
     free(y->wd);

@@ -11,19 +11,19 @@
 #include <stdint.h>
 
 #include "common/format/gguf.h"
-#include "common/format/safetensors.h"
 #include "common/model/config.h"
 #include "common/model/target.h"
 #include "common/ops/ops.h"
 
 /* One MoE layer's weights, act on the backend. wg/wu/wd hold E pointers each, to expert
- * e's (Fm, D), (Fm, D), (D, Fm) matrices: separate buffers (HF per-expert tensors) or
- * slices of the stacked buffers in stack[] (GGUF *_exps, HF fused experts.gate_up_proj). */
+ * e's (Fm, D), (Fm, D), (D, Fm) matrices: slices of the stacked buffers in stack[], whatever
+ * the file's layout (HF per-expert tensors are stacked at load; GGUF *_exps, HF fused
+ * experts.gate_up_proj are stacked already). */
 typedef struct {
     void *router;            /* (E, D) mlp.gate.weight */
-    void **wg, **wu, **wd;   /* (E) pointers */
-    void *stack[3];          /* owned stacked buffers (NULL when per-expert) */
-    int per_expert;          /* 1: every wg/wu/wd[e] is its own buffer */
+    void **wg, **wu, **wd;   /* (E) pointers into stack[] */
+    void *stack[3];          /* owned: gate (E, Fm, D) or fused gate_up (E, 2Fm, D); up
+                              * (E, Fm, D) or NULL (fused); down (E, D, Fm) */
 } target_moe_t;
 
 /* Scratch of the MoE block for chunks of up to `chunk` tokens (backend unless _h). */
@@ -38,21 +38,20 @@ typedef struct {
     int counting;            /* 1: the forward adds to counts_h */
 } target_moe_scratch_t;
 
-/* Loads a stacked expert tensor of (E, rows, cols) act (HF: that shape; GGUF: ggml ne
- * [cols, rows, E]) from g (GGUF) or st (safetensors) into a new backend buffer *dst.
- * Returns 1 when loaded, 0 when the tensor is absent (*dst NULL), DL_EFORMAT (shape),
+/* Loads a GGUF stacked expert tensor (ggml ne [cols, rows, E]), dequantized, into a new
+ * backend buffer *dst of (E, rows, cols) act. path names the file in errors. Returns 1
+ * when loaded, 0 when the tensor is absent (*dst NULL), DL_EFORMAT (shape, type),
  * DL_ENOMEM. *bytes += backend bytes. */
-int target_moe__load_stacked(const ops_ctx_t *c, gguf_t *g, safetensors_t *st, const char *path,
-                             const char *name, int E, int rows, int cols, void **dst,
-                             size_t *bytes);
+int target_moe__load_gguf_stacked(const ops_ctx_t *c, gguf_t *g, const char *path, const char *name,
+                                  int E, int rows, int cols, void **dst, size_t *bytes);
 /* Points y->wg/wu/wd[e] into y->stack[]: gate_up fused = 1 means stack[0] is (E, 2Fm, D)
  * with gate rows first (HF Qwen3MoeExperts.gate_up_proj, chunk(2) order) and stack[1]
  * unused; else stack[0], stack[1] are (E, Fm, D) gate, up. stack[2] is (E, D, Fm) down. */
 void target_moe__point_stacked(target_moe_t *y, int E, int Fm, int D, size_t ab, int fused);
 /* Allocates y's pointer arrays (E each). DL_ENOMEM. */
 int target_moe__alloc(target_moe_t *y, int E);
-/* Frees y's buffers on c and its arrays. */
-void target_moe__free(const ops_ctx_t *c, target_moe_t *y, int E);
+/* Frees y's buffers on c and its arrays; y zeroed. */
+void target_moe__free(const ops_ctx_t *c, target_moe_t *y);
 
 int target_moe__scratch_new(const ops_ctx_t *c, const model_config_t *m, int chunk,
                             target_moe_scratch_t *s);

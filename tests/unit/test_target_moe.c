@@ -23,6 +23,7 @@
 #include "common/model/mkmodel.h"
 #include "common/model/target.h"
 #include "common/model/target_moe.h"
+#include "common/model/target_stage.h"
 #include "common/ops/ops.h"
 
 #define TOL 1e-4
@@ -326,6 +327,168 @@ static void test_fused_layout(void **s) {
     assert_int_equal(system(cmd), 0);
 }
 
+/* Writes src's tensors to dir/model.safetensors, without tensor `skip` (NULL: none) and with
+ * tensor `swap`'s two dims declared swapped (same bytes; NULL: none). */
+static void write_variant(const safetensors_t *src, const char *dir, const char *skip, const char *swap) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    st_writer_t *w = NULL;
+    assert_int_equal(st_writer_new(path, &w), 0);
+    size_t nt = safetensors_n_tensors(src);
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < nt; i++) {
+            const st_tensor_t *t = safetensors_tensor_at(src, i);
+            if (skip && !strcmp(t->name, skip)) continue;
+            if (pass == 1) {
+                assert_int_equal(st_writer_write(w, t->data, t->nbytes), 0);
+                continue;
+            }
+            int64_t sh[ST_MAX_DIMS];
+            memcpy(sh, t->shape, sizeof sh);
+            if (swap && !strcmp(t->name, swap)) sh[0] = t->shape[1], sh[1] = t->shape[0];
+            assert_int_equal(st_writer_add(w, t->name, t->dtype_name, t->n_dims, sh), 0);
+        }
+    assert_int_equal(st_writer_finish(&w), 0);
+}
+
+/* The HF per-expert tensors load into stacked buffers after every one was checked: a missing
+ * expert tensor or one of the wrong shape is still DL_EFORMAT naming the tensor and the file,
+ * and nothing leaks or is left half-uploaded (the target is destroyed cleanly). */
+static void test_expert_errors(void **s) {
+    (void)s;
+    char dir[512], src[600], dst[600];
+    path_of(dir, sizeof dir, "qwen3_moe");
+    model_config_t m;
+    assert_int_equal(model_config_from_hf_dir(dir, &m), 0);
+    char tmp[] = "/tmp/dl_moe_errXXXXXX";
+    assert_non_null(mkdtemp(tmp));
+    snprintf(src, sizeof src, "%s/config.json", dir);
+    snprintf(dst, sizeof dst, "%s/config.json", tmp);
+    copy_file_or_fail(src, dst);
+    safetensors_t *st = NULL;
+    snprintf(src, sizeof src, "%s/model.safetensors", dir);
+    assert_int_equal(safetensors_open(src, &st), 0);
+    const char *bad = "model.layers.5.mlp.experts.3.up_proj.weight";
+    char want[2][200];
+    snprintf(want[0], sizeof want[0], "'%s' missing", bad);
+    snprintf(want[1], sizeof want[1], "'%s': shape (%d, %d) (2 dims), expected (%d, %d)", bad, m.D,
+             m.moe_F, m.moe_F, m.D);
+    for (int k = 0; k < 2; k++) {
+        write_variant(st, tmp, k == 0 ? bad : NULL, k == 1 ? bad : NULL);
+        ops_ctx_t c;
+        ops_cpu_init(&c, 0);
+        target_opts_t o = {.max_tokens = 16, .max_seqs = 1};
+        target_t *t = NULL;
+        assert_int_equal(target_load(tmp, &c, &o, &t), DL_EFORMAT);
+        printf("  %s\n", dl_errmsg());
+        assert_null(t);
+        assert_non_null(strstr(dl_errmsg(), tmp));
+        assert_non_null(strstr(dl_errmsg(), want[k]));
+        ops_ctx_destroy(&c);
+    }
+    safetensors_close(&st);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* target_stage_fill (what every safetensors tensor of a target goes through) against
+ * st_tensor_to_{bf16,f32}_range of each part: BF16 (NaNs included), F32 and F16 parts end to
+ * end, with staging pieces and conversion ranges smaller than, equal to and larger than a
+ * part (a part straddling pieces, a piece ending on a part's end, the last short piece), two
+ * fills in a row through the same stage (the staging buffers alternate across calls), and
+ * nothing written past the destination. bf16 (ab 2) goes through the device path's staging
+ * (host_alloc, upload_async: a plain copy on the CPU backend); f32 (ab 4) is the CPU path. */
+static void test_stage_fill(void **s) {
+    (void)s;
+    char tmp[] = "/tmp/dl_moe_stageXXXXXX", path[600];
+    assert_non_null(mkdtemp(tmp));
+    snprintf(path, sizeof path, "%s/parts.safetensors", tmp);
+    enum { NG = 3, NP = 5 };
+    static const char *dt[NG] = {"BF16", "F32", "F16"};
+    static const int64_t shp[NG][2] = {{7, 13}, {5, 11}, {3, 3}};
+    st_writer_t *w = NULL;
+    assert_int_equal(st_writer_new(path, &w), 0);
+    char nm[32];
+    for (int g = 0; g < NG; g++)
+        for (int p = 0; p < NP; p++) {
+            snprintf(nm, sizeof nm, "%s.%d", dt[g], p);
+            assert_int_equal(st_writer_add(w, nm, dt[g], 2, shp[g]), 0);
+        }
+    int64_t odd[1] = {4};
+    assert_int_equal(st_writer_add(w, "odd", "F32", 1, odd), 0);
+    uint32_t x = 12345;
+    for (int g = 0; g < NG; g++)
+        for (int p = 0; p < NP; p++) {
+            size_t nb = (size_t)shp[g][0] * shp[g][1] * (g == 1 ? 4 : 2);
+            uint8_t *b = malloc(nb);
+            for (size_t i = 0; i < nb; i++) b[i] = (uint8_t)((x = x * 1103515245u + 12345u) >> 16);
+            if (g == 1)   /* keep F32 values finite and varied */
+                for (size_t i = 0; i < nb / 4; i++) {
+                    float v = (float)((int)(i * 37 + p * 11) % 201 - 100) / 7.0f;
+                    memcpy(b + 4 * i, &v, 4);
+                }
+            assert_int_equal(st_writer_write(w, b, nb), 0);
+            free(b);
+        }
+    float four[4] = {1, 2, 3, 4};
+    assert_int_equal(st_writer_write(w, four, sizeof four), 0);
+    assert_int_equal(st_writer_finish(&w), 0);
+    safetensors_t *st = NULL;
+    assert_int_equal(safetensors_open(path, &st), 0);
+    ops_ctx_t c;
+    ops_cpu_init(&c, 2);
+    static const size_t pieces[] = {4, 6, 26, 182, 184, 4096, TARGET_STAGE_BYTES};
+    static const size_t ranges[] = {1, 3, 91, 1 << 20};
+    for (int g = 0; g < NG; g++) {
+        const st_tensor_t *parts[NP];
+        for (int p = 0; p < NP; p++) {
+            snprintf(nm, sizeof nm, "%s.%d", dt[g], p);
+            assert_non_null(parts[p] = safetensors_find(st, nm));
+        }
+        size_t pn = st_tensor_nelem(parts[0]), n = pn * NP;
+        for (size_t ab = 2; ab <= 4; ab += 2) {
+            uint8_t *want = malloc(n * ab), *got = malloc(2 * (n * ab + 16));
+            for (int p = 0; p < NP; p++) {
+                if (ab == 2) assert_int_equal(st_tensor_to_bf16_range(parts[p], 0, pn, (uint16_t *)want + p * pn), 0);
+                else assert_int_equal(st_tensor_to_f32_range(parts[p], 0, pn, (float *)want + p * pn), 0);
+            }
+            for (size_t pi = 0; pi < sizeof pieces / sizeof pieces[0]; pi++)
+                for (size_t ri = 0; ri < sizeof ranges / sizeof ranges[0]; ri++) {
+                    target_stage_t sg;
+                    target_stage_init(&sg, &c, ab);
+                    sg.piece_bytes = pieces[pi];
+                    sg.range_elems = ranges[ri];
+                    memset(got, 0xab, 2 * (n * ab + 16));
+                    uint8_t *d2 = got + n * ab + 16;
+                    /* the first fill from part 1 on (an odd count), the second all parts */
+                    assert_int_equal(target_stage_fill(&sg, path, parts + 1, NP - 1, got), 0);
+                    assert_int_equal(target_stage_fill(&sg, path, parts, NP, d2), 0);
+                    target_stage_release(&sg);
+                    if (memcmp(got, want + pn * ab, (n - pn) * ab) || memcmp(d2, want, n * ab))
+                        fail_msg("%s ab %zu piece %zu range %zu: wrong bytes", dt[g], ab, pieces[pi], ranges[ri]);
+                    for (size_t i = (n - pn) * ab; i < n * ab + 16; i++) assert_int_equal(got[i], 0xab);
+                    for (size_t i = n * ab; i < n * ab + 16; i++) assert_int_equal(d2[i], 0xab);
+                }
+            free(want);
+            free(got);
+        }
+    }
+    /* parts of different sizes are refused, naming both */
+    const st_tensor_t *mixed[2] = {safetensors_find(st, "F32.0"), safetensors_find(st, "odd")};
+    target_stage_t sg;
+    target_stage_init(&sg, &c, 4);
+    float out[64];
+    assert_int_equal(target_stage_fill(&sg, path, mixed, 2, out), DL_EINVAL);
+    assert_non_null(strstr(dl_errmsg(), "'odd'"));
+    target_stage_release(&sg);
+    ops_ctx_destroy(&c);
+    safetensors_close(&st);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* Routing counts (bench_target's balance): per MoE layer they sum to T * k, dense layers
  * stay zero; off, a forward adds nothing; a dense target refuses. */
 static void test_route_counts(void **s) {
@@ -503,6 +666,8 @@ int main(void) {
         cmocka_unit_test(test_hf_and_gguf),
         cmocka_unit_test(test_config_errors),
         cmocka_unit_test(test_fused_layout),
+        cmocka_unit_test(test_expert_errors),
+        cmocka_unit_test(test_stage_fill),
         cmocka_unit_test(test_route_counts),
         cmocka_unit_test(test_greedy_kv),
         cmocka_unit_test(test_mkmodel_moe),
