@@ -42,6 +42,18 @@
 #     before/after, train time, samples regenerated, steps, training tokens/s,
 #     decode tokens/s, the commands); logs in $OUT/logs.tgz. An early exit
 #     (failure, SIGTERM) still writes tau.json with what exists.
+# fp8 features (issue 14 item 3): TRAIN_PRECISIONS="bf16 fp8" (default "bf16": one drafter,
+# as above) trains one drafter per precision on the SAME regenerated data (one regen), with
+# the same seed, steps and flags; only `draftline run --target-precision` differs (none for
+# bf16). Each is evaluated against the bf16 target (eval without --target-precision) on the
+# same prompts; the random drafter is shared; the timing run (and its greedy check) is done
+# for the first precision only; the trained evals of all precisions run concurrently. Files
+# per precision P: $W/run_P, train_P.log, eval/trained_P_<set>.json; the report adds a
+# side-by-side table (loss: mean of the first / last 10 steps of steps.jsonl; accuracy:
+# acc_mean of the last 10; steps; target tok/s; tau per set) and "by_precision" in tau.json.
+# With more than one precision on cuda the defaults are cut to fit ~8 min of wall on one
+# H200 (regen ~2 min, each training ~1-1.5 min, evals ~1 min; each still overridable):
+#   REGEN_S=100 TRAIN_S=80 EVAL_SET_S=35 TIMING_N=4 TIMING_S=20 EVAL_REPEATS=2
 # Every size is an environment variable (defaults below, per DEVICE). A rerun with
 # the same W (default /tmp/tau-work) resumes the regen files, so data accumulates
 # over runs; the training run and the evals start fresh.
@@ -52,6 +64,17 @@ DEVICE=${DEVICE:-cuda}
 SHARED=${SHARED:-../shared/data}
 OUT=${OUT:-/tmp/tau-out}
 W=${W:-/tmp/tau-work}
+TRAIN_PRECISIONS=${TRAIN_PRECISIONS:-bf16}
+NPREC=0
+for p in $TRAIN_PRECISIONS; do
+    case $p in bf16|fp8) NPREC=$((NPREC + 1));; *) echo "gpu_tau: TRAIN_PRECISIONS: '$p' is not bf16 or fp8" >&2; exit 2;; esac
+done
+[ "$NPREC" -gt 0 ] || { echo "gpu_tau: TRAIN_PRECISIONS is empty" >&2; exit 2; }
+FIRST_PREC=${TRAIN_PRECISIONS%% *}
+if [ "$DEVICE" = cuda ] && [ "$NPREC" -gt 1 ]; then
+    # ~8 min for two trainings (see the header); the rest as below
+    : "${REGEN_S:=100}" "${TRAIN_S:=80}" "${EVAL_SET_S:=35}" "${TIMING_N:=4}" "${TIMING_S:=20}" "${EVAL_REPEATS:=2}"
+fi
 if [ "$DEVICE" = cuda ]; then
     . bundle/env.sh
     export NCCL_NVLS_ENABLE=0
@@ -100,7 +123,11 @@ for f in "$DL" "$MODEL" "$GSM" "$SGPT" "$MTB" "$HEV"; do
 done
 mkdir -p "$OUT" "$W" "$W/pids"
 # a rerun in the same W resumes the regen files (more samples); everything else is fresh
-rm -rf "$W"/pids/* "$W/eval" "$W/run"
+rm -rf "$W"/pids/* "$W/eval" "$W/run" "$W"/run_*
+# the files of precision $1: today's names for one precision, else suffixed _$1
+ptag() { [ "$NPREC" -gt 1 ] && echo "_$1"; }
+# pvar NAME P: the value of ${NAME_P} ("" when unset)
+pvar() { local v="$1_$2"; echo "${!v:-}"; }
 SETS="mt_bench humaneval gsm8k_heldout"
 FAILED=0
 T_ALL=$(date +%s.%N)
@@ -125,9 +152,10 @@ step() {
     return $rc
 }
 pack() { for f in "$W"/regen_*.jsonl; do [ -f "$f" ] && head -n 5 "$f" > "$OUT/$(basename "$f" .jsonl).head.jsonl"; done
+        local r runs=""
+        for r in $(cd "$W" && ls -d run run_* 2>/dev/null); do runs="$runs ./$r/logs ./$r/metrics.jsonl ./$r/steps.jsonl"; done
         (cd "$W" && tar czf "$OUT/logs.tgz" --exclude='*.safetensors' --exclude='*.bin' --exclude='*.dlc' \
-          --exclude='*.jsonl' ./*.log ./commands.txt ./run/logs ./run/metrics.jsonl ./run/steps.jsonl \
-          ./eval 2>/dev/null); }
+          --exclude='*.jsonl' ./*.log ./commands.txt $runs ./eval 2>/dev/null); }
 # stops the steps still running (timeout forwards the TERM to its command)
 cleanup() { local f; for f in "$W"/pids/*; do [ -f "$f" ] && kill -TERM "${f##*/}" 2>/dev/null; rm -f "$f"; done; }
 REPORTED=0
@@ -140,7 +168,8 @@ report() {
     N_GSM="${N_GSM:-0}" N_SGPT="${N_SGPT:-0}" N_SYN="${N_SYN:-0}" REGEN_WALL="${REGEN_WALL:-0}" \
     REGEN_BATCH="$REGEN_BATCH" REGEN_MAX_NEW="$REGEN_MAX_NEW" REGEN_S="$REGEN_S" TRAIN_WALL="${TRAIN_WALL:-0}" \
     CKPT="${CKPT:-}" MAX_STEPS="${MAX_STEPS:-0}" EPOCHS="$EPOCHS" TOKEN_BUDGET="$TOKEN_BUDGET" BLOCK="$BLOCK" \
-    ANCHORS="$ANCHORS" DRAFTER_LAYERS="$DRAFTER_LAYERS" LR="$LR" python3 scripts/gpu_tau_report.py
+    ANCHORS="$ANCHORS" DRAFTER_LAYERS="$DRAFTER_LAYERS" LR="$LR" TRAIN_PRECISIONS="$TRAIN_PRECISIONS" \
+    python3 scripts/gpu_tau_report.py
 }
 
 # ---- prompt sets: GSM8K split into a regen part and a held-out eval part --------
@@ -204,42 +233,74 @@ grep -h "regen done\|max-seconds" "$W"/regen_*.log
 echo "regenerated: $N_GSM GSM8K + $N_SGPT ShareGPT + $N_SYN synthetic samples in ${REGEN_WALL}s (phase a ${PHASE_A}s)"
 [ "$N_GSM" -gt 0 ] || { echo "!! no regenerated samples"; exit 1; }
 
-# ---- b) train ----------------------------------------------------------------------
+# ---- b) train: one drafter per precision, the same data, seed, steps and flags ----------
 MAX_STEPS=$(python3 -c "print(max(1, int($TRAIN_S * $TRAIN_TOK_S / $TOKEN_BUDGET)))")
-echo "== b) draftline run ($TOPO): up to $MAX_STEPS steps (= ${TRAIN_S}s at an assumed $TRAIN_TOK_S tok/s), <= $EPOCHS epochs"
-rm -rf "$W/run"
-T_B=$(now)
-step train $((TRAIN_S + 60)) "$W/train.log" $DL run --target-model "$MODEL" --data "$W/train.jsonl" $TOPO \
-    --out "$W/run" --token-budget "$TOKEN_BUDGET" --block-size "$BLOCK" --num-anchors "$ANCHORS" \
-    --drafter-layers "$DRAFTER_LAYERS" --lr "$LR" --warmup-steps "$WARMUP" --epochs "$EPOCHS" \
-    --max-steps "$MAX_STEPS" --save-every "$SAVE_EVERY" --seed "$SEED" --progress-every 10 $TRAIN_EXTRA || FAILED=1
-TRAIN_WALL=$(since "$T_B")
-grep -E "^summary|^checkpoint|capped|GPU mode" "$W/train.log"
-LATEST=$(cat "$W/run/checkpoints/latest" 2>/dev/null)
-CKPT="$W/run/checkpoints/$LATEST"
-[ -n "$LATEST" ] && [ -f "$CKPT/config.json" ] || { echo "!! no checkpoint in $W/run"; exit 1; }
-echo "trained drafter: $CKPT (${TRAIN_WALL}s wall)"
+# train_one P: `draftline run` of precision P into $W/run$(ptag P); exports TRAIN_WALL_P,
+# CKPT_P (the latest checkpoint, "" when none) for the report
+train_one() {
+    local p=$1 t
+    t=$(ptag "$p")
+    local prec_flag=""
+    [ "$p" = bf16 ] || prec_flag="--target-precision $p"
+    echo "== b) draftline run ($TOPO${prec_flag:+ $prec_flag}): up to $MAX_STEPS steps (= ${TRAIN_S}s at an assumed $TRAIN_TOK_S tok/s), <= $EPOCHS epochs"
+    rm -rf "$W/run$t"
+    local t0 rc=0
+    t0=$(now)
+    step "train$t" $((TRAIN_S + 60)) "$W/train$t.log" $DL run --target-model "$MODEL" --data "$W/train.jsonl" $TOPO \
+        --out "$W/run$t" --token-budget "$TOKEN_BUDGET" --block-size "$BLOCK" --num-anchors "$ANCHORS" \
+        --drafter-layers "$DRAFTER_LAYERS" --lr "$LR" --warmup-steps "$WARMUP" --epochs "$EPOCHS" \
+        --max-steps "$MAX_STEPS" --save-every "$SAVE_EVERY" --seed "$SEED" --progress-every 10 $prec_flag $TRAIN_EXTRA || rc=1
+    local wall latest ck=""
+    wall=$(since "$t0")
+    grep -E "^summary|^checkpoint|capped|GPU mode" "$W/train$t.log"
+    latest=$(cat "$W/run$t/checkpoints/latest" 2>/dev/null)
+    [ -n "$latest" ] && [ -f "$W/run$t/checkpoints/$latest/config.json" ] && ck="$W/run$t/checkpoints/$latest"
+    export "TRAIN_WALL_$p=$wall" "CKPT_$p=$ck"
+    if [ -z "$ck" ]; then echo "!! no checkpoint in $W/run$t"; return 1; fi
+    echo "trained drafter${t:+ ($p)}: $ck (${wall}s wall)"
+    return $rc
+}
+for p in $TRAIN_PRECISIONS; do train_one "$p" || FAILED=1; done
+TRAIN_WALL=$(pvar TRAIN_WALL "$FIRST_PREC")
+CKPT=$(pvar CKPT "$FIRST_PREC")
+ANY=0
+for p in $TRAIN_PRECISIONS; do [ -n "$(pvar CKPT "$p")" ] && ANY=1; done
+[ $ANY = 1 ] || exit 1
 
 # ---- c) trained-drafter eval ---------------------------------------------------------
 # tau on exactly the prompts the random drafter got (same --num-prompts, no time
-# limit), then one timing run: TIMING_SET's first TIMING_N prompts with
+# limit), against the bf16 target whatever the drafter was trained on; then one timing
+# run (first precision's drafter): TIMING_SET's first TIMING_N prompts with
 # target-only decoding too (greedy check, speedup, --timing-repeats EVAL_REPEATS).
-echo "== c) eval of $CKPT"
-# (tau does not depend on timing: the three sets run concurrently on the GPU)
+if [ "$NPREC" -gt 1 ]; then echo "== c) eval of the drafters trained on ${TRAIN_PRECISIONS// /, } features, against the bf16 target"
+else echo "== c) eval of $CKPT"; fi
+# (tau does not depend on timing: every set of every precision runs concurrently on the GPU)
 PIDS=
-for s in $SETS; do
-    n=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['prompts'])" "$W/eval/random_$s.json" 2>/dev/null || echo "$EVAL_N")
-    step "eval_trained_$s" $((EVAL_SET_S * 2 + 30)) "$W/eval_trained_$s.log" $DL eval $EV_COMMON --drafter "$CKPT" \
-        --data "$(set_file $s)" --num-prompts "$n" --no-baseline --timing-repeats 1 \
-        --json "$W/eval/trained_$s.json" &
-    PIDS="$PIDS $!"
+for p in $TRAIN_PRECISIONS; do
+    ck=$(pvar CKPT "$p")
+    [ -n "$ck" ] || continue
+    t=$(ptag "$p")
+    for s in $SETS; do
+        n=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['prompts'])" "$W/eval/random_$s.json" 2>/dev/null || echo "$EVAL_N")
+        step "eval_trained${t}_$s" $((EVAL_SET_S * 2 + 30)) "$W/eval_trained${t}_$s.log" $DL eval $EV_COMMON --drafter "$ck" \
+            --data "$(set_file $s)" --num-prompts "$n" --no-baseline --timing-repeats 1 \
+            --json "$W/eval/trained${t}_$s.json" &
+        PIDS="$PIDS $!"
+    done
 done
 for p in $PIDS; do wait $p || FAILED=1; done
-for s in $SETS; do grep -E "^tau" "$W/eval_trained_$s.log" | sed "s/^/  $s: /"; done
-step "eval_timing_$TIMING_SET" $((TIMING_S + 40)) "$W/eval_timing.log" $DL eval $EV_COMMON --drafter "$CKPT" \
-    --data "$(set_file $TIMING_SET)" --num-prompts "$TIMING_N" --timing-repeats "$EVAL_REPEATS" \
-    --max-seconds "$TIMING_S" --json "$W/eval/timing.json" || FAILED=1
-grep -E "^eval|^tau|^decode|^greedy|^stopped" "$W/eval_timing.log" | sed "s/^/  timing: /"
+for p in $TRAIN_PRECISIONS; do
+    t=$(ptag "$p")
+    for s in $SETS; do grep -E "^tau" "$W/eval_trained${t}_$s.log" 2>/dev/null | sed "s/^/  $s${t:+ ($p)}: /"; done
+done
+if [ -n "$CKPT" ]; then
+    step "eval_timing_$TIMING_SET" $((TIMING_S + 40)) "$W/eval_timing.log" $DL eval $EV_COMMON --drafter "$CKPT" \
+        --data "$(set_file $TIMING_SET)" --num-prompts "$TIMING_N" --timing-repeats "$EVAL_REPEATS" \
+        --max-seconds "$TIMING_S" --json "$W/eval/timing.json" || FAILED=1
+    grep -E "^eval|^tau|^decode|^greedy|^stopped" "$W/eval_timing.log" | sed "s/^/  timing: /"
+else
+    echo "!! no timing run: the $FIRST_PREC drafter has no checkpoint"
+fi
 REPORTED=1
 report || FAILED=1
 echo "FAILED=$FAILED"

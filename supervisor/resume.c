@@ -4,6 +4,7 @@
 #include "supervisor/launch_int.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
+#include "common/model/target.h"
 #include "common/rundir/rundir.h"
 
 #include <errno.h>
@@ -235,6 +236,32 @@ static void run_dir_of_ckpt(const char *ckpt, char *out, size_t cap) {
     if (last && last == ckpt) snprintf(out, cap, "/");
 }
 
+/* --target-precision from the run's run.json j (of run_dir): not given, the recorded one
+ * (logged); given and different, the flag wins, with a warning naming both (the drafter
+ * then learns from other features than the checkpoint's). No record (runs before it was
+ * written) or an unknown value: left as it is (bf16 unless given), as before. */
+static void resume_precision(run_opts_t *o, const rundir_run_t *j, const char *run_dir) {
+    int rec;
+    if (!j->target_precision[0]) return;
+    char rj[4200];
+    if (rundir_path(rj, sizeof rj, run_dir, RUNDIR_RUN_JSON) < 0) snprintf(rj, sizeof rj, "run.json");
+    if (target_precision_parse(j->target_precision, &rec) < 0) {
+        log_warn("--resume: %s: target_precision '%s' is neither bf16 nor fp8: ignored (%s)", rj,
+                 j->target_precision, target_precision_name(o->target_precision));
+        return;
+    }
+    if (!o->given[RUN_O_TP - RUN_O_TM]) {
+        o->target_precision = rec;
+        log_info("--resume: target precision %s, as recorded in %s", target_precision_name(rec), rj);
+    } else if (o->target_precision != rec) {
+        log_warn("--resume: --target-precision %s given, but the run trained with target precision %s "
+                 "(recorded in %s): using %s, so the drafter now learns from other features than the "
+                 "checkpoint's; leave the flag out (or pass --target-precision %s) to keep the run's",
+                 target_precision_name(o->target_precision), target_precision_name(rec), rj,
+                 target_precision_name(o->target_precision), target_precision_name(rec));
+    }
+}
+
 /* --resume: every setting not given by a flag or --config takes the run's value, so
  * `draftline run --resume DIR` alone continues the run: from the checkpoint ckdir ("" when
  * none) and its state.bin header h (NULL when none): --seed, --micro-batches-per-step,
@@ -243,8 +270,8 @@ static void run_dir_of_ckpt(const char *ckpt, char *out, size_t cap) {
  * (older checkpoints: the last two from its config.json); from <run_dir>/run.json
  * ("" / missing: skipped; keys written since these defaults exist): --target-model,
  * --data (the data cache the run trained on; else <run_dir>/data.dlc when it exists),
- * --save-every, --keep-checkpoints, --deterministic. Explicit settings are left as given (the --resume check
- * compares them). Appends " --flag value" per setting taken to taken (cap bytes). */
+ * --save-every, --keep-checkpoints, --deterministic, --target-precision (resume_precision).
+ * Explicit settings are left as given (the --resume check compares them). Appends " --flag value" per setting taken to taken (cap bytes). */
 static void resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_hdr_t *h, const char *run_dir,
                             char *taken, size_t cap) {
     size_t n = strlen(taken);
@@ -311,6 +338,7 @@ static void resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_h
         o->deterministic = 1;
         TAKE(RUN_O_DET, " --deterministic");
     }
+    resume_precision(o, j, run_dir);
     free(j);
 #undef TAKE
 }

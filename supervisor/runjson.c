@@ -5,6 +5,7 @@
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
+#include "common/model/target.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -77,6 +78,9 @@ void sup__fill_run(sup_t *S) {
     r->save_every = o->save_every;
     r->keep_checkpoints = o->keep_checkpoints;
     r->deterministic = o->deterministic ? 1 : 0;
+    if (o->cfg)   /* --resume without --target-precision takes it from here */
+        snprintf(r->target_precision, sizeof r->target_precision, "%s",
+                 target_precision_name(o->cfg->target_precision));
     if (S->rb.id[0]) {
         snprintf(r->rebalance.id, sizeof r->rebalance.id, "%s", S->rb.id);
         snprintf(r->rebalance.status, sizeof r->rebalance.status, "%s", S->rb.status);

@@ -13,6 +13,7 @@
  *    "metrics_port" (-1 off), "metrics_endpoint" ("" none), ["control"] (the
  *    supervisor's control socket, e.g. "ipc://<run>/ctl.sock"), "optimizer_recoveries",
  *    ["target_model"], ["data"], "save_every", "keep_checkpoints", "deterministic",
+ *    ["target_precision": "bf16"|"fp8"],
  *    ["rebalance": {"id", "status", "message", "seconds"}],
  *    "stages": [{"name", "stage_id", "pid" (0: exited), "incarnation", "restarts",
  *                "gpu" (-1 none), ["last_restart_up_s", "last_recovery_s"],
@@ -110,6 +111,8 @@ typedef struct {
     char data[RUNDIR_PATH_MAX];         /* absolute data cache; "" = not written */
     int64_t save_every, keep_checkpoints;   /* keep_checkpoints 0: keep all */
     int deterministic;                  /* 0/1; -1 absent (read) */
+    char target_precision[8];           /* --target-precision, "bf16"|"fp8" as given; "" = not
+                                         * written / absent (runs before it was recorded) */
     struct {
         char id[64];                    /* "" = no rebalance yet: the object is not written */
         char status[16];                /* accepted|rejected|done|failed|... */

@@ -1,0 +1,117 @@
+/* `draftline run --resume` remembers --target-precision (run.json "target_precision"), CPU
+ * (the exact fp32 emulation of the FP8 linears), the tiny Llama target of the pipeline
+ * fixture, 60 GSM8K samples, 1 target + 1 drafter:
+ *
+ *  - an fp8 run of 3 steps records "target_precision": "fp8" in run.json;
+ *  - `run --resume OUT --max-steps 5` without the flag logs "target precision fp8, as
+ *    recorded in OUT/run.json", its target loads fp8 weights again (target0.log: a second
+ *    "of fp8 weights" line) and run.json still says fp8;
+ *  - `run --resume OUT --max-steps 6 --target-precision bf16` is honoured (a "of bf16
+ *    weights" load, run.json bf16) with a warning naming both precisions.
+ * Every child has a hard timeout and is killed and reaped. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "tests/support/pipeline_fixture.h"
+#include "tests/support/proc.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static pf_fixture_t fx;
+
+static int group_setup(void **state) {
+    (void)state;
+    if (pf_fixture_setup(&fx, "dlfp8r", 60) < 0) return -1;
+    proc_watchdog(240);
+    return 0;
+}
+
+static int group_teardown(void **state) {
+    (void)state;
+    pf_teardown(fx.root);
+    return 0;
+}
+
+/* `draftline run` + extra (NULL-terminated), console into log; with_fixed: the tiny
+ * target, data and settings first (a --resume takes them from the run instead) */
+static int run_draftline(const char *log, int with_fixed, const char *const *extra) {
+    static pf_run_args_t a;
+    memset(&a, 0, sizeof a);
+    int n = 0;
+    a.argv[n++] = fx.exe;
+    a.argv[n++] = "run";
+    const char *fixed[] = {"--target-model", fx.model_dir, "--data", fx.cache, "--token-budget", "256",
+                           "--block-size", "4", "--num-anchors", "8", "--drafter-layers", "1",
+                           "--lr", "1e-2", "--seed", "5", NULL};
+    const char *always[] = {"--device", "cpu", "--targets", "1", "--drafters", "1", "--threads", "1",
+                            "--progress-every", "1", NULL};
+    for (int i = 0; with_fixed && fixed[i]; i++) a.argv[n++] = (char *)fixed[i];
+    for (int i = 0; always[i]; i++) a.argv[n++] = (char *)always[i];
+    for (int i = 0; extra[i]; i++) a.argv[n++] = (char *)extra[i];
+    a.argv[n] = NULL;
+    snprintf(a.log, sizeof a.log, "%s", log);
+    return pf_run_draftline(&a, NULL, 100, NULL);
+}
+
+/* occurrences of needle in the file at path (-1: unreadable) */
+static int count_in(const char *path, const char *needle) {
+    char *txt = pf_slurp(path, NULL);
+    if (!txt) return -1;
+    int n = 0;
+    for (const char *p = strstr(txt, needle); p; p = strstr(p + 1, needle)) n++;
+    free(txt);
+    return n;
+}
+
+static void test_resume_keeps_fp8(void **state) {
+    (void)state;
+    char out[400], log1[500], log2[500], log3[500], rj[500], tlog[500], steps[500], want[600];
+    snprintf(out, sizeof out, "%s/run", fx.root);
+    snprintf(log1, sizeof log1, "%s/first.out", fx.root);
+    snprintf(log2, sizeof log2, "%s/resume.out", fx.root);
+    snprintf(log3, sizeof log3, "%s/bf16.out", fx.root);
+    snprintf(rj, sizeof rj, "%s/run.json", out);
+    snprintf(tlog, sizeof tlog, "%s/logs/target0.log", out);
+    snprintf(steps, sizeof steps, "%s/steps.jsonl", out);
+
+    const char *first[] = {"--target-precision", "fp8", "--max-steps", "3", "--out", out, NULL};
+    assert_int_equal(run_draftline(log1, 1, first), 0);
+    assert_int_equal(count_in(rj, "\"target_precision\":\t\"fp8\""), 1);
+    assert_int_equal(count_in(tlog, "of fp8 weights"), 1);
+    assert_int_equal(pf_count_lines(steps), 3);
+
+    /* without the flag: the run's fp8, said on the console */
+    const char *resume[] = {"--resume", out, "--max-steps", "5", NULL};
+    assert_int_equal(run_draftline(log2, 0, resume), 0);
+    snprintf(want, sizeof want, "target precision fp8, as recorded in %s/run.json", out);
+    if (count_in(log2, want) != 1) pf_show(log2);
+    assert_int_equal(count_in(log2, want), 1);
+    assert_int_equal(count_in(tlog, "of fp8 weights"), 2);
+    assert_int_equal(count_in(tlog, "of bf16 weights"), 0);
+    assert_int_equal(count_in(rj, "\"target_precision\":\t\"fp8\""), 1);
+    assert_int_equal(pf_count_lines(steps), 5);
+
+    /* an explicit other precision: used, and warned naming both */
+    const char *other[] = {"--resume", out, "--max-steps", "6", "--target-precision", "bf16", NULL};
+    assert_int_equal(run_draftline(log3, 0, other), 0);
+    if (count_in(log3, "--target-precision bf16 given, but the run trained with target precision fp8") != 1)
+        pf_show(log3);
+    assert_int_equal(count_in(log3, "--target-precision bf16 given, but the run trained with target precision fp8"), 1);
+    assert_int_equal(count_in(log3, "as recorded in"), 0);
+    assert_int_equal(count_in(tlog, "of fp8 weights"), 2);
+    assert_int_equal(count_in(tlog, "of bf16 weights"), 1);
+    assert_int_equal(count_in(rj, "\"target_precision\":\t\"bf16\""), 1);
+    assert_int_equal(pf_count_lines(steps), 6);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_resume_keeps_fp8),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
