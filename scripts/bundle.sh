@@ -33,6 +33,14 @@ copy_progs() {  # src_dir dst_dir
   for f in "$1"/*; do
     [ -f "$f" ] && [ -x "$f" ] || continue
     if [ -n "${BUNDLE_FILTER:-}" ] && ! [[ "$(basename "$f")" =~ $BUNDLE_FILTER ]]; then continue; fi
+    # a program older than the library it links was not rebuilt (`make` alone does not build
+    # bench/: `make bundle` does, this script by itself does not): refuse it rather than ship
+    # the old code under the new name (a GPU call measured a stale bench_target that way)
+    if [ -f "$BUILD/libdraftline.a" ] && [ "$f" -ot "$BUILD/libdraftline.a" ]; then
+      echo "bundle: $f is older than $BUILD/libdraftline.a (not rebuilt): run \`make bundle\`" \
+           "(or \`make ${f#"$ROOT"/}\` for one program)" >&2
+      exit 1
+    fi
     if ! strip --strip-debug -o "$2/$(basename "$f")" "$f" 2>/dev/null; then cp -p "$f" "$2/"; fi
     progs+=("$2/$(basename "$f")")
   done
