@@ -193,9 +193,22 @@ int rundir_metrics_latest(const char *dir, size_t tail_bytes, rundir_metrics_rec
     if (!m) return oom ? dl_seterr(DL_ENOMEM, "%s: out of memory", p) : 0;
     int cap = 0, rc = 0;
     char *save = NULL;
+    /* the optimizer's last per-step line: it can come after its last periodic line (a
+     * stopped optimizer sends no more periodic metrics), and then says more */
+    struct { char stage[64]; double ts, step, loss; int have; } last_step = {.have = 0};
     for (char *l = strtok_r(m, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
         rundir_metrics_rec_t x;
-        if (rundir_metrics_parse_line(l, strlen(l), &x) < 0 || !strcmp(x.state, "step")) {
+        if (rundir_metrics_parse_line(l, strlen(l), &x) < 0) {
+            rundir_metrics_rec_free(&x);
+            continue;
+        }
+        if (!strcmp(x.state, "step")) {
+            double s = rundir_metrics_get(&x, "step");
+            if (s == s && strlen(x.stage) < sizeof last_step.stage) {
+                snprintf(last_step.stage, sizeof last_step.stage, "%s", x.stage);
+                last_step.ts = x.ts, last_step.step = s, last_step.loss = rundir_metrics_get(&x, "loss");
+                last_step.have = 1;
+            }
             rundir_metrics_rec_free(&x);
             continue;
         }
@@ -214,6 +227,16 @@ int rundir_metrics_latest(const char *dir, size_t tail_bytes, rundir_metrics_rec
         (*recs)[k] = x;
     }
     free(m);
+    /* a per-step line newer than the stage's periodic one: its count of applied steps
+     * (step + 1, as a periodic line counts) and its loss replace the older figures */
+    for (int k = 0; rc == 0 && last_step.have && k < *n; k++) {
+        rundir_metrics_rec_t *x = &(*recs)[k];
+        if (strcmp(x->stage, last_step.stage) != 0 || last_step.ts < x->ts) continue;
+        for (int i = 0; i < x->n; i++) {
+            if (!strcmp(x->names[i], "step") && last_step.step + 1 > x->values[i]) x->values[i] = last_step.step + 1;
+            else if (!strcmp(x->names[i], "loss") && last_step.loss == last_step.loss) x->values[i] = last_step.loss;
+        }
+    }
     if (rc < 0) rundir_metrics_latest_free(recs, *n), *n = 0;
     return rc;
 }

@@ -219,7 +219,10 @@ double rundir_metrics_get(const rundir_metrics_rec_t *rec, const char *name);
 
 /* Each stage's latest line (by file order) among the last tail_bytes of
  * <dir>/metrics.jsonl (0: the whole file), skipping lines whose state is "step" (the
- * optimizer's per-step line) and lines that do not parse (a torn first line). *recs:
+ * optimizer's per-step line) and lines that do not parse (a torn first line); but when a
+ * stage's last "step" line is not older (ts) than its latest periodic line, that record's
+ * "step" (a count of applied steps) becomes the step line's step + 1 and its "loss" the step
+ * line's (a stopped optimizer's last periodic line lags its last steps). *recs:
  * malloc'd array, one per stage in order of first appearance, *n of them; free with
  * rundir_metrics_latest_free. Returns 0 (a missing file is 0 stages), DL_ENOMEM. */
 int rundir_metrics_latest(const char *dir, size_t tail_bytes, rundir_metrics_rec_t **recs, int *n);

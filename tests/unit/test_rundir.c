@@ -340,6 +340,8 @@ static void test_metrics_latest(void **state) {
     x = rundir_metrics_find(recs, n, "optimizer");
     assert_non_null(x);
     assert_string_equal(x->state, "idle");
+    /* its step line (step 1, ts 2) is newer than its periodic one (count 0, ts 1): 2 applied */
+    assert_true(rundir_metrics_get(x, "step") == 2);
     assert_null(rundir_metrics_find(recs, n, "target0"));
     rundir_metrics_latest_free(&recs, n);
     assert_null(recs);
