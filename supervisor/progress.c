@@ -207,7 +207,9 @@ void sup__rates(const sup_t *S, double now, sup_rates_t *r) {
     double t_start = S->o->t_launch > 0 ? S->o->t_launch : S->t0;
     r->wall_s = now - t_start;
     r->wall = r->wall_s > 0 ? r->tokens / r->wall_s : 0;
-    r->startup_s = n ? S->step_t[0] - t_start : 0;
+    /* the first step ever heard (not step_t[0]: an optimizer restart cuts the history back
+     * and a re-applied step 0 would count the death and the restart as start-up) */
+    r->startup_s = S->have_step ? S->t_first_step - t_start : 0;
     r->final_ckpt_s = S->final_ckpt_s;
     uint64_t a, z;   /* the window: steps a..z of this run, timed from the end of step a - 1 */
     if (n >= 4) {

@@ -31,6 +31,7 @@
 #include "common/format/safetensors.h"
 #include "common/pipe/ckpt.h"
 #include "common/pipe/model.h"
+#include "common/base/clock.h"
 #include "tests/support/pipeline_fixture.h"
 #include "tests/support/proc.h"
 
@@ -68,6 +69,7 @@ static int group_teardown(void **state) {
  * kill_after_steps steps (the supervisor must restart it). */
 static const char *kill_stage;
 static int kill_after_steps;
+static double kill_at;   /* clock_mono_s() of that kill */
 
 static pid_t stage_pid(const char *log, const char *stage) {
     FILE *f = fopen(log, "r");
@@ -116,6 +118,7 @@ static int run_pipeline(const char *out, const char *run_id_out_path, char *run_
         }
         pid_t victim = stage_pid(run_id_out_path, kill_stage);
         assert_true(victim > 0);
+        kill_at = clock_mono_s();
         assert_int_equal(kill(victim, SIGKILL), 0);
         kill_stage = NULL;
     }
@@ -458,6 +461,29 @@ static void test_nan_step_skipped(void **state) {
     assert_false(pf_same_file(a, b)); /* step 3 trained again */
 }
 
+/* The summary's start-up is the time to the first step ever applied, also when the
+ * optimizer dies before any checkpoint and applies steps 0.. again (was: the time to the
+ * re-applied step 0, so the start-up held the death and the restart). */
+static void test_startup_after_optimizer_restart(void **state) {
+    (void)state;
+    char out[400], log[400], id[17];
+    snprintf(out, sizeof out, "%s/o", fx.root);
+    snprintf(log, sizeof log, "%s/o.out", fx.root);
+    kill_stage = "optimizer";
+    kill_after_steps = 2;
+    double t0 = clock_mono_s();
+    assert_int_equal(run_pipeline(out, log, id, 120, "--max-steps", "6", NULL), 0);
+    char *txt = pf_slurp(log, NULL);
+    assert_non_null(strstr(txt, ", 1 restart(s)"));
+    char *s = strstr(txt, "(start-up ");
+    assert_non_null(s);
+    double up = -1;
+    assert_int_equal(sscanf(s, "(start-up %lf s", &up), 1);
+    /* the first step 0 came before the second step line, which came before the kill */
+    assert_true(up >= 0 && up < kill_at - t0);
+    free(txt);
+}
+
 /* Runs a `draftline` command, its output into path; returns the exit code. */
 static int run_tool(const char *path, char *const args[]) {
     static pf_run_args_t a;
@@ -540,6 +566,7 @@ int main(void) {
         cmocka_unit_test(test_nan_step_skipped),
         cmocka_unit_test(test_anchors_in_passes),
         cmocka_unit_test(test_status_and_stop),
+        cmocka_unit_test(test_startup_after_optimizer_restart),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
