@@ -862,6 +862,7 @@ int main(int argc, char **argv) {
     stage_args_t a;
     if (stage_args(argc, argv, "optimizer", 0, usage, &a) < 0) return a.exit_code;
     int64_t inc = (int64_t)a.incarnation;
+    double t_up[8] = {clock_mono_s()};   /* start-up phases, logged once up (issue 14: measure it) */
     int rc = stage_config(PROTO_ROLE_OPTIMIZER, PIPE_ID_OPTIMIZER, "optimizer", &a, STAGE_CONFIG_TIMEOUT_MS, &cfg);
     if (rc < 0) return log_rc(rc, "run configuration"), 1;
     opt_settings(&O, &cfg);
@@ -886,6 +887,7 @@ int main(int argc, char **argv) {
     } else {
         ops_cpu_init(&O.ops, 0);
     }
+    t_up[1] = clock_mono_s();
     /* The optimizer only needs the parameter layout and names (layout_only: no buffer);
      * it never runs a forward, so the frozen embedding / LM head are not loaded: a
      * placeholder pointer that is never dereferenced stands in for them. */
@@ -896,6 +898,7 @@ int main(int argc, char **argv) {
     O.P = drafter_n_params(O.layout);
     O.c = calloc(O.K, sizeof *O.c);
     if (!O.c || opt_host_alloc(&O, resume != NULL) < 0) return PIPE_EXIT_PERMANENT;
+    t_up[2] = clock_mono_s();
     /* the seeded init straight into the host state (a resume overwrites all of it) */
     if (!resume && (rc = drafter_init_master(O.layout, O.seed, O.h_master)) < 0)
         return log_rc(rc, "drafter init"), PIPE_EXIT_PERMANENT;
@@ -920,15 +923,18 @@ int main(int argc, char **argv) {
         snprintf(O.resume_dir, sizeof O.resume_dir, "%s", dir);
         log_info("resumed from %s at step %llu", dir, (unsigned long long)O.step);
     }
+    t_up[3] = clock_mono_s();
     /* a resumed optimizer undoes every step from O.step on: their lines leave steps.jsonl */
     O.steps_log = rundir_steps_open(O.out, resume || inc > 1 ? (int64_t)O.step : -1);
     /* the state's allocation and upload (seconds at 1B parameters on a GPU) before
      * stage_init: once the supervisor has our hello, the loop must keep heartbeating */
     if (opt_state_init(&O, cfg.run_id, inc) < 0) return 1;
+    t_up[4] = clock_mono_s();
     testhook_i64("optimizer.ckpt_delay_ms", &O.ck_delay_ms);   /* read once, at start-up */
     O.ck_fail_step = -1;
     testhook_i64("optimizer.ckpt_fail_step", &O.ck_fail_step);
     if (opt_ckpt_init(&O) < 0) return 1;
+    t_up[5] = clock_mono_s();
     rc = stage_init(&O.st, PROTO_ROLE_OPTIMIZER, PIPE_ID_OPTIMIZER, "optimizer", &a, &cfg);
     if (rc < 0) return slab_destroy(&O.wslab), log_rc(rc, "stage init"), 1;
     if (O.gpu >= 0) log_info("on GPU %d: master weights, moments and AdamW on the device", O.gpu);
@@ -945,7 +951,11 @@ int main(int argc, char **argv) {
     stage_on_control(&O.st, on_control, &O);
     stage_on_stop(&O.st, on_stop, &O);
     send_hello(&O);
-    O.t_step0 = clock_mono_s();
+    O.t_step0 = t_up[6] = clock_mono_s();
+    log_info("start-up %.2f s: configuration and device %.2f, host state %.2f (%s), %s %.2f, device state "
+             "%.2f, checkpoint writer %.2f, bus %.2f", t_up[6] - t_up[0], t_up[1] - t_up[0], t_up[2] - t_up[1],
+             O.gpu < 0 ? "host memory" : O.h_pinned[0] ? "pinned" : "pageable", resume ? "resume" : "init", t_up[3] - t_up[2],
+             t_up[4] - t_up[3], t_up[5] - t_up[4], t_up[6] - t_up[5]);
     O.st.state = PROTO_STATE_IDLE;
     log_info("drafter: %d layers, block %d, %d features, %zu parameters; step %llu of %llu, %llu micro-batches per step",
              O.dcfg.n_layers, O.dcfg.B, O.dcfg.n_feat, O.P, (unsigned long long)O.step,
