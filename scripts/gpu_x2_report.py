@@ -19,8 +19,9 @@ Per phase (W/<phase>.out is the head's output, W/<phase>[-a|-b]/ the run dirs):
                              ones), and whether NCCL said "via NET/Socket" (the network transport)
 kill: the events (kill, lost, restart, rejoined; wall clock), the loader's "every micro-batch
   up to N applied" and "stopped: issued X (Y re-issued), Z applied", the NCCL lines after the
-  kill with their time from it, recover_s (kill -> the first step applied after b rejoined)
-  and the largest step gap.
+  kill with their time from it; recover_s: kill -> the optimizer's step communicator generation
+  ready again after b rejoined (GPU), else kill -> drafter1's new incarnation's hello to the
+  optimizer (CPU); the first step applied after the rejoin, and the largest step gap.
 Comparisons: cross / alone (steady, wall; goal >= 0.9), step 0/1 losses cross vs alone,
 mirror vs mirror_ipc s/step (the NCCL gradient and weights path's cost per step).
 """
@@ -163,17 +164,35 @@ def kill_report(w, out, r):
     m = re.search(r"stopped: issued (\d+) \((\d+) re-issued\), (\d+) applied", loader)
     if m:
         r["loader_issued_reissued_applied"] = [int(m.group(i)) for i in (1, 2, 3)]
+    km = re.search(r"(\d+) micro-batches per step", read(f"{w}/kill-a/logs/optimizer.log"))
+    ia = r.get("loader_issued_reissued_applied")
+    if km and ia and r.get("steps"):
+        want = int(km.group(1)) * r["steps"]
+        r["every_mb_applied_once"] = bool(r.get("each_step_once")) and ia[2] == want and \
+            r.get("loader_all_applied_up_to") == want
     if k:
         after = [(t - k, s, x) for t, s, x in r["_nccl"] if t and t >= k - 1]
         r["nccl_after_kill"] = [f"+{d:.2f}s {s}: {x}" for d, s, x in sorted(after)[:16]]
         rej = ev.get("rejoined", k)
-        opt = read(f"{w}/kill-a/logs/optimizer.log")
-        for line in opt.splitlines():
+        opt = read(f"{w}/kill-a/logs/optimizer.log").splitlines()
+        for line in opt:
             t = wall(line)
             if t and t > rej and " applied: loss" in line:
-                r["recover_s"] = round(t - k, 2)
-                r["first_step_after_rejoin"] = line[line.find("step "):][:40]
+                r["first_step_after_rejoin_s"] = round(t - k, 2)
                 break
+        # back: drafter1's new incarnation says hello to the optimizer (then, on GPUs, the
+        # step communicator's new generation is ready with it): the time to recover
+        for line in opt:
+            t = wall(line)
+            if t and t > k and re.search(r"hello from drafter1\S* \(drafter \d+, incarnation ([2-9]|\d\d)", line):
+                r["drafter1_back_s"] = round(t - k, 2)
+                break
+        for line in opt:
+            t = wall(line)
+            if t and t > rej and re.search(r"step communicator generation \d+ ready", line):
+                r["nccl_generation_ready_s"] = round(t - k, 2)
+                break
+        r["recover_s"] = r.get("nccl_generation_ready_s", r.get("drafter1_back_s"))
 
 
 def main():
@@ -225,9 +244,11 @@ def main():
                  if r.get("xfer_bytes_per_s_measured") else ""))
     if "kill" in R:
         k = R["kill"]
-        print(f"kill: events {k.get('events_s_after_kill')}, recover {k.get('recover_s')} s, "
+        print(f"kill: events {k.get('events_s_after_kill')}, recover {k.get('recover_s')} s (drafter1 back "
+              f"{k.get('drafter1_back_s')} s, NCCL generation ready {k.get('nccl_generation_ready_s')} s), "
               f"loader up to {k.get('loader_all_applied_up_to')} applied, issued/re-issued/applied "
-              f"{k.get('loader_issued_reissued_applied')}, largest step gap {k.get('step_gap_max_s')} s")
+              f"{k.get('loader_issued_reissued_applied')}, every micro-batch applied once: "
+              f"{k.get('every_mb_applied_once')}, largest step gap {k.get('step_gap_max_s')} s")
         for line in k.get("nccl_after_kill", [])[:8]:
             print("  " + line)
     print("compare: " + json.dumps(cmp))
