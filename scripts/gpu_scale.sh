@@ -140,7 +140,9 @@ if [ "$DEVICE" = cpu ] && [ "$DRY" != 1 ] && [ ! -s "$DATA" ]; then
     $DL prepare --data "$W/gsm8k.jsonl" --out "$DATA" --prompt-field question --response-field answer \
         --threads 1 > "$OUT/prepare.log" 2>&1 || { echo "gpu_scale: prepare failed"; exit 1; }
 fi
-R="--target-model $MODEL --data $DATA $WORK --progress-every 5"
+# --epochs: enough passes over the data for the longest run (long.dlc: 256 sequences = 32
+# micro-batches; 24 steps of K=8 need 6 passes), else --max-steps is capped to one epoch
+R="--target-model $MODEL --data $DATA $WORK --epochs ${EPOCHS:-8} --progress-every 5"
 
 # one NAME G T D STEPS CAP [LIVE] [run flags...]: one `draftline run`; LIVE=live makes the
 # rebalances t+d -> (t+1)+(d-1) -> t+d after LIVE_AT and 2 x LIVE_AT steps

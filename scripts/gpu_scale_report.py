@@ -135,14 +135,14 @@ def run_report(w, meta):
             bal.append(f"+{t - t_first:.1f}s {x[x.find(']') + 1:].strip()[:240]}")
     if bal:
         r["balance"] = bal
+    if "--balance auto" in meta.get("argv", ""):
         moves = [b for b in bal if "moving to" in b]
         dones = [b for b in bal if " done:" in b]
+        r["settled_on"], r["settle_s"] = r["split"], 0.0    # no move: where it started
         if moves:
             mv = re.search(r"moving to (\d+) target\(s\) \+ (\d+) drafter", moves[-1])
             r["settled_on"] = f"{mv.group(1)}+{mv.group(2)}" if mv else None
             r["settle_s"] = float(dones[-1].split("s ")[0][1:]) if dones else None
-        else:
-            r["settled_on"] = r["split"]
     if meta.get("live"):
         ev = jsonl(f"{w}/{name}.events")
         r["rebalance_answers"] = [x for x in read(f"{w}/{name}.rebalance").splitlines() if x.strip()][-4:]
@@ -154,8 +154,10 @@ def run_report(w, meta):
         by_step = sorted(st.items())
         for i, e in enumerate(starts):
             d = done[i]["t"] if i < len(done) else None
-            # the pause: the longest step gap (wall, optimizer log) from the request to 30 s past its answer
-            win = [(b[1] - a[1]) for a, b in zip(by_step, by_step[1:]) if b[1] >= e["t"] and a[1] <= (d or e["t"]) + 30]
+            # the pause: the longest step gap (wall, optimizer log) that ends between the request and
+            # two median step gaps after its answer
+            end = (d or e["t"]) + 2 * (med or 0)
+            win = [(b[1] - a[1]) for a, b in zip(by_step, by_step[1:]) if e["t"] <= b[1] <= end]
             live.append({"to": e["to"], "at_steps": e["at_steps"], "answer_s": round(d - e["t"], 2) if d else None,
                          "rc": done[i]["rc"] if i < len(done) else None,
                          "pause_s": round(max(win), 2) if win else None})
@@ -209,8 +211,9 @@ def main():
     for n, r in R.items():
         print(f"{n:12} " + " ".join(f"{str(r.get(c, '-'))[:12]:>12}" for c in cols) + f"  {r.get('gpu_busy_pct', '-')}")
     for n, r in R.items():
-        if "balance" in r:
+        if "settled_on" in r:
             print(f"{n}: settled on {r.get('settled_on')} after {r.get('settle_s')} s")
+        if "balance" in r:
             for b in r["balance"][:8]:
                 print("   " + b)
         if "live" in r:

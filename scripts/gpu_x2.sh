@@ -118,7 +118,8 @@ if [ "$DEVICE" = cpu ] && [ "$DRY" != 1 ] && [ ! -s "$DATA" ]; then
     $DL prepare --data "$W/gsm8k.jsonl" --out "$DATA" --prompt-field question --response-field answer \
         --threads 1 > "$OUT/prepare.log" 2>&1 || { echo "gpu_x2: prepare failed"; exit 1; }
 fi
-R="--target-model $MODEL --data $DATA $WORK --progress-every 5"
+# --epochs: the kill phase's 24 steps of K=2 need 48 micro-batches (long.dlc holds 32)
+R="--target-model $MODEL --data $DATA $WORK --epochs ${EPOCHS:-4} --progress-every 5"
 
 # alone NAME K STEPS PLACEMENT: `draftline run` on this host
 alone() {
