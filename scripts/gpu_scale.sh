@@ -163,7 +163,7 @@ one() {
         return 0
     fi
     [ "$lim" -lt "$MIN_PHASE_S" ] && { echo "== phase $name: skipped, ${lim}s left"; echo "{\"phase\": \"$name\", \"skipped\": \"budget\", \"left_s\": $lim}" >> "$PHASES"; return 1; }
-    rm -rf "${W:?}/$name"
+    rm -rf "${W:?}/$name" "$W/$name.events" "$W/$name.rebalance"
     echo "== phase $name (limit ${lim}s, at +$(elapsed)s): $cmd"
     echo "{\"name\": \"$name\", \"gpus\": $g, \"targets\": $t, \"drafters\": $d, \"k\": $k, \"steps\": $steps, \"live\": \"$live\", \"argv\": \"$*\"}" >> "$OUT/runs.jsonl"
     local t1; t1=$(now)
