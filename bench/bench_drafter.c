@@ -1,7 +1,7 @@
 /* GPU benchmark of DFlash drafter training (common/model/drafter.c on CUDA).
  *
  * Usage: bench_drafter [--model DIR] [--seqs 8] [--seqlen 4096] [--anchors 512]
- *                      [--layers 5] [--reps 5] [--loss-chunk BLOCKS (default: the drafter's, 16)]
+ *                      [--layers 5] [--reps 5] [--loss-chunk BLOCKS (default: the drafter's, 64)]
  *                      [--profile]
  *   The drafter's shapes come from the target's config.json (--model, e.g. a dir made
  *   by `draftline mkmodel --config qwen3-8b`), or the qwen3-8b preset without it

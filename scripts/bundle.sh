@@ -23,27 +23,48 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUILD="${BUILD:-build}"; BIN="${BIN:-bin}"; OUT="${BUNDLE:-$ROOT/bundle}"
 case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD";; esac
 case "$BIN" in /*) ;; *) BIN="$ROOT/$BIN";; esac
+# the programs of src_dir ($1) that BUNDLE_FILTER keeps, one a line
+list_progs() {
+  local f
+  [ -d "$1" ] || return 0
+  for f in "$1"/*; do
+    [ -f "$f" ] && [ -x "$f" ] || continue
+    if [ -n "${BUNDLE_FILTER:-}" ] && ! [[ "$(basename "$f")" =~ $BUNDLE_FILTER ]]; then continue; fi
+    printf '%s\n' "$f"
+  done
+}
+
+# a program older than a library it links was not rebuilt (`make` alone does not build
+# bench/: `make bundle` does, this script by itself does not): refuse it rather than ship
+# the old code under the new name (a GPU call measured a stale bench_target that way).
+# Every such program is named, and the previous bundle is left as it was.
+stale=0
+for d in "$BIN" "$BUILD/tests" "$BUILD/bench"; do
+  while read -r f; do
+    libs=("$BUILD/libdraftline.a")
+    [ "$f" = "$BIN/draftline" ] && libs+=("$BUILD/libsupervisor.a")   # the Makefile links it there only
+    for lib in "${libs[@]}"; do
+      if [ -f "$lib" ] && [ "$f" -ot "$lib" ]; then
+        echo "bundle: $f is older than $lib (not rebuilt): run \`make bundle\`" \
+             "(or \`make ${f#"$ROOT"/}\` for one program)" >&2
+        stale=1
+        break
+      fi
+    done
+  done < <(list_progs "$d")
+done
+[ "$stale" = 0 ] || { echo "bundle: nothing written (${OUT} left as it was)" >&2; exit 1; }
+
 rm -rf "$OUT"
 mkdir -p "$OUT/bin" "$OUT/tests" "$OUT/lib" "$OUT/bench"
 
 progs=()
 copy_progs() {  # src_dir dst_dir
   local f
-  [ -d "$1" ] || return 0
-  for f in "$1"/*; do
-    [ -f "$f" ] && [ -x "$f" ] || continue
-    if [ -n "${BUNDLE_FILTER:-}" ] && ! [[ "$(basename "$f")" =~ $BUNDLE_FILTER ]]; then continue; fi
-    # a program older than the library it links was not rebuilt (`make` alone does not build
-    # bench/: `make bundle` does, this script by itself does not): refuse it rather than ship
-    # the old code under the new name (a GPU call measured a stale bench_target that way)
-    if [ -f "$BUILD/libdraftline.a" ] && [ "$f" -ot "$BUILD/libdraftline.a" ]; then
-      echo "bundle: $f is older than $BUILD/libdraftline.a (not rebuilt): run \`make bundle\`" \
-           "(or \`make ${f#"$ROOT"/}\` for one program)" >&2
-      exit 1
-    fi
+  while read -r f; do
     if ! strip --strip-debug -o "$2/$(basename "$f")" "$f" 2>/dev/null; then cp -p "$f" "$2/"; fi
     progs+=("$2/$(basename "$f")")
-  done
+  done < <(list_progs "$1")
 }
 copy_progs "$BIN" "$OUT/bin"
 copy_progs "$BUILD/tests" "$OUT/tests"

@@ -304,11 +304,26 @@ static void resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_h
         TAKE(RUN_O_CL, " --clip %.9g", (o->clip = h->clip));
         if (h->max_steps > 0) TAKE(RUN_O_MS, " --max-steps %lld", (long long)(o->max_steps = (int64_t)h->max_steps));
     }
-    if (!run_dir[0]) return;
-    /* an unreadable or malformed run.json counts as empty: the defaults stay */
+    if (!run_dir[0]) {
+        /* the precision is recorded in run.json only: a checkpoint outside its run dir
+         * would otherwise go on in bf16 without a word */
+        if (ckdir[0] && !o->given[RUN_O_TP - RUN_O_TM])
+            log_warn("--resume %s: not in a run dir (no run.json): target precision %s; pass "
+                     "--target-precision fp8 if the run trained with it", ckdir,
+                     target_precision_name(o->target_precision));
+        return;
+    }
+    /* an unreadable or malformed run.json counts as empty: the defaults stay, said with the
+     * reason (one bad key loses every setting in it, the target model and precision too) */
     rundir_run_t *j = malloc(sizeof *j);
     if (!j) return;
-    if (rundir_run_read(run_dir, j) < 0) rundir_run_init(j);
+    int rrc = rundir_run_read(run_dir, j);
+    if (rrc < 0) {
+        if (rrc != DL_ENOENT)
+            log_warn("--resume: %s: the run's --target-model, --data, --save-every, --keep-checkpoints, "
+                     "--deterministic and --target-precision are not taken from it (pass them)", dl_errmsg());
+        rundir_run_init(j);
+    }
     if (j->target_model[0] && !o->given[RUN_O_TM - RUN_O_TM]) {
         if (access(j->target_model, R_OK) == 0) {
             snprintf(o->target_model, sizeof o->target_model, "%s", j->target_model);

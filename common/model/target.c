@@ -220,8 +220,9 @@ static int load_st_stacked(target_t *t, src_t *s, const char *name, int E, int r
     const st_tensor_t *st = safetensors_find(s->st, name);
     if (!st) return 0;
     if (st->n_dims != 3 || st->shape[0] != E || st->shape[1] != rows || st->shape[2] != cols)
-        return dl_seterr(DL_EFORMAT, "%s: tensor '%s': %d dims, expected (%d, %d, %d)", s->path, name,
-                         st->n_dims, E, rows, cols);
+        return dl_seterr(DL_EFORMAT, "%s: tensor '%s': shape (%lld, %lld, %lld) (%d dims), expected (%d, %d, %d)",
+                         s->path, name, (long long)st->shape[0], (long long)(st->n_dims > 1 ? st->shape[1] : 0),
+                         (long long)(st->n_dims > 2 ? st->shape[2] : 0), st->n_dims, E, rows, cols);
     DL_TRY(load_st_parts(t, s, &st, 1, name, dst));
     return 1;
 }

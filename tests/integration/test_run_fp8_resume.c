@@ -7,7 +7,11 @@
  *    recorded in OUT/run.json", its target loads fp8 weights again (target0.log: a second
  *    "of fp8 weights" line) and run.json still says fp8;
  *  - `run --resume OUT --max-steps 6 --target-precision bf16` is honoured (a "of bf16
- *    weights" load, run.json bf16) with a warning naming both precisions.
+ *    weights" load, run.json bf16) with a warning naming both precisions;
+ *  - a run.json whose target_precision is not a string (hand-edited), and the checkpoint
+ *    copied out of its run dir: --resume says its run.json settings are not taken / that
+ *    the precision is bf16 for want of a run.json (before: not a word, the fp8 run went on
+ *    in bf16 and with the default --target-model).
  * Every child has a hard timeout and is killed and reaped. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -109,9 +113,46 @@ static void test_resume_keeps_fp8(void **state) {
     assert_int_equal(pf_count_lines(steps), 6);
 }
 
+/* after test_resume_keeps_fp8 (its run dir, 6 steps): the resumes that cannot know the
+ * run's precision say so; with the fixed flags given they still train */
+static void test_resume_unknown_precision(void **state) {
+    (void)state;
+    char out[400], rj[500], log4[500], log5[500], lone[500], cmd[1200];
+    snprintf(out, sizeof out, "%s/run", fx.root);
+    snprintf(rj, sizeof rj, "%s/run.json", out);
+    snprintf(log4, sizeof log4, "%s/badjson.out", fx.root);
+    snprintf(log5, sizeof log5, "%s/lone.out", fx.root);
+    snprintf(lone, sizeof lone, "%s/lone_ckpt", fx.root);
+    size_t n;
+    char *txt = pf_slurp(rj, &n);
+    assert_non_null(txt);
+    const char *was = "\"target_precision\":\t\"bf16\"";
+    char *at = strstr(txt, was);
+    assert_non_null(at);
+    FILE *f = fopen(rj, "wb");
+    assert_non_null(f);
+    fprintf(f, "%.*s\"target_precision\": 8%s", (int)(at - txt), txt, at + strlen(was));
+    assert_int_equal(fclose(f), 0);
+    free(txt);
+    const char *bad[] = {"--resume", out, "--max-steps", "7", NULL};
+    assert_int_equal(run_draftline(log4, 1, bad), 0);
+    if (count_in(log4, "key 'target_precision': expected a string: the run's --target-model") != 1) pf_show(log4);
+    assert_int_equal(count_in(log4, "key 'target_precision': expected a string: the run's --target-model"), 1);
+
+    snprintf(cmd, sizeof cmd, "cp -r '%s/checkpoints/step_7' '%s'", out, lone);
+    assert_int_equal(system(cmd), 0);
+    char out2[500];
+    snprintf(out2, sizeof out2, "%s/run_lone", fx.root);
+    const char *alone[] = {"--resume", lone, "--max-steps", "8", "--out", out2, NULL};
+    assert_int_equal(run_draftline(log5, 1, alone), 0);
+    if (count_in(log5, "not in a run dir (no run.json): target precision bf16") != 1) pf_show(log5);
+    assert_int_equal(count_in(log5, "not in a run dir (no run.json): target precision bf16"), 1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resume_keeps_fp8),
+        cmocka_unit_test(test_resume_unknown_precision),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -246,8 +246,9 @@ static void test_config_errors(void **s) {
 
 /* Writes src's tensors to dir/model.safetensors with every MoE layer's per-expert tensors
  * replaced by transformers 5's fused parameters: experts.gate_up_proj (E, 2Fm, D), expert
- * e's gate rows then its up rows, and experts.down_proj (E, D, Fm). */
-static void write_fused(const safetensors_t *src, const model_config_t *m, const char *dir) {
+ * e's gate rows then its up rows, and experts.down_proj (E, D, Fm). swap: gate_up_proj
+ * declared (E, D, 2Fm) instead (same bytes, a misshapen file). */
+static void write_fused(const safetensors_t *src, const model_config_t *m, const char *dir, int swap) {
     char path[600], nm[160];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     st_writer_t *w = NULL;
@@ -262,7 +263,7 @@ static void write_fused(const safetensors_t *src, const model_config_t *m, const
     int E = m->n_experts, D = m->D, Fm = m->moe_F;
     for (int l = 0; l < m->L; l++) {
         if (!model_config_layer_moe(m, l)) continue;
-        int64_t gu[3] = {E, 2 * Fm, D}, dn[3] = {E, D, Fm};
+        int64_t gu[3] = {E, swap ? D : 2 * Fm, swap ? 2 * Fm : D}, dn[3] = {E, D, Fm};
         snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.gate_up_proj", l);
         assert_int_equal(st_writer_add(w, nm, dt, 3, gu), 0);
         snprintf(nm, sizeof nm, "model.layers.%d.mlp.experts.down_proj", l);
@@ -289,7 +290,7 @@ static void write_fused(const safetensors_t *src, const model_config_t *m, const
 
 /* The fixture's experts in the fused layout (what transformers 5 holds in memory and what
  * a checkpoint saved without its conversion has) give HF's outputs and bit-identical
- * logits to the per-expert layout. */
+ * logits to the per-expert layout; a misshapen gate_up_proj is an error giving its shape. */
 static void test_fused_layout(void **s) {
     (void)s;
     char dir[512], exp[600], src[600], dst[600];
@@ -305,7 +306,22 @@ static void test_fused_layout(void **s) {
     safetensors_t *st = NULL, *e = NULL;
     snprintf(src, sizeof src, "%s/model.safetensors", dir);
     assert_int_equal(safetensors_open(src, &st), 0);
-    write_fused(st, &m, tmp);
+    write_fused(st, &m, tmp, 1);
+    {   /* misshapen: DL_EFORMAT naming the file, the tensor and its shape */
+        ops_ctx_t c;
+        ops_cpu_init(&c, 0);
+        target_opts_t o = {.max_tokens = 16, .max_seqs = 1};
+        target_t *t = NULL;
+        assert_int_equal(target_load(tmp, &c, &o, &t), DL_EFORMAT);
+        printf("  %s\n", dl_errmsg());
+        char want[200];
+        snprintf(want, sizeof want, "'model.layers.1.mlp.experts.gate_up_proj': shape (%d, %d, %d) (3 dims), "
+                 "expected (%d, %d, %d)", m.n_experts, m.D, 2 * m.moe_F, m.n_experts, 2 * m.moe_F, m.D);
+        assert_non_null(strstr(dl_errmsg(), tmp));
+        assert_non_null(strstr(dl_errmsg(), want));
+        ops_ctx_destroy(&c);
+    }
+    write_fused(st, &m, tmp, 0);
     safetensors_close(&st);
     /* the rewritten file really is fused: no per-expert tensor left */
     snprintf(dst, sizeof dst, "%s/model.safetensors", tmp);
