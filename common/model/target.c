@@ -293,6 +293,20 @@ static int load_moe_layer(target_t *t, src_t *s, int l, target_moe_t *y) {
     return 0;
 }
 
+/* A layer config.json makes dense whose file holds an MoE router and no dense MLP: the config's
+ * MoE keys are wrong (num_experts 0, decoder_sparse_step, mlp_only_layers, a dense
+ * architecture), which "tensor 'mlp.gate_proj.weight' missing" would not say. 0 or DL_EFORMAT. */
+static int dense_not_moe(const target_t *t, const src_t *s, int l) {
+    char dense[96], router[96];
+    snprintf(dense, sizeof dense, "model.layers.%d.mlp.gate_proj.weight", l);
+    snprintf(router, sizeof router, "model.layers.%d.mlp.gate.weight", l);
+    if (!s->st || safetensors_find(s->st, dense) || !safetensors_find(s->st, router)) return 0;
+    const model_config_t *m = &t->cfg;
+    return dl_seterr(DL_EFORMAT, "%s: layer %d holds an MoE router ('%s') and no '%s', but config.json makes it "
+                     "a dense MLP (architecture %s, num_experts %d; or decoder_sparse_step / mlp_only_layers): "
+                     "check those keys", s->path, l, router, dense, m->arch[0] ? m->arch : "?", m->n_experts);
+}
+
 static int load_weights(target_t *t, src_t *s) {
     const model_config_t *m = &t->cfg;
     int D = m->D, qd = m->H * m->hd, kd = m->Hkv * m->hd, F = m->F;
@@ -326,6 +340,7 @@ static int load_weights(target_t *t, src_t *s) {
             DL_TRY(load_moe_layer(t, s, l, &y->moe));
             continue;
         }
+        DL_TRY(dense_not_moe(t, s, l));
         DL_TRY(load_tensor(t, s, P "mlp.gate_proj.weight", G "ffn_gate.weight", l, F, D, 0, 0, &y->wg));
         DL_TRY(load_tensor(t, s, P "mlp.up_proj.weight", G "ffn_up.weight", l, F, D, 0, 0, &y->wu));
         DL_TRY(load_tensor(t, s, P "mlp.down_proj.weight", G "ffn_down.weight", l, D, F, 0, 0, &y->wd));

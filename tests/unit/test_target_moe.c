@@ -402,6 +402,34 @@ static void test_expert_errors(void **s) {
         assert_non_null(strstr(dl_errmsg(), want[k]));
         ops_ctx_destroy(&c);
     }
+    /* the tensors intact, but config.json's experts set to 0: every layer is dense there, and the
+     * error says the file holds a router (was only "'...mlp.gate_proj.weight' missing") */
+    write_variant(st, tmp, NULL, NULL);
+    snprintf(src, sizeof src, "%s/config.json", dir);
+    FILE *f = fopen(src, "rb");
+    assert_non_null(f);
+    char text[8192];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    char *k = strstr(text, "\"num_local_experts\": ");
+    assert_non_null(k);
+    k += strlen("\"num_local_experts\": ");
+    assert_true(*k >= '1' && *k <= '9' && k[1] == ',');   /* one digit (6) */
+    *k = '0';
+    f = fopen(dst, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(text, 1, n, f), n);
+    fclose(f);
+    ops_ctx_t c;
+    ops_cpu_init(&c, 0);
+    target_opts_t o = {.max_tokens = 16, .max_seqs = 1};
+    target_t *t = NULL;
+    assert_int_equal(target_load(tmp, &c, &o, &t), DL_EFORMAT);
+    printf("  %s\n", dl_errmsg());
+    assert_non_null(strstr(dl_errmsg(), "holds an MoE router ('model.layers.1.mlp.gate.weight')"));
+    assert_non_null(strstr(dl_errmsg(), "num_experts 0"));
+    ops_ctx_destroy(&c);
     safetensors_close(&st);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
