@@ -156,6 +156,7 @@ static void op_stop(sup_t *S, const char *peer, const proto_ctl_request_t *q) {
         return;
     }
     log_info("control: stop asked by %s", peer);
+    S->stop_by = "`draftline stop` (control socket)";
     sup__on_stop_signal(S, SIGTERM);
 }
 

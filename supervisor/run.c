@@ -70,7 +70,8 @@ void sup__on_stop_signal(sup_t *S, int signum) {
     }
     S->sum->interrupted = 1;
     if (!S->sum->signal) S->sum->signal = signum;
-    sup__begin_stop(S, signum == SIGINT ? "interrupted (Ctrl-C); stages write a final checkpoint" : "SIGTERM");
+    sup__begin_stop(S, S->stop_by ? S->stop_by
+                       : signum == SIGINT ? "interrupted (Ctrl-C); stages write a final checkpoint" : "SIGTERM");
 }
 
 static void on_tick(uv_timer_t *t) {

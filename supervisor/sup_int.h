@@ -134,6 +134,7 @@ typedef struct {
     uint8_t secret[CRED_BYTES]; /* the run secret (random at start): stage credentials (common/pipe/cred.h) */
     int strip_gpu;              /* test hook strip_gpu=1 (read once): every GPU of the RUN_CONFIGs sent cleared */
     int stopping, failed, done;
+    const char *stop_by;        /* who asked the stop when not a signal (logged), or NULL */
     double t_stop;
     rundir_metrics_t *metrics;  /* <out>/metrics.jsonl */
     int metrics_warned;

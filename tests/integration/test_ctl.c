@@ -264,6 +264,8 @@ static void test_ctl_live_run(void **state) {
     assert_int_equal(code, 143);   /* as after SIGTERM: 128 + 15 */
     txt = pf_slurp(a.log, NULL);
     assert_non_null(strstr(txt, "(interrupted)"));
+    /* the console says who stopped it (was "stopping the pipeline: SIGTERM") */
+    assert_non_null(strstr(txt, "stopping the pipeline: `draftline stop` (control socket)"));
     /* the stop's final checkpoint is in the summary's wall figure, with its time */
     assert_non_null(strstr(txt, ", final checkpoint "));
     /* the clients that came and went are not "dead peers" on the user's console */
