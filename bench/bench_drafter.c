@@ -266,17 +266,28 @@ static void prof_report(double step_ms) {
     C.impl = prof_inner;
 }
 
+/* The integer value v of flag, in [lo, hi]; exits 2 naming both otherwise. */
+static int arg_int(const char *flag, const char *v, int lo, int hi) {
+    char *end = NULL;
+    long x = strtol(v, &end, 10);
+    if (!*v || *end || x < lo || x > hi) {
+        fprintf(stderr, "bench_drafter: %s '%s': expected an integer in [%d, %d]\n", flag, v, lo, hi);
+        exit(2);
+    }
+    return (int)x;
+}
+
 int main(int argc, char **argv) {
     const char *model = NULL;
     int nseq = 8, seqlen = 4096, nanch = 512, layers = 5, reps = 5, chunk = 0, profile = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
-        else if (!strcmp(argv[i], "--seqs") && i + 1 < argc) nseq = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--seqlen") && i + 1 < argc) seqlen = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--anchors") && i + 1 < argc) nanch = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--loss-chunk") && i + 1 < argc) chunk = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--seqs") && i + 1 < argc) nseq = arg_int("--seqs", argv[++i], 1, 4096);
+        else if (!strcmp(argv[i], "--seqlen") && i + 1 < argc) seqlen = arg_int("--seqlen", argv[++i], 1, 1048576);
+        else if (!strcmp(argv[i], "--anchors") && i + 1 < argc) nanch = arg_int("--anchors", argv[++i], 1, 65536);
+        else if (!strcmp(argv[i], "--layers") && i + 1 < argc) layers = arg_int("--layers", argv[++i], 1, 64);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = arg_int("--reps", argv[++i], 1, 50);
+        else if (!strcmp(argv[i], "--loss-chunk") && i + 1 < argc) chunk = arg_int("--loss-chunk", argv[++i], 1, 65536);
         else if (!strcmp(argv[i], "--quick")) reps = 2;
         else if (!strcmp(argv[i], "--profile")) profile = 1;
         else {
