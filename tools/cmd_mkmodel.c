@@ -5,6 +5,7 @@
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
+#include "common/data/tokenizer.h"
 #include "common/model/mkmodel.h"
 
 #include <getopt.h>
@@ -37,6 +38,30 @@ static void truncate_layers(model_config_t *c, int L) {
     for (int l = L; l < c->L && l < MODEL_MAX_MOE_LAYERS; l++)
         c->moe_layers[l / 64] &= ~(UINT64_C(1) << (l % 64));
     c->L = L;
+}
+
+/* Says when the copied tokenizer's vocabulary is not the model's: a random model outputs any
+ * id below V, and ids the tokenizer lacks cannot be decoded (generate/eval stop there); a
+ * tokenizer with more ids than V makes ids the embedding lacks. Nothing when they agree or
+ * the tokenizer does not load (mkmodel_write copied it as it is). */
+static void tokenizer_note(const char *tokdir, int V) {
+    char tj[4200];
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", tokdir);
+    tok_t *t = NULL;
+    if (tok_load_json(tj, &t) < 0) {
+        printf("note: --tokenizer %s: tokenizer.json copied, but it does not load: %s\n", tokdir, dl_errmsg());
+        return;
+    }
+    int32_t n = tok_n_vocab(t);
+    tok_destroy(&t);
+    if (n < V)
+        printf("note: --tokenizer %s has %d token ids, the model's vocabulary %d: this random model can output "
+               "ids %d..%d, which the tokenizer cannot decode (generate and eval stop at the first one; "
+               "training is not affected)\n", tokdir, n, V, n, V - 1);
+    else if (n > V)
+        printf("note: --tokenizer %s has %d token ids, more than the model's vocabulary %d: text whose ids are "
+               ">= %d cannot be fed to this model (prepare it with another tokenizer, or pick a preset of that "
+               "vocabulary)\n", tokdir, n, V, V);
 }
 
 int cmd_mkmodel(int argc, char **argv) {
@@ -111,5 +136,7 @@ int cmd_mkmodel(int argc, char **argv) {
                full_L, cfg.L);
     if (!tokdir)
         printf("note: no tokenizer written (pass --tokenizer DIR holding the real model's tokenizer.json)\n");
+    else
+        tokenizer_note(tokdir, cfg.V);
     return 0;
 }
