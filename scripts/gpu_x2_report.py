@@ -26,43 +26,15 @@ Comparisons: cross / alone (steady, wall; goal >= 0.9), step 0/1 losses cross vs
 mirror vs mirror_ipc s/step (the NCCL gradient and weights path's cost per step).
 """
 import argparse
-import datetime
 import glob
 import json
 import os
 import re
 
+from report_common import SUMMARY, jsonl, read, wall  # scripts/report_common.py
+
 PHASES = ["alone", "cross", "mirror", "mirror_ipc", "kill"]
-SUMMARY = re.compile(r"^summary: (\d+) steps.*?steady ([0-9.]+) target tokens/s.*?wall ([0-9.]+) target tokens/s "
-                     r"over ([0-9.]+) s \(start-up ([0-9.]+) s.*?(\d+) restart", re.M)
 NCCL_RE = re.compile(r"step communicator|NCCL pair|nccl_id|ncclComm|ready \(drafter|aborted|joining")
-TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z")
-
-
-def read(p):
-    try:
-        with open(p, errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-def jsonl(p):
-    out = []
-    for line in read(p).splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass
-    return out
-
-
-def wall(line):
-    m = TS.match(line)
-    if not m:
-        return None
-    return datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%f").replace(
-        tzinfo=datetime.timezone.utc).timestamp()
 
 
 def stage_logs(w, ph):
