@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "tests/support/pipeline_fixture.h"
 #include "tests/support/proc.h"
 
 #include <stdio.h>
@@ -37,15 +38,14 @@ static int bundle(void) {
               "> '%s/out.txt' 2>&1", root, root, root, root);
 }
 
+/* root/out.txt's text (pf_slurp), valid until the next call */
 static char *slurp_out(void) {
+    static char *buf;
     char p[600];
+    free(buf);
     snprintf(p, sizeof p, "%s/out.txt", root);
-    FILE *f = fopen(p, "rb");
-    assert_non_null(f);
-    static char buf[16384];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
+    buf = pf_slurp(p, NULL);
+    assert_non_null(buf);
     return buf;
 }
 

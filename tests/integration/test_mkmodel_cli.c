@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "tests/support/pipeline_fixture.h"
 #include "tests/support/proc.h"
 
 #include <stdio.h>
@@ -30,16 +31,13 @@ static void test_tokenizer_vocab_note(void **state) {
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     char p[600];
     snprintf(p, sizeof p, "%s/out.txt", root);
-    FILE *f = fopen(p, "rb");
-    assert_non_null(f);
-    static char buf[16384];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
+    char *buf = pf_slurp(p, NULL);
+    assert_non_null(buf);
     printf("%s", buf);
     assert_non_null(strstr(buf, "has 3012 token ids, the model's vocabulary 151936"));
     assert_non_null(strstr(buf, "ids 3012..151935, which the tokenizer cannot decode"));
     snprintf(p, sizeof p, "%s/m/tokenizer.json", root);
+    free(buf);
     assert_int_equal(access(p, R_OK), 0);
 }
 

@@ -370,6 +370,22 @@ static void write_variant(const safetensors_t *src, const char *dir, const char 
 /* The HF per-expert tensors load into stacked buffers after every one was checked: a missing
  * expert tensor or one of the wrong shape is still DL_EFORMAT naming the tensor and the file,
  * and nothing leaks or is left half-uploaded (the target is destroyed cleanly). */
+/* target_load of the model dir `dir` on CPU fails with DL_EFORMAT, its message naming dir and
+ * holding want and (when not NULL) want2; no target is left. */
+static void expect_load_error(const char *dir, const char *want, const char *want2) {
+    ops_ctx_t c;
+    ops_cpu_init(&c, 0);
+    target_opts_t o = {.max_tokens = 16, .max_seqs = 1};
+    target_t *t = NULL;
+    assert_int_equal(target_load(dir, &c, &o, &t), DL_EFORMAT);
+    printf("  %s\n", dl_errmsg());
+    assert_null(t);
+    assert_non_null(strstr(dl_errmsg(), dir));
+    assert_non_null(strstr(dl_errmsg(), want));
+    if (want2) assert_non_null(strstr(dl_errmsg(), want2));
+    ops_ctx_destroy(&c);
+}
+
 static void test_expert_errors(void **s) {
     (void)s;
     char dir[512], src[600], dst[600];
@@ -391,16 +407,7 @@ static void test_expert_errors(void **s) {
              m.moe_F, m.moe_F, m.D);
     for (int k = 0; k < 2; k++) {
         write_variant(st, tmp, k == 0 ? bad : NULL, k == 1 ? bad : NULL);
-        ops_ctx_t c;
-        ops_cpu_init(&c, 0);
-        target_opts_t o = {.max_tokens = 16, .max_seqs = 1};
-        target_t *t = NULL;
-        assert_int_equal(target_load(tmp, &c, &o, &t), DL_EFORMAT);
-        printf("  %s\n", dl_errmsg());
-        assert_null(t);
-        assert_non_null(strstr(dl_errmsg(), tmp));
-        assert_non_null(strstr(dl_errmsg(), want[k]));
-        ops_ctx_destroy(&c);
+        expect_load_error(tmp, want[k], NULL);
     }
     /* the tensors intact, but config.json's experts set to 0: every layer is dense there, and the
      * error says the file holds a router (was only "'...mlp.gate_proj.weight' missing") */
@@ -421,15 +428,7 @@ static void test_expert_errors(void **s) {
     assert_non_null(f);
     assert_int_equal(fwrite(text, 1, n, f), n);
     fclose(f);
-    ops_ctx_t c;
-    ops_cpu_init(&c, 0);
-    target_opts_t o = {.max_tokens = 16, .max_seqs = 1};
-    target_t *t = NULL;
-    assert_int_equal(target_load(tmp, &c, &o, &t), DL_EFORMAT);
-    printf("  %s\n", dl_errmsg());
-    assert_non_null(strstr(dl_errmsg(), "holds an MoE router ('model.layers.1.mlp.gate.weight')"));
-    assert_non_null(strstr(dl_errmsg(), "num_experts 0"));
-    ops_ctx_destroy(&c);
+    expect_load_error(tmp, "holds an MoE router ('model.layers.1.mlp.gate.weight')", "num_experts 0");
     safetensors_close(&st);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
