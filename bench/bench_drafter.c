@@ -2,7 +2,7 @@
  *
  * Usage: bench_drafter [--model DIR] [--seqs 8] [--seqlen 4096] [--anchors 512]
  *                      [--layers 5] [--reps 5] [--loss-chunk BLOCKS (default: the drafter's, 64)]
- *                      [--profile]
+ *                      [--profile] [--attn-variant N]
  *   The drafter's shapes come from the target's config.json (--model, e.g. a dir made
  *   by `draftline mkmodel --config qwen3-8b`), or the qwen3-8b preset without it
  *   (D 4096, H 32/8, hd 128, F 12288, V 151,936, 36 target layers).
@@ -22,6 +22,8 @@
  * (cudaMemGetInfo; every buffer is allocated up front, so this is the peak; it
  * includes the CUDA context, cuBLASLt workspace, embedding and LM head, features,
  * AdamW moments). Time: median of --reps CUDA-event-timed steps after one warm-up.
+ * --attn-variant N: the block-attention kernels (ops_cuda_attention_block_variant: 1, 2,
+ *   3, 4; 0 or absent: the default).
  * --profile: then one more step with each op timed by CUDA events, printed as a table
  * (op class, calls, ms, % of the step, TFLOP/s of GEMMs and attention). */
 #include <math.h>
@@ -36,6 +38,7 @@
 #include "common/model/drafter.h"
 #include "common/model/mkmodel.h"
 #include "common/ops/ops.h"
+#include "common/ops/cuda/ops_cuda.h"
 
 #ifndef DL_CUDA
 int main(void) {
@@ -279,7 +282,8 @@ static int arg_int(const char *flag, const char *v, int lo, int hi) {
 
 int main(int argc, char **argv) {
     const char *model = NULL;
-    int nseq = 8, seqlen = 4096, nanch = 512, layers = 5, reps = 5, chunk = 0, profile = 0;
+    int nseq = 8, seqlen = 4096, nanch = 512, layers = 5, reps = 5, chunk = 0, profile = 0,
+        variant = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--seqs") && i + 1 < argc) nseq = arg_int("--seqs", argv[++i], 1, 4096);
@@ -290,12 +294,16 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--loss-chunk") && i + 1 < argc) chunk = arg_int("--loss-chunk", argv[++i], 1, 65536);
         else if (!strcmp(argv[i], "--quick")) reps = 2;
         else if (!strcmp(argv[i], "--profile")) profile = 1;
+        else if (!strcmp(argv[i], "--attn-variant") && i + 1 < argc)
+            variant = arg_int("--attn-variant", argv[++i], 0, 4);
         else {
             fprintf(stderr, "bench_drafter: unknown argument '%s' (see the header of bench/bench_drafter.c)\n", argv[i]);
             return 2;
         }
     }
     if (reps < 1 || reps > 50) reps = 5;
+    ops_cuda_attention_block_variant(variant);
+    printf("block attention kernels: variant %d\n", ops_cuda_attention_block_variant(-1));
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
         printf("SKIP: bench_drafter: no CUDA device\n");

@@ -48,6 +48,10 @@ static cudaEvent_t ev0, ev1;
         (out_ms) = t_[(reps) / 2];                                          \
     } while (0)
 
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
 static int cmpf(const void *a, const void *b) {
     float x = *(const float *)a, y = *(const float *)b;
     return (x > y) - (x < y);
@@ -253,6 +257,7 @@ static void bench_attention_block(int quick) {
             cl[s * per + a] = anchor;  /* context strictly before the anchor */
             keys += anchor + B;
         }
+        qsort(cl + s * per, per, sizeof *cl, cmp_i32);  /* sorted per sequence, as the drafter */
     }
     size_t nq = (size_t)Nb * B * H * hd, nkb = (size_t)Nb * B * Hkv * hd, nkc = (size_t)Tc * Hkv * hd;
     void *q = rand_act(nq, 1.0f, 14), *kb = rand_act(nkb, 1.0f, 15), *vb = rand_act(nkb, 1.0f, 16);
@@ -264,6 +269,27 @@ static void bench_attention_block(int quick) {
     int32_t *dcs = dev_raw(cs, Nb * 4), *dcl = dev_raw(cl, Nb * 4);
     double fwd_fl = 4.0 * hd * H * B * keys;
     float ms;
+    char name[160];
+    for (int variant = 1; variant <= 4; variant++) {
+        ops_cuda_attention_block_variant(variant);
+        TIME_MS(ms, 2, quick ? 3 : 10,
+                C.impl->attention_block_forward(&C, o, lse, q, kb, vb, kc, vc, dcs, dcl, Nb, B, Tc,
+                                                H, Hkv, hd));
+        snprintf(name, sizeof name, "block attention v%d fwd", variant);
+        report(name, ms, fwd_fl, 0);
+        TIME_MS(ms, 1, 3,
+                C.impl->attention_block_backward(&C, dq, NULL, NULL, NULL, NULL, dout, o, lse, q,
+                                                 kb, vb, kc, vc, dcs, dcl, Nb, B, Tc, H, Hkv, hd));
+        snprintf(name, sizeof name, "block attention v%d dQ pass (1.5 x fwd FLOPs)", variant);
+        report(name, ms, 1.5 * fwd_fl, 0);
+        TIME_MS(ms, 1, 3,
+                C.impl->attention_block_backward(&C, NULL, dkb, dvb, dkc, dvc, dout, o, lse, q, kb,
+                                                 vb, kc, vc, dcs, dcl, Nb, B, Tc, H, Hkv, hd));
+        snprintf(name, sizeof name, "block attention v%d dK/dV pass (2 x fwd FLOPs)", variant);
+        report(name, ms, 2.0 * fwd_fl, 0);
+    }
+    ops_cuda_attention_block_variant(0);
+    printf("block attention: the default (v%d) below\n", ops_cuda_attention_block_variant(-1));
     TIME_MS(ms, 2, quick ? 3 : 10,
             C.impl->attention_block_forward(&C, o, lse, q, kb, vb, kc, vc, dcs, dcl, Nb, B, Tc, H,
                                             Hkv, hd));

@@ -401,13 +401,23 @@ static void test_attention_varlen(void **state) {
 }
 
 /* ------------------------------------------------------------ DFlash block attention */
-static void run_block(int Nb, int B, int Tc, int H, int Hkv, int hd) {
-    char name[128];
-    int32_t cs[64], cl[64];
+/* nseq > 0: DFlash's layout, Nb / nseq blocks per sequence of Tc / nseq context rows,
+ * each seeing [seq start, anchor) with anchors sorted per sequence (as the drafter);
+ * nseq == 0: a mix of empty contexts, prefixes and arbitrary windows (consecutive blocks'
+ * windows overlap, nest or are disjoint: every path of the pair kernel). */
+static void run_block_ctx(int Nb, int B, int Tc, int H, int Hkv, int hd, int nseq) {
+    char name[160];
+    int32_t cs[256], cl[256];
+    assert_true(Nb <= 256);
     for (int j = 0; j < Nb; j++) {
-        /* mix of: empty context, prefixes (as DFlash: [seq start, anchor)), arbitrary windows */
         int kind = j % 4;
-        if (kind == 0) { cs[j] = 0; cl[j] = 0; }
+        if (nseq > 0) {
+            int per = Nb / nseq, L = Tc / nseq, s = j / per < nseq ? j / per : nseq - 1;
+            cs[j] = s * L;
+            int32_t x = (int32_t)rng_below(&g_rng, L), i = j;
+            for (; i > s * per && cl[i - 1] > x; i--) cl[i] = cl[i - 1];  /* insertion sort */
+            cl[i] = x;
+        } else if (kind == 0) { cs[j] = 0; cl[j] = 0; }
         else if (kind == 1) { cs[j] = 0; cl[j] = 1 + (int)rng_below(&g_rng, Tc); }
         else {
             cs[j] = (int)rng_below(&g_rng, Tc);
@@ -441,8 +451,9 @@ static void run_block(int Nb, int B, int Tc, int H, int Hkv, int hd) {
     float *ho = gget(go, nq), *hlse = gget_f32(glse, nl), *hdq = gget(gdq, nq);
     float *hdkb = gget(gdkb, nkb), *hdvb = gget(gdvb, nkb), *hdkc = gget(gdkc, nkc);
     float *hdvc = gget(gdvc, nkc);
-    snprintf(name, sizeof name, "attention_block_forward Nb=%d B=%d Tc=%d H=%d Hkv=%d hd=%d", Nb,
-             B, Tc, H, Hkv, hd);
+    snprintf(name, sizeof name,
+             "attention_block_forward v%d Nb=%d B=%d Tc=%d H=%d Hkv=%d hd=%d nseq=%d",
+             ops_cuda_attention_block_variant(-1), Nb, B, Tc, H, Hkv, hd, nseq);
     check(name, co, ho, nq, 2e-2);
     check("attention_block_forward lse", clse, hlse, nl, 5e-3);
     check("attention_block_backward dq", cdq, hdq, nq, 3e-2);
@@ -467,13 +478,24 @@ static void run_block(int Nb, int B, int Tc, int H, int Hkv, int hd) {
     gfree(gq); gfree(gkb); gfree(gvb); gfree(gkc); gfree(gvc); gfree(gdo); gfree(go); gfree(glse);
     gfree(gdq); gfree(gdkb); gfree(gdvb); gfree(gdkc); gfree(gdvc); gfree(gcs); gfree(gcl);
 }
+static void run_block(int Nb, int B, int Tc, int H, int Hkv, int hd) {
+    run_block_ctx(Nb, B, Tc, H, Hkv, hd, 0);
+}
+/* Every kernel variant (ops_cuda_attention_block_variant) against the CPU reference. */
 static void test_attention_block(void **state) {
     (void)state;
-    run_block(9, 16, 150, 4, 2, 64);   /* DFlash B=16, GQA 2:1 */
-    run_block(6, 7, 200, 8, 2, 128);   /* odd block size, GQA 4:1 */
-    run_block(5, 10, 70, 3, 1, 36);    /* unaligned head dim */
-    run_block(3, 40, 300, 2, 2, 32);   /* B > 16: several query chunks per block */
-    run_block(40, 16, 1000, 4, 1, 128); /* many blocks over one long context */
+    for (int variant = 1; variant <= 4; variant++) {
+        ops_cuda_attention_block_variant(variant);
+        run_block(9, 16, 150, 4, 2, 64);   /* DFlash B=16, GQA 2:1, odd Nb */
+        run_block(6, 7, 200, 8, 2, 128);   /* odd block size, GQA 4:1 */
+        run_block(5, 10, 70, 3, 1, 36);    /* unaligned head dim, 3 m-tiles per block (odd) */
+        run_block(3, 40, 300, 2, 2, 32);   /* B > 16: several query chunks per block */
+        run_block(40, 16, 1000, 4, 1, 128); /* many blocks over one long context */
+        run_block(7, 16, 300, 8, 1, 64);   /* GQA 8:1: a pair's warps over two thread blocks */
+        run_block(130, 16, 1200, 4, 1, 128); /* 128-key dK/dV tiles, > 128 blocks per tile */
+        run_block_ctx(61, 16, 4 * 300, 8, 2, 128, 4); /* DFlash layout, 4 sequences */
+    }
+    ops_cuda_attention_block_variant(0);
 }
 
 int main(void) {

@@ -27,9 +27,16 @@
 #include <stdlib.h>
 
 #include "common/ops/cuda/attention_common.cuh"
+extern "C" {
+#include "common/ops/cuda/ops_cuda.h"
+}
 
 #define AB_BN 64     // keys per tile
 #define AB_WARPS 4   // warps per forward / dQ block
+// Kernel variant used by the ops table (ops_cuda_attention_block_variant): 1 = one block
+// per thread block (v1), 2 = pairs of blocks (attention_block_pair.cuh) and 128-key dK/dV
+// context tiles.
+#define AB_DEFAULT_VARIANT 2
 
 // ------------------------------------------------------------------ forward / dQ
 // Task of warp w in block (j, hk, z): task = z*AB_WARPS + w -> (hg, qc), query
@@ -305,20 +312,22 @@ __global__ void attn_block_dot_kernel(float *D, const bf16 *dout, const bf16 *ou
 // heads of the group); each item's Q, dO, lse and D are staged in shared memory,
 // double-buffered (the next item is fetched while the current one is used).
 #define AB_GH 4
-// The blocks that see any key of this tile, for blocks ch*128 .. ch*128+127 (context
-// tile, keys key0 .. key0+63 as context rows) or just own_j (own tile): written to
-// list[128] in ascending block order, via the per-warp counts wcount[4] (both shared);
-// returns how many. All 128 threads of the block must call it (it holds barriers).
+// The blocks that see any key of this tile, for blocks ch*KW*32 .. ch*KW*32 + KW*32-1
+// (context tile, keys key0 .. key0 + KW*16-1 as context rows) or just own_j (own tile):
+// written to list[KW*32] in ascending block order, via the per-warp counts wcount[KW]
+// (both shared); returns how many. All KW*32 threads of the block must call it (it holds
+// barriers).
+template <int KW>
 __device__ __forceinline__ int ab_dkv_list(int *list, int *wcount, const int32_t *ctx_start,
                                            const int32_t *ctx_len, bool is_ctx, int ch, int Nb,
                                            int key0, int own_j, int tid, int warp, int lane) {
     int n_list;
     if (is_ctx) {
-        int jj = ch * 128 + tid;
+        int jj = ch * KW * 32 + tid;
         bool f = false;
         if (jj < Nb) {
             int cs = ctx_start[jj], cl = ctx_len[jj];
-            f = cl > 0 && cs < key0 + 64 && cs + cl > key0;
+            f = cl > 0 && cs < key0 + KW * 16 && cs + cl > key0;
         }
         unsigned m = __ballot_sync(0xffffffffu, f);
         __syncthreads();  // list/wcount of the previous chunk fully consumed
@@ -327,7 +336,9 @@ __device__ __forceinline__ int ab_dkv_list(int *list, int *wcount, const int32_t
         int off = 0;
         for (int w = 0; w < warp; w++) off += wcount[w];
         if (f) list[off + __popc(m & ((1u << lane) - 1u))] = jj;
-        n_list = wcount[0] + wcount[1] + wcount[2] + wcount[3];
+        n_list = 0;
+#pragma unroll
+        for (int w = 0; w < KW; w++) n_list += wcount[w];
         __syncthreads();
     } else {
         n_list = 1;
@@ -337,7 +348,7 @@ __device__ __forceinline__ int ab_dkv_list(int *list, int *wcount, const int32_t
     return n_list;
 }
 
-// One work item for a warp's 16 keys (rows wk0.. of the K/V tiles Ks, Vs: 64 x LD
+// One work item for a warp's 16 keys (rows wk0.. of the K/V tiles Ks, Vs: KW*16 x LD
 // shared): for each query head hl of head batch hb (hb*AB_GH + hl < group), with the
 // item's staged Q rows Qb, dO rows Ob (AB_GH*16 x LD shared) and lse (log2 units) Lb,
 // D Db (AB_GH*16 f32 shared), accumulates dV dv[HDP/8][4] += P^T dO and
@@ -396,42 +407,109 @@ __device__ __forceinline__ void ab_dkv_item(float (*dk)[4], float (*dv)[4], cons
     }
 }
 
+// As ab_dkv_item, with the S^T and dP^T products of all AB_GH heads of the batch done
+// together: the warp's K and V fragments are read from shared memory once per 16 columns
+// of the head dim instead of once per head (10 instead of 16 fragment loads per 16 tensor
+// ops in that phase), at the price of holding the AB_GH heads' scores in registers.
 template <int HDP>
-__global__ void __launch_bounds__(128)
+__device__ __forceinline__ void ab_dkv_item_joint(float (*dk)[4], float (*dv)[4],
+                                                  const bf16 *Ks, const bf16 *Vs, const bf16 *Qb,
+                                                  const bf16 *Ob, const float *Lb, const float *Db,
+                                                  int hb, int group, int wk0, bool ka, bool kb_ok,
+                                                  float scale_log2, int lane, int t) {
+    constexpr int LD = HDP + 8;
+    const int nh = min(AB_GH, group - hb * AB_GH);  // heads of this batch (uniform)
+    float s[AB_GH][2][4], p[AB_GH][2][4];
+#pragma unroll
+    for (int hl = 0; hl < AB_GH; hl++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) s[hl][0][e] = s[hl][1][e] = p[hl][0][e] = p[hl][1][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < HDP / 16; kk++) {
+        uint32_t ak[4], av[4];
+        ldsm_a<LD>(ak, Ks, wk0, kk * 16, lane);
+        ldsm_a<LD>(av, Vs, wk0, kk * 16, lane);
+#pragma unroll
+        for (int hl = 0; hl < AB_GH; hl++) {
+            if (hl >= nh) continue;
+            uint32_t b0[2], b1[2];
+            ldsm_b_nk<LD>(b0, b1, Qb + hl * 16 * LD, 0, kk * 16, lane);
+            mma_bf16_16816(s[hl][0], ak, b0);
+            mma_bf16_16816(s[hl][1], ak, b1);
+            ldsm_b_nk<LD>(b0, b1, Ob + hl * 16 * LD, 0, kk * 16, lane);
+            mma_bf16_16816(p[hl][0], av, b0);
+            mma_bf16_16816(p[hl][1], av, b1);
+        }
+    }
+#pragma unroll
+    for (int hl = 0; hl < AB_GH; hl++) {
+        if (hl >= nh) continue;
+        const bf16 *Qh = Qb + hl * 16 * LD, *Oh = Ob + hl * 16 * LD;
+        const float *Lh = Lb + hl * 16, *Dh = Db + hl * 16;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {  // P^T and dS^T, as ab_dkv_item
+            int qi0 = 2 * t + (e & 1), qi1 = 8 + qi0;
+            bool kv = e < 2 ? ka : kb_ok;
+            float pa = kv ? exp2f(s[hl][0][e] * scale_log2 - Lh[qi0]) : 0.0f;
+            float pb = kv ? exp2f(s[hl][1][e] * scale_log2 - Lh[qi1]) : 0.0f;
+            s[hl][0][e] = pa;
+            s[hl][1][e] = pb;
+            p[hl][0][e] = pa * (p[hl][0][e] - Dh[qi0]);
+            p[hl][1][e] = pb * (p[hl][1][e] - Dh[qi1]);
+        }
+        uint32_t ap[4], ads[4];
+        c_to_a(ap, s[hl][0], s[hl][1]);
+        c_to_a(ads, p[hl][0], p[hl][1]);
+#pragma unroll
+        for (int nt = 0; nt < HDP / 8; nt += 2) {
+            uint32_t b0[2], b1[2];
+            ldsm_b_kn<LD>(b0, b1, Oh, 0, nt * 8, lane);
+            mma_bf16_16816(dv[nt], ap, b0);
+            mma_bf16_16816(dv[nt + 1], ap, b1);
+            ldsm_b_kn<LD>(b0, b1, Qh, 0, nt * 8, lane);
+            mma_bf16_16816(dk[nt], ads, b0);
+            mma_bf16_16816(dk[nt + 1], ads, b1);
+        }
+    }
+}
+
+template <int HDP, int KW, bool JOINT>
+__global__ void __launch_bounds__(KW * 32)
 attn_block_dkv_kernel(bf16 *dkb, bf16 *dvb, bf16 *dkc, bf16 *dvc, const bf16 *dout,
                       const float *lse_in, const float *Dvec, const bf16 *q, const bf16 *kb,
                       const bf16 *vb, const bf16 *kc, const bf16 *vc, const int32_t *ctx_start,
                       const int32_t *ctx_len, int Nb, int B, int Tc, int H, int Hkv, int hd,
-                      float scale, int nct, int nbt, int vec) {
-    constexpr int LD = HDP + 8;
+                      float scale, int nct, int nbt, int x0, int vec) {
+    constexpr int LD = HDP + 8, KT = KW * 16;  // KT keys per tile, 16 per warp
     constexpr int QROWS = AB_GH * 16;
     constexpr int STAGE_ELEMS = 2 * QROWS * LD + 2 * QROWS * 2;  // Q, dO (bf16) + lse, D (f32)
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    bf16 *Ks = (bf16 *)smem_raw, *Vs = Ks + 64 * LD;
-    bf16 *stage_base = Vs + 64 * LD;
-    int *list = (int *)(stage_base + 2 * STAGE_ELEMS);  // 128 block indices
-    int *wcount = list + 128;                           // 4 warp counts
+    bf16 *Ks = (bf16 *)smem_raw, *Vs = Ks + KT * LD;
+    bf16 *stage_base = Vs + KT * LD;
+    int *list = (int *)(stage_base + 2 * STAGE_ELEMS);  // KW*32 block indices
+    int *wcount = list + KW * 32;                       // KW warp counts
     const int hk = blockIdx.y, group = H / Hkv, nqc = (B + 15) / 16;
     const int nhb = (group + AB_GH - 1) / AB_GH;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const size_t qstride = (size_t)H * hd, kstride = (size_t)Hkv * hd;
     const float scale_log2 = scale * ATTN_LOG2E;
-    const bool is_ctx = (int)blockIdx.x < nct;
+    const int bx = (int)blockIdx.x + x0;
+    const bool is_ctx = bx < nct;
     int key0, own_j = -1;  // first key: context row, or own-block offset
     if (is_ctx) {
-        key0 = blockIdx.x * 64;
+        key0 = bx * KT;
     } else {
-        int x = blockIdx.x - nct;
+        int x = bx - nct;
         own_j = x / nbt;
-        key0 = (x % nbt) * 64;
+        key0 = (x % nbt) * KT;
     }
     auto kvrow = [&](const bf16 *xc, const bf16 *xb, int r) -> const bf16 * {
         int kk = key0 + r;
         if (is_ctx) return kk < Tc ? xc + (size_t)kk * kstride + (size_t)hk * hd : nullptr;
         return kk < B ? xb + ((size_t)own_j * B + kk) * kstride + (size_t)hk * hd : nullptr;
     };
-    load_rows_async<HDP, 64>(Ks, [&](int r) { return kvrow(kc, kb, r); }, hd, vec, tid, blockDim.x, q);
-    load_rows_async<HDP, 64>(Vs, [&](int r) { return kvrow(vc, vb, r); }, hd, vec, tid, blockDim.x, q);
+    load_rows_async<HDP, KT>(Ks, [&](int r) { return kvrow(kc, kb, r); }, hd, vec, tid, blockDim.x, q);
+    load_rows_async<HDP, KT>(Vs, [&](int r) { return kvrow(vc, vb, r); }, hd, vec, tid, blockDim.x, q);
     cp_async_commit();
 
     float dk[HDP / 8][4], dv[HDP / 8][4];
@@ -475,10 +553,10 @@ attn_block_dkv_kernel(bf16 *dkb, bf16 *dvb, bf16 *dkc, bf16 *dvc, const bf16 *do
         }
     };
 
-    const int nchunks = is_ctx ? (Nb + 127) / 128 : 1;
+    const int nchunks = is_ctx ? (Nb + KW * 32 - 1) / (KW * 32) : 1;
     for (int ch = 0; ch < nchunks; ch++) {
         // ---- the blocks that see any key of this tile
-        const int n_list = ab_dkv_list(list, wcount, ctx_start, ctx_len, is_ctx, ch, Nb, key0,
+        const int n_list = ab_dkv_list<KW>(list, wcount, ctx_start, ctx_len, is_ctx, ch, Nb, key0,
                                        own_j, tid, warp, lane);
         const int n_items = n_list * nqc * nhb;
         if (n_items > 0) {
@@ -511,8 +589,12 @@ attn_block_dkv_kernel(bf16 *dkb, bf16 *dvb, bf16 *dkc, bf16 *dvc, const bf16 *do
             if (__any_sync(0xffffffffu, ka || kb_ok)) {
                 const bf16 *Qb = stQ(st), *Ob = stO(st);
                 const float *Lb = stL(st), *Db = stD(st);
-                ab_dkv_item<HDP>(dk, dv, Ks, Vs, Qb, Ob, Lb, Db, hb, group, wk0, ka, kb_ok,
-                                 scale_log2, lane, t);
+                if (JOINT)
+                    ab_dkv_item_joint<HDP>(dk, dv, Ks, Vs, Qb, Ob, Lb, Db, hb, group, wk0, ka,
+                                           kb_ok, scale_log2, lane, t);
+                else
+                    ab_dkv_item<HDP>(dk, dv, Ks, Vs, Qb, Ob, Lb, Db, hb, group, wk0, ka, kb_ok,
+                                     scale_log2, lane, t);
             }
             __syncthreads();  // this stage is refilled two items on
         }
@@ -527,6 +609,9 @@ attn_block_dkv_kernel(bf16 *dkb, bf16 *dvb, bf16 *dkc, bf16 *dvc, const bf16 *do
     store_rows<HDP>(dk, scale, scale, [&](int r) { return dst(dkc, dkb, r); }, hd, g, t);
     store_rows<HDP>(dv, 1.0f, 1.0f, [&](int r) { return dst(dvc, dvb, r); }, hd, g, t);
 }
+
+#include "common/ops/cuda/attention_block_pair.cuh"
+#include "common/ops/cuda/attention_block_wg.cuh"
 
 // ------------------------------------------------------------------ launchers
 static int vec_ok(int hd, const void *a, const void *b, const void *c2, const void *d,
@@ -554,27 +639,120 @@ static void launch_qmajor(const ops_ctx_t *c, bf16 *out, float *lse, bf16 *dq, c
     cuda_check_launch();
 }
 
-template <int HDP>
-static void launch_dkv(const ops_ctx_t *c, bf16 *dkb, bf16 *dvb, bf16 *dkc, bf16 *dvc,
-                       const bf16 *dout, const float *lse, const float *D, const void *q,
-                       const void *kb, const void *vb, const void *kc, const void *vc,
-                       const int32_t *cs, const int32_t *cl, int Nb, int B, int Tc, int H,
-                       int Hkv, int hd) {
-    constexpr int LD = HDP + 8;
+// One launch of the dK/dV kernel with KW warps (KW*16-key tiles) over its tiles
+// [x0, x1) (tiles 0 .. nct-1: context; then Nb * nbt own tiles).
+template <int HDP, int KW, bool JOINT>
+static void launch_dkv_range(const ops_ctx_t *c, bf16 *dkb, bf16 *dvb, bf16 *dkc, bf16 *dvc,
+                             const bf16 *dout, const float *lse, const float *D, const void *q,
+                             const void *kb, const void *vb, const void *kc, const void *vc,
+                             const int32_t *cs, const int32_t *cl, int Nb, int B, int Tc, int H,
+                             int Hkv, int hd, long x0, long x1) {
+    constexpr int LD = HDP + 8, KT = KW * 16;
     constexpr int QROWS = AB_GH * 16;
-    size_t smem = ((size_t)2 * 64 * LD + 2 * (2 * QROWS * LD + 2 * QROWS * 2)) * sizeof(bf16) +
-                  (128 + 8) * sizeof(int);
-    cuda_check(cudaFuncSetAttribute(attn_block_dkv_kernel<HDP>,
+    if (x1 <= x0) return;
+    size_t smem = ((size_t)2 * KT * LD + 2 * (2 * QROWS * LD + 2 * QROWS * 2)) * sizeof(bf16) +
+                  (KW * 32 + KW) * sizeof(int);
+    cuda_check(cudaFuncSetAttribute(attn_block_dkv_kernel<HDP, KW, JOINT>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    int nct = (Tc + 63) / 64, nbt = (B + 63) / 64;
-    long nblocks = (long)nct + (long)Nb * nbt;
-    dim3 grid((unsigned)nblocks, Hkv);
+    int nct = (Tc + KT - 1) / KT, nbt = (B + KT - 1) / KT;
+    dim3 grid((unsigned)(x1 - x0), Hkv);
     int vec = vec_ok(hd, q, kb, vb, kc, vc) && ((uintptr_t)dout & 15) == 0;
-    attn_block_dkv_kernel<HDP><<<grid, 128, smem, cuda_stream(c)>>>(
+    attn_block_dkv_kernel<HDP, KW, JOINT><<<grid, KW * 32, smem, cuda_stream(c)>>>(
         dkb, dvb, dkc, dvc, dout, lse, D, (const bf16 *)q, (const bf16 *)kb, (const bf16 *)vb,
         (const bf16 *)kc, (const bf16 *)vc, cs, cl, Nb, B, Tc, H, Hkv, hd,
-        1.0f / sqrtf((float)hd), nct, nbt, vec);
+        1.0f / sqrtf((float)hd), nct, nbt, (int)x0, vec);
     cuda_check_launch();
+}
+
+// dK/dV: variant 1 = 64-key tiles (4 warps) everywhere, one head at a time; variant 2 =
+// the heads of a batch together (ab_dkv_item_joint), 64-key tiles; variant 3 = as 2 with
+// 128-key context tiles (8 warps: each staged query item serves twice the keys; own tiles
+// stay 64 keys: a block's B = 16 own rows would leave 7 of 8 warps idle); variant 4 =
+// context tiles with wgmma (attention_block_wg.cuh; head dim 128, 16-byte aligned rows;
+// otherwise as variant 2), own tiles as variant 2.
+template <int HDP>
+static void launch_dkv(const ops_ctx_t *c, int variant, bf16 *dkb, bf16 *dvb, bf16 *dkc,
+                       bf16 *dvc, const bf16 *dout, const float *lse, const float *D,
+                       const void *q, const void *kb, const void *vb, const void *kc,
+                       const void *vc, const int32_t *cs, const int32_t *cl, int Nb, int B,
+                       int Tc, int H, int Hkv, int hd) {
+    long nct4 = (Tc + 63) / 64, nbt4 = (B + 63) / 64, all4 = nct4 + (long)Nb * nbt4;
+    if (variant == 1) {
+        launch_dkv_range<HDP, 4, false>(c, dkb, dvb, dkc, dvc, dout, lse, D, q, kb, vb, kc, vc,
+                                        cs, cl, Nb, B, Tc, H, Hkv, hd, 0, all4);
+    } else if (variant == 4 && HDP == 128 && hd == 128 && abw_supported() &&
+               vec_ok(hd, q, kb, vb, kc, vc) && ((uintptr_t)dout & 15) == 0) {
+        // context tiles with wgmma; own tiles (B rows of one block) with the mma.sync kernel
+        constexpr int QROWS = AB_GH * 16;
+        size_t smem = 2 * ABW_TILE_BYTES + 2 * (2 * ABW_TILE_BYTES + 2 * QROWS * 4) +
+                      (128 + 4) * sizeof(int);
+        cuda_check(cudaFuncSetAttribute(attn_block_dkv_wg_kernel,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        if (nct4 > 0) {
+            attn_block_dkv_wg_kernel<<<dim3((unsigned)nct4, Hkv), 128, smem, cuda_stream(c)>>>(
+                dkc, dvc, dout, lse, D, (const bf16 *)q, (const bf16 *)kc, (const bf16 *)vc, cs,
+                cl, Nb, B, Tc, H, Hkv, 1.0f / sqrtf((float)hd));
+            cuda_check_launch();
+        }
+        launch_dkv_range<HDP, 4, true>(c, dkb, dvb, NULL, NULL, dout, lse, D, q, kb, vb, kc, vc,
+                                       cs, cl, Nb, B, Tc, H, Hkv, hd, nct4, all4);
+    } else if (variant == 2 || variant == 4) {
+        launch_dkv_range<HDP, 4, true>(c, dkb, dvb, dkc, dvc, dout, lse, D, q, kb, vb, kc, vc,
+                                       cs, cl, Nb, B, Tc, H, Hkv, hd, 0, all4);
+    } else {
+        long nct8 = (Tc + 127) / 128;
+        launch_dkv_range<HDP, 8, true>(c, dkb, dvb, dkc, dvc, dout, lse, D, q, kb, vb, kc, vc,
+                                       cs, cl, Nb, B, Tc, H, Hkv, hd, 0, nct8);
+        launch_dkv_range<HDP, 4, true>(c, dkb, dvb, dkc, dvc, dout, lse, D, q, kb, vb, kc, vc,
+                                       cs, cl, Nb, B, Tc, H, Hkv, hd, nct4, all4);
+    }
+}
+
+// Forward / dQ with the pair kernel (attention_block_pair.cuh): BN-key tiles, 4 warps.
+template <int HDP, bool BWD, int BN>
+static void launch_pair(const ops_ctx_t *c, bf16 *out, float *lse, bf16 *dq, const bf16 *dout,
+                        const float *lse_in, const float *D, const void *q, const void *kb,
+                        const void *vb, const void *kc, const void *vc, const int32_t *cs,
+                        const int32_t *cl, int Nb, int B, int H, int Hkv, int hd) {
+    constexpr int LD = HDP + 8;
+    int ntasks = (H / Hkv) * ((B + 15) / 16), wt2 = 2 * ((ntasks + 1) / 2);
+    size_t smem = (size_t)(4 * BN + (BWD ? 2 : 1) * ABP_WARPS * 32) * LD * sizeof(bf16);
+    cuda_check(cudaFuncSetAttribute(attn_block_pair_kernel<HDP, BWD, BN>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    dim3 grid((Nb + 1) / 2, Hkv, (wt2 + ABP_WARPS - 1) / ABP_WARPS);
+    int vec = vec_ok(hd, q, kb, vb, kc, vc) && (!BWD || ((uintptr_t)dout & 15) == 0);
+    attn_block_pair_kernel<HDP, BWD, BN><<<grid, ABP_WARPS * 32, smem, cuda_stream(c)>>>(
+        out, lse, dq, dout, lse_in, D, (const bf16 *)q, (const bf16 *)kb, (const bf16 *)vb,
+        (const bf16 *)kc, (const bf16 *)vc, cs, cl, Nb, B, H, Hkv, hd, 1.0f / sqrtf((float)hd),
+        vec);
+    cuda_check_launch();
+}
+
+// Forward or dQ by variant (1: one block per thread block, 2 and 3: pairs).
+template <int HDP, bool BWD>
+static void launch_q(const ops_ctx_t *c, int variant, bf16 *out, float *lse, bf16 *dq,
+                     const bf16 *dout, const float *lse_in, const float *D, const void *q,
+                     const void *kb, const void *vb, const void *kc, const void *vc,
+                     const int32_t *cs, const int32_t *cl, int Nb, int B, int H, int Hkv,
+                     int hd) {
+    if (variant == 1)
+        launch_qmajor<HDP, BWD>(c, out, lse, dq, dout, lse_in, D, q, kb, vb, kc, vc, cs, cl, Nb,
+                                B, H, Hkv, hd);
+    else if (variant == 2 || variant == 4)  // 64-key tiles forward, 32 in dQ (its f32 dP doubles the registers)
+        launch_pair<HDP, BWD, BWD ? 32 : 64>(c, out, lse, dq, dout, lse_in, D, q, kb, vb, kc, vc,
+                                             cs, cl, Nb, B, H, Hkv, hd);
+    else  // variant 3: 32-key tiles forward, 16 in dQ
+        launch_pair<HDP, BWD, BWD ? 16 : 32>(c, out, lse, dq, dout, lse_in, D, q, kb, vb, kc, vc,
+                                             cs, cl, Nb, B, H, Hkv, hd);
+}
+
+// Kernel variant of the block attention (ops_cuda_attention_block_variant).
+static int g_ab_variant = AB_DEFAULT_VARIANT;
+
+extern "C" int ops_cuda_attention_block_variant(int variant) {
+    int old = g_ab_variant;
+    if (variant >= 0 && variant <= 4) g_ab_variant = variant == 0 ? AB_DEFAULT_VARIANT : variant;
+    return old;
 }
 
 static void bad_hd(const char *what, int hd) {
@@ -598,8 +776,9 @@ void cuda_attention_block_forward(const ops_ctx_t *c, void *out, float *lse, con
     (void)Tc;
     if (Nb <= 0 || B <= 0 || H <= 0) return;
     AB_DISPATCH(hd, "attention_block_forward",
-                (launch_qmajor<HDP_, false>(c, (bf16 *)out, lse, NULL, NULL, NULL, NULL, q, kb, vb,
-                                            kc, vc, ctx_start, ctx_len, Nb, B, H, Hkv, hd)));
+                (launch_q<HDP_, false>(c, g_ab_variant, (bf16 *)out, lse, NULL, NULL, NULL, NULL,
+                                       q, kb, vb, kc, vc, ctx_start, ctx_len, Nb, B, H, Hkv,
+                                       hd)));
 }
 
 void cuda_attention_block_backward(const ops_ctx_t *c, void *dq, void *dkb, void *dvb, void *dkc,
@@ -618,9 +797,9 @@ void cuda_attention_block_backward(const ops_ctx_t *c, void *dq, void *dkb, void
     if (!lse) {  // recompute the log-sum-exp with the forward kernel (no output)
         float *lse_tmp = D + rows;
         AB_DISPATCH(hd, "attention_block_backward",
-                    (launch_qmajor<HDP_, false>(c, NULL, lse_tmp, NULL, NULL, NULL, NULL, q, kb,
-                                                vb, kc, vc, ctx_start, ctx_len, Nb, B, H, Hkv,
-                                                hd)));
+                    (launch_q<HDP_, false>(c, g_ab_variant, NULL, lse_tmp, NULL, NULL, NULL,
+                                           NULL, q, kb, vb, kc, vc, ctx_start, ctx_len, Nb, B,
+                                           H, Hkv, hd)));
         lse = lse_tmp;
     }
     attn_block_dot_kernel<<<(unsigned)((rows * 32 + 255) / 256), 256, 0, cuda_stream(c)>>>(
@@ -628,12 +807,12 @@ void cuda_attention_block_backward(const ops_ctx_t *c, void *dq, void *dkb, void
     cuda_check_launch();
     if (dq)
         AB_DISPATCH(hd, "attention_block_backward",
-                    (launch_qmajor<HDP_, true>(c, NULL, NULL, (bf16 *)dq, (const bf16 *)dout, lse,
-                                               D, q, kb, vb, kc, vc, ctx_start, ctx_len, Nb, B, H,
-                                               Hkv, hd)));
+                    (launch_q<HDP_, true>(c, g_ab_variant, NULL, NULL, (bf16 *)dq,
+                                          (const bf16 *)dout, lse, D, q, kb, vb, kc, vc,
+                                          ctx_start, ctx_len, Nb, B, H, Hkv, hd)));
     if (dkb || dvb || dkc || dvc)
         AB_DISPATCH(hd, "attention_block_backward",
-                    (launch_dkv<HDP_>(c, (bf16 *)dkb, (bf16 *)dvb, (bf16 *)dkc, (bf16 *)dvc,
-                                      (const bf16 *)dout, lse, D, q, kb, vb, kc, vc, ctx_start,
+                    (launch_dkv<HDP_>(c, g_ab_variant, (bf16 *)dkb, (bf16 *)dvb, (bf16 *)dkc,
+                                      (bf16 *)dvc, (const bf16 *)dout, lse, D, q, kb, vb, kc, vc, ctx_start,
                                       ctx_len, Nb, B, Tc, H, Hkv, hd)));
 }

@@ -16,6 +16,19 @@ void ops_cuda_attention_varlen_forward_variant(const ops_ctx_t *c, int variant, 
                                                const int32_t *cu_seqlens, int nseq,
                                                int max_seqlen, int T, int H, int Hkv, int hd);
 
+/* Selects the DFlash block-attention kernels used by the ops table's
+ * attention_block_forward / _backward from then on (process-wide; for benchmarks and
+ * tests, set it before any call, not while a stream runs them): 1 = one block per thread
+ * block, 64-key dK/dV tiles; 2 = pairs of consecutive blocks per thread block (shared
+ * K/V tiles; 64-key tiles forward, 32 in dQ), 128-key dK/dV context tiles; 3 = as 2 with
+ * 32-key tiles forward and 16 in dQ; 4 = as 2 with the dK/dV context tiles on Hopper's
+ * wgmma (head dim 128; other head dims as 2); 0 = the default. Values outside 0..4
+ * change nothing.
+ * Same results within
+ * rounding (f32 sums in another order); each variant is deterministic. variant < 0 only
+ * queries. Returns the variant in use before the call. */
+int ops_cuda_attention_block_variant(int variant);
+
 /* The MoE experts' forward GEMMs: for each expert e with rows [off_h[e], off_h[e+1]),
  * out[r] (N) = x[r] (K) . w[e] (N, K)^T, r in those rows. out (R, N) bf16, x (R, K) bf16,
  * w (E) device pointers to (N, K) bf16, off_h (E+1) i32 HOST offsets (non-decreasing,

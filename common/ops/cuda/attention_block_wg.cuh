@@ -1,0 +1,229 @@
+// DFlash block attention backward, dK/dV of the context tiles with Hopper warpgroup MMA
+// (wgmma, sm_90a; attention_block.cu's variant 4; included there). Same work items and
+// the same deterministic key-major scheme as attn_block_dkv_kernel: one thread block =
+// one warpgroup (4 warps) owning 64 context keys of one kv head, summing over every
+// block that sees them in a fixed order (no atomics). Head dim 128 only (HDP == 128).
+//
+// Why: the mma.sync kernel reads a K/V/Q/dO fragment from shared memory for every 1-2
+// tensor-core ops (each warp its own copy) and stalls there at ~140 TFLOP/s. wgmma reads
+// its shared-memory operands once per warpgroup, and the scores of the 4 heads of a GQA
+// group are one 64 x 64 product. Per item (block j, 16 queries x 4 heads = 64 rows):
+//   S^T  (64 keys x 64 rows) = K Q^T      8 x m64n64k16, A = K, B = Q (both K-major)
+//   dP^T (64 keys x 64 rows) = V dO^T     8 x m64n64k16
+//   P^T = exp2(S^T scale log2e - lse), dS^T = P^T (dP^T - D) in registers (f32), then bf16
+//   dV (64 x 128) += P^T dO               4 x m64n128k16, A = P^T (registers), B = dO
+//                                          (MN-major: the same bytes as dO in dP^T)
+//   dK (64 x 128) += dS^T Q               4 x m64n128k16
+// Shared tiles use the non-swizzled core-matrix layout (wgmma.cuh): element (row r, col d)
+// of a 64-row tile at byte (d/8)*1024 + r*16 + (d%8)*2, so K-major descriptors have
+// LBO = 1024 (8 columns on), SBO = 128 (8 rows on), and the MN-major view of the 16 rows
+// of head hl starts at hl*256 with LBO = 128 (8 rows on), SBO = 1024 (8 columns on).
+//
+// wgmma exists only in sm_90a code: the kernel's body is compiled there alone (the
+// portable compute_90 PTX of the build gets a trap), and the launcher takes this path
+// only on a compute capability 9.0 device (abw_supported).
+#pragma once
+
+#include "common/ops/cuda/wgmma.cuh"
+
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ABW_NO_WGMMA 1  // device pass without sm_90a features
+#endif
+
+#define ABW_TILE_BYTES (64 * 128 * 2)  // one 64 x 128 bf16 tile
+
+#ifndef ABW_NO_WGMMA
+
+// Copies 64 rows of 128 bf16 (16-byte chunks by cp.async; rowptr(r) or NULL -> zeros) into
+// a core-matrix tile. A warp writes 8 rows x 4 chunks per instruction: 512 contiguous
+// shared bytes (no bank conflict) from 8 runs of 64 global bytes.
+template <typename RowFn>
+__device__ __forceinline__ void abw_load_tile(unsigned char *dst, RowFn rowptr, int tid,
+                                              const bf16 *safe) {
+    for (int idx = tid; idx < 64 * 16; idx += 128) {
+        int blk = idx >> 5, lane = idx & 31;
+        int r = (blk & 7) * 8 + (lane & 7), c = (blk >> 3) * 4 + (lane >> 3);
+        const bf16 *src = rowptr(r);
+        cp_async16(dst + c * 1024 + r * 16, src ? src + c * 8 : safe, src != nullptr);
+    }
+}
+
+__device__ __forceinline__ void abw_fence_acc(float *d, int n) {
+#pragma unroll
+    for (int i = 0; i < n; i++) wg_fence_reg(d[i]);
+}
+
+// One work item: the S^T / dP^T products of the staged 64 rows (Qt, Ot: core-matrix
+// tiles; lse (log2 units) Lb, D Db: 64 f32), then dV, dK += (accumulators dv, dk: 64 f32
+// per thread, m64n128 layout). ka / kb_ok: whether keys 16w+g / 16w+g+8 of the tile are
+// visible to the item's block. All 128 threads call it (warpgroup instructions).
+__device__ __forceinline__ void abw_item(float *dk, float *dv, const unsigned char *Kt,
+                                         const unsigned char *Vt, const unsigned char *Qt,
+                                         const unsigned char *Ot, const float *Lb,
+                                         const float *Db, bool ka, bool kb_ok, float scale_log2,
+                                         int t) {
+    float s[32], p[32];  // S^T, dP^T: n-tile j (8 rows) in s[4j .. 4j+3]
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++)
+        wg_m64n64k16_ss<0>(s, wg_desc(Kt + kk * 2048, 1024, 128), wg_desc(Qt + kk * 2048, 1024, 128),
+                           kk > 0);
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++)
+        wg_m64n64k16_ss<0>(p, wg_desc(Vt + kk * 2048, 1024, 128), wg_desc(Ot + kk * 2048, 1024, 128),
+                           kk > 0);
+    wg_commit();
+    wg_wait<0>();
+    abw_fence_acc(s, 32);
+    abw_fence_acc(p, 32);
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int r = 8 * j + 2 * t + (e & 1);
+            bool kv = e < 2 ? ka : kb_ok;
+            float pr = kv ? exp2f(s[4 * j + e] * scale_log2 - Lb[r]) : 0.0f;
+            p[4 * j + e] = pr * (p[4 * j + e] - Db[r]);
+            s[4 * j + e] = pr;
+        }
+    uint32_t ap[4][4], ads[4][4];  // per head: P^T, dS^T as A fragments (k = its 16 rows)
+#pragma unroll
+    for (int hl = 0; hl < 4; hl++) {
+        c_to_a(ap[hl], s + 8 * hl, s + 8 * hl + 4);
+        c_to_a(ads[hl], p + 8 * hl, p + 8 * hl + 4);
+    }
+    wg_fence();
+#pragma unroll
+    for (int hl = 0; hl < 4; hl++) {
+        wg_m64n128k16_rs<1>(dv, ap[hl], wg_desc(Ot + hl * 256, 128, 1024));
+        wg_m64n128k16_rs<1>(dk, ads[hl], wg_desc(Qt + hl * 256, 128, 1024));
+    }
+    wg_commit();
+    wg_wait<0>();
+    abw_fence_acc(dv, 64);
+    abw_fence_acc(dk, 64);
+}
+
+#endif  // !ABW_NO_WGMMA
+
+// Grid: (context tiles of 64 keys, Hkv); 128 threads. Arguments as attn_block_dkv_kernel
+// (own tiles are not served here: the caller runs them with that kernel).
+__global__ void __launch_bounds__(128)
+attn_block_dkv_wg_kernel(bf16 *dkc, bf16 *dvc, const bf16 *dout, const float *lse_in,
+                         const float *Dvec, const bf16 *q, const bf16 *kc, const bf16 *vc,
+                         const int32_t *ctx_start, const int32_t *ctx_len, int Nb, int B, int Tc,
+                         int H, int Hkv, float scale) {
+#ifdef ABW_NO_WGMMA
+    __trap();
+#else
+    constexpr int hd = 128, QROWS = AB_GH * 16;  // 64 staged rows per item
+    extern __shared__ __align__(16) unsigned char smem_raw[];  // (the dynamic base is 1024-aligned)
+    unsigned char *Kt = smem_raw, *Vt = Kt + ABW_TILE_BYTES;
+    unsigned char *stage = Vt + ABW_TILE_BYTES;  // 2 x (Q tile, dO tile, lse, D)
+    constexpr int STAGE_BYTES = 2 * ABW_TILE_BYTES + 2 * QROWS * 4;
+    int *list = (int *)(stage + 2 * STAGE_BYTES);  // 128 block indices
+    int *wcount = list + 128;                      // 4 warp counts
+    const int hk = blockIdx.y, group = H / Hkv, nqc = (B + 15) / 16;
+    const int nhb = (group + AB_GH - 1) / AB_GH;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const size_t qstride = (size_t)H * hd, kstride = (size_t)Hkv * hd;
+    const float scale_log2 = scale * ATTN_LOG2E;
+    const int key0 = blockIdx.x * 64;
+    auto kvrow = [&](const bf16 *x, int r) -> const bf16 * {
+        int kk = key0 + r;
+        return kk < Tc ? x + (size_t)kk * kstride + (size_t)hk * hd : nullptr;
+    };
+    abw_load_tile(Kt, [&](int r) { return kvrow(kc, r); }, tid, q);
+    abw_load_tile(Vt, [&](int r) { return kvrow(vc, r); }, tid, q);
+    cp_async_commit();
+
+    float dk[64], dv[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) dk[i] = dv[i] = 0.0f;
+    const int my_key_a = key0 + warp * 16 + g, my_key_b = my_key_a + 8;
+    auto stQ = [&](int st) { return stage + st * STAGE_BYTES; };
+    auto stO = [&](int st) { return stage + st * STAGE_BYTES + ABW_TILE_BYTES; };
+    auto stL = [&](int st) { return (float *)(stage + st * STAGE_BYTES + 2 * ABW_TILE_BYTES); };
+    auto stD = [&](int st) { return stL(st) + QROWS; };
+    auto issue = [&](int item, int st) {
+        int li = item / (nqc * nhb), rem = item % (nqc * nhb);
+        int qc = rem / nhb, hb = rem % nhb;
+        int j = list[li];
+        auto qrow = [&](int r, int *hh) -> long {  // r in [0, 64): head batch slot r/16
+            int hl = r >> 4, rr = qc * 16 + (r & 15), hgi = hb * AB_GH + hl;
+            *hh = hk * group + hgi;
+            return (rr < B && hgi < group) ? (long)j * B + rr : -1;
+        };
+        abw_load_tile(stQ(st), [&](int r) -> const bf16 * {
+            int h;
+            long row = qrow(r, &h);
+            return row >= 0 ? q + row * qstride + (size_t)h * hd : nullptr;
+        }, tid, q);
+        abw_load_tile(stO(st), [&](int r) -> const bf16 * {
+            int h;
+            long row = qrow(r, &h);
+            return row >= 0 ? dout + row * qstride + (size_t)h * hd : nullptr;
+        }, tid, q);
+        for (int r = tid; r < QROWS; r += 128) {
+            int h;
+            long row = qrow(r, &h);
+            stL(st)[r] = row >= 0 ? lse_in[row * H + h] * ATTN_LOG2E : INFINITY;
+            stD(st)[r] = row >= 0 ? Dvec[row * H + h] : 0.0f;
+        }
+    };
+
+    const int nchunks = (Nb + 127) / 128;
+    for (int ch = 0; ch < nchunks; ch++) {
+        const int n_list = ab_dkv_list<4>(list, wcount, ctx_start, ctx_len, true, ch, Nb, key0,
+                                          -1, tid, warp, lane);
+        const int n_items = n_list * nqc * nhb;
+        if (n_items > 0) {
+            issue(0, 0);
+            cp_async_commit();
+        }
+        for (int it = 0; it < n_items; it++) {
+            if (it + 1 < n_items) {
+                issue(it + 1, (it + 1) & 1);
+                cp_async_commit();
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            // cp.async wrote through the generic proxy; wgmma reads through the async one
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            __syncthreads();
+            const int st = it & 1;
+            const int j = list[it / (nqc * nhb)];
+            int vlo = ctx_start[j], vhi = vlo + ctx_len[j];
+            if (vhi > Tc) vhi = Tc;
+            const bool ka = my_key_a >= vlo && my_key_a < vhi;
+            const bool kb_ok = my_key_b >= vlo && my_key_b < vhi;
+            abw_item(dk, dv, Kt, Vt, stQ(st), stO(st), stL(st), stD(st), ka, kb_ok, scale_log2,
+                     t);
+            __syncthreads();  // this stage is refilled two items on
+        }
+    }
+    cp_async_wait<0>();
+    auto dst = [&](bf16 *x, int r) -> bf16 * {
+        int kk = key0 + warp * 16 + r;
+        return (x && kk < Tc) ? x + (size_t)kk * kstride + (size_t)hk * hd : nullptr;
+    };
+    store_rows<128>((const float(*)[4])dk, scale, scale, [&](int r) { return dst(dkc, r); }, hd,
+                    g, t);
+    store_rows<128>((const float(*)[4])dv, 1.0f, 1.0f, [&](int r) { return dst(dvc, r); }, hd,
+                    g, t);
+#endif
+}
+
+// Whether the current device runs the sm_90a code of this file (compute capability 9.0).
+static inline bool abw_supported() {
+    static int cc = -1;  // major * 10 + minor, once per process (one device per process)
+    if (cc < 0) {
+        int dev = 0, major = 0, minor = 0;
+        cuda_check(cudaGetDevice(&dev));
+        cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        cuda_check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+        cc = major * 10 + minor;
+    }
+    return cc == 90;
+}

@@ -1,0 +1,104 @@
+// Hopper warpgroup MMA (wgmma.mma_async, sm_90a) helpers: bf16 inputs, f32 accumulators,
+// operands in shared memory in the non-swizzled ("interleaved") canonical layout.
+//
+// Core matrix: 8 rows x 16 bytes (8 bf16), 128 contiguous bytes, row r at byte 16 r.
+// A tile is a grid of core matrices; a shared-memory matrix descriptor gives its start,
+// the byte offset between core matrices adjacent in the leading dimension (LBO) and in
+// the strided dimension (SBO) (PTX ISA, "Matrix Descriptor Format"):
+//   K-major operand (k contiguous in a core-matrix row: A = (M, K) row-major, or B whose
+//     rows are N with K contiguous): LBO steps along K (8 columns), SBO along M/N (8 rows).
+//   MN-major operand (B = (K, N) with N contiguous: the "transposed" B, trans-b = 1):
+//     core-matrix rows are K, 8 N-elements each; LBO steps along K (8 rows), SBO along N
+//     (8 columns).
+// (Both checked on an H200 against a CPU product, 2026-12-02: K-major A and B, m64n16k16;
+// MN-major B with A in registers, m64n128k16; the swapped LBO/SBO give wrong results or
+// faults.)
+//
+// Accumulator fragment of m64nNk16 (f32, N/2 registers per thread): warp w of the
+// warpgroup holds rows 16w .. 16w+15 in the mma.sync m16n8 C layout, n-tile j in
+// registers d[4j .. 4j+3]: (row g, cols 8j+2t, +1), (row g+8, same cols); lane = 4g + t.
+// A from registers: warp w's rows 16w.. in the mma.sync m16n8k16 A layout.
+#pragma once
+
+#include <stdint.h>
+
+// Descriptor of a shared-memory operand: start address, LBO and SBO in bytes (multiples
+// of 16), no swizzle.
+__device__ __forceinline__ uint64_t wg_desc(const void *smem, uint32_t lbo, uint32_t sbo) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    uint64_t d = 0;
+    d |= (uint64_t)((a & 0x3FFFF) >> 4);
+    d |= (uint64_t)((lbo & 0x3FFFF) >> 4) << 16;
+    d |= (uint64_t)((sbo & 0x3FFFF) >> 4) << 32;
+    return d;  // base offset 0, swizzle mode 0 (none)
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Makes the registers of an accumulator visible/ordered around wgmma (as CUTLASS's
+// warpgroup_fence_operand).
+__device__ __forceinline__ void wg_fence_reg(float &r) { asm volatile("" : "+f"(r)::"memory"); }
+__device__ __forceinline__ void wg_fence_reg(uint32_t &r) { asm volatile("" : "+r"(r)::"memory"); }
+
+// D (64 x 16) (+)= A (64 x 16, descriptor) * B (16 x 16, descriptor); d[8]. scale_d 0: D =
+// A B (D's input ignored), 1: D += A B. tb: 1 when B is MN-major.
+template <int TB>
+__device__ __forceinline__ void wg_m64n16k16_ss(float *d, uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7}, %8, %9, p, 1, 1, 0, %11;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7])
+        : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+}
+
+// D (64 x 128) += A (64 x 16, registers: a[4], mma.sync A layout per warp) * B (16 x 128,
+// descriptor); d[64]. tb: 1 when B is MN-major.
+template <int TB>
+__device__ __forceinline__ void wg_m64n128k16_rs(float *d, const uint32_t *a, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+        "{%64,%65,%66,%67}, %68, p, 1, 1, %69;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
+          "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]),
+          "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]),
+          "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+          "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),
+          "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]),
+          "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]),
+          "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB));
+}
+
+// D (64 x 64) (+)= A (64 x 16, descriptor) * B (16 x 64, descriptor); d[32]. scale_d 0:
+// D = A B (D's input ignored), 1: D += A B. TB: 1 when B is MN-major.
+template <int TB>
+__device__ __forceinline__ void wg_m64n64k16_ss(float *d, uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+          "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+          "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+          "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+          "+f"(d[30]), "+f"(d[31])
+        : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+}
