@@ -460,7 +460,8 @@ static int verify_master(const char *dir, const ckpt_state_hdr_t *h, int model_o
     if (!f) return dl_seterr(DL_EIO, "open %s: %s", p, strerror(errno));
     uint64_t hl = 0;
     char *txt = NULL;
-    int ok = fread(&hl, 8, 1, f) == 1 && hl <= CKPT_ST_HEADER_MAX && (txt = malloc(hl + 1)) && fread(txt, 1, hl, f) == hl;
+    int ok = fread(&hl, 8, 1, f) == 1 && hl <= CKPT_ST_HEADER_MAX && (txt = malloc(hl + 1)) &&
+             fread(txt, 1, hl, f) == hl;
     fclose(f);
     cJSON *j = ok ? cJSON_ParseWithLength(txt, hl) : NULL;
     free(txt);

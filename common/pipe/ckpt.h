@@ -12,7 +12,8 @@
  *                       master + m + v, one CRC-32 of all of it.
  *   cursor.bin          loader cursor (batcher_cursor_encode, 40 bytes): the first
  *                       micro-batch of step N
- * Bytes per checkpoint: 12 P + model.safetensors' header (version 1: 16 P + it).
+ * Bytes per checkpoint: 12 P + a few KB (headers, config.json, cursor.bin); version 1:
+ * 16 P + the same.
  * Atomic: written into step_<N>.tmp, every file fsync'd, the directory renamed,
  * then <out>/checkpoints/latest (text "step_<N>") replaced by rename. A crash
  * leaves either the old or the new checkpoint, never a torn one.
@@ -107,8 +108,8 @@ int ckpt_read_hdr(const char *dir, ckpt_state_hdr_t *hdr);
  * settings 0 or CKPT_SETTINGS_V1, and with V1 token_budget, max_len (<= token_budget),
  * num_anchors, epochs, block_size, drafter_layers within their flags' limits;
  * crc_kind 0 or CKPT_CRC32; reserved bytes 0 (crc32 too when crc_kind is 0, master_crc32
- * too unless version 2 with CKPT_CRC32). Returns 0,
- * or DL_EFORMAT "PATH: field 'NAME' = VALUE: why" for the first bad field. */
+ * too unless version 2 with CKPT_CRC32). Returns 0, or DL_EFORMAT "PATH: field 'NAME' =
+ * VALUE: why" for the first bad field. */
 int ckpt_hdr_validate(const ckpt_state_hdr_t *h, const char *path);
 
 /* What ckpt_verify could not verify: files written before checksums existed. */
@@ -119,11 +120,12 @@ enum { CKPT_UNVERIFIED_STATE = 1, CKPT_UNVERIFIED_MODEL = 2, CKPT_NO_CURSOR = 4 
  * n_params f32; version 1: 3 x) and CRC-32 (when recorded); model.safetensors' data
  * CRC-32 (dflash_ckpt_verify_weights) and, version 2 with CKPT_CRC32, that CRC (recorded
  * in its __metadata__) against state.bin's master_crc32, so a model.safetensors of
- * another checkpoint is refused without a second read of it; cursor.bin's check word (batcher_cursor_decode), its
- * seed and its micro-batch (step x micro-batches per step) against the header's. Reads
- * every byte of state.bin and model.safetensors once (I/O bound). *unverified (may be
- * NULL) gets CKPT_UNVERIFIED_* / CKPT_NO_CURSOR bits for what was not checked. Returns 0,
- * or DL_ENOENT / DL_EIO / DL_EFORMAT with a one-line message naming the file. */
+ * another checkpoint is refused without a second read of it; cursor.bin's check word
+ * (batcher_cursor_decode), its seed and its micro-batch (step x micro-batches per step)
+ * against the header's. Reads every byte of state.bin and model.safetensors once (I/O
+ * bound). *unverified (may be NULL) gets CKPT_UNVERIFIED_* / CKPT_NO_CURSOR bits for what
+ * was not checked. Returns 0, or DL_ENOENT / DL_EIO / DL_EFORMAT with a one-line message
+ * naming the file. */
 int ckpt_verify(const char *dir, unsigned *unverified);
 
 /* Fingerprint of a target model for the --resume check: FNV-1a 64 over, for a file
