@@ -251,7 +251,7 @@ static void checkpoint(opt_t *O, int then) {
     ckpt_state_hdr_t h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, CKPT_MAGIC, 8);
-    h.version = 1;
+    h.version = CKPT_VERSION;   /* ckpt_write sets it too */
     h.header_bytes = sizeof h;
     h.step = O->step;
     h.n_params = O->P;
@@ -912,7 +912,7 @@ int main(int argc, char **argv) {
         char dir[4200];
         ckpt_state_hdr_t h;
         rc = ckpt_resolve(resume, dir, sizeof dir);
-        if (rc == 0) rc = ckpt_read(dir, O.P, &h, O.h_master, O.h_m, O.h_v, NULL);
+        if (rc == 0) rc = ckpt_read(dir, O.layout, &h, O.h_master, O.h_m, O.h_v, NULL);
         if (rc < 0) return log_rc(rc, "--resume"), PIPE_EXIT_PERMANENT;
         if (h.mbs_per_step != O.K) log_warn("--resume: checkpoint had %llu micro-batches per step, now %llu",
                                             (unsigned long long)h.mbs_per_step, (unsigned long long)O.K);

@@ -239,10 +239,11 @@ static void run_dir_of_ckpt(const char *ckpt, char *out, size_t cap) {
 /* --target-precision from the run's run.json j (of run_dir): not given, the recorded one
  * (logged); given and different, the flag wins, with a warning naming both (the drafter
  * then learns from other features than the checkpoint's). No record (runs before it was
- * written) or an unknown value: left as it is (bf16 unless given), as before. */
+ * written): left as it is (bf16 unless given), as before; an unknown value (an empty
+ * string too): the same, with a warning. */
 static void resume_precision(run_opts_t *o, const rundir_run_t *j, const char *run_dir) {
     int rec;
-    if (!j->target_precision[0]) return;
+    if (!j->has_target_precision) return;
     char rj[4200];
     if (rundir_path(rj, sizeof rj, run_dir, RUNDIR_RUN_JSON) < 0) snprintf(rj, sizeof rj, "run.json");
     if (target_precision_parse(j->target_precision, &rec) < 0) {

@@ -6,6 +6,7 @@
 #include "common/base/paths.h"
 #include "common/model/dflash_ckpt.h"
 #include "common/data/batcher.h"
+#include "common/format/safetensors.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -15,6 +16,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <zlib.h>
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,10 +65,11 @@ static void rm_tree(const char *dir) {
 
 /* ---- the write (ckpt_write): model and state.bin at once, state.bin in spans ---- */
 
-#define CKPT_SPANS_PER_ARRAY 2              /* master, m, v: 6 writer threads for state.bin */
+#define CKPT_SPANS_PER_ARRAY 2              /* m, v: 4 writer threads; 2 more CRC the master */
 #define CKPT_WRITE_CHUNK (64u << 20)        /* bytes per pwrite */
 
-/* One span of state.bin: its bytes at file offset off, their CRC-32 (combined in order). */
+/* One span of an array: its bytes, written at file offset off (off < 0: only CRC'd),
+ * their CRC-32 (combined in order). */
 typedef struct {
     int fd;
     const uint8_t *p;
@@ -80,7 +83,7 @@ static void *span_write(void *arg) {
     span_t *s = arg;
     s->crc = crc32_z(crc32_z(0, Z_NULL, 0), s->p, s->n);
     size_t done = 0;
-    while (done < s->n) {
+    while (s->off >= 0 && done < s->n) {
         size_t want = s->n - done < CKPT_WRITE_CHUNK ? s->n - done : CKPT_WRITE_CHUNK;
         ssize_t w = pwrite(s->fd, s->p + done, want, s->off + (off_t)done);
         if (w < 0 && errno == EINTR) continue;
@@ -90,10 +93,11 @@ static void *span_write(void *arg) {
     return NULL;
 }
 
-/* state.bin at path: header h (crc32 filled here) + master, m, v (pb bytes each), the
- * arrays by CKPT_SPANS_PER_ARRAY threads each with pwrite at their offsets, the CRC-32
- * of each span combined in file order (crc32_combine), the header last, one fsync.
- * The bytes are those of one sequential write of header, master, m, v. */
+/* state.bin (version 2) at path: header h (crc32 and master_crc32 filled here) + m, v (pb
+ * bytes each), each by CKPT_SPANS_PER_ARRAY threads with pwrite at their offsets, the
+ * CRC-32 of each span combined in file order (crc32_combine); CKPT_SPANS_PER_ARRAY more
+ * threads take the CRC-32 of master (model.safetensors holds it, not this file); the
+ * header last, one fsync. The bytes are those of one sequential write of header, m, v. */
 static int write_state(const char *path, ckpt_state_hdr_t *h, const float *const arr[3], size_t pb) {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return dl_seterr(DL_EIO, "open %s: %s", path, strerror(errno));
@@ -103,20 +107,25 @@ static int write_state(const char *path, ckpt_state_hdr_t *h, const float *const
     int started[NS] = {0};
     size_t per = (pb / CKPT_SPANS_PER_ARRAY + 4095) & ~(size_t)4095;
     for (int i = 0; i < NS; i++) {
-        int a = i / CKPT_SPANS_PER_ARRAY, k = i % CKPT_SPANS_PER_ARRAY;
+        int a = i / CKPT_SPANS_PER_ARRAY, k = i % CKPT_SPANS_PER_ARRAY;   /* a: master, m, v */
         size_t lo = (size_t)k * per < pb ? (size_t)k * per : pb;
         size_t hi = lo + per < pb && k < CKPT_SPANS_PER_ARRAY - 1 ? lo + per : pb;
-        s[i] = (span_t){fd, (const uint8_t *)arr[a] + lo, hi - lo, (off_t)(sizeof *h + (size_t)a * pb + lo), 0, 0};
+        off_t off = a == 0 ? -1 : (off_t)(sizeof *h + (size_t)(a - 1) * pb + lo);
+        s[i] = (span_t){fd, (const uint8_t *)arr[a] + lo, hi - lo, off, 0, 0};
         started[i] = pthread_create(&th[i], NULL, span_write, &s[i]) == 0;
-        if (!started[i]) span_write(&s[i]);   /* no thread: this one writes it */
+        if (!started[i]) span_write(&s[i]);   /* no thread: this one does it */
     }
-    uLong crc = crc32_z(crc32_z(0, Z_NULL, 0), (const Bytef *)h, sizeof *h);   /* h->crc32 is 0 */
+    uLong mcrc = crc32_z(0, Z_NULL, 0);
     int err = 0;
     for (int i = 0; i < NS; i++) {
         if (started[i]) pthread_join(th[i], NULL);
         if (s[i].err && !err) err = s[i].err;
-        crc = crc32_combine(crc, s[i].crc, (z_off_t)s[i].n);
+        if (s[i].off < 0) mcrc = crc32_combine(mcrc, s[i].crc, (z_off_t)s[i].n);
     }
+    h->master_crc32 = (uint32_t)mcrc;   /* before the header's CRC, which covers it (crc32 is 0) */
+    uLong crc = crc32_z(crc32_z(0, Z_NULL, 0), (const Bytef *)h, sizeof *h);
+    for (int i = 0; i < NS; i++)
+        if (s[i].off >= 0) crc = crc32_combine(crc, s[i].crc, (z_off_t)s[i].n);
     h->crc32 = (uint32_t)crc;
     size_t done = 0;
     while (!err && done < sizeof *h) {
@@ -180,8 +189,9 @@ int ckpt_write(const char *out_dir, drafter_t *d, const ckpt_state_hdr_t *hdr,
     if (!threaded) model_write(&job);
     size_t pb = hdr->n_params * sizeof(float);
     ckpt_state_hdr_t h = *hdr;
+    h.version = CKPT_VERSION;
     h.crc_kind = CKPT_CRC32;
-    h.crc32 = 0;
+    h.crc32 = h.master_crc32 = 0;
     memset(h.reserved, 0, sizeof h.reserved);
     snprintf(p, sizeof p, "%s/state.bin", tmp);
     const float *const arr[3] = {master, m, v};
@@ -213,8 +223,55 @@ fail:
     return rc;
 }
 
-int ckpt_read(const char *dir, uint64_t expected, ckpt_state_hdr_t *hdr, float *master, float *m,
-              float *v, uint8_t *cursor) {
+/* "[a, b]" of a shape into buf */
+static const char *shape_str(int n_dims, const int64_t *shape, char *buf, size_t cap) {
+    size_t o = (size_t)snprintf(buf, cap, "[");
+    for (int k = 0; k < n_dims && o < cap; k++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s%lld", k ? ", " : "", (long long)shape[k]);
+    if (o < cap) snprintf(buf + o, cap - o, "]");
+    return buf;
+}
+
+/* The master of a version-2 checkpoint: every tensor of d's table from
+ * dir/model.safetensors (F32, d's shape) into master at its offset, then, when h records
+ * one, its CRC-32 against h->master_crc32. DL_EFORMAT naming the file (and the tensor). */
+static int read_master(const char *dir, const drafter_t *d, const ckpt_state_hdr_t *h, float *master) {
+    char p[4200], a[96], b[96];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    safetensors_t *st;
+    DL_TRY(safetensors_open(p, &st));
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < drafter_n_tensors(d); i++) {
+        const drafter_tensor_t *t = drafter_tensor(d, i);
+        const st_tensor_t *s = safetensors_find(st, t->name);
+        int same = s && s->n_dims == t->n_dims;
+        for (int k = 0; same && k < t->n_dims; k++) same = s->shape[k] == t->shape[k];
+        if (!s)
+            rc = dl_seterr(DL_EFORMAT, "%s: tensor '%s' missing (the drafter's master weights are read from it)",
+                           p, t->name);
+        else if (s->dtype != ST_F32)
+            rc = dl_seterr(DL_EFORMAT, "%s: tensor '%s' is %s, a training checkpoint's master weights are F32", p,
+                           t->name, s->dtype_name);
+        else if (!same)
+            rc = dl_seterr(DL_EFORMAT, "%s: tensor '%s' has shape %s, the drafter's is %s", p, t->name,
+                           shape_str(s->n_dims, s->shape, a, sizeof a), shape_str(t->n_dims, t->shape, b, sizeof b));
+        else
+            memcpy(master + t->offset, s->data, t->numel * sizeof(float));
+    }
+    safetensors_close(&st);
+    if (rc == 0 && h->crc_kind == CKPT_CRC32) {
+        uLong crc = crc32_z(crc32_z(0, Z_NULL, 0), (const Bytef *)master, (size_t)h->n_params * sizeof(float));
+        if ((uint32_t)crc != h->master_crc32)
+            rc = dl_seterr(DL_EFORMAT, "%s: master weights checksum mismatch (CRC-32 %08x, state.bin records %08x): "
+                           "the file is corrupt or not this checkpoint's", p, (unsigned)crc, (unsigned)h->master_crc32);
+    }
+    return rc;
+}
+
+/* state.bin of dir into hdr and its arrays (version 1: master, m, v; 2: m, v), the
+ * header checked, the CRC-32 when recorded. */
+static int read_state(const char *dir, uint64_t expected, ckpt_state_hdr_t *hdr, float *master, float *m,
+                      float *v) {
     char p[4200];
     snprintf(p, sizeof p, "%s/state.bin", dir);
     FILE *f = fopen(p, "rb");
@@ -229,8 +286,13 @@ int ckpt_read(const char *dir, uint64_t expected, ckpt_state_hdr_t *hdr, float *
         rc = dl_seterr(DL_EFORMAT, "%s: %llu parameters, this drafter has %llu", p,
                        (unsigned long long)hdr->n_params, (unsigned long long)expected);
     size_t n = (size_t)expected;
-    if (rc == 0 && (fread(master, 4, n, f) != n || fread(m, 4, n, f) != n || fread(v, 4, n, f) != n))
-        rc = dl_seterr(DL_EFORMAT, "%s: truncated", p);
+    float *arr[3];
+    int na = 0;
+    if (rc == 0 && hdr->version == CKPT_VERSION_MASTER) arr[na++] = master;
+    arr[na++] = m;
+    arr[na++] = v;
+    for (int i = 0; rc == 0 && i < na; i++)
+        if (fread(arr[i], 4, n, f) != n) rc = dl_seterr(DL_EFORMAT, "%s: truncated", p);
     if (rc == 0 && fgetc(f) != EOF) rc = dl_seterr(DL_EFORMAT, "%s: longer than its header says", p);
     fclose(f);
     if (rc == 0 && hdr->crc_kind == CKPT_CRC32) {
@@ -238,18 +300,24 @@ int ckpt_read(const char *dir, uint64_t expected, ckpt_state_hdr_t *hdr, float *
         h.crc32 = 0;
         uLong crc = crc32_z(0, Z_NULL, 0);
         crc = crc32_z(crc, (const Bytef *)&h, sizeof h);
-        crc = crc32_z(crc, (const Bytef *)master, n * 4);
-        crc = crc32_z(crc, (const Bytef *)m, n * 4);
-        crc = crc32_z(crc, (const Bytef *)v, n * 4);
+        for (int i = 0; i < na; i++) crc = crc32_z(crc, (const Bytef *)arr[i], n * 4);
         if ((uint32_t)crc != hdr->crc32)
             rc = dl_seterr(DL_EFORMAT, "%s: checksum mismatch (CRC-32 %08x, recorded %08x): the file is corrupt", p,
                            (unsigned)crc, (unsigned)hdr->crc32);
     }
-    if (rc < 0 || !cursor) return rc;
+    return rc;
+}
+
+int ckpt_read(const char *dir, const drafter_t *d, ckpt_state_hdr_t *hdr, float *master, float *m, float *v,
+              uint8_t *cursor) {
+    DL_TRY(read_state(dir, drafter_n_params(d), hdr, master, m, v));
+    if (hdr->version != CKPT_VERSION_MASTER) DL_TRY(read_master(dir, d, hdr, master));
+    if (!cursor) return 0;
+    char p[4200];
     snprintf(p, sizeof p, "%s/cursor.bin", dir);
-    f = fopen(p, "rb");
+    FILE *f = fopen(p, "rb");
     if (!f) return dl_seterr(DL_ENOENT, "open %s: %s", p, strerror(errno));
-    if (fread(cursor, 1, 40, f) != 40) rc = dl_seterr(DL_EFORMAT, "%s: truncated", p);
+    int rc = fread(cursor, 1, 40, f) != 40 ? dl_seterr(DL_EFORMAT, "%s: truncated", p) : 0;
     fclose(f);
     return rc;
 }
@@ -308,7 +376,8 @@ static const hfield_t HDR_FIELDS[] = {
 int ckpt_hdr_validate(const ckpt_state_hdr_t *h, const char *path) {
 #define BADF(name, fmt, ...) dl_seterr(DL_EFORMAT, "%s: field '%s' = " fmt ": out of range (corrupt or not " \
                                        "written by draftline)", path, name, __VA_ARGS__)
-    if (h->version != 1) return BADF("version", "%u", h->version);
+    if (h->version != CKPT_VERSION && h->version != CKPT_VERSION_MASTER)
+        return BADF("version", "%u (1 or 2)", h->version);
     if (h->n_params == 0 || h->n_params > (1ull << 40)) return BADF("n_params", "%llu", (unsigned long long)h->n_params);
     if (h->skipped_steps > h->step)
         return BADF("skipped_steps", "%llu (more than the %llu steps applied)", (unsigned long long)h->skipped_steps,
@@ -330,6 +399,8 @@ int ckpt_hdr_validate(const ckpt_state_hdr_t *h, const char *path) {
     if (h->reserved_u32 != 0) return BADF("reserved_u32", "%u (0)", h->reserved_u32);
     if (h->crc_kind != 0 && h->crc_kind != CKPT_CRC32) return BADF("crc_kind", "%u (0 or 1)", h->crc_kind);
     if (h->crc_kind == 0 && h->crc32 != 0) return BADF("crc32", "%08x (0 without crc_kind)", h->crc32);
+    if ((h->crc_kind == 0 || h->version == CKPT_VERSION_MASTER) && h->master_crc32 != 0)
+        return BADF("master_crc32", "%08x (0 unless version 2 with crc_kind)", h->master_crc32);
     for (size_t i = 0; i < sizeof h->reserved; i++)
         if (h->reserved[i]) return BADF("reserved", "byte %zu = %u (0)", i, h->reserved[i]);
 #undef BADF
@@ -346,7 +417,7 @@ static int verify_state(const char *dir, ckpt_state_hdr_t *h, int *checked) {
     DL_TRY(ckpt_hdr_validate(h, p));
     struct stat st;
     if (stat(p, &st) != 0) return dl_seterr(DL_EIO, "stat %s: %s", p, strerror(errno));
-    uint64_t want = sizeof *h + 3 * h->n_params * 4;
+    uint64_t want = sizeof *h + (h->version == CKPT_VERSION_MASTER ? 3 : 2) * h->n_params * 4;
     if ((uint64_t)st.st_size != want)
         return dl_seterr(DL_EFORMAT, "%s: %llu bytes, its header (n_params %llu) says %llu: truncated or corrupt", p,
                          (unsigned long long)st.st_size, (unsigned long long)h->n_params, (unsigned long long)want);
@@ -374,6 +445,39 @@ static int verify_state(const char *dir, ckpt_state_hdr_t *h, int *checked) {
     return rc;
 }
 
+#define CKPT_ST_HEADER_MAX (100u << 20)   /* safetensors header bytes (the safetensors crate's limit) */
+
+/* Version 2: model.safetensors' data CRC-32 (its __metadata__, checked against the data by
+ * dflash_ckpt_verify_weights: model_ok) is state.bin's master_crc32, its data being the
+ * master byte for byte. Reads the header only. */
+static int verify_master(const char *dir, const ckpt_state_hdr_t *h, int model_ok) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    if (!model_ok)
+        return dl_seterr(DL_EFORMAT, "%s: records no checksum, but state.bin (version 2) records its master weights' "
+                         "CRC-32 %08x: not this checkpoint's model", p, (unsigned)h->master_crc32);
+    FILE *f = fopen(p, "rb");
+    if (!f) return dl_seterr(DL_EIO, "open %s: %s", p, strerror(errno));
+    uint64_t hl = 0;
+    char *txt = NULL;
+    int ok = fread(&hl, 8, 1, f) == 1 && hl <= CKPT_ST_HEADER_MAX && (txt = malloc(hl + 1)) &&
+             fread(txt, 1, hl, f) == hl;
+    fclose(f);
+    cJSON *j = ok ? cJSON_ParseWithLength(txt, hl) : NULL;
+    free(txt);
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "__metadata__"),
+                                                      DFLASH_CRC_KEY);
+    unsigned long rec = cJSON_IsString(c) ? strtoul(c->valuestring, NULL, 16) : 0;
+    int have = cJSON_IsString(c);
+    cJSON_Delete(j);
+    if (!have) return dl_seterr(DL_EFORMAT, "%s: header unreadable", p);
+    if ((uint32_t)rec != h->master_crc32)
+        return dl_seterr(DL_EFORMAT, "%s: its data (CRC-32 %08lx) is not the master weights state.bin records "
+                         "(CRC-32 %08x): the file is corrupt or not this checkpoint's", p, rec,
+                         (unsigned)h->master_crc32);
+    return 0;
+}
+
 int ckpt_verify(const char *dir, unsigned *unverified) {
     unsigned un = 0;
     ckpt_state_hdr_t h;
@@ -382,6 +486,7 @@ int ckpt_verify(const char *dir, unsigned *unverified) {
     if (!ok) un |= CKPT_UNVERIFIED_STATE;
     DL_TRY(dflash_ckpt_verify_weights(dir, &ok));
     if (!ok) un |= CKPT_UNVERIFIED_MODEL;
+    if (h.version != CKPT_VERSION_MASTER && h.crc_kind == CKPT_CRC32) DL_TRY(verify_master(dir, &h, ok));
     char p[4200];
     snprintf(p, sizeof p, "%s/cursor.bin", dir);
     FILE *f = fopen(p, "rb");

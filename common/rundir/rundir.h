@@ -113,6 +113,7 @@ typedef struct {
     int deterministic;                  /* 0/1; -1 absent (read) */
     char target_precision[8];           /* --target-precision, "bf16"|"fp8" as given; "" = not
                                          * written / absent (runs before it was recorded) */
+    int has_target_precision;           /* the key is there (read; its value may be "") */
     struct {
         char id[64];                    /* "" = no rebalance yet: the object is not written */
         char status[16];                /* accepted|rejected|done|failed|... */

@@ -361,6 +361,7 @@ static int read_obj(const rctx_t *c, const cJSON *o, rundir_run_t *r) {
     if (v && !cJSON_IsBool(v)) return bad_key(c, "deterministic", "expected true or false");
     if (v) r->deterministic = cJSON_IsTrue(v);
     DL_TRY(get_str(c, o, "target_precision", r->target_precision, sizeof r->target_precision));
+    r->has_target_precision = cJSON_HasObjectItem(o, "target_precision");
     DL_TRY(read_rebalance(c, o, r));
     DL_TRY(read_throughput(c, o, r));
     DL_TRY(read_nodes(c, o, r));

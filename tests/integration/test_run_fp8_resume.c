@@ -11,7 +11,9 @@
  *  - a run.json whose target_precision is not a string (hand-edited), and the checkpoint
  *    copied out of its run dir: --resume says its run.json settings are not taken / that
  *    the precision is bf16 for want of a run.json (before: not a word, the fp8 run went on
- *    in bf16 and with the default --target-model).
+ *    in bf16 and with the default --target-model);
+ *  - a run.json whose target_precision is "" (hand-edited): --resume says it is ignored
+ *    and bf16 used (before: taken silently as bf16).
  * Every child has a hard timeout and is killed and reaped. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -149,10 +151,37 @@ static void test_resume_unknown_precision(void **state) {
     assert_int_equal(count_in(log5, "not in a run dir (no run.json): target precision bf16"), 1);
 }
 
+/* after test_resume_unknown_precision (the run dir at step 7): "target_precision": "" */
+static void test_resume_empty_precision(void **state) {
+    (void)state;
+    char out[400], rj[500], log6[500];
+    snprintf(out, sizeof out, "%s/run", fx.root);
+    snprintf(rj, sizeof rj, "%s/run.json", out);
+    snprintf(log6, sizeof log6, "%s/empty.out", fx.root);
+    char *txt = pf_slurp(rj, NULL);
+    assert_non_null(txt);
+    const char *key = "\"target_precision\":\t\"";
+    char *at = strstr(txt, key);
+    assert_non_null(at);
+    char *end = strchr(at + strlen(key), '"');
+    assert_non_null(end);
+    FILE *f = fopen(rj, "wb");
+    assert_non_null(f);
+    fprintf(f, "%.*s\"target_precision\": \"\"%s", (int)(at - txt), txt, end + 1);
+    assert_int_equal(fclose(f), 0);
+    free(txt);
+    const char *args[] = {"--resume", out, "--max-steps", "8", NULL};
+    assert_int_equal(run_draftline(log6, 1, args), 0);
+    const char *want = "target_precision '' is neither bf16 nor fp8: ignored (bf16)";
+    if (count_in(log6, want) != 1) pf_show(log6);
+    assert_int_equal(count_in(log6, want), 1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resume_keeps_fp8),
         cmocka_unit_test(test_resume_unknown_precision),
+        cmocka_unit_test(test_resume_empty_precision),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -6,7 +6,12 @@
  * the run below: the tiny random Llama-shaped target of test_pipeline, the first 60 GSM8K
  * training samples, 2 targets + 2 drafters on CPU, 1 thread each, --max-steps 4
  * --save-every 2 --deterministic. The test runs the same command with the current code and
- * asserts that step_4's three files are bitwise equal to the reference.
+ * asserts that step_4's model.safetensors and cursor.bin are bitwise equal to the
+ * reference, and that its training state is: state.bin is decoded on both sides
+ * (ckpt_read; the reference is version 1 with master, m, v, the new one version 2 with m,
+ * v and the master from model.safetensors), master, m and v bitwise equal, and the
+ * header's fields (step, tokens, n_params, seed, skipped steps, K, schedule, settings,
+ * target fingerprint) equal. The state.bin files themselves differ (format version).
  *
  * The CPU math goes through OpenBLAS, whose kernels depend on the CPU it picks at run time
  * (its "core name"); the reference was made with the kernels OpenBLAS picks here
@@ -23,6 +28,10 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "common/model/dflash_ckpt.h"
+#include "common/model/drafter.h"
+#include "common/ops/ops.h"
+#include "common/pipe/ckpt.h"
 #include "tests/support/pipeline_fixture.h"
 #include "tests/support/proc.h"
 
@@ -60,6 +69,42 @@ static int copy_file(const char *from, const char *to) {
     if (f && fclose(f) != 0) ok = 0;
     free(b);
     return ok ? 0 : -1;
+}
+
+/* The training state of checkpoint dir `got` is the one of `want` (either state.bin
+ * version): header fields, master, m, v bitwise (decoded by ckpt_read with the drafter
+ * table of got's config.json). */
+static void same_state(const char *got, const char *want) {
+    drafter_config_t dc;
+    assert_int_equal(dflash_config_load(got, &dc), 0);
+    ops_ctx_t ops;
+    ops_cpu_init(&ops, 1);
+    static const float no_embed[1];
+    drafter_new_opts_t lo = {.layout_only = 1};
+    drafter_t *d;
+    assert_int_equal(drafter_new_opts(&ops, &dc, no_embed, no_embed, 1, 1, 0, &lo, &d), 0);
+    size_t P = drafter_n_params(d);
+    float *a[3], *b[3];
+    for (int i = 0; i < 3; i++) assert_non_null((a[i] = malloc(P * 4)) && (b[i] = malloc(P * 4)));
+    ckpt_state_hdr_t ha, hb;
+    assert_int_equal(ckpt_read(got, d, &ha, a[0], a[1], a[2], NULL), 0);
+    assert_int_equal(ckpt_read(want, d, &hb, b[0], b[1], b[2], NULL), 0);
+    printf("state.bin version %u here, %u in the reference\n", ha.version, hb.version);
+    assert_int_equal(ha.version, CKPT_VERSION);
+    assert_int_equal(ha.crc_kind, CKPT_CRC32);
+    /* every field from step to target_fp (the checksum fields follow it) */
+    size_t lo_off = offsetof(ckpt_state_hdr_t, step), hi_off = offsetof(ckpt_state_hdr_t, crc_kind);
+    assert_memory_equal((const char *)&ha + lo_off, (const char *)&hb + lo_off, hi_off - lo_off);
+    assert_int_equal(ha.n_params, P);
+    static const char *const what[3] = {"master", "Adam m", "Adam v"};
+    for (int i = 0; i < 3; i++) {
+        int same = memcmp(a[i], b[i], P * 4) == 0;
+        if (!same) printf("%s/state: %s differs from the reference's\n", got, what[i]);
+        assert_true(same);
+        free(a[i]);
+        free(b[i]);
+    }
+    drafter_destroy(&d);
 }
 
 static void test_step4_equals_reference(void **state) {
@@ -113,13 +158,15 @@ static void test_step4_equals_reference(void **state) {
         printf("reference written to %s (OpenBLAS core %s)\n", write_dir, core);
         return;
     }
-    for (int i = 0; i < 3; i++) {
+    for (int i = 1; i < 3; i++) {   /* model.safetensors, cursor.bin: bytes */
         snprintf(got, sizeof got, "%s/checkpoints/step_4/%s", out, files[i]);
         snprintf(want, sizeof want, "%s/%s", REF_DIR, files[i]);
         int same = pf_same_file(got, want);
         if (!same) printf("%s differs from the reference %s\n", got, want);
         assert_true(same);
     }
+    snprintf(got, sizeof got, "%s/checkpoints/step_4", out);
+    same_state(got, REF_DIR);
 }
 
 int main(void) {
