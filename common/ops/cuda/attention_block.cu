@@ -33,10 +33,12 @@ extern "C" {
 
 #define AB_BN 64     // keys per tile
 #define AB_WARPS 4   // warps per forward / dQ block
-// Kernel variant used by the ops table (ops_cuda_attention_block_variant): 1 = one block
-// per thread block (v1), 2 = pairs of blocks (attention_block_pair.cuh) and 128-key dK/dV
-// context tiles.
-#define AB_DEFAULT_VARIANT 2
+// Kernel variant used by the ops table (ops_cuda_attention_block_variant, which lists
+// them): 4 = pairs of blocks for the forward and dQ (attention_block_pair.cuh), wgmma for
+// the dK/dV context tiles (attention_block_wg.cuh). On an H200, 8 x 4096 tokens, 512
+// anchors (bench_ops): fwd 14.4 / 10.0 / 10.8 / 10.0 ms, dQ 16.8 / 12.2 / 15.3 / 12.3 ms,
+// dK/dV 31.3 / 30.6 / 29.2 / 22.8 ms for variants 1 / 2 / 3 / 4 (bench/NOTES.md).
+#define AB_DEFAULT_VARIANT 4
 
 // ------------------------------------------------------------------ forward / dQ
 // Task of warp w in block (j, hk, z): task = z*AB_WARPS + w -> (hg, qc), query
