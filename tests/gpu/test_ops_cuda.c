@@ -484,7 +484,7 @@ static void run_block(int Nb, int B, int Tc, int H, int Hkv, int hd) {
 /* Every kernel variant (ops_cuda_attention_block_variant) against the CPU reference. */
 static void test_attention_block(void **state) {
     (void)state;
-    for (int variant = 1; variant <= 4; variant++) {
+    for (int variant = 1; variant <= 6; variant++) {
         ops_cuda_attention_block_variant(variant);
         run_block(9, 16, 150, 4, 2, 64);   /* DFlash B=16, GQA 2:1, odd Nb */
         run_block(6, 7, 200, 8, 2, 128);   /* odd block size, GQA 4:1 */

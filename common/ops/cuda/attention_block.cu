@@ -34,11 +34,12 @@ extern "C" {
 #define AB_BN 64     // keys per tile
 #define AB_WARPS 4   // warps per forward / dQ block
 // Kernel variant used by the ops table (ops_cuda_attention_block_variant, which lists
-// them): 4 = pairs of blocks for the forward and dQ (attention_block_pair.cuh), wgmma for
-// the dK/dV context tiles (attention_block_wg.cuh). On an H200, 8 x 4096 tokens, 512
-// anchors (bench_ops): fwd 14.4 / 10.0 / 10.8 / 10.0 ms, dQ 16.8 / 12.2 / 15.3 / 12.3 ms,
-// dK/dV 31.3 / 30.6 / 29.2 / 22.8 ms for variants 1 / 2 / 3 / 4 (bench/NOTES.md).
-#define AB_DEFAULT_VARIANT 4
+// them): 5 = wgmma for the forward and the dK/dV context tiles (attention_block_wg.cuh),
+// pairs of blocks for dQ (attention_block_pair.cuh). On an H200, 8 x 4096 tokens, 512
+// anchors (bench_ops): fwd 14.3 / 10.0 / 10.9 / 10.0 / 8.9 ms, dQ 16.7 / 12.2 / 15.3 /
+// 12.2 / 12.2 (13.1 on wgmma) ms, dK/dV 31.3 / 30.6 / 29.3 / 22.9 / 23.0 ms for variants
+// 1 / 2 / 3 / 4 / 5 (bench/NOTES.md).
+#define AB_DEFAULT_VARIANT 5
 
 // ------------------------------------------------------------------ forward / dQ
 // Task of warp w in block (j, hk, z): task = z*AB_WARPS + w -> (hg, qc), query
@@ -510,8 +511,10 @@ attn_block_dkv_kernel(bf16 *dkb, bf16 *dvb, bf16 *dkc, bf16 *dvc, const bf16 *do
         if (is_ctx) return kk < Tc ? xc + (size_t)kk * kstride + (size_t)hk * hd : nullptr;
         return kk < B ? xb + ((size_t)own_j * B + kk) * kstride + (size_t)hk * hd : nullptr;
     };
-    load_rows_async<HDP, KT>(Ks, [&](int r) { return kvrow(kc, kb, r); }, hd, vec, tid, blockDim.x, q);
-    load_rows_async<HDP, KT>(Vs, [&](int r) { return kvrow(vc, vb, r); }, hd, vec, tid, blockDim.x, q);
+    load_rows_async<HDP, KT>(Ks, [&](int r) { return kvrow(kc, kb, r); }, hd, vec, tid,
+                             blockDim.x, q);
+    load_rows_async<HDP, KT>(Vs, [&](int r) { return kvrow(vc, vb, r); }, hd, vec, tid,
+                             blockDim.x, q);
     cp_async_commit();
 
     float dk[HDP / 8][4], dv[HDP / 8][4];
@@ -682,7 +685,7 @@ static void launch_dkv(const ops_ctx_t *c, int variant, bf16 *dkb, bf16 *dvb, bf
     if (variant == 1) {
         launch_dkv_range<HDP, 4, false>(c, dkb, dvb, dkc, dvc, dout, lse, D, q, kb, vb, kc, vc,
                                         cs, cl, Nb, B, Tc, H, Hkv, hd, 0, all4);
-    } else if (variant == 4 && HDP == 128 && hd == 128 && abw_supported() &&
+    } else if (variant >= 4 && HDP == 128 && hd == 128 && abw_supported() &&
                vec_ok(hd, q, kb, vb, kc, vc) && ((uintptr_t)dout & 15) == 0) {
         // context tiles with wgmma; own tiles (B rows of one block) with the mma.sync kernel
         constexpr int QROWS = AB_GH * 16;
@@ -698,7 +701,7 @@ static void launch_dkv(const ops_ctx_t *c, int variant, bf16 *dkb, bf16 *dvb, bf
         }
         launch_dkv_range<HDP, 4, true>(c, dkb, dvb, NULL, NULL, dout, lse, D, q, kb, vb, kc, vc,
                                        cs, cl, Nb, B, Tc, H, Hkv, hd, nct4, all4);
-    } else if (variant == 2 || variant == 4) {
+    } else if (variant == 2 || variant >= 4) {
         launch_dkv_range<HDP, 4, true>(c, dkb, dvb, dkc, dvc, dout, lse, D, q, kb, vb, kc, vc,
                                        cs, cl, Nb, B, Tc, H, Hkv, hd, 0, all4);
     } else {
@@ -737,10 +740,21 @@ static void launch_q(const ops_ctx_t *c, int variant, bf16 *out, float *lse, bf1
                      const void *kb, const void *vb, const void *kc, const void *vc,
                      const int32_t *cs, const int32_t *cl, int Nb, int B, int H, int Hkv,
                      int hd) {
-    if (variant == 1)
+    // variant 5: the forward on wgmma, dQ with the pair kernel (measured faster); 6: both
+    const bool wgq = BWD ? variant == 6 : variant >= 5;
+    if (wgq && HDP == 128 && hd == 128 && H == 4 * Hkv && B <= 16 && abw_supported() &&
+        vec_ok(hd, q, kb, vb, kc, vc) && (!BWD || ((uintptr_t)dout & 15) == 0)) {
+        size_t smem = (size_t)(BWD ? 8 : 6) * ABW_TILE_BYTES;
+        cuda_check(cudaFuncSetAttribute(attn_block_wgq_kernel<BWD>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attn_block_wgq_kernel<BWD><<<dim3((Nb + 1) / 2, Hkv), 256, smem, cuda_stream(c)>>>(
+            out, lse, dq, dout, lse_in, D, (const bf16 *)q, (const bf16 *)kb, (const bf16 *)vb,
+            (const bf16 *)kc, (const bf16 *)vc, cs, cl, Nb, B, H, Hkv, 1.0f / sqrtf((float)hd));
+        cuda_check_launch();
+    } else if (variant == 1)
         launch_qmajor<HDP, BWD>(c, out, lse, dq, dout, lse_in, D, q, kb, vb, kc, vc, cs, cl, Nb,
                                 B, H, Hkv, hd);
-    else if (variant == 2 || variant == 4)  // 64-key tiles forward, 32 in dQ (its f32 dP doubles the registers)
+    else if (variant == 2 || variant >= 4)  // 64-key tiles forward, 32 in dQ (f32 dP: registers)
         launch_pair<HDP, BWD, BWD ? 32 : 64>(c, out, lse, dq, dout, lse_in, D, q, kb, vb, kc, vc,
                                              cs, cl, Nb, B, H, Hkv, hd);
     else  // variant 3: 32-key tiles forward, 16 in dQ
@@ -753,7 +767,7 @@ static int g_ab_variant = AB_DEFAULT_VARIANT;
 
 extern "C" int ops_cuda_attention_block_variant(int variant) {
     int old = g_ab_variant;
-    if (variant >= 0 && variant <= 4) g_ab_variant = variant == 0 ? AB_DEFAULT_VARIANT : variant;
+    if (variant >= 0 && variant <= 6) g_ab_variant = variant == 0 ? AB_DEFAULT_VARIANT : variant;
     return old;
 }
 
@@ -815,6 +829,7 @@ void cuda_attention_block_backward(const ops_ctx_t *c, void *dq, void *dkb, void
     if (dkb || dvb || dkc || dvc)
         AB_DISPATCH(hd, "attention_block_backward",
                     (launch_dkv<HDP_>(c, g_ab_variant, (bf16 *)dkb, (bf16 *)dvb, (bf16 *)dkc,
-                                      (bf16 *)dvc, (const bf16 *)dout, lse, D, q, kb, vb, kc, vc, ctx_start,
+                                      (bf16 *)dvc, (const bf16 *)dout, lse, D, q, kb, vb, kc, vc,
+                                      ctx_start,
                                       ctx_len, Nb, B, Tc, H, Hkv, hd)));
 }

@@ -116,6 +116,59 @@ __device__ __forceinline__ void abp_dq_tile(float (*sc)[BN / 8][4], float (*acc)
     abp_pv<HDP, BN>(acc, sc, Ks, lane);  // dS K: the same product shape as P V
 }
 
+// The key tiles of a pair of blocks (ja, ja+1) (uniform over the thread block): the
+// context rows of the blocks served (need0, need1), walked as one interval [alo, ahi)
+// when their windows overlap or touch, else as [alo, ahi) then [blo, bhi), in BN-key
+// tiles; then ceil(B / (BN/2)) own tiles (block ja's own rows in the first BN/2 tile
+// rows, ja+1's in the last BN/2).
+template <int BN>
+struct abp_tiles {
+    static constexpr int HALF = BN / 2;
+    int alo = 0, ahi = 0, blo = 0, bhi = 0, n1 = 0, n2 = 0, ntile = 0;
+    __device__ __forceinline__ abp_tiles(const int32_t *ctx_start, const int32_t *ctx_len, int ja,
+                                         bool need0, bool need1, int B) {
+        int lo0 = 0, hi0 = 0, lo1 = 0, hi1 = 0;
+        if (need0) { lo0 = ctx_start[ja]; hi0 = lo0 + ctx_len[ja]; }
+        if (need1) { lo1 = ctx_start[ja + 1]; hi1 = lo1 + ctx_len[ja + 1]; }
+        alo = lo0, ahi = hi0;
+        if (lo0 >= hi0) {
+            alo = lo1, ahi = hi1;
+        } else if (lo1 < hi1) {
+            if (max(lo0, lo1) <= min(hi0, hi1)) {
+                alo = min(lo0, lo1), ahi = max(hi0, hi1);
+            } else if (lo1 < lo0) {
+                alo = lo1, ahi = hi1, blo = lo0, bhi = hi0;
+            } else {
+                blo = lo1, bhi = hi1;
+            }
+        }
+        n1 = ahi > alo ? (ahi - alo + BN - 1) / BN : 0;
+        n2 = bhi > blo ? (bhi - blo + BN - 1) / BN : 0;
+        ntile = n1 + n2 + (B + HALF - 1) / HALF;
+    }
+    // Tile it: context keys k0.. (rows < kend) and -1, or the own tile's index.
+    __device__ __forceinline__ int tile(int it, int *k0, int *kend) const {
+        if (it < n1) { *k0 = alo + it * BN; *kend = ahi; return -1; }
+        if (it < n1 + n2) { *k0 = blo + (it - n1) * BN; *kend = bhi; return -1; }
+        *k0 = *kend = 0;
+        return it - n1 - n2;
+    }
+    // Columns [*klo, *khi) of tile it visible to block ja + sel, whose context window is
+    // [vlo, vhi) (empty when *klo >= *khi).
+    __device__ __forceinline__ void window(int it, int sel, int vlo, int vhi, int B, int *klo,
+                                           int *khi) const {
+        int k0, kend;
+        const int own = tile(it, &k0, &kend);
+        if (own < 0) {
+            *klo = max(vlo - k0, 0);
+            *khi = min(min(vhi, kend) - k0, BN);
+        } else {
+            *klo = sel * HALF;
+            *khi = *klo + min(HALF, B - own * HALF);
+        }
+    }
+};
+
 template <int HDP, bool BWD, int BN>
 __global__ void __launch_bounds__(128)
 attn_block_pair_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout, const float *lse_in,
@@ -140,35 +193,11 @@ attn_block_pair_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout, const 
     const size_t qstride = (size_t)H * hd, kstride = (size_t)Hkv * hd;
     const float scale_log2 = scale * ATTN_LOG2E;
 
-    // the context intervals to walk (uniform): [alo, ahi), then [blo, bhi)
-    int lo0 = 0, hi0 = 0, lo1 = 0, hi1 = 0;
-    if (need0) { lo0 = ctx_start[ja]; hi0 = lo0 + ctx_len[ja]; }
-    if (need1) { lo1 = ctx_start[ja + 1]; hi1 = lo1 + ctx_len[ja + 1]; }
-    int alo = lo0, ahi = hi0, blo = 0, bhi = 0;
-    if (lo0 >= hi0) {
-        alo = lo1, ahi = hi1;
-    } else if (lo1 < hi1) {
-        if (max(lo0, lo1) <= min(hi0, hi1)) {
-            alo = min(lo0, lo1), ahi = max(hi0, hi1);
-        } else if (lo1 < lo0) {
-            alo = lo1, ahi = hi1, blo = lo0, bhi = hi0;
-        } else {
-            blo = lo1, bhi = hi1;
-        }
-    }
-    const int n1 = ahi > alo ? (ahi - alo + BN - 1) / BN : 0;
-    const int n2 = bhi > blo ? (bhi - blo + BN - 1) / BN : 0;
-    const int ntile = n1 + n2 + (B + HALF - 1) / HALF;
-    // tile it: context keys k0.. (rows < kend), or own tile `own` (-1 for context)
-    auto tile_of = [&](int it, int *k0, int *kend) -> int {
-        if (it < n1) { *k0 = alo + it * BN; *kend = ahi; return -1; }
-        if (it < n1 + n2) { *k0 = blo + (it - n1) * BN; *kend = bhi; return -1; }
-        *k0 = *kend = 0;
-        return it - n1 - n2;
-    };
+    const abp_tiles<BN> tl(ctx_start, ctx_len, ja, need0, need1, B);
+    const int ntile = tl.ntile;
     auto issue = [&](int it) {
         int k0, kend;
-        const int own = tile_of(it, &k0, &kend);
+        const int own = tl.tile(it, &k0, &kend);
         bf16 *Ks = KV + (it & 1) * 2 * BN * LD, *Vs = Ks + BN * LD;
         auto rowp = [&](const bf16 *xc, const bf16 *xb, int r) -> const bf16 * {
             if (own < 0) {
@@ -238,15 +267,8 @@ attn_block_pair_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout, const 
             cp_async_wait<0>();
         }
         __syncthreads();
-        int k0, kend, klo, khi;  // the warp's visible tile columns [klo, khi)
-        const int own = tile_of(it, &k0, &kend);
-        if (own < 0) {
-            klo = max(vlo - k0, 0);
-            khi = min(min(vhi, kend) - k0, BN);
-        } else {
-            klo = sel * HALF;
-            khi = klo + min(HALF, B - own * HALF);
-        }
+        int klo, khi;  // the warp's visible tile columns [klo, khi)
+        tl.window(it, sel, vlo, vhi, B, &klo, &khi);
         if (wact && klo < khi) {
             const bf16 *Ks = KV + (it & 1) * 2 * BN * LD, *Vs = Ks + BN * LD;
             const bool need_mask = klo > 0 || khi < BN;

@@ -22,8 +22,9 @@ void ops_cuda_attention_varlen_forward_variant(const ops_ctx_t *c, int variant, 
  * block, 64-key dK/dV tiles; 2 = pairs of consecutive blocks per thread block (shared
  * K/V tiles; 64-key tiles forward, 32 in dQ), 128-key dK/dV context tiles; 3 = as 2 with
  * 32-key tiles forward and 16 in dQ; 4 = as 2 with the dK/dV context tiles on Hopper's
- * wgmma (head dim 128; other head dims as 2); 0 = the default. Values outside 0..4
- * change nothing.
+ * wgmma (head dim 128; other head dims as 2); 5 = as 4 with the forward on wgmma too
+ * (head dim 128, H = 4 Hkv, B <= 16; otherwise as 4); 6 = as 5 with dQ on wgmma too;
+ * 0 = the default (5). Values outside 0..6 change nothing.
  * Same results within
  * rounding (f32 sums in another order); each variant is deterministic. variant < 0 only
  * queries. Returns the variant in use before the call. */
