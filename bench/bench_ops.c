@@ -311,6 +311,63 @@ static void bench_attention_block(int quick) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) C.impl->free_(&C, bufs[i]);
 }
 
+/* Per-head q/k norm + RoPE at the drafter's shapes (N = 65536 rows, hd 128; nh 32: q,
+ * nh 8: block keys), fused (one kernel each way) against the unfused pair
+ * rmsnorm + rope. GB/s counts the bf16 tensor bytes the op must move once (fwd: read
+ * inp, write out; bwd: read dout and inp, write dinp), whatever the passes. */
+static void bench_qk_norm_rope(int quick) {
+    const int N = 65536, hd = 128, nhs[2] = {32, 8};
+    const int reps = quick ? 3 : 10;
+    rope_params_t rp = {.theta = 1e6};
+    float inv[64];
+    ops_rope_inv_freq(&rp, hd, inv);
+    int32_t *pos = malloc((size_t)N * sizeof(int32_t));
+    for (int i = 0; i < N; i++) pos[i] = (i / 16) * 7 % 4096 + i % 16; /* DFlash-like rows */
+    int32_t *dpos = dev_raw(pos, (size_t)N * 4);
+    float *dinv = dev_raw(inv, sizeof inv);
+    for (int k = 0; k < 2; k++) {
+        const int nh = nhs[k];
+        const size_t rows = (size_t)N * nh, n = rows * hd;
+        char name[128];
+        float ms;
+        void *x = rand_act(n, 2.0f, 11), *w = rand_act(hd, 1.0f, 12), *dy = rand_act(n, 1.0f, 13);
+        void *y = C.impl->malloc_(&C, n * 2), *dx = C.impl->malloc_(&C, n * 2);
+        void *t = C.impl->malloc_(&C, n * 2);
+        float *rstd = dev_f32(rows, 0.0f), *dw = dev_f32(hd, 0.0f);
+        TIME_MS(ms, 3, reps,
+                C.impl->qk_norm_rope_forward(&C, y, rstd, x, w, 1e-6f, dpos, dinv, N, nh, hd));
+        snprintf(name, sizeof name, "qk norm+rope fwd fused   (%d, %d, %d)", N, nh, hd);
+        report(name, ms, 0, 2.0 * n * 2);
+        TIME_MS(ms, 3, reps, {
+            C.impl->rmsnorm_forward(&C, y, rstd, x, w, 1e-6f, (int)rows, hd);
+            C.impl->rope_forward(&C, y, dpos, dinv, N, nh, hd);
+        });
+        snprintf(name, sizeof name, "qk norm+rope fwd unfused (%d, %d, %d)", N, nh, hd);
+        report(name, ms, 0, 2.0 * n * 2);
+        TIME_MS(ms, 3, reps,
+                C.impl->qk_norm_rope_backward(&C, dx, dw, dy, x, w, rstd, dpos, dinv, 1e-6f, N, nh,
+                                              hd));
+        snprintf(name, sizeof name, "qk norm+rope bwd fused   (%d, %d, %d) incl. dweight", N, nh,
+                 hd);
+        report(name, ms, 0, 3.0 * n * 2);
+        /* unfused: rope_backward in place on t (as the drafter did on dout); t starts as a
+         * copy of dout, and rotating it again each repetition moves the same bytes */
+        C.impl->copy(&C, t, dy, n * 2);
+        TIME_MS(ms, 3, reps, {
+            C.impl->rope_backward(&C, t, dpos, dinv, N, nh, hd);
+            C.impl->rmsnorm_backward(&C, dx, dw, t, x, w, rstd, (int)rows, hd);
+        });
+        snprintf(name, sizeof name, "qk norm+rope bwd unfused (%d, %d, %d) incl. dweight", N, nh,
+                 hd);
+        report(name, ms, 0, 3.0 * n * 2);
+        void *bufs[] = {x, w, dy, y, dx, t, rstd, dw};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) C.impl->free_(&C, bufs[i]);
+    }
+    free(pos);
+    C.impl->free_(&C, dpos);
+    C.impl->free_(&C, dinv);
+}
+
 int main(int argc, char **argv) {
     int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     int ndev = 0;
@@ -337,6 +394,7 @@ int main(int argc, char **argv) {
     bench_pointwise();
     bench_attention_varlen(quick);
     bench_attention_block(quick);
+    bench_qk_norm_rope(quick);
     cudaError_t e = cudaDeviceSynchronize();
     if (e != cudaSuccess) {
         fprintf(stderr, "bench_ops: CUDA error: %s\n", cudaGetErrorString(e));

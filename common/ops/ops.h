@@ -236,6 +236,30 @@ struct ops_impl {
      * the reason set (CUDA: device below sm_89, K % 16 or N % 16 not 0, or cuBLASLt has no
      * FP8 algorithm for the shape). CPU: always 0 (exact emulation in fp32). */
     int (*fp8_check)(const ops_ctx_t *c, int K, int N);
+
+    /* ---- Per-head q/k norm + RoPE, fused (drafter attention inputs; Qwen3 q_norm/k_norm,
+     * then apply_rotary_pos_emb). Added last, like the groups above.
+     * Forward: out (N,nh,hd) act = rope(rmsnorm(inp) * weight) per head row, i.e.
+     *   rmsnorm_forward(out, rstd, inp, weight, eps, N*nh, hd), then rope_forward(out, pos,
+     *   inv_freq, N, nh, hd); inp (N,nh,hd) act, weight (hd) act, rstd (N*nh) f32 saved
+     *   (may be NULL), pos (N) i32, inv_freq (hd/2) f32; hd even. out may alias inp.
+     *   CPU: exactly that composition (same bits). CUDA: one pass, f32 math, the
+     *   normalised value is not rounded to bf16 before the rotation (one rounding, of out).
+     * (common/ops/cpu/qknorm_rope.c, cuda/qknorm_rope.cu) */
+    void (*qk_norm_rope_forward)(const ops_ctx_t *c, void *out, float *rstd, const void *inp,
+                                 const void *weight, float eps, const int32_t *pos,
+                                 const float *inv_freq, int N, int nh, int hd);
+    /* Backward: rope_backward of dout (N,nh,hd) act, then rmsnorm_backward:
+     *   dinp (N,nh,hd) act ASSIGNED (may alias dout; NULL: not needed), dweight (hd) f32 +=
+     *   (NULL: not needed), deterministic; dout is not modified unless dinp aliases it.
+     *   rstd (N*nh) f32 as saved by the forward; NULL: recomputed with eps. Other arguments
+     *   as the forward. CPU: the composition (same bits); CUDA: one pass, f32 math (the
+     *   rotated gradient is not rounded to bf16), dweight by per-block partials reduced in
+     *   a fixed order (no atomics). */
+    void (*qk_norm_rope_backward)(const ops_ctx_t *c, void *dinp, float *dweight,
+                                  const void *dout, const void *inp, const void *weight,
+                                  const float *rstd, const int32_t *pos, const float *inv_freq,
+                                  float eps, int N, int nh, int hd);
 };
 
 /* Backend constructors. ops_cpu_init never fails. ops_cuda_init selects the device,

@@ -498,6 +498,8 @@ static void test_attention_block(void **state) {
     ops_cuda_attention_block_variant(0);
 }
 
+static void test_qk_norm_rope(void **state);
+
 int main(void) {
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -516,9 +518,133 @@ int main(void) {
         cmocka_unit_test(test_embedding),       cmocka_unit_test(test_xent),
         cmocka_unit_test(test_adamw),           cmocka_unit_test(test_attention_varlen),
         cmocka_unit_test(test_attention_block), cmocka_unit_test(test_f32_add_scale),
+        cmocka_unit_test(test_qk_norm_rope),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ops_ctx_destroy(&g_gpu);
     ops_ctx_destroy(&g_cpu);
     return rc;
+}
+
+/* ------------------------------------------------------------ fused q/k norm + rope */
+/* One case's inputs (host f32, bf16-representable) and the CPU results. */
+typedef struct {
+    int N, nh, hd, mis; /* mis: the GPU input 2 bytes off 4-byte alignment (general path) */
+    size_t rows, n;
+    float *x, *w, *dy, *dw0, *inv;
+    int32_t *pos;
+    float *y, *rs, *dx, *dw; /* CPU: out, rstd, dinp, dweight (dw0 +=) */
+} qr_case_t;
+
+/* CPU fused entries, checked bitwise against the composition of the unfused ones. */
+static void qr_cpu(qr_case_t *k) {
+    const float eps = 1e-6f;
+    float *cx = cput(k->x, k->n), *cw = cput(k->w, k->hd), *cdy = cput(k->dy, k->n);
+    float *u = cput(k->x, k->n), *urs = cput(k->x, k->rows), *t = cput(k->dy, k->n);
+    float *udx = cput(k->x, k->n), *udw = cput(k->dw0, k->hd);
+    k->y = cput(k->x, k->n), k->rs = cput(k->x, k->rows), k->dx = cput(k->x, k->n);
+    k->dw = cput(k->dw0, k->hd);
+    g_cpu.impl->qk_norm_rope_forward(&g_cpu, k->y, k->rs, cx, cw, eps, k->pos, k->inv, k->N,
+                                     k->nh, k->hd);
+    g_cpu.impl->qk_norm_rope_backward(&g_cpu, k->dx, k->dw, cdy, cx, cw, k->rs, k->pos, k->inv,
+                                      eps, k->N, k->nh, k->hd);
+    g_cpu.impl->rmsnorm_forward(&g_cpu, u, urs, cx, cw, eps, (int)k->rows, k->hd);
+    g_cpu.impl->rope_forward(&g_cpu, u, k->pos, k->inv, k->N, k->nh, k->hd);
+    g_cpu.impl->rope_backward(&g_cpu, t, k->pos, k->inv, k->N, k->nh, k->hd);
+    g_cpu.impl->rmsnorm_backward(&g_cpu, udx, udw, t, cx, cw, urs, (int)k->rows, k->hd);
+    assert_memory_equal(k->y, u, k->n * sizeof(float));
+    assert_memory_equal(k->rs, urs, k->rows * sizeof(float));
+    assert_memory_equal(k->dx, udx, k->n * sizeof(float));
+    assert_memory_equal(k->dw, udw, (size_t)k->hd * sizeof(float));
+    assert_memory_equal(cdy, k->dy, k->n * sizeof(float)); /* dout left as it was */
+    cfree(cx); cfree(cw); cfree(cdy); cfree(u); cfree(urs); cfree(t); cfree(udx); cfree(udw);
+}
+
+/* GPU fused vs the CPU results, vs the GPU unfused ops, rstd NULL, aliasing, repeatability. */
+static void qr_gpu(const qr_case_t *k) {
+    char name[128];
+    const float eps = 1e-6f;
+    const size_t n = k->n, rows = k->rows, hd = (size_t)k->hd;
+    void *gxb = g_gpu.impl->malloc_(&g_gpu, (n + 1) * 2); /* x at byte offset 2*mis */
+    void *gx = (char *)gxb + 2 * k->mis;
+    g_gpu.impl->upload_act(&g_gpu, gx, k->x, n);
+    void *gw = gput(k->w, hd), *gdy = gput(k->dy, n), *gy = gput(k->x, n), *gdx = gput(k->x, n);
+    void *gu = gput(k->x, n), *gt = gput(k->dy, n), *gudx = gput(k->x, n);
+    float *grs = gput_raw(k->x, rows * 4), *gurs = gput_raw(k->x, rows * 4);
+    float *gdw = gput_raw(k->dw0, hd * 4), *gdw2 = gput_raw(k->dw0, hd * 4);
+    float *gudw = gput_raw(k->dw0, hd * 4);
+    int32_t *gpos = gput_raw(k->pos, (size_t)k->N * 4);
+    float *ginv = gput_raw(k->inv, hd / 2 * 4);
+    g_gpu.impl->qk_norm_rope_forward(&g_gpu, gy, grs, gx, gw, eps, gpos, ginv, k->N, k->nh, k->hd);
+    g_gpu.impl->qk_norm_rope_backward(&g_gpu, gdx, gdw, gdy, gx, gw, grs, gpos, ginv, eps, k->N,
+                                      k->nh, k->hd);
+    float *hy = gget(gy, n), *hrs = gget_f32(grs, rows), *hdx = gget(gdx, n);
+    float *hdw = gget_f32(gdw, hd);
+    snprintf(name, sizeof name, "qk_norm_rope fwd N=%d nh=%d hd=%d mis=%d", k->N, k->nh, k->hd,
+             k->mis);
+    check(name, k->y, hy, n, 1e-2);
+    check("qk_norm_rope fwd rstd", k->rs, hrs, rows, 1e-5);
+    check("qk_norm_rope bwd dinp", k->dx, hdx, n, 1e-2);
+    check("qk_norm_rope bwd dweight (+=)", k->dw, hdw, hd, 1e-3);
+    /* the unfused GPU ops: the same within bf16 rounding */
+    g_gpu.impl->rmsnorm_forward(&g_gpu, gu, gurs, gx, gw, eps, (int)rows, k->hd);
+    g_gpu.impl->rope_forward(&g_gpu, gu, gpos, ginv, k->N, k->nh, k->hd);
+    g_gpu.impl->rope_backward(&g_gpu, gt, gpos, ginv, k->N, k->nh, k->hd);
+    g_gpu.impl->rmsnorm_backward(&g_gpu, gudx, gudw, gt, gx, gw, gurs, (int)rows, k->hd);
+    float *hu = gget(gu, n), *hudx = gget(gudx, n), *hudw = gget_f32(gudw, hd);
+    check("qk_norm_rope fwd vs unfused CUDA", hu, hy, n, 1e-2);
+    check("qk_norm_rope bwd dinp vs unfused CUDA", hudx, hdx, n, 2e-2);
+    check("qk_norm_rope bwd dweight vs unfused CUDA", hudw, hdw, hd, 1e-2);
+    /* rstd NULL (recomputed), dinp aliasing dout, out aliasing inp; a rerun repeats the bits */
+    float *hdx2 = NULL, *hdw2 = NULL, *hal = NULL, *hin = NULL;
+    g_gpu.impl->qk_norm_rope_backward(&g_gpu, gdy, gdw2, gdy, gx, gw, NULL, gpos, ginv, eps,
+                                      k->N, k->nh, k->hd);
+    hal = gget(gdy, n), hdw2 = gget_f32(gdw2, hd);
+    check("qk_norm_rope bwd rstd NULL, dinp = dout", k->dx, hal, n, 1e-2);
+    check("qk_norm_rope bwd rstd NULL dweight", k->dw, hdw2, hd, 1e-3);
+    g_gpu.impl->upload_act(&g_gpu, gdy, k->dy, n);
+    g_gpu.impl->upload(&g_gpu, gdw, k->dw0, hd * 4);
+    g_gpu.impl->qk_norm_rope_backward(&g_gpu, gdx, gdw, gdy, gx, gw, grs, gpos, ginv, eps, k->N,
+                                      k->nh, k->hd);
+    hdx2 = gget(gdx, n);
+    free(hdw2);
+    hdw2 = gget_f32(gdw, hd);
+    assert_memory_equal(hdx, hdx2, n * sizeof(float));
+    assert_memory_equal(hdw, hdw2, hd * sizeof(float));
+    g_gpu.impl->qk_norm_rope_forward(&g_gpu, gx, NULL, gx, gw, eps, gpos, ginv, k->N, k->nh,
+                                     k->hd);
+    hin = gget(gx, n);
+    assert_memory_equal(hy, hin, n * sizeof(float));
+    free(hy); free(hrs); free(hdx); free(hdw); free(hu); free(hudx); free(hudw);
+    free(hdx2); free(hdw2); free(hal); free(hin);
+    void *bufs[] = {gxb, gw, gdy, gy, gdx, gu, gt, gudx, grs, gurs, gdw, gdw2, gudw, gpos, ginv};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gfree(bufs[i]);
+}
+
+static void run_qk_norm_rope(int N, int nh, int hd, int mis) {
+    qr_case_t k = {.N = N, .nh = nh, .hd = hd, .mis = mis};
+    k.rows = (size_t)N * nh, k.n = k.rows * hd;
+    rope_params_t rp = {.theta = 1e6};
+    k.inv = malloc((size_t)hd / 2 * sizeof(float));
+    ops_rope_inv_freq(&rp, hd, k.inv);
+    k.pos = malloc((size_t)N * sizeof(int32_t)); /* non-contiguous, unsorted */
+    for (int i = 0; i < N; i++) k.pos[i] = (int32_t)rng_below(&g_rng, 40000);
+    k.x = rnd(k.n, 2.0f), k.dy = rnd(k.n, 1.0f), k.dw0 = rnd(hd, 0.1f);
+    k.w = malloc((size_t)hd * sizeof(float));
+    for (int i = 0; i < hd; i++) k.w[i] = bf16r(1.0f + 0.3f * rng_normal(&g_rng));
+    qr_cpu(&k);
+    qr_gpu(&k);
+    free(k.inv); free(k.pos); free(k.x); free(k.dy); free(k.dw0); free(k.w);
+    cfree(k.y); cfree(k.rs); cfree(k.dx); cfree(k.dw);
+}
+
+static void test_qk_norm_rope(void **state) {
+    (void)state;
+    run_qk_norm_rope(37, 3, 128, 0);   /* odd N, nh not a multiple of 4 */
+    run_qk_norm_rope(101, 8, 64, 0);   /* hd 64 (one column per lane and half) */
+    run_qk_norm_rope(9, 32, 128, 0);   /* q shape: 32 heads */
+    run_qk_norm_rope(2049, 8, 128, 0); /* many warps: grid-strided, several partial rows */
+    run_qk_norm_rope(13, 5, 256, 0);   /* hd 256 */
+    run_qk_norm_rope(17, 3, 96, 0);    /* hd 96: general path */
+    run_qk_norm_rope(23, 4, 128, 1);   /* unaligned input: general path */
 }

@@ -43,7 +43,8 @@ void ops_cpu_matmul_forward(const ops_ctx_t *c, void *out, const void *inp, cons
 void ops_cpu_matmul_backward(const ops_ctx_t *c, void *dinp, float *dweight, float *dbias,
                              const void *dout, const void *inp, const void *weight,
                              int M, int K, int N);
-/* rmsnorm.c */
+/* rmsnorm.c; _rstd: 1 / sqrt(mean(x[0..C)^2) + eps), the rstd rmsnorm_forward saves */
+float ops_cpu__rmsnorm_rstd(const float *x, int C, float eps);
 void ops_cpu_rmsnorm_forward(const ops_ctx_t *c, void *out, float *rstd, const void *inp,
                              const void *weight, float eps, int N, int C);
 void ops_cpu_rmsnorm_backward(const ops_ctx_t *c, void *dinp, float *dweight, const void *dout,
@@ -54,6 +55,14 @@ void ops_cpu_rope_forward(const ops_ctx_t *c, void *x, const int32_t *pos, const
                           int N, int nh, int hd);
 void ops_cpu_rope_backward(const ops_ctx_t *c, void *dx, const int32_t *pos,
                            const float *inv_freq, int N, int nh, int hd);
+/* qknorm_rope.c (per-head q/k norm + rope; the composition of the two above) */
+void ops_cpu_qk_norm_rope_forward(const ops_ctx_t *c, void *out, float *rstd, const void *inp,
+                                  const void *weight, float eps, const int32_t *pos,
+                                  const float *inv_freq, int N, int nh, int hd);
+void ops_cpu_qk_norm_rope_backward(const ops_ctx_t *c, void *dinp, float *dweight,
+                                   const void *dout, const void *inp, const void *weight,
+                                   const float *rstd, const int32_t *pos, const float *inv_freq,
+                                   float eps, int N, int nh, int hd);
 /* swiglu.c */
 void ops_cpu_swiglu_forward(const ops_ctx_t *c, void *out, const void *gate, const void *up,
                             size_t n);

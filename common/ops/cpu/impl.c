@@ -42,4 +42,6 @@ const ops_impl_t ops_cpu_impl = {
     .fp8_quantize_rows = ops_cpu_fp8_quantize_rows,
     .fp8_matmul_forward = ops_cpu_fp8_matmul_forward,
     .fp8_check = ops_cpu_fp8_check,
+    .qk_norm_rope_forward = ops_cpu_qk_norm_rope_forward,
+    .qk_norm_rope_backward = ops_cpu_qk_norm_rope_backward,
 };

@@ -6,7 +6,7 @@
 
 #include "common/ops/cpu/cpu.h"
 
-static float rmsnorm__rstd(const float *x, int C, float eps) {
+float ops_cpu__rmsnorm_rstd(const float *x, int C, float eps) {
     double ss = 0.0;
     for (int i = 0; i < C; i++) ss += (double)x[i] * x[i];
     return (float)(1.0 / sqrt(ss / C + eps));
@@ -21,7 +21,7 @@ void ops_cpu_rmsnorm_forward(const ops_ctx_t *c, void *out_, float *rstd, const 
     for (int n = 0; n < N; n++) {
         const float *x = inp + (long)n * C;
         float *y = out + (long)n * C;
-        float r = rmsnorm__rstd(x, C, eps);
+        float r = ops_cpu__rmsnorm_rstd(x, C, eps);
         if (rstd) rstd[n] = r;
         for (int i = 0; i < C; i++) y[i] = x[i] * r * w[i];
     }
@@ -50,7 +50,7 @@ void ops_cpu_rmsnorm_backward(const ops_ctx_t *c, void *dinp_, float *dweight, c
 #pragma omp for schedule(static)
         for (int n = 0; n < N; n++) {
             const float *x = inp + (long)n * C, *dy = dout + (long)n * C;
-            float r = rstd ? rstd[n] : rmsnorm__rstd(x, C, 1e-6f);
+            float r = rstd ? rstd[n] : ops_cpu__rmsnorm_rstd(x, C, 1e-6f);
             double dot = 0.0;
             for (int i = 0; i < C; i++) dot += (double)dy[i] * w[i] * x[i] * r;
             float mean = (float)(dot / C);

@@ -240,6 +240,15 @@ static void cuda_embedding_forward(const ops_ctx_t *c, void *out, const int32_t 
     cuda_check_launch();
 }
 
+// qknorm_rope.cu (fused per-head q/k norm + rope; declared here, its only user)
+void cuda_qk_norm_rope_forward(const ops_ctx_t *c, void *out, float *rstd, const void *inp,
+                               const void *weight, float eps, const int32_t *pos,
+                               const float *inv_freq, int N, int nh, int hd);
+void cuda_qk_norm_rope_backward(const ops_ctx_t *c, void *dinp, float *dweight,
+                                const void *dout, const void *inp, const void *weight,
+                                const float *rstd, const int32_t *pos, const float *inv_freq,
+                                float eps, int N, int nh, int hd);
+
 // ---------------------------------------------------------------- table, life cycle
 static const ops_impl_t cuda_impl_template = {
     "cuda",
@@ -282,6 +291,8 @@ static const ops_impl_t cuda_impl_template = {
     cuda_fp8_quantize_rows,
     cuda_fp8_matmul_forward,
     cuda_fp8_check,
+    cuda_qk_norm_rope_forward,
+    cuda_qk_norm_rope_backward,
 };
 
 #define INIT_TRY(call)                                                                     \
