@@ -66,6 +66,9 @@
 #include "optimizer/opt_int.h"
 
 #include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -899,9 +902,21 @@ int main(int argc, char **argv) {
     O.c = calloc(O.K, sizeof *O.c);
     if (!O.c || opt_host_alloc(&O, resume != NULL) < 0) return PIPE_EXIT_PERMANENT;
     t_up[2] = clock_mono_s();
-    /* the seeded init straight into the host state (a resume overwrites all of it) */
-    if (!resume && (rc = drafter_init_master(O.layout, O.seed, O.h_master)) < 0)
-        return log_rc(rc, "drafter init"), PIPE_EXIT_PERMANENT;
+    /* the seeded init straight into the host state (a resume overwrites all of it); on every
+     * core of the machine, not --threads: it is the start-up's long pole (1B normals: 6 s on
+     * 8 threads), the other stages are still loading, and its bits do not depend on the
+     * thread count (drafter_init_master) */
+    if (!resume) {
+#ifdef _OPENMP
+        int thr = omp_get_max_threads();
+        if (omp_get_num_procs() > thr) omp_set_num_threads(omp_get_num_procs());
+#endif
+        rc = drafter_init_master(O.layout, O.seed, O.h_master);
+#ifdef _OPENMP
+        omp_set_num_threads(thr);
+#endif
+        if (rc < 0) return log_rc(rc, "drafter init"), PIPE_EXIT_PERMANENT;
+    }
     if (cursor_base) {
         FILE *f = fopen(cursor_base, "rb");
         if (f && fread(O.cursor, 1, sizeof O.cursor, f) == sizeof O.cursor) O.have_cursor = 1;
