@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Issue 14 on one H200 in one device call: the kernel tests that gate the drafter's CUDA path,
+# the op and drafter-step benchmarks, and the 40-step reference run (start-up, steady, wall).
+#
+# usage (repo root on the GPU machine, bundle/ unpacked with the stage programs, the
+# gpu tests and bench_ops/bench_drafter; the reference data at $LONG):
+#   [OUT=dir] [LONG=gpucarry/long.dlc] [W=/tmp/perf] bash scripts/gpu_perf.sh
+# Steps (each printed with its rc and the time since the start):
+#   1. draftline mkmodel --config qwen3-8b into $W/q8, in the background (45 s);
+#   2. bundle/tests/gpu_test_ops_cuda (every block-attention variant and the fused q/k norm +
+#      RoPE against the CPU), gpu_test_drafter_cuda, gpu_test_carryover_cuda,
+#      gpu_test_pipeline_gpu (each 120 s at most) -> $OUT/<test>.txt;
+#   3. bench_ops --quick (block attention per variant, q/k norm + RoPE fused vs separate)
+#      -> $OUT/bench_ops.txt; bench_drafter --reps 3 --profile -> $OUT/bench_drafter.txt;
+#   4. draftline run on the reference work (8 x 4096 tokens, 512 anchors, block 16, 5-layer
+#      drafter, 40 steps, 1 GPU: the flags of bench/vs_pytorch.sh's ref phase, without the
+#      PyTorch side) -> its summary line, the stages' start-up lines, $OUT/ref40.logs.tgz.
+# About 330 s on a warm machine with the model made in the background.
+set -u
+OUT=${OUT:-/tmp/perf-out}; LONG=${LONG:-gpucarry/long.dlc}; W=${W:-/tmp/perf}
+mkdir -p "$OUT" "$W"
+T0=$(date +%s)
+el() { echo "+$(( $(date +%s) - T0 ))s"; }
+[ -d bundle ] && [ -f bundle/env.sh ] || { echo "gpu_perf.sh: no bundle/ here (make bundle, unpack it)" >&2; exit 2; }
+. bundle/env.sh
+export NCCL_NVLS_ENABLE=0
+M=$W/q8
+(bundle/bin/draftline mkmodel --config qwen3-8b --out "$M" > "$OUT/mkmodel.txt" 2>&1
+ echo "mkmodel rc=$? $(el)" > "$OUT/mkmodel.rc") &
+MK=$!
+for t in gpu_test_ops_cuda gpu_test_drafter_cuda gpu_test_carryover_cuda gpu_test_pipeline_gpu; do
+    if [ -x "bundle/tests/$t" ]; then
+        timeout 120 "bundle/tests/$t" > "$OUT/$t.txt" 2>&1
+        echo "$t rc=$? $(el)"
+        grep -E "PASSED|FAILED" "$OUT/$t.txt" | head -4
+    else
+        echo "$t: not in the bundle"
+    fi
+done
+timeout 120 bundle/bench/bench_ops --quick > "$OUT/bench_ops.txt" 2>&1
+echo "bench_ops rc=$? $(el)"
+grep -iE "qk norm|block attention" "$OUT/bench_ops.txt"
+timeout 90 bundle/bench/bench_drafter --reps 3 --profile > "$OUT/bench_drafter.txt" 2>&1
+echo "bench_drafter rc=$? $(el)"
+grep -E "^step|variant|GiB|attention|rmsnorm|rope" "$OUT/bench_drafter.txt" | head -12
+wait $MK
+cat "$OUT/mkmodel.rc"
+R="--target-model $M --data $LONG --target-gpus 0 --drafter-gpus 0 --threads 8 --inbox-gb 6"
+R="$R --token-budget 32768 --max-len 4096 --num-anchors 512 --block-size 16 --drafter-layers 5"
+R="$R --micro-batches-per-step 1 --max-steps 40 --epochs 2 --progress-every 5"
+rm -rf "$W/ref40"
+timeout 260 bundle/bin/draftline run $R --out "$W/ref40" > "$OUT/ref40.out" 2>&1
+echo "ref40 rc=$? $(el)"
+grep -E "^summary|^checkpoint" "$OUT/ref40.out"
+grep -h "start-up\|loaded in\| dead\|micro-batches computed" "$W"/ref40/logs/*.log | cut -c1-230 | head -8
+(cd "$W/ref40" && tar czf "$OUT/ref40.logs.tgz" logs steps.jsonl run.json 2>/dev/null)
+echo "total $(el)"
