@@ -541,6 +541,11 @@ int sup__resume_check_early(launch_t *L, const drafter_config_t *dc) {
                         "(nothing was started or written)\n", L->resume_dir, r.n);
         return 2;
     }
+    /* version 2: model.safetensors' tensor table is the one the optimizer reads the master by */
+    if (ckpt_verify_layout(L->resume_dir, dc) < 0) {
+        fprintf(stderr, "draftline run: --resume: %s (nothing was started or written)\n", dl_errmsg());
+        return 2;
+    }
     return 0;
 }
 
