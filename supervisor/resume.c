@@ -466,6 +466,13 @@ int sup__resume_fresh(launch_t *L) {
                      o->resume, out);
             o->resume = NULL;
             L->reuse_fresh = has_prev;
+        } else if (ckpt_resolve(o->resume, cp, sizeof cp) < 0 &&
+                   snprintf(prev, sizeof prev, "%s/" RUNDIR_LATEST, o->resume) > 0 && access(prev, F_OK) == 0) {
+            /* latest names a checkpoint that is gone or has no state.bin: say so (the
+             * others are still there to resume from) */
+            fprintf(stderr, "draftline run: %s (%s): resume from another checkpoint with --resume "
+                            "%s/checkpoints/step_<N>\n", dl_errmsg(), prev, o->resume);
+            return 2;
         } else {
             fprintf(stderr, "draftline run: --resume %s: no checkpoint to resume from (no state.bin and no "
                             "checkpoints/latest)%s\n", o->resume,

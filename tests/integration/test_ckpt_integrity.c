@@ -13,6 +13,7 @@
  *  - model.safetensors' header edited into valid JSON (a tensor renamed, two swapped, a
  *    dtype changed; the data and its CRC-32 untouched): refused (exit 2) naming the file
  *    and the tensor, no stage started (state.bin version 2 reads the master from it);
+ *  - checkpoints/latest naming a checkpoint without state.bin: refused naming both;
  *  - a .dlc cache with a negative token id, an id >= V, or a mask byte of 2: `run` exits 2
  *    naming the sample, no stage started (it hung or crash-looped before).
  * Every child has a hard timeout and is killed and reaped. */
@@ -260,6 +261,27 @@ static void test_model_header(void **state) {
     expect_refused("hdr_dtype", dir, w3);
 }
 
+/* checkpoints/latest names a checkpoint whose state.bin is gone: refused naming it and
+ * latest (it said "no state.bin and no checkpoints/latest ... the run applied steps but
+ * saved none: start a fresh run with another --out" while other checkpoints remained) */
+static void test_latest_gone(void **state) {
+    (void)state;
+    char dir[600], p[800], log[700];
+    copy_run("latest_gone", dir, sizeof dir);
+    snprintf(p, sizeof p, "%s/checkpoints/step_2/state.bin", dir);
+    assert_int_equal(unlink(p), 0);
+    snprintf(log, sizeof log, "%s/latest_gone.out", fx.root);
+    const char *args[] = {"run", "--resume", dir, "--max-steps", "3", NULL};
+    int code = run_cmd(log, args, 60, NULL);
+    char *txt = pf_slurp(log, NULL);
+    assert_non_null(txt);
+    int ok = code == 2 && strstr(txt, "step_2/state.bin missing") && strstr(txt, "checkpoints/latest") &&
+             !strstr(txt, "saved none") && !strstr(txt, "draftline run ");
+    if (!ok) fprintf(stderr, "latest_gone: exit %d:\n%s\n", code, txt);
+    assert_true(ok);
+    free(txt);
+}
+
 /* A copy of the cache with token t of sample 1 given id (or its mask byte mask when >= 0):
  * a fresh run on it is refused naming the sample. */
 static void cache_case(const char *name, int32_t id, int mask) {
@@ -308,6 +330,7 @@ int main(void) {
         cmocka_unit_test(test_flipped_bytes),
         cmocka_unit_test(test_header_fields),
         cmocka_unit_test(test_model_header),
+        cmocka_unit_test(test_latest_gone),
         cmocka_unit_test(test_cache_contents),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
