@@ -70,8 +70,9 @@ int sup__resume_take_defaults(launch_t *L);
 int sup__resume_fresh(launch_t *L);
 /* Reads the checkpoint of --resume (L->resume_dir, resume_hdr, start_step). */
 int sup__resume_read(launch_t *L);
-/* The settings against the checkpoint (dc: the requested drafter config), and its data
- * when the cache is known without preparing; before anything is written. */
+/* The settings against the checkpoint (dc: the requested drafter config), its data
+ * when the cache is known without preparing, and (version 2) model.safetensors' tensor
+ * table against dc's (ckpt_verify_layout); before anything is written. */
 int sup__resume_check_early(launch_t *L, const drafter_config_t *dc);
 /* The data against the checkpoint's cursor.bin once the cache is prepared (cur: the
  * requested cursor of micro-batch 0), unless sup__resume_check_early did it. */

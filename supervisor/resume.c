@@ -466,6 +466,13 @@ int sup__resume_fresh(launch_t *L) {
                      o->resume, out);
             o->resume = NULL;
             L->reuse_fresh = has_prev;
+        } else if (ckpt_resolve(o->resume, cp, sizeof cp) < 0 &&
+                   snprintf(prev, sizeof prev, "%s/" RUNDIR_LATEST, o->resume) > 0 && access(prev, F_OK) == 0) {
+            /* latest names a checkpoint that is gone or has no state.bin: say so (the
+             * others are still there to resume from) */
+            fprintf(stderr, "draftline run: %s (%s): resume from another checkpoint with --resume "
+                            "%s/checkpoints/step_<N>\n", dl_errmsg(), prev, o->resume);
+            return 2;
         } else {
             fprintf(stderr, "draftline run: --resume %s: no checkpoint to resume from (no state.bin and no "
                             "checkpoints/latest)%s\n", o->resume,
@@ -539,6 +546,11 @@ int sup__resume_check_early(launch_t *L, const drafter_config_t *dc) {
     if (r.n > 0) {
         fprintf(stderr, "draftline run: --resume %s: refused: %d setting(s) differ from the checkpoint's "
                         "(nothing was started or written)\n", L->resume_dir, r.n);
+        return 2;
+    }
+    /* version 2: model.safetensors' tensor table is the one the optimizer reads the master by */
+    if (ckpt_verify_layout(L->resume_dir, dc) < 0) {
+        fprintf(stderr, "draftline run: --resume: %s (nothing was started or written)\n", dl_errmsg());
         return 2;
     }
     return 0;

@@ -107,16 +107,17 @@ static int is_dflash_dir(const char *dir) {
 }
 
 /* The checksums of a drafter checkpoint dir: a training checkpoint (state.bin) through
- * ckpt_verify (state.bin, model.safetensors, cursor.bin), else model.safetensors alone.
- * Prints a "checksums" line; a mismatch is one line on stderr naming the file. Returns
+ * ckpt_verify (state.bin, model.safetensors, cursor.bin) and ckpt_verify_layout (c: the
+ * drafter of its config.json), else model.safetensors alone. Prints a "checksums" line; a mismatch is one line on stderr naming the file. Returns
  * 1 on a mismatch or an unreadable file, else 0. */
-static int inspect_checksums(const char *dir) {
+static int inspect_checksums(const char *dir, const drafter_config_t *c) {
     char p[4200];
     snprintf(p, sizeof p, "%s/state.bin", dir);
     int training = access(p, F_OK) == 0, rc, ok = 1;
     unsigned un = 0;
     if (training) {
         rc = ckpt_verify(dir, &un);
+        if (rc == 0) rc = ckpt_verify_layout(dir, c);
         ok = !(un & CKPT_UNVERIFIED_STATE) && !(un & CKPT_UNVERIFIED_MODEL);
     } else {
         rc = dflash_ckpt_verify_weights(dir, &ok);
@@ -182,7 +183,7 @@ static int inspect_drafter(const char *path) {
     }
     safetensors_close(&st);
     printf("consistency   %s\n", bad ? "MISMATCH (see above)" : "config and tensors agree");
-    return inspect_checksums(path) || bad;
+    return inspect_checksums(path, &c) || bad;
 }
 
 static int inspect_safetensors(const char *path, int is_dir, int all) {

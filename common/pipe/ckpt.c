@@ -447,6 +447,22 @@ static int verify_state(const char *dir, ckpt_state_hdr_t *h, int *checked) {
 
 #define CKPT_ST_HEADER_MAX (100u << 20)   /* safetensors header bytes (the safetensors crate's limit) */
 
+/* The JSON header of model.safetensors at p, parsed, into *out (the caller deletes it).
+ * DL_EIO when unopenable, DL_EFORMAT "header unreadable" otherwise. */
+static int model_header(const char *p, cJSON **out) {
+    *out = NULL;
+    FILE *f = fopen(p, "rb");
+    if (!f) return dl_seterr(DL_EIO, "open %s: %s", p, strerror(errno));
+    uint64_t hl = 0;
+    char *txt = NULL;
+    int ok = fread(&hl, 8, 1, f) == 1 && hl <= CKPT_ST_HEADER_MAX && (txt = malloc(hl + 1)) &&
+             fread(txt, 1, hl, f) == hl;
+    fclose(f);
+    *out = ok ? cJSON_ParseWithLength(txt, hl) : NULL;
+    free(txt);
+    return *out ? 0 : dl_seterr(DL_EFORMAT, "%s: header unreadable", p);
+}
+
 /* Version 2: model.safetensors' data CRC-32 (its __metadata__, checked against the data by
  * dflash_ckpt_verify_weights: model_ok) is state.bin's master_crc32, its data being the
  * master byte for byte. Reads the header only. */
@@ -456,15 +472,8 @@ static int verify_master(const char *dir, const ckpt_state_hdr_t *h, int model_o
     if (!model_ok)
         return dl_seterr(DL_EFORMAT, "%s: records no checksum, but state.bin (version 2) records its master weights' "
                          "CRC-32 %08x: not this checkpoint's model", p, (unsigned)h->master_crc32);
-    FILE *f = fopen(p, "rb");
-    if (!f) return dl_seterr(DL_EIO, "open %s: %s", p, strerror(errno));
-    uint64_t hl = 0;
-    char *txt = NULL;
-    int ok = fread(&hl, 8, 1, f) == 1 && hl <= CKPT_ST_HEADER_MAX && (txt = malloc(hl + 1)) &&
-             fread(txt, 1, hl, f) == hl;
-    fclose(f);
-    cJSON *j = ok ? cJSON_ParseWithLength(txt, hl) : NULL;
-    free(txt);
+    cJSON *j;
+    DL_TRY(model_header(p, &j));
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "__metadata__"),
                                                       DFLASH_CRC_KEY);
     unsigned long rec = cJSON_IsString(c) ? strtoul(c->valuestring, NULL, 16) : 0;
@@ -476,6 +485,71 @@ static int verify_master(const char *dir, const ckpt_state_hdr_t *h, int model_o
                          "(CRC-32 %08x): the file is corrupt or not this checkpoint's", p, rec,
                          (unsigned)h->master_crc32);
     return 0;
+}
+
+/* Entry e (model.safetensors' header) of drafter tensor t: 1 when it is F32 of t's shape at
+ * data offsets [4 t->offset, 4 (t->offset + t->numel)), else 0 with why[cap] saying what
+ * differs. */
+static int entry_is_master(const cJSON *e, const drafter_tensor_t *t, char *why, size_t cap) {
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(e, "shape");
+    const cJSON *of = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
+    char a[96], b[96];
+    if (!cJSON_IsString(dt) || strcmp(dt->valuestring, "F32") != 0) {
+        snprintf(why, cap, "is %.16s, a training checkpoint's master weights are F32",
+                 cJSON_IsString(dt) ? dt->valuestring : "of no dtype");
+        return 0;
+    }
+    int64_t shape[ST_MAX_DIMS] = {0};
+    int nd = cJSON_IsArray(sh) ? cJSON_GetArraySize(sh) : -1, same = nd == t->n_dims;
+    for (int k = 0; k < nd && k < ST_MAX_DIMS; k++) {
+        const cJSON *x = cJSON_GetArrayItem(sh, k);
+        shape[k] = cJSON_IsNumber(x) ? (int64_t)x->valuedouble : -1;
+        same = same && shape[k] == t->shape[k];
+    }
+    if (!same) {
+        snprintf(why, cap, "has shape %s, the drafter's is %s",
+                 shape_str(nd < 0 ? 0 : nd > ST_MAX_DIMS ? ST_MAX_DIMS : nd, shape, a, sizeof a),
+                 shape_str(t->n_dims, t->shape, b, sizeof b));
+        return 0;
+    }
+    double lo = (double)t->offset * 4, hi = (double)(t->offset + t->numel) * 4;
+    const cJSON *o0 = cJSON_GetArrayItem(of, 0), *o1 = cJSON_GetArrayItem(of, 1);
+    if (!cJSON_IsArray(of) || cJSON_GetArraySize(of) != 2 || !cJSON_IsNumber(o0) || !cJSON_IsNumber(o1) ||
+        o0->valuedouble != lo || o1->valuedouble != hi) {
+        snprintf(why, cap, "is at data offsets [%.0f, %.0f], its place in the master is [%.0f, %.0f]",
+                 cJSON_IsNumber(o0) ? o0->valuedouble : -1.0, cJSON_IsNumber(o1) ? o1->valuedouble : -1.0, lo, hi);
+        return 0;
+    }
+    return 1;
+}
+
+int ckpt_verify_layout(const char *dir, const drafter_config_t *dc) {
+    ckpt_state_hdr_t h;
+    DL_TRY(ckpt_read_hdr(dir, &h));
+    if (h.version == CKPT_VERSION_MASTER) return 0;   /* its master is in state.bin */
+    ops_ctx_t ops;
+    ops_cpu_init(&ops, 1);
+    static const float no_embed[1];
+    drafter_new_opts_t lo = {.layout_only = 1};
+    drafter_t *d;
+    DL_TRY(drafter_new_opts(&ops, dc, no_embed, no_embed, 1, 1, 0, &lo, &d));
+    char p[4200], why[256];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    cJSON *j;
+    int rc = model_header(p, &j);
+    for (int i = 0; rc == 0 && i < drafter_n_tensors(d); i++) {
+        const drafter_tensor_t *t = drafter_tensor(d, i);
+        const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, t->name);
+        if (!cJSON_IsObject(e))
+            rc = dl_seterr(DL_EFORMAT, "%s: tensor '%s' missing (the drafter's master weights are read from it)", p,
+                           t->name);
+        else if (!entry_is_master(e, t, why, sizeof why))
+            rc = dl_seterr(DL_EFORMAT, "%s: tensor '%s' %s: not this drafter's master weights", p, t->name, why);
+    }
+    cJSON_Delete(j);
+    drafter_destroy(&d);
+    return rc;
 }
 
 int ckpt_verify(const char *dir, unsigned *unverified) {

@@ -128,6 +128,19 @@ enum { CKPT_UNVERIFIED_STATE = 1, CKPT_UNVERIFIED_MODEL = 2, CKPT_NO_CURSOR = 4 
  * naming the file. */
 int ckpt_verify(const char *dir, unsigned *unverified);
 
+/* The rest of what ckpt_read needs of a version-2 checkpoint dir (call it after
+ * ckpt_verify, which checks model.safetensors' data against state.bin's master_crc32
+ * but knows no tensor table): model.safetensors' header holds every tensor of the
+ * drafter of config dc (its layout_only table, built here: as the optimizer builds it)
+ * as F32 of its shape at its place in the master (data offsets 4 x offset .. 4 x
+ * (offset + numel)), so ckpt_read of a verified dir reads exactly the master the CRC
+ * covers. A header edited into valid JSON (a tensor renamed, retyped, reshaped or moved)
+ * is refused here, before any stage starts, instead of by the optimizer's ckpt_read.
+ * Reads state.bin's header and model.safetensors' header only. Version 1: 0 (the master
+ * is in state.bin; model.safetensors is not read back). Returns 0, or DL_ENOENT /
+ * DL_EIO / DL_EFORMAT "PATH: tensor 'NAME' ..." naming the file and the tensor. */
+int ckpt_verify_layout(const char *dir, const drafter_config_t *dc);
+
 /* Fingerprint of a target model for the --resume check: FNV-1a 64 over, for a file
  * (GGUF), its size and 64 evenly spaced 4 KiB samples of its bytes; for a directory (HF
  * layout), the same over its config.json and each *.safetensors / *.gguf file in name

@@ -10,6 +10,10 @@
  *    would hold them (the checksum fields zeroed): token_budget 0, lr NaN / -1, weight
  *    decay inf, clip NaN, warmup 1e300, max_steps NaN, settings with a bit flipped, a step
  *    that disagrees with cursor.bin: each refused (exit 2) naming the field and the file;
+ *  - model.safetensors' header edited into valid JSON (a tensor renamed, two swapped, a
+ *    dtype changed; the data and its CRC-32 untouched): refused (exit 2) naming the file
+ *    and the tensor, no stage started (state.bin version 2 reads the master from it);
+ *  - checkpoints/latest naming a checkpoint without state.bin: refused naming both;
  *  - a .dlc cache with a negative token id, an id >= V, or a mask byte of 2: `run` exits 2
  *    naming the sample, no stage started (it hung or crash-looped before).
  * Every child has a hard timeout and is killed and reaped. */
@@ -213,6 +217,71 @@ static void test_header_fields(void **state) {
     header_case("step", e_step, "cursor.bin");
 }
 
+/* model.safetensors of dir's step_2 with its header's first `from` replaced by `to` (same
+ * length: the JSON stays valid, the data and its recorded CRC-32 untouched) */
+static void model_header_sub(const char *dir, const char *from, const char *to) {
+    char p[800];
+    snprintf(p, sizeof p, "%s/checkpoints/step_2/model.safetensors", dir);
+    size_t n, len = strlen(from);
+    char *b = pf_slurp(p, &n);
+    assert_non_null(b);
+    uint64_t hl;
+    memcpy(&hl, b, 8);
+    assert_true(n > 8 && hl <= n - 8 && strlen(to) == len);
+    char *at = memmem(b + 8, hl, from, len);
+    assert_non_null(at);
+    memcpy(at, to, len);
+    FILE *f = fopen(p, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(b, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+    free(b);
+}
+
+/* State.bin version 2 reads the master back from model.safetensors: a header edited into
+ * valid JSON (its data CRC-32 still right) is refused before any stage starts, as a
+ * corrupt data byte is (it was refused only by the optimizer's ckpt_read, after every
+ * stage had started and run.json had been rewritten). */
+static void test_model_header(void **state) {
+    (void)state;
+    char dir[600];
+    copy_run("hdr_name", dir, sizeof dir);   /* one byte of a tensor's name flipped */
+    model_header_sub(dir, "\"layers.0.self_attn.k_proj.weight\"", "\"layers.0.self_attn.j_proj.weight\"");
+    const char *w1[] = {"model.safetensors", "tensor 'layers.0.self_attn.k_proj.weight' missing", NULL};
+    expect_refused("hdr_name", dir, w1);
+    copy_run("hdr_swap", dir, sizeof dir);   /* q_proj and o_proj (same shape) swapped */
+    model_header_sub(dir, "\"layers.0.self_attn.q_proj.weight\"", "\"layers.0.self_attn.#_proj.weight\"");
+    model_header_sub(dir, "\"layers.0.self_attn.o_proj.weight\"", "\"layers.0.self_attn.q_proj.weight\"");
+    model_header_sub(dir, "\"layers.0.self_attn.#_proj.weight\"", "\"layers.0.self_attn.o_proj.weight\"");
+    const char *w2[] = {"model.safetensors", "tensor 'layers.0.self_attn.q_proj.weight' is at data offsets", NULL};
+    expect_refused("hdr_swap", dir, w2);
+    copy_run("hdr_dtype", dir, sizeof dir);
+    model_header_sub(dir, "\"dtype\":\"F32\"", "\"dtype\":\"I32\"");
+    const char *w3[] = {"model.safetensors", "is I32", NULL};
+    expect_refused("hdr_dtype", dir, w3);
+}
+
+/* checkpoints/latest names a checkpoint whose state.bin is gone: refused naming it and
+ * latest (it said "no state.bin and no checkpoints/latest ... the run applied steps but
+ * saved none: start a fresh run with another --out" while other checkpoints remained) */
+static void test_latest_gone(void **state) {
+    (void)state;
+    char dir[600], p[800], log[700];
+    copy_run("latest_gone", dir, sizeof dir);
+    snprintf(p, sizeof p, "%s/checkpoints/step_2/state.bin", dir);
+    assert_int_equal(unlink(p), 0);
+    snprintf(log, sizeof log, "%s/latest_gone.out", fx.root);
+    const char *args[] = {"run", "--resume", dir, "--max-steps", "3", NULL};
+    int code = run_cmd(log, args, 60, NULL);
+    char *txt = pf_slurp(log, NULL);
+    assert_non_null(txt);
+    int ok = code == 2 && strstr(txt, "step_2/state.bin missing") && strstr(txt, "checkpoints/latest") &&
+             !strstr(txt, "saved none") && !strstr(txt, "draftline run ");
+    if (!ok) fprintf(stderr, "latest_gone: exit %d:\n%s\n", code, txt);
+    assert_true(ok);
+    free(txt);
+}
+
 /* A copy of the cache with token t of sample 1 given id (or its mask byte mask when >= 0):
  * a fresh run on it is refused naming the sample. */
 static void cache_case(const char *name, int32_t id, int mask) {
@@ -260,6 +329,8 @@ int main(void) {
         cmocka_unit_test(test_untouched),
         cmocka_unit_test(test_flipped_bytes),
         cmocka_unit_test(test_header_fields),
+        cmocka_unit_test(test_model_header),
+        cmocka_unit_test(test_latest_gone),
         cmocka_unit_test(test_cache_contents),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
