@@ -507,6 +507,8 @@ fail:
 int dflash_ckpt_load_weights(drafter_t *d, const char *dir) {
     char path[DFLASH_PATH_MAX];
     DL_TRY(join_path(path, dir, "model.safetensors"));
+    int verified = 0;  /* a file that records a CRC-32 must match it (one more read) */
+    DL_TRY(dflash_ckpt_verify_weights(dir, &verified));
     safetensors_t *st;
     DL_TRY(safetensors_open(path, &st));
     size_t n = drafter_n_params(d);

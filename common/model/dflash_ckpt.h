@@ -76,7 +76,10 @@ int dflash_ckpt_save_host(const drafter_t *d, const float *host, const char *dir
 
 /* Loads <dir>/model.safetensors into d's master weights (then working weights).
  * Every drafter tensor must be present with its exact shape (DL_ENOENT /
- * DL_EFORMAT naming it); other tensors are ignored. F32, F16 or BF16. */
+ * DL_EFORMAT naming it); other tensors are ignored. F32, F16 or BF16. A file that
+ * records a CRC-32 of its data (draftline writes one) is checked first
+ * (dflash_ckpt_verify_weights: DL_EFORMAT naming the file on a mismatch); one
+ * without (the public DFlash code's) loads unchecked. */
 int dflash_ckpt_load_weights(drafter_t *d, const char *dir);
 
 /* Checks <dir>/model.safetensors' data section against its recorded CRC-32 (reads the

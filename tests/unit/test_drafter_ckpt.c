@@ -174,6 +174,20 @@ static void test_roundtrip(void **state) {
     assert_int_equal(drafter_new(&g_ctx, &c3, t.embed, t.lm_head, 32, 16, 1, &f), 0);
     assert_int_equal(dflash_ckpt_load_weights(f, dir), DL_EFORMAT);
     assert_non_null(strstr(dl_errmsg(), "mlp.gate_proj"));
+    { /* one flipped byte in the data: refused before any weight is taken, naming the file */
+        memcpy(w2, drafter_master(e), n * 4);
+        snprintf(p, sizeof p, "%s/model.safetensors", dir);
+        FILE *mf = fopen(p, "r+b");
+        assert_non_null(mf);
+        assert_int_equal(fseek(mf, -3, SEEK_END), 0);
+        int ch = fgetc(mf);
+        assert_int_equal(fseek(mf, -3, SEEK_END), 0);
+        fputc(ch ^ 0x10, mf);
+        fclose(mf);
+        assert_int_equal(dflash_ckpt_load_weights(e, dir), DL_EFORMAT);
+        assert_non_null(strstr(dl_errmsg(), "model.safetensors"));
+        assert_memory_equal(drafter_master(e), w2, n * 4);
+    }
     drafter_destroy(&f);
     drafter_destroy(&d);
     drafter_destroy(&e);
