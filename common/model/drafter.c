@@ -513,12 +513,13 @@ static int prepare_batch(drafter_t *d, const drafter_batch_t *b) {
 
 /* ------------------------------------------------------------------ forward */
 
-/* Normalised + roped copies of raw q/k rows (used by attention). */
-static void qk_prepare(drafter_t *d, void *dst, const void *raw, const void *norm_w, int rows,
-                       int nh, const int32_t *pos) {
+/* Normalised + roped copies of raw q/k rows (used by attention); rstd saved when
+ * non-NULL. One fused op (on CPU the composition rmsnorm_forward, rope_forward). */
+static void qk_prepare(drafter_t *d, void *dst, float *rstd, const void *raw, const void *norm_w,
+                       int rows, int nh, const int32_t *pos) {
     const drafter_config_t *c = &d->cfg;
-    IMPL->rmsnorm_forward(d->c, dst, NULL, raw, norm_w, c->rms_eps, rows * nh, c->hd);
-    IMPL->rope_forward(d->c, dst, pos, d->inv_freq, rows, nh, c->hd);
+    IMPL->qk_norm_rope_forward(d->c, dst, rstd, raw, norm_w, c->rms_eps, pos, d->inv_freq, rows,
+                               nh, c->hd);
 }
 
 int drafter_forward(drafter_t *d, const drafter_batch_t *b) {
@@ -546,15 +547,9 @@ int drafter_forward(drafter_t *d, const drafter_batch_t *b) {
         IMPL->matmul_forward(x, a->kcr, d->ctx, W(d, tix_layer(l, LT_K)), NULL, T, D, KV);
         IMPL->matmul_forward(x, a->vc, d->ctx, W(d, tix_layer(l, LT_V)), NULL, T, D, KV);
         /* rstds of q/k norms are saved for backward */
-        IMPL->rmsnorm_forward(x, d->qs, a->q_rstd, a->qr, W(d, tix_layer(l, LT_QN)), c->rms_eps,
-                              R * H, hd);
-        IMPL->rope_forward(x, d->qs, d->row_pos, d->inv_freq, R, H, hd);
-        IMPL->rmsnorm_forward(x, d->kbs, a->kb_rstd, a->kbr, W(d, tix_layer(l, LT_KN)), c->rms_eps,
-                              R * Hkv, hd);
-        IMPL->rope_forward(x, d->kbs, d->row_pos, d->inv_freq, R, Hkv, hd);
-        IMPL->rmsnorm_forward(x, d->kcs, a->kc_rstd, a->kcr, W(d, tix_layer(l, LT_KN)), c->rms_eps,
-                              T * Hkv, hd);
-        IMPL->rope_forward(x, d->kcs, d->ctx_pos, d->inv_freq, T, Hkv, hd);
+        qk_prepare(d, d->qs, a->q_rstd, a->qr, W(d, tix_layer(l, LT_QN)), R, H, d->row_pos);
+        qk_prepare(d, d->kbs, a->kb_rstd, a->kbr, W(d, tix_layer(l, LT_KN)), R, Hkv, d->row_pos);
+        qk_prepare(d, d->kcs, a->kc_rstd, a->kcr, W(d, tix_layer(l, LT_KN)), T, Hkv, d->ctx_pos);
         IMPL->attention_block_forward(x, a->att, a->lse, d->qs, d->kbs, a->vb, d->kcs, a->vc,
                                       d->ctx_start, d->ctx_len, d->Nb, c->B, T, H, Hkv, hd);
         IMPL->matmul_forward(x, a->h1, a->att, W(d, tix_layer(l, LT_O)), NULL, R, Q, D);
@@ -644,22 +639,22 @@ int drafter_forward_backward(drafter_t *d, const drafter_batch_t *b, float grad_
         /* attention: h1 = hin + o_proj(att) */
         IMPL->matmul_backward(x, d->datt, G(d, tix_layer(l, LT_O)), NULL, d->dh, a->att,
                               W(d, tix_layer(l, LT_O)), R, Q, D);
-        qk_prepare(d, d->qs, a->qr, W(d, tix_layer(l, LT_QN)), R, H, d->row_pos);
-        qk_prepare(d, d->kbs, a->kbr, W(d, tix_layer(l, LT_KN)), R, Hkv, d->row_pos);
-        qk_prepare(d, d->kcs, a->kcr, W(d, tix_layer(l, LT_KN)), T, Hkv, d->ctx_pos);
+        qk_prepare(d, d->qs, NULL, a->qr, W(d, tix_layer(l, LT_QN)), R, H, d->row_pos);
+        qk_prepare(d, d->kbs, NULL, a->kbr, W(d, tix_layer(l, LT_KN)), R, Hkv, d->row_pos);
+        qk_prepare(d, d->kcs, NULL, a->kcr, W(d, tix_layer(l, LT_KN)), T, Hkv, d->ctx_pos);
         IMPL->attention_block_backward(x, d->dq, d->dkb, d->dvb, d->dkc, d->dvc, d->datt, a->att,
                                        a->lse, d->qs, d->kbs, a->vb, d->kcs, a->vc, d->ctx_start,
                                        d->ctx_len, d->Nb, B, T, H, Hkv, hd);
         /* q path -> d xn (dt1) */
-        IMPL->rope_backward(x, d->dq, d->row_pos, d->inv_freq, R, H, hd);
-        IMPL->rmsnorm_backward(x, d->qs, G(d, tix_layer(l, LT_QN)), d->dq, a->qr,
-                               W(d, tix_layer(l, LT_QN)), a->q_rstd, R * H, hd);
+        IMPL->qk_norm_rope_backward(x, d->qs, G(d, tix_layer(l, LT_QN)), d->dq, a->qr,
+                                    W(d, tix_layer(l, LT_QN)), a->q_rstd, d->row_pos,
+                                    d->inv_freq, c->rms_eps, R, H, hd);
         IMPL->matmul_backward(x, d->dt1, G(d, tix_layer(l, LT_Q)), NULL, d->qs, d->xs,
                               W(d, tix_layer(l, LT_Q)), R, D, Q);
         /* block k, v */
-        IMPL->rope_backward(x, d->dkb, d->row_pos, d->inv_freq, R, Hkv, hd);
-        IMPL->rmsnorm_backward(x, d->kbs, G(d, tix_layer(l, LT_KN)), d->dkb, a->kbr,
-                               W(d, tix_layer(l, LT_KN)), a->kb_rstd, R * Hkv, hd);
+        IMPL->qk_norm_rope_backward(x, d->kbs, G(d, tix_layer(l, LT_KN)), d->dkb, a->kbr,
+                                    W(d, tix_layer(l, LT_KN)), a->kb_rstd, d->row_pos,
+                                    d->inv_freq, c->rms_eps, R, Hkv, hd);
         IMPL->matmul_backward(x, d->dt2, G(d, tix_layer(l, LT_K)), NULL, d->kbs, d->xs,
                               W(d, tix_layer(l, LT_K)), R, D, KV);
         IMPL->add(x, d->dt1, d->dt1, d->dt2, (size_t)R * D);
@@ -670,9 +665,9 @@ int drafter_forward_backward(drafter_t *d, const drafter_batch_t *b, float grad_
                                W(d, tix_layer(l, LT_IN)), a->rstd_in, R, D);
         IMPL->add(x, d->dh, d->dh, d->dt2, (size_t)R * D); /* dh = d hin */
         /* context k, v -> d ctx */
-        IMPL->rope_backward(x, d->dkc, d->ctx_pos, d->inv_freq, T, Hkv, hd);
-        IMPL->rmsnorm_backward(x, d->kcs, G(d, tix_layer(l, LT_KN)), d->dkc, a->kcr,
-                               W(d, tix_layer(l, LT_KN)), a->kc_rstd, T * Hkv, hd);
+        IMPL->qk_norm_rope_backward(x, d->kcs, G(d, tix_layer(l, LT_KN)), d->dkc, a->kcr,
+                                    W(d, tix_layer(l, LT_KN)), a->kc_rstd, d->ctx_pos,
+                                    d->inv_freq, c->rms_eps, T, Hkv, hd);
         IMPL->matmul_backward(x, d->dct, G(d, tix_layer(l, LT_K)), NULL, d->kcs, d->ctx,
                               W(d, tix_layer(l, LT_K)), T, D, KV);
         IMPL->add(x, d->dctx, d->dctx, d->dct, (size_t)T * D);
