@@ -168,6 +168,17 @@ static void p_rope_bwd(const ops_ctx_t *c, void *x, const int32_t *p, const floa
                        int hd) {
     PROF_WRAP("rope bwd", 0, prof_inner->rope_backward(&prof_ctx, x, p, f, N, nh, hd));
 }
+static void p_qkr_fwd(const ops_ctx_t *c, void *o, float *r, const void *i, const void *w, float e,
+                      const int32_t *p, const float *f, int N, int nh, int hd) {
+    PROF_WRAP("q/k norm+rope fwd", 0,
+              prof_inner->qk_norm_rope_forward(&prof_ctx, o, r, i, w, e, p, f, N, nh, hd));
+}
+static void p_qkr_bwd(const ops_ctx_t *c, void *di, float *dw, const void *d, const void *i,
+                      const void *w, const float *r, const int32_t *p, const float *f, float e,
+                      int N, int nh, int hd) {
+    PROF_WRAP("q/k norm+rope bwd", 0,
+              prof_inner->qk_norm_rope_backward(&prof_ctx, di, dw, d, i, w, r, p, f, e, N, nh, hd));
+}
 static void p_swi_fwd(const ops_ctx_t *c, void *o, const void *g, const void *u, size_t n) {
     PROF_WRAP("swiglu fwd", 0, prof_inner->swiglu_forward(&prof_ctx, o, g, u, n));
 }
@@ -212,7 +223,9 @@ static void p_adamw(const ops_ctx_t *c, float *ms, void *wk, const float *g, flo
     PROF_WRAP("adamw", 0, prof_inner->adamw(&prof_ctx, ms, wk, g, m, v, n, lr, b1, b2, eps, wd, t, nsq, mx));
 }
 
-/* Installs the wrapped table in C (the drafter holds &C, so its next calls go through it). */
+/* Installs the wrapped table in C (the drafter holds &C, so its next calls go through it).
+ * Every entry the drafter calls that launches work must be wrapped: an unwrapped CUDA entry
+ * would get &C, whose impl is then this table, and find no CUDA state through it. */
 static void prof_install(double sum_ctx) {
     prof_inner = C.impl;
     prof_ctx = C;
@@ -221,6 +234,7 @@ static void prof_install(double sum_ctx) {
     prof_impl.matmul_forward = p_mm_fwd, prof_impl.matmul_backward = p_mm_bwd;
     prof_impl.rmsnorm_forward = p_rms_fwd, prof_impl.rmsnorm_backward = p_rms_bwd;
     prof_impl.rope_forward = p_rope_fwd, prof_impl.rope_backward = p_rope_bwd;
+    prof_impl.qk_norm_rope_forward = p_qkr_fwd, prof_impl.qk_norm_rope_backward = p_qkr_bwd;
     prof_impl.swiglu_forward = p_swi_fwd, prof_impl.swiglu_backward = p_swi_bwd;
     prof_impl.embedding_forward = p_emb, prof_impl.add = p_add;
     prof_impl.attention_block_forward = p_attn_fwd, prof_impl.attention_block_backward = p_attn_bwd;
@@ -281,6 +295,7 @@ static int arg_int(const char *flag, const char *v, int lo, int hi) {
 }
 
 int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0); /* lines survive an abort (output to a file) */
     const char *model = NULL;
     int nseq = 8, seqlen = 4096, nanch = 512, layers = 5, reps = 5, chunk = 0, profile = 0,
         variant = 0;

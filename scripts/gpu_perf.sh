@@ -9,15 +9,21 @@
 #   1. draftline mkmodel --config qwen3-8b into $W/q8, in the background (45 s);
 #   2. bundle/tests/gpu_test_ops_cuda (every block-attention variant and the fused q/k norm +
 #      RoPE against the CPU), gpu_test_drafter_cuda, gpu_test_carryover_cuda,
-#      gpu_test_pipeline_gpu (each 120 s at most) -> $OUT/<test>.txt;
+#      gpu_test_pipeline_gpu (on $DLC, the GSM8K cache, where the bundle has no embedded
+#      model; each 120 s at most, the pipeline test 240) -> $OUT/tests.txt;
 #   3. bench_ops --quick (block attention per variant, q/k norm + RoPE fused vs separate)
 #      -> $OUT/bench_ops.txt; bench_drafter --reps 3 --profile -> $OUT/bench_drafter.txt;
-#   4. draftline run on the reference work (8 x 4096 tokens, 512 anchors, block 16, 5-layer
+#   4. the disk the checkpoints go to ($W): 4 GiB written with fsync by dd, one stream
+#      buffered, one stream O_DIRECT, four O_DIRECT streams at once -> in the output;
+#   5. draftline run on the reference work (8 x 4096 tokens, 512 anchors, block 16, 5-layer
 #      drafter, 40 steps, 1 GPU: the flags of bench/vs_pytorch.sh's ref phase, without the
 #      PyTorch side) -> its summary line, the stages' start-up lines, $OUT/ref40.logs.tgz.
-# About 330 s on a warm machine with the model made in the background.
+# About 330 s on a warm machine with the model made in the background. The device tool
+# brings back at most 8 files: this writes 5 (tests.txt, bench_ops.txt, bench_drafter.txt,
+# ref40.out, ref40.logs.tgz) besides what the caller tees.
 set -u
 OUT=${OUT:-/tmp/perf-out}; LONG=${LONG:-gpucarry/long.dlc}; W=${W:-/tmp/perf}
+DLC=${DLC:-gpucarry/gsm8k.dlc}
 mkdir -p "$OUT" "$W"
 T0=$(date +%s)
 el() { echo "+$(( $(date +%s) - T0 ))s"; }
@@ -25,14 +31,19 @@ el() { echo "+$(( $(date +%s) - T0 ))s"; }
 . bundle/env.sh
 export NCCL_NVLS_ENABLE=0
 M=$W/q8
-(bundle/bin/draftline mkmodel --config qwen3-8b --out "$M" > "$OUT/mkmodel.txt" 2>&1
- echo "mkmodel rc=$? $(el)" > "$OUT/mkmodel.rc") &
+(bundle/bin/draftline mkmodel --config qwen3-8b --out "$M" > "$W/mkmodel.txt" 2>&1
+ echo "mkmodel rc=$? $(el)" > "$W/mkmodel.rc") &
 MK=$!
+: > "$OUT/tests.txt"
 for t in gpu_test_ops_cuda gpu_test_drafter_cuda gpu_test_carryover_cuda gpu_test_pipeline_gpu; do
     if [ -x "bundle/tests/$t" ]; then
-        timeout 120 "bundle/tests/$t" > "$OUT/$t.txt" 2>&1
-        echo "$t rc=$? $(el)"
-        grep -E "PASSED|FAILED" "$OUT/$t.txt" | head -4
+        lim=120; [ $t = gpu_test_pipeline_gpu ] && lim=240
+        echo "=== $t" >> "$OUT/tests.txt"
+        DL_TEST_DLC=$DLC timeout $lim "bundle/tests/$t" > "$W/$t.txt" 2>&1
+        rc=$?
+        cat "$W/$t.txt" >> "$OUT/tests.txt"
+        echo "$t rc=$rc $(el)"
+        grep -E "PASSED|FAILED" "$W/$t.txt" | head -4
     else
         echo "$t: not in the bundle"
     fi
@@ -43,8 +54,18 @@ grep -iE "qk norm|block attention" "$OUT/bench_ops.txt"
 timeout 90 bundle/bench/bench_drafter --reps 3 --profile > "$OUT/bench_drafter.txt" 2>&1
 echo "bench_drafter rc=$? $(el)"
 grep -E "^step|variant|GiB|attention|rmsnorm|rope" "$OUT/bench_drafter.txt" | head -12
+for mode in "" "oflag=direct" ; do
+    rm -f "$W/dd.bin"; sync
+    echo "disk, 1 stream ${mode:-buffered}: $(dd if=/dev/zero of="$W/dd.bin" bs=64M count=64 $mode conv=fsync 2>&1 | tail -1)"
+done
+rm -f "$W"/dd*.bin; sync
+t0=$(date +%s.%N)
+for k in 1 2 3 4; do dd if=/dev/zero of="$W/dd$k.bin" bs=64M count=16 oflag=direct conv=fsync 2>/dev/null & done
+wait
+python3 -c "import sys; t=float(sys.argv[2])-float(sys.argv[1]); print('disk, 4 O_DIRECT streams: 4 GiB in %.2f s, %.2f GB/s' % (t, 4*2**30/t/1e9))" "$t0" "$(date +%s.%N)"
+rm -f "$W"/dd*.bin
 wait $MK
-cat "$OUT/mkmodel.rc"
+cat "$W/mkmodel.rc"
 R="--target-model $M --data $LONG --target-gpus 0 --drafter-gpus 0 --threads 8 --inbox-gb 6"
 R="$R --token-budget 32768 --max-len 4096 --num-anchors 512 --block-size 16 --drafter-layers 5"
 R="$R --micro-batches-per-step 1 --max-steps 40 --epochs 2 --progress-every 5"
