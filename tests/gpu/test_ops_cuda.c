@@ -261,6 +261,12 @@ static void run_xent(int N, int V) {
     }
     /* make a few rows predict their target, so `correct` is not all zeros */
     for (int i = 0; i < N; i += 3) lg[(size_t)i * V + tg[i]] = 20.0f;
+    /* exact ties, which go to the lowest index: row 1's two maxima are 5 and the target V-1
+     * (other threads, not correct); row 2's the target 7, then 8 (one 8-logit load) and V-2
+     * (correct); row 4's 9, then the target 10 (one load, not correct) */
+    tg[1] = V - 1, lg[(size_t)1 * V + 5] = lg[(size_t)1 * V + V - 1] = 25.0f;
+    tg[2] = 7, lg[(size_t)2 * V + 7] = lg[(size_t)2 * V + 8] = lg[(size_t)2 * V + V - 2] = 25.0f;
+    tg[4] = 10, lg[(size_t)4 * V + 9] = lg[(size_t)4 * V + 10] = 25.0f;
     float *cl = cput(lg, n), *closs = cput(w, N), *ccor = cput(w, N);
     void *gl = gput(lg, n);
     float *gloss = gput_raw(w, N * 4), *gcor = gput_raw(w, N * 4), *gw = gput_raw(w, N * 4);
@@ -278,8 +284,9 @@ static void run_xent(int N, int V) {
 }
 static void test_xent(void **state) {
     (void)state;
-    run_xent(13, 3001);
-    run_xent(20, 151936); /* Qwen3 vocabulary */
+    run_xent(13, 3001);   /* one logit at a time (V % 8 != 0) */
+    run_xent(20, 151936); /* Qwen3 vocabulary: 8-logit loads */
+    run_xent(7, 4104);    /* fewer 8-logit loads than threads: the single-load tail alone */
 }
 
 /* ------------------------------------------------------------ sumsq + adamw */
