@@ -4,7 +4,8 @@
 #
 # usage (repo root on the GPU machine, bundle/ unpacked with the stage programs, the
 # gpu tests and bench_ops/bench_drafter; the reference data at $LONG):
-#   [OUT=dir] [LONG=gpucarry/long.dlc] [W=/tmp/perf] bash scripts/gpu_perf.sh
+#   [OUT=dir] [LONG=gpucarry/long.dlc] [W=/tmp/perf] [CHUNKS="128 256"] bash scripts/gpu_perf.sh
+# (CHUNKS: bench_drafter again with each --loss-chunk, step time and memory)
 # Steps (each printed with its rc and the time since the start):
 #   1. draftline mkmodel --config qwen3-8b into $W/q8, in the background (45 s);
 #   2. bundle/tests/gpu_test_ops_cuda (every block-attention variant and the fused q/k norm +
@@ -54,6 +55,12 @@ grep -iE "qk norm|block attention" "$OUT/bench_ops.txt"
 timeout 90 bundle/bench/bench_drafter --reps 3 --profile > "$OUT/bench_drafter.txt" 2>&1
 echo "bench_drafter rc=$? $(el)"
 grep -E "^step|variant|GiB|attention|rmsnorm|rope" "$OUT/bench_drafter.txt" | head -12
+for k in ${CHUNKS:-}; do   # other loss chunks (blocks), appended to bench_drafter.txt
+    echo "=== --loss-chunk $k" >> "$OUT/bench_drafter.txt"
+    timeout 90 bundle/bench/bench_drafter --reps 3 --loss-chunk "$k" >> "$OUT/bench_drafter.txt" 2>&1
+    echo "bench_drafter --loss-chunk $k rc=$? $(el)"
+    grep -A1 "^=== --loss-chunk $k" -A30 "$OUT/bench_drafter.txt" | grep -E "^step|GiB"
+done
 for mode in "" "oflag=direct" ; do
     rm -f "$W/dd.bin"; sync
     echo "disk, 1 stream ${mode:-buffered}: $(dd if=/dev/zero of="$W/dd.bin" bs=64M count=64 $mode conv=fsync 2>&1 | tail -1)"
