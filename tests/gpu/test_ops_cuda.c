@@ -168,7 +168,12 @@ static void test_rmsnorm(void **state) {
     run_rmsnorm(37, 200);    /* warp per row, registers */
     run_rmsnorm(1000, 128);  /* q/k-norm shape */
     run_rmsnorm(9, 127);     /* odd C: general path */
-    run_rmsnorm(64, 4096);   /* block per row, registers */
+    run_rmsnorm(64, 4096);   /* 16-byte vector path, 128 threads per row */
+    run_rmsnorm(37, 256);    /* vector path, a warp per row, 8 rows per block: a partial block */
+    run_rmsnorm(33, 2048);   /* vector path, 64 threads per row, 4 rows per block */
+    run_rmsnorm(7, 8192);    /* vector path, 256 threads per row */
+    run_rmsnorm(3001, 4096); /* vector path, several rows per team (dweight partials add up) */
+    run_rmsnorm(16, 4100);   /* C % 8 != 0: the bf16-pair path, block per row */
     run_rmsnorm(5, 13000); /* dweight partials too large for shared memory */
 }
 
