@@ -75,31 +75,6 @@ float *ockw_host_alloc(size_t bytes, int gpu, int *pinned, const char *what) {
     return p;
 }
 
-static void *pin_main(void *arg) {
-    ockw_pin_t *j = arg;
-    j->p = ockw_host_alloc(j->bytes, j->gpu, &j->pinned, j->what);
-    return NULL;
-}
-
-void ockw_pin_start(ockw_pin_t j[2], size_t bytes, int gpu) {
-    static const char *const what[2] = {"checkpoint snapshot (Adam m)", "checkpoint snapshot (Adam v)"};
-    for (int i = 0; i < 2; i++) {
-        j[i] = (ockw_pin_t){.bytes = bytes, .gpu = gpu, .what = what[i]};
-        j[i].started = pthread_create(&j[i].th, NULL, pin_main, &j[i]) == 0;
-        if (!j[i].started) pin_main(&j[i]);   /* no thread: here */
-    }
-}
-
-double ockw_pin_join(ockw_pin_t j[2], float **h[2], int pinned[2]) {
-    double t0 = clock_mono_s();
-    for (int i = 0; i < 2; i++) {
-        if (j[i].started) pthread_join(j[i].th, NULL);
-        *h[i] = j[i].p;
-        pinned[i] = j[i].pinned;
-    }
-    return clock_mono_s() - t0;
-}
-
 /* Thread started by ockw_new (GPU): the snapshot buffers not given. */
 static void *alloc_main(void *arg) {
     ockw_t *w = arg;

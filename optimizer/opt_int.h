@@ -19,7 +19,6 @@
 #include "common/pipe/peers.h"
 #include "common/pipe/stage.h"
 
-#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -135,23 +134,6 @@ typedef struct {
  * snapshots will hold the steps longer. *pinned: 1 when pinned (free with
  * dev_host_free, else free). NULL (logged) when out of memory. */
 float *ockw_host_alloc(size_t bytes, int gpu, int *pinned, const char *what);
-
-/* The Adam snapshot buffers of a fresh GPU run (m, v: `bytes` each), pinned by two
- * threads while the caller runs the seeded init on the CPUs. Pinned later, on the
- * writer's own thread after start-up, they held the driver: the first step's CUDA calls
- * waited ~2.8 s for them (H200, 1B parameters). ockw_pin_start starts the threads (or
- * does the work itself where a thread cannot start); ockw_pin_join joins them and sets
- * *h[i] (NULL where even pageable memory failed: ockw_new's thread tries again) and
- * pinned[i], returning the seconds it waited. */
-typedef struct {
-    size_t bytes;
-    int gpu, pinned, started;
-    const char *what;
-    float *p;
-    pthread_t th;
-} ockw_pin_t;
-void ockw_pin_start(ockw_pin_t j[2], size_t bytes, int gpu);
-double ockw_pin_join(ockw_pin_t j[2], float **h[2], int pinned[2]);
 
 /* A writer on `loop` (the stage's, its address only: usable before stage_init); cfg's
  * strings are not copied (they outlive it), its snapshot buffers are taken over. GPU:

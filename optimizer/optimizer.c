@@ -724,7 +724,7 @@ static void opt_settings(opt_t *O, const run_config_t *c) {
 /* The backend state (the host arrays themselves on CPU, device copies on GPU), the
  * weights slab holding version O->step, and the handle cache. Logs and returns a
  * negative error code on failure. */
-static int opt_state_init(opt_t *O, const char *run_id, int64_t inc, int resumed) {
+static int opt_state_init(opt_t *O, const char *run_id, int64_t inc) {
     const ops_impl_t *x = O->ops.impl;
     if (O->gpu >= 0) {
         size_t b = O->P * 4;
@@ -736,7 +736,7 @@ static int opt_state_init(opt_t *O, const char *run_id, int64_t inc, int resumed
             return DL_ENOMEM;
         }
         x->upload(&O->ops, O->master, O->h_master, b);
-        if (resumed) {   /* (a fresh run's h_m, h_v are the snapshot buffers, contents unset) */
+        if (O->h_m) {   /* resumed */
             x->upload(&O->ops, O->m, O->h_m, b);
             x->upload(&O->ops, O->v, O->h_v, b);
         } else {        /* fresh moments: zeros, nothing to upload */
@@ -776,8 +776,7 @@ static int opt_ckpt_init(opt_t *O) {
 }
 
 /* The host state: on CPU the state itself (h_m, h_v zeros); on GPU pinned start-up copies
- * (h_m, h_v to resume into; a fresh run pins them during init, ockw_pin_start). 0 or DL_ENOMEM
- * (logged). */
+ * (h_m, h_v only to resume into). 0 or DL_ENOMEM (logged). */
 static int opt_host_alloc(opt_t *O, int resumed) {
     size_t b = O->P * 4;
     if (O->gpu < 0) {
@@ -907,9 +906,6 @@ int main(int argc, char **argv) {
      * core of the machine, not --threads: it is the start-up's long pole (1B normals: 6 s on
      * 8 threads), the other stages are still loading, and its bits do not depend on the
      * thread count (drafter_init_master) */
-    ockw_pin_t pins[2];
-    double pin_wait = -1;   /* < 0: no pinning alongside the init */
-    if (!resume && O.gpu >= 0) ockw_pin_start(pins, O.P * 4, O.gpu);
     if (!resume) {
 #ifdef _OPENMP
         int thr = omp_get_max_threads();
@@ -919,10 +915,6 @@ int main(int argc, char **argv) {
 #ifdef _OPENMP
         omp_set_num_threads(thr);
 #endif
-        if (!resume && O.gpu >= 0) {
-            float **h[2] = {&O.h_m, &O.h_v};
-            pin_wait = ockw_pin_join(pins, h, &O.h_pinned[1]);
-        }
         if (rc < 0) return log_rc(rc, "drafter init"), PIPE_EXIT_PERMANENT;
     }
     if (cursor_base) {
@@ -951,7 +943,7 @@ int main(int argc, char **argv) {
     O.steps_log = rundir_steps_open(O.out, resume || inc > 1 ? (int64_t)O.step : -1);
     /* the state's allocation and upload (seconds at 1B parameters on a GPU) before
      * stage_init: once the supervisor has our hello, the loop must keep heartbeating */
-    if (opt_state_init(&O, cfg.run_id, inc, resume != NULL) < 0) return 1;
+    if (opt_state_init(&O, cfg.run_id, inc) < 0) return 1;
     t_up[4] = clock_mono_s();
     testhook_i64("optimizer.ckpt_delay_ms", &O.ck_delay_ms);   /* read once, at start-up */
     O.ck_fail_step = -1;
@@ -975,14 +967,10 @@ int main(int argc, char **argv) {
     stage_on_stop(&O.st, on_stop, &O);
     send_hello(&O);
     O.t_step0 = t_up[6] = clock_mono_s();
-    char pinned_note[96] = "";
-    if (pin_wait >= 0)
-        snprintf(pinned_note, sizeof pinned_note, " (Adam snapshot buffers pinned alongside, %.2f s of it waiting for them)",
-                 pin_wait);
-    log_info("start-up %.2f s: configuration and device %.2f, host state %.2f (%s), %s %.2f%s, device state "
+    log_info("start-up %.2f s: configuration and device %.2f, host state %.2f (%s), %s %.2f, device state "
              "%.2f, checkpoint writer %.2f, bus %.2f", t_up[6] - t_up[0], t_up[1] - t_up[0], t_up[2] - t_up[1],
              O.gpu < 0 ? "host memory" : O.h_pinned[0] ? "pinned" : "pageable", resume ? "resume" : "init", t_up[3] - t_up[2],
-             pinned_note, t_up[4] - t_up[3], t_up[5] - t_up[4], t_up[6] - t_up[5]);
+             t_up[4] - t_up[3], t_up[5] - t_up[4], t_up[6] - t_up[5]);
     O.st.state = PROTO_STATE_IDLE;
     log_info("drafter: %d layers, block %d, %d features, %zu parameters; step %llu of %llu, %llu micro-batches per step",
              O.dcfg.n_layers, O.dcfg.B, O.dcfg.n_feat, O.P, (unsigned long long)O.step,
