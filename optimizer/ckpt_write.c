@@ -18,6 +18,7 @@
 #include <time.h>
 
 #define OCKW_COPY_CHUNK (16u << 20)   /* bytes per parallel memcpy chunk (CPU snapshot) */
+#define OCKW_PIN_CHUNK (256u << 20)   /* bytes per cudaHostRegister call: the driver is held that long */
 
 typedef struct {
     int on;
@@ -54,34 +55,59 @@ struct ockw {
 
 static void start_snapshot(ockw_t *w);
 
-float *ockw_host_alloc(size_t bytes, int gpu, int *pinned, const char *what) {
+float *ockw_host_buffer(size_t bytes, const char *what) {
     void *p = NULL;
-    *pinned = 0;
-    if (gpu >= 0) {
-        double t0 = clock_mono_s();
-        int rc = dev_set(gpu);
-        if (rc == 0) rc = dev_host_alloc(&p, bytes);
-        if (rc == 0) {
-            *pinned = 1;
-            log_debug("%s: %.2f GiB pinned in %.2f s", what, bytes / 1073741824.0, clock_mono_s() - t0);
-            return p;
-        }
-        log_warn("%s: no pinned host memory for %.2f GiB (%s): pageable memory instead, so each checkpoint's "
-                 "snapshot will hold the steps longer (device-to-host copies staged by the driver)", what,
-                 bytes / 1073741824.0, dl_errmsg());
-    }
-    if (!(p = malloc(bytes ? bytes : 1)))
+    if (posix_memalign(&p, 4096, bytes ? bytes : 1) != 0) {
         log_error("%s: out of memory for %.2f GiB of host memory", what, bytes / 1073741824.0);
+        return NULL;
+    }
     return p;
 }
 
-/* Thread started by ockw_new (GPU): the snapshot buffers not given. */
+void ockw_host_unpin(float *p, size_t bytes) {
+    if (!p) return;
+    if ((uintptr_t)p % 4096) { dev_host_unregister(p); return; }   /* pinned in one piece */
+    for (size_t off = 0; off < bytes; off += OCKW_PIN_CHUNK) dev_host_unregister((uint8_t *)p + off);
+}
+
+int ockw_host_pin(float *p, size_t bytes, int gpu, const char *what) {
+    if (gpu < 0 || !p) return 0;
+    double t0 = clock_mono_s();
+    size_t piece = (uintptr_t)p % 4096 ? bytes : OCKW_PIN_CHUNK, off = 0;   /* unaligned: one call */
+    int rc = dev_set(gpu);
+    while (rc == 0 && off < bytes) {
+        size_t n = bytes - off < piece ? bytes - off : piece;
+        rc = dev_host_register((uint8_t *)p + off, n);
+        if (rc == 0) off += n;
+    }
+    if (rc == 0) {
+        log_debug("%s: %.2f GiB pinned in %.2f s", what, bytes / 1073741824.0, clock_mono_s() - t0);
+        return 1;
+    }
+    ockw_host_unpin(p, off);
+    log_warn("%s: no pinned host memory for %.2f GiB (%s): pageable memory instead, so each checkpoint's "
+             "snapshot will hold the steps longer (device-to-host copies staged by the driver)", what,
+             bytes / 1073741824.0, dl_errmsg());
+    return 0;
+}
+
+/* Frees a snapshot buffer (unpinned first when pinned). */
+static void snap_free(float *p, int pinned, size_t bytes) {
+    if (pinned) ockw_host_unpin(p, bytes);
+    free(p);
+}
+
+/* Thread started by ockw_new (GPU): the snapshot buffers not given, and every one not
+ * pinned yet pinned (in pieces, so the loop's CUDA calls wait for one piece at most). */
 static void *alloc_main(void *arg) {
     ockw_t *w = arg;
     static const char *const what[3] = {"checkpoint snapshot (master)", "checkpoint snapshot (Adam m)",
                                         "checkpoint snapshot (Adam v)"};
-    for (int i = 0; i < 3; i++)
-        if (!w->snap[i]) w->snap[i] = ockw_host_alloc(w->cfg.P * sizeof(float), w->cfg.gpu, &w->pinned[i], what[i]);
+    size_t bytes = w->cfg.P * sizeof(float);
+    for (int i = 0; i < 3; i++) {
+        if (!w->snap[i]) w->snap[i] = ockw_host_buffer(bytes, what[i]);
+        if (w->snap[i] && !w->pinned[i]) w->pinned[i] = ockw_host_pin(w->snap[i], bytes, w->cfg.gpu, what[i]);
+    }
     return NULL;
 }
 
@@ -104,7 +130,13 @@ static int snap_gpu(ockw_t *w, size_t bytes) {
         if (!w->snap[i]) return dl_seterr(DL_ENOMEM, "out of host memory for %zu bytes", bytes);
     DL_TRY(dev_set(w->cfg.gpu));
     if (!w->stream) DL_TRY(dev_stream_new(w->cfg.gpu, &w->stream));
-    for (int i = 0; i < 3; i++) DL_TRY(dev_copy_async(w->snap[i], w->cur.src[i], bytes, w->stream));
+    /* piece by piece where pinned so (a copy never spans two registrations) */
+    for (int i = 0; i < 3; i++) {
+        size_t piece = w->pinned[i] && (uintptr_t)w->snap[i] % 4096 == 0 ? OCKW_PIN_CHUNK : bytes;
+        for (size_t off = 0; off < bytes; off += piece)
+            DL_TRY(dev_copy_async((uint8_t *)w->snap[i] + off, (const uint8_t *)w->cur.src[i] + off,
+                                  bytes - off < piece ? bytes - off : piece, w->stream));
+    }
     return dev_stream_sync(w->stream);
 }
 
@@ -230,14 +262,15 @@ int ockw_new(ockw_t **out, uv_loop_t *loop, const ockw_cfg_t *cfg, const ockw_cb
     *out = w;
     for (int i = 0; i < 3; i++) {
         if (w) w->snap[i] = cfg->snap[i], w->pinned[i] = cfg->pinned[i];
-        else if (cfg->pinned[i]) dev_host_free(cfg->snap[i]);
-        else free(cfg->snap[i]);
+        else snap_free(cfg->snap[i], cfg->pinned[i], cfg->P * sizeof(float));
     }
     if (!w) return dl_seterr(DL_ENOMEM, "checkpoint writer: out of memory");
     w->loop = loop;
     w->cfg = *cfg;
     w->cb = *cb;
-    if (cfg->gpu >= 0 && (!w->snap[0] || !w->snap[1] || !w->snap[2])) {
+    int todo = 0;
+    for (int i = 0; i < 3; i++) todo |= !w->snap[i] || !w->pinned[i];
+    if (cfg->gpu >= 0 && todo) {
         w->alloc_on = pthread_create(&w->alloc_th, NULL, alloc_main, w) == 0;
         if (!w->alloc_on) alloc_main(w);   /* no thread: here, before the first step */
     }
@@ -248,10 +281,7 @@ void ockw_destroy(ockw_t **wp) {
     if (!wp || !*wp) return;
     ockw_t *w = *wp;
     alloc_join(w);
-    for (int i = 0; i < 3; i++) {
-        if (w->pinned[i]) dev_host_free(w->snap[i]);
-        else free(w->snap[i]);
-    }
+    for (int i = 0; i < 3; i++) snap_free(w->snap[i], w->pinned[i], w->cfg.P * sizeof(float));
     dev_stream_destroy(w->stream);
     free(w);
     *wp = NULL;

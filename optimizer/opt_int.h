@@ -78,10 +78,10 @@ int ons_busy(const ons_t *n);
 /* ---- the checkpoint writer (ckpt_write.c) ----
  * A checkpoint is a snapshot, then a write. The snapshot copies the step's state
  * (master, m, v: P f32 each) into buffers of the writer's own, reused. On GPU they are
- * the optimizer's host start-up copies (pinned, ockw_host_alloc: the resume read into
- * them, the upload came from them; owned by the writer from ockw_new on), the ones not
- * needed at start-up pinned on a thread ockw_new starts, which the first snapshot joins
- * (long done but for the shortest runs); async device-to-host copies on a copy stream of
+ * the optimizer's host start-up copies (ockw_host_buffer: the resume read into them, the
+ * upload came from them; owned by the writer from ockw_new on) and the ones not needed at
+ * start-up, all pinned in pieces on a thread ockw_new starts, which the first snapshot
+ * joins (long done but for the shortest runs); async device-to-host copies on a copy stream of
  * its own, waited for on a libuv worker thread. On CPU, malloc'd at the first checkpoint
  * and filled by a memcpy in parallel chunks on that thread. No step may be applied
  * while the snapshot is pending (ockw_holds_steps); once it is complete (`snapped`),
@@ -107,9 +107,10 @@ typedef struct {
     int64_t delay_ms;          /* test hook optimizer.ckpt_delay_ms: each write that much slower */
     int64_t fail_step;         /* test hook optimizer.ckpt_fail_step: that step's write fails (-1 none) */
     float *snap[3];            /* GPU: the snapshot buffers (master, m, v; P f32 host from
-                                  ockw_host_alloc), owned by the writer from ockw_new on; a
-                                  NULL one is allocated on the writer's thread. CPU: NULL */
-    int pinned[3];             /* GPU: which of snap are pinned (1) or pageable (0) */
+                                  ockw_host_buffer), owned by the writer from ockw_new on; a
+                                  NULL one is allocated, and every one not pinned yet is
+                                  pinned, on the writer's thread. CPU: NULL */
+    int pinned[3];             /* GPU: which of snap are pinned already (1: ockw_host_pin) */
 } ockw_cfg_t;
 
 /* Loop-thread news. snapped: the snapshot is complete, steps may be applied again.
@@ -128,17 +129,22 @@ typedef struct {
     double snap_s, write_s;    /* snapshot; files + retention */
 } ockw_times_t;
 
-/* Host memory for `bytes` of the state (`what` names it in messages): gpu >= 0 pinned
- * (dev_host_alloc, device gpu current; seconds for GB: never on a loop thread), else,
- * or when pinning fails, pageable (malloc) - then a warning line says the checkpoints'
- * snapshots will hold the steps longer. *pinned: 1 when pinned (free with
- * dev_host_free, else free). NULL (logged) when out of memory. */
-float *ockw_host_alloc(size_t bytes, int gpu, int *pinned, const char *what);
+/* Host memory for `bytes` of the state (`what` names it in messages): page-aligned,
+ * pageable (posix_memalign; free with free after ockw_host_unpin where pinned). NULL
+ * (logged) when out of memory. */
+float *ockw_host_buffer(size_t bytes, const char *what);
+/* Page-locks p (bytes; from ockw_host_buffer) for gpu in 256 MiB pieces
+ * (dev_host_register; about 0.5 s per GB, holding the driver for one piece at a time, so
+ * never on a loop thread). Returns 1 when pinned; 0 for gpu < 0, or when pinning fails:
+ * then a warning says the checkpoints' snapshots will hold the steps longer. */
+int ockw_host_pin(float *p, size_t bytes, int gpu, const char *what);
+/* Undoes ockw_host_pin (NULL accepted); the memory stays, to be freed. */
+void ockw_host_unpin(float *p, size_t bytes);
 
 /* A writer on `loop` (the stage's, its address only: usable before stage_init); cfg's
  * strings are not copied (they outlive it), its snapshot buffers are taken over. GPU:
- * the NULL ones are allocated (ockw_host_alloc) on a thread started here, which the
- * first snapshot joins. CPU: the buffers come at the first checkpoint. Returns 0 or
+ * the NULL ones are allocated (ockw_host_buffer) and all are pinned (ockw_host_pin) on a
+ * thread started here, while the steps run; the first snapshot joins it. CPU: the buffers come at the first checkpoint. Returns 0 or
  * DL_ENOMEM (the buffers given are freed all the same). */
 int ockw_new(ockw_t **out, uv_loop_t *loop, const ockw_cfg_t *cfg, const ockw_cb_t *cb);
 /* Joins the allocation thread; frees the snapshot buffers and the copy stream; *w = NULL;

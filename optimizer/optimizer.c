@@ -107,9 +107,9 @@ typedef struct {
     size_t P;
     float *master, *m, *v, *gsum, *norm_sq;  /* on the ops backend (device on GPU) */
     float *h_master, *h_m, *h_v;  /* CPU: the state itself (== the above). GPU: the start-up
-                                     copies (pinned; h_m, h_v only when resumed), handed to
-                                     the checkpoint writer as its snapshot buffers (then NULL) */
-    int h_pinned[3];
+                                     copies (pageable; h_m, h_v only when resumed), handed to
+                                     the checkpoint writer as its snapshot buffers (then NULL),
+                                     which pins them while the steps run */
     slab_t *wslab;             /* 2 * P f32: weights of versions v%2 (device on GPU) */
     hcache_t *hc;
     peers_t peers;             /* the drafters that said hello (common/pipe/peers.h) */
@@ -758,7 +758,8 @@ static int opt_state_init(opt_t *O, const char *run_id, int64_t inc) {
 }
 
 /* The checkpoint writer, before stage_init. GPU: the host start-up copies become its
- * snapshot buffers (it pins the missing ones on a thread of its own meanwhile). */
+ * snapshot buffers (it allocates the missing ones and pins all of them, in pieces, on a
+ * thread of its own while the steps run). */
 static int opt_ckpt_init(opt_t *O) {
     ockw_cfg_t kc = {O->out, O->layout, O->P, O->gpu, O->keep_ckpts, O->resume_dir, O->resume_step,
                      O->ck_delay_ms, O->ck_fail_step, {NULL, NULL, NULL}, {0, 0, 0}};
@@ -766,7 +767,6 @@ static int opt_ckpt_init(opt_t *O) {
         float **h[3] = {&O->h_master, &O->h_m, &O->h_v};
         for (int i = 0; i < 3; i++) {
             kc.snap[i] = *h[i];
-            kc.pinned[i] = O->h_pinned[i];
             *h[i] = NULL;   /* the writer's from here on: never read as the current state */
         }
     }
@@ -775,17 +775,21 @@ static int opt_ckpt_init(opt_t *O) {
     return rc < 0 ? log_rc(rc, "checkpoint writer") : 0;
 }
 
-/* The host state: on CPU the state itself (h_m, h_v zeros); on GPU pinned start-up copies
- * (h_m, h_v only to resume into). 0 or DL_ENOMEM (logged). */
+/* The host state: on CPU the state itself (h_m, h_v zeros); on GPU pageable start-up
+ * copies (h_m, h_v only to resume into). Pinning them here, before the init, took ~1.9 s
+ * per 4 GB on the H200's start-up path, and pinning the rest afterwards on the writer's
+ * thread in single calls held the driver while the first step waited ~2.8 s: the writer
+ * now pins them all in 256 MiB pieces after start-up (ockw_host_pin); the one upload
+ * from pageable memory costs less. 0 or DL_ENOMEM (logged). */
 static int opt_host_alloc(opt_t *O, int resumed) {
     size_t b = O->P * 4;
     if (O->gpu < 0) {
         O->h_master = malloc(b); O->h_m = calloc(O->P, 4); O->h_v = calloc(O->P, 4);
     } else {
-        O->h_master = ockw_host_alloc(b, O->gpu, &O->h_pinned[0], "optimizer start-up (master)");
+        O->h_master = ockw_host_buffer(b, "optimizer start-up (master)");
         if (resumed) {
-            O->h_m = ockw_host_alloc(b, O->gpu, &O->h_pinned[1], "optimizer start-up (Adam m)");
-            O->h_v = ockw_host_alloc(b, O->gpu, &O->h_pinned[2], "optimizer start-up (Adam v)");
+            O->h_m = ockw_host_buffer(b, "optimizer start-up (Adam m)");
+            O->h_v = ockw_host_buffer(b, "optimizer start-up (Adam v)");
         }
     }
     if (!O->h_master || ((O->gpu < 0 || resumed) && (!O->h_m || !O->h_v))) {
@@ -969,7 +973,7 @@ int main(int argc, char **argv) {
     O.t_step0 = t_up[6] = clock_mono_s();
     log_info("start-up %.2f s: configuration and device %.2f, host state %.2f (%s), %s %.2f, device state "
              "%.2f, checkpoint writer %.2f, bus %.2f", t_up[6] - t_up[0], t_up[1] - t_up[0], t_up[2] - t_up[1],
-             O.gpu < 0 ? "host memory" : O.h_pinned[0] ? "pinned" : "pageable", resume ? "resume" : "init", t_up[3] - t_up[2],
+             O.gpu < 0 ? "host memory" : "pageable", resume ? "resume" : "init", t_up[3] - t_up[2],
              t_up[4] - t_up[3], t_up[5] - t_up[4], t_up[6] - t_up[5]);
     O.st.state = PROTO_STATE_IDLE;
     log_info("drafter: %d layers, block %d, %d features, %zu parameters; step %llu of %llu, %llu micro-batches per step",

@@ -49,6 +49,13 @@ int dev_host_alloc(void **p, size_t bytes) {
 
 void dev_host_free(void *p) { free(p); }
 
+int dev_host_register(void *p, size_t bytes) {
+    (void)p; (void)bytes;
+    return 0;
+}
+
+void dev_host_unregister(void *p) { (void)p; }
+
 int dev_event_create(void **ev, uint8_t handle[DEV_EVENT_BYTES]) {
     *ev = NULL;
     memset(handle, 0, DEV_EVENT_BYTES);

@@ -55,6 +55,15 @@ int dev_copy_async(void *dst, const void *src, size_t bytes, void *stream);
 int dev_host_alloc(void **p, size_t bytes);
 void dev_host_free(void *p);
 
+/* Page-locks `bytes` of existing host memory at p (cudaHostRegister, portable), so
+ * dev_copy_async copies within that range run at bus speed and truly asynchronously.
+ * One call holds the driver for the pinning of all its pages (about 0.5 s per GB), so
+ * big buffers are pinned in pieces (page-aligned, none sharing a page); undo each piece
+ * with dev_host_unregister(its p) before freeing the memory. CPU: nothing, 0.
+ * Errors: DL_ECUDA. */
+int dev_host_register(void *p, size_t bytes);
+void dev_host_unregister(void *p);
+
 /* Interprocess event (cudaEventInterprocess | cudaEventDisableTiming), created once by
  * its owner; handle[DEV_EVENT_BYTES] is what goes on the wire. *ev owned by the caller.
  * CPU: *ev = NULL and a zero handle. */

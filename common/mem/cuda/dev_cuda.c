@@ -24,6 +24,8 @@ int dev_copy_async(void *dst, const void *src, size_t bytes, void *stream) {
 
 int dev_host_alloc(void **p, size_t bytes) { return mem_cuda_host_alloc(p, bytes); }
 void dev_host_free(void *p) { mem_cuda_host_free(p); }
+int dev_host_register(void *p, size_t bytes) { return mem_cuda_host_register(p, bytes); }
+void dev_host_unregister(void *p) { mem_cuda_host_unregister(p); }
 
 int dev_event_create(void **ev, uint8_t handle[DEV_EVENT_BYTES]) { return mem_cuda_event_create(ev, handle); }
 int dev_event_open(const uint8_t handle[DEV_EVENT_BYTES], void **ev) { return mem_cuda_event_open(handle, ev); }
