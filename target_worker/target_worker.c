@@ -283,6 +283,9 @@ static void after_work_cb(uv_work_t *req, int status) {
         hcache_drop_owner(T->hc, PIPE_ID_DRAFTER0 + (uint32_t)T->route);
         /* the new incarnation's slabs are mapped again on the next grant */
     }
+    if (T->done == 0)   /* start-up: how long the first one took (first-use set-up included) */
+        log_info("micro-batch %llu, the first: %u tokens, forward %.2f s", (unsigned long long)m->mb, m->T,
+                 T->cur_fwd_s);
     T->done++;
     T->tokens += m->T;
     stage_progress(&T->st);
