@@ -143,12 +143,20 @@ static void p_mm_fwd(const ops_ctx_t *c, void *o, const void *i, const void *w, 
     snprintf(l, sizeof l, "gemm fwd K=%d N=%d", K, N);
     PROF_WRAP(l, 2.0 * M * K * N, prof_inner->matmul_forward(&prof_ctx, o, i, w, b, M, K, N));
 }
-static void p_mm_bwd(const ops_ctx_t *c, void *di, float *dw, float *db, const void *dout,
-                     const void *inp, const void *w, int M, int K, int N) {
+static void p_mm_fwd_res(const ops_ctx_t *c, void *o, const void *i, const void *w, const void *b,
+                         const void *r, int M, int K, int N) {
     char l[64];
-    snprintf(l, sizeof l, "gemm bwd%s%s K=%d N=%d", di ? " dinp" : "", dw ? " dW" : "", K, N);
+    snprintf(l, sizeof l, "gemm fwd+res K=%d N=%d", K, N);
+    PROF_WRAP(l, 2.0 * M * K * N,
+              prof_inner->matmul_forward_res(&prof_ctx, o, i, w, b, r, M, K, N));
+}
+static void p_mm_bwd(const ops_ctx_t *c, void *di, float *dw, float *db, const void *dout,
+                     const void *inp, const void *w, int M, int K, int N, int acc) {
+    char l[64];
+    snprintf(l, sizeof l, "gemm bwd%s%s K=%d N=%d", di ? (acc ? " dinp+=" : " dinp") : "",
+             dw ? " dW" : "", K, N);
     PROF_WRAP(l, 2.0 * M * K * N * ((di != NULL) + (dw != NULL)),
-              prof_inner->matmul_backward(&prof_ctx, di, dw, db, dout, inp, w, M, K, N));
+              prof_inner->matmul_backward(&prof_ctx, di, dw, db, dout, inp, w, M, K, N, acc));
 }
 static void p_rms_fwd(const ops_ctx_t *c, void *o, float *r, const void *i, const void *w, float e,
                       int N, int C_) {
@@ -232,6 +240,7 @@ static void prof_install(double sum_ctx) {
     prof_impl = *C.impl;
     prof_impl.memset0 = p_memset0, prof_impl.upload = p_upload;
     prof_impl.matmul_forward = p_mm_fwd, prof_impl.matmul_backward = p_mm_bwd;
+    prof_impl.matmul_forward_res = p_mm_fwd_res;
     prof_impl.rmsnorm_forward = p_rms_fwd, prof_impl.rmsnorm_backward = p_rms_bwd;
     prof_impl.rope_forward = p_rope_fwd, prof_impl.rope_backward = p_rope_bwd;
     prof_impl.qk_norm_rope_forward = p_qkr_fwd, prof_impl.qk_norm_rope_backward = p_qkr_bwd;

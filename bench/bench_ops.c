@@ -136,10 +136,10 @@ static void bench_linear(int M, int K, int N) {
     TIME_MS(ms, 3, 10, C.impl->matmul_forward(&C, y, x, w, NULL, M, K, N));
     snprintf(name, sizeof name, "linear fwd        M=%d K=%d N=%d", M, K, N);
     report(name, ms, fl, 0);
-    TIME_MS(ms, 3, 10, C.impl->matmul_backward(&C, dx, NULL, NULL, y, x, w, M, K, N));
+    TIME_MS(ms, 3, 10, C.impl->matmul_backward(&C, dx, NULL, NULL, y, x, w, M, K, N, 0));
     snprintf(name, sizeof name, "linear bwd dinp   M=%d K=%d N=%d", M, K, N);
     report(name, ms, fl, 0);
-    TIME_MS(ms, 3, 10, C.impl->matmul_backward(&C, NULL, dw, NULL, y, x, w, M, K, N));
+    TIME_MS(ms, 3, 10, C.impl->matmul_backward(&C, NULL, dw, NULL, y, x, w, M, K, N, 0));
     snprintf(name, sizeof name, "linear bwd dW+=f32 M=%d K=%d N=%d", M, K, N);
     report(name, ms, fl, 0);
     C.impl->free_(&C, x); C.impl->free_(&C, w); C.impl->free_(&C, y); C.impl->free_(&C, dx);

@@ -552,15 +552,16 @@ int drafter_forward(drafter_t *d, const drafter_batch_t *b) {
         qk_prepare(d, d->kcs, a->kc_rstd, a->kcr, W(d, tix_layer(l, LT_KN)), T, Hkv, d->ctx_pos);
         IMPL->attention_block_forward(x, a->att, a->lse, d->qs, d->kbs, a->vb, d->kcs, a->vc,
                                       d->ctx_start, d->ctx_len, d->Nb, c->B, T, H, Hkv, hd);
-        IMPL->matmul_forward(x, a->h1, a->att, W(d, tix_layer(l, LT_O)), NULL, R, Q, D);
-        IMPL->add(x, a->h1, a->h1, a->hin, (size_t)R * D);
+        /* h1 = hin + o_proj(att): the residual add inside the GEMM (CUDA: its epilogue) */
+        IMPL->matmul_forward_res(x, a->h1, a->att, W(d, tix_layer(l, LT_O)), NULL, a->hin, R, Q,
+                                 D);
         IMPL->rmsnorm_forward(x, d->xs, a->rstd_post, a->h1, W(d, tix_layer(l, LT_POST)),
                               c->rms_eps, R, D);
         IMPL->matmul_forward(x, a->g, d->xs, W(d, tix_layer(l, LT_GATE)), NULL, R, D, F);
         IMPL->matmul_forward(x, d->us, d->xs, W(d, tix_layer(l, LT_UP)), NULL, R, D, F);
         IMPL->swiglu_forward(x, d->a, a->g, d->us, (size_t)R * F);
-        IMPL->matmul_forward(x, next, d->a, W(d, tix_layer(l, LT_DOWN)), NULL, R, F, D);
-        IMPL->add(x, next, next, a->h1, (size_t)R * D);
+        IMPL->matmul_forward_res(x, next, d->a, W(d, tix_layer(l, LT_DOWN)), NULL, a->h1, R, F,
+                                 D);
     }
     IMPL->rmsnorm_forward(x, d->hf, d->rstd_f, d->hout, W(d, tix_fc(d) + 2), c->rms_eps, R, D);
     (void)A;
@@ -607,7 +608,7 @@ int drafter_forward_backward(drafter_t *d, const drafter_batch_t *b, float grad_
         IMPL->xent_forward_backward(x, d->logits, d->row_loss + r0, d->row_correct + r0,
                                     d->row_target + r0, d->row_w + r0, gs, rows, c->V);
         IMPL->matmul_backward(x, (char *)d->dhf + r0 * D * A, NULL, NULL, d->logits,
-                              (char *)d->hf + r0 * D * A, d->lm_head, rows, D, c->V);
+                              (char *)d->hf + r0 * D * A, d->lm_head, rows, D, c->V, 0);
     }
     /* final norm */
     IMPL->rmsnorm_backward(x, d->dh, G(d, tix_fc(d) + 2), d->dhf, d->hout, W(d, tix_fc(d) + 2),
@@ -623,14 +624,13 @@ int drafter_forward_backward(drafter_t *d, const drafter_batch_t *b, float grad_
         IMPL->matmul_forward(x, d->us, d->xs, W(d, tix_layer(l, LT_UP)), NULL, R, D, F);
         IMPL->swiglu_forward(x, d->a, a->g, d->us, (size_t)R * F);
         IMPL->matmul_backward(x, d->da, G(d, tix_layer(l, LT_DOWN)), NULL, d->dh, d->a,
-                              W(d, tix_layer(l, LT_DOWN)), R, F, D);
+                              W(d, tix_layer(l, LT_DOWN)), R, F, D, 0);
         /* d gate -> a (no longer needed), d up -> da in place (elementwise) */
         IMPL->swiglu_backward(x, d->a, d->da, d->da, a->g, d->us, (size_t)R * F);
         IMPL->matmul_backward(x, d->dt1, G(d, tix_layer(l, LT_GATE)), NULL, d->a, d->xs,
-                              W(d, tix_layer(l, LT_GATE)), R, D, F);
-        IMPL->matmul_backward(x, d->dt2, G(d, tix_layer(l, LT_UP)), NULL, d->da, d->xs,
-                              W(d, tix_layer(l, LT_UP)), R, D, F);
-        IMPL->add(x, d->dt1, d->dt1, d->dt2, (size_t)R * D);
+                              W(d, tix_layer(l, LT_GATE)), R, D, F, 0);
+        IMPL->matmul_backward(x, d->dt1, G(d, tix_layer(l, LT_UP)), NULL, d->da, d->xs,
+                              W(d, tix_layer(l, LT_UP)), R, D, F, 1);
         IMPL->rmsnorm_backward(x, d->dt2, G(d, tix_layer(l, LT_POST)), d->dt1, a->h1,
                                W(d, tix_layer(l, LT_POST)), a->rstd_post, R, D);
         IMPL->add(x, d->dh, d->dh, d->dt2, (size_t)R * D); /* dh = d h1 */
@@ -638,29 +638,28 @@ int drafter_forward_backward(drafter_t *d, const drafter_batch_t *b, float grad_
         IMPL->rmsnorm_forward(x, d->xs, NULL, a->hin, W(d, tix_layer(l, LT_IN)), c->rms_eps, R, D);
         /* attention: h1 = hin + o_proj(att) */
         IMPL->matmul_backward(x, d->datt, G(d, tix_layer(l, LT_O)), NULL, d->dh, a->att,
-                              W(d, tix_layer(l, LT_O)), R, Q, D);
+                              W(d, tix_layer(l, LT_O)), R, Q, D, 0);
         qk_prepare(d, d->qs, NULL, a->qr, W(d, tix_layer(l, LT_QN)), R, H, d->row_pos);
         qk_prepare(d, d->kbs, NULL, a->kbr, W(d, tix_layer(l, LT_KN)), R, Hkv, d->row_pos);
         qk_prepare(d, d->kcs, NULL, a->kcr, W(d, tix_layer(l, LT_KN)), T, Hkv, d->ctx_pos);
         IMPL->attention_block_backward(x, d->dq, d->dkb, d->dvb, d->dkc, d->dvc, d->datt, a->att,
                                        a->lse, d->qs, d->kbs, a->vb, d->kcs, a->vc, d->ctx_start,
                                        d->ctx_len, d->Nb, B, T, H, Hkv, hd);
-        /* q path -> d xn (dt1) */
+        /* q path -> d xn (dt1); block k, v and context k, v accumulate (+=) into dt1 and
+         * dctx inside their GEMMs */
         IMPL->qk_norm_rope_backward(x, d->qs, G(d, tix_layer(l, LT_QN)), d->dq, a->qr,
                                     W(d, tix_layer(l, LT_QN)), a->q_rstd, d->row_pos,
                                     d->inv_freq, c->rms_eps, R, H, hd);
         IMPL->matmul_backward(x, d->dt1, G(d, tix_layer(l, LT_Q)), NULL, d->qs, d->xs,
-                              W(d, tix_layer(l, LT_Q)), R, D, Q);
+                              W(d, tix_layer(l, LT_Q)), R, D, Q, 0);
         /* block k, v */
         IMPL->qk_norm_rope_backward(x, d->kbs, G(d, tix_layer(l, LT_KN)), d->dkb, a->kbr,
                                     W(d, tix_layer(l, LT_KN)), a->kb_rstd, d->row_pos,
                                     d->inv_freq, c->rms_eps, R, Hkv, hd);
-        IMPL->matmul_backward(x, d->dt2, G(d, tix_layer(l, LT_K)), NULL, d->kbs, d->xs,
-                              W(d, tix_layer(l, LT_K)), R, D, KV);
-        IMPL->add(x, d->dt1, d->dt1, d->dt2, (size_t)R * D);
-        IMPL->matmul_backward(x, d->dt2, G(d, tix_layer(l, LT_V)), NULL, d->dvb, d->xs,
-                              W(d, tix_layer(l, LT_V)), R, D, KV);
-        IMPL->add(x, d->dt1, d->dt1, d->dt2, (size_t)R * D);
+        IMPL->matmul_backward(x, d->dt1, G(d, tix_layer(l, LT_K)), NULL, d->kbs, d->xs,
+                              W(d, tix_layer(l, LT_K)), R, D, KV, 1);
+        IMPL->matmul_backward(x, d->dt1, G(d, tix_layer(l, LT_V)), NULL, d->dvb, d->xs,
+                              W(d, tix_layer(l, LT_V)), R, D, KV, 1);
         IMPL->rmsnorm_backward(x, d->dt2, G(d, tix_layer(l, LT_IN)), d->dt1, a->hin,
                                W(d, tix_layer(l, LT_IN)), a->rstd_in, R, D);
         IMPL->add(x, d->dh, d->dh, d->dt2, (size_t)R * D); /* dh = d hin */
@@ -668,18 +667,16 @@ int drafter_forward_backward(drafter_t *d, const drafter_batch_t *b, float grad_
         IMPL->qk_norm_rope_backward(x, d->kcs, G(d, tix_layer(l, LT_KN)), d->dkc, a->kcr,
                                     W(d, tix_layer(l, LT_KN)), a->kc_rstd, d->ctx_pos,
                                     d->inv_freq, c->rms_eps, T, Hkv, hd);
-        IMPL->matmul_backward(x, d->dct, G(d, tix_layer(l, LT_K)), NULL, d->kcs, d->ctx,
-                              W(d, tix_layer(l, LT_K)), T, D, KV);
-        IMPL->add(x, d->dctx, d->dctx, d->dct, (size_t)T * D);
-        IMPL->matmul_backward(x, d->dct, G(d, tix_layer(l, LT_V)), NULL, d->dvc, d->ctx,
-                              W(d, tix_layer(l, LT_V)), T, D, KV);
-        IMPL->add(x, d->dctx, d->dctx, d->dct, (size_t)T * D);
+        IMPL->matmul_backward(x, d->dctx, G(d, tix_layer(l, LT_K)), NULL, d->kcs, d->ctx,
+                              W(d, tix_layer(l, LT_K)), T, D, KV, 1);
+        IMPL->matmul_backward(x, d->dctx, G(d, tix_layer(l, LT_V)), NULL, d->dvc, d->ctx,
+                              W(d, tix_layer(l, LT_V)), T, D, KV, 1);
     }
     /* ctx = hidden_norm(fc(features)); features are frozen (no input grad) */
     IMPL->rmsnorm_backward(x, d->dct, G(d, tix_fc(d) + 1), d->dctx, d->ctx_fc,
                            W(d, tix_fc(d) + 1), d->ctx_rstd, T, D);
     IMPL->matmul_backward(x, NULL, G(d, tix_fc(d)), NULL, d->dct, d->features, W(d, tix_fc(d)), T,
-                          c->n_feat * D, D);
+                          c->n_feat * D, D, 0);
     if (st) {
         memset(st, 0, sizeof(*st));
         IMPL->download(x, d->h_row_loss, d->row_loss, (size_t)R * 4);

@@ -75,11 +75,15 @@ struct ops_impl {
      * Weight layout is torch.nn.Linear's (out_features, in_features). */
     void (*matmul_forward)(const ops_ctx_t *c, void *out, const void *inp, const void *weight,
                            const void *bias, int M, int K, int N);
-    /* dinp (M,K) act = dout . weight;  dweight (N,K) f32 += dout^T . inp;
-     * dbias (N) f32 += sum_rows dout. */
+    /* dinp (M,K) act = dout . weight (dinp_acc = 0: ASSIGNED), or dinp += dout . weight
+     * (dinp_acc != 0: accumulated, e.g. a tensor's input gradient summed over the GEMMs
+     * that read it; CPU: the product as for = into a temporary, then add(dinp, dinp, tmp),
+     * the same bits as the two calls; CUDA: beta = 1 in the GEMM);
+     * dweight (N,K) f32 += dout^T . inp; dbias (N) f32 += sum_rows dout.
+     * dinp must not overlap dout, inp or weight. */
     void (*matmul_backward)(const ops_ctx_t *c, void *dinp, float *dweight, float *dbias,
                             const void *dout, const void *inp, const void *weight,
-                            int M, int K, int N);
+                            int M, int K, int N, int dinp_acc);
     /* out (N,C) act = inp * rsqrt(mean(inp^2) + eps) * weight (C) act; rstd (N) f32 saved
      * (may be NULL). HF LlamaRMSNorm / Qwen3RMSNorm: normalise in fp32, then scale. */
     void (*rmsnorm_forward)(const ops_ctx_t *c, void *out, float *rstd, const void *inp,
@@ -260,6 +264,19 @@ struct ops_impl {
                                   const void *dout, const void *inp, const void *weight,
                                   const float *rstd, const int32_t *pos, const float *inv_freq,
                                   float eps, int N, int nh, int hd);
+
+    /* ---- Linear layer with a residual (added last, like the groups above).
+     * out (M,N) act = inp (M,K) act . weight (N,K) act ^T + bias (N) act + res (M,N) act;
+     * bias may be NULL; res may be out itself (out += the product) or another buffer that
+     * does not overlap out; inp must not overlap out. The drafter's o_proj and down_proj
+     * (h1 = hin + o_proj(att), h2 = h1 + down(a)) in one call. CPU: matmul_forward, then
+     * add(out, product, res) elementwise (for res == out: the product into a temporary,
+     * then add(out, out, tmp)): the same bits as the two calls. CUDA: beta = 1 in the
+     * GEMM with C = res, D = out (one bf16 rounding of the sum). (common/ops/cpu/matmul.c,
+     * cuda/matmul.cu) */
+    void (*matmul_forward_res)(const ops_ctx_t *c, void *out, const void *inp,
+                               const void *weight, const void *bias, const void *res, int M,
+                               int K, int N);
 };
 
 /* Backend constructors. ops_cpu_init never fails. ops_cuda_init selects the device,

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/base/rng.h"
 #include "common/ops/cuda/ops_cuda.h"
@@ -101,14 +102,14 @@ static void run_matmul(int M, int K, int N, int with_bias) {
     float *cy = cput(dy, (size_t)M * N), *cdy = cput(dy, (size_t)M * N);
     float *cdx = cput(x, (size_t)M * K), *cdw = cput(dw0, (size_t)N * K), *cdb = cput(db0, N);
     g_cpu.impl->matmul_forward(&g_cpu, cy, cx, cw, with_bias ? cb : NULL, M, K, N);
-    g_cpu.impl->matmul_backward(&g_cpu, cdx, cdw, with_bias ? cdb : NULL, cdy, cx, cw, M, K, N);
+    g_cpu.impl->matmul_backward(&g_cpu, cdx, cdw, with_bias ? cdb : NULL, cdy, cx, cw, M, K, N, 0);
     /* GPU */
     void *gx = gput(x, (size_t)M * K), *gw = gput(w, (size_t)N * K), *gb = gput(b, N);
     void *gy = gput(dy, (size_t)M * N), *gdy = gput(dy, (size_t)M * N);
     void *gdx = gput(x, (size_t)M * K);
     float *gdw = gput_raw(dw0, (size_t)N * K * 4), *gdb = gput_raw(db0, (size_t)N * 4);
     g_gpu.impl->matmul_forward(&g_gpu, gy, gx, gw, with_bias ? gb : NULL, M, K, N);
-    g_gpu.impl->matmul_backward(&g_gpu, gdx, gdw, with_bias ? gdb : NULL, gdy, gx, gw, M, K, N);
+    g_gpu.impl->matmul_backward(&g_gpu, gdx, gdw, with_bias ? gdb : NULL, gdy, gx, gw, M, K, N, 0);
     float *hy = gget(gy, (size_t)M * N), *hdx = gget(gdx, (size_t)M * K);
     float *hdw = gget_f32(gdw, (size_t)N * K), *hdb = gget_f32(gdb, N);
     snprintf(name, sizeof name, "matmul_forward M=%d K=%d N=%d bias=%d", M, K, N, with_bias);
@@ -130,6 +131,81 @@ static void test_matmul(void **state) {
     run_matmul(256, 512, 384, 1);   /* aligned: cuBLASLt tensor-core path */
     run_matmul(300, 64, 1000, 0);
     run_matmul(1, 128, 96, 1);      /* single row (decode) */
+}
+
+/* Accumulating forms: dinp += dout . W (dinp_acc, with dW += alongside) and out = inp . W^T
+ * (+ bias) + res, res another buffer (also one 2 bytes off alignment: the plan's C
+ * alignment class is the smaller of C's and D's) or out itself; CPU = the two-call
+ * sequence (bitwise, test_ops_cpu). Same tolerances as run_matmul. */
+static void run_matmul_acc(int M, int K, int N, int with_bias) {
+    char name[112];
+    size_t mk = (size_t)M * K, mn = (size_t)M * N, nk = (size_t)N * K;
+    float *x = rnd(mk, 1.0f), *w = rnd(nk, 0.05f), *b = rnd(N, 0.5f), *dy = rnd(mn, 1.0f);
+    float *dx0 = rnd(mk, 1.0f), *r0 = rnd(mn, 1.0f), *dw0 = rnd(nk, 0.1f);
+    /* CPU */
+    float *cx = cput(x, mk), *cw = cput(w, nk), *cb = cput(b, N), *cdy = cput(dy, mn);
+    float *cdx = cput(dx0, mk), *cdw = cput(dw0, nk), *cres = cput(r0, mn);
+    float *cy = cput(dy, mn), *cya = cput(r0, mn);
+    const float *cbias = with_bias ? cb : NULL;
+    g_cpu.impl->matmul_backward(&g_cpu, cdx, cdw, NULL, cdy, cx, cw, M, K, N, 1);
+    g_cpu.impl->matmul_forward_res(&g_cpu, cy, cx, cw, cbias, cres, M, K, N);
+    g_cpu.impl->matmul_forward_res(&g_cpu, cya, cx, cw, cbias, cya, M, K, N);
+    /* GPU */
+    void *gx = gput(x, mk), *gw = gput(w, nk), *gb = gput(b, N), *gdy = gput(dy, mn);
+    void *gdx = gput(dx0, mk), *gres = gput(r0, mn), *gy = gput(dy, mn), *gya = gput(r0, mn);
+    float *gdw = gput_raw(dw0, nk * 4);
+    void *gmis = g_gpu.impl->malloc_(&g_gpu, (mn + 1) * 2), *gy2 = gput(dy, mn);
+    assert_non_null(gmis);
+    g_gpu.impl->upload_act(&g_gpu, (char *)gmis + 2, r0, mn);
+    const void *gbias = with_bias ? gb : NULL;
+    g_gpu.impl->matmul_backward(&g_gpu, gdx, gdw, NULL, gdy, gx, gw, M, K, N, 1);
+    g_gpu.impl->matmul_forward_res(&g_gpu, gy, gx, gw, gbias, gres, M, K, N);
+    g_gpu.impl->matmul_forward_res(&g_gpu, gya, gx, gw, gbias, gya, M, K, N);
+    g_gpu.impl->matmul_forward_res(&g_gpu, gy2, gx, gw, gbias, (char *)gmis + 2, M, K, N);
+    float *hdx = gget(gdx, mk), *hdw = gget_f32(gdw, nk), *hy = gget(gy, mn);
+    float *hya = gget(gya, mn), *hy2 = gget(gy2, mn);
+    snprintf(name, sizeof name, "matmul_backward dinp (+=) M=%d K=%d N=%d", M, K, N);
+    check(name, cdx, hdx, mk, 2e-2);
+    snprintf(name, sizeof name, "  with dweight (+=) M=%d K=%d N=%d", M, K, N);
+    check(name, cdw, hdw, nk, 1e-2);
+    snprintf(name, sizeof name, "matmul_forward_res M=%d K=%d N=%d bias=%d", M, K, N, with_bias);
+    check(name, cy, hy, mn, 2e-2);
+    snprintf(name, sizeof name, "  res == out M=%d K=%d N=%d", M, K, N);
+    check(name, cya, hya, mn, 2e-2);
+    snprintf(name, sizeof name, "  res 2 bytes off M=%d K=%d N=%d", M, K, N);
+    check(name, cy, hy2, mn, 2e-2);
+    free(x); free(w); free(b); free(dy); free(dx0); free(r0); free(dw0);
+    free(hdx); free(hdw); free(hy); free(hya); free(hy2);
+    cfree(cx); cfree(cw); cfree(cb); cfree(cdy); cfree(cdx); cfree(cdw); cfree(cres); cfree(cy);
+    cfree(cya);
+    gfree(gx); gfree(gw); gfree(gb); gfree(gdy); gfree(gdx); gfree(gres); gfree(gy); gfree(gya);
+    gfree(gdw); gfree(gmis); gfree(gy2);
+}
+
+static void test_matmul_acc(void **state) {
+    (void)state;
+    run_matmul_acc(77, 100, 67, 1);    /* odd sizes */
+    run_matmul_acc(256, 512, 384, 1);  /* aligned: cuBLASLt tensor-core path */
+    run_matmul_acc(300, 64, 1000, 0);
+    run_matmul_acc(1, 128, 96, 1);     /* single row */
+}
+
+/* The fallback GEMM kernel on every shape (test hook ops.gemm_fallback=1, read when a plan
+ * is made): test_matmul and test_matmul_acc again in a child with the hook set, so this
+ * process keeps its cuBLASLt plans. */
+static void test_matmul_fallback(void **state) {
+    (void)state;
+    if (getenv("DL_GEMM_FALLBACK_CHILD")) skip();
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    assert_true(n > 0);
+    self[n] = 0;
+    char cmd[4300];
+    snprintf(cmd, sizeof cmd, "DL_GEMM_FALLBACK_CHILD=1 DL_TEST_HOOKS=ops.gemm_fallback=1 '%s'",
+             self);
+    printf("  fallback kernel: %s\n", cmd);
+    fflush(stdout);
+    assert_int_equal(system(cmd), 0);
 }
 
 /* ------------------------------------------------------------ rmsnorm */
@@ -524,8 +600,18 @@ int main(void) {
         printf("SKIP: no CUDA device (ops_cuda_init failed)\n");
         return 77;
     }
+    const struct CMUnitTest matmul_only[] = {
+        cmocka_unit_test(test_matmul), cmocka_unit_test(test_matmul_acc),
+    };
+    if (getenv("DL_GEMM_FALLBACK_CHILD")) { /* test_matmul_fallback's child */
+        int rc = cmocka_run_group_tests(matmul_only, NULL, NULL);
+        ops_ctx_destroy(&g_gpu);
+        ops_ctx_destroy(&g_cpu);
+        return rc;
+    }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_matmul),          cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_matmul),          cmocka_unit_test(test_matmul_acc),
+        cmocka_unit_test(test_matmul_fallback), cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rope),            cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_embedding),       cmocka_unit_test(test_xent),
         cmocka_unit_test(test_adamw),           cmocka_unit_test(test_attention_varlen),

@@ -75,13 +75,13 @@ static void test_matmul(void **state) {
     float *dw = calloc((size_t)N * K, 4), *db = calloc((size_t)N, 4);
     OPS->matmul_forward(&g_ctx, out, inp, w, b, M, K, N);
     assert_true(fx_check("matmul out", out, want, (size_t)M * N, 1e-5, 1e-4) <= 1.0);
-    OPS->matmul_backward(&g_ctx, dinp, dw, db, dout, inp, w, M, K, N);
+    OPS->matmul_backward(&g_ctx, dinp, dw, db, dout, inp, w, M, K, N, 0);
     float *e1 = fx_f32(j, "dinp", NULL), *e2 = fx_f32(j, "dweight", NULL), *e3 = fx_f32(j, "dbias", NULL);
     assert_true(fx_check("matmul dinp", dinp, e1, (size_t)M * K, 1e-5, 1e-4) <= 1.0);
     assert_true(fx_check("matmul dweight", dw, e2, (size_t)N * K, 1e-5, 1e-4) <= 1.0);
     assert_true(fx_check("matmul dbias", db, e3, (size_t)N, 1e-5, 1e-4) <= 1.0);
     /* parameter grads accumulate */
-    OPS->matmul_backward(&g_ctx, NULL, dw, db, dout, inp, w, M, K, N);
+    OPS->matmul_backward(&g_ctx, NULL, dw, db, dout, inp, w, M, K, N, 0);
     for (int i = 0; i < N; i++) assert_true(fabsf(db[i] - 2 * e3[i]) <= 1e-4f + 1e-4f * fabsf(e3[i]));
     /* finite differences, larger random shapes, no bias */
     rng_t r;
@@ -90,13 +90,60 @@ static void test_matmul(void **state) {
     s.inp = rnd(&r, 9 * 13, 1), s.w = rnd(&r, 11 * 13, 0.5f), s.b = NULL, s.r = rnd(&r, 9 * 11, 1);
     s.out = malloc(9 * 11 * 4);
     float *gi = malloc(9 * 13 * 4), *gw = calloc(11 * 13, 4);
-    OPS->matmul_backward(&g_ctx, gi, gw, NULL, s.r, s.inp, s.w, 9, 13, 11);
+    OPS->matmul_backward(&g_ctx, gi, gw, NULL, s.r, s.inp, s.w, 9, 13, 11, 0);
     fd_check("matmul fd dinp", mm_f, &s, s.inp, gi, 9 * 13, 1e-2f);
     fd_check("matmul fd dweight", mm_f, &s, s.w, gw, 11 * 13, 1e-2f);
     free(s.inp), free(s.w), free(s.r), free(s.out), free(gi), free(gw);
     free(inp), free(w), free(b), free(want), free(dout), free(out), free(dinp), free(dw), free(db);
     free(e1), free(e2), free(e3);
     cJSON_Delete(j);
+}
+
+/* Accumulating forms, bitwise the two-call sequences they replace in the drafter:
+ *   matmul_backward(dinp, ..., 1)  == matmul_backward(tmp, ..., 0); add(dinp, dinp, tmp)
+ *   matmul_forward_res(out, .., res) == matmul_forward(out, ..); add(out, out, res)
+ *   matmul_forward_res(out, .., out) == matmul_forward(tmp, ..); add(out, out, tmp)
+ * on shapes below and above the threading threshold and OpenBLAS's K blocking. */
+static void run_matmul_acc(int M, int K, int N, int with_bias) {
+    rng_t r;
+    rng_seed(&r, (uint64_t)M * 1000003u + (uint64_t)K * 1009u + (uint64_t)N);
+    size_t mk = (size_t)M * K, mn = (size_t)M * N, nk = (size_t)N * K;
+    float *x = rnd(&r, mk, 1), *w = rnd(&r, nk, 0.1f), *b = rnd(&r, N, 0.5f);
+    float *dy = rnd(&r, mn, 1), *d0 = rnd(&r, mk, 1), *r0 = rnd(&r, mn, 1);
+    const float *bias = with_bias ? b : NULL;
+    float *ref = malloc(mk * 4), *got = malloc(mk * 4), *tmp = malloc((mk > mn ? mk : mn) * 4);
+    float *dw_ref = calloc(nk, 4), *dw_got = calloc(nk, 4);
+    /* dinp += dout . W, with the weight gradient alongside */
+    memcpy(ref, d0, mk * 4);
+    OPS->matmul_backward(&g_ctx, tmp, dw_ref, NULL, dy, x, w, M, K, N, 0);
+    OPS->add(&g_ctx, ref, ref, tmp, mk);
+    memcpy(got, d0, mk * 4);
+    OPS->matmul_backward(&g_ctx, got, dw_got, NULL, dy, x, w, M, K, N, 1);
+    assert_memory_equal(got, ref, mk * 4);
+    assert_memory_equal(dw_got, dw_ref, nk * 4);
+    /* out = inp . W^T (+ bias) + res, res another buffer */
+    float *oref = malloc(mn * 4), *ogot = malloc(mn * 4);
+    OPS->matmul_forward(&g_ctx, oref, x, w, bias, M, K, N);
+    OPS->add(&g_ctx, oref, oref, r0, mn);
+    OPS->matmul_forward_res(&g_ctx, ogot, x, w, bias, r0, M, K, N);
+    assert_memory_equal(ogot, oref, mn * 4);
+    /* res == out: out += the product */
+    OPS->matmul_forward(&g_ctx, tmp, x, w, bias, M, K, N);
+    memcpy(oref, r0, mn * 4);
+    OPS->add(&g_ctx, oref, oref, tmp, mn);
+    memcpy(ogot, r0, mn * 4);
+    OPS->matmul_forward_res(&g_ctx, ogot, x, w, bias, ogot, M, K, N);
+    assert_memory_equal(ogot, oref, mn * 4);
+    free(x), free(w), free(b), free(dy), free(d0), free(r0), free(ref), free(got), free(tmp);
+    free(dw_ref), free(dw_got), free(oref), free(ogot);
+}
+
+static void test_matmul_acc(void **state) {
+    (void)state;
+    run_matmul_acc(9, 13, 11, 1);     /* one thread */
+    run_matmul_acc(1, 300, 700, 1);   /* M = 1: the sgemv path */
+    run_matmul_acc(96, 700, 257, 0);  /* split across the team, K and N past one block */
+    run_matmul_acc(300, 257, 640, 1); /* split by rows */
 }
 
 /* --------------------------------------------------------------- rmsnorm */
@@ -424,6 +471,7 @@ int main(void) {
         cmocka_unit_test(test_swiglu),        cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_attention_varlen), cmocka_unit_test(test_attention_block),
         cmocka_unit_test(test_xent),          cmocka_unit_test(test_adamw),
+        cmocka_unit_test(test_matmul_acc),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ops_ctx_destroy(&g_ctx);

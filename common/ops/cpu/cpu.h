@@ -40,9 +40,12 @@ void ops_cpu_f32_to_act(const ops_ctx_t *c, void *dst_act, const float *src, siz
 /* matmul.c */
 void ops_cpu_matmul_forward(const ops_ctx_t *c, void *out, const void *inp, const void *weight,
                             const void *bias, int M, int K, int N);
+void ops_cpu_matmul_forward_res(const ops_ctx_t *c, void *out, const void *inp,
+                                const void *weight, const void *bias, const void *res, int M,
+                                int K, int N);
 void ops_cpu_matmul_backward(const ops_ctx_t *c, void *dinp, float *dweight, float *dbias,
                              const void *dout, const void *inp, const void *weight,
-                             int M, int K, int N);
+                             int M, int K, int N, int dinp_acc);
 /* rmsnorm.c; _rstd: 1 / sqrt(mean(x[0..C)^2) + eps), the rstd rmsnorm_forward saves */
 float ops_cpu__rmsnorm_rstd(const float *x, int C, float eps);
 void ops_cpu_rmsnorm_forward(const ops_ctx_t *c, void *out, float *rstd, const void *inp,

@@ -44,4 +44,5 @@ const ops_impl_t ops_cpu_impl = {
     .fp8_check = ops_cpu_fp8_check,
     .qk_norm_rope_forward = ops_cpu_qk_norm_rope_forward,
     .qk_norm_rope_backward = ops_cpu_qk_norm_rope_backward,
+    .matmul_forward_res = ops_cpu_matmul_forward_res,
 };

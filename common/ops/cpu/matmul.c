@@ -7,6 +7,7 @@
  * scheduler tick. One pool avoids that. */
 #include <cblas.h>
 #include <omp.h>
+#include <stdlib.h>
 
 #include "common/ops/cpu/cpu.h"
 
@@ -69,30 +70,67 @@ void ops_cpu_matmul_forward(const ops_ctx_t *c, void *out_, const void *inp_, co
     }
 }
 
-/* dinp (M,K) = dout (M,N) . weight (N,K)   (assigned)
+/* out (M,N) = inp . weight^T + bias + res: matmul_forward, then add exactly as
+ * ops_cpu_add (same bits as the two calls); res == out: the product goes through a
+ * temporary first. */
+void ops_cpu_matmul_forward_res(const ops_ctx_t *c, void *out, const void *inp,
+                                const void *weight, const void *bias, const void *res, int M,
+                                int K, int N) {
+    if (M <= 0 || N <= 0) return;
+    size_t n = (size_t)M * N;
+    if (!res) {
+        ops_cpu_matmul_forward(c, out, inp, weight, bias, M, K, N);
+    } else if (res != out) {
+        ops_cpu_matmul_forward(c, out, inp, weight, bias, M, K, N);
+        ops_cpu_add(c, out, out, res, n);
+    } else {
+        float *p = malloc(n * sizeof(float));
+        if (!p) abort(); /* host scratch; ops errors abort (ops.h) */
+        ops_cpu_matmul_forward(c, p, inp, weight, bias, M, K, N);
+        ops_cpu_add(c, out, out, p, n);
+        free(p);
+    }
+}
+
+/* dinp (M,K) = dout (M,N) . weight (N,K), M, K >= 1 (N <= 0: zeros). */
+static void matmul__dinp(const ops_ctx_t *c, float *dinp, const float *dout, const float *weight,
+                         int M, int K, int N) {
+    if (N <= 0) {
+        for (long i = 0; i < (long)M * K; i++) dinp[i] = 0.0f;
+        return;
+    }
+    /* split the K columns of dinp (and of weight) */
+    int nt = matmul__team(c, (long)M * N * K);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        int a, b;
+        matmul__slice(K, omp_get_thread_num(), omp_get_num_threads(), &a, &b);
+        if (b > a)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, b - a, N, 1.0f, dout, N,
+                        weight + a, K, 0.0f, dinp + a, K);
+    }
+}
+
+/* dinp (M,K) = dout (M,N) . weight (N,K)   (assigned; dinp_acc: added onto dinp as
+ *                                           ops_cpu_add(dinp, dinp, product) does)
  * dweight (N,K) += dout^T . inp            (accumulated)
  * dbias (N) += column sums of dout         (accumulated). Any grad may be NULL. */
 void ops_cpu_matmul_backward(const ops_ctx_t *c, void *dinp_, float *dweight, float *dbias,
                              const void *dout_, const void *inp_, const void *weight_,
-                             int M, int K, int N) {
+                             int M, int K, int N, int dinp_acc) {
     float *dinp = dinp_;
     const float *dout = dout_, *inp = inp_, *weight = weight_;
     if (M <= 0 || K <= 0) return;
-    if (dinp) {
-        if (N <= 0) {
-            for (long i = 0; i < (long)M * K; i++) dinp[i] = 0.0f;
-        } else {
-            /* split the K columns of dinp (and of weight) */
-            int nt = matmul__team(c, (long)M * N * K);
-#pragma omp parallel num_threads(nt) if (nt > 1)
-            {
-                int a, b;
-                matmul__slice(K, omp_get_thread_num(), omp_get_num_threads(), &a, &b);
-                if (b > a)
-                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, b - a, N, 1.0f, dout,
-                                N, weight + a, K, 0.0f, dinp + a, K);
-            }
-        }
+    if (dinp && !dinp_acc) {
+        matmul__dinp(c, dinp, dout, weight, M, K, N);
+    } else if (dinp) {
+        /* OpenBLAS with beta = 1 would add partial sums per K block: other bits */
+        size_t n = (size_t)M * K;
+        float *p = malloc(n * sizeof(float));
+        if (!p) abort(); /* host scratch; ops errors abort (ops.h) */
+        matmul__dinp(c, p, dout, weight, M, K, N);
+        ops_cpu_add(c, dinp, dinp, p, n);
+        free(p);
     }
     if (N <= 0) return;
     if (dweight) {

@@ -63,9 +63,11 @@ static inline unsigned cuda_blocks(size_t n, int threads, size_t cap = 65535u * 
 // ---- launchers (signatures of ops_impl_t) ----
 void cuda_matmul_forward(const ops_ctx_t *c, void *out, const void *inp, const void *weight,
                          const void *bias, int M, int K, int N);
+void cuda_matmul_forward_res(const ops_ctx_t *c, void *out, const void *inp, const void *weight,
+                             const void *bias, const void *res, int M, int K, int N);
 void cuda_matmul_backward(const ops_ctx_t *c, void *dinp, float *dweight, float *dbias,
                           const void *dout, const void *inp, const void *weight, int M, int K,
-                          int N);
+                          int N, int dinp_acc);
 void cuda_gemm_plans_destroy(ops_cuda_state *st);
 void cuda_rmsnorm_forward(const ops_ctx_t *c, void *out, float *rstd, const void *inp,
                           const void *weight, float eps, int N, int C);

@@ -1,13 +1,16 @@
 // Linear layers on CUDA: cuBLASLt bf16 GEMMs with fp32 accumulation.
 //   forward   out (M,N) bf16 = inp (M,K) . W (N,K)^T (+ bias, fused epilogue)
-//   backward  dinp (M,K) bf16 = dout (M,N) . W (N,K)
+//             (+ res (M,N): beta = 1, C = res, D = out, same layout)
+//   backward  dinp (M,K) bf16 (= or +=, beta = 1) dout (M,N) . W (N,K)
 //             dW (N,K) f32 += dout^T . inp          (bf16 in, f32 C with beta = 1)
 //             dbias (N) f32 += column sums of dout   (own kernel)
 // Row-major matrices are handed to cuBLASLt as their column-major transposes.
 // One plan per (kind, shape, bias, pointer alignment) is chosen by the
 // heuristic once and cached in the context; the hot path allocates nothing
-// (the workspace is allocated at init). Shapes the heuristic cannot serve (e.g.
-// odd leading dimensions) take a plain tiled fallback kernel.
+// (the workspace is allocated at init). beta is an argument of cublasLtMatmul that
+// the heuristic does not see: one plan serves = and +=; its C alignment class holds
+// for C and D (the smaller of the two when the residual C is not D). Shapes the
+// heuristic cannot serve (e.g. odd leading dimensions) take a plain tiled fallback kernel.
 // The MoE experts' forward GEMMs (ops_cuda_moe_gemm) see a new row count M at almost
 // every call (tokens per expert vary per chunk and layer): keyed by exact M they would
 // make a plan (descriptors + heuristic) per call and churn the cache. They use plans
@@ -17,6 +20,7 @@
 
 #include "common/ops/cuda/cuda_common.cuh"
 extern "C" {
+#include "common/base/testhook.h"
 #include "common/ops/cuda/ops_cuda.h"
 }
 
@@ -111,6 +115,8 @@ static cuda_gemm_plan *get_plan(const ops_ctx_t *c, int kind, int M, int K, int 
     p->K = K;
     p->N = N;
     p->bias = key_bias;
+    int64_t fallback = 0;  // test hook ops.gemm_fallback=1: every shape on the fallback kernel
+    if (testhook_i64("ops.gemm_fallback", &fallback) && fallback) return NULL;  // p->op NULL
 
     cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
     // forward: C(N x M) = op(A = W stored K x N)^T . B (inp stored K x M)
@@ -167,12 +173,13 @@ static cuda_gemm_plan *get_plan(const ops_ctx_t *c, int kind, int M, int K, int 
     return p;
 }
 
-// Fallback: C[m][n] (= or +=) sum_k A[m*sam + k*sak] * B[k*sbk + n*sbn] (+ bias[n]),
-// 16x16 tiles, f32 accumulation. Only for shapes cuBLASLt refuses (tests, odd sizes).
+// Fallback: C[m][n] = sum_k A[m*sam + k*sak] * B[k*sbk + n*sbn] (+ bias[n])
+// (+ Cin[m][n] when Cin is not NULL; Cin may be C: +=), 16x16 tiles, f32 accumulation.
+// Only for shapes cuBLASLt refuses (tests, odd sizes).
 template <typename TC>
 __global__ void gemm_fallback_kernel(TC *C, const bf16 *A, const bf16 *Bm, const bf16 *bias,
                                      int Mr, int Nc, int Kd, long sam, long sak, long sbk,
-                                     long sbn, int accumulate) {
+                                     long sbn, const TC *Cin) {
     __shared__ float As[16][17], Bs[16][17];
     int tx = threadIdx.x, ty = threadIdx.y;
     int m = blockIdx.y * 16 + ty, n = blockIdx.x * 16 + tx;
@@ -190,39 +197,53 @@ __global__ void gemm_fallback_kernel(TC *C, const bf16 *A, const bf16 *Bm, const
     if (m < Mr && n < Nc) {
         if (bias) acc += __bfloat162float(bias[n]);
         long o = (long)m * Nc + n;
-        if (accumulate) acc += (float)C[o];
+        if (Cin) acc += (float)Cin[o];
         C[o] = (TC)acc;
     }
 }
 
-static void run_plan(const ops_ctx_t *c, cuda_gemm_plan *p, void *C, const void *A, const void *B,
-                     const void *bias, float beta) {
+// D = A.B (+ bias) + beta * Cin; Cin NULL: D (read only when beta != 0).
+static void run_plan(const ops_ctx_t *c, cuda_gemm_plan *p, void *D, const void *Cin,
+                     const void *A, const void *B, const void *bias, float beta) {
     float alpha = 1.0f;
     if (bias)
         cublas_check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                     sizeof(bias)));
     cublas_check(cublasLtMatmul((cublasLtHandle_t)c->blas, p->op, &alpha, A, p->la, B, p->lb,
-                                &beta, C, p->lc, C, p->lc, &p->algo, c->workspace,
+                                &beta, Cin ? Cin : D, p->lc, D, p->lc, &p->algo, c->workspace,
                                 c->workspace_bytes, cuda_stream(c)));
+}
+
+// out = inp . W^T (+ bias) (+ res when res is not NULL: beta = 1, C = res).
+static void matmul_forward(const ops_ctx_t *c, void *out, const void *inp, const void *weight,
+                           const void *bias, const void *res, int M, int K, int N) {
+    if (M <= 0 || N <= 0) return;
+    cudaStream_t s = cuda_stream(c);
+    int al_c = align_class(out);
+    if (res && align_class(res) < al_c) al_c = align_class(res);
+    cuda_gemm_plan *p = K > 0 ? get_plan(c, GEMM_FWD, M, K, N, bias != NULL, align_class(weight),
+                                         align_class(inp), al_c)
+                              : NULL;
+    if (p) {
+        run_plan(c, p, out, res, weight, inp, bias, res ? 1.0f : 0.0f);
+        return;
+    }
+    // out[m][n] = sum_k inp[m][k] W[n][k] (+ res[m][n])
+    dim3 g((N + 15) / 16, (M + 15) / 16), b(16, 16);
+    gemm_fallback_kernel<bf16><<<g, b, 0, s>>>((bf16 *)out, (const bf16 *)inp,
+                                               (const bf16 *)weight, (const bf16 *)bias, M, N,
+                                               K > 0 ? K : 0, K, 1, 1, K, (const bf16 *)res);
+    cuda_check_launch();
 }
 
 void cuda_matmul_forward(const ops_ctx_t *c, void *out, const void *inp, const void *weight,
                          const void *bias, int M, int K, int N) {
-    if (M <= 0 || N <= 0) return;
-    cudaStream_t s = cuda_stream(c);
-    cuda_gemm_plan *p = K > 0 ? get_plan(c, GEMM_FWD, M, K, N, bias != NULL, align_class(weight),
-                                         align_class(inp), align_class(out))
-                              : NULL;
-    if (p) {
-        run_plan(c, p, out, weight, inp, bias, 0.0f);
-        return;
-    }
-    // out[m][n] = sum_k inp[m][k] W[n][k]
-    dim3 g((N + 15) / 16, (M + 15) / 16), b(16, 16);
-    gemm_fallback_kernel<bf16><<<g, b, 0, s>>>((bf16 *)out, (const bf16 *)inp,
-                                               (const bf16 *)weight, (const bf16 *)bias, M, N,
-                                               K > 0 ? K : 0, K, 1, 1, K, 0);
-    cuda_check_launch();
+    matmul_forward(c, out, inp, weight, bias, NULL, M, K, N);
+}
+
+void cuda_matmul_forward_res(const ops_ctx_t *c, void *out, const void *inp, const void *weight,
+                             const void *bias, const void *res, int M, int K, int N) {
+    matmul_forward(c, out, inp, weight, bias, res, M, K, N);
 }
 
 // One expert's forward GEMM through its row bucket's plan; the exact-M path when the
@@ -236,7 +257,7 @@ static void matmul_forward_rows(const ops_ctx_t *c, void *out, const void *inp,
         return;
     }
     plan_set_rows(p, M);
-    run_plan(c, p, out, weight, inp, NULL, 0.0f);
+    run_plan(c, p, out, NULL, weight, inp, NULL, 0.0f);
 }
 
 extern "C" void ops_cuda_moe_gemm(const ops_ctx_t *c, void *out, const void *x,
@@ -268,22 +289,22 @@ __global__ void colsum_kernel(float *dbias, const bf16 *dout, int M, int N) {
 
 void cuda_matmul_backward(const ops_ctx_t *c, void *dinp, float *dweight, float *dbias,
                           const void *dout, const void *inp, const void *weight, int M, int K,
-                          int N) {
+                          int N, int dinp_acc) {
     if (M <= 0 || K <= 0) return;
     cudaStream_t s = cuda_stream(c);
     if (dinp) {
         if (N <= 0) {
-            cuda_check(cudaMemsetAsync(dinp, 0, (size_t)M * K * sizeof(bf16), s));
+            if (!dinp_acc) cuda_check(cudaMemsetAsync(dinp, 0, (size_t)M * K * sizeof(bf16), s));
         } else {
             cuda_gemm_plan *p = get_plan(c, GEMM_DINP, M, K, N, 0, align_class(weight),
                                          align_class(dout), align_class(dinp));
             if (p) {
-                run_plan(c, p, dinp, weight, dout, NULL, 0.0f);
-            } else {  // dinp[m][k] = sum_n dout[m][n] W[n][k]
+                run_plan(c, p, dinp, NULL, weight, dout, NULL, dinp_acc ? 1.0f : 0.0f);
+            } else {  // dinp[m][k] (+)= sum_n dout[m][n] W[n][k]
                 dim3 g((K + 15) / 16, (M + 15) / 16), b(16, 16);
-                gemm_fallback_kernel<bf16><<<g, b, 0, s>>>((bf16 *)dinp, (const bf16 *)dout,
-                                                           (const bf16 *)weight, NULL, M, K, N, N,
-                                                           1, K, 1, 0);
+                gemm_fallback_kernel<bf16><<<g, b, 0, s>>>(
+                    (bf16 *)dinp, (const bf16 *)dout, (const bf16 *)weight, NULL, M, K, N, N, 1,
+                    K, 1, dinp_acc ? (const bf16 *)dinp : NULL);
                 cuda_check_launch();
             }
         }
@@ -293,12 +314,12 @@ void cuda_matmul_backward(const ops_ctx_t *c, void *dinp, float *dweight, float 
         cuda_gemm_plan *p = get_plan(c, GEMM_DW, M, K, N, 0, align_class(inp), align_class(dout),
                                      align_class(dweight));
         if (p) {
-            run_plan(c, p, dweight, inp, dout, NULL, 1.0f);
+            run_plan(c, p, dweight, NULL, inp, dout, NULL, 1.0f);
         } else {  // dW[n][k] += sum_m dout[m][n] inp[m][k]
             dim3 g((K + 15) / 16, (N + 15) / 16), b(16, 16);
             gemm_fallback_kernel<float><<<g, b, 0, s>>>(dweight, (const bf16 *)dout,
                                                         (const bf16 *)inp, NULL, N, K, M, 1, N, K,
-                                                        1, 1);
+                                                        1, dweight);
             cuda_check_launch();
         }
     }

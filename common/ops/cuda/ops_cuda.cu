@@ -293,6 +293,7 @@ static const ops_impl_t cuda_impl_template = {
     cuda_fp8_check,
     cuda_qk_norm_rope_forward,
     cuda_qk_norm_rope_backward,
+    cuda_matmul_forward_res,
 };
 
 #define INIT_TRY(call)                                                                     \
