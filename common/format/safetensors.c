@@ -1,6 +1,7 @@
 /* safetensors reader and streaming writer. See safetensors.h. */
 #include "common/format/safetensors.h"
 
+#include "common/base/dio.h"
 #include "common/base/err.h"
 
 #include <cjson/cJSON.h>
@@ -483,7 +484,10 @@ typedef struct { char *name; char dtype[8]; int n_dims; int64_t shape[ST_MAX_DIM
 
 struct st_writer {
     char *path, *tmp;
-    FILE *f;
+    FILE *f;              /* buffered (st_writer_new) */
+    dio_file_t *df;       /* or direct (st_writer_new_direct): the bytes at pos, a bounce buffer */
+    dio_bounce_t b;
+    uint64_t pos;
     st_decl_t *d;
     int n, cap;
     cJSON *meta;
@@ -492,7 +496,7 @@ struct st_writer {
     uint64_t cur_written;
 };
 
-int st_writer_new(const char *path, st_writer_t **out) {
+static int writer_new(const char *path, int direct, st_writer_t **out) {
     *out = NULL;
     st_writer_t *w = calloc(1, sizeof *w);
     if (!w) return dl_seterr(DL_ENOMEM, "%s: out of memory", path);
@@ -503,13 +507,25 @@ int st_writer_new(const char *path, st_writer_t **out) {
         return dl_seterr(DL_ENOMEM, "%s: out of memory", path);
     }
     sprintf(w->tmp, "%s.tmp", path);
-    w->f = fopen(w->tmp, "wb");
-    if (!w->f) {
+    if (direct) dio_open(w->tmp, 0, &w->df);
+    else w->f = fopen(w->tmp, "wb");
+    if (!w->f && !w->df) {
         int e = errno;
         st_writer_abort(&w);
         return dl_seterr(DL_EIO, "%s.tmp: %s", path, strerror(e));
     }
     *out = w;
+    return 0;
+}
+
+int st_writer_new(const char *path, st_writer_t **out) { return writer_new(path, 0, out); }
+int st_writer_new_direct(const char *path, st_writer_t **out) { return writer_new(path, 1, out); }
+
+/* n bytes of p at the end of what w wrote; 0, or -1 with errno set */
+static int put(st_writer_t *w, const void *p, size_t n) {
+    if (!w->df) return fwrite(p, 1, n, w->f) == n ? 0 : -1;
+    if (dio_pwrite(w->df, &w->b, p, n, w->pos) < 0) return -1;
+    w->pos += n;
     return 0;
 }
 
@@ -570,9 +586,15 @@ static int write_header(st_writer_t *w) {
     size_t len = strlen(s);
     size_t padded = (len + 7) / 8 * 8;  /* data starts 8-byte aligned, as the safetensors crate does */
     uint64_t hl = padded;
-    int ok = fwrite(&hl, 8, 1, w->f) == 1 && fwrite(s, 1, len, w->f) == len;
-    for (size_t i = len; ok && i < padded; i++) ok = fputc(' ', w->f) != EOF;
+    uint8_t *hb = malloc(8 + padded);   /* length, JSON, spaces: one write */
+    if (!hb) { free(s); return dl_seterr(DL_ENOMEM, "out of memory"); }
+    memcpy(hb, &hl, 8);
+    memcpy(hb + 8, s, len);
+    memset(hb + 8 + len, ' ', padded - len);
     free(s);
+    if (w->df) dio_reserve(w->df, 8 + padded + off);   /* off: the data's bytes */
+    int ok = put(w, hb, 8 + padded) == 0;
+    free(hb);
     if (!ok) return dl_seterr(DL_EIO, "%s: write failed: %s", w->tmp, strerror(errno));
     w->header_done = 1;
     w->cur = 0;
@@ -589,7 +611,7 @@ int st_writer_write(st_writer_t *w, const void *data, size_t nbytes) {
             return dl_seterr(DL_ERANGE, "%s: more data written than declared", w->path);
         uint64_t room = w->d[w->cur].nbytes - w->cur_written;
         size_t k = nbytes < room ? nbytes : (size_t)room;
-        if (fwrite(p, 1, k, w->f) != k)
+        if (put(w, p, k) < 0)
             return dl_seterr(DL_EIO, "%s: write failed: %s", w->tmp, strerror(errno));
         w->cur_written += k;
         p += k;
@@ -609,11 +631,13 @@ int st_writer_finish(st_writer_t **wp) {
                            w->d[w->cur].name, (unsigned long long)w->cur_written,
                            (unsigned long long)w->d[w->cur].nbytes);
     }
-    if (!rc && (fflush(w->f) != 0 || fsync(fileno(w->f)) != 0))
+    if (!rc && (w->df ? dio_fsync(w->df) < 0 : fflush(w->f) != 0 || fsync(fileno(w->f)) != 0))
         rc = dl_seterr(DL_EIO, "%s: flush: %s", w->tmp, strerror(errno));
     if (!rc) {
-        if (fclose(w->f) != 0) rc = dl_seterr(DL_EIO, "%s: close: %s", w->tmp, strerror(errno));
+        if (w->df ? dio_close(&w->df) < 0 : fclose(w->f) != 0)
+            rc = dl_seterr(DL_EIO, "%s: close: %s", w->tmp, strerror(errno));
         w->f = NULL;
+        dio_bounce_free(&w->b);
     }
     if (!rc && rename(w->tmp, w->path) != 0)
         rc = dl_seterr(DL_EIO, "rename %s -> %s: %s", w->tmp, w->path, strerror(errno));
@@ -634,6 +658,8 @@ void st_writer_abort(st_writer_t **wp) {
     if (!wp || !*wp) return;
     st_writer_t *w = *wp;
     if (w->f) fclose(w->f);
+    dio_close(&w->df);
+    dio_bounce_free(&w->b);
     if (w->tmp) unlink(w->tmp);
     for (int i = 0; i < w->n; i++) free(w->d[i].name);
     free(w->d);

@@ -71,6 +71,11 @@ int st_tensor_to_bf16_range(const st_tensor_t *t, uint64_t first, uint64_t n, ui
 typedef struct st_writer st_writer_t;
 
 int st_writer_new(const char *path, st_writer_t **out);
+/* st_writer_new, the file written through common/base/dio.h: its whole 4 KiB blocks with
+ * O_DIRECT where the file system takes it (else buffered, as st_writer_new), through a
+ * 32 MiB bounce buffer the writer owns. Same bytes; for checkpoint-sized files written
+ * once (not read back soon: they bypass the page cache). */
+int st_writer_new_direct(const char *path, st_writer_t **out);
 /* dtype_name: "F32", "F16" or "BF16". name copied. */
 int st_writer_add(st_writer_t *w, const char *name, const char *dtype_name, int n_dims,
                   const int64_t *shape);

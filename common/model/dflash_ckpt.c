@@ -362,7 +362,8 @@ static int patch_crc(const char *path, const char *crc_hex) {
 }
 
 /* model.safetensors in one pass over the weights: the header with a placeholder CRC,
- * the data (CRC'd as written), then the CRC over the placeholder. */
+ * the data (CRC'd as written; O_DIRECT where the file system takes it, st_writer_new_direct),
+ * then the CRC over the placeholder. */
 static int save_weights(const drafter_t *d, const char *dir, const char *dtype, const float *host) {
     char path[DFLASH_PATH_MAX];
     DL_TRY(join_path(path, dir, "model.safetensors"));
@@ -370,7 +371,7 @@ static int save_weights(const drafter_t *d, const char *dir, const char *dtype, 
     uint16_t *buf = bf16 ? malloc(DFLASH_WRITE_CHUNK) : NULL;
     if (bf16 && !buf) return dl_seterr(DL_ENOMEM, "%s: conversion buffer", path);
     st_writer_t *w;
-    int rc = st_writer_new(path, &w);
+    int rc = st_writer_new_direct(path, &w);   /* O_DIRECT where taken: same bytes, no page-cache copy */
     if (rc < 0) { free(buf); return rc; }
     rc = st_writer_meta(w, "format", "pt");
     if (rc == 0) rc = st_writer_meta(w, DFLASH_CRC_KEY, DFLASH_CRC_ZERO);

@@ -1,6 +1,7 @@
 /* Checkpoints (see ckpt.h). */
 #include "common/pipe/ckpt.h"
 #include "common/rundir/rundir.h"
+#include "common/base/dio.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
 #include "common/base/paths.h"
@@ -68,10 +69,10 @@ static void rm_tree(const char *dir) {
 #define CKPT_SPANS_PER_ARRAY 2              /* m, v: 4 writer threads; 2 more CRC the master */
 #define CKPT_WRITE_CHUNK (64u << 20)        /* bytes per pwrite */
 
-/* One span of an array: its bytes, written at file offset off (off < 0: only CRC'd),
- * their CRC-32 (combined in order). */
+/* One span of an array: its bytes, written at file offset off (off < 0: only CRC'd)
+ * through f (O_DIRECT where taken, common/base/dio.h), their CRC-32 (combined in order). */
 typedef struct {
-    int fd;
+    dio_file_t *f;
     const uint8_t *p;
     size_t n;
     off_t off;
@@ -82,25 +83,27 @@ typedef struct {
 static void *span_write(void *arg) {
     span_t *s = arg;
     s->crc = crc32_z(crc32_z(0, Z_NULL, 0), s->p, s->n);
-    size_t done = 0;
-    while (s->off >= 0 && done < s->n) {
+    dio_bounce_t b = {0};
+    for (size_t done = 0; s->off >= 0 && done < s->n;) {
         size_t want = s->n - done < CKPT_WRITE_CHUNK ? s->n - done : CKPT_WRITE_CHUNK;
-        ssize_t w = pwrite(s->fd, s->p + done, want, s->off + (off_t)done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) { s->err = w < 0 ? errno : EIO; return NULL; }
-        done += (size_t)w;
+        if (dio_pwrite(s->f, &b, s->p + done, want, (uint64_t)s->off + done) < 0) { s->err = errno; break; }
+        done += want;
     }
+    dio_bounce_free(&b);
     return NULL;
 }
 
 /* state.bin (version 2) at path: header h (crc32 and master_crc32 filled here) + m, v (pb
- * bytes each), each by CKPT_SPANS_PER_ARRAY threads with pwrite at their offsets, the
- * CRC-32 of each span combined in file order (crc32_combine); CKPT_SPANS_PER_ARRAY more
- * threads take the CRC-32 of master (model.safetensors holds it, not this file); the
- * header last, one fsync. The bytes are those of one sequential write of header, m, v. */
+ * bytes each), each by CKPT_SPANS_PER_ARRAY threads at their offsets (dio_pwrite:
+ * O_DIRECT where the file system takes it), the CRC-32 of each span combined in file
+ * order (crc32_combine); CKPT_SPANS_PER_ARRAY more threads take the CRC-32 of master
+ * (model.safetensors holds it, not this file); the header last, one fsync per fd. The
+ * bytes are those of one sequential write of header, m, v. */
 static int write_state(const char *path, ckpt_state_hdr_t *h, const float *const arr[3], size_t pb) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return dl_seterr(DL_EIO, "open %s: %s", path, strerror(errno));
+    dio_file_t *f;
+    int rc = dio_open(path, sizeof *h + 2 * (uint64_t)pb, &f);
+    if (rc == DL_EIO) return dl_seterr(DL_EIO, "open %s: %s", path, strerror(errno));
+    if (rc < 0) return rc;
     enum { NS = 3 * CKPT_SPANS_PER_ARRAY };
     span_t s[NS];
     pthread_t th[NS];
@@ -111,7 +114,7 @@ static int write_state(const char *path, ckpt_state_hdr_t *h, const float *const
         size_t lo = (size_t)k * per < pb ? (size_t)k * per : pb;
         size_t hi = lo + per < pb && k < CKPT_SPANS_PER_ARRAY - 1 ? lo + per : pb;
         off_t off = a == 0 ? -1 : (off_t)(sizeof *h + (size_t)(a - 1) * pb + lo);
-        s[i] = (span_t){fd, (const uint8_t *)arr[a] + lo, hi - lo, off, 0, 0};
+        s[i] = (span_t){f, (const uint8_t *)arr[a] + lo, hi - lo, off, 0, 0};
         started[i] = pthread_create(&th[i], NULL, span_write, &s[i]) == 0;
         if (!started[i]) span_write(&s[i]);   /* no thread: this one does it */
     }
@@ -127,15 +130,11 @@ static int write_state(const char *path, ckpt_state_hdr_t *h, const float *const
     for (int i = 0; i < NS; i++)
         if (s[i].off >= 0) crc = crc32_combine(crc, s[i].crc, (z_off_t)s[i].n);
     h->crc32 = (uint32_t)crc;
-    size_t done = 0;
-    while (!err && done < sizeof *h) {
-        ssize_t w = pwrite(fd, (const uint8_t *)h + done, sizeof *h - done, (off_t)done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) err = w < 0 ? errno : EIO;
-        else done += (size_t)w;
-    }
-    if (!err && fsync(fd) != 0) err = errno;
-    if (close(fd) != 0 && !err) err = errno;
+    dio_bounce_t b = {0};
+    if (!err && dio_pwrite(f, &b, h, sizeof *h, 0) < 0) err = errno;   /* a partial block: buffered */
+    dio_bounce_free(&b);
+    if (!err && dio_fsync(f) < 0) err = errno;
+    if (dio_close(&f) < 0 && !err) err = errno;
     return err ? dl_seterr(DL_EIO, "write %s: %s", path, strerror(err)) : 0;
 }
 
