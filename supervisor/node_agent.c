@@ -105,19 +105,33 @@ static int route_addr(const char *host, int port, char *out, size_t cap) {
     return rc == 0 ? 0 : dl_seterr(DL_EIO, "no route to the head %s (pass --advertise ADDR)", host);
 }
 
-/* The GPUs NVML lists (uuid, free MiB); none without NVML (CPU hosts). Never CUDA. */
+/* The GPUs this agent's stages will see (uuid, free MiB), in their CUDA order: NVML's list
+ * narrowed and ordered by $CUDA_VISIBLE_DEVICES, which the stages inherit (the head places
+ * stages by position in this list); none without NVML (CPU hosts). Never CUDA. */
 static void list_gpus(agent_t *A) {
     mon_nvml_t *nv = mon_nvml_open(NULL);
     if (!nv) return;
+    int n = mon_nvml_count(nv);
+    mon_gpu_t *g = calloc(n > 0 ? (size_t)n : 1, sizeof *g);
+    const char **uuids = calloc(n > 0 ? (size_t)n : 1, sizeof *uuids);
+    int order[NODE_MAX_GPUS];
+    if (!g || !uuids) n = 0;
+    for (int i = 0; i < n; i++)
+        if (mon_nvml_query(nv, i, &g[i]) == 0) uuids[i] = g[i].uuid;   /* else NULL: not listed */
+    const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+    int k = mon_nvml_visible(vis, uuids, n, order, NODE_MAX_GPUS);
+    if (vis) log_info("CUDA_VISIBLE_DEVICES=%s: %d of the %d GPU(s) NVML lists", vis, k, n);
     size_t used = 0;
-    for (int i = 0; i < mon_nvml_count(nv) && A->n_gpus < NODE_MAX_GPUS; i++) {
-        mon_gpu_t g;
-        if (mon_nvml_query(nv, i, &g) < 0) continue;
-        int w = snprintf(A->gpu_uuids + used, sizeof A->gpu_uuids - used, "%s%s", used ? "\n" : "", g.uuid);
+    for (int j = 0; j < k; j++) {
+        const mon_gpu_t *x = &g[order[j]];
+        if (!uuids[order[j]]) break;   /* unreadable: the ones after it would take its CUDA index */
+        int w = snprintf(A->gpu_uuids + used, sizeof A->gpu_uuids - used, "%s%s", used ? "\n" : "", x->uuid);
         if (w < 0 || (size_t)w >= sizeof A->gpu_uuids - used) break;
         used += (size_t)w;
-        A->gpu_free_mib[A->n_gpus++] = (int64_t)((g.mem_total - g.mem_used) >> 20);
+        A->gpu_free_mib[A->n_gpus++] = (int64_t)((x->mem_total - x->mem_used) >> 20);
     }
+    free(g);
+    free(uuids);
     mon_nvml_close(&nv);
 }
 

@@ -96,3 +96,45 @@ int mon_nvml_query(mon_nvml_t *n, int i, mon_gpu_t *out) {
     out->mem_total = m.total;
     return 0;
 }
+
+/* The NVML index an entry of CUDA_VISIBLE_DEVICES names (e, len bytes), or -1. */
+static int visible_entry(const char *e, size_t len, const char *const *uuids, int n) {
+    while (len && (*e == ' ' || *e == '\t')) e++, len--;
+    while (len && (e[len - 1] == ' ' || e[len - 1] == '\t')) len--;
+    if (!len) return -1;
+    size_t d = 0;
+    while (d < len && e[d] >= '0' && e[d] <= '9') d++;
+    if (d == len) {   /* an index */
+        long v = 0;
+        for (size_t k = 0; k < len && v <= n; k++) v = v * 10 + (e[k] - '0');
+        return v < n ? (int)v : -1;
+    }
+    int hit = -1;
+    for (int i = 0; i < n; i++)
+        if (uuids[i] && strncmp(uuids[i], e, len) == 0) {
+            if (hit >= 0) return -1;   /* the prefix names two GPUs */
+            hit = i;
+        }
+    return hit;
+}
+
+int mon_nvml_visible(const char *cuda_visible, const char *const *uuids, int n, int *order, int cap) {
+    int k = 0;
+    if (!cuda_visible) {
+        for (int i = 0; i < n && k < cap; i++) order[k++] = i;
+        return k;
+    }
+    const char *p = cuda_visible;
+    while (*p && k < cap) {
+        const char *c = strchr(p, ',');
+        size_t len = c ? (size_t)(c - p) : strlen(p);
+        int g = visible_entry(p, len, uuids, n);
+        for (int j = 0; j < k && g >= 0; j++)
+            if (order[j] == g) g = -1;
+        if (g < 0) break;
+        order[k++] = g;
+        if (!c) break;
+        p = c + 1;
+    }
+    return k;
+}

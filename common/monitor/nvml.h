@@ -26,4 +26,12 @@ int mon_nvml_count(const mon_nvml_t *n);
 /* Current figures of GPU i. Returns 0, DL_ERANGE or DL_ECUDA (NVML error). */
 int mon_nvml_query(mon_nvml_t *n, int i, mon_gpu_t *out);
 
+/* The GPUs a process with CUDA_VISIBLE_DEVICES = cuda_visible sees, as NVML indices in
+ * CUDA's order (CUDA device k of that process is NVML GPU order[k]). cuda_visible NULL: all n,
+ * in NVML order. Entries, comma-separated: an NVML index ("3") or a UUID ("GPU-8f1e...", a
+ * prefix naming one GPU is enough); as CUDA does, the list ends at the first entry that names
+ * no GPU or one already listed ("" and "-1": none). uuids[n]: NVML's, as mon_gpu_t.uuid.
+ * Writes at most cap indices to order; returns how many. Pure: no NVML call. */
+int mon_nvml_visible(const char *cuda_visible, const char *const *uuids, int n, int *order, int cap);
+
 #endif

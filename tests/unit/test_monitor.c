@@ -746,6 +746,30 @@ static void test_cli_once(void **state) {
     assert_non_null(strstr(buf, "# TYPE draftline_"));
 }
 
+/* mon_nvml_visible: CUDA_VISIBLE_DEVICES as NVML indices in CUDA's order. */
+static void test_nvml_visible(void **state) {
+    (void)state;
+    const char *u[4] = {"GPU-aaaa-0000", "GPU-abcd-1111", "GPU-b000-2222", "GPU-c000-3333"};
+    int o[8];
+    assert_int_equal(mon_nvml_visible(NULL, u, 4, o, 8), 4);
+    assert_int_equal(o[0], 0);
+    assert_int_equal(o[3], 3);
+    assert_int_equal(mon_nvml_visible("2,0", u, 4, o, 8), 2);   /* CUDA 0 is NVML 2 */
+    assert_int_equal(o[0], 2);
+    assert_int_equal(o[1], 0);
+    assert_int_equal(mon_nvml_visible(" 3 , GPU-b0", u, 4, o, 8), 2);   /* spaces, a UUID prefix */
+    assert_int_equal(o[0], 3);
+    assert_int_equal(o[1], 2);
+    assert_int_equal(mon_nvml_visible("1,7,2", u, 4, o, 8), 1);   /* ends at a GPU that is not there */
+    assert_int_equal(o[0], 1);
+    assert_int_equal(mon_nvml_visible("GPU-a,1", u, 4, o, 8), 0);   /* a prefix naming two GPUs */
+    assert_int_equal(mon_nvml_visible("1,1", u, 4, o, 8), 1);       /* a repeat ends it */
+    assert_int_equal(mon_nvml_visible("", u, 4, o, 8), 0);
+    assert_int_equal(mon_nvml_visible("-1", u, 4, o, 8), 0);
+    assert_int_equal(mon_nvml_visible("0,1,2,3", u, 4, o, 2), 2);   /* cap */
+    assert_int_equal(mon_nvml_visible("99999999999999999999", u, 4, o, 8), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cli_once),
@@ -763,6 +787,7 @@ int main(void) {
         cmocka_unit_test(test_ingest_proto_equals_line),
         cmocka_unit_test_setup_teardown(test_plot_png, setup_tmp, teardown_tmp),
         cmocka_unit_test(test_nvml_absent),
+        cmocka_unit_test(test_nvml_visible),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
