@@ -222,14 +222,12 @@ int drafter_infer_block(drafter_infer_t *di, int32_t anchor_id, int anchor_pos, 
         IMPL->rope_forward(c, di->kbs, di->d_pos, di->inv_freq, B, Hkv, hd);
         IMPL->attention_block_forward(c, di->att, NULL, di->qs, di->kbs, di->vb, di->kc[l],
                                       di->vc[l], di->d_cs, di->d_cl, 1, B, di->cap, H, Hkv, hd);
-        IMPL->matmul_forward(c, di->h1, di->att, WL(di, l, W_O), NULL, B, Q, D);
-        IMPL->add(c, di->h1, di->h1, di->h, (size_t)B * D);
+        IMPL->matmul_forward_res(c, di->h1, di->att, WL(di, l, W_O), NULL, di->h, B, Q, D);
         IMPL->rmsnorm_forward(c, di->hn2, NULL, di->h1, WL(di, l, W_POST), cf->rms_eps, B, D);
         IMPL->matmul_forward(c, di->g, di->hn2, WL(di, l, W_G), NULL, B, D, F);
         IMPL->matmul_forward(c, di->u, di->hn2, WL(di, l, W_U), NULL, B, D, F);
         IMPL->swiglu_forward(c, di->a, di->g, di->u, (size_t)B * F);
-        IMPL->matmul_forward(c, di->h, di->a, WL(di, l, W_D), NULL, B, F, D);
-        IMPL->add(c, di->h, di->h, di->h1, (size_t)B * D);
+        IMPL->matmul_forward_res(c, di->h, di->a, WL(di, l, W_D), NULL, di->h1, B, F, D);
     }
     /* final norm, then the target's LM head on rows 1..B-1 only */
     IMPL->rmsnorm_forward(c, di->xn, NULL, di->h, WG(di, 2), cf->rms_eps, B, D);
