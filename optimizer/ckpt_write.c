@@ -12,13 +12,15 @@
 #include "optimizer/opt_int.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define OCKW_COPY_CHUNK (16u << 20)   /* bytes per parallel memcpy chunk (CPU snapshot) */
-#define OCKW_PIN_CHUNK (256u << 20)   /* bytes per cudaHostRegister call: the driver is held that long */
+#define OCKW_PIN_CHUNK (64u << 20)    /* bytes per cudaHostRegister call: the driver is held that long */
 
 typedef struct {
     int on;
@@ -43,6 +45,7 @@ struct ockw {
     int pinned[3];
     pthread_t alloc_th;
     int alloc_on;              /* alloc_th runs or has not been joined */
+    atomic_int pin_hold;       /* ockw_pin_hold: alloc_th waits between pieces while set */
     void *stream;              /* GPU: the copy stream */
     const float *wsrc[3];      /* what the write reads: snap, or the state itself (final, CPU) */
     int snap_rc, write_rc, pruned;
@@ -70,12 +73,13 @@ void ockw_host_unpin(float *p, size_t bytes) {
     for (size_t off = 0; off < bytes; off += OCKW_PIN_CHUNK) dev_host_unregister((uint8_t *)p + off);
 }
 
-int ockw_host_pin(float *p, size_t bytes, int gpu, const char *what) {
+int ockw_host_pin(float *p, size_t bytes, int gpu, const char *what, const atomic_int *hold) {
     if (gpu < 0 || !p) return 0;
     double t0 = clock_mono_s();
     size_t piece = (uintptr_t)p % 4096 ? bytes : OCKW_PIN_CHUNK, off = 0;   /* unaligned: one call */
     int rc = dev_set(gpu);
     while (rc == 0 && off < bytes) {
+        while (hold && atomic_load(hold)) usleep(1000);   /* a step is being applied */
         size_t n = bytes - off < piece ? bytes - off : piece;
         rc = dev_host_register((uint8_t *)p + off, n);
         if (rc == 0) off += n;
@@ -106,15 +110,21 @@ static void *alloc_main(void *arg) {
     size_t bytes = w->cfg.P * sizeof(float);
     for (int i = 0; i < 3; i++) {
         if (!w->snap[i]) w->snap[i] = ockw_host_buffer(bytes, what[i]);
-        if (w->snap[i] && !w->pinned[i]) w->pinned[i] = ockw_host_pin(w->snap[i], bytes, w->cfg.gpu, what[i]);
+        if (w->snap[i] && !w->pinned[i])
+            w->pinned[i] = ockw_host_pin(w->snap[i], bytes, w->cfg.gpu, what[i], &w->pin_hold);
     }
     return NULL;
+}
+
+void ockw_pin_hold(ockw_t *w, int on) {
+    if (w) atomic_store(&w->pin_hold, on ? 1 : 0);
 }
 
 /* The allocation thread's end (worker thread or destroy); how long it was waited for
  * is said when it was not done already. */
 static void alloc_join(ockw_t *w) {
     if (!w->alloc_on) return;
+    atomic_store(&w->pin_hold, 0);   /* nothing waits on a hold while we wait for it */
     double t0 = clock_mono_s();
     pthread_join(w->alloc_th, NULL);
     w->alloc_on = 0;

@@ -19,6 +19,7 @@
 #include "common/pipe/peers.h"
 #include "common/pipe/stage.h"
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -133,11 +134,12 @@ typedef struct {
  * pageable (posix_memalign; free with free after ockw_host_unpin where pinned). NULL
  * (logged) when out of memory. */
 float *ockw_host_buffer(size_t bytes, const char *what);
-/* Page-locks p (bytes; from ockw_host_buffer) for gpu in 256 MiB pieces
+/* Page-locks p (bytes; from ockw_host_buffer) for gpu in 64 MiB pieces
  * (dev_host_register; about 0.5 s per GB, holding the driver for one piece at a time, so
- * never on a loop thread). Returns 1 when pinned; 0 for gpu < 0, or when pinning fails:
- * then a warning says the checkpoints' snapshots will hold the steps longer. */
-int ockw_host_pin(float *p, size_t bytes, int gpu, const char *what);
+ * never on a loop thread); before each piece it waits while *hold is set (NULL: never).
+ * Returns 1 when pinned; 0 for gpu < 0, or when pinning fails: then a warning says the
+ * checkpoints' snapshots will hold the steps longer. */
+int ockw_host_pin(float *p, size_t bytes, int gpu, const char *what, const atomic_int *hold);
 /* Undoes ockw_host_pin (NULL accepted); the memory stays, to be freed. */
 void ockw_host_unpin(float *p, size_t bytes);
 
@@ -147,6 +149,12 @@ void ockw_host_unpin(float *p, size_t bytes);
  * thread started here, while the steps run; the first snapshot joins it. CPU: the buffers come at the first checkpoint. Returns 0 or
  * DL_ENOMEM (the buffers given are freed all the same). */
 int ockw_new(ockw_t **out, uv_loop_t *loop, const ockw_cfg_t *cfg, const ockw_cb_t *cb);
+/* Holds (on 1) or releases (on 0) the pinning of the snapshot buffers between pieces:
+ * the optimizer holds it while it applies a step, whose CUDA calls would otherwise wait
+ * for the piece being pinned, each time the thread took the driver again (step 0 came
+ * 0.9 s after the drafter's gradients with 256 MiB pieces and no hold, H200). At most the
+ * piece in progress is waited for. Any thread; NULL accepted. */
+void ockw_pin_hold(ockw_t *w, int on);
 /* Joins the allocation thread; frees the snapshot buffers and the copy stream; *w = NULL;
  * NULL accepted. Only when nothing is in flight (!ockw_busy). */
 void ockw_destroy(ockw_t **w);

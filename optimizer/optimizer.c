@@ -281,6 +281,7 @@ static void checkpoint(opt_t *O, int then) {
 
 static void apply_step(opt_t *O) {
     double t0 = clock_mono_s();
+    ockw_pin_hold(O->ck, 1);   /* the writer's pinning waits: our CUDA calls first */
     size_t P = O->P;
     uint64_t K = O->K;
     double L = 0, W = 0;
@@ -348,6 +349,7 @@ static void apply_step(opt_t *O) {
      * copy is complete before the message leaves) */
     x->copy(&O->ops, wbuf(O, O->step), O->master, P * sizeof(float));
     x->sync(&O->ops);
+    ockw_pin_hold(O->ck, 0);
     double dt = clock_mono_s() - t0;
     stage_phase_add(&O->st, PHASE_STEP, dt);
     stage_progress(&O->st);
@@ -779,7 +781,8 @@ static int opt_ckpt_init(opt_t *O) {
  * copies (h_m, h_v only to resume into). Pinning them here, before the init, took ~1.9 s
  * per 4 GB on the H200's start-up path, and pinning the rest afterwards on the writer's
  * thread in single calls held the driver while the first step waited ~2.8 s: the writer
- * now pins them all in 256 MiB pieces after start-up (ockw_host_pin); the one upload
+ * now pins them all in 64 MiB pieces after start-up, pausing while a step is applied
+ * (ockw_host_pin, ockw_pin_hold); the one upload
  * from pageable memory costs less. 0 or DL_ENOMEM (logged). */
 static int opt_host_alloc(opt_t *O, int resumed) {
     size_t b = O->P * 4;

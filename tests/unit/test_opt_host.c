@@ -1,5 +1,5 @@
 /* The optimizer's host state memory (optimizer/ckpt_write.c, ockw_host_buffer and
- * ockw_host_pin): page-aligned memory; on a GPU it is pinned in 256 MiB pieces, and when
+ * ockw_host_pin): page-aligned memory; on a GPU it is pinned in 64 MiB pieces, and when
  * pinning fails (here: a build or machine without a usable GPU) it stays pageable with a
  * warning line saying the checkpoints will stall, never a failure; CPU (gpu -1): plain
  * memory, no warning. The writer is compiled into this
@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +32,7 @@ static void alloc_logged(int gpu, size_t bytes, int *pinned, char *buf, size_t c
         dup2(fd, 2);
         log_init("optimizer", LOG_INFO);
         float *p = ockw_host_buffer(bytes, "optimizer start-up (master)");
-        int pin = p && (uintptr_t)p % 4096 == 0 ? ockw_host_pin(p, bytes, gpu, "optimizer start-up (master)") : -1;
+        int pin = p && (uintptr_t)p % 4096 == 0 ? ockw_host_pin(p, bytes, gpu, "optimizer start-up (master)", NULL) : -1;
         if (p && bytes <= (8u << 20)) memset(p, 0, bytes);
         if (pin == 1) ockw_host_unpin(p, bytes);
         free(p);
@@ -72,9 +73,46 @@ static void test_host_alloc(void **state) {
     }
 }
 
+/* ockw_host_pin waits between pieces while its hold is set (the optimizer holds it while
+ * applying a step). Where pinning cannot even start (a CUDA build without a GPU: dev_set
+ * fails) it returns at once, pageable: then only that is checked. */
+typedef struct {
+    float *p;
+    size_t bytes;
+    atomic_int hold, done;
+    int rc;
+} pin_arg_t;
+
+static void *pin_thread(void *arg) {
+    pin_arg_t *a = arg;
+    a->rc = ockw_host_pin(a->p, a->bytes, 0, "checkpoint snapshot (master)", &a->hold);
+    atomic_store(&a->done, 1);
+    return NULL;
+}
+
+static void test_pin_hold(void **state) {
+    (void)state;
+    pin_arg_t a = {.bytes = 3 * (size_t)OCKW_PIN_CHUNK};
+    a.p = ockw_host_buffer(a.bytes, "checkpoint snapshot (master)");
+    assert_non_null(a.p);
+    atomic_store(&a.hold, 1);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, pin_thread, &a), 0);
+    usleep(100 * 1000);
+    int can_pin = dev_set(0) == 0;
+    if (can_pin) assert_int_equal(atomic_load(&a.done), 0);   /* held before its first piece */
+    atomic_store(&a.hold, 0);
+    pthread_join(th, NULL);
+    assert_int_equal(atomic_load(&a.done), 1);
+    if (can_pin) assert_int_equal(a.rc, 1);
+    if (a.rc == 1) ockw_host_unpin(a.p, a.bytes);
+    free(a.p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_host_alloc),
+        cmocka_unit_test(test_pin_hold),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
