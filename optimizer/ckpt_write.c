@@ -88,7 +88,7 @@ int ockw_host_pin(float *p, size_t bytes, int gpu, const char *what, const atomi
         log_debug("%s: %.2f GiB pinned in %.2f s", what, bytes / 1073741824.0, clock_mono_s() - t0);
         return 1;
     }
-    ockw_host_unpin(p, off);
+    if (off) ockw_host_unpin(p, off);   /* the pieces registered (none: no call) */
     log_warn("%s: no pinned host memory for %.2f GiB (%s): pageable memory instead, so each checkpoint's "
              "snapshot will hold the steps longer (device-to-host copies staged by the driver)", what,
              bytes / 1073741824.0, dl_errmsg());
