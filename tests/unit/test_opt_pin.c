@@ -34,7 +34,7 @@ void t_unregister(void *p) {
 
 static int pin(uintptr_t p, size_t bytes, int fail) {
     fail_at = fail, n_reg = n_unreg = 0;
-    return ockw_host_pin((float *)p, bytes, 0, "test buffer");
+    return ockw_host_pin((float *)p, bytes, 0, "test buffer", NULL);
 }
 
 static void test_pin_pieces(void **state) {
@@ -66,8 +66,8 @@ static void test_pin_pieces(void **state) {
     assert_true(unreg[0] == a + 4);
     /* gpu < 0 or NULL: nothing */
     fail_at = -1, n_reg = n_unreg = 0;
-    assert_int_equal(ockw_host_pin((float *)a, bytes, -1, "test buffer"), 0);
-    assert_int_equal(ockw_host_pin(NULL, bytes, 0, "test buffer"), 0);
+    assert_int_equal(ockw_host_pin((float *)a, bytes, -1, "test buffer", NULL), 0);
+    assert_int_equal(ockw_host_pin(NULL, bytes, 0, "test buffer", NULL), 0);
     ockw_host_unpin(NULL, bytes);
     assert_int_equal(n_reg + n_unreg, 0);
 }
