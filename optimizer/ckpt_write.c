@@ -58,9 +58,16 @@ struct ockw {
 
 static void start_snapshot(ockw_t *w);
 
+/* The alignment of snapshot buffers and of their pinned pieces: the page size, at least
+ * 4096 (two pieces must never share a page: 64 KiB pages on some ARM hosts). */
+static size_t pin_page(void) {
+    long ps = sysconf(_SC_PAGESIZE);
+    return ps > 4096 ? (size_t)ps : 4096;
+}
+
 float *ockw_host_buffer(size_t bytes, const char *what) {
     void *p = NULL;
-    if (posix_memalign(&p, 4096, bytes ? bytes : 1) != 0) {
+    if (posix_memalign(&p, pin_page(), bytes ? bytes : 1) != 0) {
         log_error("%s: out of memory for %.2f GiB of host memory", what, bytes / 1073741824.0);
         return NULL;
     }
@@ -69,20 +76,25 @@ float *ockw_host_buffer(size_t bytes, const char *what) {
 
 void ockw_host_unpin(float *p, size_t bytes) {
     if (!p) return;
-    if ((uintptr_t)p % 4096) { dev_host_unregister(p); return; }   /* pinned in one piece */
+    if ((uintptr_t)p % pin_page()) { dev_host_unregister(p); return; }   /* pinned in one piece */
     for (size_t off = 0; off < bytes; off += OCKW_PIN_CHUNK) dev_host_unregister((uint8_t *)p + off);
 }
 
 int ockw_host_pin(float *p, size_t bytes, int gpu, const char *what, const atomic_int *hold) {
     if (gpu < 0 || !p) return 0;
     double t0 = clock_mono_s();
-    size_t piece = (uintptr_t)p % 4096 ? bytes : OCKW_PIN_CHUNK, off = 0;   /* unaligned: one call */
-    int rc = dev_set(gpu);
+    size_t piece = (uintptr_t)p % pin_page() ? bytes : OCKW_PIN_CHUNK, off = 0;   /* unaligned: one call */
+    int rc = dev_set(gpu), stopped = 0;
     while (rc == 0 && off < bytes) {
-        while (hold && atomic_load(hold)) usleep(1000);   /* a step is being applied */
+        while (hold && atomic_load(hold) == OCKW_PIN_HOLD) usleep(1000);   /* a step is being applied */
+        if (hold && atomic_load(hold) == OCKW_PIN_STOP) { stopped = 1; break; }
         size_t n = bytes - off < piece ? bytes - off : piece;
         rc = dev_host_register((uint8_t *)p + off, n);
         if (rc == 0) off += n;
+    }
+    if (stopped) {   /* the writer is being destroyed: pageable, nothing to say */
+        if (off) ockw_host_unpin(p, off);
+        return 0;
     }
     if (rc == 0) {
         log_debug("%s: %.2f GiB pinned in %.2f s", what, bytes / 1073741824.0, clock_mono_s() - t0);
@@ -117,14 +129,17 @@ static void *alloc_main(void *arg) {
 }
 
 void ockw_pin_hold(ockw_t *w, int on) {
-    if (w) atomic_store(&w->pin_hold, on ? 1 : 0);
+    if (!w) return;
+    int cur = atomic_load(&w->pin_hold), want = on ? OCKW_PIN_HOLD : OCKW_PIN_RUN;
+    while (cur != OCKW_PIN_STOP && !atomic_compare_exchange_weak(&w->pin_hold, &cur, want)) {}
 }
 
-/* The allocation thread's end (worker thread or destroy); how long it was waited for
- * is said when it was not done already. */
-static void alloc_join(ockw_t *w) {
+/* The allocation thread's end: for a snapshot (stop 0: the pinning finishes, how long it
+ * was waited for is said when it was not done already) or destroy (stop 1: the pinning stops
+ * after the piece in progress, those buffers stay pageable). */
+static void alloc_join(ockw_t *w, int stop) {
     if (!w->alloc_on) return;
-    atomic_store(&w->pin_hold, 0);   /* nothing waits on a hold while we wait for it */
+    atomic_store(&w->pin_hold, stop ? OCKW_PIN_STOP : OCKW_PIN_RUN);   /* no hold while we wait */
     double t0 = clock_mono_s();
     pthread_join(w->alloc_th, NULL);
     w->alloc_on = 0;
@@ -135,14 +150,14 @@ static void alloc_join(ockw_t *w) {
 /* Worker thread: the copy stream (first time), the device -> host copies into the
  * buffers (joined first), waited for here. */
 static int snap_gpu(ockw_t *w, size_t bytes) {
-    alloc_join(w);
+    alloc_join(w, 0);
     for (int i = 0; i < 3; i++)
         if (!w->snap[i]) return dl_seterr(DL_ENOMEM, "out of host memory for %zu bytes", bytes);
     DL_TRY(dev_set(w->cfg.gpu));
     if (!w->stream) DL_TRY(dev_stream_new(w->cfg.gpu, &w->stream));
     /* piece by piece where pinned so (a copy never spans two registrations) */
     for (int i = 0; i < 3; i++) {
-        size_t piece = w->pinned[i] && (uintptr_t)w->snap[i] % 4096 == 0 ? OCKW_PIN_CHUNK : bytes;
+        size_t piece = w->pinned[i] && (uintptr_t)w->snap[i] % pin_page() == 0 ? OCKW_PIN_CHUNK : bytes;
         for (size_t off = 0; off < bytes; off += piece)
             DL_TRY(dev_copy_async((uint8_t *)w->snap[i] + off, (const uint8_t *)w->cur.src[i] + off,
                                   bytes - off < piece ? bytes - off : piece, w->stream));
@@ -290,7 +305,7 @@ int ockw_new(ockw_t **out, uv_loop_t *loop, const ockw_cfg_t *cfg, const ockw_cb
 void ockw_destroy(ockw_t **wp) {
     if (!wp || !*wp) return;
     ockw_t *w = *wp;
-    alloc_join(w);
+    alloc_join(w, 1);   /* an early stop does not wait for the whole pinning */
     for (int i = 0; i < 3; i++) snap_free(w->snap[i], w->pinned[i], w->cfg.P * sizeof(float));
     dev_stream_destroy(w->stream);
     free(w);

@@ -134,9 +134,12 @@ typedef struct {
  * pageable (posix_memalign; free with free after ockw_host_unpin where pinned). NULL
  * (logged) when out of memory. */
 float *ockw_host_buffer(size_t bytes, const char *what);
+/* Values of ockw_host_pin's hold. */
+enum { OCKW_PIN_RUN = 0, OCKW_PIN_HOLD = 1, OCKW_PIN_STOP = 2 };
 /* Page-locks p (bytes; from ockw_host_buffer) for gpu in 64 MiB pieces
  * (dev_host_register; about 0.5 s per GB, holding the driver for one piece at a time, so
- * never on a loop thread); before each piece it waits while *hold is set (NULL: never).
+ * never on a loop thread). Before each piece it waits while *hold is OCKW_PIN_HOLD, and at
+ * OCKW_PIN_STOP it undoes the pieces done and returns 0 quietly (hold NULL: neither).
  * Returns 1 when pinned; 0 for gpu < 0, or when pinning fails: then a warning says the
  * checkpoints' snapshots will hold the steps longer. */
 int ockw_host_pin(float *p, size_t bytes, int gpu, const char *what, const atomic_int *hold);
@@ -146,7 +149,8 @@ void ockw_host_unpin(float *p, size_t bytes);
 /* A writer on `loop` (the stage's, its address only: usable before stage_init); cfg's
  * strings are not copied (they outlive it), its snapshot buffers are taken over. GPU:
  * the NULL ones are allocated (ockw_host_buffer) and all are pinned (ockw_host_pin) on a
- * thread started here, while the steps run; the first snapshot joins it. CPU: the buffers come at the first checkpoint. Returns 0 or
+ * thread started here, while the steps run; the first snapshot joins it (ockw_destroy stops
+ * it after the piece in progress). CPU: the buffers come at the first checkpoint. Returns 0 or
  * DL_ENOMEM (the buffers given are freed all the same). */
 int ockw_new(ockw_t **out, uv_loop_t *loop, const ockw_cfg_t *cfg, const ockw_cb_t *cb);
 /* Holds (on 1) or releases (on 0) the pinning of the snapshot buffers between pieces:

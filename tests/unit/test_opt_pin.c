@@ -2,7 +2,8 @@
  * ockw_host_unpin) with dev_host_register / dev_host_unregister / dev_set replaced by
  * recorders here (no GPU needed; the pointers are never touched): a pin that fails at
  * piece k unregisters exactly pieces 0..k-1 and nothing else, a pin of unaligned memory
- * (one piece) that fails unregisters nothing, and a full pin is undone piece by piece. */
+ * (one piece) that fails unregisters nothing, a full pin is undone piece by piece, and a
+ * stop undoes what was done. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,8 +15,9 @@
 #define dev_set t_dev_set
 #include "optimizer/ckpt_write.c"
 
-static int fail_at = -1, n_reg, n_unreg;
+static int fail_at = -1, n_reg, n_unreg, stop_after = -1;
 static uintptr_t reg[16], unreg[16];
+static atomic_int *stop_hold;   /* set to OCKW_PIN_STOP once piece stop_after is registered */
 
 int t_dev_set(int gpu) { (void)gpu; return 0; }
 
@@ -23,6 +25,7 @@ int t_register(void *p, size_t bytes) {
     (void)bytes;
     if (n_reg == fail_at) return dl_seterr(DL_ECUDA, "test: register refused");
     if (n_reg < 16) reg[n_reg] = (uintptr_t)p;
+    if (n_reg == stop_after && stop_hold) atomic_store(stop_hold, OCKW_PIN_STOP);
     n_reg++;
     return 0;
 }
@@ -72,10 +75,31 @@ static void test_pin_pieces(void **state) {
     assert_int_equal(n_reg + n_unreg, 0);
 }
 
+/* A stop (the writer destroyed): before the first piece nothing is registered; after
+ * piece 1 the two pieces are undone; either way 0 (pageable) and no warning line needed. */
+static void test_pin_stop(void **state) {
+    (void)state;
+    const uintptr_t a = (uintptr_t)1 << 32;
+    const size_t bytes = 3 * (size_t)OCKW_PIN_CHUNK + 100;
+    atomic_int h;
+    atomic_store(&h, OCKW_PIN_STOP);
+    fail_at = -1, n_reg = n_unreg = 0;
+    assert_int_equal(ockw_host_pin((float *)a, bytes, 0, "test buffer", &h), 0);
+    assert_int_equal(n_reg + n_unreg, 0);
+    atomic_store(&h, OCKW_PIN_RUN);
+    stop_hold = &h, stop_after = 1, n_reg = n_unreg = 0;
+    assert_int_equal(ockw_host_pin((float *)a, bytes, 0, "test buffer", &h), 0);
+    assert_int_equal(n_reg, 2);
+    assert_int_equal(n_unreg, 2);
+    assert_true(unreg[0] == a && unreg[1] == a + OCKW_PIN_CHUNK);
+    stop_hold = NULL, stop_after = -1;
+}
+
 int main(void) {
     log_init("optimizer", LOG_INFO);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pin_pieces),
+        cmocka_unit_test(test_pin_stop),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
