@@ -588,13 +588,26 @@ int drafter_logits(drafter_t *d, int j0, int n, float *out_host) {
 
 /* ----------------------------------------------------------------- backward */
 
+/* Layer l's shared k/v projections, backward, for M rows of their input inp (M, D):
+ * din (M, D) += dk . Wk + dv . Wv (accumulated in the GEMMs), and Wk's, Wv's gradients +=.
+ * dk, dv (M, Hkv*hd): the gradients of the k (normed, roped: as qk_norm_rope_backward left
+ * them) and v projections. Used for the block rows and for the context. */
+static void kv_backward(drafter_t *d, int l, void *din, const void *dk, const void *dv,
+                        const void *inp, int M) {
+    const int D = d->cfg.D, KV = d->cfg.Hkv * d->cfg.hd;
+    IMPL->matmul_backward(d->c, din, G(d, tix_layer(l, LT_K)), NULL, dk, inp,
+                          W(d, tix_layer(l, LT_K)), M, D, KV, 1);
+    IMPL->matmul_backward(d->c, din, G(d, tix_layer(l, LT_V)), NULL, dv, inp,
+                          W(d, tix_layer(l, LT_V)), M, D, KV, 1);
+}
+
 int drafter_forward_backward(drafter_t *d, const drafter_batch_t *b, float grad_scale,
                              drafter_stats_t *st) {
     DL_TRY(drafter_forward(d, b));
     const drafter_config_t *c = &d->cfg;
     const ops_ctx_t *x = d->c;
     const int T = d->T, R = d->Nb * c->B, D = c->D, H = c->H, Hkv = c->Hkv, hd = c->hd, F = c->F;
-    const int Q = H * hd, KV = Hkv * hd, B = c->B;
+    const int Q = H * hd, B = c->B;
     const size_t A = ops_act_bytes(x);
     float gs = grad_scale > 0 ? grad_scale : (d->weight_sum > 0 ? (float)(1.0 / d->weight_sum) : 0);
     /* chunked loss: logits of a chunk of blocks, CE forward+backward in place,
@@ -656,10 +669,7 @@ int drafter_forward_backward(drafter_t *d, const drafter_batch_t *b, float grad_
         IMPL->qk_norm_rope_backward(x, d->kbs, G(d, tix_layer(l, LT_KN)), d->dkb, a->kbr,
                                     W(d, tix_layer(l, LT_KN)), a->kb_rstd, d->row_pos,
                                     d->inv_freq, c->rms_eps, R, Hkv, hd);
-        IMPL->matmul_backward(x, d->dt1, G(d, tix_layer(l, LT_K)), NULL, d->kbs, d->xs,
-                              W(d, tix_layer(l, LT_K)), R, D, KV, 1);
-        IMPL->matmul_backward(x, d->dt1, G(d, tix_layer(l, LT_V)), NULL, d->dvb, d->xs,
-                              W(d, tix_layer(l, LT_V)), R, D, KV, 1);
+        kv_backward(d, l, d->dt1, d->kbs, d->dvb, d->xs, R);
         IMPL->rmsnorm_backward(x, d->dt2, G(d, tix_layer(l, LT_IN)), d->dt1, a->hin,
                                W(d, tix_layer(l, LT_IN)), a->rstd_in, R, D);
         IMPL->add(x, d->dh, d->dh, d->dt2, (size_t)R * D); /* dh = d hin */
@@ -667,10 +677,7 @@ int drafter_forward_backward(drafter_t *d, const drafter_batch_t *b, float grad_
         IMPL->qk_norm_rope_backward(x, d->kcs, G(d, tix_layer(l, LT_KN)), d->dkc, a->kcr,
                                     W(d, tix_layer(l, LT_KN)), a->kc_rstd, d->ctx_pos,
                                     d->inv_freq, c->rms_eps, T, Hkv, hd);
-        IMPL->matmul_backward(x, d->dctx, G(d, tix_layer(l, LT_K)), NULL, d->kcs, d->ctx,
-                              W(d, tix_layer(l, LT_K)), T, D, KV, 1);
-        IMPL->matmul_backward(x, d->dctx, G(d, tix_layer(l, LT_V)), NULL, d->dvc, d->ctx,
-                              W(d, tix_layer(l, LT_V)), T, D, KV, 1);
+        kv_backward(d, l, d->dctx, d->kcs, d->dvc, d->ctx, T);
     }
     /* ctx = hidden_norm(fc(features)); features are frozen (no input grad) */
     IMPL->rmsnorm_backward(x, d->dct, G(d, tix_fc(d) + 1), d->dctx, d->ctx_fc,
