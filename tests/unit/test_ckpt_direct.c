@@ -13,7 +13,10 @@
  *     master, m, v): state.bin (168-byte header: every span starts off the grid),
  *     model.safetensors and config.json are bitwise those of dio.mode=1 (the path before
  *     O_DIRECT) in auto mode, dio.mode=2 with a 12 KiB bounce, dio.mode=3; ckpt_read gives
- *     the arrays back. */
+ *     the arrays back;
+ *   - failed writes (a file size limit: EFBIG, as a full disk fails with ENOSPC), state.bin
+ *     alone then both files, in every mode but the last: no step_N.tmp, no fd left open,
+ *     the error named; then the same process writes and reads the checkpoint back. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,6 +24,7 @@
 #include <cmocka.h>
 
 #include "common/base/dio.h"
+#include "common/base/err.h"
 #include "common/base/rng.h"
 #include "common/data/batcher.h"
 #include "common/model/dflash_ckpt.h"
@@ -28,11 +32,15 @@
 #include "common/ops/ops.h"
 #include "common/pipe/ckpt.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -95,9 +103,8 @@ static int child_dio(const char *dir) {
     return fclose(o) == 0 ? 0 : 7;
 }
 
-/* a checkpoint of the fixture drafter's random master, m, v into dir (ckpt_write) */
-static int child_ckpt(const char *dir, drafter_t *d, float *w, float *m, float *v) {
-    size_t P = drafter_n_params(d);
+/* the fixture's random master, m, v (P each) */
+static void fixture_state(size_t P, float *w, float *m, float *v) {
     rng_t r;
     rng_seed(&r, 5);
     for (size_t i = 0; i < P; i++) {
@@ -105,6 +112,10 @@ static int child_ckpt(const char *dir, drafter_t *d, float *w, float *m, float *
         m[i] = rng_normal(&r) * 1e-3f;
         v[i] = rng_normal(&r) * rng_normal(&r) * 1e-6f;
     }
+}
+
+/* the state.bin header of a step-STEP checkpoint of P parameters */
+static ckpt_state_hdr_t fixture_header(size_t P) {
     ckpt_state_hdr_t h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, CKPT_MAGIC, 8);
@@ -115,6 +126,14 @@ static int child_ckpt(const char *dir, drafter_t *d, float *w, float *m, float *
     h.seed = 4;
     h.mbs_per_step = 2;
     h.lr = 1e-3, h.max_steps = 10, h.clip = 1;
+    return h;
+}
+
+/* a checkpoint of the fixture drafter's random master, m, v into dir (ckpt_write) */
+static int child_ckpt(const char *dir, drafter_t *d, float *w, float *m, float *v) {
+    size_t P = drafter_n_params(d);
+    fixture_state(P, w, m, v);
+    ckpt_state_hdr_t h = fixture_header(P);
     batcher_cursor_t bc;
     memset(&bc, 0, sizeof bc);
     bc.next_mb = STEP * 2;
@@ -122,6 +141,73 @@ static int child_ckpt(const char *dir, drafter_t *d, float *w, float *m, float *
     uint8_t cur[BATCHER_CURSOR_BYTES];
     batcher_cursor_encode(&bc, cur);
     return ckpt_write(dir, d, &h, w, m, v, cur, NULL, 0) < 0 ? 8 : 0;
+}
+
+/* ---- failed writes (test_failed_writes): a file size limit (RLIMIT_FSIZE, SIGXFSZ
+ * ignored: writes past it fail with EFBIG, as a full disk fails with ENOSPC) ---- */
+
+static int count_fds(void) {
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+static int exists(const char *dir, const char *name) {
+    char p[800];
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/checkpoints/%s", dir, name);
+    return stat(p, &sb) == 0;
+}
+
+static int set_fsize(rlim_t n) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_FSIZE, &rl) != 0) return -1;
+    rl.rlim_cur = n;
+    return setrlimit(RLIMIT_FSIZE, &rl);
+}
+
+/* ckpt_write of arr (master, m, v) into dir under a file size limit (0: none); 0 when it
+ * did what the limit says (failed cleanly, or wrote a checkpoint that reads back), else
+ * a code naming the failed check */
+static int write_under(const char *dir, drafter_t *d, float *const arr[3], rlim_t limit) {
+    size_t P = drafter_n_params(d);
+    ckpt_state_hdr_t h = fixture_header(P);
+    int fds = count_fds();
+    if (set_fsize(limit ? limit : RLIM_INFINITY) != 0) return 20;
+    int rc = ckpt_write(dir, d, &h, arr[0], arr[1], arr[2], NULL, NULL, 0);
+    if (set_fsize(RLIM_INFINITY) != 0) return 21;
+    if (count_fds() != fds) return 22;                      /* an fd left open */
+    if (limit) {
+        if (rc >= 0) return 23;
+        if (!strstr(dl_errmsg(), strerror(EFBIG))) return 24;   /* the error named */
+        if (exists(dir, "step_3.tmp") || exists(dir, "step_3")) return 25;   /* no half checkpoint */
+        return 0;
+    }
+    if (rc < 0 || exists(dir, "step_3.tmp") || !exists(dir, "step_3")) return 26;
+    char p[800];
+    snprintf(p, sizeof p, "%s/checkpoints/step_%d", dir, STEP);
+    float *got[3];
+    for (int i = 0; i < 3; i++) got[i] = malloc(P * 4);
+    int ok = got[0] && got[1] && got[2] && ckpt_read(p, d, &h, got[0], got[1], got[2], NULL) == 0;
+    for (int i = 0; i < 3 && ok; i++) ok = memcmp(got[i], arr[i], P * 4) == 0;
+    for (int i = 0; i < 3; i++) free(got[i]);
+    return ok ? 0 : 27;
+}
+
+/* state.bin failing alone, then both files, then the limit lifted in the same process */
+static int child_fail(const char *dir, drafter_t *d, float *w, float *m, float *v) {
+    signal(SIGXFSZ, SIG_IGN);   /* a write past the limit fails with EFBIG instead */
+    size_t P = drafter_n_params(d);
+    fixture_state(P, w, m, v);
+    float *const arr[3] = {w, m, v};
+    /* model.safetensors: 4P bytes and a header of a few KiB; state.bin: 168 + 8P */
+    int rc = write_under(dir, d, arr, (rlim_t)(sizeof(ckpt_state_hdr_t) + 6 * P));
+    if (rc == 0) rc = write_under(dir, d, arr, 1000);
+    if (rc == 0) rc = write_under(dir, d, arr, 0);
+    return rc;
 }
 
 static drafter_t *fixture_drafter(ops_ctx_t *ops) {
@@ -142,7 +228,7 @@ static int child_main(const char *what, const char *dir) {
     if (!d) return 9;
     size_t P = drafter_n_params(d);
     float *w = malloc(P * 4), *m = malloc(P * 4), *v = malloc(P * 4);
-    int rc = w && m && v ? child_ckpt(dir, d, w, m, v) : 10;
+    int rc = !(w && m && v) ? 10 : !strcmp(what, "fail") ? child_fail(dir, d, w, m, v) : child_ckpt(dir, d, w, m, v);
     free(w), free(m), free(v);
     drafter_destroy(&d);
     return rc;
@@ -293,11 +379,27 @@ static void test_ckpt_bytes(void **state) {
     drafter_destroy(&d);
 }
 
+/* Failed checkpoint writes in each mode but the last: ckpt_write fails naming the error
+ * (EFBIG), leaves no step_N.tmp (nor step_N) and closes every fd it opened; with the limit
+ * lifted the same process writes the checkpoint and reads it back bitwise at once. */
+static void test_failed_writes(void **state) {
+    (void)state;
+    for (size_t k = 0; k + 1 < N_MODES; k++) {
+        char dir[700];
+        snprintf(dir, sizeof dir, "%s/fail%zu", root, k);
+        assert_int_equal(mkdir(dir, 0755), 0);
+        int rc = spawn("fail", dir, modes[k]);
+        if (rc != 0) print_message("mode '%s': child exit %d\n", modes[k], rc);
+        assert_int_equal(rc, 0);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc == 4 && !strcmp(argv[1], "child")) return child_main(argv[2], argv[3]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dio_ranges),
         cmocka_unit_test(test_ckpt_bytes),
+        cmocka_unit_test(test_failed_writes),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
