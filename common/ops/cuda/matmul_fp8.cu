@@ -102,6 +102,13 @@ static int plan_make(const ops_ctx_t *c, fp8_plan *p, int mode, int M, int K, in
                                                     sizeof(sm)));
         cublas_check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &sm,
                                                     sizeof(sm)));
+        // The heuristic refuses a vector scale mode without a scale pointer ("requires a
+        // custom pointer"): any device address stands in until the forward sets sw and sx.
+        const void *stand_in = c->workspace;
+        cublas_check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                    &stand_in, sizeof(stand_in)));
+        cublas_check(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                    &stand_in, sizeof(stand_in)));
     }
     cublasLtMatmulPreference_t pref;
     cublas_check(cublasLtMatmulPreferenceCreate(&pref));
