@@ -52,6 +52,24 @@ static inline cudaStream_t cuda_stream(const ops_ctx_t *c) { return (cudaStream_
 // after the first step of a run it no longer allocates.
 void *cuda_scratch(const ops_ctx_t *c, size_t bytes);
 
+// 8 bf16 of one 16-byte load to f32, and back (round to nearest even).
+__device__ __forceinline__ void bf16x8_unpack(float *f, uint4 u) {
+    const __nv_bfloat162 *p = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float2 t = __bfloat1622float2(p[k]);
+        f[2 * k] = t.x;
+        f[2 * k + 1] = t.y;
+    }
+}
+__device__ __forceinline__ uint4 bf16x8_pack(const float *f) {
+    uint4 u;
+    __nv_bfloat162 *p = (__nv_bfloat162 *)&u;
+#pragma unroll
+    for (int k = 0; k < 4; k++) p[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
+    return u;
+}
+
 // Launch configuration helpers.
 static inline unsigned cuda_blocks(size_t n, int threads, size_t cap = 65535u * 32u) {
     size_t b = (n + threads - 1) / threads;

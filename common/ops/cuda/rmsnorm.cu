@@ -175,24 +175,6 @@ __device__ __forceinline__ float rms_team_sum(float v, float *sh) {
     }
 }
 
-__device__ __forceinline__ void rms_unpack8(float *f, uint4 u) {
-    const __nv_bfloat162 *p = (const __nv_bfloat162 *)&u;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        float2 t = __bfloat1622float2(p[k]);
-        f[2 * k] = t.x;
-        f[2 * k + 1] = t.y;
-    }
-}
-
-__device__ __forceinline__ uint4 rms_pack8(const float *f) {
-    uint4 u;
-    __nv_bfloat162 *p = (__nv_bfloat162 *)&u;
-#pragma unroll
-    for (int k = 0; k < 4; k++) p[k] = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);
-    return u;
-}
-
 template <int TEAM>
 __global__ void __launch_bounds__(256)
 rmsnorm_fwd_vec(uint4 *out, float *rstd, const uint4 *inp, const uint4 *w, float eps, int N,
@@ -209,7 +191,7 @@ rmsnorm_fwd_vec(uint4 *out, float *rstd, const uint4 *inp, const uint4 *w, float
             const int i = lt + c * TEAM;
             xv[c] = (row_ok && i < C8) ? inp[(size_t)n * C8 + i] : make_uint4(0, 0, 0, 0);
             float f[8];
-            rms_unpack8(f, xv[c]);
+            bf16x8_unpack(f, xv[c]);
 #pragma unroll
             for (int k = 0; k < 8; k++) ss += f[k] * f[k];
         }
@@ -222,12 +204,12 @@ rmsnorm_fwd_vec(uint4 *out, float *rstd, const uint4 *inp, const uint4 *w, float
             const int i = lt + c * TEAM;
             if (i < C8) {
                 float f[8], g[8];
-                rms_unpack8(f, xv[c]);
-                rms_unpack8(g, w[i]);
+                bf16x8_unpack(f, xv[c]);
+                bf16x8_unpack(g, w[i]);
 #pragma unroll
                 for (int k = 0; k < 8; k++)
                     f[k] = __bfloat162float(__float2bfloat16_rn(f[k] * r)) * g[k];
-                out[(size_t)n * C8 + i] = rms_pack8(f);
+                out[(size_t)n * C8 + i] = bf16x8_pack(f);
             }
         }
     }
@@ -258,9 +240,9 @@ rmsnorm_bwd_vec(uint4 *dinp, float *part, const uint4 *dout, const uint4 *inp, c
             dv[c] = ok ? dout[(size_t)n * C8 + i] : make_uint4(0, 0, 0, 0);
             if (ok) {
                 float x[8], d[8], g[8];
-                rms_unpack8(x, xv[c]);
-                rms_unpack8(d, dv[c]);
-                rms_unpack8(g, w[i]);
+                bf16x8_unpack(x, xv[c]);
+                bf16x8_unpack(d, dv[c]);
+                bf16x8_unpack(g, w[i]);
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
                     ss += x[k] * x[k];
@@ -284,15 +266,15 @@ rmsnorm_bwd_vec(uint4 *dinp, float *part, const uint4 *dout, const uint4 *inp, c
             const int i = lt + c * TEAM;
             if (i < C8) {
                 float x[8], d[8], g[8];
-                rms_unpack8(x, xv[c]);
-                rms_unpack8(d, dv[c]);
-                rms_unpack8(g, w[i]);
+                bf16x8_unpack(x, xv[c]);
+                bf16x8_unpack(d, dv[c]);
+                bf16x8_unpack(g, w[i]);
 #pragma unroll
                 for (int k = 0; k < 8; k++) {
                     dw[c][k] += d[k] * x[k] * r;
                     x[k] = r * (d[k] * g[k] - x[k] * r * mean);
                 }
-                if (dinp) dinp[(size_t)n * C8 + i] = rms_pack8(x);
+                if (dinp) dinp[(size_t)n * C8 + i] = bf16x8_pack(x);
             }
         }
     }

@@ -35,14 +35,8 @@ __device__ __forceinline__ void xent_warp_reduce(xent_acc &a) {
 // 8 consecutive logits from a 16-byte aligned load: their max (and its lowest index),
 // then one rescale of the running sum and 8 exps.
 __device__ __forceinline__ void xent_take8(xent_acc &a, uint4 u, int i0) {
-    const __nv_bfloat162 *p = (const __nv_bfloat162 *)&u;
     float v[8];
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        float2 t = __bfloat1622float2(p[k]);
-        v[2 * k] = t.x;
-        v[2 * k + 1] = t.y;
-    }
+    bf16x8_unpack(v, u);
     float cm = v[0];
     int ci = 0;
 #pragma unroll
@@ -115,22 +109,18 @@ xent_kernel(bf16 *logits, float *loss, float *correct, const int32_t *targets, c
     if constexpr (VEC) {
         uint4 *x8 = (uint4 *)x;
         for (int j = tid; j < V / 8; j += blockDim.x) {
-            uint4 u = x8[j];
-            __nv_bfloat162 *p = (__nv_bfloat162 *)&u;
+            float f[8];
+            bf16x8_unpack(f, x8[j]);
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                float2 t = __bfloat1622float2(p[k]);
-                float g0 = 0.0f, g1 = 0.0f;
+            for (int k = 0; k < 8; k++) {
+                float g = 0.0f;
                 if (wn != 0.0f) {
-                    int i = 8 * j + 2 * k;
-                    g0 = gs * __expf(t.x - lse);
-                    g1 = gs * __expf(t.y - lse);
-                    if (i == tg) g0 -= gs;
-                    if (i + 1 == tg) g1 -= gs;
+                    g = gs * __expf(f[k] - lse);
+                    if (8 * j + k == tg) g -= gs;
                 }
-                p[k] = __floats2bfloat162_rn(g0, g1);
+                f[k] = g;
             }
-            x8[j] = u;
+            x8[j] = bf16x8_pack(f);
         }
     } else {
         for (int i = tid; i < V; i += blockDim.x) {
