@@ -17,6 +17,7 @@
 #include "common/pipe/layout.h"
 #include "common/pipe/model.h"
 #include "common/pipe/rbplan.h"
+#include "supervisor/mps.h"
 #include "supervisor/node_agent.h"
 
 #include <errno.h>
@@ -198,6 +199,20 @@ static int lc_gpu_lists(launch_t *L) {
                             i < L->ngt ? L->tgpu[i] : L->dgpu[i - L->ngt]);
                     return 2;
                 }
+    L->mps_gpu = L->gpu_mode ? sup_mps_shared_gpu(L->tgpu, L->tnode, L->ngt, L->dgpu, L->dnode, L->ngd) : -1;
+    if (o->mps == SUP_MPS_ON) {
+        char ctl[4096];
+        const char *why = !L->gpu_mode ? "it is for GPU runs (--target-gpus / --drafter-gpus)"
+                          : L->mps_gpu < 0 ? "no GPU of this host runs both a target and a drafter (MPS is for "
+                                             "stages that share a GPU; --mps auto starts it only then)"
+                          : sup_mps_find_control(ctl, sizeof ctl) < 0
+                              ? "nvidia-cuda-mps-control is not on PATH (it comes with the NVIDIA driver)"
+                              : NULL;
+        if (why) {
+            fprintf(stderr, "draftline run: --mps on: %s; --mps off runs without MPS\n", why);
+            return 2;
+        }
+    }
     return L->gpu_mode ? gpu_pairs_local(L) : 0;
 }
 
@@ -429,6 +444,33 @@ static int lc_take_dir(launch_t *L) {
     return 0;
 }
 
+/* --mps: the MPS daemon for a GPU that a target and a drafter share (mps.h), started
+ * before the stages so they inherit its variables. on: a failure ends the run (exit 1);
+ * auto: it is said, and the stages time-slice the GPU as without MPS. */
+static int lc_mps(launch_t *L) {
+    if (L->o->mps == SUP_MPS_OFF || L->mps_gpu < 0) return 0;
+    char logs[4200], dir[4300];
+    snprintf(logs, sizeof logs, "%s/logs", L->out);
+    snprintf(dir, sizeof dir, "%s/mps", logs);
+    if (mkdir(logs, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "draftline run: %s: %s\n", logs, strerror(errno));
+        return 1;
+    }
+    double t0 = clock_mono_s();
+    if (sup_mps_start(&L->mps, L->mps_gpu, dir) < 0) {
+        if (L->o->mps == SUP_MPS_ON) {
+            fprintf(stderr, "draftline run: --mps on: %s\n", dl_errmsg());
+            return 1;
+        }
+        printf("CUDA MPS not started (%s): the stages sharing GPU %d time-slice it (--mps off: not tried)\n",
+               dl_errmsg(), L->mps_gpu);
+        return 0;
+    }
+    printf("CUDA MPS: on, GPU %d runs a target and a drafter side by side (daemon up in %.1f s; pipe dir %s, "
+           "log %s; --mps off: time-slicing)\n", L->mps_gpu, clock_mono_s() - t0, L->mps.dir, dir);
+    return 0;
+}
+
 static void lc_banner(const launch_t *L) {
     const run_opts_t *o = L->o;
     if (L->gpu_mode) {
@@ -508,6 +550,10 @@ int sup_launch(run_opts_t *o) {
     int rc = sup__build_stages(&L);
     if (rc) return rc;
     lc_place_nodes(&L);
+    rc = lc_mps(&L);
+    if (rc) return rc;
     lc_banner(&L);
-    return lc_supervise(&L);
+    rc = lc_supervise(&L);
+    sup_mps_stop(&L.mps);
+    return rc;
 }

@@ -14,6 +14,7 @@
 #define DL_SUPERVISOR_LAUNCH_INT_H
 
 #include "supervisor/launch.h"
+#include "supervisor/mps.h"
 #include "common/model/config.h"
 #include "supervisor/supervisor.h"
 #include "common/data/batcher.h"
@@ -60,6 +61,8 @@ typedef struct {
     char key_path[4200];
     bus_curve_keys_t keys;
     sup_opts_t so;
+    sup_mps_t mps;              /* --mps: the daemon of this run (launch.c lc_mps) */
+    int mps_gpu;                /* a GPU that a target and a drafter share (-1: none) */
 } launch_t;
 
 /* resume.c */

@@ -1,0 +1,158 @@
+/* `draftline run --mps` (supervisor/mps.c): CUDA MPS for a target and a drafter that share a
+ * GPU. Without a GPU this checks everything around the daemon:
+ *  - the refusals, before anything starts: --mps with a value other than auto/on/off;
+ *    --mps on in a CPU run; and in CUDA builds --mps on where no GPU runs both a target and
+ *    a drafter, and --mps on without nvidia-cuda-mps-control on PATH;
+ *  - (CUDA builds, no GPU present) the daemon's life cycle with a stand-in
+ *    nvidia-cuda-mps-control on PATH that records its calls: `-d` with the private pipe
+ *    dir (/tmp/draftline-mps-*) and the log dir <out>/logs/mps in its environment, then the
+ *    context check fails (no GPU), so --mps on ends the run with exit 1 naming it, `quit`
+ *    goes to the same daemon, and the pipe dir is gone.
+ * That MPS makes a shared GPU faster is a benchmark (bench/NOTES.md), not asserted here.
+ * Hard timeout per run; each run's process group is killed and reaped. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "tests/support/pipeline_fixture.h"
+#include "tests/support/proc.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static pf_fixture_t fx;
+
+static int group_setup(void **state) {
+    (void)state;
+    if (pf_fixture_setup(&fx, "dlmps", 40) < 0) return -1;
+    proc_watchdog(200);
+    return 0;
+}
+
+static int group_teardown(void **state) {
+    (void)state;
+    pf_teardown(fx.root);
+    return 0;
+}
+
+/* `draftline run` on the fixture with the extra args (NULL-terminated), its output in log;
+ * returns pf_run_draftline's code. */
+static int run(const char *out, const char *log, ...) {
+    static pf_run_args_t a;
+    memset(&a, 0, sizeof a);
+    int n = 0;
+    a.argv[n++] = fx.exe;
+    a.argv[n++] = "run";
+    const char *fixed[] = {"--target-model", fx.model_dir, "--data", fx.cache, "--token-budget", "256",
+                           "--block-size", "4", "--num-anchors", "8", "--drafter-layers", "1",
+                           "--max-steps", "2", "--out", out, NULL};
+    for (int i = 0; fixed[i]; i++) a.argv[n++] = (char *)fixed[i];
+    va_list ap;
+    va_start(ap, log);
+    for (const char *s; (s = va_arg(ap, const char *)) != NULL;) a.argv[n++] = (char *)s;
+    va_end(ap);
+    a.argv[n] = NULL;
+    snprintf(a.log, sizeof a.log, "%s", log);
+    char id[17];
+    return pf_run_draftline(&a, out, 60, id);
+}
+
+/* The run's output contains want (printed when not). */
+static void said(const char *log, const char *want) {
+    size_t len;
+    char *txt = pf_slurp(log, &len);
+    assert_non_null(txt);
+    if (!strstr(txt, want)) fprintf(stderr, "expected \"%s\" in:\n%s\n", want, txt);
+    assert_non_null(strstr(txt, want));
+    free(txt);
+}
+
+static void test_refusals(void **state) {
+    (void)state;
+    char out[400], log[400];
+    snprintf(out, sizeof out, "%s/r", fx.root);
+    snprintf(log, sizeof log, "%s/r.out", fx.root);
+    assert_int_equal(run(out, log, "--device", "cpu", "--mps", "sometimes", NULL), 2);
+    said(log, "--mps sometimes: expected auto, on or off");
+    assert_int_equal(run(out, log, "--device", "cpu", "--mps", "on", NULL), 2);
+    said(log, "--mps on: it is for GPU runs");
+    struct stat st;
+    assert_int_not_equal(stat(out, &st), 0);   /* refused before the run dir was made */
+#ifdef DL_CUDA
+    assert_int_equal(run(out, log, "--target-gpus", "0", "--drafter-gpus", "1", "--mps", "on", NULL), 2);
+    said(log, "--mps on: no GPU of this host runs both a target and a drafter");
+    char *path = getenv("PATH") ? strdup(getenv("PATH")) : NULL;
+    setenv("PATH", "/usr/bin:/bin", 1);
+    int code = run(out, log, "--target-gpus", "0", "--drafter-gpus", "0", "--mps", "on", NULL);
+    if (path) setenv("PATH", path, 1);
+    free(path);
+    assert_int_equal(code, 2);
+    said(log, "--mps on: nvidia-cuda-mps-control is not on PATH");
+#endif
+}
+
+/* A stand-in daemon: the real one needs a GPU. */
+static void test_daemon_life_cycle(void **state) {
+    (void)state;
+#ifndef DL_CUDA
+    skip();
+#else
+    if (access("/dev/nvidiactl", F_OK) == 0) skip();   /* a GPU here: the context would succeed */
+    char dir[400], ctl[500], rec[500], out[400], log[400];
+    snprintf(dir, sizeof dir, "%s/fakebin", fx.root);
+    snprintf(ctl, sizeof ctl, "%s/nvidia-cuda-mps-control", dir);
+    snprintf(rec, sizeof rec, "%s/calls.txt", fx.root);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    FILE *f = fopen(ctl, "w");
+    assert_non_null(f);
+    fprintf(f, "#!/bin/sh\n"
+               "echo \"args=$* pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY\" >> '%s'\n"
+               "if [ \"$1\" != \"-d\" ]; then cat >> '%s'; fi\n"
+               "exit 0\n", rec, rec);
+    fclose(f);
+    assert_int_equal(chmod(ctl, 0755), 0);
+    char *path = getenv("PATH") ? strdup(getenv("PATH")) : NULL;
+    char newpath[1500];
+    snprintf(newpath, sizeof newpath, "%s:/usr/bin:/bin", dir);
+    setenv("PATH", newpath, 1);
+    snprintf(out, sizeof out, "%s/d", fx.root);
+    snprintf(log, sizeof log, "%s/d.out", fx.root);
+    int code = run(out, log, "--target-gpus", "0", "--drafter-gpus", "0", "--mps", "on", NULL);
+    if (path) setenv("PATH", path, 1);
+    free(path);
+    assert_int_equal(code, 1);
+    said(log, "--mps on: MPS: the daemon started but no CUDA context on GPU 0 could be made");
+    size_t len;
+    char *calls = pf_slurp(rec, &len);
+    assert_non_null(calls);
+    fprintf(stderr, "stand-in daemon calls:\n%s", calls);
+    char want_log[500], pipe_dir[64] = "";
+    snprintf(want_log, sizeof want_log, "log=%s/logs/mps\n", out);
+    /* started with -d, then quit, both with the same private pipe dir and the run's log dir */
+    char *d = strstr(calls, "args=-d pipe=/tmp/draftline-mps-");
+    assert_non_null(d);
+    assert_int_equal(sscanf(d, "args=-d pipe=%63s", pipe_dir), 1);
+    assert_non_null(strstr(d, want_log));
+    char want_quit[200];
+    snprintf(want_quit, sizeof want_quit, "args= pipe=%s ", pipe_dir);
+    char *q = strstr(d, want_quit);
+    assert_non_null(q);
+    assert_non_null(strstr(q, "\nquit\n"));
+    free(calls);
+    struct stat st;
+    assert_int_not_equal(stat(pipe_dir, &st), 0);   /* the private pipe dir is gone */
+#endif
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_daemon_life_cycle),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
