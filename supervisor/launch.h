@@ -43,7 +43,7 @@ typedef struct {
     int balance_auto;           /* --balance auto (1) / off (0) */
     double balance_every_s;     /* --balance-every S */
     int target_precision;       /* --target-precision: TARGET_PRECISION_BF16 (0) | _FP8 */
-    int mps;                    /* --mps: SUP_MPS_AUTO (default) | _ON | _OFF (supervisor/mps.h) */
+    int mps;                    /* --mps: SUP_MPS_OFF (default) | _AUTO | _ON (supervisor/mps.h) */
     uint8_t given[64];          /* given[code - RUN_O_TM]: set by a flag or --config (not a default) */
     char resume_data[4096];     /* --resume: the run's data cache (o.data points here) */
 } run_opts_t;

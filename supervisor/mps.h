@@ -1,4 +1,7 @@
-/* CUDA MPS for a run whose target and drafter share a GPU (`draftline run --mps`).
+/* CUDA MPS for a run whose target and drafter share a GPU (`draftline run --mps auto|on`;
+ * off by default: in one of four runs on the H200 under MPS the optimizer's
+ * event loop stalled 6.5 s around step 0 (false "dead" lines, start-up 15.8 s against
+ * 8.5-9.9), cause not found; bench/NOTES.md).
  *
  * Without MPS, the stage processes on one GPU time-slice it: each context runs alone for
  * its slice, and the switches cost. Under an MPS server their kernels run side by side

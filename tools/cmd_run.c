@@ -69,11 +69,13 @@ static void run_usage(FILE *f) {
         "  --target-gpus 0,1 --drafter-gpus 2,3   GPU mode (CUDA builds): one target process per\n"
         "                             entry (repeat a GPU to share it: 0,0,0), one drafter per entry;\n"
         "                             hidden states go into the drafter's GPU by CUDA IPC\n"
-        "  --mps auto|on|off          CUDA MPS when a target and a drafter share a GPU of this host\n"
-        "                             (auto, the default: started then, said if it cannot be; on: a run\n"
-        "                             without it is refused; off: the stages time-slice the GPU). The\n"
-        "                             supervisor starts a private nvidia-cuda-mps-control daemon (logs in\n"
-        "                             <out>/logs/mps) and quits it at the end; one H200: +6%% steady\n"
+        "  --mps off|auto|on          CUDA MPS when a target and a drafter share a GPU of this host.\n"
+        "                             off (default): the stages time-slice the GPU; auto: MPS then,\n"
+        "                             said if it cannot be started; on: a run without it is refused.\n"
+        "                             The supervisor starts a private nvidia-cuda-mps-control daemon\n"
+        "                             (logs in <out>/logs/mps) and quits it at the end. One H200:\n"
+        "                             +6%% steady; one run in four stalled 6.5 s before step 0 under\n"
+        "                             it (cause not found yet), hence not the default\n"
         "  --threads N                threads per compute stage (default: CPU cores / (targets+drafters);\n"
         "                             GPU runs: cores / 4, at least 2, for host-side work; the\n"
         "                             optimizer's one-off weight init at start-up uses every core)\n"
@@ -286,7 +288,7 @@ int cmd_run(int argc, char **argv) {
     o.targets = 1; o.drafters = 1; o.token_budget = 1024; o.block_size = 8; o.num_anchors = 32;
     o.drafter_layers = 1; o.lr = 1e-3; o.clip = 1.0; o.epochs = 1; o.mbs_per_step = 1;
     o.inbox_gb = 0.25; o.hs_min_ready = 1; o.max_restarts = 5; o.progress_s = 5; o.prefetch = 1;
-    o.metrics_port = -1; o.mps = SUP_MPS_AUTO; o.eval_prompts = 4; o.eval_max_new = 48; o.join_timeout_s = 300;
+    o.metrics_port = -1; o.mps = SUP_MPS_OFF; o.eval_prompts = 4; o.eval_max_new = 48; o.join_timeout_s = 300;
     if (paths_default_model(o.target_model, sizeof o.target_model) < 0) o.target_model[0] = 0;
     /* the config file first, so flags override it */
     for (int i = 1; i < argc; i++) {
