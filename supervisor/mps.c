@@ -15,7 +15,8 @@
 #include <unistd.h>
 
 #define MPS_CONTROL "nvidia-cuda-mps-control"
-#define MPS_PROBE_S 60   /* a context through a new MPS server: well under a second when it works */
+#define MPS_PROBE_S 60   /* most seconds for the control program or a context through the new
+                            server (each well under a second when it works) */
 
 int sup_mps_parse(const char *v, int *mode) {
     if (!strcmp(v, "auto")) *mode = SUP_MPS_AUTO;
@@ -52,7 +53,7 @@ int sup_mps_find_control(char *out, size_t cap) {
 }
 
 /* Runs the control program: argument arg ("-d"), or NULL with stdin_text on its stdin.
- * Its exit status, or -1 when it could not run. */
+ * Its exit status, or -1 when it could not run or was ended after MPS_PROBE_S. */
 static int run_control(const sup_mps_t *m, const char *arg, const char *stdin_text) {
     int fd[2] = {-1, -1};
     if (stdin_text && pipe(fd) != 0) return -1;
@@ -67,6 +68,7 @@ static int run_control(const sup_mps_t *m, const char *arg, const char *stdin_te
             close(fd[0]);
             close(fd[1]);
         }
+        alarm(MPS_PROBE_S);   /* kept across exec: a control program that hangs is ended */
         execl(m->control, m->control, arg, (char *)NULL);
         _exit(127);
     }
