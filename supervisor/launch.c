@@ -449,6 +449,11 @@ static int lc_take_dir(launch_t *L) {
  * auto: it is said, and the stages time-slice the GPU as without MPS. */
 static int lc_mps(launch_t *L) {
     if (L->o->mps == SUP_MPS_OFF || L->mps_gpu < 0) return 0;
+    const char *own = getenv("CUDA_MPS_PIPE_DIRECTORY");
+    if (own && *own) {   /* the user's MPS daemon: the stages inherit it */
+        printf("CUDA MPS: the stages use yours (CUDA_MPS_PIPE_DIRECTORY=%s); no daemon started\n", own);
+        return 0;
+    }
     char logs[4200], dir[4300];
     snprintf(logs, sizeof logs, "%s/logs", L->out);
     snprintf(dir, sizeof dir, "%s/mps", logs);
@@ -457,7 +462,12 @@ static int lc_mps(launch_t *L) {
         return 1;
     }
     double t0 = clock_mono_s();
-    if (sup_mps_start(&L->mps, L->mps_gpu, dir) < 0) {
+    sigset_t saved;
+    sup_mps_hold(1, &saved);
+    int rc = sup_mps_start(&L->mps, L->mps_gpu, dir);
+    if (rc == 0 && sup_mps_stop_signalled()) sup_mps_stop(&L->mps);   /* stopped meanwhile */
+    sup_mps_hold(0, &saved);   /* a signal that came meanwhile acts now, as without MPS */
+    if (rc < 0) {
         if (L->o->mps == SUP_MPS_ON) {
             fprintf(stderr, "draftline run: --mps on: %s\n", dl_errmsg());
             return 1;
@@ -551,9 +561,15 @@ int sup_launch(run_opts_t *o) {
     if (rc) return rc;
     lc_place_nodes(&L);
     rc = lc_mps(&L);
-    if (rc) return rc;
+    if (rc) {
+        if (strcmp(L.sock, L.out) != 0) rmdir(L.sock);
+        return rc;
+    }
     lc_banner(&L);
     rc = lc_supervise(&L);
+    sigset_t saved;
+    sup_mps_hold(1, &saved);
     sup_mps_stop(&L.mps);
+    sup_mps_hold(0, &saved);
     return rc;
 }

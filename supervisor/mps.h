@@ -19,6 +19,7 @@
 #ifndef DL_SUPERVISOR_MPS_H
 #define DL_SUPERVISOR_MPS_H
 
+#include <signal.h>
 #include <stddef.h>
 
 enum { SUP_MPS_OFF = 0, SUP_MPS_ON = 1, SUP_MPS_AUTO = 2 };
@@ -36,19 +37,33 @@ int sup_mps_shared_gpu(const int *tgpu, const int *tnode, int ngt, const int *dg
 int sup_mps_find_control(char *out, size_t cap);
 
 typedef struct {
-    int active;          /* the daemon runs and the stages will use it */
-    char dir[64];        /* the pipe dir: /tmp/draftline-mps-XXXXXX (removed at the stop) */
-    char control[4096];  /* nvidia-cuda-mps-control */
+    int active;             /* the daemon runs and the stages will use it */
+    char dir[64];           /* the pipe dir: /tmp/draftline-mps-XXXXXX (removed at the stop) */
+    char control[4096];     /* nvidia-cuda-mps-control */
+    char log_dir[4096];     /* absolute; the control program's output goes to control.out */
+    char old_log[4096];     /* CUDA_MPS_LOG_DIRECTORY before the start ("" unset) */
 } sup_mps_t;
 
-/* Starts the daemon (its logs into log_dir, created if missing; kept) and checks a
- * context on GPU `gpu` through it. 0 with m->active = 1
- * and the two variables set in this process's environment (inherited by the stages);
- * on failure everything is undone (daemon quit, dir removed, variables unset) and
- * DL_EIO/DL_ENOTSUP is returned with the reason. */
+/* Starts the daemon (its logs and the control program's output into log_dir, created if
+ * missing, kept) and checks a context on GPU `gpu` through it; the control program and
+ * the check each get at most 60 s (then their process group is killed). 0 with
+ * m->active = 1 and the two variables set in this process's environment (inherited by
+ * the stages). DL_ENOTSUP without starting anything when CUDA_MPS_PIPE_DIRECTORY is
+ * already set (the user's own MPS: the stages use it) or the control program is not on
+ * PATH; DL_EIO when the start or the check fails, everything undone (the daemon asked
+ * to quit, the pipe dir removed, the variables as they were). The caller holds SIGINT,
+ * SIGTERM and SIGHUP meanwhile (sup_mps_hold). */
 int sup_mps_start(sup_mps_t *m, int gpu, const char *log_dir);
 
-/* Quits the daemon, removes its dir and unsets the variables. No-op when not active. */
+/* Quits the daemon, removes its pipe dir (kept, with a warning naming it, when the quit
+ * fails) and restores the variables. No-op when not active. */
 void sup_mps_stop(sup_mps_t *m);
+
+/* hold 1: blocks SIGINT, SIGTERM and SIGHUP (the old mask into *saved); hold 0: restores
+ * *saved, so a signal that came meanwhile acts then. Around the daemon's start and stop,
+ * outside the supervisor's own handlers: a signal cannot cut them half-way. */
+void sup_mps_hold(int hold, sigset_t *saved);
+/* 1 when one of those signals is pending (came while held). */
+int sup_mps_stop_signalled(void);
 
 #endif

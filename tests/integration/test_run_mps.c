@@ -7,7 +7,10 @@
  *    nvidia-cuda-mps-control on PATH that records its calls: `-d` with the private pipe
  *    dir (/tmp/draftline-mps-*) and the log dir <out>/logs/mps in its environment, then the
  *    context check fails (no GPU), so --mps on ends the run with exit 1 naming it, `quit`
- *    goes to the same daemon, and the pipe dir is gone.
+ *    goes to the same daemon, and the pipe dir is gone;
+ *  - (the same) a control program that hangs on -d: ended after the bound (test hook
+ *    mps.timeout_s=2) with its process group, the run failing with the reason, quit sent,
+ *    and with a relative --out the log dir given to it is absolute.
  * That MPS makes a shared GPU faster is a benchmark (bench/NOTES.md), not asserted here.
  * Hard timeout per run; each run's process group is killed and reaped. */
 #include <setjmp.h>
@@ -22,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -126,13 +130,13 @@ static void test_daemon_life_cycle(void **state) {
     if (path) setenv("PATH", path, 1);
     free(path);
     assert_int_equal(code, 1);
-    said(log, "--mps on: MPS: the daemon started but no CUDA context on GPU 0 could be made");
+    said(log, "--mps on: the MPS daemon started but no CUDA context on GPU 0 could be made");
     size_t len;
     char *calls = pf_slurp(rec, &len);
     assert_non_null(calls);
     fprintf(stderr, "stand-in daemon calls:\n%s", calls);
     char want_log[500], pipe_dir[64] = "";
-    snprintf(want_log, sizeof want_log, "log=%s/logs/mps\n", out);
+    snprintf(want_log, sizeof want_log, "log=%s/logs/mps\n", out);   /* fx.root is absolute */
     /* started with -d, then quit, both with the same private pipe dir and the run's log dir */
     char *d = strstr(calls, "args=-d pipe=/tmp/draftline-mps-");
     assert_non_null(d);
@@ -149,10 +153,74 @@ static void test_daemon_life_cycle(void **state) {
 #endif
 }
 
+/* A control program that hangs on -d (and leaves a child behind): ended after the bound
+ * (test hook mps.timeout_s=2), its process group with it; the run fails naming it; the
+ * stand-in then gets quit and the pipe dir goes. Relative --out: the log dir is absolute. */
+static void test_daemon_hangs(void **state) {
+    (void)state;
+#ifndef DL_CUDA
+    skip();
+#else
+    char dir[400], ctl[500], rec[500], out[400], log[400], pidf[500];
+    snprintf(dir, sizeof dir, "%s/hangbin", fx.root);
+    snprintf(ctl, sizeof ctl, "%s/nvidia-cuda-mps-control", dir);
+    snprintf(rec, sizeof rec, "%s/hang.txt", fx.root);
+    snprintf(pidf, sizeof pidf, "%s/sleeper.pid", fx.root);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    FILE *f = fopen(ctl, "w");
+    assert_non_null(f);
+    fprintf(f, "#!/bin/sh\n"
+               "echo \"args=$* log=$CUDA_MPS_LOG_DIRECTORY\" >> '%s'\n"
+               "if [ \"$1\" = \"-d\" ]; then sleep 100 & echo $! > '%s'; wait; fi\n"
+               "cat >> '%s'\n"
+               "exit 0\n", rec, pidf, rec);
+    fclose(f);
+    assert_int_equal(chmod(ctl, 0755), 0);
+    char *path = getenv("PATH") ? strdup(getenv("PATH")) : NULL;
+    char newpath[1500], cwd[400];
+    snprintf(newpath, sizeof newpath, "%s:/usr/bin:/bin", dir);
+    setenv("PATH", newpath, 1);
+    setenv("DL_TEST_HOOKS", "mps.timeout_s=2", 1);
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    char *bindir = getenv("DL_BIN_DIR") ? strdup(getenv("DL_BIN_DIR")) : NULL;
+    setenv("DL_BIN_DIR", fx.bin, 1);   /* absolute: the run starts in fx.root */
+    assert_int_equal(chdir(fx.root), 0);
+    snprintf(out, sizeof out, "h");   /* relative to fx.root */
+    snprintf(log, sizeof log, "%s/h.out", fx.root);
+    int code = run(out, log, "--target-gpus", "0", "--drafter-gpus", "0", "--mps", "on", NULL);
+    assert_int_equal(chdir(cwd), 0);
+    if (bindir) setenv("DL_BIN_DIR", bindir, 1);
+    else unsetenv("DL_BIN_DIR");
+    free(bindir);
+    unsetenv("DL_TEST_HOOKS");
+    if (path) setenv("PATH", path, 1);
+    free(path);
+    assert_int_equal(code, 1);
+    said(log, "failed (no answer in 2 s;");
+    size_t len;
+    char *calls = pf_slurp(rec, &len);
+    assert_non_null(calls);
+    fprintf(stderr, "stand-in daemon calls:\n%s", calls);
+    char want[500];
+    snprintf(want, sizeof want, "args=-d log=%s/h/logs/mps\n", fx.root);
+    assert_non_null(strstr(calls, want));
+    assert_non_null(strstr(calls, "quit\n"));   /* the half-started daemon was asked to quit */
+    free(calls);
+    char *pid_txt = pf_slurp(pidf, &len);
+    assert_non_null(pid_txt);
+    int sleeper = atoi(pid_txt);
+    free(pid_txt);
+    assert_true(sleeper > 0);
+    for (int i = 0; i < 50 && kill(sleeper, 0) == 0; i++) usleep(20000);
+    assert_int_not_equal(kill(sleeper, 0), 0);   /* the control program's group was killed */
+#endif
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_daemon_life_cycle),
+        cmocka_unit_test(test_daemon_hangs),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
