@@ -76,6 +76,46 @@ static void said(const char *log, const char *want) {
     free(txt);
 }
 
+#ifdef DL_CUDA   /* the stand-in daemon's helpers: its tests need a CUDA build */
+/* setenv(name, value) (value NULL: unset); returns the old value (caller: env_back). */
+static char *env_swap(const char *name, const char *value) {
+    char *old = getenv(name) ? strdup(getenv(name)) : NULL;
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+    return old;
+}
+static void env_back(const char *name, char *old) {
+    if (old) setenv(name, old, 1);
+    else unsetenv(name);
+    free(old);
+}
+
+/* A stand-in nvidia-cuda-mps-control, the shell script body, in fx.root/sub; returns the
+ * old PATH (env_back) after putting that dir first, before /usr/bin:/bin only. */
+static char *stand_in(const char *sub, const char *body) {
+    char dir[400], ctl[500], path[1500];
+    snprintf(dir, sizeof dir, "%s/%s", fx.root, sub);
+    snprintf(ctl, sizeof ctl, "%s/nvidia-cuda-mps-control", dir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    FILE *f = fopen(ctl, "w");
+    assert_non_null(f);
+    fprintf(f, "#!/bin/sh\n%s", body);
+    fclose(f);
+    assert_int_equal(chmod(ctl, 0755), 0);
+    snprintf(path, sizeof path, "%s:/usr/bin:/bin", dir);
+    return env_swap("PATH", path);
+}
+
+/* The stand-in's record of its calls (caller frees), printed. */
+static char *calls_of(const char *rec) {
+    size_t len;
+    char *calls = pf_slurp(rec, &len);
+    assert_non_null(calls);
+    fprintf(stderr, "stand-in daemon calls:\n%s", calls);
+    return calls;
+}
+#endif
+
 static void test_refusals(void **state) {
     (void)state;
     char out[400], log[400];
@@ -90,11 +130,9 @@ static void test_refusals(void **state) {
 #ifdef DL_CUDA
     assert_int_equal(run(out, log, "--target-gpus", "0", "--drafter-gpus", "1", "--mps", "on", NULL), 2);
     said(log, "--mps on: no GPU of this host runs both a target and a drafter");
-    char *path = getenv("PATH") ? strdup(getenv("PATH")) : NULL;
-    setenv("PATH", "/usr/bin:/bin", 1);
+    char *path = env_swap("PATH", "/usr/bin:/bin");
     int code = run(out, log, "--target-gpus", "0", "--drafter-gpus", "0", "--mps", "on", NULL);
-    if (path) setenv("PATH", path, 1);
-    free(path);
+    env_back("PATH", path);
     assert_int_equal(code, 2);
     said(log, "--mps on: nvidia-cuda-mps-control is not on PATH");
 #endif
@@ -107,34 +145,20 @@ static void test_daemon_life_cycle(void **state) {
     skip();
 #else
     if (access("/dev/nvidiactl", F_OK) == 0) skip();   /* a GPU here: the context would succeed */
-    char dir[400], ctl[500], rec[500], out[400], log[400];
-    snprintf(dir, sizeof dir, "%s/fakebin", fx.root);
-    snprintf(ctl, sizeof ctl, "%s/nvidia-cuda-mps-control", dir);
+    char rec[500], body[2000], out[400], log[400];
     snprintf(rec, sizeof rec, "%s/calls.txt", fx.root);
-    assert_int_equal(mkdir(dir, 0755), 0);
-    FILE *f = fopen(ctl, "w");
-    assert_non_null(f);
-    fprintf(f, "#!/bin/sh\n"
-               "echo \"args=$* pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY\" >> '%s'\n"
-               "if [ \"$1\" != \"-d\" ]; then cat >> '%s'; fi\n"
-               "exit 0\n", rec, rec);
-    fclose(f);
-    assert_int_equal(chmod(ctl, 0755), 0);
-    char *path = getenv("PATH") ? strdup(getenv("PATH")) : NULL;
-    char newpath[1500];
-    snprintf(newpath, sizeof newpath, "%s:/usr/bin:/bin", dir);
-    setenv("PATH", newpath, 1);
+    snprintf(body, sizeof body,
+             "echo \"args=$* pipe=$CUDA_MPS_PIPE_DIRECTORY log=$CUDA_MPS_LOG_DIRECTORY\" >> '%s'\n"
+             "if [ \"$1\" != \"-d\" ]; then cat >> '%s'; fi\n"
+             "exit 0\n", rec, rec);
+    char *path = stand_in("fakebin", body);
     snprintf(out, sizeof out, "%s/d", fx.root);
     snprintf(log, sizeof log, "%s/d.out", fx.root);
     int code = run(out, log, "--target-gpus", "0", "--drafter-gpus", "0", "--mps", "on", NULL);
-    if (path) setenv("PATH", path, 1);
-    free(path);
+    env_back("PATH", path);
     assert_int_equal(code, 1);
     said(log, "--mps on: the MPS daemon started but no CUDA context on GPU 0 could be made");
-    size_t len;
-    char *calls = pf_slurp(rec, &len);
-    assert_non_null(calls);
-    fprintf(stderr, "stand-in daemon calls:\n%s", calls);
+    char *calls = calls_of(rec);
     char want_log[500], pipe_dir[64] = "";
     snprintf(want_log, sizeof want_log, "log=%s/logs/mps\n", out);   /* fx.root is absolute */
     /* started with -d, then quit, both with the same private pipe dir and the run's log dir */
@@ -153,6 +177,7 @@ static void test_daemon_life_cycle(void **state) {
 #endif
 }
 
+#ifdef DL_CUDA
 /* 1 while process pid exists and is not a zombie (/proc/<pid>/stat's state). */
 static int running(int pid) {
     char p[64], buf[512];
@@ -165,6 +190,7 @@ static int running(int pid) {
     const char *rp = strrchr(buf, ')');
     return rp && rp[1] == ' ' && rp[2] != 'Z' && rp[2] != 'X';
 }
+#endif
 
 /* A control program that hangs on -d (and leaves a child behind): ended after the bound
  * (test hook mps.timeout_s=2), its process group with it; the run fails naming it; the
@@ -174,51 +200,35 @@ static void test_daemon_hangs(void **state) {
 #ifndef DL_CUDA
     skip();
 #else
-    char dir[400], ctl[500], rec[500], out[400], log[400], pidf[500];
-    snprintf(dir, sizeof dir, "%s/hangbin", fx.root);
-    snprintf(ctl, sizeof ctl, "%s/nvidia-cuda-mps-control", dir);
+    char rec[500], body[2000], out[400], log[400], pidf[500], cwd[400];
     snprintf(rec, sizeof rec, "%s/hang.txt", fx.root);
     snprintf(pidf, sizeof pidf, "%s/sleeper.pid", fx.root);
-    assert_int_equal(mkdir(dir, 0755), 0);
-    FILE *f = fopen(ctl, "w");
-    assert_non_null(f);
-    fprintf(f, "#!/bin/sh\n"
-               "echo \"args=$* log=$CUDA_MPS_LOG_DIRECTORY\" >> '%s'\n"
-               "if [ \"$1\" = \"-d\" ]; then sleep 100 & echo $! > '%s'; wait; fi\n"
-               "cat >> '%s'\n"
-               "exit 0\n", rec, pidf, rec);
-    fclose(f);
-    assert_int_equal(chmod(ctl, 0755), 0);
-    char *path = getenv("PATH") ? strdup(getenv("PATH")) : NULL;
-    char newpath[1500], cwd[400];
-    snprintf(newpath, sizeof newpath, "%s:/usr/bin:/bin", dir);
-    setenv("PATH", newpath, 1);
-    setenv("DL_TEST_HOOKS", "mps.timeout_s=2", 1);
+    snprintf(body, sizeof body,
+             "echo \"args=$* log=$CUDA_MPS_LOG_DIRECTORY\" >> '%s'\n"
+             "if [ \"$1\" = \"-d\" ]; then sleep 100 & echo $! > '%s'; wait; fi\n"
+             "cat >> '%s'\n"
+             "exit 0\n", rec, pidf, rec);
+    char *path = stand_in("hangbin", body);
+    char *hooks = env_swap("DL_TEST_HOOKS", "mps.timeout_s=2");
+    char *bindir = env_swap("DL_BIN_DIR", fx.bin);   /* absolute: the run starts in fx.root */
     assert_non_null(getcwd(cwd, sizeof cwd));
-    char *bindir = getenv("DL_BIN_DIR") ? strdup(getenv("DL_BIN_DIR")) : NULL;
-    setenv("DL_BIN_DIR", fx.bin, 1);   /* absolute: the run starts in fx.root */
     assert_int_equal(chdir(fx.root), 0);
     snprintf(out, sizeof out, "h");   /* relative to fx.root */
     snprintf(log, sizeof log, "%s/h.out", fx.root);
     int code = run(out, log, "--target-gpus", "0", "--drafter-gpus", "0", "--mps", "on", NULL);
     assert_int_equal(chdir(cwd), 0);
-    if (bindir) setenv("DL_BIN_DIR", bindir, 1);
-    else unsetenv("DL_BIN_DIR");
-    free(bindir);
-    unsetenv("DL_TEST_HOOKS");
-    if (path) setenv("PATH", path, 1);
-    free(path);
+    env_back("DL_BIN_DIR", bindir);
+    env_back("DL_TEST_HOOKS", hooks);
+    env_back("PATH", path);
     assert_int_equal(code, 1);
     said(log, "failed (no answer in 2 s;");
-    size_t len;
-    char *calls = pf_slurp(rec, &len);
-    assert_non_null(calls);
-    fprintf(stderr, "stand-in daemon calls:\n%s", calls);
+    char *calls = calls_of(rec);
     char want[500];
     snprintf(want, sizeof want, "args=-d log=%s/h/logs/mps\n", fx.root);
     assert_non_null(strstr(calls, want));
     assert_non_null(strstr(calls, "quit\n"));   /* the half-started daemon was asked to quit */
     free(calls);
+    size_t len;
     char *pid_txt = pf_slurp(pidf, &len);
     assert_non_null(pid_txt);
     int sleeper = atoi(pid_txt);
