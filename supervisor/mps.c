@@ -150,7 +150,7 @@ static int probe_context(const sup_mps_t *m, int gpu, char *why, size_t cap) {
 
 /* The MPS variables as they were before the start (a user's own MPS, or none). */
 static void env_restore(const sup_mps_t *m) {
-    unsetenv("CUDA_MPS_PIPE_DIRECTORY");   /* was unset: sup_mps_start refuses otherwise */
+    unsetenv("CUDA_MPS_PIPE_DIRECTORY");   /* was unset: the caller uses a user's own MPS instead */
     if (m->old_log[0]) setenv("CUDA_MPS_LOG_DIRECTORY", m->old_log, 1);
     else unsetenv("CUDA_MPS_LOG_DIRECTORY");
 }
@@ -198,10 +198,7 @@ int sup_mps_stop_signalled(void) {
 
 int sup_mps_start(sup_mps_t *m, int gpu, const char *log_dir) {
     memset(m, 0, sizeof *m);
-    const char *op = getenv("CUDA_MPS_PIPE_DIRECTORY"), *ol = getenv("CUDA_MPS_LOG_DIRECTORY");
-    if (op && *op)
-        return dl_seterr(DL_ENOTSUP, "CUDA_MPS_PIPE_DIRECTORY is set (%s): the stages use that MPS daemon; "
-                         "no second one started", op);
+    const char *ol = getenv("CUDA_MPS_LOG_DIRECTORY");
     snprintf(m->old_log, sizeof m->old_log, "%s", ol ? ol : "");
     if (sup_mps_find_control(m->control, sizeof m->control) < 0)
         return dl_seterr(DL_ENOTSUP, "%s is not on PATH", MPS_CONTROL);

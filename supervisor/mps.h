@@ -48,9 +48,9 @@ typedef struct {
  * missing, kept) and checks a context on GPU `gpu` through it; the control program and
  * the check each get at most 60 s (then their process group is killed). 0 with
  * m->active = 1 and the two variables set in this process's environment (inherited by
- * the stages). DL_ENOTSUP without starting anything when CUDA_MPS_PIPE_DIRECTORY is
- * already set (the user's own MPS: the stages use it) or the control program is not on
- * PATH; DL_EIO when the start or the check fails, everything undone (the daemon asked
+ * the stages). Only where CUDA_MPS_PIPE_DIRECTORY is unset (set, it is the user's own MPS:
+ * the caller lets the stages use it). DL_ENOTSUP without starting anything when the
+ * control program is not on PATH; DL_EIO when the start or the check fails, everything undone (the daemon asked
  * to quit, the pipe dir removed, the variables as they were). The caller holds SIGINT,
  * SIGTERM and SIGHUP meanwhile (sup_mps_hold). */
 int sup_mps_start(sup_mps_t *m, int gpu, const char *log_dir);
