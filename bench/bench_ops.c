@@ -219,7 +219,7 @@ static void bench_attention_varlen(int quick) {
     int32_t *dcu = dev_raw(cu, (size_t)(nseq + 1) * 4);
     float ms;
     char name[128];
-    for (int variant = 1; variant <= 3; variant++) {
+    for (int variant = 1; variant <= 6; variant++) {
         TIME_MS(ms, 2, quick ? 3 : 10,
                 ops_cuda_attention_varlen_forward_variant(&C, variant, o, q, k, v, dcu, nseq, maxl,
                                                           T, H, Hkv, hd));
@@ -235,6 +235,13 @@ static void bench_attention_varlen(int quick) {
     int32_t cu8[9];
     for (int s = 0; s <= 8; s++) cu8[s] = s * 4096;
     int32_t *dcu8 = dev_raw(cu8, sizeof cu8);
+    for (int variant = 3; variant <= 6; variant++) {
+        TIME_MS(ms, 2, quick ? 3 : 10,
+                ops_cuda_attention_varlen_forward_variant(&C, variant, o, q, k, v, dcu8, 8, 4096,
+                                                          T, H, Hkv, hd));
+        snprintf(name, sizeof name, "attention varlen kernel v%d T=65536 (8 x 4096)", variant);
+        report(name, ms, 4.0 * hd * H * 8 * (4096.0 * 4097 / 2), 0);
+    }
     TIME_MS(ms, 2, quick ? 3 : 10,
             C.impl->attention_varlen_forward(&C, o, q, k, v, dcu8, 8, 4096, T, H, Hkv, hd));
     report("attention varlen causal fwd T=65536 (8 x 4096) H=32/8", ms,
@@ -270,7 +277,7 @@ static void bench_attention_block(int quick) {
     double fwd_fl = 4.0 * hd * H * B * keys;
     float ms;
     char name[160];
-    for (int variant = 1; variant <= 6; variant++) {
+    for (int variant = 1; variant <= 7; variant++) {
         ops_cuda_attention_block_variant(variant);
         TIME_MS(ms, 2, quick ? 3 : 10,
                 C.impl->attention_block_forward(&C, o, lse, q, kb, vb, kc, vc, dcs, dcl, Nb, B, Tc,

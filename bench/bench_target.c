@@ -46,6 +46,8 @@
  *   FILE's bytes tokenized with the model's tokenizer (real text; needs real weights, e.g.
  *   the embedded SmolLM2 GGUF), in sequences of 2048, else random ids. --device cpu runs
  *   without a GPU (fp32 vs the fp8 emulation; SmolLM2-sized models).
+ * --attn-variant N: the causal attention kernel (ops_cuda_attention_varlen_variant: 1..6;
+ *   0 or absent: the default).
  * Prints "SKIP: ..." and exits 0 without CUDA or without --model. */
 #include <math.h>
 #include <stdint.h>
@@ -63,6 +65,7 @@
 #include "common/model/target_moe.h"
 #include "common/pipe/model.h"
 #include "common/ops/ops.h"
+#include "common/ops/cuda/ops_cuda.h"
 
 #ifndef DL_CUDA
 int main(void) {
@@ -545,7 +548,7 @@ static int load_only(const char *model, const model_config_t *cfg, target_opts_t
 int main(int argc, char **argv) {
     const char *model = NULL, *json = NULL, *device = "cuda", *text = NULL;
     int load = 0, prec = TARGET_PRECISION_BF16, ferr = 0;
-    int T = 65536, reps = 5, ncap = 5, profile = 0;
+    int T = 65536, reps = 5, ncap = 5, profile = 0, variant = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) T = atoi(argv[++i]);
@@ -560,6 +563,7 @@ int main(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--feature-error")) ferr = 1;
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
         else if (!strcmp(argv[i], "--text") && i + 1 < argc) text = argv[++i];
+        else if (!strcmp(argv[i], "--attn-variant") && i + 1 < argc) variant = atoi(argv[++i]);
     }
     if (ferr && model) return feature_error(model, device, text, T == 65536 ? 8192 : T, ncap);
     if (reps < 1 || reps > 50) reps = 5;
@@ -580,6 +584,8 @@ int main(int argc, char **argv) {
     struct cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, 0);
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
+    ops_cuda_attention_varlen_variant(variant);
+    printf("causal attention kernel: variant %d\n", ops_cuda_attention_varlen_variant(-1));
     double peak = gemm_peak(), peak8 = prec == TARGET_PRECISION_FP8 ? fp8_gemm_peak() : 0;
 
     model_config_t cfg;

@@ -456,7 +456,7 @@ static void run_varlen(const int *lens, int nseq, int H, int Hkv, int hd) {
     void *gq = gput(q, nq), *gk = gput(k, nk), *gv = gput(v, nk), *go = gput(q, nq);
     int32_t *gcu = gput_raw(cu, (size_t)(nseq + 1) * 4);
     g_cpu.impl->attention_varlen_forward(&g_cpu, co, cq, ck, cv, cu, nseq, maxlen, T, H, Hkv, hd);
-    for (int variant = 0; variant <= 3; variant++) { /* 0: the ops table's; 1..3: each kernel */
+    for (int variant = 0; variant <= 6; variant++) { /* 0: the ops table's; 1..6: each kernel */
         g_gpu.impl->upload_act(&g_gpu, go, q, nq); /* poison: every element must be written */
         if (variant == 0)
             g_gpu.impl->attention_varlen_forward(&g_gpu, go, gq, gk, gv, gcu, nseq, maxlen, T, H,
@@ -486,6 +486,10 @@ static void test_attention_varlen(void **state) {
     run_varlen(one, 1, 2, 1, 96);
     const int lens2[] = {129, 1, 65};
     run_varlen(lens2, 3, 4, 1, 32);
+    /* head dim 128, several 128-row blocks: variant 4 (wgmma) with a second warpgroup
+     * past the end (129, 200), exact tiles (256) and a long row (1000) */
+    const int lens3[] = {129, 1000, 256, 200};
+    run_varlen(lens3, 4, 4, 1, 128);
 }
 
 /* ------------------------------------------------------------ DFlash block attention */
@@ -572,7 +576,7 @@ static void run_block(int Nb, int B, int Tc, int H, int Hkv, int hd) {
 /* Every kernel variant (ops_cuda_attention_block_variant) against the CPU reference. */
 static void test_attention_block(void **state) {
     (void)state;
-    for (int variant = 1; variant <= 6; variant++) {
+    for (int variant = 1; variant <= 7; variant++) {
         ops_cuda_attention_block_variant(variant);
         run_block(9, 16, 150, 4, 2, 64);   /* DFlash B=16, GQA 2:1, odd Nb */
         run_block(6, 7, 200, 8, 2, 128);   /* odd block size, GQA 4:1 */

@@ -12,14 +12,18 @@
 // so the longest causal rows start first. Two kernels:
 //   variant 1: 64 query rows per block, 16 per warp, 64-key tiles, Q in registers;
 //   variants 2/3: 128 rows per block, 32 per warp (two m-tiles sharing every
-//     K/V fragment), 32-/64-key tiles, Q re-read from shared memory.
-// Measured on an H200 at T=65536 (33 sequences of 128..4096, H=32, Hkv=8,
-// hd=128): v1 9.6 ms, v2 8.5 ms, v3 7.8 ms (188 TFLOP/s) -> v3 is the default.
+//     K/V fragment), 32-/64-key tiles, Q re-read from shared memory;
+//   variants 4-6 (Hopper, head dim 128): 128 or 192 rows per block, warpgroups of 64 rows
+//     on wgmma (attn_varlen_fwd_wg_kernel); other head dims and GPUs run variant 3.
+// Measured on an H200 at T=65536 (33 sequences of 128..4096, H=32, Hkv=8, hd=128):
+// v1 9.5 ms, v2 8.4, v3 7.9, v4 7.4, v5 9.0, v6 7.3 ms (199 TFLOP/s); 8 x 4096: v3 5.43,
+// v4 5.13-5.16, v5 6.2, v6 5.10 ms (216 TFLOP/s) -> v6 is the default (bench/NOTES.md).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "common/ops/cuda/attention_common.cuh"
+#include "common/ops/cuda/wgmma.cuh"
 extern "C" {
 #include "common/ops/cuda/ops_cuda.h"
 }
@@ -27,8 +31,9 @@ extern "C" {
 #define AV_BM 64
 #define AV_BN 64
 // Kernel used by attention_varlen_forward (ops_cuda_attention_varlen_forward_variant):
-// variant 3 measured fastest on an H200 (bench/NOTES.md).
-#define ATTN_VARLEN_DEFAULT_VARIANT 3
+// variant 6 measured fastest on an H200 (bench/NOTES.md); it runs variant 3 where wgmma
+// does not apply.
+#define ATTN_VARLEN_DEFAULT_VARIANT 6
 
 template <int HDP>
 __global__ void __launch_bounds__(128)
@@ -260,6 +265,140 @@ attn_varlen_fwd2_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v,
     }
 }
 
+// Variants 4-6: wgmma (sm_90a), head dim 128. A thread block = 64 NWG consecutive queries
+// of one (sequence, head) as NWG warpgroups of 64 rows (warpgroup w: rows q0 + 64 w ..);
+// all share each 64-key K/V tile (double-buffered, cp.async into the core-matrix layout of
+// wgmma.cuh). Per tile and warpgroup: S = Q K^T (8 x m64n64k16, A = Q, B = K, both
+// K-major), the online softmax on the accumulator (its layout is the mma.sync one, so
+// online_softmax_tile serves), O += P V (4 x m64n128k16, A = P in registers, B = V
+// MN-major). A warpgroup skips the tiles past its last query (uniform over it). As the
+// block attention's forward (attention_block_wg.cuh) it waits for each wgmma group
+// before the next phase; the overlap comes from the other warpgroups on the SM. MINB:
+// thread blocks per SM asked of the compiler (2 holds it to 128 registers, where ptxas
+// serializes the wgmma instructions; 1 lets it take ~138).
+template <int NWG, int MINB>
+__global__ void __launch_bounds__(128 * NWG, MINB)
+attn_varlen_fwd_wg_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v,
+                          const int32_t *cu, int H, int Hkv, float scale_log2, int ntiles) {
+#ifdef ABW_NO_WGMMA
+    __trap();
+#else
+    constexpr int hd = 128, BM = 64 * NWG, BN = 64, NT = 128 * NWG;
+    extern __shared__ __align__(16) unsigned char smem_raw[];  // (the dynamic base is 1024-aligned)
+    unsigned char *KV = smem_raw;                  // 2 stages x (K tile, V tile)
+    unsigned char *Qt = KV + 4 * ABW_TILE_BYTES;  // NWG warpgroups x Q tile
+    const int s = blockIdx.y, h = blockIdx.z;
+    const int seq0 = cu[s], L = cu[s + 1] - seq0;
+    const int q0 = (ntiles - 1 - (int)blockIdx.x) * BM;
+    if (q0 >= L) return;
+    const int hk = h / (H / Hkv);
+    const int tid = threadIdx.x, sel = tid >> 7, wtid = tid & 127;
+    const int warp = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const size_t qstride = (size_t)H * hd, kstride = (size_t)Hkv * hd;
+    const bf16 *kbase = k + (size_t)seq0 * kstride + (size_t)hk * hd;
+    const bf16 *vbase = v + (size_t)seq0 * kstride + (size_t)hk * hd;
+    const int ntile = (min(L, q0 + BM) + BN - 1) / BN;
+    const int qw0 = q0 + 64 * sel;  // this warpgroup's first query
+
+    auto issue = [&](int it) {
+        const int k0 = it * BN;
+        unsigned char *Kt = KV + (it & 1) * 2 * ABW_TILE_BYTES, *Vt = Kt + ABW_TILE_BYTES;
+        abw_load_tile<NT>(Kt, [&](int r) -> const bf16 * {
+            return k0 + r < L ? kbase + (size_t)(k0 + r) * kstride : nullptr;
+        }, tid, q);
+        abw_load_tile<NT>(Vt, [&](int r) -> const bf16 * {
+            return k0 + r < L ? vbase + (size_t)(k0 + r) * kstride : nullptr;
+        }, tid, q);
+    };
+    unsigned char *Qw = Qt + sel * ABW_TILE_BYTES;
+    abw_load_tile(Qw, [&](int r) -> const bf16 * {
+        return qw0 + r < L ? q + (size_t)(seq0 + qw0 + r) * qstride + (size_t)h * hd : nullptr;
+    }, wtid, q);
+    issue(0);
+    cp_async_commit();
+
+    float acc[16][4];  // O (m64n128 accumulator: n-tile i in acc[i])
+#pragma unroll
+    for (int i = 0; i < 16; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+    const int qa = qw0 + warp * 16 + g;  // positions of this thread's rows g, g + 8
+
+    for (int it = 0; it < ntile; it++) {
+        if (it + 1 < ntile) {
+            issue(it + 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        // cp.async wrote through the generic proxy; wgmma reads through the async one
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        const int k0 = it * BN;
+        if (qw0 < L && k0 <= qw0 + 63) {  // uniform over the warpgroup
+            const unsigned char *Kt = KV + (it & 1) * 2 * ABW_TILE_BYTES, *Vt = Kt + ABW_TILE_BYTES;
+            float sc[8][4];
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++)
+                wg_m64n64k16_ss<0>(&sc[0][0], wg_desc(Qw + kk * 2048, 1024, 128),
+                                   wg_desc(Kt + kk * 2048, 1024, 128), kk > 0);
+            wg_commit();
+            wg_wait<0>();
+            abw_fence_acc(&sc[0][0], 32);
+            const bool need_mask = k0 + BN - 1 > qw0 || k0 + BN > L;
+            online_softmax_tile<BN, 128>(sc, mrow, lrow, acc, k0, qa, qa + 8, L, need_mask,
+                                         scale_log2, t);
+            uint32_t a[4][4];  // P as A fragments, keys 16kk .. 16kk + 15
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) c_to_a(a[kk], sc[2 * kk], sc[2 * kk + 1]);
+            abw_fence_acc(&acc[0][0], 64);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                wg_m64n128k16_rs<1>(&acc[0][0], a[kk], wg_desc(Vt + kk * 256, 128, 1024));
+            wg_commit();
+            wg_wait<0>();
+            abw_fence_acc(&acc[0][0], 64);
+        }
+        __syncthreads();  // this stage is refilled two iterations on
+    }
+    if (qw0 >= L) return;
+    float l0 = lrow[0], l1 = lrow[1];
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    store_rows<128>(acc, inv0, inv1, [&](int r) -> bf16 * {
+        int qr = qw0 + warp * 16 + r;
+        return qr < L ? out + (size_t)(seq0 + qr) * qstride + (size_t)h * hd : nullptr;
+    }, hd, g, t);
+#endif
+}
+
+// Launches a wgmma kernel (variant 4: 2 warpgroups, 2 blocks per SM; 5: 2 warpgroups, 1
+// block; 6: 3 warpgroups, 1 block); false (nothing launched) where it does not apply: head
+// dim other than 128, a GPU other than compute capability 9.0, rows not 16-byte aligned.
+template <int NWG, int MINB>
+static bool launch_varlen_wg(const ops_ctx_t *c, void *out, const void *q, const void *k,
+                             const void *v, const int32_t *cu, int nseq, int max_seqlen, int H,
+                             int Hkv, int hd) {
+    if (hd != 128 || !abw_supported() || ((uintptr_t)q & 15) || ((uintptr_t)k & 15) ||
+        ((uintptr_t)v & 15) || ((uintptr_t)out & 3))
+        return false;
+    const size_t smem = (size_t)(4 + NWG) * ABW_TILE_BYTES;
+    auto kern = attn_varlen_fwd_wg_kernel<NWG, MINB>;
+    cuda_check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const int ntiles = (max_seqlen + 64 * NWG - 1) / (64 * NWG);
+    const float scale_log2 = (1.0f / sqrtf((float)hd)) * ATTN_LOG2E;
+    kern<<<dim3(ntiles, nseq, H), 128 * NWG, smem, cuda_stream(c)>>>(
+        (bf16 *)out, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, cu, H, Hkv, scale_log2,
+        ntiles);
+    cuda_check_launch();
+    return true;
+}
+
 template <int HDP, int BN>
 static void launch_varlen2(const ops_ctx_t *c, void *out, const void *q, const void *k,
                            const void *v, const int32_t *cu, int nseq, int max_seqlen, int H,
@@ -299,7 +438,8 @@ static void launch_varlen(const ops_ctx_t *c, void *out, const void *q, const vo
 }
 
 // variant: 1 = 64-row blocks (16 rows per warp, BN 64), 2 = 128-row blocks
-// (32 rows per warp, BN 32), 3 = 128-row blocks with BN 64; 0 = the default.
+// (32 rows per warp, BN 32), 3 = 128-row blocks with BN 64, 4-6 = wgmma (launch_varlen_wg;
+// head dim 128 on compute capability 9.0, elsewhere variant 3); 0 = the default.
 extern "C" void ops_cuda_attention_varlen_forward_variant(const ops_ctx_t *c, int variant,
                                                           void *out, const void *q, const void *k,
                                                           const void *v, const int32_t *cu,
@@ -308,6 +448,19 @@ extern "C" void ops_cuda_attention_varlen_forward_variant(const ops_ctx_t *c, in
     (void)T;
     if (nseq <= 0 || max_seqlen <= 0 || H <= 0) return;
     if (variant == 0) variant = ATTN_VARLEN_DEFAULT_VARIANT;
+    if (variant >= 4) {
+        bool done;
+#define AV_WG(NWG, MINB) \
+    launch_varlen_wg<NWG, MINB>(c, out, q, k, v, cu, nseq, max_seqlen, H, Hkv, hd)
+        switch (variant) {
+        case 4: done = AV_WG(2, 2); break;
+        case 5: done = AV_WG(2, 1); break;
+        default: done = AV_WG(3, 1); break;
+        }
+#undef AV_WG
+        if (done) return;
+        variant = 3;
+    }
 #define AV_CASE(HDPV)                                                                          \
     case HDPV:                                                                                 \
         if (variant == 2) launch_varlen2<HDPV, 32>(c, out, q, k, v, cu, nseq, max_seqlen, H, Hkv, hd); \
@@ -326,9 +479,18 @@ extern "C" void ops_cuda_attention_varlen_forward_variant(const ops_ctx_t *c, in
 #undef AV_CASE
 }
 
+// Kernel of the ops table's attention_varlen_forward (ops_cuda_attention_varlen_variant).
+static int g_av_variant = ATTN_VARLEN_DEFAULT_VARIANT;
+
+extern "C" int ops_cuda_attention_varlen_variant(int variant) {
+    int old = g_av_variant;
+    if (variant >= 0 && variant <= 6) g_av_variant = variant == 0 ? ATTN_VARLEN_DEFAULT_VARIANT : variant;
+    return old;
+}
+
 void cuda_attention_varlen_forward(const ops_ctx_t *c, void *out, const void *q, const void *k,
                                    const void *v, const int32_t *cu_seqlens, int nseq,
                                    int max_seqlen, int T, int H, int Hkv, int hd) {
-    ops_cuda_attention_varlen_forward_variant(c, 0, out, q, k, v, cu_seqlens, nseq, max_seqlen, T,
-                                              H, Hkv, hd);
+    ops_cuda_attention_varlen_forward_variant(c, g_av_variant, out, q, k, v, cu_seqlens, nseq,
+                                              max_seqlen, T, H, Hkv, hd);
 }

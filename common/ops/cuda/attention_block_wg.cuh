@@ -21,38 +21,12 @@
 //
 // wgmma exists only in sm_90a code: the kernel's body is compiled there alone (the
 // portable compute_90 PTX of the build gets a trap), and the launcher takes this path
-// only on a compute capability 9.0 device (abw_supported).
+// only on a compute capability 9.0 device (ABW_NO_WGMMA, abw_supported: wgmma.cuh).
 #pragma once
 
 #include "common/ops/cuda/wgmma.cuh"
 
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define ABW_NO_WGMMA 1  // device pass without sm_90a features
-#endif
-
-#define ABW_TILE_BYTES (64 * 128 * 2)  // one 64 x 128 bf16 tile
-
 #ifndef ABW_NO_WGMMA
-
-// Copies 64 rows of 128 bf16 (16-byte chunks by cp.async; rowptr(r) or NULL -> zeros) into
-// a core-matrix tile; threads tid = 0 .. NT-1 take part. A warp writes 8 rows x 4 chunks
-// per instruction: 512 contiguous shared bytes (no bank conflict) from 8 runs of 64
-// global bytes.
-template <int NT = 128, typename RowFn>
-__device__ __forceinline__ void abw_load_tile(unsigned char *dst, RowFn rowptr, int tid,
-                                              const bf16 *safe) {
-    for (int idx = tid; idx < 64 * 16; idx += NT) {
-        int blk = idx >> 5, lane = idx & 31;
-        int r = (blk & 7) * 8 + (lane & 7), c = (blk >> 3) * 4 + (lane >> 3);
-        const bf16 *src = rowptr(r);
-        cp_async16(dst + c * 1024 + r * 16, src ? src + c * 8 : safe, src != nullptr);
-    }
-}
-
-__device__ __forceinline__ void abw_fence_acc(float *d, int n) {
-#pragma unroll
-    for (int i = 0; i < n; i++) wg_fence_reg(d[i]);
-}
 
 // One work item: the S^T / dP^T products of the staged 64 rows (Qt, Ot: core-matrix
 // tiles; lse (log2 units) Lb, D Db: 64 f32), then dV, dK += (accumulators dv, dk: 64 f32
@@ -214,19 +188,6 @@ attn_block_dkv_wg_kernel(bf16 *dkc, bf16 *dvc, const bf16 *dout, const float *ls
     store_rows<128>((const float(*)[4])dv, 1.0f, 1.0f, [&](int r) { return dst(dvc, r); }, hd,
                     g, t);
 #endif
-}
-
-// Whether the current device runs the sm_90a code of this file (compute capability 9.0).
-static inline bool abw_supported() {
-    static int cc = -1;  // major * 10 + minor, once per process (one device per process)
-    if (cc < 0) {
-        int dev = 0, major = 0, minor = 0;
-        cuda_check(cudaGetDevice(&dev));
-        cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-        cuda_check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-        cc = major * 10 + minor;
-    }
-    return cc == 90;
 }
 
 // ------------------------------------------------------------------ forward and dQ (wgmma)

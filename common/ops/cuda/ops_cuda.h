@@ -10,11 +10,18 @@
 /* attention_varlen_forward with a chosen kernel: 0 = the default used by the
  * ops table, 1 = 64 query rows per block (16 per warp, 64-key tiles),
  * 2 = 128 rows per block (32 per warp, 32-key tiles), 3 = 128 rows, 64-key
- * tiles. Same contract as ops_impl_t.attention_varlen_forward. */
+ * tiles, 4-6 = 128 or 192 rows as warpgroups on wgmma (head dim 128 on a compute
+ * capability 9.0 GPU; elsewhere 3; 6 is the default). Same contract as ops_impl_t.attention_varlen_forward. */
 void ops_cuda_attention_varlen_forward_variant(const ops_ctx_t *c, int variant, void *out,
                                                const void *q, const void *k, const void *v,
                                                const int32_t *cu_seqlens, int nseq,
                                                int max_seqlen, int T, int H, int Hkv, int hd);
+
+/* Selects the kernel of the ops table's attention_varlen_forward from then on
+ * (process-wide; for benchmarks, set before any call): the variants above, 0 = the
+ * default. Values outside 0..6 change nothing; variant < 0 only queries. Returns the
+ * variant in use before the call. */
+int ops_cuda_attention_varlen_variant(int variant);
 
 /* Selects the DFlash block-attention kernels used by the ops table's
  * attention_block_forward / _backward from then on (process-wide; for benchmarks and
@@ -24,7 +31,8 @@ void ops_cuda_attention_varlen_forward_variant(const ops_ctx_t *c, int variant, 
  * 32-key tiles forward and 16 in dQ; 4 = as 2 with the dK/dV context tiles on Hopper's
  * wgmma (head dim 128; other head dims as 2); 5 = as 4 with the forward on wgmma too
  * (head dim 128, H = 4 Hkv, B <= 16; otherwise as 4); 6 = as 5 with dQ on wgmma too;
- * 0 = the default (5). Values outside 0..6 change nothing.
+ * 7 = as 5 with the forward kernel at one thread block per SM (more registers);
+ * 0 = the default (5). Values outside 0..7 change nothing.
  * Same results within
  * rounding (f32 sums in another order); each variant is deterministic. variant < 0 only
  * queries. Returns the variant in use before the call. */

@@ -22,6 +22,17 @@
 
 #include <stdint.h>
 
+#include "common/ops/cuda/attention_common.cuh"  // cp_async16, bf16, cuda_check
+
+// wgmma exists only in sm_90a code: kernels using it compile their bodies only when
+// ABW_NO_WGMMA is not defined (the portable compute_90 PTX of the build gets a trap), and
+// their launchers take that path only on a compute capability 9.0 device (abw_supported).
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define ABW_NO_WGMMA 1  // device pass without sm_90a features
+#endif
+
+#define ABW_TILE_BYTES (64 * 128 * 2)  // one 64 x 128 bf16 tile
+
 // Descriptor of a shared-memory operand: start address, LBO and SBO in bytes (multiples
 // of 16), no swizzle.
 __device__ __forceinline__ uint64_t wg_desc(const void *smem, uint32_t lbo, uint32_t sbo) {
@@ -104,4 +115,42 @@ __device__ __forceinline__ void wg_m64n64k16_ss(float *d, uint64_t da, uint64_t 
           "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
           "+f"(d[30]), "+f"(d[31])
         : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
+}
+
+// ---- 64 x 128 bf16 tiles in the core-matrix layout: element (row r, col d) at byte
+// (d/8)*1024 + r*16 + (d%8)*2; K-major descriptors LBO = 1024, SBO = 128; the MN-major view
+// of rows 16i.. starts at byte 256 i with LBO = 128, SBO = 1024.
+#ifndef ABW_NO_WGMMA
+// Copies 64 rows of 128 bf16 (16-byte chunks by cp.async; rowptr(r) or NULL -> zeros) into
+// a core-matrix tile; threads tid = 0 .. NT-1 take part. A warp writes 8 rows x 4 chunks
+// per instruction: 512 contiguous shared bytes (no bank conflict) from 8 runs of 64
+// global bytes.
+template <int NT = 128, typename RowFn>
+__device__ __forceinline__ void abw_load_tile(unsigned char *dst, RowFn rowptr, int tid,
+                                              const bf16 *safe) {
+    for (int idx = tid; idx < 64 * 16; idx += NT) {
+        int blk = idx >> 5, lane = idx & 31;
+        int r = (blk & 7) * 8 + (lane & 7), c = (blk >> 3) * 4 + (lane >> 3);
+        const bf16 *src = rowptr(r);
+        cp_async16(dst + c * 1024 + r * 16, src ? src + c * 8 : safe, src != nullptr);
+    }
+}
+
+__device__ __forceinline__ void abw_fence_acc(float *d, int n) {
+#pragma unroll
+    for (int i = 0; i < n; i++) wg_fence_reg(d[i]);
+}
+#endif  // !ABW_NO_WGMMA
+
+// Whether the current device runs the sm_90a code of the wgmma kernels (compute capability 9.0).
+static inline bool abw_supported() {
+    static int cc = -1;  // major * 10 + minor, once per process (one device per process)
+    if (cc < 0) {
+        int dev = 0, major = 0, minor = 0;
+        cuda_check(cudaGetDevice(&dev));
+        cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+        cuda_check(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+        cc = major * 10 + minor;
+    }
+    return cc == 90;
 }
