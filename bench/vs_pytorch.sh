@@ -12,6 +12,9 @@
 #   PRECISION="bf16"   draftline's target precision(s), e.g. "bf16 fp8" (fp8 needs
 #                      `draftline run --target-precision`: skipped with a message if absent);
 #                      the PyTorch side is always bf16
+#   MPS="off"          draftline's --mps value(s) per precision, e.g. "off auto" (target and
+#                      drafter share GPU 0: with auto they run side by side under a CUDA MPS
+#                      daemon; label suffix -mps)
 #   BUDGET_S=570       the whole call's time budget (the device call is limited to 600 s): a
 #                      run that cannot start with PHASE_MIN_S left is skipped, each run gets
 #                      the time that is left as its timeout
@@ -46,7 +49,7 @@ export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:Tr
 DL=${DL:-$(command -v draftline || echo bundle/bin/draftline)}
 [ -x "$DL" ] || DL=bin/draftline
 PY=${PY:-python3}
-WORK=${WORK:-ref}; STEPS=${STEPS:-40}; WARMUP=${WARMUP:-2}; PRECISION=${PRECISION:-bf16}
+WORK=${WORK:-ref}; STEPS=${STEPS:-40}; WARMUP=${WARMUP:-2}; PRECISION=${PRECISION:-bf16}; MPS=${MPS:-off}
 BUDGET_S=${BUDGET_S:-570}; PHASE_MIN_S=${PHASE_MIN_S:-60}; SF_BUDGETS=${SF_BUDGETS:-16384}
 LONG=${LONG:-gpucarry/long.dlc}; SF=${SF:-gpucarry/sf.dlc}
 OUT=${OUT:-/tmp/vs-out}; W=${W:-/tmp/vs}; MODEL=${MODEL:-$W/qwen3-8b}
@@ -100,14 +103,15 @@ compare() {
     [ $rc = 0 ] || { echo "!! pytorch $label rc=$rc"; grep -E "Error|error" "$W/pt_$label.log" | tail -5; }
     echo "{\"side\":\"pytorch\",\"label\":\"$label\",\"rc\":$rc,\"cmd_wall_s\":$($PY -c "print($e - $s)"),\"report\":$(tail -n 1 "$W/pt_$label.out" | grep '^{' || echo null)}" >> "$OUT/runs.jsonl"
     say "phase $label pytorch done (rc $rc)"
-    for prec in $PRECISION; do
-        local pflag="" dl_label=$label
+    for run in $(for p in $PRECISION; do for m in $MPS; do echo "$p/$m"; done; done); do
+        local prec=${run%/*} mps=${run#*/} pflag="" dl_label=$label
         if [ "$prec" != bf16 ]; then
             if ! $DL run --help 2>&1 | grep -q -- "--target-precision"; then
                 say "SKIP $label $prec: this draftline has no --target-precision"; continue
             fi
             pflag="--target-precision $prec"; dl_label=$label-$prec
         fi
+        if [ "$mps" != off ]; then pflag="$pflag --mps $mps"; dl_label=$dl_label-mps; fi
         lt=$(left)
         if [ "$lt" -lt "$PHASE_MIN_S" ]; then say "SKIP $dl_label draftline: ${lt} s left of BUDGET_S"; continue; fi
         rm -rf "$W/dl_$dl_label"
