@@ -47,7 +47,7 @@
  *   the embedded SmolLM2 GGUF), in sequences of 2048, else random ids. --device cpu runs
  *   without a GPU (fp32 vs the fp8 emulation; SmolLM2-sized models).
  * --attn-variant N: the causal attention kernel (ops_cuda_attention_varlen_variant: 1..6;
- *   0 or absent: the default).
+ *   0 or absent: the default); the line "causal attention kernel" says which runs.
  * Prints "SKIP: ..." and exits 0 without CUDA or without --model. */
 #include <math.h>
 #include <stdint.h>
@@ -563,7 +563,14 @@ int main(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--feature-error")) ferr = 1;
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
         else if (!strcmp(argv[i], "--text") && i + 1 < argc) text = argv[++i];
-        else if (!strcmp(argv[i], "--attn-variant") && i + 1 < argc) variant = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--attn-variant") && i + 1 < argc) {
+            const char *a = argv[++i];
+            if (strlen(a) != 1 || a[0] < '0' || a[0] > '6') {
+                fprintf(stderr, "bench_target: --attn-variant '%s': expected 0..6\n", a);
+                return 2;
+            }
+            variant = a[0] - '0';
+        }
     }
     if (ferr && model) return feature_error(model, device, text, T == 65536 ? 8192 : T, ncap);
     if (reps < 1 || reps > 50) reps = 5;
@@ -585,11 +592,17 @@ int main(int argc, char **argv) {
     cudaGetDeviceProperties(&prop, 0);
     printf("device: %s, %d SMs\n", prop.name, prop.multiProcessorCount);
     ops_cuda_attention_varlen_variant(variant);
-    printf("causal attention kernel: variant %d\n", ops_cuda_attention_varlen_variant(-1));
     double peak = gemm_peak(), peak8 = prec == TARGET_PRECISION_FP8 ? fp8_gemm_peak() : 0;
 
     model_config_t cfg;
     if (model_config_from_hf_dir(model, &cfg)) { fprintf(stderr, "bench_target: %s\n", dl_errmsg()); return 1; }
+    {
+        int want = ops_cuda_attention_varlen_variant(-1);
+        int runs = ops_cuda_attention_varlen_resolve(want, cfg.hd);
+        printf("causal attention kernel: variant %d", want);
+        if (runs != want) printf(" (head dim %d or this GPU: variant %d runs)", cfg.hd, runs);
+        printf("\n");
+    }
     target_opts_t o = {.max_tokens = T, .max_seqs = T / 128 + 1, .n_capture = ncap, .precision = prec};
     if (target_default_layer_ids(cfg.L, ncap, o.capture_ids)) { fprintf(stderr, "%s\n", dl_errmsg()); return 1; }
     if (load) return load_only(model, &cfg, o);

@@ -12,9 +12,9 @@
 #   PRECISION="bf16"   draftline's target precision(s), e.g. "bf16 fp8" (fp8 needs
 #                      `draftline run --target-precision`: skipped with a message if absent);
 #                      the PyTorch side is always bf16
-#   MPS="off"          draftline's --mps value(s) per precision, e.g. "off auto" (target and
-#                      drafter share GPU 0: with auto they run side by side under a CUDA MPS
-#                      daemon; label suffix -mps)
+#   MPS="off"          draftline's --mps value(s), each run for each precision, e.g. "off auto"
+#                      (target and drafter share GPU 0: with auto/on they run side by side
+#                      under a CUDA MPS daemon; label suffix -mps, -mps-on)
 #   BUDGET_S=570       the whole call's time budget (the device call is limited to 600 s): a
 #                      run that cannot start with PHASE_MIN_S left is skipped, each run gets
 #                      the time that is left as its timeout
@@ -50,6 +50,7 @@ DL=${DL:-$(command -v draftline || echo bundle/bin/draftline)}
 [ -x "$DL" ] || DL=bin/draftline
 PY=${PY:-python3}
 WORK=${WORK:-ref}; STEPS=${STEPS:-40}; WARMUP=${WARMUP:-2}; PRECISION=${PRECISION:-bf16}; MPS=${MPS:-off}
+[ -n "${PRECISION// }" ] && [ -n "${MPS// }" ] || { echo "vs_pytorch.sh: PRECISION and MPS must name at least one value each" >&2; exit 2; }
 BUDGET_S=${BUDGET_S:-570}; PHASE_MIN_S=${PHASE_MIN_S:-60}; SF_BUDGETS=${SF_BUDGETS:-16384}
 LONG=${LONG:-gpucarry/long.dlc}; SF=${SF:-gpucarry/sf.dlc}
 OUT=${OUT:-/tmp/vs-out}; W=${W:-/tmp/vs}; MODEL=${MODEL:-$W/qwen3-8b}
@@ -75,7 +76,7 @@ if [ ! -f "$MODEL/config.json" ]; then
     say "phase mkmodel: $($PY -c "print(f'{$(now) - $s:.1f}')") s"
 fi
 
-# one comparison: LABEL DATA BUDGET MAXLEN ANCHORS (PyTorch once, then draftline per precision)
+# one comparison: LABEL DATA BUDGET MAXLEN ANCHORS (PyTorch once, then draftline per precision and MPS value)
 compare() {
     local label=$1 data=$2 budget=$3 maxlen=$4 anchors=$5
     local common="--token-budget $budget --max-len $maxlen --num-anchors $anchors --block-size 16 --drafter-layers $DRAFTER_LAYERS"
@@ -111,7 +112,12 @@ compare() {
             fi
             pflag="--target-precision $prec"; dl_label=$label-$prec
         fi
-        if [ "$mps" != off ]; then pflag="$pflag --mps $mps"; dl_label=$dl_label-mps; fi
+        if [ "$mps" != off ]; then
+            if ! $DL run --help 2>&1 | grep -q -- "--mps"; then
+                say "SKIP $dl_label --mps $mps: this draftline has no --mps"; continue
+            fi
+            pflag="$pflag --mps $mps"; dl_label=$dl_label-mps; [ "$mps" = auto ] || dl_label=$dl_label-$mps
+        fi
         lt=$(left)
         if [ "$lt" -lt "$PHASE_MIN_S" ]; then say "SKIP $dl_label draftline: ${lt} s left of BUDGET_S"; continue; fi
         rm -rf "$W/dl_$dl_label"

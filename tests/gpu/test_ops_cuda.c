@@ -465,6 +465,9 @@ static void run_varlen(const int *lens, int nseq, int H, int Hkv, int hd) {
             ops_cuda_attention_varlen_forward_variant(&g_gpu, variant, go, gq, gk, gv, gcu, nseq,
                                                       maxlen, T, H, Hkv, hd);
         float *ho = gget(go, nq);
+        int runs = ops_cuda_attention_varlen_resolve(variant, hd);
+        if (variant != 0 && runs != variant && hd == 128)   /* the wgmma kernels need sm_90a */
+            printf("note: attention_varlen v%d: not on this GPU, v%d ran\n", variant, runs);
         int off = snprintf(name, sizeof name, "attention_varlen v%d H=%d Hkv=%d hd=%d lens=",
                            variant, H, Hkv, hd);
         for (int s = 0; s < nseq && off < 110; s++)
@@ -486,10 +489,11 @@ static void test_attention_varlen(void **state) {
     run_varlen(one, 1, 2, 1, 96);
     const int lens2[] = {129, 1, 65};
     run_varlen(lens2, 3, 4, 1, 32);
-    /* head dim 128, several 128-row blocks: variant 4 (wgmma) with a second warpgroup
-     * past the end (129, 200), exact tiles (256) and a long row (1000) */
+    /* head dim 128, several 128- and 192-row blocks: the wgmma variants with warpgroups
+     * past the end (129, 200), exact tiles (256), a long sequence (1000); GQA 4:1 over two
+     * kv heads (the kv-head offset) */
     const int lens3[] = {129, 1000, 256, 200};
-    run_varlen(lens3, 4, 4, 1, 128);
+    run_varlen(lens3, 4, 8, 2, 128);
 }
 
 /* ------------------------------------------------------------ DFlash block attention */
@@ -576,7 +580,7 @@ static void run_block(int Nb, int B, int Tc, int H, int Hkv, int hd) {
 /* Every kernel variant (ops_cuda_attention_block_variant) against the CPU reference. */
 static void test_attention_block(void **state) {
     (void)state;
-    for (int variant = 1; variant <= 7; variant++) {
+    for (int variant = 1; variant <= 6; variant++) {
         ops_cuda_attention_block_variant(variant);
         run_block(9, 16, 150, 4, 2, 64);   /* DFlash B=16, GQA 2:1, odd Nb */
         run_block(6, 7, 200, 8, 2, 128);   /* odd block size, GQA 4:1 */

@@ -385,7 +385,7 @@ static bool launch_varlen_wg(const ops_ctx_t *c, void *out, const void *q, const
                              const void *v, const int32_t *cu, int nseq, int max_seqlen, int H,
                              int Hkv, int hd) {
     if (hd != 128 || !abw_supported() || ((uintptr_t)q & 15) || ((uintptr_t)k & 15) ||
-        ((uintptr_t)v & 15) || ((uintptr_t)out & 3))
+        ((uintptr_t)v & 15))
         return false;
     const size_t smem = (size_t)(4 + NWG) * ABW_TILE_BYTES;
     auto kern = attn_varlen_fwd_wg_kernel<NWG, MINB>;
@@ -446,6 +446,11 @@ extern "C" void ops_cuda_attention_varlen_forward_variant(const ops_ctx_t *c, in
                                                           int nseq, int max_seqlen, int T, int H,
                                                           int Hkv, int hd) {
     (void)T;
+    if (variant < 0 || variant > 6) {
+        fprintf(stderr, "ops cuda attention_varlen_forward: kernel variant %d is not one of 0..6\n",
+                variant);
+        abort();
+    }
     if (nseq <= 0 || max_seqlen <= 0 || H <= 0) return;
     if (variant == 0) variant = ATTN_VARLEN_DEFAULT_VARIANT;
     if (variant >= 4) {
@@ -486,6 +491,12 @@ extern "C" int ops_cuda_attention_varlen_variant(int variant) {
     int old = g_av_variant;
     if (variant >= 0 && variant <= 6) g_av_variant = variant == 0 ? ATTN_VARLEN_DEFAULT_VARIANT : variant;
     return old;
+}
+
+extern "C" int ops_cuda_attention_varlen_resolve(int variant, int hd) {
+    if (variant < 0 || variant > 6) return -1;
+    if (variant == 0) variant = ATTN_VARLEN_DEFAULT_VARIANT;
+    return variant >= 4 && (hd != 128 || !abw_supported()) ? 3 : variant;
 }
 
 void cuda_attention_varlen_forward(const ops_ctx_t *c, void *out, const void *q, const void *k,

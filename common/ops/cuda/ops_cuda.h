@@ -7,11 +7,14 @@
 
 #include "common/ops/ops.h"
 
-/* attention_varlen_forward with a chosen kernel: 0 = the default used by the
- * ops table, 1 = 64 query rows per block (16 per warp, 64-key tiles),
- * 2 = 128 rows per block (32 per warp, 32-key tiles), 3 = 128 rows, 64-key
- * tiles, 4-6 = 128 or 192 rows as warpgroups on wgmma (head dim 128 on a compute
- * capability 9.0 GPU; elsewhere 3; 6 is the default). Same contract as ops_impl_t.attention_varlen_forward. */
+/* attention_varlen_forward with a chosen kernel: 0 = the built-in default (6),
+ * 1 = 64 query rows per block (16 per warp, 64-key tiles), 2 = 128 rows per block
+ * (32 per warp, 32-key tiles), 3 = 128 rows, 64-key tiles, 4-6 = 128 or 192 rows as
+ * warpgroups on Hopper's wgmma (4: 2 warpgroups, 2 blocks per SM; 5: 2 warpgroups, 1
+ * block; 6: 3 warpgroups, 1 block); 4-6 need head dim 128, a compute capability 9.0 GPU
+ * and 16-byte aligned q, k, v, else variant 3 runs (ops_cuda_attention_varlen_resolve
+ * says which). A variant outside 0..6 is a programming error: message and abort. Same
+ * contract as ops_impl_t.attention_varlen_forward. */
 void ops_cuda_attention_varlen_forward_variant(const ops_ctx_t *c, int variant, void *out,
                                                const void *q, const void *k, const void *v,
                                                const int32_t *cu_seqlens, int nseq,
@@ -19,9 +22,15 @@ void ops_cuda_attention_varlen_forward_variant(const ops_ctx_t *c, int variant, 
 
 /* Selects the kernel of the ops table's attention_varlen_forward from then on
  * (process-wide; for benchmarks, set before any call): the variants above, 0 = the
- * default. Values outside 0..6 change nothing; variant < 0 only queries. Returns the
- * variant in use before the call. */
+ * built-in default. Values outside 0..6 change nothing; variant < 0 only queries.
+ * Returns the variant in use before the call. */
 int ops_cuda_attention_varlen_variant(int variant);
+
+/* The kernel that ops_cuda_attention_varlen_forward_variant runs for a variant (0: the
+ * built-in default) at head dim hd with 16-byte aligned q, k, v on this process's
+ * device: the variant itself, or 3 where a wgmma variant does not apply. -1 for a
+ * variant outside 0..6. */
+int ops_cuda_attention_varlen_resolve(int variant, int hd);
 
 /* Selects the DFlash block-attention kernels used by the ops table's
  * attention_block_forward / _backward from then on (process-wide; for benchmarks and
@@ -31,8 +40,7 @@ int ops_cuda_attention_varlen_variant(int variant);
  * 32-key tiles forward and 16 in dQ; 4 = as 2 with the dK/dV context tiles on Hopper's
  * wgmma (head dim 128; other head dims as 2); 5 = as 4 with the forward on wgmma too
  * (head dim 128, H = 4 Hkv, B <= 16; otherwise as 4); 6 = as 5 with dQ on wgmma too;
- * 7 = as 5 with the forward kernel at one thread block per SM (more registers);
- * 0 = the default (5). Values outside 0..7 change nothing.
+ * 0 = the default (5). Values outside 0..6 change nothing.
  * Same results within
  * rounding (f32 sums in another order); each variant is deterministic. variant < 0 only
  * queries. Returns the variant in use before the call. */
