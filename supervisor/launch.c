@@ -200,19 +200,6 @@ static int lc_gpu_lists(launch_t *L) {
                     return 2;
                 }
     L->mps_gpu = L->gpu_mode ? sup_mps_shared_gpu(L->tgpu, L->tnode, L->ngt, L->dgpu, L->dnode, L->ngd) : -1;
-    if (o->mps == SUP_MPS_ON) {
-        char ctl[4096];
-        const char *why = !L->gpu_mode ? "it is for GPU runs (--target-gpus / --drafter-gpus)"
-                          : L->mps_gpu < 0 ? "no GPU of this host runs both a target and a drafter (MPS is for "
-                                             "stages that share a GPU; --mps auto starts it only then)"
-                          : sup_mps_find_control(ctl, sizeof ctl) < 0
-                              ? "nvidia-cuda-mps-control is not on PATH (it comes with the NVIDIA driver)"
-                              : NULL;
-        if (why) {
-            fprintf(stderr, "draftline run: --mps on: %s; --mps off runs without MPS\n", why);
-            return 2;
-        }
-    }
     return L->gpu_mode ? gpu_pairs_local(L) : 0;
 }
 
@@ -234,6 +221,22 @@ static void lc_place_nodes(launch_t *L) {
 /* The checks that need nothing on disk but the inputs. */
 static int lc_validate(launch_t *L) {
     run_opts_t *o = L->o;
+    /* --mps on (given, or the run's on --resume) where MPS cannot be: refused here, before
+     * anything is written (L->mps_gpu: lc_gpu_lists) */
+    if (o->mps == SUP_MPS_ON) {
+        char ctl[4096];
+        const char *why = !L->gpu_mode ? "it is for GPU runs (--target-gpus / --drafter-gpus)"
+                          : L->mps_gpu < 0 ? "no GPU of this host runs both a target and a drafter (MPS is for "
+                                             "stages that share a GPU; --mps auto starts it only then)"
+                          : sup_mps_find_control(ctl, sizeof ctl) < 0
+                              ? "nvidia-cuda-mps-control is not on PATH (it comes with the NVIDIA driver)"
+                              : NULL;
+        if (why) {
+            fprintf(stderr, "draftline run: --mps on%s: %s; --mps off runs without MPS\n",
+                    o->given[RUN_O_MPS - RUN_O_TM] ? "" : " (the run's, from run.json)", why);
+            return 2;
+        }
+    }
     if (!o->data) {
         if (o->resume)
             fprintf(stderr, "draftline run: --data is required: the run of --resume %s records no readable data "

@@ -28,6 +28,10 @@ int sup_mps_parse(const char *v, int *mode) {
     return 0;
 }
 
+const char *sup_mps_name(int mode) {
+    return mode == SUP_MPS_ON ? "on" : mode == SUP_MPS_AUTO ? "auto" : "off";
+}
+
 int sup_mps_shared_gpu(const int *tgpu, const int *tnode, int ngt, const int *dgpu,
                        const int *dnode, int ngd) {
     for (int i = 0; i < ngt; i++)

@@ -27,6 +27,9 @@ enum { SUP_MPS_OFF = 0, SUP_MPS_ON = 1, SUP_MPS_AUTO = 2 };
 /* --mps VALUE: "auto" | "on" | "off" into *mode; DL_EINVAL naming the value otherwise. */
 int sup_mps_parse(const char *v, int *mode);
 
+/* The --mps value of a mode: "off" | "on" | "auto" (static string; "off" for an unknown mode). */
+const char *sup_mps_name(int mode);
+
 /* The first GPU ordinal that a target and a drafter placed on the head (node 0) share:
  * tgpu/tnode (ngt), dgpu/dnode (ngd) as launch.c's GPU lists. -1 when none. */
 int sup_mps_shared_gpu(const int *tgpu, const int *tnode, int ngt, const int *dgpu,

@@ -271,7 +271,8 @@ static void resume_precision(run_opts_t *o, const rundir_run_t *j, const char *r
  * (older checkpoints: the last two from its config.json); from <run_dir>/run.json
  * ("" / missing: skipped; keys written since these defaults exist): --target-model,
  * --data (the data cache the run trained on; else <run_dir>/data.dlc when it exists),
- * --save-every, --keep-checkpoints, --deterministic, --target-precision (resume_precision).
+ * --save-every, --keep-checkpoints, --deterministic, --target-precision (resume_precision),
+ * --mps.
  * Explicit settings are left as given (the --resume check compares them). Appends " --flag value" per setting taken to taken (cap bytes). */
 static void resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_hdr_t *h, const char *run_dir,
                             char *taken, size_t cap) {
@@ -322,7 +323,7 @@ static void resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_h
     if (rrc < 0) {
         if (rrc != DL_ENOENT)
             log_warn("--resume: %s: the run's --target-model, --data, --save-every, --keep-checkpoints, "
-                     "--deterministic and --target-precision are not taken from it (pass them)", dl_errmsg());
+                     "--deterministic, --target-precision and --mps are not taken from it (pass them)", dl_errmsg());
         rundir_run_init(j);
     }
     if (j->target_model[0] && !o->given[RUN_O_TM - RUN_O_TM]) {
@@ -355,6 +356,12 @@ static void resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_h
         TAKE(RUN_O_DET, " --deterministic");
     }
     resume_precision(o, j, run_dir);
+    if (j->mps[0] && !o->given[RUN_O_MPS - RUN_O_TM]) {
+        int m;
+        if (sup_mps_parse(j->mps, &m) == 0) TAKE(RUN_O_MPS, " --mps %s", sup_mps_name(o->mps = m));
+        else log_warn("--resume: run.json \"mps\" '%s' is not off, auto or on: ignored (--mps %s)", j->mps,
+                      sup_mps_name(o->mps));
+    }
     free(j);
 #undef TAKE
 }

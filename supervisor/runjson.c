@@ -2,6 +2,7 @@
  * state and writes it through common/rundir (the format's one owner). */
 #include "supervisor/sup_int.h"
 #include "supervisor/nodes.h"
+#include "supervisor/mps.h"
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
@@ -81,6 +82,7 @@ void sup__fill_run(sup_t *S) {
     if (o->cfg)   /* --resume without --target-precision takes it from here */
         snprintf(r->target_precision, sizeof r->target_precision, "%s",
                  target_precision_name(o->cfg->target_precision));
+    snprintf(r->mps, sizeof r->mps, "%s", sup_mps_name(o->mps));   /* --resume takes it */
     if (S->rb.id[0]) {
         snprintf(r->rebalance.id, sizeof r->rebalance.id, "%s", S->rb.id);
         snprintf(r->rebalance.status, sizeof r->rebalance.status, "%s", S->rb.status);

@@ -49,6 +49,7 @@ static void fill_opts(launch_t *L) {
     so->save_every = o->save_every;
     so->keep_checkpoints = o->keep_checkpoints;
     so->deterministic = o->deterministic;
+    so->mps = o->mps;
     so->balance_auto = o->balance_auto;
     so->balance_every_s = o->balance_every_s > 0 ? o->balance_every_s : 60;
     if (o->eval_data) {

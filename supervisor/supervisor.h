@@ -58,6 +58,7 @@ typedef struct {
     int64_t save_every;
     int64_t keep_checkpoints;   /* --keep-checkpoints (0: keep all); in run.json */
     int deterministic;
+    int mps;                    /* --mps (SUP_MPS_*, supervisor/mps.h): in run.json as "mps" */
     /* --balance auto: the supervisor picks the target/drafter split from measured rates
      * (supervisor/balance.c), first after balance_every_s and 2 applied steps, then every
      * balance_every_s (s) */

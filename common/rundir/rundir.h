@@ -13,7 +13,7 @@
  *    "metrics_port" (-1 off), "metrics_endpoint" ("" none), ["control"] (the
  *    supervisor's control socket, e.g. "ipc://<run>/ctl.sock"), "optimizer_recoveries",
  *    ["target_model"], ["data"], "save_every", "keep_checkpoints", "deterministic",
- *    ["target_precision": "bf16"|"fp8"],
+ *    ["target_precision": "bf16"|"fp8"], ["mps": "off"|"auto"|"on"],
  *    ["rebalance": {"id", "status", "message", "seconds"}],
  *    "stages": [{"name", "stage_id", "pid" (0: exited), "incarnation", "restarts",
  *                "gpu" (-1 none), ["last_restart_up_s", "last_recovery_s"],
@@ -114,6 +114,8 @@ typedef struct {
     char target_precision[8];           /* --target-precision, "bf16"|"fp8" as given; "" = not
                                          * written / absent (runs before it was recorded) */
     int has_target_precision;           /* the key is there (read; its value may be "") */
+    char mps[8];                        /* --mps, "off"|"auto"|"on" as given; "" = not written /
+                                         * absent (runs before it was recorded) */
     struct {
         char id[64];                    /* "" = no rebalance yet: the object is not written */
         char status[16];                /* accepted|rejected|done|failed|... */

@@ -83,6 +83,7 @@ static cJSON *run_json(const rundir_run_t *r) {
     cJSON_AddNumberToObject(j, "keep_checkpoints", (double)r->keep_checkpoints);
     cJSON_AddBoolToObject(j, "deterministic", r->deterministic > 0);
     if (r->target_precision[0]) cJSON_AddStringToObject(j, "target_precision", r->target_precision);
+    if (r->mps[0]) cJSON_AddStringToObject(j, "mps", r->mps);
     if (r->throughput.on) {
         cJSON *t = cJSON_AddObjectToObject(j, "throughput");
         cJSON_AddNumberToObject(t, "steady_tokens_per_s", r->throughput.steady_tokens_per_s);
@@ -362,6 +363,7 @@ static int read_obj(const rctx_t *c, const cJSON *o, rundir_run_t *r) {
     if (v) r->deterministic = cJSON_IsTrue(v);
     DL_TRY(get_str(c, o, "target_precision", r->target_precision, sizeof r->target_precision));
     r->has_target_precision = cJSON_HasObjectItem(o, "target_precision");
+    DL_TRY(get_str(c, o, "mps", r->mps, sizeof r->mps));
     DL_TRY(read_rebalance(c, o, r));
     DL_TRY(read_throughput(c, o, r));
     DL_TRY(read_nodes(c, o, r));

@@ -10,7 +10,10 @@
  *    goes to the same daemon, and the pipe dir is gone;
  *  - (the same) a control program that hangs on -d: ended after the bound (test hook
  *    mps.timeout_s=2) with its process group, the run failing with the reason, quit sent,
- *    and with a relative --out the log dir given to it is absolute.
+ *    and with a relative --out the log dir given to it is absolute;
+ *  - --mps is recorded in run.json ("mps") and `run --resume` takes it unless given (said
+ *    in its "taken from" line); a given --mps wins; a recorded "on" where MPS cannot be
+ *    (hand-edited, a CPU run) is refused naming run.json.
  * That MPS makes a shared GPU faster is a benchmark (bench/NOTES.md), not asserted here.
  * Hard timeout per run; each run's process group is killed and reaped. */
 #include <setjmp.h>
@@ -64,6 +67,32 @@ static int run(const char *out, const char *log, ...) {
     snprintf(a.log, sizeof a.log, "%s", log);
     char id[17];
     return pf_run_draftline(&a, out, 60, id);
+}
+
+/* `draftline run` with exactly the args (NULL-terminated) after "run", output in log. */
+static int run_only(const char *log, ...) {
+    static pf_run_args_t a;
+    memset(&a, 0, sizeof a);
+    int n = 0;
+    a.argv[n++] = fx.exe;
+    a.argv[n++] = "run";
+    va_list ap;
+    va_start(ap, log);
+    for (const char *s; (s = va_arg(ap, const char *)) != NULL;) a.argv[n++] = (char *)s;
+    va_end(ap);
+    a.argv[n] = NULL;
+    snprintf(a.log, sizeof a.log, "%s", log);
+    return pf_run_draftline(&a, NULL, 60, NULL);
+}
+
+/* Occurrences of needle in the file at path (-1: unreadable). */
+static int count_in(const char *path, const char *needle) {
+    char *txt = pf_slurp(path, NULL);
+    if (!txt) return -1;
+    int n = 0;
+    for (const char *p = strstr(txt, needle); p; p = strstr(p + 1, needle)) n++;
+    free(txt);
+    return n;
 }
 
 /* The run's output contains want (printed when not). */
@@ -136,6 +165,42 @@ static void test_refusals(void **state) {
     assert_int_equal(code, 2);
     said(log, "--mps on: nvidia-cuda-mps-control is not on PATH");
 #endif
+}
+
+/* --mps in run.json and --resume (CPU runs: --mps auto is recorded as asked; it starts
+ * nothing without a GPU that a target and a drafter share). */
+static void test_resume_takes_mps(void **state) {
+    (void)state;
+    char out[400], log[400], rj[500];
+    snprintf(out, sizeof out, "%s/res", fx.root);
+    snprintf(log, sizeof log, "%s/res.out", fx.root);
+    snprintf(rj, sizeof rj, "%s/run.json", out);
+    assert_int_equal(run(out, log, "--device", "cpu", "--threads", "1", "--mps", "auto", NULL), 0);
+    assert_int_equal(count_in(rj, "\"mps\":\t\"auto\""), 1);
+    /* not given: the run's, said among the settings taken */
+    assert_int_equal(run_only(log, "--resume", out, "--device", "cpu", "--threads", "1", "--max-steps", "3",
+                              NULL), 0);
+    said(log, "not given, so taken from the checkpoint and its run:");
+    said(log, " --mps auto");
+    assert_int_equal(count_in(rj, "\"mps\":\t\"auto\""), 1);
+    /* given: it wins (and is recorded) */
+    assert_int_equal(run_only(log, "--resume", out, "--device", "cpu", "--threads", "1", "--max-steps", "4",
+                              "--mps", "off", NULL), 0);
+    assert_int_equal(count_in(log, " --mps "), 0);
+    assert_int_equal(count_in(rj, "\"mps\":\t\"off\""), 1);
+    /* a recorded "on" (hand-edited) in a CPU run: refused, naming where it came from */
+    char *txt = pf_slurp(rj, NULL);
+    assert_non_null(txt);
+    char *at = strstr(txt, "\"mps\":\t\"off\"");
+    assert_non_null(at);
+    FILE *f = fopen(rj, "w");
+    assert_non_null(f);
+    fprintf(f, "%.*s\"mps\":\t\"on\"%s", (int)(at - txt), txt, at + strlen("\"mps\":\t\"off\""));
+    fclose(f);
+    free(txt);
+    assert_int_equal(run_only(log, "--resume", out, "--device", "cpu", "--threads", "1", "--max-steps", "5",
+                              NULL), 2);
+    said(log, "--mps on (the run's, from run.json): it is for GPU runs");
 }
 
 /* A stand-in daemon: the real one needs a GPU. */
@@ -243,6 +308,7 @@ static void test_daemon_hangs(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_resume_takes_mps),
         cmocka_unit_test(test_daemon_life_cycle),
         cmocka_unit_test(test_daemon_hangs),
     };
