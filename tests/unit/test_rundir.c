@@ -176,6 +176,7 @@ static void test_run_json_roundtrip(void **state) {
     r->optimizer_recoveries = 3;
     r->deterministic = 1;
     r->keep_checkpoints = 0;
+    snprintf(r->mps, sizeof r->mps, "auto");
     snprintf(r->rebalance.id, sizeof r->rebalance.id, "rb-1-2");
     snprintf(r->rebalance.status, sizeof r->rebalance.status, "done");
     snprintf(r->rebalance.message, sizeof r->rebalance.message, "2+1 \"quoted\" \\ tab\t");
@@ -188,6 +189,7 @@ static void test_run_json_roundtrip(void **state) {
     assert_int_equal(rundir_run_write(tmpdir, r), 0);
     const char *t = slurp(tmpdir, RUNDIR_RUN_JSON);
     assert_non_null(strstr(t, "\"deterministic\":\ttrue"));
+    assert_non_null(strstr(t, "\"mps\":\t\"auto\""));
     assert_non_null(strstr(t, "\"last_recovery_s\":\t2.75"));
     assert_non_null(strstr(t, "\"target_gpus\":\t[0, 1]"));
     assert_non_null(strstr(t, "\"metrics_endpoint\":\t\"ipc:///tmp/dl-x/metrics\",\n\t\"control\":\t\"ipc:///tmp/dl-x/ctl.sock\",\n"));
@@ -198,10 +200,11 @@ static void test_run_json_roundtrip(void **state) {
     assert_int_equal(x->pid, 4242);
     assert_null(rundir_run_stage(b, "drafter9"));
     /* optional keys left out when unset */
-    r->target_model[0] = r->data[0] = r->rebalance.id[0] = r->control[0] = 0;
+    r->target_model[0] = r->data[0] = r->rebalance.id[0] = r->control[0] = r->mps[0] = 0;
     assert_int_equal(rundir_run_write(tmpdir, r), 0);
     t = slurp(tmpdir, RUNDIR_RUN_JSON);
     assert_null(strstr(t, "target_model"));
+    assert_null(strstr(t, "\"mps\""));
     assert_null(strstr(t, "\"data\""));
     assert_null(strstr(t, "rebalance"));
     assert_null(strstr(t, "control"));
@@ -244,6 +247,7 @@ static void test_run_json_errors(void **state) {
         {"[1, 2]", "not a JSON object"},
         {"{\"supervisor_pid\": \"12\"}", "'supervisor_pid'"},
         {"{\"deterministic\": 1}", "'deterministic'"},
+        {"{\"mps\": true}", "'mps'"},
         {"{\"stages\": [{\"name\": \"loader\"}, {\"name\": 7}]}", "'stages[1].name'"},
         {"{\"stages\": [{\"name\": \"a-very-long-stage-name-beyond-32-bytes\"}]}", "'stages[0].name'"},
         {"{\"stages\": [3]}", "'stages[0]'"},
