@@ -358,7 +358,9 @@ static void resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_h
     resume_precision(o, j, run_dir);
     if (j->mps[0] && !o->given[RUN_O_MPS - RUN_O_TM]) {
         int m;
-        if (sup_mps_parse(j->mps, &m) == 0) TAKE(RUN_O_MPS, " --mps %s", sup_mps_name(o->mps = m));
+        if (sup_mps_parse(j->mps, &m) == 0) {
+            if (m != o->mps) TAKE(RUN_O_MPS, " --mps %s", sup_mps_name(o->mps = m));   /* (off: as now) */
+        }
         else log_warn("--resume: run.json \"mps\" '%s' is not off, auto or on: ignored (--mps %s)", j->mps,
                       sup_mps_name(o->mps));
     }
