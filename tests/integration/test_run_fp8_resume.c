@@ -64,16 +64,6 @@ static int run_draftline(const char *log, int with_fixed, const char *const *ext
     return pf_run_draftline(&a, NULL, 100, NULL);
 }
 
-/* occurrences of needle in the file at path (-1: unreadable) */
-static int count_in(const char *path, const char *needle) {
-    char *txt = pf_slurp(path, NULL);
-    if (!txt) return -1;
-    int n = 0;
-    for (const char *p = strstr(txt, needle); p; p = strstr(p + 1, needle)) n++;
-    free(txt);
-    return n;
-}
-
 static void test_resume_keeps_fp8(void **state) {
     (void)state;
     char out[400], log1[500], log2[500], log3[500], rj[500], tlog[500], steps[500], want[600];
@@ -87,31 +77,31 @@ static void test_resume_keeps_fp8(void **state) {
 
     const char *first[] = {"--target-precision", "fp8", "--max-steps", "3", "--out", out, NULL};
     assert_int_equal(run_draftline(log1, 1, first), 0);
-    assert_int_equal(count_in(rj, "\"target_precision\":\t\"fp8\""), 1);
-    assert_int_equal(count_in(tlog, "of fp8 weights"), 1);
+    assert_int_equal(pf_count_in(rj, "\"target_precision\":\t\"fp8\""), 1);
+    assert_int_equal(pf_count_in(tlog, "of fp8 weights"), 1);
     assert_int_equal(pf_count_lines(steps), 3);
 
     /* without the flag: the run's fp8, said on the console */
     const char *resume[] = {"--resume", out, "--max-steps", "5", NULL};
     assert_int_equal(run_draftline(log2, 0, resume), 0);
     snprintf(want, sizeof want, "target precision fp8, as recorded in %s/run.json", out);
-    if (count_in(log2, want) != 1) pf_show(log2);
-    assert_int_equal(count_in(log2, want), 1);
-    assert_int_equal(count_in(tlog, "of fp8 weights"), 2);
-    assert_int_equal(count_in(tlog, "of bf16 weights"), 0);
-    assert_int_equal(count_in(rj, "\"target_precision\":\t\"fp8\""), 1);
+    if (pf_count_in(log2, want) != 1) pf_show(log2);
+    assert_int_equal(pf_count_in(log2, want), 1);
+    assert_int_equal(pf_count_in(tlog, "of fp8 weights"), 2);
+    assert_int_equal(pf_count_in(tlog, "of bf16 weights"), 0);
+    assert_int_equal(pf_count_in(rj, "\"target_precision\":\t\"fp8\""), 1);
     assert_int_equal(pf_count_lines(steps), 5);
 
     /* an explicit other precision: used, and warned naming both */
     const char *other[] = {"--resume", out, "--max-steps", "6", "--target-precision", "bf16", NULL};
     assert_int_equal(run_draftline(log3, 0, other), 0);
-    if (count_in(log3, "--target-precision bf16 given, but the run trained with target precision fp8") != 1)
+    if (pf_count_in(log3, "--target-precision bf16 given, but the run trained with target precision fp8") != 1)
         pf_show(log3);
-    assert_int_equal(count_in(log3, "--target-precision bf16 given, but the run trained with target precision fp8"), 1);
-    assert_int_equal(count_in(log3, "as recorded in"), 0);
-    assert_int_equal(count_in(tlog, "of fp8 weights"), 2);
-    assert_int_equal(count_in(tlog, "of bf16 weights"), 1);
-    assert_int_equal(count_in(rj, "\"target_precision\":\t\"bf16\""), 1);
+    assert_int_equal(pf_count_in(log3, "--target-precision bf16 given, but the run trained with target precision fp8"), 1);
+    assert_int_equal(pf_count_in(log3, "as recorded in"), 0);
+    assert_int_equal(pf_count_in(tlog, "of fp8 weights"), 2);
+    assert_int_equal(pf_count_in(tlog, "of bf16 weights"), 1);
+    assert_int_equal(pf_count_in(rj, "\"target_precision\":\t\"bf16\""), 1);
     assert_int_equal(pf_count_lines(steps), 6);
 }
 
@@ -138,8 +128,8 @@ static void test_resume_unknown_precision(void **state) {
     free(txt);
     const char *bad[] = {"--resume", out, "--max-steps", "7", NULL};
     assert_int_equal(run_draftline(log4, 1, bad), 0);
-    if (count_in(log4, "key 'target_precision': expected a string: the run's --target-model") != 1) pf_show(log4);
-    assert_int_equal(count_in(log4, "key 'target_precision': expected a string: the run's --target-model"), 1);
+    if (pf_count_in(log4, "key 'target_precision': expected a string: the run's --target-model") != 1) pf_show(log4);
+    assert_int_equal(pf_count_in(log4, "key 'target_precision': expected a string: the run's --target-model"), 1);
 
     snprintf(cmd, sizeof cmd, "cp -r '%s/checkpoints/step_7' '%s'", out, lone);
     assert_int_equal(system(cmd), 0);
@@ -147,8 +137,8 @@ static void test_resume_unknown_precision(void **state) {
     snprintf(out2, sizeof out2, "%s/run_lone", fx.root);
     const char *alone[] = {"--resume", lone, "--max-steps", "8", "--out", out2, NULL};
     assert_int_equal(run_draftline(log5, 1, alone), 0);
-    if (count_in(log5, "not in a run dir (no run.json): target precision bf16") != 1) pf_show(log5);
-    assert_int_equal(count_in(log5, "not in a run dir (no run.json): target precision bf16"), 1);
+    if (pf_count_in(log5, "not in a run dir (no run.json): target precision bf16") != 1) pf_show(log5);
+    assert_int_equal(pf_count_in(log5, "not in a run dir (no run.json): target precision bf16"), 1);
 }
 
 /* after test_resume_unknown_precision (the run dir at step 7): "target_precision": "" */
@@ -173,8 +163,8 @@ static void test_resume_empty_precision(void **state) {
     const char *args[] = {"--resume", out, "--max-steps", "8", NULL};
     assert_int_equal(run_draftline(log6, 1, args), 0);
     const char *want = "target_precision '' is neither bf16 nor fp8: ignored (bf16)";
-    if (count_in(log6, want) != 1) pf_show(log6);
-    assert_int_equal(count_in(log6, want), 1);
+    if (pf_count_in(log6, want) != 1) pf_show(log6);
+    assert_int_equal(pf_count_in(log6, want), 1);
 }
 
 int main(void) {

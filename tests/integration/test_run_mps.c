@@ -85,16 +85,6 @@ static int run_only(const char *log, ...) {
     return pf_run_draftline(&a, NULL, 60, NULL);
 }
 
-/* Occurrences of needle in the file at path (-1: unreadable). */
-static int count_in(const char *path, const char *needle) {
-    char *txt = pf_slurp(path, NULL);
-    if (!txt) return -1;
-    int n = 0;
-    for (const char *p = strstr(txt, needle); p; p = strstr(p + 1, needle)) n++;
-    free(txt);
-    return n;
-}
-
 /* The run's output contains want (printed when not). */
 static void said(const char *log, const char *want) {
     size_t len;
@@ -176,18 +166,18 @@ static void test_resume_takes_mps(void **state) {
     snprintf(log, sizeof log, "%s/res.out", fx.root);
     snprintf(rj, sizeof rj, "%s/run.json", out);
     assert_int_equal(run(out, log, "--device", "cpu", "--threads", "1", "--mps", "auto", NULL), 0);
-    assert_int_equal(count_in(rj, "\"mps\":\t\"auto\""), 1);
+    assert_int_equal(pf_count_in(rj, "\"mps\":\t\"auto\""), 1);
     /* not given: the run's, said among the settings taken */
     assert_int_equal(run_only(log, "--resume", out, "--device", "cpu", "--threads", "1", "--max-steps", "3",
                               NULL), 0);
     said(log, "not given, so taken from the checkpoint and its run:");
     said(log, " --mps auto");
-    assert_int_equal(count_in(rj, "\"mps\":\t\"auto\""), 1);
+    assert_int_equal(pf_count_in(rj, "\"mps\":\t\"auto\""), 1);
     /* given: it wins (and is recorded) */
     assert_int_equal(run_only(log, "--resume", out, "--device", "cpu", "--threads", "1", "--max-steps", "4",
                               "--mps", "off", NULL), 0);
-    assert_int_equal(count_in(log, " --mps "), 0);
-    assert_int_equal(count_in(rj, "\"mps\":\t\"off\""), 1);
+    assert_int_equal(pf_count_in(log, " --mps "), 0);
+    assert_int_equal(pf_count_in(rj, "\"mps\":\t\"off\""), 1);
     /* a recorded "on" (hand-edited) in a CPU run: refused, naming where it came from */
     char *txt = pf_slurp(rj, NULL);
     assert_non_null(txt);

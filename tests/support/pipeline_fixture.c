@@ -149,6 +149,15 @@ int pf_count_lines(const char *path) {
     return n;
 }
 
+int pf_count_in(const char *path, const char *needle) {
+    char *txt = pf_slurp(path, NULL);
+    if (!txt) return -1;
+    int n = 0;
+    for (const char *p = strstr(txt, needle); p; p = strstr(p + 1, needle)) n++;
+    free(txt);
+    return n;
+}
+
 void pf_teardown(const char *root) {
     proc_kill_all();
     if (getenv("DL_KEEP_TEST_DIR")) return;

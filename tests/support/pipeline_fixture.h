@@ -53,6 +53,9 @@ void pf_show(const char *path);
 /* Number of '\n' in the file at path; 0 when it cannot be opened. */
 int pf_count_lines(const char *path);
 
+/* Occurrences of needle (overlapping ones too) in the file at path; -1 when unreadable. */
+int pf_count_in(const char *path, const char *needle);
+
 /* The paths of one test binary's pipeline fixture, filled by pf_fixture_setup. */
 typedef struct {
     char root[256];        /* /tmp/<prefix>-<pid>, created 0700; pf_teardown removes it */
