@@ -553,7 +553,7 @@ int sup_launch(run_opts_t *o) {
     /* Everything that does not need the data is checked before the data is prepared and
      * before the out dir is created. */
     int (*const phases[])(launch_t *) = {
-        lc_gpu_lists, sup__resume_take_defaults, lc_validate, sup__net_check, lc_out_dir, sup__resume_fresh,
+        sup__resume_take_defaults, lc_gpu_lists, lc_validate, sup__net_check, lc_out_dir, sup__resume_fresh,
         sup__resume_read, lc_inbox, lc_bins, lc_take_dir, sup__net_keys, sup__data_prepare, sup__data_cursor,
     };
     for (size_t i = 0; i < sizeof phases / sizeof phases[0]; i++) {

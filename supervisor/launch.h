@@ -46,6 +46,7 @@ typedef struct {
     int mps;                    /* --mps: SUP_MPS_OFF (default) | _AUTO | _ON (supervisor/mps.h) */
     uint8_t given[64];          /* given[code - RUN_O_TM]: set by a flag or --config (not a default) */
     char resume_data[4096];     /* --resume: the run's data cache (o.data points here) */
+    char resume_tgpus[512], resume_dgpus[512];  /* --resume: the run's GPU lists (o.target_gpus / o.drafter_gpus) */
 } run_opts_t;
 _Static_assert(RUN_O_MPS - RUN_O_TM < 64, "run_opts_t.given holds every option code");
 

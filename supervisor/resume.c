@@ -5,6 +5,7 @@
 #include "common/base/err.h"
 #include "common/base/log.h"
 #include "common/model/target.h"
+#include "common/pipe/rbplan.h"
 #include "common/rundir/rundir.h"
 
 #include <errno.h>
@@ -271,8 +272,10 @@ static void resume_precision(run_opts_t *o, const rundir_run_t *j, const char *r
  * (older checkpoints: the last two from its config.json); from <run_dir>/run.json
  * ("" / missing: skipped; keys written since these defaults exist): --target-model,
  * --data (the data cache the run trained on; else <run_dir>/data.dlc when it exists),
- * --save-every, --keep-checkpoints, --deterministic, --target-precision (resume_precision),
- * --mps.
+ * the placement when no placement flag was given (GPU runs: --target-gpus / --drafter-gpus
+ * of the live topology; CPU runs: --targets / --drafters; multi-node runs: warned, not
+ * taken), --save-every, --keep-checkpoints, --deterministic, --target-precision
+ * (resume_precision), --mps.
  * Explicit settings are left as given (the --resume check compares them). Appends " --flag value" per setting taken to taken (cap bytes). */
 static void resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_hdr_t *h, const char *run_dir,
                             char *taken, size_t cap) {
@@ -346,6 +349,25 @@ static void resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_h
             o->data = o->resume_data;
             TAKE(RUN_O_DATA, " --data %s", o->data);
         }
+    }
+    /* the placement: only when none of its flags was given (a placement given in part is
+     * the user's to finish: lc_gpu_lists says what is missing). GPU runs: the GPU lists of
+     * the live topology (after any rebalance); CPU runs: the counts when they differ from
+     * the default. Multi-node runs: not taken (the nodes are in --listen / the lists). */
+    int placed = 0;
+    for (int c = RUN_O_TG; c <= RUN_O_ND; c++) placed |= o->given[c - RUN_O_TM];
+    if (!placed && j->n_nodes > 0) {
+        log_warn("--resume: the run ran on %d nodes: its placement is not taken (pass --listen and "
+                 "--target-gpus / --drafter-gpus, or --targets / --drafters, naming the nodes)", j->n_nodes);
+    } else if (!placed && !strcmp(j->device, "cuda") && j->n_target_gpus > 0 && j->n_drafter_gpus > 0) {
+        o->target_gpus = rbplan_format_gpus(j->target_gpus, j->n_target_gpus, o->resume_tgpus, sizeof o->resume_tgpus);
+        o->drafter_gpus = rbplan_format_gpus(j->drafter_gpus, j->n_drafter_gpus, o->resume_dgpus,
+                                             sizeof o->resume_dgpus);
+        TAKE(RUN_O_TG, " --target-gpus %s", o->target_gpus);
+        TAKE(RUN_O_DG, " --drafter-gpus %s", o->drafter_gpus);
+    } else if (!placed && !strcmp(j->device, "cpu") && j->targets > 0 && j->drafters > 0) {
+        if (j->targets != o->targets) TAKE(RUN_O_NT, " --targets %d", (o->targets = j->targets));
+        if (j->drafters != o->drafters) TAKE(RUN_O_ND, " --drafters %d", (o->drafters = j->drafters));
     }
     if (j->save_every >= 0)
         TAKE(RUN_O_SE, " --save-every %lld", (long long)(o->save_every = j->save_every));

@@ -13,7 +13,9 @@
  *    and with a relative --out the log dir given to it is absolute;
  *  - --mps is recorded in run.json ("mps") and `run --resume` takes it unless given (said
  *    in its "taken from" line); a given --mps wins; a recorded "on" where MPS cannot be
- *    (hand-edited, a CPU run) is refused naming run.json.
+ *    (hand-edited, a CPU run) is refused naming run.json;
+ *  - `run --resume` without a placement flag takes the run's placement (CPU counts, GPU
+ *    lists) from run.json, said in the same line; a given placement flag wins.
  * That MPS makes a shared GPU faster is a benchmark (bench/NOTES.md), not asserted here.
  * Hard timeout per run; each run's process group is killed and reaped. */
 #include <setjmp.h>
@@ -24,6 +26,7 @@
 
 #include "tests/support/pipeline_fixture.h"
 #include "tests/support/proc.h"
+#include "common/rundir/rundir.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -193,6 +196,43 @@ static void test_resume_takes_mps(void **state) {
     said(log, "--mps on (the run's, from run.json): it is for GPU runs");
 }
 
+/* --resume without a placement flag continues on the run's placement (run.json): a CPU
+ * run's --targets / --drafters; a GPU run's --target-gpus / --drafter-gpus (run.json edited
+ * through common/rundir to a GPU run of GPUs 0 and 1: --mps on is then refused for GPU
+ * reasons, which shows the run was placed on GPUs, not on the CPU default). */
+static void test_resume_takes_placement(void **state) {
+    (void)state;
+    char out[400], log[400], rj[500];
+    snprintf(out, sizeof out, "%s/place", fx.root);
+    snprintf(log, sizeof log, "%s/place.out", fx.root);
+    snprintf(rj, sizeof rj, "%s/run.json", out);
+    assert_int_equal(run(out, log, "--device", "cpu", "--threads", "1", "--targets", "2", NULL), 0);
+    assert_int_equal(run_only(log, "--resume", out, "--threads", "1", "--max-steps", "3", NULL), 0);
+    said(log, " --targets 2");
+    assert_int_equal(pf_count_in(log, " --drafters "), 0);   /* the default's: not listed */
+    assert_int_equal(pf_count_in(rj, "\"targets\":\t2,"), 1);
+    rundir_run_t *j = malloc(sizeof *j);
+    assert_non_null(j);
+    assert_int_equal(rundir_run_read(out, j), 0);
+    snprintf(j->device, sizeof j->device, "cuda");
+    j->target_gpus[0] = 0; j->n_target_gpus = 1;
+    j->drafter_gpus[0] = 1; j->n_drafter_gpus = 1;
+    j->targets = 1;
+    assert_int_equal(rundir_run_write(out, j), 0);
+    free(j);
+    assert_int_equal(run_only(log, "--resume", out, "--max-steps", "4", "--mps", "on", NULL), 2);
+    said(log, " --target-gpus 0 --drafter-gpus 1");
+#ifdef DL_CUDA
+    said(log, "--mps on: no GPU of this host runs both a target and a drafter");
+#else
+    said(log, "this build has no CUDA");
+#endif
+    /* a placement flag given: nothing of the run's placement is taken */
+    assert_int_equal(run_only(log, "--resume", out, "--device", "cpu", "--max-steps", "4", "--mps", "on", NULL), 2);
+    assert_int_equal(pf_count_in(log, " --target-gpus 0"), 0);
+    said(log, "--mps on: it is for GPU runs");
+}
+
 /* A stand-in daemon: the real one needs a GPU. */
 static void test_daemon_life_cycle(void **state) {
     (void)state;
@@ -299,6 +339,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_resume_takes_mps),
+        cmocka_unit_test(test_resume_takes_placement),
         cmocka_unit_test(test_daemon_life_cycle),
         cmocka_unit_test(test_daemon_hangs),
     };
