@@ -181,7 +181,12 @@ static void test_rebalance_moves(void **state) {
     proc_t hp;
     char out[400], hlog[400], steps[500];
     const char *place[] = {"--targets", "a:2", "--drafters", "b:2", "--max-steps", STEPS, NULL};
+    /* slowed targets (the same bits): on a fast machine the 24 steps ended before the
+     * rebalance was asked, after the three refusals ("rejected: the run is stopping"), or
+     * during the move at 250 ms; at 1 s the move takes ~20 s and the run outlasts it */
+    setenv("DL_TEST_HOOKS", "target.forward_delay_ms=1000", 1);
     head_start("mv", place, &hp, &h, out, hlog, &A, &B);
+    unsetenv("DL_TEST_HOOKS");
     snprintf(steps, sizeof steps, "%s/steps.jsonl", B.dir);   /* the optimizer is on b */
     int at = wait_steps(steps, 5, 150);
     if (!at) { pf_show(hlog); pf_show(A.args.log); pf_show(B.args.log); }
