@@ -279,7 +279,7 @@ static void bench_attention_block(int quick) {
     double fwd_fl = 4.0 * hd * H * B * keys;
     float ms;
     char name[160];
-    for (int variant = 1; variant <= 6; variant++) {
+    for (int variant = 1; variant <= 8; variant++) {
         ops_cuda_attention_block_variant(variant);
         TIME_MS(ms, 2, quick ? 3 : 10,
                 C.impl->attention_block_forward(&C, o, lse, q, kb, vb, kc, vc, dcs, dcl, Nb, B, Tc,

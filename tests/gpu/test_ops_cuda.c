@@ -503,8 +503,8 @@ static void test_attention_varlen(void **state) {
  * windows overlap, nest or are disjoint: every path of the pair kernel). */
 static void run_block_ctx(int Nb, int B, int Tc, int H, int Hkv, int hd, int nseq) {
     char name[160];
-    int32_t cs[256], cl[256];
-    assert_true(Nb <= 256);
+    int32_t cs[512], cl[512];
+    assert_true(Nb <= 512);
     for (int j = 0; j < Nb; j++) {
         int kind = j % 4;
         if (nseq > 0) {
@@ -580,7 +580,7 @@ static void run_block(int Nb, int B, int Tc, int H, int Hkv, int hd) {
 /* Every kernel variant (ops_cuda_attention_block_variant) against the CPU reference. */
 static void test_attention_block(void **state) {
     (void)state;
-    for (int variant = 1; variant <= 6; variant++) {
+    for (int variant = 1; variant <= 8; variant++) {
         ops_cuda_attention_block_variant(variant);
         run_block(9, 16, 150, 4, 2, 64);   /* DFlash B=16, GQA 2:1, odd Nb */
         run_block(6, 7, 200, 8, 2, 128);   /* odd block size, GQA 4:1 */
@@ -590,6 +590,8 @@ static void test_attention_block(void **state) {
         run_block(7, 16, 300, 8, 1, 64);   /* GQA 8:1: a pair's warps over two thread blocks */
         run_block(130, 16, 1200, 4, 1, 128); /* 128-key dK/dV tiles, > 128 blocks per tile */
         run_block_ctx(61, 16, 4 * 300, 8, 2, 128, 4); /* DFlash layout, 4 sequences */
+        if (variant == 5 || variant >= 7)   /* > 256 blocks: several block lists per dK/dV tile */
+            run_block(300, 16, 520, 4, 1, 128);
     }
     ops_cuda_attention_block_variant(0);
 }

@@ -39,7 +39,7 @@ extern "C" {
 // anchors (bench_ops): fwd 14.3 / 10.0 / 10.9 / 10.0 / 8.9 ms, dQ 16.7 / 12.2 / 15.3 /
 // 12.2 / 12.2 (13.1 on wgmma) ms, dK/dV 31.3 / 30.6 / 29.3 / 22.9 / 23.0 ms for variants
 // 1 / 2 / 3 / 4 / 5 (bench/NOTES.md).
-#define AB_DEFAULT_VARIANT 5
+#define AB_DEFAULT_VARIANT 7
 
 // ------------------------------------------------------------------ forward / dQ
 // Task of warp w in block (j, hk, z): task = z*AB_WARPS + w -> (hg, qc), query
@@ -669,12 +669,34 @@ static void launch_dkv_range(const ops_ctx_t *c, bf16 *dkb, bf16 *dvb, bf16 *dkc
     cuda_check_launch();
 }
 
+// The dK/dV context tiles on wgmma (attention_block_wg.cuh): NWG warpgroups of 64 keys per
+// thread block, NST staged work items; head dim 128, 16-byte aligned rows (the caller checks).
+template <int NWG, int NST>
+static void launch_dkv_wg(const ops_ctx_t *c, bf16 *dkc, bf16 *dvc, const bf16 *dout,
+                          const float *lse, const float *D, const void *q, const void *kc,
+                          const void *vc, const int32_t *cs, const int32_t *cl, int Nb, int B,
+                          int Tc, int H, int Hkv) {
+    constexpr int QROWS = AB_GH * 16, KW = NWG * 4;
+    size_t smem = NWG * 2 * ABW_TILE_BYTES + NST * (2 * ABW_TILE_BYTES + 2 * QROWS * 4) +
+                  (KW * 32 + KW) * sizeof(int);
+    cuda_check(cudaFuncSetAttribute(attn_block_dkv_wg_kernel<NWG, NST>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    long nct = (Tc + NWG * 64 - 1) / (NWG * 64);
+    if (nct <= 0) return;
+    attn_block_dkv_wg_kernel<NWG, NST><<<dim3((unsigned)nct, Hkv), NWG * 128, smem,
+                                         cuda_stream(c)>>>(
+        dkc, dvc, dout, lse, D, (const bf16 *)q, (const bf16 *)kc, (const bf16 *)vc, cs, cl, Nb,
+        B, Tc, H, Hkv, 1.0f / sqrtf((float)128));
+    cuda_check_launch();
+}
+
 // dK/dV: variant 1 = 64-key tiles (4 warps) everywhere, one head at a time; variant 2 =
 // the heads of a batch together (ab_dkv_item_joint), 64-key tiles; variant 3 = as 2 with
 // 128-key context tiles (8 warps: each staged query item serves twice the keys; own tiles
 // stay 64 keys: a block's B = 16 own rows would leave 7 of 8 warps idle); variant 4 =
 // context tiles with wgmma (attention_block_wg.cuh; head dim 128, 16-byte aligned rows;
-// otherwise as variant 2), own tiles as variant 2.
+// otherwise as variant 2), own tiles as variant 2; variants 7 and 8 = as 4 with two
+// warpgroups (128 keys) per thread block sharing each staged item, 4 or 3 stages.
 template <int HDP>
 static void launch_dkv(const ops_ctx_t *c, int variant, bf16 *dkb, bf16 *dvb, bf16 *dkc,
                        bf16 *dvc, const bf16 *dout, const float *lse, const float *D,
@@ -688,17 +710,12 @@ static void launch_dkv(const ops_ctx_t *c, int variant, bf16 *dkb, bf16 *dvb, bf
     } else if (variant >= 4 && HDP == 128 && hd == 128 && abw_supported() &&
                vec_ok(hd, q, kb, vb, kc, vc) && ((uintptr_t)dout & 15) == 0) {
         // context tiles with wgmma; own tiles (B rows of one block) with the mma.sync kernel
-        constexpr int QROWS = AB_GH * 16;
-        size_t smem = 2 * ABW_TILE_BYTES + 2 * (2 * ABW_TILE_BYTES + 2 * QROWS * 4) +
-                      (128 + 4) * sizeof(int);
-        cuda_check(cudaFuncSetAttribute(attn_block_dkv_wg_kernel,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        if (nct4 > 0) {
-            attn_block_dkv_wg_kernel<<<dim3((unsigned)nct4, Hkv), 128, smem, cuda_stream(c)>>>(
-                dkc, dvc, dout, lse, D, (const bf16 *)q, (const bf16 *)kc, (const bf16 *)vc, cs,
-                cl, Nb, B, Tc, H, Hkv, 1.0f / sqrtf((float)hd));
-            cuda_check_launch();
-        }
+        if (variant == 7)
+            launch_dkv_wg<2, 4>(c, dkc, dvc, dout, lse, D, q, kc, vc, cs, cl, Nb, B, Tc, H, Hkv);
+        else if (variant == 8)
+            launch_dkv_wg<2, 3>(c, dkc, dvc, dout, lse, D, q, kc, vc, cs, cl, Nb, B, Tc, H, Hkv);
+        else
+            launch_dkv_wg<1, 2>(c, dkc, dvc, dout, lse, D, q, kc, vc, cs, cl, Nb, B, Tc, H, Hkv);
         launch_dkv_range<HDP, 4, true>(c, dkb, dvb, NULL, NULL, dout, lse, D, q, kb, vb, kc, vc,
                                        cs, cl, Nb, B, Tc, H, Hkv, hd, nct4, all4);
     } else if (variant == 2 || variant >= 4) {
@@ -740,7 +757,7 @@ static void launch_q(const ops_ctx_t *c, int variant, bf16 *out, float *lse, bf1
                      const void *kb, const void *vb, const void *kc, const void *vc,
                      const int32_t *cs, const int32_t *cl, int Nb, int B, int H, int Hkv,
                      int hd) {
-    // variant 5: the forward on wgmma, dQ with the pair kernel (measured faster); 6: both
+    // variants 5, 7, 8: the forward on wgmma, dQ with the pair kernel (measured faster); 6: both
     const bool wgq = BWD ? variant == 6 : variant >= 5;
     if (wgq && HDP == 128 && hd == 128 && H == 4 * Hkv && B <= 16 && abw_supported() &&
         vec_ok(hd, q, kb, vb, kc, vc) && (!BWD || ((uintptr_t)dout & 15) == 0)) {
@@ -767,7 +784,7 @@ static int g_ab_variant = AB_DEFAULT_VARIANT;
 
 extern "C" int ops_cuda_attention_block_variant(int variant) {
     int old = g_ab_variant;
-    if (variant >= 0 && variant <= 6) g_ab_variant = variant == 0 ? AB_DEFAULT_VARIANT : variant;
+    if (variant >= 0 && variant <= 8) g_ab_variant = variant == 0 ? AB_DEFAULT_VARIANT : variant;
     return old;
 }
 

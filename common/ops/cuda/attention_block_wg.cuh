@@ -81,9 +81,15 @@ __device__ __forceinline__ void abw_item(float *dk, float *dv, const unsigned ch
 
 #endif  // !ABW_NO_WGMMA
 
-// Grid: (context tiles of 64 keys, Hkv); 128 threads. Arguments as attn_block_dkv_kernel
-// (own tiles are not served here: the caller runs them with that kernel).
-__global__ void __launch_bounds__(128)
+// Grid: (context tiles of NWG x 64 keys, Hkv); NWG x 128 threads. Arguments as
+// attn_block_dkv_kernel (own tiles are not served here: the caller runs them with that
+// kernel). NWG warpgroups each own 64 consecutive keys of the tile and share every staged
+// work item (its Q, dO, lse and D are read from L2 once for NWG x 64 keys); NST stages of
+// items (NST - 1 fetched ahead). NWG 1, NST 2: variants 4-6 (2 thread blocks per SM);
+// NWG 2, NST 4 or 3: variants 7 and 8 (one thread block per SM, the same 8 warps).
+// Each key sums its items in ascending block order whatever NWG and NST: same bits.
+template <int NWG, int NST>
+__global__ void __launch_bounds__(NWG * 128)
 attn_block_dkv_wg_kernel(bf16 *dkc, bf16 *dvc, const bf16 *dout, const float *lse_in,
                          const float *Dvec, const bf16 *q, const bf16 *kc, const bf16 *vc,
                          const int32_t *ctx_start, const int32_t *ctx_len, int Nb, int B, int Tc,
@@ -92,30 +98,33 @@ attn_block_dkv_wg_kernel(bf16 *dkc, bf16 *dvc, const bf16 *dout, const float *ls
     __trap();
 #else
     constexpr int hd = 128, QROWS = AB_GH * 16;  // 64 staged rows per item
+    constexpr int NT = NWG * 128, KW = NWG * 4;  // threads, warps
     extern __shared__ __align__(16) unsigned char smem_raw[];  // (the dynamic base is 1024-aligned)
-    unsigned char *Kt = smem_raw, *Vt = Kt + ABW_TILE_BYTES;
-    unsigned char *stage = Vt + ABW_TILE_BYTES;  // 2 x (Q tile, dO tile, lse, D)
+    const int tid = threadIdx.x, sel = tid >> 7, wtid = tid & 127;
+    unsigned char *Kt = smem_raw + sel * 2 * ABW_TILE_BYTES, *Vt = Kt + ABW_TILE_BYTES;
+    unsigned char *stage = smem_raw + NWG * 2 * ABW_TILE_BYTES;  // NST x (Q tile, dO tile, lse, D)
     constexpr int STAGE_BYTES = 2 * ABW_TILE_BYTES + 2 * QROWS * 4;
-    int *list = (int *)(stage + 2 * STAGE_BYTES);  // 128 block indices
-    int *wcount = list + 128;                      // 4 warp counts
+    int *list = (int *)(stage + NST * STAGE_BYTES);  // KW*32 block indices
+    int *wcount = list + KW * 32;                     // KW warp counts
     const int hk = blockIdx.y, group = H / Hkv, nqc = (B + 15) / 16;
     const int nhb = (group + AB_GH - 1) / AB_GH;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int wwarp = wtid >> 5;  // warp within the warpgroup
     const size_t qstride = (size_t)H * hd, kstride = (size_t)Hkv * hd;
     const float scale_log2 = scale * ATTN_LOG2E;
-    const int key0 = blockIdx.x * 64;
+    const int key0 = blockIdx.x * (NWG * 64), wkey0 = key0 + sel * 64;  // tile, this warpgroup
     auto kvrow = [&](const bf16 *x, int r) -> const bf16 * {
-        int kk = key0 + r;
+        int kk = wkey0 + r;
         return kk < Tc ? x + (size_t)kk * kstride + (size_t)hk * hd : nullptr;
     };
-    abw_load_tile(Kt, [&](int r) { return kvrow(kc, r); }, tid, q);
-    abw_load_tile(Vt, [&](int r) { return kvrow(vc, r); }, tid, q);
+    abw_load_tile(Kt, [&](int r) { return kvrow(kc, r); }, wtid, q);
+    abw_load_tile(Vt, [&](int r) { return kvrow(vc, r); }, wtid, q);
     cp_async_commit();
 
     float dk[64], dv[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) dk[i] = dv[i] = 0.0f;
-    const int my_key_a = key0 + warp * 16 + g, my_key_b = my_key_a + 8;
+    const int my_key_a = wkey0 + wwarp * 16 + g, my_key_b = my_key_a + 8;
     auto stQ = [&](int st) { return stage + st * STAGE_BYTES; };
     auto stO = [&](int st) { return stage + st * STAGE_BYTES + ABW_TILE_BYTES; };
     auto stL = [&](int st) { return (float *)(stage + st * STAGE_BYTES + 2 * ABW_TILE_BYTES); };
@@ -129,17 +138,17 @@ attn_block_dkv_wg_kernel(bf16 *dkc, bf16 *dvc, const bf16 *dout, const float *ls
             *hh = hk * group + hgi;
             return (rr < B && hgi < group) ? (long)j * B + rr : -1;
         };
-        abw_load_tile(stQ(st), [&](int r) -> const bf16 * {
+        abw_load_tile<NT>(stQ(st), [&](int r) -> const bf16 * {
             int h;
             long row = qrow(r, &h);
             return row >= 0 ? q + row * qstride + (size_t)h * hd : nullptr;
         }, tid, q);
-        abw_load_tile(stO(st), [&](int r) -> const bf16 * {
+        abw_load_tile<NT>(stO(st), [&](int r) -> const bf16 * {
             int h;
             long row = qrow(r, &h);
             return row >= 0 ? dout + row * qstride + (size_t)h * hd : nullptr;
         }, tid, q);
-        for (int r = tid; r < QROWS; r += 128) {
+        for (int r = tid; r < QROWS; r += NT) {
             int h;
             long row = qrow(r, &h);
             stL(st)[r] = row >= 0 ? lse_in[row * H + h] * ATTN_LOG2E : INFINITY;
@@ -147,40 +156,40 @@ attn_block_dkv_wg_kernel(bf16 *dkc, bf16 *dvc, const bf16 *dout, const float *ls
         }
     };
 
-    const int nchunks = (Nb + 127) / 128;
+    const int nchunks = (Nb + KW * 32 - 1) / (KW * 32);
     for (int ch = 0; ch < nchunks; ch++) {
-        const int n_list = ab_dkv_list<4>(list, wcount, ctx_start, ctx_len, true, ch, Nb, key0,
-                                          -1, tid, warp, lane);
+        const int n_list = ab_dkv_list<KW>(list, wcount, ctx_start, ctx_len, true, ch, Nb, key0,
+                                           -1, tid, warp, lane);
         const int n_items = n_list * nqc * nhb;
-        if (n_items > 0) {
-            issue(0, 0);
+#pragma unroll
+        for (int p = 0; p < NST - 1; p++) {  // the first NST - 1 items (empty groups past the end)
+            if (p < n_items) issue(p, p);
             cp_async_commit();
         }
         for (int it = 0; it < n_items; it++) {
-            if (it + 1 < n_items) {
-                issue(it + 1, (it + 1) & 1);
-                cp_async_commit();
-                cp_async_wait<1>();
-            } else {
-                cp_async_wait<0>();
-            }
+            if (it + NST - 1 < n_items) issue(it + NST - 1, (it + NST - 1) % NST);
+            cp_async_commit();
+            cp_async_wait<NST - 1>();  // item it's group (and every older one) has landed
             // cp.async wrote through the generic proxy; wgmma reads through the async one
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             __syncthreads();
-            const int st = it & 1;
+            const int st = it % NST;
             const int j = list[it / (nqc * nhb)];
             int vlo = ctx_start[j], vhi = vlo + ctx_len[j];
             if (vhi > Tc) vhi = Tc;
-            const bool ka = my_key_a >= vlo && my_key_a < vhi;
-            const bool kb_ok = my_key_b >= vlo && my_key_b < vhi;
-            abw_item(dk, dv, Kt, Vt, stQ(st), stO(st), stL(st), stD(st), ka, kb_ok, scale_log2,
-                     t);
-            __syncthreads();  // this stage is refilled two items on
+            if (vlo < wkey0 + 64 && vhi > wkey0) {  // uniform over the warpgroup
+                const bool ka = my_key_a >= vlo && my_key_a < vhi;
+                const bool kb_ok = my_key_b >= vlo && my_key_b < vhi;
+                abw_item(dk, dv, Kt, Vt, stQ(st), stO(st), stL(st), stD(st), ka, kb_ok,
+                         scale_log2, t);
+            }
+            __syncthreads();  // this stage is refilled NST - 1 items on
         }
+        cp_async_wait<0>();
     }
     cp_async_wait<0>();
     auto dst = [&](bf16 *x, int r) -> bf16 * {
-        int kk = key0 + warp * 16 + r;
+        int kk = wkey0 + wwarp * 16 + r;
         return (x && kk < Tc) ? x + (size_t)kk * kstride + (size_t)hk * hd : nullptr;
     };
     store_rows<128>((const float(*)[4])dk, scale, scale, [&](int r) { return dst(dkc, r); }, hd,

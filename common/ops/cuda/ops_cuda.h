@@ -40,7 +40,10 @@ int ops_cuda_attention_varlen_resolve(int variant, int hd);
  * 32-key tiles forward and 16 in dQ; 4 = as 2 with the dK/dV context tiles on Hopper's
  * wgmma (head dim 128; other head dims as 2); 5 = as 4 with the forward on wgmma too
  * (head dim 128, H = 4 Hkv, B <= 16; otherwise as 4); 6 = as 5 with dQ on wgmma too;
- * 0 = the default (5). Values outside 0..6 change nothing.
+ * 7, 8 = as 5 with two warpgroups (128 context keys) per dK/dV thread block sharing each
+ * staged work item, 4 or 3 items staged (3 or 2 of them fetched ahead);
+ * 0 = the default (7: dK/dV 6% faster than 5 on an H200, bench/NOTES.md). Values outside
+ * 0..8 change nothing.
  * Same results within
  * rounding (f32 sums in another order); each variant is deterministic. variant < 0 only
  * queries. Returns the variant in use before the call. */
