@@ -168,17 +168,20 @@ static void profile_layer(const model_config_t *m, int T, int mlp_chunk, const i
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
     const char *names[32];
-    float ms[32];
+    float ms[32];   /* at most 32 PROF lines */
     int n = 0;
     size_t rowb = (size_t)D * 2;
     PROF("input rmsnorm", o->rmsnorm_forward(&C, xn, NULL, x, wn, m->eps, T, D));
     PROF("q_proj", o->matmul_forward(&C, q, xn, wq, NULL, T, D, qd));
     PROF("k_proj", o->matmul_forward(&C, k, xn, wk, NULL, T, D, kd));
     PROF("v_proj", o->matmul_forward(&C, v, xn, wv, NULL, T, D, kd));
-    PROF("q_norm + k_norm", (o->rmsnorm_forward(&C, att, NULL, q, whd, m->eps, T * H, hd),
-                             o->rmsnorm_forward(&C, k, NULL, k, whd, m->eps, T * Hkv, hd)));
-    PROF("rope q + k", (o->rope_forward(&C, q, d_pos, inv, T, H, hd),
-                        o->rope_forward(&C, k, d_pos, inv, T, Hkv, hd)));
+    PROF("q/k norm + rope", (o->qk_norm_rope_forward_exact(&C, att, NULL, q, whd, m->eps, d_pos, inv, T, H, hd),
+                             o->qk_norm_rope_forward_exact(&C, k, NULL, k, whd, m->eps, d_pos, inv, T, Hkv, hd)));
+    /* the two ops it replaces, for reference (not in the sum) */
+    PROF("  unfused: q/k norm (ref.)", (o->rmsnorm_forward(&C, att, NULL, q, whd, m->eps, T * H, hd),
+                                        o->rmsnorm_forward(&C, k, NULL, k, whd, m->eps, T * Hkv, hd)));
+    PROF("  unfused: rope q/k (ref.)", (o->rope_forward(&C, q, d_pos, inv, T, H, hd),
+                                        o->rope_forward(&C, k, d_pos, inv, T, Hkv, hd)));
     PROF("attention varlen", o->attention_varlen_forward(&C, att, q, k, v, d_cu, nseq, maxlen, T, H,
                                                          Hkv, hd));
     PROF("o_proj", o->matmul_forward(&C, xn, att, wo, NULL, T, qd, D));
@@ -203,9 +206,9 @@ static void profile_layer(const model_config_t *m, int T, int mlp_chunk, const i
     }
     if (o->copy2d)
         PROF("capture copy (one layer)", o->copy2d(&C, feat, (size_t)ncap * rowb, x, rowb, rowb, t));
-    double tot = 0;  /* the layer: every op but the unchunked reference and the copy */
+    double tot = 0;  /* the layer: every op but the references and the copy */
     for (int i = 0; i < n; i++)
-        if (strncmp(names[i], "gate_proj (M", 12) && strncmp(names[i], "capture", 7)) tot += ms[i];
+        if (!strstr(names[i], "ref") && strncmp(names[i], "capture", 7)) tot += ms[i];
     printf("profile: one layer's ops at T = %d (MLP chunk %d rows), each timed alone:\n", T, mlp_chunk);
     for (int i = 0; i < n; i++) printf("  %-26s %8.3f ms  %5.1f%%\n", names[i], ms[i], 100 * ms[i] / tot);
     printf("  %-26s %8.3f ms (layer ops; shares are of this)\n", "sum", tot);

@@ -559,13 +559,15 @@ static void layer_forward(target_t *t, int l, int T, const int32_t *pos, const a
     linear(t, y, TFP8_V, y->wv, t->v, t->xn, 0, y->bv, T, D, kd);
     void *q = t->q, *k = t->k;
     if (m->qk_norm) {
-        o->rmsnorm_forward(c, t->qn, NULL, t->q, y->q_norm, m->eps, T * H, hd);
-        o->rmsnorm_forward(c, t->kn, NULL, t->k, y->k_norm, m->eps, T * Hkv, hd);
+        /* the bits of rmsnorm_forward then rope_forward, in one pass on CUDA */
+        o->qk_norm_rope_forward_exact(c, t->qn, NULL, t->q, y->q_norm, m->eps, pos, t->inv_freq, T, H, hd);
+        o->qk_norm_rope_forward_exact(c, t->kn, NULL, t->k, y->k_norm, m->eps, pos, t->inv_freq, T, Hkv, hd);
         q = t->qn;
         k = t->kn;
+    } else {
+        o->rope_forward(c, q, pos, t->inv_freq, T, H, hd);
+        o->rope_forward(c, k, pos, t->inv_freq, T, Hkv, hd);
     }
-    o->rope_forward(c, q, pos, t->inv_freq, T, H, hd);
-    o->rope_forward(c, k, pos, t->inv_freq, T, Hkv, hd);
     if (!am->kv) {
         o->attention_varlen_forward(c, t->att, q, k, t->v, am->cu, am->nseq, am->max_seqlen, T, H,
                                     Hkv, hd);

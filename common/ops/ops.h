@@ -277,6 +277,17 @@ struct ops_impl {
     void (*matmul_forward_res)(const ops_ctx_t *c, void *out, const void *inp,
                                const void *weight, const void *bias, const void *res, int M,
                                int K, int N);
+
+    /* ---- Per-head q/k norm + RoPE with the bits of the two ops (the target's q and k:
+     * HF's bf16 rounding kept; added last, like the groups above). Arguments and shapes as
+     * qk_norm_rope_forward; the result is exactly rmsnorm_forward(out, rstd, inp, weight,
+     * eps, N*nh, hd) then rope_forward(out, pos, inv_freq, N, nh, hd) on every backend.
+     * CUDA: one pass (hd 128, 4-byte aligned pointers; else the two ops). out may alias
+     * inp. (common/ops/cpu/qknorm_rope.c, cuda/qknorm_rope.cu) */
+    void (*qk_norm_rope_forward_exact)(const ops_ctx_t *c, void *out, float *rstd,
+                                       const void *inp, const void *weight, float eps,
+                                       const int32_t *pos, const float *inv_freq, int N, int nh,
+                                       int hd);
 };
 
 /* Backend constructors. ops_cpu_init never fails. ops_cuda_init selects the device,

@@ -703,6 +703,30 @@ static void qr_gpu(const qr_case_t *k) {
     check("qk_norm_rope fwd vs unfused CUDA", hu, hy, n, 1e-2);
     check("qk_norm_rope bwd dinp vs unfused CUDA", hudx, hdx, n, 2e-2);
     check("qk_norm_rope bwd dweight vs unfused CUDA", hudw, hdw, hd, 1e-2);
+    /* the exact entry (the target's): the unfused GPU ops' bits, rstd too; in place as well */
+    {
+        void *ge = gput(k->x, n);
+        float *gers = gput_raw(k->x, rows * 4);
+        g_gpu.impl->qk_norm_rope_forward_exact(&g_gpu, ge, gers, gx, gw, eps, gpos, ginv, k->N, k->nh, k->hd);
+        float *he = gget(ge, n), *hers = gget_f32(gers, rows), *hurs = gget_f32(gurs, rows);
+        size_t bad_rs = 0, bad = 0;
+        for (size_t i = 0; i < rows; i++) bad_rs += memcmp(&hurs[i], &hers[i], 4) != 0;
+        for (size_t i = 0; i < n; i++) bad += memcmp(&hu[i], &he[i], 4) != 0;
+        if (bad_rs || bad)
+            printf("  qk_norm_rope_forward_exact N=%d nh=%d hd=%d: %zu of %zu rstd, %zu of %zu outputs differ\n",
+                   k->N, k->nh, k->hd, bad_rs, rows, bad, n);
+        assert_memory_equal(hurs, hers, rows * sizeof(float));
+        assert_memory_equal(hu, he, n * sizeof(float));
+        g_gpu.impl->upload_act(&g_gpu, ge, k->x, n);
+        g_gpu.impl->qk_norm_rope_forward_exact(&g_gpu, ge, NULL, ge, gw, eps, gpos, ginv, k->N, k->nh, k->hd);
+        free(he);
+        he = gget(ge, n);
+        assert_memory_equal(hu, he, n * sizeof(float));
+        printf("  qk_norm_rope_forward_exact N=%d nh=%d hd=%d mis=%d: bitwise = rmsnorm + rope (CUDA)\n",
+               k->N, k->nh, k->hd, k->mis);
+        free(he); free(hers); free(hurs);
+        gfree(ge); gfree(gers);
+    }
     /* rstd NULL (recomputed), dinp aliasing dout, out aliasing inp; a rerun repeats the bits */
     float *hdx2 = NULL, *hdw2 = NULL, *hal = NULL, *hin = NULL;
     g_gpu.impl->qk_norm_rope_backward(&g_gpu, gdy, gdw2, gdy, gx, gw, NULL, gpos, ginv, eps,
@@ -755,4 +779,5 @@ static void test_qk_norm_rope(void **state) {
     run_qk_norm_rope(13, 5, 256, 0);   /* hd 256 */
     run_qk_norm_rope(17, 3, 96, 0);    /* hd 96: general path */
     run_qk_norm_rope(23, 4, 128, 1);   /* unaligned input: general path */
+    run_qk_norm_rope(4096, 32, 128, 0); /* Qwen3-8B's q rows of one 4096-token sequence */
 }

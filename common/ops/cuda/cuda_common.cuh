@@ -146,6 +146,14 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+// Rounding spelled out (no multiply-add contraction left to the compiler), so that a
+// fused kernel (qknorm_rope.cu's EXACT path) computes the bits of the unfused ones
+// (rmsnorm.cu, rope.cu): x*x + y*y, and the rotation of the pair (a, b) by (cs, sn).
+__device__ __forceinline__ float sumsq2(float x, float y) { return fmaf(x, x, __fmul_rn(y, y)); }
+__device__ __forceinline__ float rot_a(float a, float b, float cs, float sn) { return fmaf(a, cs, -__fmul_rn(b, sn)); }
+__device__ __forceinline__ float rot_b(float a, float b, float cs, float sn) { return fmaf(b, cs, __fmul_rn(a, sn)); }
+// The RoPE angle pos * inv_freq, rounded to f32 (as HF computes it).
+__device__ __forceinline__ float rope_angle(int32_t pos, float inv_freq) { return __fmul_rn((float)pos, inv_freq); }
 // Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets
 // the result. `sh` holds 32 floats; the function syncs before reusing it.
 __device__ __forceinline__ float block_sum(float v, float *sh) {

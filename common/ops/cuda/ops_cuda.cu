@@ -248,6 +248,9 @@ void cuda_qk_norm_rope_backward(const ops_ctx_t *c, void *dinp, float *dweight,
                                 const void *dout, const void *inp, const void *weight,
                                 const float *rstd, const int32_t *pos, const float *inv_freq,
                                 float eps, int N, int nh, int hd);
+void cuda_qk_norm_rope_forward_exact(const ops_ctx_t *c, void *out, float *rstd, const void *inp,
+                                     const void *weight, float eps, const int32_t *pos,
+                                     const float *inv_freq, int N, int nh, int hd);
 
 // ---------------------------------------------------------------- table, life cycle
 static const ops_impl_t cuda_impl_template = {
@@ -294,6 +297,7 @@ static const ops_impl_t cuda_impl_template = {
     cuda_qk_norm_rope_forward,
     cuda_qk_norm_rope_backward,
     cuda_matmul_forward_res,
+    cuda_qk_norm_rope_forward_exact,
 };
 
 #define INIT_TRY(call)                                                                     \

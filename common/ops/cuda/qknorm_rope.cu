@@ -47,11 +47,19 @@ __device__ __forceinline__ void qr_store(bf16 *p, const float *f) {
     }
 }
 
+// x rounded to bf16 and back (one bf16 store and load of the unfused kernels).
+__device__ __forceinline__ float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
 // ---- fast path: hd = 64*V; lane owns columns [V*lane, V*lane+V) of each half.
-template <int V>
+// EXACT (V = 2 only): the bits of rmsnorm_forward then rope_forward (the target's q/k):
+// the sum of squares in rmsnorm_fwd_fast<32>'s order for C = 128 (its lane owns the same
+// column pairs 2*lane and 64 + 2*lane), the normalised value rounded to bf16 before the
+// weight and the product rounded again before the rotation, as the two kernels do.
+template <int V, bool EXACT = false>
 __global__ void __launch_bounds__(QR_WARPS * 32)
 qk_fwd_fast(bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, float eps,
             const int32_t *pos, const float *inv_freq, int N, int nh) {
+    static_assert(!EXACT || V == 2, "EXACT matches rmsnorm_fwd_fast<32> for hd 128 only");
     constexpr int HD = 64 * V, HALF = 32 * V;
     const int lane = threadIdx.x & 31, i0 = lane * V;
     float w1[V], w2[V], fr[V];
@@ -62,7 +70,7 @@ qk_fwd_fast(bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, float eps,
     for (int n = blockIdx.x * QR_WARPS + (threadIdx.x >> 5); n < N; n += gridDim.x * QR_WARPS) {
         float cs[V], sn[V];
 #pragma unroll
-        for (int v = 0; v < V; v++) sincosf((float)pos[n] * fr[v], &sn[v], &cs[v]);
+        for (int v = 0; v < V; v++) sincosf(rope_angle(pos[n], fr[v]), &sn[v], &cs[v]);
         for (int h0 = 0; h0 < nh; h0 += QR_U) {
             float a[QR_U][V], b[QR_U][V], ss[QR_U];
 #pragma unroll
@@ -72,8 +80,13 @@ qk_fwd_fast(bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, float eps,
                     const bf16 *x = inp + ((size_t)n * nh + h0 + u) * HD;
                     qr_load<V>(a[u], x + i0);
                     qr_load<V>(b[u], x + HALF + i0);
+                    if constexpr (EXACT) {
+                        ss[u] = __fadd_rn(ss[u], sumsq2(a[u][0], a[u][1]));
+                        ss[u] = __fadd_rn(ss[u], sumsq2(b[u][0], b[u][1]));
+                    } else {
 #pragma unroll
-                    for (int v = 0; v < V; v++) ss[u] += a[u][v] * a[u][v] + b[u][v] * b[u][v];
+                        for (int v = 0; v < V; v++) ss[u] += a[u][v] * a[u][v] + b[u][v] * b[u][v];
+                    }
                 }
             }
 #pragma unroll
@@ -87,9 +100,16 @@ qk_fwd_fast(bf16 *out, float *rstd, const bf16 *inp, const bf16 *w, float eps,
                 float ya[V], yb[V];
 #pragma unroll
                 for (int v = 0; v < V; v++) {
-                    float za = a[u][v] * r * w1[v], zb = b[u][v] * r * w2[v];
-                    ya[v] = za * cs[v] - zb * sn[v];
-                    yb[v] = zb * cs[v] + za * sn[v];
+                    if constexpr (EXACT) {
+                        float za = bf16_round(bf16_round(a[u][v] * r) * w1[v]);
+                        float zb = bf16_round(bf16_round(b[u][v] * r) * w2[v]);
+                        ya[v] = rot_a(za, zb, cs[v], sn[v]);
+                        yb[v] = rot_b(za, zb, cs[v], sn[v]);
+                    } else {
+                        float za = a[u][v] * r * w1[v], zb = b[u][v] * r * w2[v];
+                        ya[v] = za * cs[v] - zb * sn[v];
+                        yb[v] = zb * cs[v] + za * sn[v];
+                    }
                 }
                 qr_store<V>(out + row * HD + i0, ya);
                 qr_store<V>(out + row * HD + HALF + i0, yb);
@@ -115,7 +135,7 @@ qk_bwd_fast(bf16 *dinp, float *part, const bf16 *dout, const bf16 *inp, const bf
         float cs[V], sn[V];
 #pragma unroll
         for (int v = 0; v < V; v++) {
-            sincosf((float)pos[n] * fr[v], &sn[v], &cs[v]);
+            sincosf(rope_angle(pos[n], fr[v]), &sn[v], &cs[v]);
             sn[v] = -sn[v];  // the transpose: rotation by -angle
         }
         for (int h0 = 0; h0 < nh; h0 += QR_U) {
@@ -284,13 +304,29 @@ static int qr_blocks(const ops_ctx_t *c, K kernel, size_t warps) {
     return (int)(want < cap ? (want > 0 ? want : 1) : cap);
 }
 
-template <int V>
+template <int V, bool EXACT = false>
 static void qr_fwd_fast_launch(const ops_ctx_t *c, void *out, float *rstd, const void *inp,
                                const void *weight, float eps, const int32_t *pos,
                                const float *inv_freq, int N, int nh) {
-    int blocks = qr_blocks(c, qk_fwd_fast<V>, (size_t)N);
-    qk_fwd_fast<V><<<blocks, QR_WARPS * 32, 0, cuda_stream(c)>>>(
+    int blocks = qr_blocks(c, qk_fwd_fast<V, EXACT>, (size_t)N);
+    qk_fwd_fast<V, EXACT><<<blocks, QR_WARPS * 32, 0, cuda_stream(c)>>>(
         (bf16 *)out, rstd, (const bf16 *)inp, (const bf16 *)weight, eps, pos, inv_freq, N, nh);
+}
+
+// ops.h qk_norm_rope_forward_exact: the fused EXACT kernel where rmsnorm_forward takes
+// its team-32 fast path with the same column pairs (hd 128, 4-byte aligned pointers),
+// else the two ops themselves. out may alias inp (rows are read before they are written).
+void cuda_qk_norm_rope_forward_exact(const ops_ctx_t *c, void *out, float *rstd, const void *inp,
+                                     const void *weight, float eps, const int32_t *pos,
+                                     const float *inv_freq, int N, int nh, int hd) {
+    if (N <= 0 || nh <= 0 || hd <= 0) return;
+    if (hd == 128 && qr_fast_v(hd, out, inp, weight, inp) == 2) {
+        qr_fwd_fast_launch<2, true>(c, out, rstd, inp, weight, eps, pos, inv_freq, N, nh);
+        cuda_check_launch();
+        return;
+    }
+    cuda_rmsnorm_forward(c, out, rstd, inp, weight, eps, N * nh, hd);
+    cuda_rope_forward(c, out, pos, inv_freq, N, nh, hd);
 }
 
 void cuda_qk_norm_rope_forward(const ops_ctx_t *c, void *out, float *rstd, const void *inp,

@@ -63,7 +63,7 @@ rmsnorm_fwd_fast(__nv_bfloat162 *out, float *rstd, const __nv_bfloat162 *inp,
         for (int c = 0; c < RMS_CPT; c++) {
             int i = lt + c * TEAM;
             xv[c] = (row_ok && i < C2) ? __bfloat1622float2(x[i]) : make_float2(0.0f, 0.0f);
-            ss += xv[c].x * xv[c].x + xv[c].y * xv[c].y;
+            ss = __fadd_rn(ss, sumsq2(xv[c].x, xv[c].y));   // qknorm_rope.cu EXACT: same order
         }
         ss = team_sum<TEAM>(ss, sh);
         float r = rsqrtf(ss / C + eps);

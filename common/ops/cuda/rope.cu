@@ -13,14 +13,13 @@ __global__ void rope_kernel(bf16 *x, const int32_t *pos, const float *inv_freq, 
         int i = (int)(idx % half);
         size_t nhh = idx / half;  // n * nh + h
         int n = (int)(nhh / nh);
-        float ang = (float)pos[n] * inv_freq[i];
         float sn, cs;
-        sincosf(ang, &sn, &cs);
+        sincosf(rope_angle(pos[n], inv_freq[i]), &sn, &cs);
         sn *= sign;
         bf16 *p = x + nhh * hd;
         float a = __bfloat162float(p[i]), b = __bfloat162float(p[i + half]);
-        p[i] = __float2bfloat16_rn(a * cs - b * sn);
-        p[i + half] = __float2bfloat16_rn(b * cs + a * sn);
+        p[i] = __float2bfloat16_rn(rot_a(a, b, cs, sn));
+        p[i + half] = __float2bfloat16_rn(rot_b(a, b, cs, sn));
     }
 }
 
