@@ -264,6 +264,97 @@ static void resume_precision(run_opts_t *o, const rundir_run_t *j, const char *r
     }
 }
 
+/* The placement flags: given one, the placement is the user's (none of the run's is taken). */
+static const struct { int code; const char *flag; } k_place_flags[] = {
+    {RUN_O_TG, "--target-gpus"}, {RUN_O_DG, "--drafter-gpus"}, {RUN_O_DEV, "--device"},
+    {RUN_O_NT, "--targets"}, {RUN_O_ND, "--drafters"},
+};
+
+/* --resume without a placement flag: the run's placement from its run.json j (read from
+ * run_dir). GPU runs: --target-gpus /
+ * --drafter-gpus of the live topology (o->resume_tgpus / resume_dgpus hold the text); CPU
+ * runs: --targets / --drafters when they differ from the default. Appends the flags taken
+ * to taken (cap bytes, *n used). Only for a run.json that was read (an unreadable one is
+ * warned about by the caller, naming the placement). A placement flag given: nothing taken,
+ * said when the run recorded one. Refused (-1, said on stderr): a multi-node run (its nodes must be named
+ * again), a recorded placement that draftline does not write (hand-edited: no GPU list,
+ * a count outside 1..64, a device other than cpu / cuda). Absent ("device" missing): the
+ * defaults, warned. */
+static int resume_placement(run_opts_t *o, const rundir_run_t *j, const char *run_dir, char *taken, size_t cap,
+                            size_t *n) {
+    char given[600] = "", num[16];
+    for (size_t i = 0; i < sizeof k_place_flags / sizeof k_place_flags[0]; i++) {
+        int c = k_place_flags[i].code;
+        if (!o->given[c - RUN_O_TM]) continue;
+        snprintf(num, sizeof num, "%d", c == RUN_O_NT ? o->targets : o->drafters);
+        const char *v = c == RUN_O_TG ? o->target_gpus : c == RUN_O_DG ? o->drafter_gpus : c == RUN_O_DEV ? o->device
+                        : c == RUN_O_NT && o->target_place ? o->target_place
+                        : c == RUN_O_ND && o->drafter_place ? o->drafter_place : num;
+        size_t u = strlen(given);
+        snprintf(given + u, sizeof given - u, "%s%s %s", u ? " " : "", k_place_flags[i].flag, v ? v : "");
+    }
+    int gpu = !strcmp(j->device, "cuda"), cpu = !strcmp(j->device, "cpu");
+    char tg[512], dg[512];
+    rbplan_format_gpus(j->target_gpus, j->n_target_gpus, tg, sizeof tg);
+    rbplan_format_gpus(j->drafter_gpus, j->n_drafter_gpus, dg, sizeof dg);
+    if (given[0]) {
+        if (j->n_nodes > 0)
+            log_info("--resume: placement given (%s): the run's across %d nodes is not taken", given, j->n_nodes);
+        else if (gpu && j->n_target_gpus > 0 && j->n_drafter_gpus > 0)
+            log_info("--resume: placement given (%s): the run's --target-gpus %s --drafter-gpus %s is not taken",
+                     given, tg, dg);
+        else if (cpu && j->targets > 0 && j->drafters > 0)
+            log_info("--resume: placement given (%s): the run's --targets %d --drafters %d is not taken", given,
+                     j->targets, j->drafters);
+        return 0;
+    }
+    char rj[4200];
+    snprintf(rj, sizeof rj, "%s/%s", run_dir, RUNDIR_RUN_JSON);
+    if (j->n_nodes > 0) {
+        fprintf(stderr, "draftline run: --resume: the run ran across nodes (%s names %d): its placement is not "
+                        "taken; give it again: --listen HOST:PORT and --targets / --drafters or --target-gpus / "
+                        "--drafter-gpus naming the nodes (docs/MULTINODE.md), or a placement on this host alone\n",
+                rj, j->n_nodes);
+        return -1;
+    }
+    if (!j->device[0]) {
+        log_warn("--resume: %s records no placement (\"device\"): CPU, --targets %d --drafters %d unless given",
+                 rj, o->targets, o->drafters);
+        return 0;
+    }
+    const char *bad = !gpu && !cpu ? "\"device\" is neither cpu nor cuda"
+                      : gpu && (j->n_target_gpus < 1 || j->n_drafter_gpus < 1)
+                          ? "\"device\" is cuda but \"target_gpus\" or \"drafter_gpus\" is empty"
+                      : cpu && (j->targets < 1 || j->targets > PIPE_MAX_TARGETS || j->drafters < 1 ||
+                                j->drafters > PIPE_MAX_DRAFTERS)
+                          ? "\"targets\" or \"drafters\" is outside 1..64"
+                          : NULL;
+    if (bad) {
+        fprintf(stderr, "draftline run: --resume: %s: %s (draftline does not write that): the run's placement "
+                        "is unknown; give it (--target-gpus / --drafter-gpus, or --device cpu with --targets / "
+                        "--drafters)\n", rj, bad);
+        return -1;
+    }
+    int w;
+    if (gpu) {
+        o->target_gpus = strcpy(o->resume_tgpus, tg);
+        o->drafter_gpus = strcpy(o->resume_dgpus, dg);
+        w = snprintf(taken + *n, *n < cap ? cap - *n : 0, " --target-gpus %s --drafter-gpus %s", tg, dg);
+        if (access("/dev/nvidiactl", F_OK) != 0)
+            log_warn("--resume: the run's GPUs (--target-gpus %s --drafter-gpus %s, from %s) are taken, but this "
+                     "host shows no NVIDIA driver (/dev/nvidiactl): give --device cpu to go on on the CPU",
+                     tg, dg, rj);
+    } else {
+        char t[64] = "";
+        if (j->targets != o->targets) snprintf(t, sizeof t, " --targets %d", (o->targets = j->targets));
+        if (j->drafters != o->drafters)
+            snprintf(t + strlen(t), sizeof t - strlen(t), " --drafters %d", (o->drafters = j->drafters));
+        w = snprintf(taken + *n, *n < cap ? cap - *n : 0, "%s", t);
+    }
+    if (w > 0) *n = *n + (size_t)w < cap ? *n + (size_t)w : cap - 1;
+    return 0;
+}
+
 /* --resume: every setting not given by a flag or --config takes the run's value, so
  * `draftline run --resume DIR` alone continues the run: from the checkpoint ckdir ("" when
  * none) and its state.bin header h (NULL when none): --seed, --micro-batches-per-step,
@@ -277,8 +368,8 @@ static void resume_precision(run_opts_t *o, const rundir_run_t *j, const char *r
  * taken), --save-every, --keep-checkpoints, --deterministic, --target-precision
  * (resume_precision), --mps.
  * Explicit settings are left as given (the --resume check compares them). Appends " --flag value" per setting taken to taken (cap bytes). */
-static void resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_hdr_t *h, const char *run_dir,
-                            char *taken, size_t cap) {
+static int resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_hdr_t *h, const char *run_dir,
+                           char *taken, size_t cap) {
     size_t n = strlen(taken);
     /* TAKE(code, fmt, args): when the flag was not given, formats args into taken; the
      * assignments written into args (o->x = recorded) therefore happen only then */
@@ -316,17 +407,18 @@ static void resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_h
             log_warn("--resume %s: not in a run dir (no run.json): target precision %s; pass "
                      "--target-precision fp8 if the run trained with it", ckdir,
                      target_precision_name(o->target_precision));
-        return;
+        return 0;
     }
     /* an unreadable or malformed run.json counts as empty: the defaults stay, said with the
      * reason (one bad key loses every setting in it, the target model and precision too) */
     rundir_run_t *j = malloc(sizeof *j);
-    if (!j) return;
+    if (!j) return 0;
     int rrc = rundir_run_read(run_dir, j);
     if (rrc < 0) {
         if (rrc != DL_ENOENT)
             log_warn("--resume: %s: the run's --target-model, --data, --save-every, --keep-checkpoints, "
-                     "--deterministic, --target-precision and --mps are not taken from it (pass them)", dl_errmsg());
+                     "--deterministic, --target-precision, --mps and the placement are not taken from it (pass them)",
+                     dl_errmsg());
         rundir_run_init(j);
     }
     if (j->target_model[0] && !o->given[RUN_O_TM - RUN_O_TM]) {
@@ -350,24 +442,9 @@ static void resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_h
             TAKE(RUN_O_DATA, " --data %s", o->data);
         }
     }
-    /* the placement: only when none of its flags was given (a placement given in part is
-     * the user's to finish: lc_gpu_lists says what is missing). GPU runs: the GPU lists of
-     * the live topology (after any rebalance); CPU runs: the counts when they differ from
-     * the default. Multi-node runs: not taken (the nodes are in --listen / the lists). */
-    int placed = 0;
-    for (int c = RUN_O_TG; c <= RUN_O_ND; c++) placed |= o->given[c - RUN_O_TM];
-    if (!placed && j->n_nodes > 0) {
-        log_warn("--resume: the run ran on %d nodes: its placement is not taken (pass --listen and "
-                 "--target-gpus / --drafter-gpus, or --targets / --drafters, naming the nodes)", j->n_nodes);
-    } else if (!placed && !strcmp(j->device, "cuda") && j->n_target_gpus > 0 && j->n_drafter_gpus > 0) {
-        o->target_gpus = rbplan_format_gpus(j->target_gpus, j->n_target_gpus, o->resume_tgpus, sizeof o->resume_tgpus);
-        o->drafter_gpus = rbplan_format_gpus(j->drafter_gpus, j->n_drafter_gpus, o->resume_dgpus,
-                                             sizeof o->resume_dgpus);
-        TAKE(RUN_O_TG, " --target-gpus %s", o->target_gpus);
-        TAKE(RUN_O_DG, " --drafter-gpus %s", o->drafter_gpus);
-    } else if (!placed && !strcmp(j->device, "cpu") && j->targets > 0 && j->drafters > 0) {
-        if (j->targets != o->targets) TAKE(RUN_O_NT, " --targets %d", (o->targets = j->targets));
-        if (j->drafters != o->drafters) TAKE(RUN_O_ND, " --drafters %d", (o->drafters = j->drafters));
+    if (rrc == 0 && resume_placement(o, j, run_dir, taken, cap, &n) < 0) {
+        free(j);
+        return 2;
     }
     if (j->save_every >= 0)
         TAKE(RUN_O_SE, " --save-every %lld", (long long)(o->save_every = j->save_every));
@@ -387,6 +464,7 @@ static void resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_h
                       sup_mps_name(o->mps));
     }
     free(j);
+    return 0;
 #undef TAKE
 }
 
@@ -467,7 +545,7 @@ int sup__resume_take_defaults(launch_t *L) {
     else if (have_ck) run_dir_of_ckpt(ck, L->resume_run, sizeof L->resume_run);
     else if (have_rj) snprintf(L->resume_run, sizeof L->resume_run, "%s", o->resume);
     char taken[8192] = "";
-    resume_defaults(o, ck, have_h ? &h : NULL, L->resume_run, taken, sizeof taken);
+    if (resume_defaults(o, ck, have_h ? &h : NULL, L->resume_run, taken, sizeof taken)) return 2;
     if (!o->out && L->resume_run[0]) {
         size_t n = strlen(taken);
         snprintf(taken + n, sizeof taken - n, " --out %s", L->resume_run);

@@ -51,6 +51,7 @@
 #define RUNDIR_PATH_MAX 4096        /* bytes incl. NUL of a path field / a file's path */
 #define RUNDIR_MAX_STAGES 160       /* >= SUP_MAX_STAGES (136), = MON_MAX_STAGES */
 #define RUNDIR_MAX_GPUS 64          /* entries of target_gpus / drafter_gpus (RBPLAN_MAX) */
+#define RUNDIR_MAX_ORDINAL 1023     /* highest CUDA ordinal in them (RBPLAN_MAX_GPU) */
 #define RUNDIR_NAME_MAX 32          /* stage names, incl. NUL (MON_STAGE_NAME_MAX) */
 #define RUNDIR_STATE_MAX 16         /* state / process strings, incl. NUL */
 #define RUNDIR_MAX_METRICS 64       /* metrics kept per line (MON_MAX_METRICS) */

@@ -4,6 +4,8 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -204,9 +206,12 @@ static int get_num(const rctx_t *c, const cJSON *o, const char *key, double *dst
     return 0;
 }
 
+/* Integers: a JSON number that is whole and within the type's range, else "expected an
+ * integer" (a hand-edited 2.9 or 1e30 is refused, not truncated). */
 static int get_int(const rctx_t *c, const cJSON *o, const char *key, int *dst) {
     double d = *dst;
     DL_TRY(get_num(c, o, key, &d));
+    if (d != floor(d) || d < INT_MIN || d > INT_MAX) return bad_key(c, key, "expected an integer");
     *dst = (int)d;
     return 0;
 }
@@ -214,6 +219,8 @@ static int get_int(const rctx_t *c, const cJSON *o, const char *key, int *dst) {
 static int get_i64(const rctx_t *c, const cJSON *o, const char *key, int64_t *dst) {
     double d = (double)*dst;
     DL_TRY(get_num(c, o, key, &d));
+    if (d != floor(d) || d < -9223372036854775808.0 || d >= 9223372036854775808.0)
+        return bad_key(c, key, "expected an integer");
     *dst = (int64_t)d;
     return 0;
 }
@@ -224,9 +231,11 @@ static int get_gpus(const rctx_t *c, const cJSON *o, const char *key, int *list,
     if (!cJSON_IsArray(v)) return bad_key(c, key, "expected an array");
     *n = 0;
     cJSON_ArrayForEach(e, v) {
-        if (!cJSON_IsNumber(e)) return bad_key(c, key, "expected an array of numbers");
+        double d = cJSON_IsNumber(e) ? e->valuedouble : -1;
+        if (d != floor(d) || d < 0 || d > RUNDIR_MAX_ORDINAL)
+            return bad_key(c, key, "expected an array of CUDA ordinals (integers 0..1023)");
         if (*n >= RUNDIR_MAX_GPUS) return bad_key(c, key, "more than 64 entries");
-        list[(*n)++] = (int)e->valuedouble;
+        list[(*n)++] = (int)d;
     }
     return 0;
 }

@@ -220,6 +220,7 @@ static void test_resume_takes_placement(void **state) {
     j->targets = 1;
     assert_int_equal(rundir_run_write(out, j), 0);
     free(j);
+    j = NULL;
     assert_int_equal(run_only(log, "--resume", out, "--max-steps", "4", "--mps", "on", NULL), 2);
     said(log, " --target-gpus 0 --drafter-gpus 1");
 #ifdef DL_CUDA
@@ -227,10 +228,38 @@ static void test_resume_takes_placement(void **state) {
 #else
     said(log, "this build has no CUDA");
 #endif
-    /* a placement flag given: nothing of the run's placement is taken */
+    /* a placement flag given: nothing of the run's placement is taken, said with the run's */
     assert_int_equal(run_only(log, "--resume", out, "--device", "cpu", "--max-steps", "4", "--mps", "on", NULL), 2);
-    assert_int_equal(pf_count_in(log, " --target-gpus 0"), 0);
+    assert_int_equal(pf_count_in(log, "taken from the checkpoint and its run:"), 1);
+    assert_int_equal(pf_count_in(log, " --target-gpus 0 --drafter-gpus 1 --"), 0);
+    said(log, "placement given (--device cpu): the run's --target-gpus 0 --drafter-gpus 1 is not taken");
     said(log, "--mps on: it is for GPU runs");
+    /* placements draftline does not write, and a multi-node run: refused naming run.json,
+     * before anything is written */
+    j = malloc(sizeof *j);
+    assert_non_null(j);
+    assert_int_equal(rundir_run_read(out, j), 0);
+    rundir_run_t keep = *j;
+    j->n_drafter_gpus = 0;
+    assert_int_equal(rundir_run_write(out, j), 0);
+    assert_int_equal(run_only(log, "--resume", out, "--max-steps", "4", NULL), 2);
+    said(log, "run.json: \"device\" is cuda but \"target_gpus\" or \"drafter_gpus\" is empty");
+    *j = keep;
+    snprintf(j->device, sizeof j->device, "cpu");
+    j->targets = 65;
+    assert_int_equal(rundir_run_write(out, j), 0);
+    assert_int_equal(run_only(log, "--resume", out, "--max-steps", "4", NULL), 2);
+    said(log, "\"targets\" or \"drafters\" is outside 1..64");
+    *j = keep;
+    j->n_nodes = 2;
+    snprintf(j->nodes[0].name, sizeof j->nodes[0].name, "head");
+    snprintf(j->nodes[1].name, sizeof j->nodes[1].name, "b");
+    j->nodes[1].index = 1;
+    assert_int_equal(rundir_run_write(out, j), 0);
+    assert_int_equal(run_only(log, "--resume", out, "--max-steps", "4", NULL), 2);
+    said(log, "the run ran across nodes");
+    assert_int_equal(pf_count_in(log, "draftline run "), 0);   /* no banner: nothing started */
+    free(j);
 }
 
 /* A stand-in daemon: the real one needs a GPU. */

@@ -254,6 +254,13 @@ static void test_run_json_errors(void **state) {
         {"{\"stages\": {}}", "'stages'"},
         {"{\"routes\": [[200]]}", "'routes'"},
         {"{\"target_gpus\": [0, \"1\"]}", "'target_gpus'"},
+        /* integers: whole and in range (hand edits are refused, not truncated) */
+        {"{\"targets\": 2.9}", "'targets': expected an integer"},
+        {"{\"targets\": 1e12}", "'targets': expected an integer"},
+        {"{\"start_step\": 1e30}", "'start_step': expected an integer"},
+        {"{\"target_gpus\": [-1]}", "'target_gpus': expected an array of CUDA ordinals (integers 0..1023)"},
+        {"{\"drafter_gpus\": [0, 0.5]}", "'drafter_gpus': expected an array of CUDA ordinals"},
+        {"{\"drafter_gpus\": [1024]}", "'drafter_gpus': expected an array of CUDA ordinals"},
         {"{\"rebalance\": {\"status\": 3}}", "'rebalance.status'"},
         {"{\"state\": \"a state string far too long\"}", "'state'"},
     };
