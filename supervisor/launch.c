@@ -534,7 +534,9 @@ static int lc_supervise(launch_t *L) {
     } else
         printf("\nsummary: no step applied%s, %d restart(s)\n", sum.interrupted ? " (interrupted)" : "",
                sum.restarts);
-    printf("checkpoint: %s%s%s%s\n", sum.checkpoint[0] ? sum.checkpoint : "(none)",
+    char none[4200] = "(none)";
+    if (L->o->resume) snprintf(none, sizeof none, "(none new; --resume %s is as it was)", L->o->resume);
+    printf("checkpoint: %s%s%s%s\n", sum.checkpoint[0] ? sum.checkpoint : none,
            sum.checkpoint[0] && sum.checkpoint_node[0] ? " (on node " : "", sum.checkpoint[0] ? sum.checkpoint_node : "",
            sum.checkpoint[0] && sum.checkpoint_node[0] ? ")" : "");
     fflush(stdout);

@@ -18,6 +18,29 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+/* The last ERROR line of the stage log at path (its last 16 KiB; the text after "ERROR ")
+ * into out (cap bytes). 1 when found; 0 (out "") when the log is missing (a stage on
+ * another node) or holds none. */
+static int last_error_line(const char *path, char *out, size_t cap) {
+    out[0] = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    char buf[16384];
+    long at = 0;
+    if (fseek(f, 0, SEEK_END) == 0 && (at = ftell(f)) > (long)sizeof buf - 1) at -= (long)sizeof buf - 1;
+    else at = 0;
+    size_t n = fseek(f, at, SEEK_SET) == 0 ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    fclose(f);
+    buf[n] = 0;
+    for (char *l = buf, *e; l && *l; l = e ? e + 1 : NULL) {
+        e = strchr(l, '\n');
+        if (e) *e = 0;
+        char *k = strstr(l, " ERROR ");
+        if (k) snprintf(out, cap, "%s", k + 7);
+    }
+    return out[0] != 0;
+}
+
 /* The GPU ordinal a stage spec starts on, or -1 (CPU stage, or the loader; the
  * optimizer's GPU, when it has one, is not moved by a rebalance). */
 int sup__spec_gpu(const sup_stage_spec_t *sp) { return sp->gpu; }
@@ -371,8 +394,13 @@ void sup__on_exit(sup_t *S, sstage_t *x, int status) {
         }
     }
     if (x->restarts >= S->o->max_restarts) {
-        log_error("%s failed %d times: giving up (see %s/logs/%s.log)", x->spec->name,
-                  x->restarts + 1, S->o->out_dir, x->spec->name);
+        char path[4200], last[512];
+        snprintf(path, sizeof path, "%s/logs/%s.log", S->o->out_dir, x->spec->name);
+        if (last_error_line(path, last, sizeof last))
+            log_error("%s failed %d times: giving up; its last error: %s (see %s)", x->spec->name, x->restarts + 1,
+                      last, path);
+        else
+            log_error("%s failed %d times: giving up (see %s)", x->spec->name, x->restarts + 1, path);
         S->failed = 1;
         sup__begin_stop(S, "a stage keeps failing");
         return;
