@@ -789,7 +789,8 @@ static int dw_setup(dw_t *W, const run_config_t *c) {
         }
         /* CUDA is initialised here, after exec: nothing CUDA crossed the fork */
         rc = ops_cuda_init(&W->ops, W->gpu);
-        if (rc < 0) return log_rc(rc, "CUDA device (--gpu)"), 1;
+        /* no CUDA device, or no such ordinal: a restart would fail the same way */
+        if (rc < 0) return log_rc(rc, "CUDA device (--gpu)"), rc == DL_ENOENT || rc == DL_EINVAL ? PIPE_EXIT_PERMANENT : 1;
         W->elem = ops_act_bytes(&W->ops);
     } else {
         ops_cpu_init(&W->ops, (int)c->threads);

@@ -893,7 +893,8 @@ int main(int argc, char **argv) {
         }
         /* CUDA is initialised here, after exec: nothing CUDA crossed the fork */
         rc = ops_cuda_init(&O.ops, O.gpu);
-        if (rc < 0) return log_rc(rc, "CUDA device (--gpu)"), 1;
+        /* no CUDA device, or no such ordinal: a restart would fail the same way */
+        if (rc < 0) return log_rc(rc, "CUDA device (--gpu)"), rc == DL_ENOENT || rc == DL_EINVAL ? PIPE_EXIT_PERMANENT : 1;
     } else {
         ops_cpu_init(&O.ops, 0);
     }

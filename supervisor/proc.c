@@ -290,7 +290,7 @@ void sup__on_exit(sup_t *S, sstage_t *x, int status) {
             uint64_t ck;
             if (sup__latest_ckpt(S, dir, sizeof dir, &ck) == 0 && ck >= S->o->max_steps) {
                 log_info("the optimizer died while stopping, after its final checkpoint (%s)", dir);
-            } else {
+            } else if (!S->failed) {   /* a failed run (a stage that cannot start): said already */
                 log_error("the optimizer died while the run was stopping: its final checkpoint is "
                           "missing; `draftline run --resume %s` finishes the remaining steps",
                           S->o->out_dir);

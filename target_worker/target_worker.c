@@ -671,7 +671,8 @@ static int tw_setup(tw_t *T, const run_config_t *c) {
         }
         /* CUDA is initialised here, after exec: nothing CUDA crossed the fork */
         rc = ops_cuda_init(&T->ops, T->gpu);
-        if (rc < 0) return log_rc(rc, "CUDA device (--gpu)"), 1;
+        /* no CUDA device, or no such ordinal: a restart would fail the same way */
+        if (rc < 0) return log_rc(rc, "CUDA device (--gpu)"), rc == DL_ENOENT || rc == DL_EINVAL ? PIPE_EXIT_PERMANENT : 1;
         T->elem = ops_act_bytes(&T->ops);
         for (int i = 0; i < TW_N_EVENTS && rc == 0; i++) rc = dev_event_create(&T->ev[i], T->evh[i]);
         if (rc < 0) return log_rc(rc, "interprocess events"), 1;

@@ -291,8 +291,9 @@ struct ops_impl {
 };
 
 /* Backend constructors. ops_cpu_init never fails. ops_cuda_init selects the device,
- * creates stream, cuBLASLt handle and workspace; returns 0 or DL_ECUDA / DL_ENOTSUP
- * (CPU-only build). ops_ctx_destroy releases what init created. */
+ * creates stream, cuBLASLt handle and workspace; returns 0, DL_ENOENT (no CUDA device:
+ * no GPU or no driver), DL_EINVAL (no such ordinal), DL_ECUDA (anything else) or
+ * DL_ENOTSUP (CPU-only build). ops_ctx_destroy releases what init created. */
 void ops_cpu_init(ops_ctx_t *c, int nthreads);
 int ops_cuda_init(ops_ctx_t *c, int device);
 void ops_ctx_destroy(ops_ctx_t *c);

@@ -17,8 +17,8 @@
  *  - `run --resume` without a placement flag takes the run's placement (CPU counts, GPU
  *    lists) from run.json, said in the same line; a given placement flag wins (said); a
  *    placement draftline does not write, or a multi-node run's, is refused; (CUDA builds,
- *    no GPU) the taken GPUs are warned about, and the stages' failure ends the run with
- *    their own last error in the give-up line.
+ *    no GPU) the taken GPUs are warned about, and the stages' "no CUDA device" ends the run
+ *    at once (a permanent start-up error: not restarted).
  * That MPS makes a shared GPU faster is a benchmark (bench/NOTES.md), not asserted here.
  * Hard timeout per run; each run's process group is killed and reaped. */
 #include <setjmp.h>
@@ -229,13 +229,16 @@ static void test_resume_takes_placement(void **state) {
 #ifdef DL_CUDA
     said(log, "--mps on: no GPU of this host runs both a target and a drafter");
     if (access("/dev/nvidiactl", F_OK) != 0) {
-        /* no GPU here (CI): warned at once; the stages fail to open GPU 0, and the give-up
-         * line carries the stage's own error; the summary says the checkpoint is untouched */
-        assert_int_equal(run_only(log, "--resume", out, "--max-steps", "4", "--max-restarts", "1", NULL), 1);
+        /* no GPU here (CI): warned at once; the stages cannot open GPU 0, which a restart
+         * does not fix (not restarted), and say so; the summary says the checkpoint resumed
+         * from is untouched */
+        assert_int_equal(run_only(log, "--resume", out, "--max-steps", "4", NULL), 1);
         said(log, "this host shows no NVIDIA driver (/dev/nvidiactl): give --device cpu");
-        said(log, "times: giving up; its last error: ");
-        said(log, "CUDA");
+        said(log, "cannot start: CUDA device (--gpu): not found: ops_cuda_init(device ");
+        said(log, "): no CUDA device (");
+        said(log, "0 restart(s)");
         said(log, "checkpoint: (none new; --resume ");
+        assert_int_equal(pf_count_in(log, "final checkpoint is missing"), 0);
     }
 #else
     said(log, "this build has no CUDA");

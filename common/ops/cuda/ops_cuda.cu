@@ -319,7 +319,7 @@ extern "C" int ops_cuda_init(ops_ctx_t *c, int device) {
     memset(c, 0, sizeof(*c));
     cudaError_t e = cudaGetDeviceCount(&ndev);
     if (e != cudaSuccess || ndev == 0)
-        return dl_seterr(DL_ECUDA, "ops_cuda_init(device %d): no CUDA device (%s)", device,
+        return dl_seterr(DL_ENOENT, "ops_cuda_init(device %d): no CUDA device (%s)", device,
                          e != cudaSuccess ? cudaGetErrorString(e) : "count is 0");
     if (device < 0 || device >= ndev)
         return dl_seterr(DL_EINVAL, "ops_cuda_init: device %d out of range [0, %d)", device, ndev);
