@@ -397,10 +397,11 @@ void sup__on_exit(sup_t *S, sstage_t *x, int status) {
         char path[4200], last[512];
         snprintf(path, sizeof path, "%s/logs/%s.log", S->o->out_dir, x->spec->name);
         if (last_error_line(path, last, sizeof last))
-            log_error("%s failed %d times: giving up; its last error: %s (see %s)", x->spec->name, x->restarts + 1,
-                      last, path);
+            log_error("%s failed %d time%s: giving up; its last error: %s (see %s)", x->spec->name, x->restarts + 1,
+                      x->restarts ? "s" : "", last, path);
         else
-            log_error("%s failed %d times: giving up (see %s)", x->spec->name, x->restarts + 1, path);
+            log_error("%s failed %d time%s: giving up (see %s)", x->spec->name, x->restarts + 1, x->restarts ? "s" : "",
+                      path);
         S->failed = 1;
         sup__begin_stop(S, "a stage keeps failing");
         return;

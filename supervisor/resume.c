@@ -278,8 +278,7 @@ static const struct { int code; const char *flag; } k_place_flags[] = {
  * warned about by the caller, naming the placement). A placement flag given: nothing taken,
  * said when the run recorded one. Refused (-1, said on stderr): a multi-node run (its nodes must be named
  * again), a recorded placement that draftline does not write (hand-edited: no GPU list,
- * a count outside 1..64, a device other than cpu / cuda). Absent ("device" missing): the
- * defaults, warned. */
+ * a count outside 1..64, a device other than cpu / cuda or none). */
 static int resume_placement(run_opts_t *o, const rundir_run_t *j, const char *run_dir, char *taken, size_t cap,
                             size_t *n) {
     char given[600] = "", num[16];
@@ -297,42 +296,38 @@ static int resume_placement(run_opts_t *o, const rundir_run_t *j, const char *ru
     char tg[512], dg[512];
     rbplan_format_gpus(j->target_gpus, j->n_target_gpus, tg, sizeof tg);
     rbplan_format_gpus(j->drafter_gpus, j->n_drafter_gpus, dg, sizeof dg);
-    if (given[0]) {
+    if (given[0]) {   /* the user's: said as a warning, with what the run had */
         if (j->n_nodes > 0)
-            log_info("--resume: placement given (%s): the run's across %d nodes is not taken", given, j->n_nodes);
+            log_warn("--resume: placement given (%s): the run's, across nodes, is not taken", given);
         else if (gpu && j->n_target_gpus > 0 && j->n_drafter_gpus > 0)
-            log_info("--resume: placement given (%s): the run's --target-gpus %s --drafter-gpus %s is not taken",
-                     given, tg, dg);
+            log_warn("--resume: placement given (%s): the run's --target-gpus %s --drafter-gpus %s is not taken "
+                     "(flags not given have their defaults)", given, tg, dg);
         else if (cpu && j->targets > 0 && j->drafters > 0)
-            log_info("--resume: placement given (%s): the run's --targets %d --drafters %d is not taken", given,
-                     j->targets, j->drafters);
+            log_warn("--resume: placement given (%s): the run's --targets %d --drafters %d is not taken (flags not "
+                     "given have their defaults)", given, j->targets, j->drafters);
         return 0;
     }
-    char rj[4200];
+    char rj[4200], bad[256] = "";
     snprintf(rj, sizeof rj, "%s/%s", run_dir, RUNDIR_RUN_JSON);
     if (j->n_nodes > 0) {
-        fprintf(stderr, "draftline run: --resume: the run ran across nodes (%s names %d): its placement is not "
+        fprintf(stderr, "draftline run: --resume: the run ran across nodes (\"nodes\" in %s): its placement is not "
                         "taken; give it again: --listen HOST:PORT and --targets / --drafters or --target-gpus / "
                         "--drafter-gpus naming the nodes (docs/MULTINODE.md), or a placement on this host alone\n",
-                rj, j->n_nodes);
+                rj);
         return -1;
     }
-    if (!j->device[0]) {
-        log_warn("--resume: %s records no placement (\"device\"): CPU, --targets %d --drafters %d unless given",
-                 rj, o->targets, o->drafters);
-        return 0;
-    }
-    const char *bad = !gpu && !cpu ? "\"device\" is neither cpu nor cuda"
-                      : gpu && (j->n_target_gpus < 1 || j->n_drafter_gpus < 1)
-                          ? "\"device\" is cuda but \"target_gpus\" or \"drafter_gpus\" is empty"
-                      : cpu && (j->targets < 1 || j->targets > PIPE_MAX_TARGETS || j->drafters < 1 ||
-                                j->drafters > PIPE_MAX_DRAFTERS)
-                          ? "\"targets\" or \"drafters\" is outside 1..64"
-                          : NULL;
-    if (bad) {
-        fprintf(stderr, "draftline run: --resume: %s: %s (draftline does not write that): the run's placement "
-                        "is unknown; give it (--target-gpus / --drafter-gpus, or --device cpu with --targets / "
-                        "--drafters)\n", rj, bad);
+    if (!j->device[0]) snprintf(bad, sizeof bad, "no \"device\"");
+    else if (!gpu && !cpu) snprintf(bad, sizeof bad, "\"device\" is '%s', neither cpu nor cuda", j->device);
+    else if (gpu && j->n_target_gpus < 1) snprintf(bad, sizeof bad, "\"device\" is cuda but \"target_gpus\" is empty");
+    else if (gpu && j->n_drafter_gpus < 1) snprintf(bad, sizeof bad, "\"device\" is cuda but \"drafter_gpus\" is empty");
+    else if (cpu && (j->targets < 1 || j->targets > PIPE_MAX_TARGETS))
+        snprintf(bad, sizeof bad, "\"targets\" is %d, outside 1..%d", j->targets, PIPE_MAX_TARGETS);
+    else if (cpu && (j->drafters < 1 || j->drafters > PIPE_MAX_DRAFTERS))
+        snprintf(bad, sizeof bad, "\"drafters\" is %d, outside 1..%d", j->drafters, PIPE_MAX_DRAFTERS);
+    if (bad[0]) {
+        fprintf(stderr, "draftline run: --resume: %s: %s (draftline does not write that): the run's placement is "
+                        "unknown; give it (--target-gpus / --drafter-gpus, or --device cpu with --targets / "
+                        "--drafters), or restore run.json\n", rj, bad);
         return -1;
     }
     int w;
@@ -407,18 +402,37 @@ static int resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_hd
             log_warn("--resume %s: not in a run dir (no run.json): target precision %s; pass "
                      "--target-precision fp8 if the run trained with it", ckdir,
                      target_precision_name(o->target_precision));
+        int placed = 0;
+        for (size_t i = 0; i < sizeof k_place_flags / sizeof k_place_flags[0]; i++)
+            placed |= o->given[k_place_flags[i].code - RUN_O_TM];
+        if (ckdir[0] && !placed)
+            log_warn("--resume %s: not in a run dir (no run.json): the placement is the default (CPU, --targets %d "
+                     "--drafters %d) unless given", ckdir, o->targets, o->drafters);
         return 0;
     }
     /* an unreadable or malformed run.json counts as empty: the defaults stay, said with the
      * reason (one bad key loses every setting in it, the target model and precision too) */
     rundir_run_t *j = malloc(sizeof *j);
     if (!j) return 0;
-    int rrc = rundir_run_read(run_dir, j);
+    int rrc = rundir_run_read(run_dir, j), placed = 0;
+    for (size_t i = 0; i < sizeof k_place_flags / sizeof k_place_flags[0]; i++)
+        placed |= o->given[k_place_flags[i].code - RUN_O_TM];
     if (rrc < 0) {
-        if (rrc != DL_ENOENT)
+        if (rrc != DL_ENOENT) {
+            /* the placement cannot default: a GPU run would go on on the CPU */
+            if (!placed) {
+                fprintf(stderr, "draftline run: --resume: %s: the run's placement is unknown; give it "
+                                "(--target-gpus / --drafter-gpus, or --device cpu with --targets / --drafters), or "
+                                "restore run.json\n", dl_errmsg());
+                free(j);
+                return 2;
+            }
             log_warn("--resume: %s: the run's --target-model, --data, --save-every, --keep-checkpoints, "
-                     "--deterministic, --target-precision, --mps and the placement are not taken from it (pass them)",
-                     dl_errmsg());
+                     "--deterministic, --target-precision and --mps are not taken from it (pass them)", dl_errmsg());
+        } else if (!placed) {
+            log_warn("--resume: %s has no run.json: the placement is the default (CPU, --targets %d --drafters %d) "
+                     "unless given", run_dir, o->targets, o->drafters);
+        }
         rundir_run_init(j);
     }
     if (j->target_model[0] && !o->given[RUN_O_TM - RUN_O_TM]) {

@@ -258,13 +258,13 @@ static void test_resume_takes_placement(void **state) {
     j->n_drafter_gpus = 0;
     assert_int_equal(rundir_run_write(out, j), 0);
     assert_int_equal(run_only(log, "--resume", out, "--max-steps", "4", NULL), 2);
-    said(log, "run.json: \"device\" is cuda but \"target_gpus\" or \"drafter_gpus\" is empty");
+    said(log, "run.json: \"device\" is cuda but \"drafter_gpus\" is empty (draftline does not write that)");
     *j = keep;
     snprintf(j->device, sizeof j->device, "cpu");
     j->targets = 65;
     assert_int_equal(rundir_run_write(out, j), 0);
     assert_int_equal(run_only(log, "--resume", out, "--max-steps", "4", NULL), 2);
-    said(log, "\"targets\" or \"drafters\" is outside 1..64");
+    said(log, "\"targets\" is 65, outside 1..64");
     *j = keep;
     j->n_nodes = 2;
     snprintf(j->nodes[0].name, sizeof j->nodes[0].name, "head");
@@ -274,6 +274,16 @@ static void test_resume_takes_placement(void **state) {
     assert_int_equal(run_only(log, "--resume", out, "--max-steps", "4", NULL), 2);
     said(log, "the run ran across nodes");
     assert_int_equal(pf_count_in(log, "draftline run "), 0);   /* no banner: nothing started */
+    /* a malformed run.json: the placement is unknown, refused (a GPU run would go on on the
+     * CPU); with a placement flag it goes on, the rest of run.json warned as not taken */
+    FILE *f = fopen(rj, "w");
+    assert_non_null(f);
+    fputs("{\"device\": \"cuda\", \"target_gpus\": [0.5]}\n", f);
+    fclose(f);
+    assert_int_equal(run_only(log, "--resume", out, "--max-steps", "4", NULL), 2);
+    said(log, "key 'target_gpus': expected an array of CUDA ordinals (integers 0..1023): the run's placement is "
+              "unknown; give it");
+    assert_int_equal(pf_count_in(log, "draftline run "), 0);
     free(j);
 }
 
