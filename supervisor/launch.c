@@ -31,23 +31,6 @@
 #include <time.h>
 #include <unistd.h>
 
-/* "0,0,1" -> out[] = {0, 0, 1}; returns the count (>= 1) or -1 (malformed, an
- * ordinal outside 0..1023, more than cap entries). */
-static int parse_gpu_list(const char *s, int *out, int cap) {
-    int n = 0;
-    const char *p = s;
-    while (*p) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 0 || v > 1023 || n == cap) return -1;
-        out[n++] = (int)v;
-        if (*end == ',') p = end + 1;
-        else if (*end == 0) p = end;
-        else return -1;
-    }
-    return n > 0 ? n : -1;
-}
-
 int sup_bin_dir(char *out, size_t cap) {
     const char *e = getenv("DL_BIN_DIR");
     if (e && *e) { snprintf(out, cap, "%s", e); return 0; }
@@ -101,10 +84,14 @@ static int parse_place(launch_t *L, const char *flag, const char *s, int counts,
     return n;
 }
 
-/* A GPU list: node-prefixed (parse_place) or bare (parse_gpu_list: every entry the head's). */
+/* A GPU list: node-prefixed (parse_place, which says why it fails) or bare "0,0,1" (every
+ * entry the head's): the count, or -1 with the reason on stderr (empty list or entry, not a
+ * number, an ordinal outside 0..1023, more than cap entries). */
 static int gpu_list(launch_t *L, const char *flag, const char *s, int *out, int *node, int cap) {
     if (strchr(s, ':')) return parse_place(L, flag, s, 0, out, node, cap);
-    return parse_gpu_list(s, out, cap);
+    int n = rbplan_parse_gpus(flag, s, out, cap);
+    if (n < 0) fprintf(stderr, "draftline run: %s\n", dl_errmsg());
+    return n < 0 ? -1 : n;
 }
 
 /* CPU runs: --targets / --drafters with node prefixes ("a:2,b:1"). 0 or 2. */
@@ -152,8 +139,7 @@ static int lc_gpu_lists(launch_t *L) {
     if (o->target_gpus || o->drafter_gpus || (o->device && strcmp(o->device, "cpu") != 0)) {
         L->ngt = o->target_gpus ? gpu_list(L, "--target-gpus", o->target_gpus, L->tgpu, L->tnode, PIPE_MAX_TARGETS) : -2;
         L->ngd = o->drafter_gpus ? gpu_list(L, "--drafter-gpus", o->drafter_gpus, L->dgpu, L->dnode, PIPE_MAX_DRAFTERS) : -2;
-        if (L->ngt == -1 && o->target_gpus && strchr(o->target_gpus, ':')) return 2;   /* said why */
-        if (L->ngd == -1 && o->drafter_gpus && strchr(o->drafter_gpus, ':')) return 2;
+        if ((L->ngt == -1 && o->target_gpus) || (L->ngd == -1 && o->drafter_gpus)) return 2;   /* said why */
         if (L->ngt < 1 || L->ngd < 1) {
             fprintf(stderr, "draftline run: GPU mode needs --target-gpus and --drafter-gpus, lists of CUDA "
                             "device ordinals such as 0,0,1 (one process per entry)\n");

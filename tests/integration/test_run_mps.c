@@ -1,6 +1,7 @@
 /* `draftline run --mps` (supervisor/mps.c): CUDA MPS for a target and a drafter that share a
  * GPU. Without a GPU this checks everything around the daemon:
- *  - the refusals, before anything starts: --mps with a value other than auto/on/off;
+ *  - the refusals, before anything starts: a malformed GPU list (said what is wrong with
+ *    it); --mps with a value other than auto/on/off;
  *    --mps on in a CPU run; and in CUDA builds --mps on where no GPU runs both a target and
  *    a drafter, and --mps on without nvidia-cuda-mps-control on PATH;
  *  - (CUDA builds, no GPU present) the daemon's life cycle with a stand-in
@@ -150,6 +151,14 @@ static void test_refusals(void **state) {
     said(log, "--mps sometimes: expected auto, on or off");
     assert_int_equal(run(out, log, "--device", "cpu", "--mps", "on", NULL), 2);
     said(log, "--mps on: it is for GPU runs");
+    /* a malformed GPU list is refused saying what is wrong with it (a --config list joins
+     * to the same text: [] is the empty list) */
+    assert_int_equal(run(out, log, "--target-gpus", "", "--drafter-gpus", "0", NULL), 2);
+    said(log, "--target-gpus: empty GPU list (give CUDA ordinals such as 0,0,1)");
+    assert_int_equal(run(out, log, "--target-gpus", "0", "--drafter-gpus", "0,,1", NULL), 2);
+    said(log, "--drafter-gpus '0,,1': entry 1 is empty");
+    assert_int_equal(run(out, log, "--target-gpus", "0,2000", "--drafter-gpus", "0", NULL), 2);
+    said(log, "--target-gpus '0,2000': GPU 2000 is out of range 0..1023");
     struct stat st;
     assert_int_not_equal(stat(out, &st), 0);   /* refused before the run dir was made */
 #ifdef DL_CUDA
