@@ -23,7 +23,7 @@
  * includes the CUDA context, cuBLASLt workspace, embedding and LM head, features,
  * AdamW moments). Time: median of --reps CUDA-event-timed steps after one warm-up.
  * --attn-variant N: the block-attention kernels (ops_cuda_attention_block_variant: 1, 2,
- *   ..., 8; 0 or absent: the default).
+ *   ..., 9; 0 or absent: the default).
  * --profile: then one more step with each op timed by CUDA events, printed as a table
  * (op class, calls, ms, % of the step, TFLOP/s of GEMMs and attention). */
 #include <math.h>
@@ -319,7 +319,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--quick")) reps = 2;
         else if (!strcmp(argv[i], "--profile")) profile = 1;
         else if (!strcmp(argv[i], "--attn-variant") && i + 1 < argc)
-            variant = arg_int("--attn-variant", argv[++i], 0, 8);
+            variant = arg_int("--attn-variant", argv[++i], 0, OPS_CUDA_ATTN_BLOCK_VARIANTS);
         else {
             fprintf(stderr, "bench_drafter: unknown argument '%s' (see the header of bench/bench_drafter.c)\n", argv[i]);
             return 2;

@@ -219,7 +219,7 @@ static void bench_attention_varlen(int quick) {
     int32_t *dcu = dev_raw(cu, (size_t)(nseq + 1) * 4);
     float ms;
     char name[128];
-    for (int variant = 1; variant <= 6; variant++) {
+    for (int variant = 1; variant <= OPS_CUDA_ATTN_VARLEN_VARIANTS; variant++) {
         if (ops_cuda_attention_varlen_resolve(variant, hd) != variant) continue;  /* runs another */
         TIME_MS(ms, 2, quick ? 3 : 10,
                 ops_cuda_attention_varlen_forward_variant(&C, variant, o, q, k, v, dcu, nseq, maxl,
@@ -236,7 +236,7 @@ static void bench_attention_varlen(int quick) {
     int32_t cu8[9];
     for (int s = 0; s <= 8; s++) cu8[s] = s * 4096;
     int32_t *dcu8 = dev_raw(cu8, sizeof cu8);
-    for (int variant = 3; variant <= 6; variant++) {
+    for (int variant = 3; variant <= OPS_CUDA_ATTN_VARLEN_VARIANTS; variant++) {
         if (ops_cuda_attention_varlen_resolve(variant, hd) != variant) continue;
         TIME_MS(ms, 2, quick ? 3 : 10,
                 ops_cuda_attention_varlen_forward_variant(&C, variant, o, q, k, v, dcu8, 8, 4096,
@@ -279,7 +279,7 @@ static void bench_attention_block(int quick) {
     double fwd_fl = 4.0 * hd * H * B * keys;
     float ms;
     char name[160];
-    for (int variant = 1; variant <= 8; variant++) {
+    for (int variant = 1; variant <= OPS_CUDA_ATTN_BLOCK_VARIANTS; variant++) {
         ops_cuda_attention_block_variant(variant);
         TIME_MS(ms, 2, quick ? 3 : 10,
                 C.impl->attention_block_forward(&C, o, lse, q, kb, vb, kc, vc, dcs, dcl, Nb, B, Tc,

@@ -46,7 +46,7 @@
  *   FILE's bytes tokenized with the model's tokenizer (real text; needs real weights, e.g.
  *   the embedded SmolLM2 GGUF), in sequences of 2048, else random ids. --device cpu runs
  *   without a GPU (fp32 vs the fp8 emulation; SmolLM2-sized models).
- * --attn-variant N: the causal attention kernel (ops_cuda_attention_varlen_variant: 1..6;
+ * --attn-variant N: the causal attention kernel (ops_cuda_attention_varlen_variant: 1..8;
  *   0 or absent: the default); the line "causal attention kernel" says which runs.
  * Prints "SKIP: ..." and exits 0 without CUDA or without --model. */
 #include <math.h>
@@ -568,11 +568,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--text") && i + 1 < argc) text = argv[++i];
         else if (!strcmp(argv[i], "--attn-variant") && i + 1 < argc) {
             const char *a = argv[++i];
-            if (strlen(a) != 1 || a[0] < '0' || a[0] > '6') {
-                fprintf(stderr, "bench_target: --attn-variant '%s': expected 0..6\n", a);
+            char *end;
+            long n = strtol(a, &end, 10);
+            if (end == a || *end || n < 0 || n > OPS_CUDA_ATTN_VARLEN_VARIANTS) {
+                fprintf(stderr, "bench_target: --attn-variant '%s': expected 0..%d\n", a,
+                        OPS_CUDA_ATTN_VARLEN_VARIANTS);
                 return 2;
             }
-            variant = a[0] - '0';
+            variant = (int)n;
         }
     }
     if (ferr && model) return feature_error(model, device, text, T == 65536 ? 8192 : T, ncap);

@@ -456,7 +456,7 @@ static void run_varlen(const int *lens, int nseq, int H, int Hkv, int hd) {
     void *gq = gput(q, nq), *gk = gput(k, nk), *gv = gput(v, nk), *go = gput(q, nq);
     int32_t *gcu = gput_raw(cu, (size_t)(nseq + 1) * 4);
     g_cpu.impl->attention_varlen_forward(&g_cpu, co, cq, ck, cv, cu, nseq, maxlen, T, H, Hkv, hd);
-    for (int variant = 0; variant <= 6; variant++) { /* 0: the ops table's; 1..6: each kernel */
+    for (int variant = 0; variant <= OPS_CUDA_ATTN_VARLEN_VARIANTS; variant++) { /* 0: the ops table's; then each kernel */
         g_gpu.impl->upload_act(&g_gpu, go, q, nq); /* poison: every element must be written */
         if (variant == 0)
             g_gpu.impl->attention_varlen_forward(&g_gpu, go, gq, gk, gv, gcu, nseq, maxlen, T, H,
@@ -566,6 +566,18 @@ static void run_block_ctx(int Nb, int B, int Tc, int H, int Hkv, int hd, int nse
     /* no atomics: a second run reproduces the bits */
     assert_memory_equal(hdq, hdq2, nq * sizeof(float));
     assert_memory_equal(hdkc, hdkc2, nkc * sizeof(float));
+    if (ops_cuda_attention_block_variant(-1) == 9) {
+        /* the warp-specialized dK/dV sums each key's items in variant 7's order: its bits */
+        ops_cuda_attention_block_variant(7);
+        g_gpu.impl->attention_block_backward(&g_gpu, NULL, gdkb, gdvb, gdkc, gdvc, gdo, go, glse,
+                                             gq, gkb, gvb, gkc, gvc, gcs, gcl, Nb, B, Tc, H, Hkv,
+                                             hd);
+        ops_cuda_attention_block_variant(9);
+        float *k7 = gget(gdkc, nkc), *v7 = gget(gdvc, nkc);
+        assert_memory_equal(hdkc, k7, nkc * sizeof(float));
+        assert_memory_equal(hdvc, v7, nkc * sizeof(float));
+        free(k7); free(v7);
+    }
     free(q); free(kb); free(vb); free(kc); free(vc); free(dout);
     free(ho); free(hlse); free(hdq); free(hdkb); free(hdvb); free(hdkc); free(hdvc);
     free(hdq2); free(hdkc2);
@@ -580,7 +592,7 @@ static void run_block(int Nb, int B, int Tc, int H, int Hkv, int hd) {
 /* Every kernel variant (ops_cuda_attention_block_variant) against the CPU reference. */
 static void test_attention_block(void **state) {
     (void)state;
-    for (int variant = 1; variant <= 8; variant++) {
+    for (int variant = 1; variant <= OPS_CUDA_ATTN_BLOCK_VARIANTS; variant++) {
         ops_cuda_attention_block_variant(variant);
         run_block(9, 16, 150, 4, 2, 64);   /* DFlash B=16, GQA 2:1, odd Nb */
         run_block(6, 7, 200, 8, 2, 128);   /* odd block size, GQA 4:1 */

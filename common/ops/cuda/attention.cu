@@ -14,10 +14,13 @@
 //   variants 2/3: 128 rows per block, 32 per warp (two m-tiles sharing every
 //     K/V fragment), 32-/64-key tiles, Q re-read from shared memory;
 //   variants 4-6 (Hopper, head dim 128): 128 or 192 rows per block, warpgroups of 64 rows
-//     on wgmma (attn_varlen_fwd_wg_kernel); other head dims and GPUs run variant 3.
+//     on wgmma (attn_varlen_fwd_wg_kernel); other head dims and GPUs run variant 3;
+//   variants 7, 8 (Hopper, head dim 128): as 6, warp-specialized (a producer warpgroup
+//     fills K/V stages behind mbarriers; attn_varlen_fwd_ws_kernel).
 // Measured on an H200 at T=65536 (33 sequences of 128..4096, H=32, Hkv=8, hd=128):
-// v1 9.5 ms, v2 8.4, v3 7.9, v4 7.4, v5 9.0, v6 7.3 ms (199 TFLOP/s); 8 x 4096: v3 5.43,
-// v4 5.13-5.16, v5 6.2, v6 5.10 ms (216 TFLOP/s) -> v6 is the default (bench/NOTES.md).
+// v1 9.5 ms, v2 8.4, v3 7.9, v4 7.4, v5 9.0, v6 7.3 ms (199 TFLOP/s), v7 5.1-5.8; 8 x 4096:
+// v3 5.43, v4 5.13-5.16, v5 6.2, v6 5.08-5.11 ms (216 TFLOP/s), v7 3.43-3.95 ms (278-321)
+// -> v7 is the default (bench/NOTES.md, 2026-12-03 second session).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,9 +34,9 @@ extern "C" {
 #define AV_BM 64
 #define AV_BN 64
 // Kernel used by attention_varlen_forward (ops_cuda_attention_varlen_forward_variant):
-// variant 6 measured fastest on an H200 (bench/NOTES.md); it runs variant 3 where wgmma
+// variant 7 measured fastest on an H200 (bench/NOTES.md); it runs variant 3 where wgmma
 // does not apply.
-#define ATTN_VARLEN_DEFAULT_VARIANT 6
+#define ATTN_VARLEN_DEFAULT_VARIANT 7
 
 template <int HDP>
 __global__ void __launch_bounds__(128)
@@ -377,6 +380,170 @@ attn_varlen_fwd_wg_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v
 #endif
 }
 
+
+// Variants 7-11: warpgroups of 64 queries on wgmma as 4-6, warp-specialized. Producer
+// threads after the consumers (PT: one warp, or a whole warpgroup, which hands registers
+// to the consumers by setmaxnreg: the pool is dealt in warpgroups) fill NST stages of a
+// BN-key K tile and V tile (core-matrix layout, cp.async), each stage's landing signalled
+// on an mbarrier (full[s], cp.async.mbarrier.arrive); the NWG consumer warpgroups wait on
+// it, compute, and release the stage on another (empty[s], one arrival per consumer
+// warp). No block-wide barrier after start-up, so the warpgroups drift apart and one's
+// softmax runs under another's tensor-core work, instead of all of them stepping tile by
+// tile together as in 4-6. A warpgroup past its last key tile (causal) still waits for
+// and releases each later stage, so every stage's phases count all NWG x 4 consumer warps.
+// Per tile and warpgroup: S = Q K^T (8 x m64nBNk16, A = Q, B = K, both K-major from
+// shared memory), the online softmax on the accumulator, O += P V (BN/16 x m64n128k16, A =
+// P in registers, B = V MN-major). REG: the consumers' registers after setmaxnreg (PT 128).
+// Tile layout for R rows: element (row r, col d) at byte (d/8) * 16R + 16 r.
+// Variants 7, 8: warpgroups of 64 queries on wgmma as 4-6, warp-specialized. A producer
+// warpgroup after the NWG = 3 consumer warpgroups fills NST stages of a 64-key K tile and V
+// tile (cp.async into the core-matrix layout), each stage's landing signalled on an
+// mbarrier (full[s], cp.async.mbarrier.arrive); the consumers wait on it, compute, and
+// release the stage on another (empty[s], one arrival per consumer warp). No block-wide
+// barrier after start-up, so the warpgroups drift apart and one's softmax runs under
+// another's tensor-core work, instead of all of them stepping tile by tile together as
+// in 4-6. The register pool is dealt in warpgroups (a lone producer warp would cost the
+// block a whole warpgroup's share): the producer gives up registers by setmaxnreg (40) and
+// the consumers take them (152; they need ~138 without serializing the wgmma). A
+// warpgroup past its last key tile (causal) still waits for and releases each later
+// stage, so every stage's phases count all NWG x 4 consumer warps. Per tile and
+// warpgroup as 4-6: S = Q K^T (8 x m64n64k16), the online softmax on the accumulator, O +=
+// P V (4 x m64n128k16, A = P in registers, B = V MN-major).
+template <int NST>
+__global__ void __launch_bounds__(512, 1)
+attn_varlen_fwd_ws_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v,
+                          const int32_t *cu, int H, int Hkv, float scale_log2, int ntiles) {
+#ifdef ABW_NO_WGMMA
+    __trap();
+#else
+    constexpr int NWG = 3, hd = 128, BM = 64 * NWG, BN = 64;
+    extern __shared__ __align__(16) unsigned char smem_raw[];  // (the dynamic base is 1024-aligned)
+    unsigned char *KV = smem_raw;                        // NST stages x (K tile, V tile)
+    unsigned char *Qt = KV + 2 * NST * ABW_TILE_BYTES;   // NWG warpgroups x Q tile
+    uint64_t *full = (uint64_t *)(Qt + NWG * ABW_TILE_BYTES), *empty = full + NST;
+    const int s = blockIdx.y, h = blockIdx.z;
+    const int seq0 = cu[s], L = cu[s + 1] - seq0;
+    const int q0 = (ntiles - 1 - (int)blockIdx.x) * BM;
+    if (q0 >= L) return;  // uniform over the block
+    const int hk = h / (H / Hkv);
+    const int tid = threadIdx.x, sel = tid >> 7, wtid = tid & 127;
+    const int warp = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const size_t qstride = (size_t)H * hd, kstride = (size_t)Hkv * hd;
+    const int ntile = (min(L, q0 + BM) + BN - 1) / BN;
+    if (tid == 0) {
+        for (int i = 0; i < NST; i++) {
+            mbar_init(&full[i], 128);        // the producer threads' cp.async arrivals
+            mbar_init(&empty[i], 4 * NWG);   // one per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (sel == NWG) {  // the producer warpgroup
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        const bf16 *kbase = k + (size_t)seq0 * kstride + (size_t)hk * hd;
+        const bf16 *vbase = v + (size_t)seq0 * kstride + (size_t)hk * hd;
+        for (int it = 0; it < ntile; it++) {
+            const int st = it % NST, k0 = it * BN;
+            if (it >= NST) mbar_wait(&empty[st], ((it / NST) - 1) & 1);
+            unsigned char *Kt = KV + st * 2 * ABW_TILE_BYTES, *Vt = Kt + ABW_TILE_BYTES;
+            abw_load_tile<128>(Kt, [&](int r) -> const bf16 * {
+                return k0 + r < L ? kbase + (size_t)(k0 + r) * kstride : nullptr;
+            }, wtid, q);
+            abw_load_tile<128>(Vt, [&](int r) -> const bf16 * {
+                return k0 + r < L ? vbase + (size_t)(k0 + r) * kstride : nullptr;
+            }, wtid, q);
+            mbar_arrive_cp_async(&full[st]);
+        }
+        asm volatile("cp.async.wait_all;\n" ::: "memory");  // exit with nothing in flight
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 152;\n" ::: "memory");
+    const int qw0 = q0 + 64 * sel;  // this warpgroup's first query
+    unsigned char *Qw = Qt + sel * ABW_TILE_BYTES;
+    abw_load_tile(Qw, [&](int r) -> const bf16 * {
+        return qw0 + r < L ? q + (size_t)(seq0 + qw0 + r) * qstride + (size_t)h * hd : nullptr;
+    }, wtid, q);
+    cp_async_commit();
+    cp_async_wait<0>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    named_bar_sync(1 + sel, 128);  // this warpgroup's Q tile is in
+
+    float acc[16][4];  // O (m64n128 accumulator: n-tile i in acc[i])
+#pragma unroll
+    for (int i = 0; i < 16; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+    const int qa = qw0 + warp * 16 + g;  // positions of this thread's rows g, g + 8
+
+    for (int it = 0; it < ntile; it++) {
+        const int st = it % NST, k0 = it * BN;
+        mbar_wait(&full[st], (it / NST) & 1);
+        if (qw0 < L && k0 <= qw0 + 63) {  // uniform over the warpgroup
+            // cp.async wrote through the generic proxy; wgmma reads through the async one
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            const unsigned char *Kt = KV + st * 2 * ABW_TILE_BYTES, *Vt = Kt + ABW_TILE_BYTES;
+            float sc[8][4];
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++)
+                wg_m64n64k16_ss<0>(&sc[0][0], wg_desc(Qw + kk * 2048, 1024, 128),
+                                   wg_desc(Kt + kk * 2048, 1024, 128), kk > 0);
+            wg_commit();
+            wg_wait<0>();
+            abw_fence_acc(&sc[0][0], 32);
+            const bool need_mask = k0 + BN - 1 > qw0 || k0 + BN > L;
+            online_softmax_tile<BN, 128>(sc, mrow, lrow, acc, k0, qa, qa + 8, L, need_mask,
+                                         scale_log2, t);
+            uint32_t a[4][4];  // P as A fragments, keys 16kk .. 16kk + 15
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) c_to_a(a[kk], sc[2 * kk], sc[2 * kk + 1]);
+            abw_fence_acc(&acc[0][0], 64);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                wg_m64n128k16_rs<1>(&acc[0][0], a[kk], wg_desc(Vt + kk * 256, 128, 1024));
+            wg_commit();
+            wg_wait<0>();
+            abw_fence_acc(&acc[0][0], 64);
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[st]);  // this warp no longer reads the stage
+    }
+    if (qw0 >= L) return;
+    float l0 = lrow[0], l1 = lrow[1];
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    store_rows<128>(acc, inv0, inv1, [&](int r) -> bf16 * {
+        int qr = qw0 + warp * 16 + r;
+        return qr < L ? out + (size_t)(seq0 + qr) * qstride + (size_t)h * hd : nullptr;
+    }, hd, g, t);
+#endif
+}
+
+// Launches a warp-specialized kernel (variant 7: 3 stages, 8: 4 stages); false where
+// wgmma does not apply (as launch_varlen_wg).
+template <int NST>
+static bool launch_varlen_ws(const ops_ctx_t *c, void *out, const void *q, const void *k,
+                             const void *v, const int32_t *cu, int nseq, int max_seqlen, int H,
+                             int Hkv, int hd) {
+    if (hd != 128 || !abw_supported() || ((uintptr_t)q & 15) || ((uintptr_t)k & 15) ||
+        ((uintptr_t)v & 15))
+        return false;
+    const size_t smem = (size_t)(2 * NST + 3) * ABW_TILE_BYTES + 2 * NST * sizeof(uint64_t);
+    auto kern = attn_varlen_fwd_ws_kernel<NST>;
+    cuda_check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const int ntiles = (max_seqlen + 191) / 192;
+    const float scale_log2 = (1.0f / sqrtf((float)hd)) * ATTN_LOG2E;
+    kern<<<dim3(ntiles, nseq, H), 512, smem, cuda_stream(c)>>>(
+        (bf16 *)out, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, cu, H, Hkv, scale_log2,
+        ntiles);
+    cuda_check_launch();
+    return true;
+}
+
 // Launches a wgmma kernel (variant 4: 2 warpgroups, 2 blocks per SM; 5: 2 warpgroups, 1
 // block; 6: 3 warpgroups, 1 block); false (nothing launched) where it does not apply: head
 // dim other than 128, a GPU other than compute capability 9.0, rows not 16-byte aligned.
@@ -438,17 +605,18 @@ static void launch_varlen(const ops_ctx_t *c, void *out, const void *q, const vo
 }
 
 // variant: 1 = 64-row blocks (16 rows per warp, BN 64), 2 = 128-row blocks
-// (32 rows per warp, BN 32), 3 = 128-row blocks with BN 64, 4-6 = wgmma (launch_varlen_wg;
-// head dim 128 on compute capability 9.0, elsewhere variant 3); 0 = the default.
+// (32 rows per warp, BN 32), 3 = 128-row blocks with BN 64, 4-6 = wgmma (launch_varlen_wg),
+// 7, 8 = wgmma, warp-specialized (launch_varlen_ws); 4-8 need head dim 128 on compute
+// capability 9.0, elsewhere variant 3 runs; 0 = the default.
 extern "C" void ops_cuda_attention_varlen_forward_variant(const ops_ctx_t *c, int variant,
                                                           void *out, const void *q, const void *k,
                                                           const void *v, const int32_t *cu,
                                                           int nseq, int max_seqlen, int T, int H,
                                                           int Hkv, int hd) {
     (void)T;
-    if (variant < 0 || variant > 6) {
-        fprintf(stderr, "ops cuda attention_varlen_forward: kernel variant %d is not one of 0..6\n",
-                variant);
+    if (variant < 0 || variant > OPS_CUDA_ATTN_VARLEN_VARIANTS) {
+        fprintf(stderr, "ops cuda attention_varlen_forward: kernel variant %d is not one of 0..%d\n",
+                variant, OPS_CUDA_ATTN_VARLEN_VARIANTS);
         abort();
     }
     if (nseq <= 0 || max_seqlen <= 0 || H <= 0) return;
@@ -460,7 +628,9 @@ extern "C" void ops_cuda_attention_varlen_forward_variant(const ops_ctx_t *c, in
         switch (variant) {
         case 4: done = AV_WG(2, 2); break;
         case 5: done = AV_WG(2, 1); break;
-        default: done = AV_WG(3, 1); break;
+        case 6: done = AV_WG(3, 1); break;
+        case 7: done = launch_varlen_ws<3>(c, out, q, k, v, cu, nseq, max_seqlen, H, Hkv, hd); break;
+        default: done = launch_varlen_ws<4>(c, out, q, k, v, cu, nseq, max_seqlen, H, Hkv, hd); break;
         }
 #undef AV_WG
         if (done) return;
@@ -489,12 +659,12 @@ static int g_av_variant = ATTN_VARLEN_DEFAULT_VARIANT;
 
 extern "C" int ops_cuda_attention_varlen_variant(int variant) {
     int old = g_av_variant;
-    if (variant >= 0 && variant <= 6) g_av_variant = variant == 0 ? ATTN_VARLEN_DEFAULT_VARIANT : variant;
+    if (variant >= 0 && variant <= OPS_CUDA_ATTN_VARLEN_VARIANTS) g_av_variant = variant == 0 ? ATTN_VARLEN_DEFAULT_VARIANT : variant;
     return old;
 }
 
 extern "C" int ops_cuda_attention_varlen_resolve(int variant, int hd) {
-    if (variant < 0 || variant > 6) return -1;
+    if (variant < 0 || variant > OPS_CUDA_ATTN_VARLEN_VARIANTS) return -1;
     if (variant == 0) variant = ATTN_VARLEN_DEFAULT_VARIANT;
     return variant >= 4 && (hd != 128 || !abw_supported()) ? 3 : variant;
 }

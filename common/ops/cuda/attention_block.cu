@@ -34,12 +34,12 @@ extern "C" {
 #define AB_BN 64     // keys per tile
 #define AB_WARPS 4   // warps per forward / dQ block
 // Kernel variant used by the ops table (ops_cuda_attention_block_variant, which lists
-// them): 5 = wgmma for the forward and the dK/dV context tiles (attention_block_wg.cuh),
-// pairs of blocks for dQ (attention_block_pair.cuh). On an H200, 8 x 4096 tokens, 512
-// anchors (bench_ops): fwd 14.3 / 10.0 / 10.9 / 10.0 / 8.9 ms, dQ 16.7 / 12.2 / 15.3 /
-// 12.2 / 12.2 (13.1 on wgmma) ms, dK/dV 31.3 / 30.6 / 29.3 / 22.9 / 23.0 ms for variants
-// 1 / 2 / 3 / 4 / 5 (bench/NOTES.md).
-#define AB_DEFAULT_VARIANT 7
+// them): 9 = wgmma for the forward and the dK/dV context tiles (attention_block_wg.cuh;
+// dK/dV warp-specialized), pairs of blocks for dQ (attention_block_pair.cuh). On an H200,
+// 8 x 4096 tokens, 512 anchors (bench_ops): fwd 14.3 / 10.0 / 10.9 / 10.0 / 8.9 ms, dQ 16.7
+// / 12.2 / 15.3 / 12.2 / 12.2 (13.1 on wgmma) ms, dK/dV 31.3 / 30.6 / 29.3 / 22.9 / 23.0
+// ms for variants 1 / 2 / 3 / 4 / 5; dK/dV 22.3 (7) and 12.9 ms (9) (bench/NOTES.md).
+#define AB_DEFAULT_VARIANT 9
 
 // ------------------------------------------------------------------ forward / dQ
 // Task of warp w in block (j, hk, z): task = z*AB_WARPS + w -> (hg, qc), query
@@ -690,13 +690,35 @@ static void launch_dkv_wg(const ops_ctx_t *c, bf16 *dkc, bf16 *dvc, const bf16 *
     cuda_check_launch();
 }
 
+// The warp-specialized dK/dV context tiles (variant 9; attention_block_wg.cuh): two
+// consumer warpgroups of 64 keys and a producer warpgroup per thread block, NST stages.
+template <int NST>
+static void launch_dkv_ws(const ops_ctx_t *c, bf16 *dkc, bf16 *dvc, const bf16 *dout,
+                          const float *lse, const float *D, const void *q, const void *kc,
+                          const void *vc, const int32_t *cs, const int32_t *cl, int Nb, int B,
+                          int Tc, int H, int Hkv) {
+    constexpr int QROWS = AB_GH * 16;
+    size_t smem = 2 * 2 * ABW_TILE_BYTES +
+                  NST * (2 * ABW_TILE_BYTES + 2 * QROWS * 4 + sizeof(abw_ws_meta)) +
+                  2 * NST * sizeof(uint64_t) + (128 + 4) * sizeof(int);
+    cuda_check(cudaFuncSetAttribute(attn_block_dkv_ws_kernel<NST>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    long nct = (Tc + 127) / 128;
+    if (nct <= 0) return;
+    attn_block_dkv_ws_kernel<NST><<<dim3((unsigned)nct, Hkv), 384, smem, cuda_stream(c)>>>(
+        dkc, dvc, dout, lse, D, (const bf16 *)q, (const bf16 *)kc, (const bf16 *)vc, cs, cl, Nb,
+        B, Tc, H, Hkv, 1.0f / sqrtf((float)128));
+    cuda_check_launch();
+}
+
 // dK/dV: variant 1 = 64-key tiles (4 warps) everywhere, one head at a time; variant 2 =
 // the heads of a batch together (ab_dkv_item_joint), 64-key tiles; variant 3 = as 2 with
 // 128-key context tiles (8 warps: each staged query item serves twice the keys; own tiles
 // stay 64 keys: a block's B = 16 own rows would leave 7 of 8 warps idle); variant 4 =
 // context tiles with wgmma (attention_block_wg.cuh; head dim 128, 16-byte aligned rows;
 // otherwise as variant 2), own tiles as variant 2; variants 7 and 8 = as 4 with two
-// warpgroups (128 keys) per thread block sharing each staged item, 4 or 3 stages.
+// warpgroups (128 keys) per thread block sharing each staged item, 4 or 3 stages; 9 = as
+// 7, warp-specialized (a producer warpgroup stages the items behind mbarriers).
 template <int HDP>
 static void launch_dkv(const ops_ctx_t *c, int variant, bf16 *dkb, bf16 *dvb, bf16 *dkc,
                        bf16 *dvc, const bf16 *dout, const float *lse, const float *D,
@@ -710,7 +732,9 @@ static void launch_dkv(const ops_ctx_t *c, int variant, bf16 *dkb, bf16 *dvb, bf
     } else if (variant >= 4 && HDP == 128 && hd == 128 && abw_supported() &&
                vec_ok(hd, q, kb, vb, kc, vc) && ((uintptr_t)dout & 15) == 0) {
         // context tiles with wgmma; own tiles (B rows of one block) with the mma.sync kernel
-        if (variant == 7)
+        if (variant == 9)
+            launch_dkv_ws<4>(c, dkc, dvc, dout, lse, D, q, kc, vc, cs, cl, Nb, B, Tc, H, Hkv);
+        else if (variant == 7)
             launch_dkv_wg<2, 4>(c, dkc, dvc, dout, lse, D, q, kc, vc, cs, cl, Nb, B, Tc, H, Hkv);
         else if (variant == 8)
             launch_dkv_wg<2, 3>(c, dkc, dvc, dout, lse, D, q, kc, vc, cs, cl, Nb, B, Tc, H, Hkv);
@@ -784,7 +808,7 @@ static int g_ab_variant = AB_DEFAULT_VARIANT;
 
 extern "C" int ops_cuda_attention_block_variant(int variant) {
     int old = g_ab_variant;
-    if (variant >= 0 && variant <= 8) g_ab_variant = variant == 0 ? AB_DEFAULT_VARIANT : variant;
+    if (variant >= 0 && variant <= OPS_CUDA_ATTN_BLOCK_VARIANTS) g_ab_variant = variant == 0 ? AB_DEFAULT_VARIANT : variant;
     return old;
 }
 

@@ -199,6 +199,171 @@ attn_block_dkv_wg_kernel(bf16 *dkc, bf16 *dvc, const bf16 *dout, const float *ls
 #endif
 }
 
+// Variant 9's dK/dV context tiles: the two-warpgroup scheme of attn_block_dkv_wg_kernel
+// (NWG = 2 consumer warpgroups of 64 keys, 128 keys per thread block, each summing its
+// items in ascending block order: the same bits as variants 4-8), warp-specialized. A
+// third, producer warpgroup lists the blocks that see the tile (128 candidates at a time,
+// its own named barrier), and stages each work item (Q, dO tiles by cp.async; lse, D and
+// the block's visible key range [vlo, vhi) by plain stores) into NST stages; a stage is
+// full when its 128 cp.async arrivals (cp.async.mbarrier.arrive) and 128 plain arrivals
+// (release: the plain stores) are in. The consumers wait on it, compute, and release it
+// (one arrival per consumer warp). The producer ends with a stage marked done. No block
+// barrier after start-up: the item math of one warpgroup runs under the other's wgmma,
+// and the staging is off the consumers' path. Registers: producer 40, consumers 232
+// (setmaxnreg; the dK, dV accumulators alone are 128 per thread).
+struct abw_ws_meta {
+    int vlo, vhi, done, pad;
+};
+
+template <int NST>
+__global__ void __launch_bounds__(384, 1)
+attn_block_dkv_ws_kernel(bf16 *dkc, bf16 *dvc, const bf16 *dout, const float *lse_in,
+                         const float *Dvec, const bf16 *q, const bf16 *kc, const bf16 *vc,
+                         const int32_t *ctx_start, const int32_t *ctx_len, int Nb, int B, int Tc,
+                         int H, int Hkv, float scale) {
+#ifdef ABW_NO_WGMMA
+    __trap();
+#else
+    constexpr int NWG = 2, hd = 128, QROWS = AB_GH * 16, TK = NWG * 64;  // TK: keys per block
+    constexpr int STAGE_BYTES = 2 * ABW_TILE_BYTES + 2 * QROWS * 4 + (int)sizeof(abw_ws_meta);
+    extern __shared__ __align__(16) unsigned char smem_raw[];  // (the dynamic base is 1024-aligned)
+    const int tid = threadIdx.x, sel = tid >> 7, wtid = tid & 127;
+    unsigned char *stage = smem_raw + NWG * 2 * ABW_TILE_BYTES;  // NST x (Q, dO, lse, D, meta)
+    uint64_t *full = (uint64_t *)(stage + NST * STAGE_BYTES), *empty = full + NST;
+    int *list = (int *)(empty + NST);  // 128 block indices (producer)
+    int *wcount = list + 128;          // 4 warp counts (producer)
+    auto stQ = [&](int st) { return stage + st * STAGE_BYTES; };
+    auto stO = [&](int st) { return stage + st * STAGE_BYTES + ABW_TILE_BYTES; };
+    auto stL = [&](int st) { return (float *)(stage + st * STAGE_BYTES + 2 * ABW_TILE_BYTES); };
+    auto stD = [&](int st) { return stL(st) + QROWS; };
+    auto stM = [&](int st) { return (abw_ws_meta *)(stD(st) + QROWS); };
+    const int hk = blockIdx.y, group = H / Hkv, nqc = (B + 15) / 16;
+    const int nhb = (group + AB_GH - 1) / AB_GH;
+    const int lane = tid & 31, g = lane >> 2, t = lane & 3, wwarp = wtid >> 5;
+    const size_t qstride = (size_t)H * hd, kstride = (size_t)Hkv * hd;
+    const int key0 = blockIdx.x * TK;
+    if (tid == 0) {
+        for (int i = 0; i < NST; i++) {
+            mbar_init(&full[i], 256);       // 128 cp.async arrivals + 128 plain ones
+            mbar_init(&empty[i], 4 * NWG);  // one per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (sel == NWG) {  // the producer warpgroup
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        int it = 0;  // items staged so far (all chunks)
+        const int nchunks = (Nb + 127) / 128;
+        for (int ch = 0; ch < nchunks; ch++) {
+            // the blocks of candidates ch*128 .. that see a key of this tile, in order
+            int jj = ch * 128 + wtid;
+            bool f = false;
+            if (jj < Nb) {
+                int cs = ctx_start[jj], cl = ctx_len[jj];
+                f = cl > 0 && cs < key0 + TK && cs + cl > key0;
+            }
+            unsigned m = __ballot_sync(0xffffffffu, f);
+            named_bar_sync(1, 128);  // the previous chunk's list fully read
+            if (lane == 0) wcount[wwarp] = __popc(m);
+            named_bar_sync(1, 128);
+            int off = 0, n_list = 0;
+            for (int w = 0; w < 4; w++) {
+                if (w < wwarp) off += wcount[w];
+                n_list += wcount[w];
+            }
+            if (f) list[off + __popc(m & ((1u << lane) - 1u))] = jj;
+            named_bar_sync(1, 128);
+            const int n_items = n_list * nqc * nhb;
+            for (int item = 0; item < n_items; item++, it++) {
+                const int st = it % NST;
+                if (it >= NST) mbar_wait(&empty[st], ((it / NST) - 1) & 1);
+                const int li = item / (nqc * nhb), rem = item % (nqc * nhb);
+                const int qc = rem / nhb, hb = rem % nhb, j = list[li];
+                auto qrow = [&](int r, int *hh) -> long {  // r in [0, 64): head batch slot r/16
+                    int hl = r >> 4, rr = qc * 16 + (r & 15), hgi = hb * AB_GH + hl;
+                    *hh = hk * group + hgi;
+                    return (rr < B && hgi < group) ? (long)j * B + rr : -1;
+                };
+                abw_load_tile<128>(stQ(st), [&](int r) -> const bf16 * {
+                    int h;
+                    long row = qrow(r, &h);
+                    return row >= 0 ? q + row * qstride + (size_t)h * hd : nullptr;
+                }, wtid, q);
+                abw_load_tile<128>(stO(st), [&](int r) -> const bf16 * {
+                    int h;
+                    long row = qrow(r, &h);
+                    return row >= 0 ? dout + row * qstride + (size_t)h * hd : nullptr;
+                }, wtid, q);
+                if (wtid < QROWS) {
+                    int h;
+                    long row = qrow(wtid, &h);
+                    stL(st)[wtid] = row >= 0 ? lse_in[row * H + h] * ATTN_LOG2E : INFINITY;
+                    stD(st)[wtid] = row >= 0 ? Dvec[row * H + h] : 0.0f;
+                }
+                if (wtid == 0) {
+                    int vlo = ctx_start[j], vhi = vlo + ctx_len[j];
+                    *stM(st) = abw_ws_meta{vlo, vhi > Tc ? Tc : vhi, 0, 0};
+                }
+                mbar_arrive_cp_async(&full[st]);
+                mbar_arrive(&full[st]);
+            }
+        }
+        const int st = it % NST;  // the end: a stage marked done
+        if (it >= NST) mbar_wait(&empty[st], ((it / NST) - 1) & 1);
+        if (wtid == 0) *stM(st) = abw_ws_meta{0, 0, 1, 0};
+        mbar_arrive_cp_async(&full[st]);
+        mbar_arrive(&full[st]);
+        asm volatile("cp.async.wait_all;\n" ::: "memory");  // exit with nothing in flight
+        return;
+    }
+
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int wkey0 = key0 + sel * 64;  // this warpgroup's keys
+    unsigned char *Kt = smem_raw + sel * 2 * ABW_TILE_BYTES, *Vt = Kt + ABW_TILE_BYTES;
+    auto kvrow = [&](const bf16 *x, int r) -> const bf16 * {
+        int kk = wkey0 + r;
+        return kk < Tc ? x + (size_t)kk * kstride + (size_t)hk * hd : nullptr;
+    };
+    abw_load_tile(Kt, [&](int r) { return kvrow(kc, r); }, wtid, q);
+    abw_load_tile(Vt, [&](int r) { return kvrow(vc, r); }, wtid, q);
+    cp_async_commit();
+    cp_async_wait<0>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    named_bar_sync(2 + sel, 128);  // this warpgroup's K, V tiles are in
+
+    float dk[64], dv[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) dk[i] = dv[i] = 0.0f;
+    const float scale_log2 = scale * ATTN_LOG2E;
+    const int my_key_a = wkey0 + wwarp * 16 + g, my_key_b = my_key_a + 8;
+    for (int it = 0;; it++) {
+        const int st = it % NST;
+        mbar_wait(&full[st], (it / NST) & 1);
+        const abw_ws_meta mt = *stM(st);
+        if (mt.done) break;
+        if (mt.vlo < wkey0 + 64 && mt.vhi > wkey0) {  // uniform over the warpgroup
+            // cp.async wrote through the generic proxy; wgmma reads through the async one
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            const bool ka = my_key_a >= mt.vlo && my_key_a < mt.vhi;
+            const bool kb_ok = my_key_b >= mt.vlo && my_key_b < mt.vhi;
+            abw_item(dk, dv, Kt, Vt, stQ(st), stO(st), stL(st), stD(st), ka, kb_ok, scale_log2,
+                     t);
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[st]);  // this warp no longer reads the stage
+    }
+    auto dst = [&](bf16 *x, int r) -> bf16 * {
+        int kk = wkey0 + wwarp * 16 + r;
+        return (x && kk < Tc) ? x + (size_t)kk * kstride + (size_t)hk * hd : nullptr;
+    };
+    store_rows<128>((const float(*)[4])dk, scale, scale, [&](int r) { return dst(dkc, r); }, hd,
+                    g, t);
+    store_rows<128>((const float(*)[4])dv, 1.0f, 1.0f, [&](int r) { return dst(dvc, r); }, hd,
+                    g, t);
+#endif
+}
+
 // ------------------------------------------------------------------ forward and dQ (wgmma)
 // attention_block.cu's variant 5: the pair scheme of attention_block_pair.cuh (a thread
 // block serves blocks ja = 2x and ja+1 of one kv head, walking the union of their context

@@ -142,6 +142,40 @@ __device__ __forceinline__ void abw_fence_acc(float *d, int n) {
 }
 #endif  // !ABW_NO_WGMMA
 
+// ---- mbarriers (shared::cta, no cluster) and named barriers, for the warp-specialized
+// kernels: a producer warpgroup fills stages, consumer warpgroups wait and release them.
+#ifndef ABW_NO_WGMMA
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(
+                     smem_u32(bar))
+                 : "memory");
+}
+// Arrives on bar when every cp.async this thread issued before has landed (the arrival
+// counts against the barrier's expected count: .noinc).
+__device__ __forceinline__ void mbar_arrive_cp_async(uint64_t *bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar))
+                 : "memory");
+}
+// Waits until the barrier's phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nWAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra WAIT_%=;\n}\n" ::"r"(smem_u32(bar)),
+        "r"(parity)
+        : "memory");
+}
+__device__ __forceinline__ void named_bar_sync(int id, int nthreads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(nthreads) : "memory");
+}
+#endif
+
 // Whether the current device runs the sm_90a code of the wgmma kernels (compute capability 9.0).
 static inline bool abw_supported() {
     static int cc = -1;  // major * 10 + minor, once per process (one device per process)
