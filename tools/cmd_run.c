@@ -160,7 +160,11 @@ static void run_usage(FILE *f) {
         "                             only; not kept by --resume (default off)\n"
         "  --balance-every S          seconds between its checks (default 60)\n"
         "  --config FILE.yaml         the same keys as the flags (without --); flags override\n"
-        "  -h, --help                 this help\n");
+        "  -h, --help                 this help\n"
+        "exit status: 0 the run reached --max-steps or the end of its epochs; 143 stopped by\n"
+        "  SIGTERM or `draftline stop`, 130 by Ctrl-C (both after a final checkpoint; --resume\n"
+        "  DIR goes on); 2 refused before anything started (a flag, the config, the resume);\n"
+        "  1 the run failed (the last lines and <out>/logs say why).\n");
 }
 
 static int set_opt(run_opts_t *o, int code, const char *v) {

@@ -27,8 +27,10 @@ int cmd_stop(int argc, char **argv) {
             if (cli_parse_int("--wait", optarg, 0, 86400, &wait_s) < 0) { cli_error("draftline stop", dl_errmsg()); return 2; }
         } else if (c == 'h') {
             printf("usage: draftline stop --run DIR [--wait SECONDS]\n"
-                   "Stops a run cleanly (final checkpoint), like Ctrl-C on its supervisor; --wait\n"
-                   "waits up to SECONDS for it to finish (exit 1 if it is still running).\n");
+                   "Stops a run cleanly (final checkpoint), as SIGTERM to its `draftline run`\n"
+                   "would: that command then prints its summary marked (interrupted) and exits\n"
+                   "143 (130 after Ctrl-C). --wait waits up to SECONDS for it to finish (exit 1\n"
+                   "if it is still running).\n");
             return 0;
         } else return 2;
     }
