@@ -566,17 +566,33 @@ static void run_block_ctx(int Nb, int B, int Tc, int H, int Hkv, int hd, int nse
     /* no atomics: a second run reproduces the bits */
     assert_memory_equal(hdq, hdq2, nq * sizeof(float));
     assert_memory_equal(hdkc, hdkc2, nkc * sizeof(float));
-    if (ops_cuda_attention_block_variant(-1) == 9) {
-        /* the warp-specialized dK/dV sums each key's items in variant 7's order: its bits */
+    const int v = ops_cuda_attention_block_variant(-1);
+    if (v >= 9 && hd == 128) {
+        /* the warp-specialized kernels do the sums of the in-step ones in their order: their
+         * bits. dK/dV (9-11) as 7's; the forward (11) as 6's (and 7's, 9's, 10's: one kernel);
+         * dQ (10, 11) as 6's (wgmma, in step) */
+        void *go6 = gput(q, nq), *gdq6 = gput(q, nq);
+        float *glse6 = gput_raw(q, nl * 4);
+        ops_cuda_attention_block_variant(6);
+        g_gpu.impl->attention_block_forward(&g_gpu, go6, glse6, gq, gkb, gvb, gkc, gvc, gcs, gcl,
+                                            Nb, B, Tc, H, Hkv, hd);
+        g_gpu.impl->attention_block_backward(&g_gpu, gdq6, NULL, NULL, NULL, NULL, gdo, go6, glse6,
+                                             gq, gkb, gvb, gkc, gvc, gcs, gcl, Nb, B, Tc, H, Hkv,
+                                             hd);
         ops_cuda_attention_block_variant(7);
         g_gpu.impl->attention_block_backward(&g_gpu, NULL, gdkb, gdvb, gdkc, gdvc, gdo, go, glse,
                                              gq, gkb, gvb, gkc, gvc, gcs, gcl, Nb, B, Tc, H, Hkv,
                                              hd);
-        ops_cuda_attention_block_variant(9);
+        ops_cuda_attention_block_variant(v);
+        float *o6 = gget(go6, nq), *l6 = gget_f32(glse6, nl), *dq6 = gget(gdq6, nq);
         float *k7 = gget(gdkc, nkc), *v7 = gget(gdvc, nkc);
+        assert_memory_equal(ho, o6, nq * sizeof(float));
+        assert_memory_equal(hlse, l6, nl * sizeof(float));
+        if (v >= 10) assert_memory_equal(hdq, dq6, nq * sizeof(float));
         assert_memory_equal(hdkc, k7, nkc * sizeof(float));
         assert_memory_equal(hdvc, v7, nkc * sizeof(float));
-        free(k7); free(v7);
+        free(o6); free(l6); free(dq6); free(k7); free(v7);
+        gfree(go6); gfree(gdq6); gfree(glse6);
     }
     free(q); free(kb); free(vb); free(kc); free(vc); free(dout);
     free(ho); free(hlse); free(hdq); free(hdkb); free(hdvb); free(hdkc); free(hdvc);

@@ -34,12 +34,13 @@ extern "C" {
 #define AB_BN 64     // keys per tile
 #define AB_WARPS 4   // warps per forward / dQ block
 // Kernel variant used by the ops table (ops_cuda_attention_block_variant, which lists
-// them): 9 = wgmma for the forward and the dK/dV context tiles (attention_block_wg.cuh;
-// dK/dV warp-specialized), pairs of blocks for dQ (attention_block_pair.cuh). On an H200,
-// 8 x 4096 tokens, 512 anchors (bench_ops): fwd 14.3 / 10.0 / 10.9 / 10.0 / 8.9 ms, dQ 16.7
-// / 12.2 / 15.3 / 12.2 / 12.2 (13.1 on wgmma) ms, dK/dV 31.3 / 30.6 / 29.3 / 22.9 / 23.0
-// ms for variants 1 / 2 / 3 / 4 / 5; dK/dV 22.3 (7) and 12.9 ms (9) (bench/NOTES.md).
-#define AB_DEFAULT_VARIANT 9
+// them): 11 = the forward, dQ and the dK/dV context tiles on warp-specialized wgmma
+// kernels (attention_block_wg.cuh). On an H200, 8 x 4096 tokens, 512 anchors (bench_ops):
+// fwd 14.3 / 10.0 / 10.9 / 10.0 / 8.9 ms, dQ 16.7 / 12.2 / 15.3 / 12.2 / 12.2 (13.1 on
+// wgmma) ms, dK/dV 31.3 / 30.6 / 29.3 / 22.9 / 23.0 ms for variants 1 / 2 / 3 / 4 / 5;
+// dK/dV 22.3 (7) and 12.9-13.4 ms (9); 11: fwd 7.6, dQ 8.7, dK/dV 13.8 ms; drafter step
+// 1,181 (7) / 1,133-1,137 (9) / 1,120 (10) / 1,116 ms (11) (bench/NOTES.md).
+#define AB_DEFAULT_VARIANT 11
 
 // ------------------------------------------------------------------ forward / dQ
 // Task of warp w in block (j, hk, z): task = z*AB_WARPS + w -> (hg, qc), query
@@ -732,7 +733,7 @@ static void launch_dkv(const ops_ctx_t *c, int variant, bf16 *dkb, bf16 *dvb, bf
     } else if (variant >= 4 && HDP == 128 && hd == 128 && abw_supported() &&
                vec_ok(hd, q, kb, vb, kc, vc) && ((uintptr_t)dout & 15) == 0) {
         // context tiles with wgmma; own tiles (B rows of one block) with the mma.sync kernel
-        if (variant == 9)
+        if (variant >= 9)
             launch_dkv_ws<4>(c, dkc, dvc, dout, lse, D, q, kc, vc, cs, cl, Nb, B, Tc, H, Hkv);
         else if (variant == 7)
             launch_dkv_wg<2, 4>(c, dkc, dvc, dout, lse, D, q, kc, vc, cs, cl, Nb, B, Tc, H, Hkv);
@@ -781,9 +782,21 @@ static void launch_q(const ops_ctx_t *c, int variant, bf16 *out, float *lse, bf1
                      const void *kb, const void *vb, const void *kc, const void *vc,
                      const int32_t *cs, const int32_t *cl, int Nb, int B, int H, int Hkv,
                      int hd) {
-    // variants 5, 7, 8: the forward on wgmma, dQ with the pair kernel (measured faster); 6: both
-    const bool wgq = BWD ? variant == 6 : variant >= 5;
+    // variants 5, 7, 8, 9: the forward on wgmma, dQ with the pair kernel (measured faster);
+    // 6: both; 10: dQ on the warp-specialized wgmma kernel; 11: the forward too
+    const bool wgq = BWD ? variant == 6 || variant >= 10 : variant >= 5;
+    const bool ws = BWD ? variant >= 10 : variant >= 11;
     if (wgq && HDP == 128 && hd == 128 && H == 4 * Hkv && B <= 16 && abw_supported() &&
+        vec_ok(hd, q, kb, vb, kc, vc) && (!BWD || ((uintptr_t)dout & 15) == 0) && ws) {
+        constexpr int NST = 3;
+        size_t smem = (size_t)(2 * NST + (BWD ? 4 : 2)) * ABW_TILE_BYTES + 2 * NST * sizeof(uint64_t);
+        cuda_check(cudaFuncSetAttribute(attn_block_wgq_ws_kernel<BWD, NST>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attn_block_wgq_ws_kernel<BWD, NST><<<dim3((Nb + 1) / 2, Hkv), 384, smem, cuda_stream(c)>>>(
+            out, lse, dq, dout, lse_in, D, (const bf16 *)q, (const bf16 *)kb, (const bf16 *)vb,
+            (const bf16 *)kc, (const bf16 *)vc, cs, cl, Nb, B, H, Hkv, 1.0f / sqrtf((float)hd));
+        cuda_check_launch();
+    } else if (wgq && HDP == 128 && hd == 128 && H == 4 * Hkv && B <= 16 && abw_supported() &&
         vec_ok(hd, q, kb, vb, kc, vc) && (!BWD || ((uintptr_t)dout & 15) == 0)) {
         size_t smem = (size_t)(BWD ? 8 : 6) * ABW_TILE_BYTES;
         cuda_check(cudaFuncSetAttribute(attn_block_wgq_kernel<BWD>,

@@ -376,6 +376,64 @@ attn_block_dkv_ws_kernel(bf16 *dkc, bf16 *dvc, const bf16 *dout, const float *ls
 //   dQ:      S = Q K^T, dP = dO V^T (16 x m64n64k16), P = exp2(S scale log2e - lse),
 //            dS = P (dP - D), dQ += dS K (4 x m64n128k16, B = K MN-major).
 // Shared memory: per warpgroup its Q (and dO) tile; K/V tiles double-buffered.
+// One 64-key tile of attn_block_wgq_kernel / _ws_kernel for a warpgroup: visible columns
+// [klo, khi) of the K, V tiles Kt, Vt against its Q (and dO) tiles Qw, Ow; forward: the
+// online softmax state mrow, lrow and O in acc; dQ (BWD): dQ += dS K in acc, with the rows'
+// lse (log2 units) lse2 and D Dr. All 128 threads of the warpgroup call it.
+template <bool BWD>
+__device__ __forceinline__ void abw_q_tile(float (*acc)[4], float *mrow, float *lrow,
+                                           const unsigned char *Qw, const unsigned char *Ow,
+                                           const unsigned char *Kt, const unsigned char *Vt,
+                                           int klo, int khi, const float *lse2, const float *Dr,
+                                           float scale_log2, int t) {
+    constexpr int BN = 64;
+    const bool need_mask = klo > 0 || khi < BN;
+    float sc[8][4], dp[8][4];
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++)
+        wg_m64n64k16_ss<0>(&sc[0][0], wg_desc(Qw + kk * 2048, 1024, 128),
+                           wg_desc(Kt + kk * 2048, 1024, 128), kk > 0);
+    if (BWD) {
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++)
+            wg_m64n64k16_ss<0>(&dp[0][0], wg_desc(Ow + kk * 2048, 1024, 128),
+                               wg_desc(Vt + kk * 2048, 1024, 128), kk > 0);
+    }
+    wg_commit();
+    wg_wait<0>();
+    abw_fence_acc(&sc[0][0], 32);
+    if (BWD) abw_fence_acc(&dp[0][0], 32);
+    if (!BWD) {
+        if (need_mask) abp_mask<8>(sc, klo, khi, -INFINITY, t);
+        online_softmax_tile<BN, 128>(sc, mrow, lrow, acc, 0, INT_MAX, INT_MAX, INT_MAX,
+                                     false, scale_log2, t);
+    } else {
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                sc[nt][e] = exp2f(sc[nt][e] * scale_log2 - lse2[e >> 1]);
+        if (need_mask) abp_mask<8>(sc, klo, khi, 0.0f, t);
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) sc[nt][e] *= dp[nt][e] - Dr[e >> 1];
+    }
+    uint32_t a[4][4];  // P (forward) or dS (dQ) as A fragments, keys 16kk..16kk+15
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) c_to_a(a[kk], sc[2 * kk], sc[2 * kk + 1]);
+    abw_fence_acc(&acc[0][0], 64);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)  // B = V (forward) or K (dQ), MN-major
+        wg_m64n128k16_rs<1>(&acc[0][0], a[kk],
+                            wg_desc((BWD ? Kt : Vt) + kk * 256, 128, 1024));
+    wg_commit();
+    wg_wait<0>();
+    abw_fence_acc(&acc[0][0], 64);
+}
+
 template <bool BWD>
 __global__ void __launch_bounds__(256, BWD ? 1 : 2)  // forward: two thread blocks per SM
 attn_block_wgq_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout, const float *lse_in,
@@ -465,55 +523,142 @@ attn_block_wgq_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout, const f
         __syncthreads();
         int klo, khi;  // this warpgroup's visible tile columns [klo, khi)
         tl.window(it, sel, vlo, vhi, B, &klo, &khi);
-        if (wact && klo < khi) {  // uniform over the warpgroup
-            const unsigned char *Kt = KV + (it & 1) * 2 * ABW_TILE_BYTES, *Vt = Kt + ABW_TILE_BYTES;
-            const bool need_mask = klo > 0 || khi < BN;
-            float sc[8][4], dp[8][4];
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 8; kk++)
-                wg_m64n64k16_ss<0>(&sc[0][0], wg_desc(Qw + kk * 2048, 1024, 128),
-                                   wg_desc(Kt + kk * 2048, 1024, 128), kk > 0);
-            if (BWD) {
-#pragma unroll
-                for (int kk = 0; kk < 8; kk++)
-                    wg_m64n64k16_ss<0>(&dp[0][0], wg_desc(Ow + kk * 2048, 1024, 128),
-                                       wg_desc(Vt + kk * 2048, 1024, 128), kk > 0);
-            }
-            wg_commit();
-            wg_wait<0>();
-            abw_fence_acc(&sc[0][0], 32);
-            if (BWD) abw_fence_acc(&dp[0][0], 32);
-            if (!BWD) {
-                if (need_mask) abp_mask<8>(sc, klo, khi, -INFINITY, t);
-                online_softmax_tile<BN, 128>(sc, mrow, lrow, acc, 0, INT_MAX, INT_MAX, INT_MAX,
-                                             false, scale_log2, t);
-            } else {
-#pragma unroll
-                for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        sc[nt][e] = exp2f(sc[nt][e] * scale_log2 - lse2[e >> 1]);
-                if (need_mask) abp_mask<8>(sc, klo, khi, 0.0f, t);
-#pragma unroll
-                for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) sc[nt][e] *= dp[nt][e] - Dr[e >> 1];
-            }
-            uint32_t a[4][4];  // P (forward) or dS (dQ) as A fragments, keys 16kk..16kk+15
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) c_to_a(a[kk], sc[2 * kk], sc[2 * kk + 1]);
-            abw_fence_acc(&acc[0][0], 64);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++)  // B = V (forward) or K (dQ), MN-major
-                wg_m64n128k16_rs<1>(&acc[0][0], a[kk],
-                                    wg_desc((BWD ? Kt : Vt) + kk * 256, 128, 1024));
-            wg_commit();
-            wg_wait<0>();
-            abw_fence_acc(&acc[0][0], 64);
-        }
+        if (wact && klo < khi)  // uniform over the warpgroup
+            abw_q_tile<BWD>(acc, mrow, lrow, Qw, Ow, KV + (it & 1) * 2 * ABW_TILE_BYTES,
+                            KV + (it & 1) * 2 * ABW_TILE_BYTES + ABW_TILE_BYTES, klo, khi, lse2,
+                            Dr, scale_log2, t);
         __syncthreads();  // this stage is refilled two iterations on
+    }
+    if (!wact) return;
+    auto rowi = [&](int r) -> long { return r < B ? (long)j * B + r : -1; };
+    if (!BWD) {
+        ab_q_write_fwd<128>(out, lse, acc, mrow, lrow, rowi, H, h, hd, qstride, g, t);
+    } else if (dq) {
+        store_rows<128>(acc, scale, scale, [&](int r) -> bf16 * {
+            long row = rowi(r);
+            return row >= 0 ? dq + row * qstride + (size_t)h * hd : nullptr;
+        }, hd, g, t);
+    }
+#endif
+}
+
+// attn_block_wgq_kernel warp-specialized (block variants 10 for dQ, 11 for the forward too):
+// the same pair of blocks and per-tile math (abw_q_tile; the same bits), with a third,
+// producer warpgroup filling NST stages of K/V tiles by cp.async behind mbarriers (full:
+// 128 cp.async arrivals; empty: one arrival per consumer warp) and no block barrier after
+// start-up, as attn_varlen_fwd_ws_kernel. Registers: producer 40, consumers 232.
+template <bool BWD, int NST>
+__global__ void __launch_bounds__(384, 1)
+attn_block_wgq_ws_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout,
+                         const float *lse_in, const float *Dvec, const bf16 *q, const bf16 *kb,
+                         const bf16 *vb, const bf16 *kc, const bf16 *vc,
+                         const int32_t *ctx_start, const int32_t *ctx_len, int Nb, int B, int H,
+                         int Hkv, float scale) {
+#ifdef ABW_NO_WGMMA
+    __trap();
+#else
+    constexpr int hd = 128, BN = 64, HALF = 32;
+    extern __shared__ __align__(16) unsigned char smem_raw[];  // (the dynamic base is 1024-aligned)
+    unsigned char *KV = smem_raw;                          // NST stages x (K tile, V tile)
+    unsigned char *Qt = KV + 2 * NST * ABW_TILE_BYTES;     // 2 warpgroups x Q tile
+    unsigned char *Ot = Qt + 2 * ABW_TILE_BYTES;           // 2 warpgroups x dO tile (BWD)
+    uint64_t *full = (uint64_t *)(Ot + (BWD ? 2 : 0) * ABW_TILE_BYTES), *empty = full + NST;
+    const int hk = blockIdx.y, tid = threadIdx.x, sel = tid >> 7, wtid = tid & 127;
+    const int warp = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int ja = 2 * blockIdx.x, j = ja + sel;
+    const bool need0 = true, need1 = ja + 1 < Nb, wact = j < Nb;
+    const size_t qstride = (size_t)H * hd, kstride = (size_t)Hkv * hd;
+    const float scale_log2 = scale * ATTN_LOG2E;
+    const int h = hk * 4 + warp;  // this warp's query head
+
+    const abp_tiles<BN> tl(ctx_start, ctx_len, ja, need0, need1, B);
+    const int ntile = tl.ntile;
+    if (tid == 0) {
+        for (int i = 0; i < NST; i++) {
+            mbar_init(&full[i], 128);   // the producer's cp.async arrivals
+            mbar_init(&empty[i], 8);    // one per consumer warp
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+
+    if (sel == 2) {  // the producer warpgroup
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        for (int it = 0; it < ntile; it++) {
+            const int st = it % NST;
+            if (it >= NST) mbar_wait(&empty[st], ((it / NST) - 1) & 1);
+            int k0, kend;
+            const int own = tl.tile(it, &k0, &kend);
+            unsigned char *Kt = KV + st * 2 * ABW_TILE_BYTES, *Vt = Kt + ABW_TILE_BYTES;
+            auto rowp = [&](const bf16 *xc, const bf16 *xb, int r) -> const bf16 * {
+                if (own < 0) {
+                    int cr = k0 + r;
+                    return cr < kend ? xc + (size_t)cr * kstride + (size_t)hk * hd : nullptr;
+                }
+                int s2 = r / HALF, u = own * HALF + r % HALF;
+                bool ok = u < B && (s2 == 0 ? need0 : need1);
+                return ok ? xb + ((size_t)(ja + s2) * B + u) * kstride + (size_t)hk * hd : nullptr;
+            };
+            abw_load_tile<128>(Kt, [&](int r) { return rowp(kc, kb, r); }, wtid, q);
+            abw_load_tile<128>(Vt, [&](int r) { return rowp(vc, vb, r); }, wtid, q);
+            mbar_arrive_cp_async(&full[st]);
+        }
+        asm volatile("cp.async.wait_all;\n" ::: "memory");  // exit with nothing in flight
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    // this warpgroup's 64 query rows: r = 16 hl + qi -> row j*B + qi of head hk*4 + hl
+    auto qrow = [&](int r, int *hh) -> long {
+        int hl = r >> 4, qi = r & 15;
+        *hh = hk * 4 + hl;
+        return (wact && qi < B) ? (long)j * B + qi : -1;
+    };
+    unsigned char *Qw = Qt + sel * ABW_TILE_BYTES, *Ow = Ot + sel * ABW_TILE_BYTES;
+    abw_load_tile(Qw, [&](int r) -> const bf16 * {
+        int hh;
+        long row = qrow(r, &hh);
+        return row >= 0 ? q + row * qstride + (size_t)hh * hd : nullptr;
+    }, wtid, q);
+    if (BWD)
+        abw_load_tile(Ow, [&](int r) -> const bf16 * {
+            int hh;
+            long row = qrow(r, &hh);
+            return row >= 0 ? dout + row * qstride + (size_t)hh * hd : nullptr;
+        }, wtid, q);
+    cp_async_commit();
+    float lse2[2] = {0.0f, 0.0f}, Dr[2] = {0.0f, 0.0f};  // rows g, g+8 of this warp (BWD)
+    if (BWD) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            int hh;
+            long row = qrow(warp * 16 + g + 8 * e, &hh);
+            lse2[e] = row >= 0 ? lse_in[row * H + hh] * ATTN_LOG2E : INFINITY;
+            Dr[e] = row >= 0 ? Dvec[row * H + hh] : 0.0f;
+        }
+    }
+    cp_async_wait<0>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    named_bar_sync(1 + sel, 128);  // this warpgroup's Q (dO) tile is in
+    const int vlo = wact ? ctx_start[j] : 0, vhi = wact ? vlo + ctx_len[j] : 0;
+    float acc[16][4];  // O or dQ (m64n128 accumulator: n-tile i in acc[i])
+#pragma unroll
+    for (int i = 0; i < 16; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
+
+    for (int it = 0; it < ntile; it++) {
+        const int st = it % NST;
+        mbar_wait(&full[st], (it / NST) & 1);
+        int klo, khi;  // this warpgroup's visible tile columns [klo, khi)
+        tl.window(it, sel, vlo, vhi, B, &klo, &khi);
+        if (wact && klo < khi) {  // uniform over the warpgroup
+            // cp.async wrote through the generic proxy; wgmma reads through the async one
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            abw_q_tile<BWD>(acc, mrow, lrow, Qw, Ow, KV + st * 2 * ABW_TILE_BYTES,
+                            KV + st * 2 * ABW_TILE_BYTES + ABW_TILE_BYTES, klo, khi, lse2, Dr,
+                            scale_log2, t);
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[st]);  // this warp no longer reads the stage
     }
     if (!wact) return;
     auto rowi = [&](int r) -> long { return r < B ? (long)j * B + r : -1; };

@@ -47,13 +47,15 @@ int ops_cuda_attention_varlen_resolve(int variant, int hd);
  * 7, 8 = as 5 with two warpgroups (128 context keys) per dK/dV thread block sharing each
  * staged work item, 4 or 3 items staged (3 or 2 of them fetched ahead); 9 = as 7 with
  * the dK/dV context tiles warp-specialized (a producer warpgroup stages the items behind
- * mbarriers; the same bits as 7); 0 = the default (9: dK/dV 12.9 ms against 22.3 for 7
- * and 23.8 for 5 on an H200, bench/NOTES.md).
+ * mbarriers; the same bits as 7); 10 = as 9 with dQ on a warp-specialized wgmma kernel
+ * (the bits of 6's dQ); 11 = as 10 with the forward on it too (the bits of 5-10's
+ * forward); 0 = the default (11: forward 7.6, dQ 8.7, dK/dV 13.8 ms against 8.6, 12.2,
+ * 22.3 for 7 on an H200, bench/NOTES.md).
  * Values outside 0..OPS_CUDA_ATTN_BLOCK_VARIANTS change nothing.
  * Same results within
  * rounding (f32 sums in another order); each variant is deterministic. variant < 0 only
  * queries. Returns the variant in use before the call. */
-#define OPS_CUDA_ATTN_BLOCK_VARIANTS 9
+#define OPS_CUDA_ATTN_BLOCK_VARIANTS 11
 int ops_cuda_attention_block_variant(int variant);
 
 /* The MoE experts' forward GEMMs: for each expert e with rows [off_h[e], off_h[e+1]),
