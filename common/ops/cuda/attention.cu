@@ -381,20 +381,6 @@ attn_varlen_fwd_wg_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v
 }
 
 
-// Variants 7-11: warpgroups of 64 queries on wgmma as 4-6, warp-specialized. Producer
-// threads after the consumers (PT: one warp, or a whole warpgroup, which hands registers
-// to the consumers by setmaxnreg: the pool is dealt in warpgroups) fill NST stages of a
-// BN-key K tile and V tile (core-matrix layout, cp.async), each stage's landing signalled
-// on an mbarrier (full[s], cp.async.mbarrier.arrive); the NWG consumer warpgroups wait on
-// it, compute, and release the stage on another (empty[s], one arrival per consumer
-// warp). No block-wide barrier after start-up, so the warpgroups drift apart and one's
-// softmax runs under another's tensor-core work, instead of all of them stepping tile by
-// tile together as in 4-6. A warpgroup past its last key tile (causal) still waits for
-// and releases each later stage, so every stage's phases count all NWG x 4 consumer warps.
-// Per tile and warpgroup: S = Q K^T (8 x m64nBNk16, A = Q, B = K, both K-major from
-// shared memory), the online softmax on the accumulator, O += P V (BN/16 x m64n128k16, A =
-// P in registers, B = V MN-major). REG: the consumers' registers after setmaxnreg (PT 128).
-// Tile layout for R rows: element (row r, col d) at byte (d/8) * 16R + 16 r.
 // Variants 7, 8: warpgroups of 64 queries on wgmma as 4-6, warp-specialized. A producer
 // warpgroup after the NWG = 3 consumer warpgroups fills NST stages of a 64-key K tile and V
 // tile (cp.async into the core-matrix layout), each stage's landing signalled on an
@@ -408,7 +394,9 @@ attn_varlen_fwd_wg_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v
 // warpgroup past its last key tile (causal) still waits for and releases each later
 // stage, so every stage's phases count all NWG x 4 consumer warps. Per tile and
 // warpgroup as 4-6: S = Q K^T (8 x m64n64k16), the online softmax on the accumulator, O +=
-// P V (4 x m64n128k16, A = P in registers, B = V MN-major).
+// P V (4 x m64n128k16, A = P in registers, B = V MN-major). The register split assumes the
+// kernel starts at 128 per thread (65,536 / 512; no -maxrregcount below that): 128 x 40 +
+// 384 x 152 = 63,488 fits, else setmaxnreg.inc would wait forever.
 template <int NST>
 __global__ void __launch_bounds__(512, 1)
 attn_varlen_fwd_ws_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v,

@@ -226,6 +226,7 @@ attn_block_dkv_ws_kernel(bf16 *dkc, bf16 *dvc, const bf16 *dout, const float *ls
 #else
     constexpr int NWG = 2, hd = 128, QROWS = AB_GH * 16, TK = NWG * 64;  // TK: keys per block
     constexpr int STAGE_BYTES = 2 * ABW_TILE_BYTES + 2 * QROWS * 4 + (int)sizeof(abw_ws_meta);
+    static_assert(STAGE_BYTES % 16 == 0, "stages keep the tiles 16-byte and the mbarriers 8-byte aligned");
     extern __shared__ __align__(16) unsigned char smem_raw[];  // (the dynamic base is 1024-aligned)
     const int tid = threadIdx.x, sel = tid >> 7, wtid = tid & 127;
     unsigned char *stage = smem_raw + NWG * 2 * ABW_TILE_BYTES;  // NST x (Q, dO, lse, D, meta)
@@ -613,7 +614,8 @@ attn_block_wgq_ws_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout,
         *hh = hk * 4 + hl;
         return (wact && qi < B) ? (long)j * B + qi : -1;
     };
-    unsigned char *Qw = Qt + sel * ABW_TILE_BYTES, *Ow = Ot + sel * ABW_TILE_BYTES;
+    unsigned char *Qw = Qt + sel * ABW_TILE_BYTES;
+    unsigned char *Ow = BWD ? Ot + sel * ABW_TILE_BYTES : nullptr;  // (the forward has no dO)
     abw_load_tile(Qw, [&](int r) -> const bf16 * {
         int hh;
         long row = qrow(r, &hh);

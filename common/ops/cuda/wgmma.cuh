@@ -144,12 +144,16 @@ __device__ __forceinline__ void abw_fence_acc(float *d, int n) {
 
 // ---- mbarriers (shared::cta, no cluster) and named barriers, for the warp-specialized
 // kernels: a producer warpgroup fills stages, consumer warpgroups wait and release them.
+// Their setmaxnreg splits (producer 40, consumers 152 or 232) are sized to the register
+// count the kernel starts at (65,536 / its launch bound's threads); building them with a
+// lower -maxrregcount would leave setmaxnreg.inc waiting for registers that never free.
 #ifndef ABW_NO_WGMMA
 __device__ __forceinline__ uint32_t smem_u32(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
 __device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count)
+                 : "memory");
 }
 __device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
     asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(
