@@ -270,6 +270,13 @@ static const struct { int code; const char *flag; } k_place_flags[] = {
     {RUN_O_NT, "--targets"}, {RUN_O_ND, "--drafters"},
 };
 
+/* Whether a placement flag was given (by a flag or --config). */
+static int placement_given(const run_opts_t *o) {
+    for (size_t i = 0; i < sizeof k_place_flags / sizeof k_place_flags[0]; i++)
+        if (o->given[k_place_flags[i].code - RUN_O_TM]) return 1;
+    return 0;
+}
+
 /* --resume without a placement flag: the run's placement from its run.json j (read from
  * run_dir). GPU runs: --target-gpus /
  * --drafter-gpus of the live topology (o->resume_tgpus / resume_dgpus hold the text); CPU
@@ -402,10 +409,7 @@ static int resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_hd
             log_warn("--resume %s: not in a run dir (no run.json): target precision %s; pass "
                      "--target-precision fp8 if the run trained with it", ckdir,
                      target_precision_name(o->target_precision));
-        int placed = 0;
-        for (size_t i = 0; i < sizeof k_place_flags / sizeof k_place_flags[0]; i++)
-            placed |= o->given[k_place_flags[i].code - RUN_O_TM];
-        if (ckdir[0] && !placed)
+        if (ckdir[0] && !placement_given(o))
             log_warn("--resume %s: not in a run dir (no run.json): the placement is the default (CPU, --targets %d "
                      "--drafters %d) unless given", ckdir, o->targets, o->drafters);
         return 0;
@@ -414,9 +418,7 @@ static int resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_hd
      * reason (one bad key loses every setting in it, the target model and precision too) */
     rundir_run_t *j = malloc(sizeof *j);
     if (!j) return 0;
-    int rrc = rundir_run_read(run_dir, j), placed = 0;
-    for (size_t i = 0; i < sizeof k_place_flags / sizeof k_place_flags[0]; i++)
-        placed |= o->given[k_place_flags[i].code - RUN_O_TM];
+    int rrc = rundir_run_read(run_dir, j), placed = placement_given(o);
     if (rrc < 0) {
         if (rrc != DL_ENOENT) {
             /* the placement cannot default: a GPU run would go on on the CPU */

@@ -511,15 +511,20 @@ attn_varlen_fwd_ws_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v
 #endif
 }
 
+// Whether the wgmma kernels (variants 4-8) apply: head dim 128 on a compute capability 9.0
+// device, 16-byte aligned q, k, v.
+static bool varlen_wg_applies(const void *q, const void *k, const void *v, int hd) {
+    return hd == 128 && abw_supported() && !((uintptr_t)q & 15) && !((uintptr_t)k & 15) &&
+           !((uintptr_t)v & 15);
+}
+
 // Launches a warp-specialized kernel (variant 7: 3 stages, 8: 4 stages); false where
 // wgmma does not apply (as launch_varlen_wg).
 template <int NST>
 static bool launch_varlen_ws(const ops_ctx_t *c, void *out, const void *q, const void *k,
                              const void *v, const int32_t *cu, int nseq, int max_seqlen, int H,
                              int Hkv, int hd) {
-    if (hd != 128 || !abw_supported() || ((uintptr_t)q & 15) || ((uintptr_t)k & 15) ||
-        ((uintptr_t)v & 15))
-        return false;
+    if (!varlen_wg_applies(q, k, v, hd)) return false;
     const size_t smem = (size_t)(2 * NST + 3) * ABW_TILE_BYTES + 2 * NST * sizeof(uint64_t);
     auto kern = attn_varlen_fwd_ws_kernel<NST>;
     cuda_check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -539,9 +544,7 @@ template <int NWG, int MINB>
 static bool launch_varlen_wg(const ops_ctx_t *c, void *out, const void *q, const void *k,
                              const void *v, const int32_t *cu, int nseq, int max_seqlen, int H,
                              int Hkv, int hd) {
-    if (hd != 128 || !abw_supported() || ((uintptr_t)q & 15) || ((uintptr_t)k & 15) ||
-        ((uintptr_t)v & 15))
-        return false;
+    if (!varlen_wg_applies(q, k, v, hd)) return false;
     const size_t smem = (size_t)(4 + NWG) * ABW_TILE_BYTES;
     auto kern = attn_varlen_fwd_wg_kernel<NWG, MINB>;
     cuda_check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
