@@ -22,8 +22,8 @@
  * (cudaMemGetInfo; every buffer is allocated up front, so this is the peak; it
  * includes the CUDA context, cuBLASLt workspace, embedding and LM head, features,
  * AdamW moments). Time: median of --reps CUDA-event-timed steps after one warm-up.
- * --attn-variant N: the block-attention kernels (ops_cuda_attention_block_variant: 1, 2,
- *   ..., 11; 0 or absent: the default).
+ * --attn-variant N: the block-attention kernels (ops_cuda_attention_block_variant: 1 =
+ *   mma.sync, 2 = Hopper wgmma; 0 or absent: the default).
  * --profile: then one more step with each op timed by CUDA events, printed as a table
  * (op class, calls, ms, % of the step, TFLOP/s of GEMMs and attention). */
 #include <math.h>

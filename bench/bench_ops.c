@@ -236,7 +236,7 @@ static void bench_attention_varlen(int quick) {
     int32_t cu8[9];
     for (int s = 0; s <= 8; s++) cu8[s] = s * 4096;
     int32_t *dcu8 = dev_raw(cu8, sizeof cu8);
-    for (int variant = 3; variant <= OPS_CUDA_ATTN_VARLEN_VARIANTS; variant++) {
+    for (int variant = 1; variant <= OPS_CUDA_ATTN_VARLEN_VARIANTS; variant++) {
         if (ops_cuda_attention_varlen_resolve(variant, hd) != variant) continue;
         TIME_MS(ms, 2, quick ? 3 : 10,
                 ops_cuda_attention_varlen_forward_variant(&C, variant, o, q, k, v, dcu8, 8, 4096,

@@ -489,7 +489,7 @@ static void test_attention_varlen(void **state) {
     run_varlen(one, 1, 2, 1, 96);
     const int lens2[] = {129, 1, 65};
     run_varlen(lens2, 3, 4, 1, 32);
-    /* head dim 128, several 128- and 192-row blocks: the wgmma variants with warpgroups
+    /* head dim 128, several 128- and 192-row blocks: the wgmma variant with warpgroups
      * past the end (129, 200), exact tiles (256), a long sequence (1000); GQA 4:1 over two
      * kv heads (the kv-head offset) */
     const int lens3[] = {129, 1000, 256, 200};
@@ -566,34 +566,6 @@ static void run_block_ctx(int Nb, int B, int Tc, int H, int Hkv, int hd, int nse
     /* no atomics: a second run reproduces the bits */
     assert_memory_equal(hdq, hdq2, nq * sizeof(float));
     assert_memory_equal(hdkc, hdkc2, nkc * sizeof(float));
-    const int v = ops_cuda_attention_block_variant(-1);
-    if (v >= 9 && hd == 128) {
-        /* the warp-specialized kernels do the sums of the in-step ones in their order: their
-         * bits. dK/dV (9-11) as 7's; the forward (11) as 6's (and 7's, 9's, 10's: one kernel);
-         * dQ (10, 11) as 6's (wgmma, in step) */
-        void *go6 = gput(q, nq), *gdq6 = gput(q, nq);
-        float *glse6 = gput_raw(q, nl * 4);
-        ops_cuda_attention_block_variant(6);
-        g_gpu.impl->attention_block_forward(&g_gpu, go6, glse6, gq, gkb, gvb, gkc, gvc, gcs, gcl,
-                                            Nb, B, Tc, H, Hkv, hd);
-        g_gpu.impl->attention_block_backward(&g_gpu, gdq6, NULL, NULL, NULL, NULL, gdo, go6, glse6,
-                                             gq, gkb, gvb, gkc, gvc, gcs, gcl, Nb, B, Tc, H, Hkv,
-                                             hd);
-        ops_cuda_attention_block_variant(7);
-        g_gpu.impl->attention_block_backward(&g_gpu, NULL, gdkb, gdvb, gdkc, gdvc, gdo, go, glse,
-                                             gq, gkb, gvb, gkc, gvc, gcs, gcl, Nb, B, Tc, H, Hkv,
-                                             hd);
-        ops_cuda_attention_block_variant(v);
-        float *o6 = gget(go6, nq), *l6 = gget_f32(glse6, nl), *dq6 = gget(gdq6, nq);
-        float *k7 = gget(gdkc, nkc), *v7 = gget(gdvc, nkc);
-        assert_memory_equal(ho, o6, nq * sizeof(float));
-        assert_memory_equal(hlse, l6, nl * sizeof(float));
-        if (v >= 10) assert_memory_equal(hdq, dq6, nq * sizeof(float));
-        assert_memory_equal(hdkc, k7, nkc * sizeof(float));
-        assert_memory_equal(hdvc, v7, nkc * sizeof(float));
-        free(o6); free(l6); free(dq6); free(k7); free(v7);
-        gfree(go6); gfree(gdq6); gfree(glse6);
-    }
     free(q); free(kb); free(vb); free(kc); free(vc); free(dout);
     free(ho); free(hlse); free(hdq); free(hdkb); free(hdvb); free(hdkc); free(hdvc);
     free(hdq2); free(hdkc2);
@@ -618,8 +590,7 @@ static void test_attention_block(void **state) {
         run_block(7, 16, 300, 8, 1, 64);   /* GQA 8:1: a pair's warps over two thread blocks */
         run_block(130, 16, 1200, 4, 1, 128); /* 128-key dK/dV tiles, > 128 blocks per tile */
         run_block_ctx(61, 16, 4 * 300, 8, 2, 128, 4); /* DFlash layout, 4 sequences */
-        if (variant == 5 || variant >= 7)   /* > 256 blocks: several block lists per dK/dV tile */
-            run_block(300, 16, 520, 4, 1, 128);
+        run_block(300, 16, 520, 4, 1, 128); /* > 256 blocks: several block lists per dK/dV tile */
     }
     ops_cuda_attention_block_variant(0);
 }

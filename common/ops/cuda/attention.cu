@@ -4,23 +4,22 @@
 // with f32 accumulation. GQA: head h reads kv head h / (H/Hkv). hd <= 128
 // (padded to 32/64/96/128 in shared memory; any hd, aligned or not).
 //
-// One thread block = a tile of query rows of one (sequence, head), 4 warps.
-// The Q tile and double-buffered K/V tiles live in shared memory (rows padded
-// by 16 bytes; the next K/V tile is fetched by cp.async during the current
-// one's math; fragments read with ldmatrix); scores, probabilities and the
-// output accumulator stay in registers. Query tiles are enumerated last-first
-// so the longest causal rows start first. Two kernels:
-//   variant 1: 64 query rows per block, 16 per warp, 64-key tiles, Q in registers;
-//   variants 2/3: 128 rows per block, 32 per warp (two m-tiles sharing every
-//     K/V fragment), 32-/64-key tiles, Q re-read from shared memory;
-//   variants 4-6 (Hopper, head dim 128): 128 or 192 rows per block, warpgroups of 64 rows
-//     on wgmma (attn_varlen_fwd_wg_kernel); other head dims and GPUs run variant 3;
-//   variants 7, 8 (Hopper, head dim 128): as 6, warp-specialized (a producer warpgroup
-//     fills K/V stages behind mbarriers; attn_varlen_fwd_ws_kernel).
-// Measured on an H200 at T=65536 (33 sequences of 128..4096, H=32, Hkv=8, hd=128):
-// v1 9.5 ms, v2 8.4, v3 7.9, v4 7.4, v5 9.0, v6 7.3 ms (199 TFLOP/s), v7 5.1-5.8; 8 x 4096:
-// v3 5.43, v4 5.13-5.16, v5 6.2, v6 5.08-5.11 ms (216 TFLOP/s), v7 3.43-3.95 ms (278-321)
-// -> v7 is the default (bench/NOTES.md, 2026-12-03 second session).
+// Two kernels (ops_cuda_attention_varlen_forward_variant picks one):
+//   variant 1, any hd <= 128, any GPU (attn_varlen_fwd_mma_kernel): one thread block =
+//     128 query rows of one (sequence, head), 4 warps of 32 rows (two 16-row m-tiles
+//     sharing every K/V fragment), mma.sync; the Q tile and double-buffered 64-key K/V
+//     tiles in shared memory (rows padded by 16 bytes; the next K/V tile fetched
+//     by cp.async during the current one's math; fragments read with ldmatrix); scores,
+//     probabilities and the output accumulator in registers;
+//   variant 2 (the default), Hopper (sm_90a), hd 128, 16-byte aligned rows
+//     (attn_varlen_fwd_ws_kernel): 192 query rows as 3 consumer warpgroups on wgmma and a
+//     producer warpgroup filling K/V stages behind mbarriers (warp-specialized, as FA3
+//     without TMA); elsewhere variant 1 runs.
+// Query tiles are enumerated last-first so the longest causal rows start first.
+// Measured on an H200, H 32 / Hkv 8, hd 128: 8 x 4096 tokens 5.43 ms (1) and 3.43-3.95 ms
+// (2, 278-321 TFLOP/s); T = 65,536 in 33 sequences of 128..4096 7.9 and 5.1-5.8 ms
+// (bench/NOTES.md; in its entries before 2026-12-03's third session, 1 was "variant 3" and 2
+// "variant 7"; variants 1, 2, 4-6 and 8 there were kernels measured slower, since removed).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,126 +30,18 @@ extern "C" {
 #include "common/ops/cuda/ops_cuda.h"
 }
 
-#define AV_BM 64
-#define AV_BN 64
 // Kernel used by attention_varlen_forward (ops_cuda_attention_varlen_forward_variant):
-// variant 7 measured fastest on an H200 (bench/NOTES.md); it runs variant 3 where wgmma
+// variant 2 measured fastest on an H200 (bench/NOTES.md); it runs variant 1 where wgmma
 // does not apply.
-#define ATTN_VARLEN_DEFAULT_VARIANT 7
+#define ATTN_VARLEN_DEFAULT_VARIANT 2
 
-template <int HDP>
-__global__ void __launch_bounds__(128)
-attn_varlen_fwd_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v,
-                       const int32_t *cu, int H, int Hkv, int hd, float scale_log2, int ntiles,
-                       int vec) {
-    constexpr int LD = HDP + 8;
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    // Q tile, then two stages of (K tile, V tile): the next tile is fetched by
-    // cp.async while the current one is used.
-    bf16 *Qs = (bf16 *)smem_raw;
-    bf16 *KV = Qs + AV_BM * LD;
-    const int s = blockIdx.y, h = blockIdx.z;
-    const int seq0 = cu[s], L = cu[s + 1] - seq0;
-    const int q0 = (ntiles - 1 - (int)blockIdx.x) * AV_BM;
-    if (q0 >= L) return;
-    const int hk = h / (H / Hkv);
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const size_t qstride = (size_t)H * hd, kstride = (size_t)Hkv * hd;
-    const bf16 *kbase = k + (size_t)seq0 * kstride + (size_t)hk * hd;
-    const bf16 *vbase = v + (size_t)seq0 * kstride + (size_t)hk * hd;
-    const int kv_end = min(L, q0 + AV_BM);
-    const int ntile = (kv_end + AV_BN - 1) / AV_BN;
-
-    auto issue = [&](int it) {
-        const int k0 = it * AV_BN;
-        bf16 *Ks = KV + (it & 1) * 2 * AV_BN * LD, *Vs = Ks + AV_BN * LD;
-        load_rows_async<HDP, AV_BN>(Ks, [&](int r) -> const bf16 * {
-            return k0 + r < L ? kbase + (size_t)(k0 + r) * kstride : nullptr;
-        }, hd, vec, tid, blockDim.x, k);
-        load_rows_async<HDP, AV_BN>(Vs, [&](int r) -> const bf16 * {
-            return k0 + r < L ? vbase + (size_t)(k0 + r) * kstride : nullptr;
-        }, hd, vec, tid, blockDim.x, k);
-    };
-    load_rows_async<HDP, AV_BM>(Qs, [&](int r) -> const bf16 * {
-        return q0 + r < L ? q + (size_t)(seq0 + q0 + r) * qstride + (size_t)h * hd : nullptr;
-    }, hd, vec, tid, blockDim.x, q);
-    issue(0);
-    cp_async_commit();
-
-    const int r0 = warp * 16;
-    uint32_t qf[HDP / 16][4];
-    float o[HDP / 8][4];
-#pragma unroll
-    for (int i = 0; i < HDP / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
-    const int qa = q0 + r0 + g, qb = qa + 8;  // positions within the sequence
-
-    for (int it = 0; it < ntile; it++) {
-        if (it + 1 < ntile) {
-            issue(it + 1);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-        if (it == 0) {
-#pragma unroll
-            for (int kk = 0; kk < HDP / 16; kk++) ldsm_a<LD>(qf[kk], Qs, r0, kk * 16, lane);
-        }
-        const int k0 = it * AV_BN;
-        const bf16 *Ks = KV + (it & 1) * 2 * AV_BN * LD, *Vs = Ks + AV_BN * LD;
-
-        float sc[AV_BN / 8][4];
-#pragma unroll
-        for (int nt = 0; nt < AV_BN / 8; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < HDP / 16; kk++) {
-#pragma unroll
-            for (int nt = 0; nt < AV_BN / 8; nt += 2) {
-                uint32_t b0[2], b1[2];
-                ldsm_b_nk<LD>(b0, b1, Ks, nt * 8, kk * 16, lane);
-                mma_bf16_16816(sc[nt], qf[kk], b0);
-                mma_bf16_16816(sc[nt + 1], qf[kk], b1);
-            }
-        }
-        // scale (log2 domain) and mask: key > query (causal) or key outside the sequence
-        const bool need_mask = k0 + AV_BN - 1 > q0 + r0 || k0 + AV_BN > L;
-        online_softmax_tile<AV_BN, HDP>(sc, mrow, lrow, o, k0, qa, qb, L, need_mask, scale_log2, t);
-#pragma unroll
-        for (int kk = 0; kk < AV_BN / 16; kk++) {
-            uint32_t a[4];
-            c_to_a(a, sc[2 * kk], sc[2 * kk + 1]);
-#pragma unroll
-            for (int nt = 0; nt < HDP / 8; nt += 2) {
-                uint32_t b0[2], b1[2];
-                ldsm_b_kn<LD>(b0, b1, Vs, kk * 16, nt * 8, lane);
-                mma_bf16_16816(o[nt], a, b0);
-                mma_bf16_16816(o[nt + 1], a, b1);
-            }
-        }
-        __syncthreads();  // this stage is refilled two iterations on
-    }
-    lrow[0] += __shfl_xor_sync(0xffffffffu, lrow[0], 1);
-    lrow[0] += __shfl_xor_sync(0xffffffffu, lrow[0], 2);
-    lrow[1] += __shfl_xor_sync(0xffffffffu, lrow[1], 1);
-    lrow[1] += __shfl_xor_sync(0xffffffffu, lrow[1], 2);
-    float inv0 = lrow[0] > 0.0f ? 1.0f / lrow[0] : 0.0f;
-    float inv1 = lrow[1] > 0.0f ? 1.0f / lrow[1] : 0.0f;
-    store_rows<HDP>(o, inv0, inv1, [&](int r) -> bf16 * {
-        int qr = q0 + r0 + r;
-        return qr < L ? out + (size_t)(seq0 + qr) * qstride + (size_t)h * hd : nullptr;
-    }, hd, g, t);
-}
-
-// Variant 2: 128 query rows per block, each warp 32 rows (two 16-row m-tiles
-// that share every K/V fragment read: half the shared-memory and L2 traffic per
-// tensor-core op of variant 1), BN keys per tile; Q is re-read from shared
-// memory (ldmatrix) instead of being held in registers.
+// Variant 1: 128 query rows per block, each warp 32 rows (two 16-row m-tiles that share
+// every K/V fragment read), BN keys per tile (64); Q is re-read from shared memory
+// (ldmatrix) instead of being held in registers.
 #define AV2_BM 128
 template <int HDP, int BN>
 __global__ void __launch_bounds__(128)
-attn_varlen_fwd2_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v,
+attn_varlen_fwd_mma_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v,
                         const int32_t *cu, int H, int Hkv, int hd, float scale_log2, int ntiles,
                         int vec) {
     constexpr int LD = HDP + 8;
@@ -268,135 +159,25 @@ attn_varlen_fwd2_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v,
     }
 }
 
-// Variants 4-6: wgmma (sm_90a), head dim 128. A thread block = 64 NWG consecutive queries
-// of one (sequence, head) as NWG warpgroups of 64 rows (warpgroup w: rows q0 + 64 w ..);
-// all share each 64-key K/V tile (double-buffered, cp.async into the core-matrix layout of
-// wgmma.cuh). Per tile and warpgroup: S = Q K^T (8 x m64n64k16, A = Q, B = K, both
-// K-major), the online softmax on the accumulator (its layout is the mma.sync one, so
-// online_softmax_tile serves), O += P V (4 x m64n128k16, A = P in registers, B = V
-// MN-major). A warpgroup skips the tiles past its last query (uniform over it). As the
-// block attention's forward (attention_block_wg.cuh) it waits for each wgmma group
-// before the next phase; the overlap comes from the other warpgroups on the SM. MINB:
-// thread blocks per SM asked of the compiler (2 holds it to 128 registers, where ptxas
-// serializes the wgmma instructions; 1 lets it take ~138).
-template <int NWG, int MINB>
-__global__ void __launch_bounds__(128 * NWG, MINB)
-attn_varlen_fwd_wg_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v,
-                          const int32_t *cu, int H, int Hkv, float scale_log2, int ntiles) {
-#ifdef ABW_NO_WGMMA
-    __trap();
-#else
-    constexpr int hd = 128, BM = 64 * NWG, BN = 64, NT = 128 * NWG;
-    extern __shared__ __align__(16) unsigned char smem_raw[];  // (the dynamic base is 1024-aligned)
-    unsigned char *KV = smem_raw;                  // 2 stages x (K tile, V tile)
-    unsigned char *Qt = KV + 4 * ABW_TILE_BYTES;  // NWG warpgroups x Q tile
-    const int s = blockIdx.y, h = blockIdx.z;
-    const int seq0 = cu[s], L = cu[s + 1] - seq0;
-    const int q0 = (ntiles - 1 - (int)blockIdx.x) * BM;
-    if (q0 >= L) return;
-    const int hk = h / (H / Hkv);
-    const int tid = threadIdx.x, sel = tid >> 7, wtid = tid & 127;
-    const int warp = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const size_t qstride = (size_t)H * hd, kstride = (size_t)Hkv * hd;
-    const bf16 *kbase = k + (size_t)seq0 * kstride + (size_t)hk * hd;
-    const bf16 *vbase = v + (size_t)seq0 * kstride + (size_t)hk * hd;
-    const int ntile = (min(L, q0 + BM) + BN - 1) / BN;
-    const int qw0 = q0 + 64 * sel;  // this warpgroup's first query
-
-    auto issue = [&](int it) {
-        const int k0 = it * BN;
-        unsigned char *Kt = KV + (it & 1) * 2 * ABW_TILE_BYTES, *Vt = Kt + ABW_TILE_BYTES;
-        abw_load_tile<NT>(Kt, [&](int r) -> const bf16 * {
-            return k0 + r < L ? kbase + (size_t)(k0 + r) * kstride : nullptr;
-        }, tid, q);
-        abw_load_tile<NT>(Vt, [&](int r) -> const bf16 * {
-            return k0 + r < L ? vbase + (size_t)(k0 + r) * kstride : nullptr;
-        }, tid, q);
-    };
-    unsigned char *Qw = Qt + sel * ABW_TILE_BYTES;
-    abw_load_tile(Qw, [&](int r) -> const bf16 * {
-        return qw0 + r < L ? q + (size_t)(seq0 + qw0 + r) * qstride + (size_t)h * hd : nullptr;
-    }, wtid, q);
-    issue(0);
-    cp_async_commit();
-
-    float acc[16][4];  // O (m64n128 accumulator: n-tile i in acc[i])
-#pragma unroll
-    for (int i = 0; i < 16; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
-    const int qa = qw0 + warp * 16 + g;  // positions of this thread's rows g, g + 8
-
-    for (int it = 0; it < ntile; it++) {
-        if (it + 1 < ntile) {
-            issue(it + 1);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        // cp.async wrote through the generic proxy; wgmma reads through the async one
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
-        const int k0 = it * BN;
-        if (qw0 < L && k0 <= qw0 + 63) {  // uniform over the warpgroup
-            const unsigned char *Kt = KV + (it & 1) * 2 * ABW_TILE_BYTES, *Vt = Kt + ABW_TILE_BYTES;
-            float sc[8][4];
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 8; kk++)
-                wg_m64n64k16_ss<0>(&sc[0][0], wg_desc(Qw + kk * 2048, 1024, 128),
-                                   wg_desc(Kt + kk * 2048, 1024, 128), kk > 0);
-            wg_commit();
-            wg_wait<0>();
-            abw_fence_acc(&sc[0][0], 32);
-            const bool need_mask = k0 + BN - 1 > qw0 || k0 + BN > L;
-            online_softmax_tile<BN, 128>(sc, mrow, lrow, acc, k0, qa, qa + 8, L, need_mask,
-                                         scale_log2, t);
-            uint32_t a[4][4];  // P as A fragments, keys 16kk .. 16kk + 15
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) c_to_a(a[kk], sc[2 * kk], sc[2 * kk + 1]);
-            abw_fence_acc(&acc[0][0], 64);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-                wg_m64n128k16_rs<1>(&acc[0][0], a[kk], wg_desc(Vt + kk * 256, 128, 1024));
-            wg_commit();
-            wg_wait<0>();
-            abw_fence_acc(&acc[0][0], 64);
-        }
-        __syncthreads();  // this stage is refilled two iterations on
-    }
-    if (qw0 >= L) return;
-    float l0 = lrow[0], l1 = lrow[1];
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
-    store_rows<128>(acc, inv0, inv1, [&](int r) -> bf16 * {
-        int qr = qw0 + warp * 16 + r;
-        return qr < L ? out + (size_t)(seq0 + qr) * qstride + (size_t)h * hd : nullptr;
-    }, hd, g, t);
-#endif
-}
-
-
-// Variants 7, 8: warpgroups of 64 queries on wgmma as 4-6, warp-specialized. A producer
-// warpgroup after the NWG = 3 consumer warpgroups fills NST stages of a 64-key K tile and V
-// tile (cp.async into the core-matrix layout), each stage's landing signalled on an
-// mbarrier (full[s], cp.async.mbarrier.arrive); the consumers wait on it, compute, and
-// release the stage on another (empty[s], one arrival per consumer warp). No block-wide
-// barrier after start-up, so the warpgroups drift apart and one's softmax runs under
-// another's tensor-core work, instead of all of them stepping tile by tile together as
-// in 4-6. The register pool is dealt in warpgroups (a lone producer warp would cost the
-// block a whole warpgroup's share): the producer gives up registers by setmaxnreg (40) and
-// the consumers take them (152; they need ~138 without serializing the wgmma). A
-// warpgroup past its last key tile (causal) still waits for and releases each later
-// stage, so every stage's phases count all NWG x 4 consumer warps. Per tile and
-// warpgroup as 4-6: S = Q K^T (8 x m64n64k16), the online softmax on the accumulator, O +=
-// P V (4 x m64n128k16, A = P in registers, B = V MN-major). The register split assumes the
-// kernel starts at 128 per thread (65,536 / 512; no -maxrregcount below that): 128 x 40 +
-// 384 x 152 = 63,488 fits, else setmaxnreg.inc would wait forever.
+// Variant 2: warpgroups of 64 consecutive queries of one (sequence, head) on wgmma
+// (sm_90a), warp-specialized. A thread block = NWG = 3 consumer warpgroups (192 queries)
+// and a producer warpgroup that fills NST stages of a 64-key K tile and V tile (cp.async
+// into the core-matrix layout of wgmma.cuh), each stage's landing signalled on an mbarrier
+// (full[s], cp.async.mbarrier.arrive); the consumers wait on it, compute, and release the
+// stage on another (empty[s], one arrival per consumer warp). No block-wide barrier after
+// start-up, so the warpgroups drift apart and one's softmax runs under another's
+// tensor-core work, instead of all of them stepping tile by tile together (two block
+// barriers per tile: measured 5.1 against 3.4-4.0 ms on 8 x 4096). The register pool is
+// dealt in warpgroups (a lone producer warp would cost the block a whole warpgroup's
+// share): the producer gives up registers by setmaxnreg (40) and the consumers take them
+// (152; they need ~138 without serializing the wgmma). A warpgroup past its last key tile
+// (causal) still waits for and releases each later stage, so every stage's phases count
+// all NWG x 4 consumer warps. Per tile and warpgroup: S = Q K^T (8 x m64n64k16, A = Q, B =
+// K, both K-major), the online softmax on the accumulator (its layout is the mma.sync one,
+// so online_softmax_tile serves), O += P V (4 x m64n128k16, A = P in registers, B = V
+// MN-major). The register split assumes the kernel starts at 128 per thread (65,536 / 512;
+// no -maxrregcount below that): 128 x 40 + 384 x 152 = 63,488 fits, else
+// setmaxnreg.inc would wait forever.
 template <int NST>
 __global__ void __launch_bounds__(512, 1)
 attn_varlen_fwd_ws_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v,
@@ -511,15 +292,15 @@ attn_varlen_fwd_ws_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v
 #endif
 }
 
-// Whether the wgmma kernels (variants 4-8) apply: head dim 128 on a compute capability 9.0
+// Whether the wgmma kernel (variant 2) applies: head dim 128 on a compute capability 9.0
 // device, 16-byte aligned q, k, v.
 static bool varlen_wg_applies(const void *q, const void *k, const void *v, int hd) {
     return hd == 128 && abw_supported() && !((uintptr_t)q & 15) && !((uintptr_t)k & 15) &&
            !((uintptr_t)v & 15);
 }
 
-// Launches a warp-specialized kernel (variant 7: 3 stages, 8: 4 stages); false where
-// wgmma does not apply (as launch_varlen_wg).
+// Launches the warp-specialized kernel (variant 2) with NST K/V stages (3: 4 measured no
+// faster); false (nothing launched) where it does not apply (varlen_wg_applies).
 template <int NST>
 static bool launch_varlen_ws(const ops_ctx_t *c, void *out, const void *q, const void *k,
                              const void *v, const int32_t *cu, int nseq, int max_seqlen, int H,
@@ -537,68 +318,27 @@ static bool launch_varlen_ws(const ops_ctx_t *c, void *out, const void *q, const
     return true;
 }
 
-// Launches a wgmma kernel (variant 4: 2 warpgroups, 2 blocks per SM; 5: 2 warpgroups, 1
-// block; 6: 3 warpgroups, 1 block); false (nothing launched) where it does not apply: head
-// dim other than 128, a GPU other than compute capability 9.0, rows not 16-byte aligned.
-template <int NWG, int MINB>
-static bool launch_varlen_wg(const ops_ctx_t *c, void *out, const void *q, const void *k,
-                             const void *v, const int32_t *cu, int nseq, int max_seqlen, int H,
-                             int Hkv, int hd) {
-    if (!varlen_wg_applies(q, k, v, hd)) return false;
-    const size_t smem = (size_t)(4 + NWG) * ABW_TILE_BYTES;
-    auto kern = attn_varlen_fwd_wg_kernel<NWG, MINB>;
-    cuda_check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    const int ntiles = (max_seqlen + 64 * NWG - 1) / (64 * NWG);
-    const float scale_log2 = (1.0f / sqrtf((float)hd)) * ATTN_LOG2E;
-    kern<<<dim3(ntiles, nseq, H), 128 * NWG, smem, cuda_stream(c)>>>(
-        (bf16 *)out, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, cu, H, Hkv, scale_log2,
-        ntiles);
-    cuda_check_launch();
-    return true;
-}
-
 template <int HDP, int BN>
-static void launch_varlen2(const ops_ctx_t *c, void *out, const void *q, const void *k,
+static void launch_varlen_mma(const ops_ctx_t *c, void *out, const void *q, const void *k,
                            const void *v, const int32_t *cu, int nseq, int max_seqlen, int H,
                            int Hkv, int hd) {
     constexpr int LD = HDP + 8;
     size_t smem = (size_t)(AV2_BM + 4 * BN) * LD * sizeof(bf16);
-    cuda_check(cudaFuncSetAttribute(attn_varlen_fwd2_kernel<HDP, BN>,
+    cuda_check(cudaFuncSetAttribute(attn_varlen_fwd_mma_kernel<HDP, BN>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int ntiles = (max_seqlen + AV2_BM - 1) / AV2_BM;
     int vec = hd % 8 == 0 && ((uintptr_t)q & 15) == 0 && ((uintptr_t)k & 15) == 0 &&
               ((uintptr_t)v & 15) == 0;
     float scale_log2 = (1.0f / sqrtf((float)hd)) * ATTN_LOG2E;
     dim3 grid(ntiles, nseq, H);
-    attn_varlen_fwd2_kernel<HDP, BN><<<grid, 128, smem, cuda_stream(c)>>>(
+    attn_varlen_fwd_mma_kernel<HDP, BN><<<grid, 128, smem, cuda_stream(c)>>>(
         (bf16 *)out, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, cu, H, Hkv, hd,
         scale_log2, ntiles, vec);
     cuda_check_launch();
 }
 
-template <int HDP>
-static void launch_varlen(const ops_ctx_t *c, void *out, const void *q, const void *k,
-                          const void *v, const int32_t *cu, int nseq, int max_seqlen, int H,
-                          int Hkv, int hd) {
-    constexpr int LD = HDP + 8;
-    size_t smem = (size_t)(AV_BM + 4 * AV_BN) * LD * sizeof(bf16);
-    cuda_check(cudaFuncSetAttribute(attn_varlen_fwd_kernel<HDP>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    int ntiles = (max_seqlen + AV_BM - 1) / AV_BM;
-    int vec = hd % 8 == 0 && ((uintptr_t)q & 15) == 0 && ((uintptr_t)k & 15) == 0 &&
-              ((uintptr_t)v & 15) == 0;
-    float scale_log2 = (1.0f / sqrtf((float)hd)) * ATTN_LOG2E;
-    dim3 grid(ntiles, nseq, H);
-    attn_varlen_fwd_kernel<HDP><<<grid, 128, smem, cuda_stream(c)>>>(
-        (bf16 *)out, (const bf16 *)q, (const bf16 *)k, (const bf16 *)v, cu, H, Hkv, hd,
-        scale_log2, ntiles, vec);
-    cuda_check_launch();
-}
-
-// variant: 1 = 64-row blocks (16 rows per warp, BN 64), 2 = 128-row blocks
-// (32 rows per warp, BN 32), 3 = 128-row blocks with BN 64, 4-6 = wgmma (launch_varlen_wg),
-// 7, 8 = wgmma, warp-specialized (launch_varlen_ws); 4-8 need head dim 128 on compute
-// capability 9.0, elsewhere variant 3 runs; 0 = the default.
+// variant: 1 = mma.sync (launch_varlen_mma), 2 = wgmma, warp-specialized (launch_varlen_ws;
+// head dim 128 on compute capability 9.0, elsewhere variant 1 runs); 0 = the default.
 extern "C" void ops_cuda_attention_varlen_forward_variant(const ops_ctx_t *c, int variant,
                                                           void *out, const void *q, const void *k,
                                                           const void *v, const int32_t *cu,
@@ -606,43 +346,24 @@ extern "C" void ops_cuda_attention_varlen_forward_variant(const ops_ctx_t *c, in
                                                           int Hkv, int hd) {
     (void)T;
     if (variant < 0 || variant > OPS_CUDA_ATTN_VARLEN_VARIANTS) {
-        fprintf(stderr, "ops cuda attention_varlen_forward: kernel variant %d is not one of 0..%d\n",
+        fprintf(stderr,
+                "ops cuda attention_varlen_forward: kernel variant %d is not one of 0..%d\n",
                 variant, OPS_CUDA_ATTN_VARLEN_VARIANTS);
         abort();
     }
     if (nseq <= 0 || max_seqlen <= 0 || H <= 0) return;
     if (variant == 0) variant = ATTN_VARLEN_DEFAULT_VARIANT;
-    if (variant >= 4) {
-        bool done;
-#define AV_WG(NWG, MINB) \
-    launch_varlen_wg<NWG, MINB>(c, out, q, k, v, cu, nseq, max_seqlen, H, Hkv, hd)
-        switch (variant) {
-        case 4: done = AV_WG(2, 2); break;
-        case 5: done = AV_WG(2, 1); break;
-        case 6: done = AV_WG(3, 1); break;
-        case 7: done = launch_varlen_ws<3>(c, out, q, k, v, cu, nseq, max_seqlen, H, Hkv, hd); break;
-        default: done = launch_varlen_ws<4>(c, out, q, k, v, cu, nseq, max_seqlen, H, Hkv, hd); break;
-        }
-#undef AV_WG
-        if (done) return;
-        variant = 3;
-    }
-#define AV_CASE(HDPV)                                                                          \
-    case HDPV:                                                                                 \
-        if (variant == 2) launch_varlen2<HDPV, 32>(c, out, q, k, v, cu, nseq, max_seqlen, H, Hkv, hd); \
-        else if (variant == 3) launch_varlen2<HDPV, 64>(c, out, q, k, v, cu, nseq, max_seqlen, H, Hkv, hd); \
-        else launch_varlen<HDPV>(c, out, q, k, v, cu, nseq, max_seqlen, H, Hkv, hd);          \
-        break;
+    if (variant == 2 && launch_varlen_ws<3>(c, out, q, k, v, cu, nseq, max_seqlen, H, Hkv, hd))
+        return;
     switch (attn_hdp(hd)) {
-        AV_CASE(32)
-        AV_CASE(64)
-        AV_CASE(96)
-        AV_CASE(128)
+    case 32: launch_varlen_mma<32, 64>(c, out, q, k, v, cu, nseq, max_seqlen, H, Hkv, hd); break;
+    case 64: launch_varlen_mma<64, 64>(c, out, q, k, v, cu, nseq, max_seqlen, H, Hkv, hd); break;
+    case 96: launch_varlen_mma<96, 64>(c, out, q, k, v, cu, nseq, max_seqlen, H, Hkv, hd); break;
+    case 128: launch_varlen_mma<128, 64>(c, out, q, k, v, cu, nseq, max_seqlen, H, Hkv, hd); break;
     default:
         fprintf(stderr, "ops cuda attention_varlen_forward: head dim %d > 128 not supported\n", hd);
         abort();
     }
-#undef AV_CASE
 }
 
 // Kernel of the ops table's attention_varlen_forward (ops_cuda_attention_varlen_variant).
@@ -650,14 +371,15 @@ static int g_av_variant = ATTN_VARLEN_DEFAULT_VARIANT;
 
 extern "C" int ops_cuda_attention_varlen_variant(int variant) {
     int old = g_av_variant;
-    if (variant >= 0 && variant <= OPS_CUDA_ATTN_VARLEN_VARIANTS) g_av_variant = variant == 0 ? ATTN_VARLEN_DEFAULT_VARIANT : variant;
+    if (variant >= 0 && variant <= OPS_CUDA_ATTN_VARLEN_VARIANTS)
+        g_av_variant = variant == 0 ? ATTN_VARLEN_DEFAULT_VARIANT : variant;
     return old;
 }
 
 extern "C" int ops_cuda_attention_varlen_resolve(int variant, int hd) {
     if (variant < 0 || variant > OPS_CUDA_ATTN_VARLEN_VARIANTS) return -1;
     if (variant == 0) variant = ATTN_VARLEN_DEFAULT_VARIANT;
-    return variant >= 4 && (hd != 128 || !abw_supported()) ? 3 : variant;
+    return variant == 2 && (hd != 128 || !abw_supported()) ? 1 : variant;
 }
 
 void cuda_attention_varlen_forward(const ops_ctx_t *c, void *out, const void *q, const void *k,

@@ -6,13 +6,26 @@
 // context row ctx_start[j] + u, u in [ctx_len[j], ctx_len[j] + B) -> the block's
 // own row j*B + (u - ctx_len[j]). No mask inside that range (bidirectional).
 //
-// Forward: thread block = (block j, kv head); each warp one (query head of the
-// GQA group, 16-query chunk); online softmax over 64-key tiles staged in shared
-// memory (shared by the group's heads); lse (natural log) saved.
+// Two kernel sets (ops_cuda_attention_block_variant):
+//   variant 1, any head dim <= 128, any GPU: forward and dQ on the mma.sync "pair" kernel
+//     (attention_block_pair.cuh: a thread block = two consecutive blocks of one kv head,
+//     sharing each K/V tile), dK/dV on attn_block_dkv_kernel below;
+//   variant 2 (the default), Hopper (sm_90a), head dim 128 (forward / dQ also H = 4 Hkv,
+//     B <= 16): forward, dQ and the dK/dV context tiles on warp-specialized wgmma kernels
+//     (attention_block_wg.cuh), the blocks' own dK/dV tiles on attn_block_dkv_kernel;
+//     elsewhere variant 1 runs.
+// On an H200, 8 x 4096 tokens, 512 anchors, B 16 (bench_ops): forward 10.0 / 7.6 ms, dQ
+// 12.2 / 8.7 ms, dK/dV 30.6 / 13.8 ms for variants 1 / 2; the reference drafter step
+// 1,116 ms with 2 (bench/NOTES.md; in its entries before 2026-12-03's third session, 1 was
+// "variant 2" and 2 "variant 11"; variants 1 and 3-10 there were kernels measured slower,
+// since removed).
+//
+// Forward: online softmax over 64-key tiles staged in shared memory (shared by the
+// group's heads and the pair's two blocks); lse (natural log) saved.
 //
 // Backward, deterministic, no atomics (two kernels plus a row-dot pre-pass):
 //   D[i] = rowsum(dO_i * O_i)                                  (attn_block_dot)
-//   dQ: query-major, same grid as the forward: recompute P = exp(S - lse),
+//   dQ: query-major, the forward's kernel and grid: recompute P = exp(S - lse),
 //       dP = dO V^T, dS = P (dP - D), dQ = scale dS K over every visible key.
 //   dK, dV: key-major. One thread block per 64-key tile of the context (per kv
 //       head) or of a block's own rows; each warp owns 16 keys and accumulates
@@ -31,129 +44,11 @@ extern "C" {
 #include "common/ops/cuda/ops_cuda.h"
 }
 
-#define AB_BN 64     // keys per tile
-#define AB_WARPS 4   // warps per forward / dQ block
-// Kernel variant used by the ops table (ops_cuda_attention_block_variant, which lists
-// them): 11 = the forward, dQ and the dK/dV context tiles on warp-specialized wgmma
-// kernels (attention_block_wg.cuh). On an H200, 8 x 4096 tokens, 512 anchors (bench_ops):
-// fwd 14.3 / 10.0 / 10.9 / 10.0 / 8.9 ms, dQ 16.7 / 12.2 / 15.3 / 12.2 / 12.2 (13.1 on
-// wgmma) ms, dK/dV 31.3 / 30.6 / 29.3 / 22.9 / 23.0 ms for variants 1 / 2 / 3 / 4 / 5;
-// dK/dV 22.3 (7) and 12.9-13.4 ms (9); 11: fwd 7.6, dQ 8.7, dK/dV 13.8 ms; drafter step
-// 1,181 (7) / 1,133-1,137 (9) / 1,120 (10) / 1,116 ms (11) (bench/NOTES.md).
-#define AB_DEFAULT_VARIANT 11
+// Kernel variant used by the ops table (ops_cuda_attention_block_variant): 2, measured
+// fastest (above); it runs variant 1 where the wgmma kernels do not apply.
+#define AB_DEFAULT_VARIANT 2
 
 // ------------------------------------------------------------------ forward / dQ
-// Task of warp w in block (j, hk, z): task = z*AB_WARPS + w -> (hg, qc), query
-// head h = hk*group + hg, query rows j*B + qc*16 + r (valid while qc*16 + r < B).
-// K/V tiles are double-buffered (cp.async prefetch of the next tile).
-//
-// The phases of one warp's tile step are the helpers below (force-inlined: the
-// kernel compiles as one body). Fragments are per-thread registers in
-// the mma.sync C/A layouts (attention_common.cuh); shared tiles are (rows x LD)
-// bf16, LD = HDP + 8.
-
-// S = Q K^T for a 16-query x 64-key tile: sc[AB_BN/8][4] (f32 C fragments, raw, unscaled),
-// from Q fragments qf (forward, already in registers) or Qw (backward, 16 x LD shared rows)
-// and the K tile Ks (AB_BN x LD shared rows).
-template <int HDP, bool BWD>
-__device__ __forceinline__ void ab_q_scores(float (*sc)[4], const uint32_t (*qf)[4],
-                                            const bf16 *Qw, const bf16 *Ks, int lane) {
-    constexpr int LD = HDP + 8;
-#pragma unroll
-    for (int nt = 0; nt < AB_BN / 8; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < HDP / 16; kk++) {
-        uint32_t a[4];
-        if (BWD) ldsm_a<LD>(a, Qw, 0, kk * 16, lane);
-#pragma unroll
-        for (int nt = 0; nt < AB_BN / 8; nt += 2) {
-            uint32_t b0[2], b1[2];
-            ldsm_b_nk<LD>(b0, b1, Ks, nt * 8, kk * 16, lane);
-            mma_bf16_16816(sc[nt], BWD ? a : qf[BWD ? 0 : kk], b0);
-            mma_bf16_16816(sc[nt + 1], BWD ? a : qf[BWD ? 0 : kk], b1);
-        }
-    }
-}
-
-// Forward step on one tile: online softmax of sc (keys k0.., valid while < nk) into the
-// running max mrow[2] / partial sum lrow[2] (log2 units), then O acc[HDP/8][4] += P V
-// with V from Vs (AB_BN x LD shared rows). sc is left holding P.
-template <int HDP>
-__device__ __forceinline__ void ab_q_fwd_tile(float (*sc)[4], float *mrow, float *lrow,
-                                              float (*acc)[4], const bf16 *Vs, int k0, int nk,
-                                              bool need_mask, float scale_log2, int lane, int t) {
-    constexpr int LD = HDP + 8;
-    // no causal mask inside the block/context window: queries = INT_MAX
-    online_softmax_tile<AB_BN, HDP>(sc, mrow, lrow, acc, k0, INT_MAX, INT_MAX, nk,
-                                    need_mask, scale_log2, t);
-#pragma unroll
-    for (int kk = 0; kk < AB_BN / 16; kk++) {
-        uint32_t a[4];
-        c_to_a(a, sc[2 * kk], sc[2 * kk + 1]);
-#pragma unroll
-        for (int nt = 0; nt < HDP / 8; nt += 2) {
-            uint32_t b0[2], b1[2];
-            ldsm_b_kn<LD>(b0, b1, Vs, kk * 16, nt * 8, lane);
-            mma_bf16_16816(acc[nt], a, b0);
-            mma_bf16_16816(acc[nt + 1], a, b1);
-        }
-    }
-}
-
-// Backward (dQ) step on one tile: P = exp2(S*scale*log2e - lse2) (lse2[2]: rows g, g+8,
-// log2 units), dP = dO V^T (dO: dOw, 16 x LD shared rows), dS = P (dP - Dr), then
-// dQ acc[HDP/8][4] += dS K (unscaled; the caller multiplies by scale). sc is left holding dS.
-template <int HDP>
-__device__ __forceinline__ void ab_q_bwd_tile(float (*sc)[4], float (*acc)[4], const bf16 *dOw,
-                                              const bf16 *Ks, const bf16 *Vs, const float *lse2,
-                                              const float *Dr, int k0, int nk, bool need_mask,
-                                              float scale_log2, int lane, int t) {
-    constexpr int LD = HDP + 8;
-    // P = exp2(S*scale*log2e - lse*log2e), masked keys -> 0
-#pragma unroll
-    for (int nt = 0; nt < AB_BN / 8; nt++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int u = k0 + nt * 8 + 2 * t + (e & 1);
-            sc[nt][e] = (!need_mask || u < nk)
-                            ? exp2f(sc[nt][e] * scale_log2 - lse2[e >> 1]) : 0.0f;
-        }
-    }
-    float dp[AB_BN / 8][4];
-#pragma unroll
-    for (int nt = 0; nt < AB_BN / 8; nt++) dp[nt][0] = dp[nt][1] = dp[nt][2] = dp[nt][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < HDP / 16; kk++) {
-        uint32_t a[4];
-        ldsm_a<LD>(a, dOw, 0, kk * 16, lane);
-#pragma unroll
-        for (int nt = 0; nt < AB_BN / 8; nt += 2) {
-            uint32_t b0[2], b1[2];
-            ldsm_b_nk<LD>(b0, b1, Vs, nt * 8, kk * 16, lane);
-            mma_bf16_16816(dp[nt], a, b0);
-            mma_bf16_16816(dp[nt + 1], a, b1);
-        }
-    }
-    // dS = P (dP - D), into sc
-#pragma unroll
-    for (int nt = 0; nt < AB_BN / 8; nt++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) sc[nt][e] = sc[nt][e] * (dp[nt][e] - Dr[e >> 1]);
-    }
-#pragma unroll
-    for (int kk = 0; kk < AB_BN / 16; kk++) {
-        uint32_t a[4];
-        c_to_a(a, sc[2 * kk], sc[2 * kk + 1]);
-#pragma unroll
-        for (int nt = 0; nt < HDP / 8; nt += 2) {
-            uint32_t b0[2], b1[2];
-            ldsm_b_kn<LD>(b0, b1, Ks, kk * 16, nt * 8, lane);
-            mma_bf16_16816(acc[nt], a, b0);
-            mma_bf16_16816(acc[nt + 1], a, b1);
-        }
-    }
-}
-
 // Forward write-out of an active warp: sums lrow over the quad, writes lse[row*H + h]
 // (natural log, f32; skipped when lse is NULL) and out = acc / l (bf16 rows of stride
 // qstride; skipped when out is NULL). qrow_index(r): global query row of fragment row r,
@@ -179,119 +74,6 @@ __device__ __forceinline__ void ab_q_write_fwd(bf16 *out, float *lse, float (*ac
         store_rows<HDP>(acc, inv0, inv1, [&](int r) -> bf16 * {
             long row = qrow_index(r);
             return row >= 0 ? out + row * qstride + (size_t)h * hd : nullptr;
-        }, hd, g, t);
-    }
-}
-
-template <int HDP, bool BWD>
-__global__ void __launch_bounds__(128)
-attn_block_qmajor_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout, const float *lse_in,
-                         const float *Dvec, const bf16 *q, const bf16 *kb, const bf16 *vb,
-                         const bf16 *kc, const bf16 *vc, const int32_t *ctx_start,
-                         const int32_t *ctx_len, int B, int H, int Hkv, int hd, float scale,
-                         int vec) {
-    constexpr int LD = HDP + 8;
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    const int nw = blockDim.x >> 5;
-    bf16 *KV = (bf16 *)smem_raw;                 // 2 stages x (K tile, V tile)
-    bf16 *Qs = KV + 4 * AB_BN * LD;              // nw x 16 rows
-    bf16 *dOs = Qs + nw * 16 * LD;               // BWD only
-    const int j = blockIdx.x, hk = blockIdx.y;
-    const int group = H / Hkv, nqc = (B + 15) / 16;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int task = blockIdx.z * AB_WARPS + warp;
-    const bool active = task < group * nqc;
-    const int hg = active ? task / nqc : 0, qc = active ? task % nqc : 0;
-    const int h = hk * group + hg;
-    const int cs = ctx_start[j], cl = ctx_len[j], nk = cl + B;
-    const int ntile = (nk + AB_BN - 1) / AB_BN;
-    const size_t qstride = (size_t)H * hd, kstride = (size_t)Hkv * hd;
-    const float scale_log2 = scale * ATTN_LOG2E;
-    bf16 *Qw = Qs + warp * 16 * LD, *dOw = dOs + warp * 16 * LD;
-
-    auto qrow_index = [&](int r) -> long {  // global query row or -1
-        int rr = qc * 16 + r;
-        return (active && rr < B) ? (long)j * B + rr : -1;
-    };
-    auto issue = [&](int it) {
-        const int k0 = it * AB_BN;
-        bf16 *Ks = KV + (it & 1) * 2 * AB_BN * LD, *Vs = Ks + AB_BN * LD;
-        load_rows_async<HDP, AB_BN>(Ks, [&](int r) -> const bf16 * {
-            int u = k0 + r;
-            if (u < cl) return kc + (size_t)(cs + u) * kstride + (size_t)hk * hd;
-            if (u < nk) return kb + ((size_t)j * B + (u - cl)) * kstride + (size_t)hk * hd;
-            return nullptr;
-        }, hd, vec, tid, blockDim.x, q);
-        load_rows_async<HDP, AB_BN>(Vs, [&](int r) -> const bf16 * {
-            int u = k0 + r;
-            if (u < cl) return vc + (size_t)(cs + u) * kstride + (size_t)hk * hd;
-            if (u < nk) return vb + ((size_t)j * B + (u - cl)) * kstride + (size_t)hk * hd;
-            return nullptr;
-        }, hd, vec, tid, blockDim.x, q);
-    };
-    load_rows_async<HDP, 16>(Qw, [&](int r) -> const bf16 * {
-        long row = qrow_index(r);
-        return row >= 0 ? q + row * qstride + (size_t)h * hd : nullptr;
-    }, hd, vec, lane, 32, q);
-    if (BWD)
-        load_rows_async<HDP, 16>(dOw, [&](int r) -> const bf16 * {
-            long row = qrow_index(r);
-            return row >= 0 ? dout + row * qstride + (size_t)h * hd : nullptr;
-        }, hd, vec, lane, 32, q);
-    issue(0);
-    cp_async_commit();
-
-    // per-row statistics for rows g and g+8 (BWD): lse in log2 units, D
-    float lse2[2] = {0.0f, 0.0f}, Dr[2] = {0.0f, 0.0f};
-    if (BWD) {
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            long row = qrow_index(g + 8 * i);
-            lse2[i] = row >= 0 ? lse_in[row * H + h] * ATTN_LOG2E : INFINITY;
-            Dr[i] = row >= 0 ? Dvec[row * H + h] : 0.0f;
-        }
-    }
-    uint32_t qf[BWD ? 1 : HDP / 16][4];  // forward: Q fragments stay in registers
-    float acc[HDP / 8][4];               // O (forward) or dQ (backward)
-#pragma unroll
-    for (int i = 0; i < HDP / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
-
-    for (int it = 0; it < ntile; it++) {
-        if (it + 1 < ntile) {
-            issue(it + 1);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
-        const int k0 = it * AB_BN;
-        const bf16 *Ks = KV + (it & 1) * 2 * AB_BN * LD, *Vs = Ks + AB_BN * LD;
-        if (active) {
-            if (!BWD && it == 0) {
-#pragma unroll
-                for (int kk = 0; kk < (BWD ? 1 : HDP / 16); kk++)
-                    ldsm_a<LD>(qf[kk], Qw, 0, kk * 16, lane);
-            }
-            float sc[AB_BN / 8][4];
-            ab_q_scores<HDP, BWD>(sc, qf, Qw, Ks, lane);
-            const bool need_mask = k0 + AB_BN > nk;
-            if (!BWD)
-                ab_q_fwd_tile<HDP>(sc, mrow, lrow, acc, Vs, k0, nk, need_mask, scale_log2, lane, t);
-            else
-                ab_q_bwd_tile<HDP>(sc, acc, dOw, Ks, Vs, lse2, Dr, k0, nk, need_mask, scale_log2,
-                                   lane, t);
-        }
-        __syncthreads();  // this stage is refilled two iterations on
-    }
-    if (!active) return;
-    if (!BWD) {
-        ab_q_write_fwd<HDP>(out, lse, acc, mrow, lrow, qrow_index, H, h, hd, qstride, g, t);
-    } else if (dq) {
-        store_rows<HDP>(acc, scale, scale, [&](int r) -> bf16 * {
-            long row = qrow_index(r);
-            return row >= 0 ? dq + row * qstride + (size_t)h * hd : nullptr;
         }, hd, g, t);
     }
 }
@@ -358,65 +140,12 @@ __device__ __forceinline__ int ab_dkv_list(int *list, int *wcount, const int32_t
 // D Db (AB_GH*16 f32 shared), accumulates dV dv[HDP/8][4] += P^T dO and
 // dK dk[HDP/8][4] += dS^T Q (unscaled; the caller multiplies by scale).
 // ka / kb_ok: whether keys g / g+8 of the warp are visible to the item's block.
+// The S^T and dP^T products of all AB_GH heads of the batch are done together: the
+// warp's K and V fragments are read from shared memory once per 16 columns of the head
+// dim instead of once per head, at the price of holding the AB_GH heads' scores in
+// registers.
 template <int HDP>
-__device__ __forceinline__ void ab_dkv_item(float (*dk)[4], float (*dv)[4], const bf16 *Ks,
-                                            const bf16 *Vs, const bf16 *Qb, const bf16 *Ob,
-                                            const float *Lb, const float *Db, int hb, int group,
-                                            int wk0, bool ka, bool kb_ok, float scale_log2,
-                                            int lane, int t) {
-    constexpr int LD = HDP + 8;
-    for (int hl = 0; hl < AB_GH && hb * AB_GH + hl < group; hl++) {
-        const bf16 *Qh = Qb + hl * 16 * LD, *Oh = Ob + hl * 16 * LD;
-        // S^T (16 keys x 16 queries) = K_w Q^T; dP^T = V_w dO^T
-        float s0[4] = {0, 0, 0, 0}, s1[4] = {0, 0, 0, 0};
-        float p0[4] = {0, 0, 0, 0}, p1[4] = {0, 0, 0, 0};
-#pragma unroll
-        for (int kk = 0; kk < HDP / 16; kk++) {
-            uint32_t ak[4], av[4], b0[2], b1[2];
-            ldsm_a<LD>(ak, Ks, wk0, kk * 16, lane);
-            ldsm_a<LD>(av, Vs, wk0, kk * 16, lane);
-            ldsm_b_nk<LD>(b0, b1, Qh, 0, kk * 16, lane);
-            mma_bf16_16816(s0, ak, b0);
-            mma_bf16_16816(s1, ak, b1);
-            ldsm_b_nk<LD>(b0, b1, Oh, 0, kk * 16, lane);
-            mma_bf16_16816(p0, av, b0);
-            mma_bf16_16816(p1, av, b1);
-        }
-        // P^T and dS^T; element e: key row (e < 2 ? g : g+8), query col nt*8+2t+(e&1)
-        const float *Lh = Lb + hl * 16, *Dh = Db + hl * 16;
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            int qi0 = 2 * t + (e & 1), qi1 = 8 + qi0;
-            bool kv = e < 2 ? ka : kb_ok;
-            float pa = kv ? exp2f(s0[e] * scale_log2 - Lh[qi0]) : 0.0f;
-            float pb = kv ? exp2f(s1[e] * scale_log2 - Lh[qi1]) : 0.0f;
-            s0[e] = pa;
-            s1[e] = pb;
-            p0[e] = pa * (p0[e] - Dh[qi0]);
-            p1[e] = pb * (p1[e] - Dh[qi1]);
-        }
-        uint32_t ap[4], ads[4];
-        c_to_a(ap, s0, s1);
-        c_to_a(ads, p0, p1);
-#pragma unroll
-        for (int nt = 0; nt < HDP / 8; nt += 2) {
-            uint32_t b0[2], b1[2];
-            ldsm_b_kn<LD>(b0, b1, Oh, 0, nt * 8, lane);
-            mma_bf16_16816(dv[nt], ap, b0);
-            mma_bf16_16816(dv[nt + 1], ap, b1);
-            ldsm_b_kn<LD>(b0, b1, Qh, 0, nt * 8, lane);
-            mma_bf16_16816(dk[nt], ads, b0);
-            mma_bf16_16816(dk[nt + 1], ads, b1);
-        }
-    }
-}
-
-// As ab_dkv_item, with the S^T and dP^T products of all AB_GH heads of the batch done
-// together: the warp's K and V fragments are read from shared memory once per 16 columns
-// of the head dim instead of once per head (10 instead of 16 fragment loads per 16 tensor
-// ops in that phase), at the price of holding the AB_GH heads' scores in registers.
-template <int HDP>
-__device__ __forceinline__ void ab_dkv_item_joint(float (*dk)[4], float (*dv)[4],
+__device__ __forceinline__ void ab_dkv_item(float (*dk)[4], float (*dv)[4],
                                                   const bf16 *Ks, const bf16 *Vs, const bf16 *Qb,
                                                   const bf16 *Ob, const float *Lb, const float *Db,
                                                   int hb, int group, int wk0, bool ka, bool kb_ok,
@@ -477,7 +206,7 @@ __device__ __forceinline__ void ab_dkv_item_joint(float (*dk)[4], float (*dv)[4]
     }
 }
 
-template <int HDP, int KW, bool JOINT>
+template <int HDP, int KW>
 __global__ void __launch_bounds__(KW * 32)
 attn_block_dkv_kernel(bf16 *dkb, bf16 *dvb, bf16 *dkc, bf16 *dvc, const bf16 *dout,
                       const float *lse_in, const float *Dvec, const bf16 *q, const bf16 *kb,
@@ -595,12 +324,8 @@ attn_block_dkv_kernel(bf16 *dkb, bf16 *dvb, bf16 *dkc, bf16 *dvc, const bf16 *do
             if (__any_sync(0xffffffffu, ka || kb_ok)) {
                 const bf16 *Qb = stQ(st), *Ob = stO(st);
                 const float *Lb = stL(st), *Db = stD(st);
-                if (JOINT)
-                    ab_dkv_item_joint<HDP>(dk, dv, Ks, Vs, Qb, Ob, Lb, Db, hb, group, wk0, ka,
-                                           kb_ok, scale_log2, lane, t);
-                else
-                    ab_dkv_item<HDP>(dk, dv, Ks, Vs, Qb, Ob, Lb, Db, hb, group, wk0, ka, kb_ok,
-                                     scale_log2, lane, t);
+                ab_dkv_item<HDP>(dk, dv, Ks, Vs, Qb, Ob, Lb, Db, hb, group, wk0, ka,
+                                       kb_ok, scale_log2, lane, t);
             }
             __syncthreads();  // this stage is refilled two items on
         }
@@ -626,28 +351,7 @@ static int vec_ok(int hd, const void *a, const void *b, const void *c2, const vo
     return hd % 8 == 0 && (m & 15) == 0;
 }
 
-template <int HDP, bool BWD>
-static void launch_qmajor(const ops_ctx_t *c, bf16 *out, float *lse, bf16 *dq, const bf16 *dout,
-                          const float *lse_in, const float *D, const void *q, const void *kb,
-                          const void *vb, const void *kc, const void *vc, const int32_t *cs,
-                          const int32_t *cl, int Nb, int B, int H, int Hkv, int hd) {
-    constexpr int LD = HDP + 8;
-    int ntasks = (H / Hkv) * ((B + 15) / 16);
-    int nw = ntasks < AB_WARPS ? ntasks : AB_WARPS;
-    size_t smem = (size_t)(4 * AB_BN + (BWD ? 2 : 1) * nw * 16) * LD * sizeof(bf16);
-    cuda_check(cudaFuncSetAttribute(attn_block_qmajor_kernel<HDP, BWD>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    dim3 grid(Nb, Hkv, (ntasks + AB_WARPS - 1) / AB_WARPS);
-    int vec = vec_ok(hd, q, kb, vb, kc, vc) && (!BWD || ((uintptr_t)dout & 15) == 0);
-    attn_block_qmajor_kernel<HDP, BWD><<<grid, nw * 32, smem, cuda_stream(c)>>>(
-        out, lse, dq, dout, lse_in, D, (const bf16 *)q, (const bf16 *)kb, (const bf16 *)vb,
-        (const bf16 *)kc, (const bf16 *)vc, cs, cl, B, H, Hkv, hd, 1.0f / sqrtf((float)hd), vec);
-    cuda_check_launch();
-}
-
-// One launch of the dK/dV kernel with KW warps (KW*16-key tiles) over its tiles
-// [x0, x1) (tiles 0 .. nct-1: context; then Nb * nbt own tiles).
-template <int HDP, int KW, bool JOINT>
+template <int HDP, int KW>
 static void launch_dkv_range(const ops_ctx_t *c, bf16 *dkb, bf16 *dvb, bf16 *dkc, bf16 *dvc,
                              const bf16 *dout, const float *lse, const float *D, const void *q,
                              const void *kb, const void *vb, const void *kc, const void *vc,
@@ -658,40 +362,19 @@ static void launch_dkv_range(const ops_ctx_t *c, bf16 *dkb, bf16 *dvb, bf16 *dkc
     if (x1 <= x0) return;
     size_t smem = ((size_t)2 * KT * LD + 2 * (2 * QROWS * LD + 2 * QROWS * 2)) * sizeof(bf16) +
                   (KW * 32 + KW) * sizeof(int);
-    cuda_check(cudaFuncSetAttribute(attn_block_dkv_kernel<HDP, KW, JOINT>,
+    cuda_check(cudaFuncSetAttribute(attn_block_dkv_kernel<HDP, KW>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int nct = (Tc + KT - 1) / KT, nbt = (B + KT - 1) / KT;
     dim3 grid((unsigned)(x1 - x0), Hkv);
     int vec = vec_ok(hd, q, kb, vb, kc, vc) && ((uintptr_t)dout & 15) == 0;
-    attn_block_dkv_kernel<HDP, KW, JOINT><<<grid, KW * 32, smem, cuda_stream(c)>>>(
+    attn_block_dkv_kernel<HDP, KW><<<grid, KW * 32, smem, cuda_stream(c)>>>(
         dkb, dvb, dkc, dvc, dout, lse, D, (const bf16 *)q, (const bf16 *)kb, (const bf16 *)vb,
         (const bf16 *)kc, (const bf16 *)vc, cs, cl, Nb, B, Tc, H, Hkv, hd,
         1.0f / sqrtf((float)hd), nct, nbt, (int)x0, vec);
     cuda_check_launch();
 }
 
-// The dK/dV context tiles on wgmma (attention_block_wg.cuh): NWG warpgroups of 64 keys per
-// thread block, NST staged work items; head dim 128, 16-byte aligned rows (the caller checks).
-template <int NWG, int NST>
-static void launch_dkv_wg(const ops_ctx_t *c, bf16 *dkc, bf16 *dvc, const bf16 *dout,
-                          const float *lse, const float *D, const void *q, const void *kc,
-                          const void *vc, const int32_t *cs, const int32_t *cl, int Nb, int B,
-                          int Tc, int H, int Hkv) {
-    constexpr int QROWS = AB_GH * 16, KW = NWG * 4;
-    size_t smem = NWG * 2 * ABW_TILE_BYTES + NST * (2 * ABW_TILE_BYTES + 2 * QROWS * 4) +
-                  (KW * 32 + KW) * sizeof(int);
-    cuda_check(cudaFuncSetAttribute(attn_block_dkv_wg_kernel<NWG, NST>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    long nct = (Tc + NWG * 64 - 1) / (NWG * 64);
-    if (nct <= 0) return;
-    attn_block_dkv_wg_kernel<NWG, NST><<<dim3((unsigned)nct, Hkv), NWG * 128, smem,
-                                         cuda_stream(c)>>>(
-        dkc, dvc, dout, lse, D, (const bf16 *)q, (const bf16 *)kc, (const bf16 *)vc, cs, cl, Nb,
-        B, Tc, H, Hkv, 1.0f / sqrtf((float)128));
-    cuda_check_launch();
-}
-
-// The warp-specialized dK/dV context tiles (variant 9; attention_block_wg.cuh): two
+// The warp-specialized dK/dV context tiles (variant 2; attention_block_wg.cuh): two
 // consumer warpgroups of 64 keys and a producer warpgroup per thread block, NST stages.
 template <int NST>
 static void launch_dkv_ws(const ops_ctx_t *c, bf16 *dkc, bf16 *dvc, const bf16 *dout,
@@ -712,14 +395,17 @@ static void launch_dkv_ws(const ops_ctx_t *c, bf16 *dkc, bf16 *dvc, const bf16 *
     cuda_check_launch();
 }
 
-// dK/dV: variant 1 = 64-key tiles (4 warps) everywhere, one head at a time; variant 2 =
-// the heads of a batch together (ab_dkv_item_joint), 64-key tiles; variant 3 = as 2 with
-// 128-key context tiles (8 warps: each staged query item serves twice the keys; own tiles
-// stay 64 keys: a block's B = 16 own rows would leave 7 of 8 warps idle); variant 4 =
-// context tiles with wgmma (attention_block_wg.cuh; head dim 128, 16-byte aligned rows;
-// otherwise as variant 2), own tiles as variant 2; variants 7 and 8 = as 4 with two
-// warpgroups (128 keys) per thread block sharing each staged item, 4 or 3 stages; 9 = as
-// 7, warp-specialized (a producer warpgroup stages the items behind mbarriers).
+// Whether the Hopper kernels (variant 2; attention_block_wg.cuh) apply: head dim 128 on a
+// compute capability 9.0 device, 16-byte aligned rows (dout: backward only).
+static bool ab_wg_applies(int hd, const void *q, const void *kb, const void *vb, const void *kc,
+                          const void *vc, const void *dout) {
+    return hd == 128 && abw_supported() && vec_ok(hd, q, kb, vb, kc, vc) &&
+           ((uintptr_t)dout & 15) == 0;
+}
+
+// dK/dV: the context tiles on the warp-specialized wgmma kernel (variant 2, where it
+// applies) and the blocks' own tiles (B rows each) on the mma.sync kernel; otherwise
+// (variant 1) every tile on the mma.sync kernel (64 keys, 4 warps).
 template <int HDP>
 static void launch_dkv(const ops_ctx_t *c, int variant, bf16 *dkb, bf16 *dvb, bf16 *dkc,
                        bf16 *dvc, const bf16 *dout, const float *lse, const float *D,
@@ -727,31 +413,13 @@ static void launch_dkv(const ops_ctx_t *c, int variant, bf16 *dkb, bf16 *dvb, bf
                        const void *vc, const int32_t *cs, const int32_t *cl, int Nb, int B,
                        int Tc, int H, int Hkv, int hd) {
     long nct4 = (Tc + 63) / 64, nbt4 = (B + 63) / 64, all4 = nct4 + (long)Nb * nbt4;
-    if (variant == 1) {
-        launch_dkv_range<HDP, 4, false>(c, dkb, dvb, dkc, dvc, dout, lse, D, q, kb, vb, kc, vc,
-                                        cs, cl, Nb, B, Tc, H, Hkv, hd, 0, all4);
-    } else if (variant >= 4 && HDP == 128 && hd == 128 && abw_supported() &&
-               vec_ok(hd, q, kb, vb, kc, vc) && ((uintptr_t)dout & 15) == 0) {
-        // context tiles with wgmma; own tiles (B rows of one block) with the mma.sync kernel
-        if (variant >= 9)
-            launch_dkv_ws<4>(c, dkc, dvc, dout, lse, D, q, kc, vc, cs, cl, Nb, B, Tc, H, Hkv);
-        else if (variant == 7)
-            launch_dkv_wg<2, 4>(c, dkc, dvc, dout, lse, D, q, kc, vc, cs, cl, Nb, B, Tc, H, Hkv);
-        else if (variant == 8)
-            launch_dkv_wg<2, 3>(c, dkc, dvc, dout, lse, D, q, kc, vc, cs, cl, Nb, B, Tc, H, Hkv);
-        else
-            launch_dkv_wg<1, 2>(c, dkc, dvc, dout, lse, D, q, kc, vc, cs, cl, Nb, B, Tc, H, Hkv);
-        launch_dkv_range<HDP, 4, true>(c, dkb, dvb, NULL, NULL, dout, lse, D, q, kb, vb, kc, vc,
-                                       cs, cl, Nb, B, Tc, H, Hkv, hd, nct4, all4);
-    } else if (variant == 2 || variant >= 4) {
-        launch_dkv_range<HDP, 4, true>(c, dkb, dvb, dkc, dvc, dout, lse, D, q, kb, vb, kc, vc,
-                                       cs, cl, Nb, B, Tc, H, Hkv, hd, 0, all4);
+    if (variant == 2 && HDP == 128 && ab_wg_applies(hd, q, kb, vb, kc, vc, dout)) {
+        launch_dkv_ws<4>(c, dkc, dvc, dout, lse, D, q, kc, vc, cs, cl, Nb, B, Tc, H, Hkv);
+        launch_dkv_range<HDP, 4>(c, dkb, dvb, NULL, NULL, dout, lse, D, q, kb, vb, kc, vc, cs,
+                                 cl, Nb, B, Tc, H, Hkv, hd, nct4, all4);
     } else {
-        long nct8 = (Tc + 127) / 128;
-        launch_dkv_range<HDP, 8, true>(c, dkb, dvb, dkc, dvc, dout, lse, D, q, kb, vb, kc, vc,
-                                       cs, cl, Nb, B, Tc, H, Hkv, hd, 0, nct8);
-        launch_dkv_range<HDP, 4, true>(c, dkb, dvb, dkc, dvc, dout, lse, D, q, kb, vb, kc, vc,
-                                       cs, cl, Nb, B, Tc, H, Hkv, hd, nct4, all4);
+        launch_dkv_range<HDP, 4>(c, dkb, dvb, dkc, dvc, dout, lse, D, q, kb, vb, kc, vc, cs, cl,
+                                 Nb, B, Tc, H, Hkv, hd, 0, all4);
     }
 }
 
@@ -775,19 +443,18 @@ static void launch_pair(const ops_ctx_t *c, bf16 *out, float *lse, bf16 *dq, con
     cuda_check_launch();
 }
 
-// Forward or dQ by variant (1: one block per thread block, 2 and 3: pairs).
+// Forward or dQ: variant 2, where it applies (head dim 128, H = 4 Hkv, B <= 16, Hopper,
+// aligned rows), the warp-specialized wgmma kernel (a pair of blocks per thread block);
+// otherwise (variant 1) the mma.sync pair kernel (64-key tiles forward, 32 in dQ: its f32
+// dP fragments are held in registers).
 template <int HDP, bool BWD>
 static void launch_q(const ops_ctx_t *c, int variant, bf16 *out, float *lse, bf16 *dq,
                      const bf16 *dout, const float *lse_in, const float *D, const void *q,
                      const void *kb, const void *vb, const void *kc, const void *vc,
                      const int32_t *cs, const int32_t *cl, int Nb, int B, int H, int Hkv,
                      int hd) {
-    // variants 5, 7, 8, 9: the forward on wgmma, dQ with the pair kernel (measured faster);
-    // 6: both; 10: dQ on the warp-specialized wgmma kernel; 11: the forward too
-    const bool wgq = BWD ? variant == 6 || variant >= 10 : variant >= 5;
-    const bool ws = BWD ? variant >= 10 : variant >= 11;
-    if (wgq && HDP == 128 && hd == 128 && H == 4 * Hkv && B <= 16 && abw_supported() &&
-        vec_ok(hd, q, kb, vb, kc, vc) && (!BWD || ((uintptr_t)dout & 15) == 0) && ws) {
+    if (variant == 2 && HDP == 128 && H == 4 * Hkv && B <= 16 &&
+        ab_wg_applies(hd, q, kb, vb, kc, vc, BWD ? dout : NULL)) {
         constexpr int NST = 3;
         size_t smem = (size_t)(2 * NST + (BWD ? 4 : 2)) * ABW_TILE_BYTES + 2 * NST * sizeof(uint64_t);
         cuda_check(cudaFuncSetAttribute(attn_block_wgq_ws_kernel<BWD, NST>,
@@ -796,24 +463,10 @@ static void launch_q(const ops_ctx_t *c, int variant, bf16 *out, float *lse, bf1
             out, lse, dq, dout, lse_in, D, (const bf16 *)q, (const bf16 *)kb, (const bf16 *)vb,
             (const bf16 *)kc, (const bf16 *)vc, cs, cl, Nb, B, H, Hkv, 1.0f / sqrtf((float)hd));
         cuda_check_launch();
-    } else if (wgq && HDP == 128 && hd == 128 && H == 4 * Hkv && B <= 16 && abw_supported() &&
-        vec_ok(hd, q, kb, vb, kc, vc) && (!BWD || ((uintptr_t)dout & 15) == 0)) {
-        size_t smem = (size_t)(BWD ? 8 : 6) * ABW_TILE_BYTES;
-        cuda_check(cudaFuncSetAttribute(attn_block_wgq_kernel<BWD>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        attn_block_wgq_kernel<BWD><<<dim3((Nb + 1) / 2, Hkv), 256, smem, cuda_stream(c)>>>(
-            out, lse, dq, dout, lse_in, D, (const bf16 *)q, (const bf16 *)kb, (const bf16 *)vb,
-            (const bf16 *)kc, (const bf16 *)vc, cs, cl, Nb, B, H, Hkv, 1.0f / sqrtf((float)hd));
-        cuda_check_launch();
-    } else if (variant == 1)
-        launch_qmajor<HDP, BWD>(c, out, lse, dq, dout, lse_in, D, q, kb, vb, kc, vc, cs, cl, Nb,
-                                B, H, Hkv, hd);
-    else if (variant == 2 || variant >= 4)  // 64-key tiles forward, 32 in dQ (f32 dP: registers)
+    } else {
         launch_pair<HDP, BWD, BWD ? 32 : 64>(c, out, lse, dq, dout, lse_in, D, q, kb, vb, kc, vc,
                                              cs, cl, Nb, B, H, Hkv, hd);
-    else  // variant 3: 32-key tiles forward, 16 in dQ
-        launch_pair<HDP, BWD, BWD ? 16 : 32>(c, out, lse, dq, dout, lse_in, D, q, kb, vb, kc, vc,
-                                             cs, cl, Nb, B, H, Hkv, hd);
+    }
 }
 
 // Kernel variant of the block attention (ops_cuda_attention_block_variant).
@@ -821,7 +474,8 @@ static int g_ab_variant = AB_DEFAULT_VARIANT;
 
 extern "C" int ops_cuda_attention_block_variant(int variant) {
     int old = g_ab_variant;
-    if (variant >= 0 && variant <= OPS_CUDA_ATTN_BLOCK_VARIANTS) g_ab_variant = variant == 0 ? AB_DEFAULT_VARIANT : variant;
+    if (variant >= 0 && variant <= OPS_CUDA_ATTN_BLOCK_VARIANTS)
+        g_ab_variant = variant == 0 ? AB_DEFAULT_VARIANT : variant;
     return old;
 }
 

@@ -1,8 +1,8 @@
-// DFlash block attention backward, dK/dV of the context tiles with Hopper warpgroup MMA
-// (wgmma, sm_90a; attention_block.cu's variant 4; included there). Same work items and
-// the same deterministic key-major scheme as attn_block_dkv_kernel: one thread block =
-// one warpgroup (4 warps) owning 64 context keys of one kv head, summing over every
-// block that sees them in a fixed order (no atomics). Head dim 128 only (HDP == 128).
+// DFlash block attention with Hopper warpgroup MMA (wgmma, sm_90a; attention_block.cu's
+// variant 2; included there): the dK/dV context tiles, then the forward and dQ. Head dim
+// 128 only. dK/dV: the same work items and the same deterministic key-major scheme as
+// attn_block_dkv_kernel: a warpgroup (4 warps) owns 64 context keys of one kv head and
+// sums over every block that sees them in a fixed order (no atomics).
 //
 // Why: the mma.sync kernel reads a K/V/Q/dO fragment from shared memory for every 1-2
 // tensor-core ops (each warp its own copy) and stalls there at ~140 TFLOP/s. wgmma reads
@@ -81,128 +81,12 @@ __device__ __forceinline__ void abw_item(float *dk, float *dv, const unsigned ch
 
 #endif  // !ABW_NO_WGMMA
 
-// Grid: (context tiles of NWG x 64 keys, Hkv); NWG x 128 threads. Arguments as
-// attn_block_dkv_kernel (own tiles are not served here: the caller runs them with that
-// kernel). NWG warpgroups each own 64 consecutive keys of the tile and share every staged
-// work item (its Q, dO, lse and D are read from L2 once for NWG x 64 keys); NST stages of
-// items (NST - 1 fetched ahead). NWG 1, NST 2: variants 4-6 (2 thread blocks per SM);
-// NWG 2, NST 4 or 3: variants 7 and 8 (one thread block per SM, the same 8 warps).
-// Each key sums its items in ascending block order whatever NWG and NST: same bits.
-template <int NWG, int NST>
-__global__ void __launch_bounds__(NWG * 128)
-attn_block_dkv_wg_kernel(bf16 *dkc, bf16 *dvc, const bf16 *dout, const float *lse_in,
-                         const float *Dvec, const bf16 *q, const bf16 *kc, const bf16 *vc,
-                         const int32_t *ctx_start, const int32_t *ctx_len, int Nb, int B, int Tc,
-                         int H, int Hkv, float scale) {
-#ifdef ABW_NO_WGMMA
-    __trap();
-#else
-    constexpr int hd = 128, QROWS = AB_GH * 16;  // 64 staged rows per item
-    constexpr int NT = NWG * 128, KW = NWG * 4;  // threads, warps
-    extern __shared__ __align__(16) unsigned char smem_raw[];  // (the dynamic base is 1024-aligned)
-    const int tid = threadIdx.x, sel = tid >> 7, wtid = tid & 127;
-    unsigned char *Kt = smem_raw + sel * 2 * ABW_TILE_BYTES, *Vt = Kt + ABW_TILE_BYTES;
-    unsigned char *stage = smem_raw + NWG * 2 * ABW_TILE_BYTES;  // NST x (Q tile, dO tile, lse, D)
-    constexpr int STAGE_BYTES = 2 * ABW_TILE_BYTES + 2 * QROWS * 4;
-    int *list = (int *)(stage + NST * STAGE_BYTES);  // KW*32 block indices
-    int *wcount = list + KW * 32;                     // KW warp counts
-    const int hk = blockIdx.y, group = H / Hkv, nqc = (B + 15) / 16;
-    const int nhb = (group + AB_GH - 1) / AB_GH;
-    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int wwarp = wtid >> 5;  // warp within the warpgroup
-    const size_t qstride = (size_t)H * hd, kstride = (size_t)Hkv * hd;
-    const float scale_log2 = scale * ATTN_LOG2E;
-    const int key0 = blockIdx.x * (NWG * 64), wkey0 = key0 + sel * 64;  // tile, this warpgroup
-    auto kvrow = [&](const bf16 *x, int r) -> const bf16 * {
-        int kk = wkey0 + r;
-        return kk < Tc ? x + (size_t)kk * kstride + (size_t)hk * hd : nullptr;
-    };
-    abw_load_tile(Kt, [&](int r) { return kvrow(kc, r); }, wtid, q);
-    abw_load_tile(Vt, [&](int r) { return kvrow(vc, r); }, wtid, q);
-    cp_async_commit();
-
-    float dk[64], dv[64];
-#pragma unroll
-    for (int i = 0; i < 64; i++) dk[i] = dv[i] = 0.0f;
-    const int my_key_a = wkey0 + wwarp * 16 + g, my_key_b = my_key_a + 8;
-    auto stQ = [&](int st) { return stage + st * STAGE_BYTES; };
-    auto stO = [&](int st) { return stage + st * STAGE_BYTES + ABW_TILE_BYTES; };
-    auto stL = [&](int st) { return (float *)(stage + st * STAGE_BYTES + 2 * ABW_TILE_BYTES); };
-    auto stD = [&](int st) { return stL(st) + QROWS; };
-    auto issue = [&](int item, int st) {
-        int li = item / (nqc * nhb), rem = item % (nqc * nhb);
-        int qc = rem / nhb, hb = rem % nhb;
-        int j = list[li];
-        auto qrow = [&](int r, int *hh) -> long {  // r in [0, 64): head batch slot r/16
-            int hl = r >> 4, rr = qc * 16 + (r & 15), hgi = hb * AB_GH + hl;
-            *hh = hk * group + hgi;
-            return (rr < B && hgi < group) ? (long)j * B + rr : -1;
-        };
-        abw_load_tile<NT>(stQ(st), [&](int r) -> const bf16 * {
-            int h;
-            long row = qrow(r, &h);
-            return row >= 0 ? q + row * qstride + (size_t)h * hd : nullptr;
-        }, tid, q);
-        abw_load_tile<NT>(stO(st), [&](int r) -> const bf16 * {
-            int h;
-            long row = qrow(r, &h);
-            return row >= 0 ? dout + row * qstride + (size_t)h * hd : nullptr;
-        }, tid, q);
-        for (int r = tid; r < QROWS; r += NT) {
-            int h;
-            long row = qrow(r, &h);
-            stL(st)[r] = row >= 0 ? lse_in[row * H + h] * ATTN_LOG2E : INFINITY;
-            stD(st)[r] = row >= 0 ? Dvec[row * H + h] : 0.0f;
-        }
-    };
-
-    const int nchunks = (Nb + KW * 32 - 1) / (KW * 32);
-    for (int ch = 0; ch < nchunks; ch++) {
-        const int n_list = ab_dkv_list<KW>(list, wcount, ctx_start, ctx_len, true, ch, Nb, key0,
-                                           -1, tid, warp, lane);
-        const int n_items = n_list * nqc * nhb;
-#pragma unroll
-        for (int p = 0; p < NST - 1; p++) {  // the first NST - 1 items (empty groups past the end)
-            if (p < n_items) issue(p, p);
-            cp_async_commit();
-        }
-        for (int it = 0; it < n_items; it++) {
-            if (it + NST - 1 < n_items) issue(it + NST - 1, (it + NST - 1) % NST);
-            cp_async_commit();
-            cp_async_wait<NST - 1>();  // item it's group (and every older one) has landed
-            // cp.async wrote through the generic proxy; wgmma reads through the async one
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            __syncthreads();
-            const int st = it % NST;
-            const int j = list[it / (nqc * nhb)];
-            int vlo = ctx_start[j], vhi = vlo + ctx_len[j];
-            if (vhi > Tc) vhi = Tc;
-            if (vlo < wkey0 + 64 && vhi > wkey0) {  // uniform over the warpgroup
-                const bool ka = my_key_a >= vlo && my_key_a < vhi;
-                const bool kb_ok = my_key_b >= vlo && my_key_b < vhi;
-                abw_item(dk, dv, Kt, Vt, stQ(st), stO(st), stL(st), stD(st), ka, kb_ok,
-                         scale_log2, t);
-            }
-            __syncthreads();  // this stage is refilled NST - 1 items on
-        }
-        cp_async_wait<0>();
-    }
-    cp_async_wait<0>();
-    auto dst = [&](bf16 *x, int r) -> bf16 * {
-        int kk = wkey0 + wwarp * 16 + r;
-        return (x && kk < Tc) ? x + (size_t)kk * kstride + (size_t)hk * hd : nullptr;
-    };
-    store_rows<128>((const float(*)[4])dk, scale, scale, [&](int r) { return dst(dkc, r); }, hd,
-                    g, t);
-    store_rows<128>((const float(*)[4])dv, 1.0f, 1.0f, [&](int r) { return dst(dvc, r); }, hd,
-                    g, t);
-#endif
-}
-
-// Variant 9's dK/dV context tiles: the two-warpgroup scheme of attn_block_dkv_wg_kernel
-// (NWG = 2 consumer warpgroups of 64 keys, 128 keys per thread block, each summing its
-// items in ascending block order: the same bits as variants 4-8), warp-specialized. A
-// third, producer warpgroup lists the blocks that see the tile (128 candidates at a time,
+// The dK/dV context tiles (attention_block.cu's variant 2). Grid: (context tiles of 128
+// keys, Hkv); 384 threads. Arguments as attn_block_dkv_kernel (own tiles are not served
+// here: the caller runs them with that kernel). NWG = 2 consumer warpgroups each own 64
+// consecutive keys of the tile and share every staged work item (its Q, dO, lse and D are
+// read from L2 once for 128 keys); each key sums its items in ascending block order
+// (reproducible bits). Warp-specialized: a third, producer warpgroup lists the blocks that see the tile (128 candidates at a time,
 // its own named barrier), and stages each work item (Q, dO tiles by cp.async; lse, D and
 // the block's visible key range [vlo, vhi) by plain stores) into NST stages; a stage is
 // full when its 128 cp.async arrivals (cp.async.mbarrier.arrive) and 128 plain arrivals
@@ -366,7 +250,7 @@ attn_block_dkv_ws_kernel(bf16 *dkc, bf16 *dvc, const bf16 *dout, const float *ls
 }
 
 // ------------------------------------------------------------------ forward and dQ (wgmma)
-// attention_block.cu's variant 5: the pair scheme of attention_block_pair.cuh (a thread
+// attention_block.cu's variant 2: the pair scheme of attention_block_pair.cuh (a thread
 // block serves blocks ja = 2x and ja+1 of one kv head, walking the union of their context
 // and then their own rows in 64-key tiles) with one warpgroup per block: its 64 query rows
 // are the 4 heads of the GQA group x 16 queries (warp w = head hk*4 + w), so it needs
@@ -376,8 +260,8 @@ attn_block_dkv_ws_kernel(bf16 *dkc, bf16 *dvc, const bf16 *dout, const float *ls
 //            in registers, B = V MN-major);
 //   dQ:      S = Q K^T, dP = dO V^T (16 x m64n64k16), P = exp2(S scale log2e - lse),
 //            dS = P (dP - D), dQ += dS K (4 x m64n128k16, B = K MN-major).
-// Shared memory: per warpgroup its Q (and dO) tile; K/V tiles double-buffered.
-// One 64-key tile of attn_block_wgq_kernel / _ws_kernel for a warpgroup: visible columns
+// Shared memory: per warpgroup its Q (and dO) tile; NST stages of K/V tiles.
+// One 64-key tile of attn_block_wgq_ws_kernel for a warpgroup: visible columns
 // [klo, khi) of the K, V tiles Kt, Vt against its Q (and dO) tiles Qw, Ow; forward: the
 // online softmax state mrow, lrow and O in acc; dQ (BWD): dQ += dS K in acc, with the rows'
 // lse (log2 units) lse2 and D Dr. All 128 threads of the warpgroup call it.
@@ -435,119 +319,11 @@ __device__ __forceinline__ void abw_q_tile(float (*acc)[4], float *mrow, float *
     abw_fence_acc(&acc[0][0], 64);
 }
 
-template <bool BWD>
-__global__ void __launch_bounds__(256, BWD ? 1 : 2)  // forward: two thread blocks per SM
-attn_block_wgq_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout, const float *lse_in,
-                      const float *Dvec, const bf16 *q, const bf16 *kb, const bf16 *vb,
-                      const bf16 *kc, const bf16 *vc, const int32_t *ctx_start,
-                      const int32_t *ctx_len, int Nb, int B, int H, int Hkv, float scale) {
-#ifdef ABW_NO_WGMMA
-    __trap();
-#else
-    constexpr int hd = 128, BN = 64, HALF = 32;
-    extern __shared__ __align__(16) unsigned char smem_raw[];  // (the dynamic base is 1024-aligned)
-    unsigned char *KV = smem_raw;                      // 2 stages x (K tile, V tile)
-    unsigned char *Qt = KV + 4 * ABW_TILE_BYTES;      // 2 warpgroups x Q tile
-    unsigned char *Ot = Qt + 2 * ABW_TILE_BYTES;      // 2 warpgroups x dO tile (BWD)
-    const int hk = blockIdx.y, tid = threadIdx.x, sel = tid >> 7, wtid = tid & 127;
-    const int warp = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    const int ja = 2 * blockIdx.x, j = ja + sel;
-    const bool need0 = true, need1 = ja + 1 < Nb, wact = j < Nb;
-    const size_t qstride = (size_t)H * hd, kstride = (size_t)Hkv * hd;
-    const float scale_log2 = scale * ATTN_LOG2E;
-    const int h = hk * 4 + warp;  // this warp's query head
-
-    const abp_tiles<BN> tl(ctx_start, ctx_len, ja, need0, need1, B);
-    const int ntile = tl.ntile;
-    auto issue = [&](int it) {
-        int k0, kend;
-        const int own = tl.tile(it, &k0, &kend);
-        unsigned char *Kt = KV + (it & 1) * 2 * ABW_TILE_BYTES, *Vt = Kt + ABW_TILE_BYTES;
-        auto rowp = [&](const bf16 *xc, const bf16 *xb, int r) -> const bf16 * {
-            if (own < 0) {
-                int cr = k0 + r;
-                return cr < kend ? xc + (size_t)cr * kstride + (size_t)hk * hd : nullptr;
-            }
-            int s2 = r / HALF, u = own * HALF + r % HALF;
-            bool ok = u < B && (s2 == 0 ? need0 : need1);
-            return ok ? xb + ((size_t)(ja + s2) * B + u) * kstride + (size_t)hk * hd : nullptr;
-        };
-        abw_load_tile<256>(Kt, [&](int r) { return rowp(kc, kb, r); }, tid, q);
-        abw_load_tile<256>(Vt, [&](int r) { return rowp(vc, vb, r); }, tid, q);
-    };
-    // this warpgroup's 64 query rows: r = 16 hl + qi -> row j*B + qi of head hk*4 + hl
-    auto qrow = [&](int r, int *hh) -> long {
-        int hl = r >> 4, qi = r & 15;
-        *hh = hk * 4 + hl;
-        return (wact && qi < B) ? (long)j * B + qi : -1;
-    };
-    unsigned char *Qw = Qt + sel * ABW_TILE_BYTES, *Ow = Ot + sel * ABW_TILE_BYTES;
-    abw_load_tile(Qw, [&](int r) -> const bf16 * {
-        int hh;
-        long row = qrow(r, &hh);
-        return row >= 0 ? q + row * qstride + (size_t)hh * hd : nullptr;
-    }, wtid, q);
-    if (BWD)
-        abw_load_tile(Ow, [&](int r) -> const bf16 * {
-            int hh;
-            long row = qrow(r, &hh);
-            return row >= 0 ? dout + row * qstride + (size_t)hh * hd : nullptr;
-        }, wtid, q);
-    issue(0);
-    cp_async_commit();
-
-    float lse2[2] = {0.0f, 0.0f}, Dr[2] = {0.0f, 0.0f};  // rows g, g+8 of this warp (BWD)
-    if (BWD) {
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            int hh;
-            long row = qrow(warp * 16 + g + 8 * e, &hh);
-            lse2[e] = row >= 0 ? lse_in[row * H + hh] * ATTN_LOG2E : INFINITY;
-            Dr[e] = row >= 0 ? Dvec[row * H + hh] : 0.0f;
-        }
-    }
-    const int vlo = wact ? ctx_start[j] : 0, vhi = wact ? vlo + ctx_len[j] : 0;
-    float acc[16][4];  // O or dQ (m64n128 accumulator: n-tile i in acc[i])
-#pragma unroll
-    for (int i = 0; i < 16; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f};
-
-    for (int it = 0; it < ntile; it++) {
-        if (it + 1 < ntile) {
-            issue(it + 1);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
-        int klo, khi;  // this warpgroup's visible tile columns [klo, khi)
-        tl.window(it, sel, vlo, vhi, B, &klo, &khi);
-        if (wact && klo < khi)  // uniform over the warpgroup
-            abw_q_tile<BWD>(acc, mrow, lrow, Qw, Ow, KV + (it & 1) * 2 * ABW_TILE_BYTES,
-                            KV + (it & 1) * 2 * ABW_TILE_BYTES + ABW_TILE_BYTES, klo, khi, lse2,
-                            Dr, scale_log2, t);
-        __syncthreads();  // this stage is refilled two iterations on
-    }
-    if (!wact) return;
-    auto rowi = [&](int r) -> long { return r < B ? (long)j * B + r : -1; };
-    if (!BWD) {
-        ab_q_write_fwd<128>(out, lse, acc, mrow, lrow, rowi, H, h, hd, qstride, g, t);
-    } else if (dq) {
-        store_rows<128>(acc, scale, scale, [&](int r) -> bf16 * {
-            long row = rowi(r);
-            return row >= 0 ? dq + row * qstride + (size_t)h * hd : nullptr;
-        }, hd, g, t);
-    }
-#endif
-}
-
-// attn_block_wgq_kernel warp-specialized (block variants 10 for dQ, 11 for the forward too):
-// the same pair of blocks and per-tile math (abw_q_tile; the same bits), with a third,
-// producer warpgroup filling NST stages of K/V tiles by cp.async behind mbarriers (full:
-// 128 cp.async arrivals; empty: one arrival per consumer warp) and no block barrier after
-// start-up, as attn_varlen_fwd_ws_kernel. Registers: producer 40, consumers 232.
+// The forward and dQ kernel: two consumer warpgroups (one per block of the pair, the
+// per-tile math of abw_q_tile) and a third, producer warpgroup filling NST stages of K/V
+// tiles by cp.async behind mbarriers (full: 128 cp.async arrivals; empty: one arrival per
+// consumer warp); no block barrier after start-up, as attn_varlen_fwd_ws_kernel.
+// Registers: producer 40, consumers 232.
 template <bool BWD, int NST>
 __global__ void __launch_bounds__(384, 1)
 attn_block_wgq_ws_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout,

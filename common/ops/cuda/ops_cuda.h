@@ -7,17 +7,14 @@
 
 #include "common/ops/ops.h"
 
-/* attention_varlen_forward with a chosen kernel: 0 = the built-in default (7),
- * 1 = 64 query rows per block (16 per warp, 64-key tiles), 2 = 128 rows per block
- * (32 per warp, 32-key tiles), 3 = 128 rows, 64-key tiles, 4-6 = 128 or 192 rows as
- * warpgroups on Hopper's wgmma (4: 2 warpgroups, 2 blocks per SM; 5: 2 warpgroups, 1
- * block; 6: 3 warpgroups, 1 block), 7, 8 = as 6, warp-specialized (a producer warpgroup
- * fills 3 (7) or 4 (8) K/V stages behind mbarriers); 4-8 need head dim 128, a compute
- * capability 9.0 GPU and 16-byte aligned q, k, v, else variant 3 runs
- * (ops_cuda_attention_varlen_resolve says which). A variant outside
- * 0..OPS_CUDA_ATTN_VARLEN_VARIANTS is a programming error: message and abort. Same
- * contract as ops_impl_t.attention_varlen_forward. */
-#define OPS_CUDA_ATTN_VARLEN_VARIANTS 8
+/* attention_varlen_forward with a chosen kernel: 0 = the built-in default (2), 1 = mma.sync
+ * (128 query rows per thread block, 64-key tiles; any head dim <= 128, any GPU), 2 = Hopper
+ * wgmma, warp-specialized (3 consumer warpgroups of 64 queries, a producer warpgroup filling
+ * K/V stages behind mbarriers); 2 needs head dim 128, a compute capability 9.0 GPU and
+ * 16-byte aligned q, k, v, else variant 1 runs (ops_cuda_attention_varlen_resolve says
+ * which). A variant outside 0..OPS_CUDA_ATTN_VARLEN_VARIANTS is a programming error:
+ * message and abort. Same contract as ops_impl_t.attention_varlen_forward. */
+#define OPS_CUDA_ATTN_VARLEN_VARIANTS 2
 void ops_cuda_attention_varlen_forward_variant(const ops_ctx_t *c, int variant, void *out,
                                                const void *q, const void *k, const void *v,
                                                const int32_t *cu_seqlens, int nseq,
@@ -32,30 +29,22 @@ int ops_cuda_attention_varlen_variant(int variant);
 
 /* The kernel that ops_cuda_attention_varlen_forward_variant runs for a variant (0: the
  * built-in default) at head dim hd with 16-byte aligned q, k, v on this process's
- * device: the variant itself, or 3 where a wgmma variant does not apply. -1 for a
+ * device: the variant itself, or 1 where the wgmma variant does not apply. -1 for a
  * variant outside 0..OPS_CUDA_ATTN_VARLEN_VARIANTS. */
 int ops_cuda_attention_varlen_resolve(int variant, int hd);
 
 /* Selects the DFlash block-attention kernels used by the ops table's
  * attention_block_forward / _backward from then on (process-wide; for benchmarks and
- * tests, set it before any call, not while a stream runs them): 1 = one block per thread
- * block, 64-key dK/dV tiles; 2 = pairs of consecutive blocks per thread block (shared
- * K/V tiles; 64-key tiles forward, 32 in dQ), 128-key dK/dV context tiles; 3 = as 2 with
- * 32-key tiles forward and 16 in dQ; 4 = as 2 with the dK/dV context tiles on Hopper's
- * wgmma (head dim 128; other head dims as 2); 5 = as 4 with the forward on wgmma too
- * (head dim 128, H = 4 Hkv, B <= 16; otherwise as 4); 6 = as 5 with dQ on wgmma too;
- * 7, 8 = as 5 with two warpgroups (128 context keys) per dK/dV thread block sharing each
- * staged work item, 4 or 3 items staged (3 or 2 of them fetched ahead); 9 = as 7 with
- * the dK/dV context tiles warp-specialized (a producer warpgroup stages the items behind
- * mbarriers; the same bits as 7); 10 = as 9 with dQ on a warp-specialized wgmma kernel
- * (the bits of 6's dQ); 11 = as 10 with the forward on it too (the bits of 5-10's
- * forward); 0 = the default (11: forward 7.6, dQ 8.7, dK/dV 13.8 ms against 8.6, 12.2,
- * 22.3 for 7 on an H200, bench/NOTES.md).
- * Values outside 0..OPS_CUDA_ATTN_BLOCK_VARIANTS change nothing.
- * Same results within
+ * tests, set it before any call, not while a stream runs them): 1 = mma.sync (a pair of
+ * consecutive blocks per thread block sharing K/V tiles for the forward and dQ; key-major
+ * dK/dV in 64-key tiles; any head dim <= 128, any GPU); 2 = Hopper wgmma, warp-specialized
+ * (forward, dQ and the dK/dV context tiles; head dim 128 on a compute capability 9.0 GPU,
+ * forward and dQ also H = 4 Hkv and B <= 16; elsewhere as 1); 0 = the default (2: forward
+ * 7.6, dQ 8.7, dK/dV 13.8 ms against 10.0, 12.2, 30.6 for 1 on an H200, bench/NOTES.md).
+ * Values outside 0..OPS_CUDA_ATTN_BLOCK_VARIANTS change nothing. Same results within
  * rounding (f32 sums in another order); each variant is deterministic. variant < 0 only
  * queries. Returns the variant in use before the call. */
-#define OPS_CUDA_ATTN_BLOCK_VARIANTS 11
+#define OPS_CUDA_ATTN_BLOCK_VARIANTS 2
 int ops_cuda_attention_block_variant(int variant);
 
 /* The MoE experts' forward GEMMs: for each expert e with rows [off_h[e], off_h[e+1]),
