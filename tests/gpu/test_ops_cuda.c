@@ -588,9 +588,14 @@ static void test_attention_block(void **state) {
         run_block(3, 40, 300, 2, 2, 32);   /* B > 16: several query chunks per block */
         run_block(40, 16, 1000, 4, 1, 128); /* many blocks over one long context */
         run_block(7, 16, 300, 8, 1, 64);   /* GQA 8:1: a pair's warps over two thread blocks */
-        run_block(130, 16, 1200, 4, 1, 128); /* 128-key dK/dV tiles, > 128 blocks per tile */
+        run_block(130, 16, 1200, 4, 1, 128); /* > 128 blocks: several block lists per dK/dV tile */
         run_block_ctx(61, 16, 4 * 300, 8, 2, 128, 4); /* DFlash layout, 4 sequences */
-        run_block(300, 16, 520, 4, 1, 128); /* > 256 blocks: several block lists per dK/dV tile */
+        run_block(300, 16, 520, 4, 1, 128); /* > 256 blocks: lists of 128 over one tile */
+        /* head dim 128 off the wgmma forward / dQ's shape (variant 2: wgmma dK/dV context
+         * tiles, the pair kernel for the rest): GQA 8:1 (two head batches per dK/dV item)
+         * with B 24 (two query chunks), and GQA 2:1 (a partial head batch) */
+        run_block(9, 24, 400, 8, 1, 128);
+        run_block(10, 16, 300, 4, 2, 128);
     }
     ops_cuda_attention_block_variant(0);
 }

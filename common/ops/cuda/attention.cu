@@ -38,26 +38,26 @@ extern "C" {
 // Variant 1: 128 query rows per block, each warp 32 rows (two 16-row m-tiles that share
 // every K/V fragment read), BN keys per tile (64); Q is re-read from shared memory
 // (ldmatrix) instead of being held in registers.
-#define AV2_BM 128
+#define AV_BM 128
 template <int HDP, int BN>
 __global__ void __launch_bounds__(128)
 attn_varlen_fwd_mma_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v,
-                        const int32_t *cu, int H, int Hkv, int hd, float scale_log2, int ntiles,
-                        int vec) {
+                           const int32_t *cu, int H, int Hkv, int hd, float scale_log2,
+                           int ntiles, int vec) {
     constexpr int LD = HDP + 8;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     bf16 *Qs = (bf16 *)smem_raw;
-    bf16 *KV = Qs + AV2_BM * LD;  // 2 stages x (K tile, V tile), BN rows each
+    bf16 *KV = Qs + AV_BM * LD;  // 2 stages x (K tile, V tile), BN rows each
     const int s = blockIdx.y, h = blockIdx.z;
     const int seq0 = cu[s], L = cu[s + 1] - seq0;
-    const int q0 = (ntiles - 1 - (int)blockIdx.x) * AV2_BM;
+    const int q0 = (ntiles - 1 - (int)blockIdx.x) * AV_BM;
     if (q0 >= L) return;
     const int hk = h / (H / Hkv);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const size_t qstride = (size_t)H * hd, kstride = (size_t)Hkv * hd;
     const bf16 *kbase = k + (size_t)seq0 * kstride + (size_t)hk * hd;
     const bf16 *vbase = v + (size_t)seq0 * kstride + (size_t)hk * hd;
-    const int kv_end = min(L, q0 + AV2_BM);
+    const int kv_end = min(L, q0 + AV_BM);
     const int ntile = (kv_end + BN - 1) / BN;
 
     auto issue = [&](int it) {
@@ -70,7 +70,7 @@ attn_varlen_fwd_mma_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *
             return k0 + r < L ? vbase + (size_t)(k0 + r) * kstride : nullptr;
         }, hd, vec, tid, blockDim.x, k);
     };
-    load_rows_async<HDP, AV2_BM>(Qs, [&](int r) -> const bf16 * {
+    load_rows_async<HDP, AV_BM>(Qs, [&](int r) -> const bf16 * {
         return q0 + r < L ? q + (size_t)(seq0 + q0 + r) * qstride + (size_t)h * hd : nullptr;
     }, hd, vec, tid, blockDim.x, q);
     issue(0);
@@ -167,7 +167,7 @@ attn_varlen_fwd_mma_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *
 // stage on another (empty[s], one arrival per consumer warp). No block-wide barrier after
 // start-up, so the warpgroups drift apart and one's softmax runs under another's
 // tensor-core work, instead of all of them stepping tile by tile together (two block
-// barriers per tile: measured 5.1 against 3.4-4.0 ms on 8 x 4096). The register pool is
+// barriers per tile: measured 5.1 against 3.43-3.95 ms on 8 x 4096). The register pool is
 // dealt in warpgroups (a lone producer warp would cost the block a whole warpgroup's
 // share): the producer gives up registers by setmaxnreg (40) and the consumers take them
 // (152; they need ~138 without serializing the wgmma). A warpgroup past its last key tile
@@ -323,10 +323,10 @@ static void launch_varlen_mma(const ops_ctx_t *c, void *out, const void *q, cons
                            const void *v, const int32_t *cu, int nseq, int max_seqlen, int H,
                            int Hkv, int hd) {
     constexpr int LD = HDP + 8;
-    size_t smem = (size_t)(AV2_BM + 4 * BN) * LD * sizeof(bf16);
+    size_t smem = (size_t)(AV_BM + 4 * BN) * LD * sizeof(bf16);
     cuda_check(cudaFuncSetAttribute(attn_varlen_fwd_mma_kernel<HDP, BN>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    int ntiles = (max_seqlen + AV2_BM - 1) / AV2_BM;
+    int ntiles = (max_seqlen + AV_BM - 1) / AV_BM;
     int vec = hd % 8 == 0 && ((uintptr_t)q & 15) == 0 && ((uintptr_t)k & 15) == 0 &&
               ((uintptr_t)v & 15) == 0;
     float scale_log2 = (1.0f / sqrtf((float)hd)) * ATTN_LOG2E;

@@ -27,8 +27,9 @@
 //   D[i] = rowsum(dO_i * O_i)                                  (attn_block_dot)
 //   dQ: query-major, the forward's kernel and grid: recompute P = exp(S - lse),
 //       dP = dO V^T, dS = P (dP - D), dQ = scale dS K over every visible key.
-//   dK, dV: key-major. One thread block per 64-key tile of the context (per kv
-//       head) or of a block's own rows; each warp owns 16 keys and accumulates
+//   dK, dV: key-major. One thread block per key tile of the context (per kv head; 64
+//       keys in variant 1, 128 in variant 2) or of a block's own rows (64); each warp
+//       owns 16 keys and accumulates
 //       dV = P^T dO and dK = scale dS^T Q in registers over every block (and
 //       every query head of the group) that sees its keys, found by scanning
 //       ctx_start/ctx_len. A context row seen by many blocks is thus summed by a
@@ -145,11 +146,11 @@ __device__ __forceinline__ int ab_dkv_list(int *list, int *wcount, const int32_t
 // dim instead of once per head, at the price of holding the AB_GH heads' scores in
 // registers.
 template <int HDP>
-__device__ __forceinline__ void ab_dkv_item(float (*dk)[4], float (*dv)[4],
-                                                  const bf16 *Ks, const bf16 *Vs, const bf16 *Qb,
-                                                  const bf16 *Ob, const float *Lb, const float *Db,
-                                                  int hb, int group, int wk0, bool ka, bool kb_ok,
-                                                  float scale_log2, int lane, int t) {
+__device__ __forceinline__ void ab_dkv_item(float (*dk)[4], float (*dv)[4], const bf16 *Ks,
+                                            const bf16 *Vs, const bf16 *Qb, const bf16 *Ob,
+                                            const float *Lb, const float *Db, int hb, int group,
+                                            int wk0, bool ka, bool kb_ok, float scale_log2,
+                                            int lane, int t) {
     constexpr int LD = HDP + 8;
     const int nh = min(AB_GH, group - hb * AB_GH);  // heads of this batch (uniform)
     float s[AB_GH][2][4], p[AB_GH][2][4];
@@ -180,7 +181,7 @@ __device__ __forceinline__ void ab_dkv_item(float (*dk)[4], float (*dv)[4],
         const bf16 *Qh = Qb + hl * 16 * LD, *Oh = Ob + hl * 16 * LD;
         const float *Lh = Lb + hl * 16, *Dh = Db + hl * 16;
 #pragma unroll
-        for (int e = 0; e < 4; e++) {  // P^T and dS^T, as ab_dkv_item
+        for (int e = 0; e < 4; e++) {  // P^T and dS^T of head hl
             int qi0 = 2 * t + (e & 1), qi1 = 8 + qi0;
             bool kv = e < 2 ? ka : kb_ok;
             float pa = kv ? exp2f(s[hl][0][e] * scale_log2 - Lh[qi0]) : 0.0f;
@@ -324,8 +325,8 @@ attn_block_dkv_kernel(bf16 *dkb, bf16 *dvb, bf16 *dkc, bf16 *dvc, const bf16 *do
             if (__any_sync(0xffffffffu, ka || kb_ok)) {
                 const bf16 *Qb = stQ(st), *Ob = stO(st);
                 const float *Lb = stL(st), *Db = stD(st);
-                ab_dkv_item<HDP>(dk, dv, Ks, Vs, Qb, Ob, Lb, Db, hb, group, wk0, ka,
-                                       kb_ok, scale_log2, lane, t);
+                ab_dkv_item<HDP>(dk, dv, Ks, Vs, Qb, Ob, Lb, Db, hb, group, wk0, ka, kb_ok,
+                                 scale_log2, lane, t);
             }
             __syncthreads();  // this stage is refilled two items on
         }
@@ -351,6 +352,10 @@ static int vec_ok(int hd, const void *a, const void *b, const void *c2, const vo
     return hd % 8 == 0 && (m & 15) == 0;
 }
 
+// dK/dV tiles x0 .. x1 - 1 of attn_block_dkv_kernel (context tiles first, then each block's
+// own tiles; KW warps = KW * 16 keys per tile). Variant 2 runs the context tiles on the
+// wgmma kernel and this for the own tiles only (x0 = the context tile count, dkc = dvc =
+// NULL).
 template <int HDP, int KW>
 static void launch_dkv_range(const ops_ctx_t *c, bf16 *dkb, bf16 *dvb, bf16 *dkc, bf16 *dvc,
                              const bf16 *dout, const float *lse, const float *D, const void *q,

@@ -86,15 +86,16 @@ __device__ __forceinline__ void abw_item(float *dk, float *dv, const unsigned ch
 // here: the caller runs them with that kernel). NWG = 2 consumer warpgroups each own 64
 // consecutive keys of the tile and share every staged work item (its Q, dO, lse and D are
 // read from L2 once for 128 keys); each key sums its items in ascending block order
-// (reproducible bits). Warp-specialized: a third, producer warpgroup lists the blocks that see the tile (128 candidates at a time,
-// its own named barrier), and stages each work item (Q, dO tiles by cp.async; lse, D and
-// the block's visible key range [vlo, vhi) by plain stores) into NST stages; a stage is
-// full when its 128 cp.async arrivals (cp.async.mbarrier.arrive) and 128 plain arrivals
-// (release: the plain stores) are in. The consumers wait on it, compute, and release it
-// (one arrival per consumer warp). The producer ends with a stage marked done. No block
-// barrier after start-up: the item math of one warpgroup runs under the other's wgmma,
-// and the staging is off the consumers' path. Registers: producer 40, consumers 232
-// (setmaxnreg; the dK, dV accumulators alone are 128 per thread).
+// (reproducible bits). Warp-specialized: a third, producer warpgroup lists the blocks that
+// see the tile (128 candidates at a time, its own named barrier), and stages each work
+// item (Q, dO tiles by cp.async; lse, D and the block's visible key range [vlo, vhi) by
+// plain stores) into NST stages; a stage is full when its 128 cp.async arrivals
+// (cp.async.mbarrier.arrive) and 128 plain arrivals (release: the plain stores) are in.
+// The consumers wait on it, compute, and release it (one arrival per consumer warp). The
+// producer ends with a stage marked done. No block barrier after start-up: the item math
+// of one warpgroup runs under the other's wgmma, and the staging is off the consumers'
+// path. Registers: producer 40, consumers 232 (setmaxnreg; the dK, dV accumulators alone
+// are 128 per thread).
 struct abw_ws_meta {
     int vlo, vhi, done, pad;
 };
