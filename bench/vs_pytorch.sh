@@ -20,6 +20,8 @@
 #                      the time that is left as its timeout
 #   SF_BUDGETS="16384" token budgets of the sf work (e.g. "16384 32768")
 #   LONG=gpucarry/long.dlc SF=gpucarry/sf.dlc OUT=/tmp/vs-out W=/tmp/vs PT_FLAGS=""
+#   KEEP_CHECKPOINTS=0 each draftline run's checkpoints (under $W) are removed after the
+#                      run (its logs and steps.jsonl stay); 1 keeps them
 #   (for a CPU check of this script: MODEL=DIR (no mkmodel), DL_FLAGS (default: GPU 0 for
 #   both stages, --threads 8 --inbox-gb 6), REF_SHAPE="BUDGET MAXLEN ANCHORS" (default
 #   "32768 4096 512"), SF_ANCHORS=256, DRAFTER_LAYERS=5, PT_FLAGS="--device cpu")
@@ -130,6 +132,13 @@ compare() {
         grep -E "^summary|^checkpoint" "$W/dl_$dl_label.out"
         grep -hE "anchors|passes|micro-batches computed|dead" "$W/dl_$dl_label"/logs/*.log 2>/dev/null | head -6
         [ $rc = 0 ] || { echo "!! draftline $dl_label rc=$rc"; tail -n 8 "$W/dl_$dl_label.out"; }
+        if [ "${KEEP_CHECKPOINTS:-0}" != 1 ] && [ -d "$W/dl_$dl_label/checkpoints" ]; then
+            # the figures come from steps.jsonl and the logs; an 8B-shaped run's checkpoints
+            # are ~13 GB each, and a few runs fill a small disk (the next phase's mkmodel
+            # failed so once)
+            say "removed $(du -sh "$W/dl_$dl_label/checkpoints" | cut -f1) of checkpoints of $dl_label (KEEP_CHECKPOINTS=1 keeps them)"
+            rm -rf "$W/dl_$dl_label/checkpoints"
+        fi
         echo "{\"side\":\"draftline\",\"label\":\"$dl_label\",\"pt_label\":\"$label\",\"rc\":$rc,\"cmd_wall_s\":$($PY -c "print($e - $s)"),\"run\":\"$W/dl_$dl_label\",\"plan\":\"$W/plan_$label.json\"}" >> "$OUT/runs.jsonl"
         say "phase $dl_label draftline done (rc $rc)"
     done
