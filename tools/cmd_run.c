@@ -74,7 +74,7 @@ static void run_usage(FILE *f) {
         "                             said if it cannot be started; on: a run without it is refused.\n"
         "                             The supervisor starts a private nvidia-cuda-mps-control daemon\n"
         "                             (logs in <out>/logs/mps) and quits it at the end. One H200:\n"
-        "                             +6%% steady; one run in eight stalled 6.5 s before step 0 under\n"
+        "                             +6%% steady; one run in ten stalled 6.5 s before step 0 under\n"
         "                             it (cause not found yet), hence not the default. Every stage of\n"
         "                             the run then is an MPS client; CUDA_MPS_PIPE_DIRECTORY already\n"
         "                             set: the stages use that daemon. Recorded in run.json:\n"

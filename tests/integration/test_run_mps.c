@@ -335,6 +335,32 @@ static void test_daemon_life_cycle(void **state) {
 #endif
 }
 
+/* A GPU shared by a target and a drafter without --mps: the run says what --mps auto would
+ * give (the default stays off); --mps off given: not said. (CUDA builds; without a GPU the
+ * stages then fail at start, after the line.) */
+static void test_mps_hint(void **state) {
+    (void)state;
+#ifndef DL_CUDA
+    skip();
+#else
+    const char *hint = "--mps auto runs them side by side under CUDA MPS";
+    char out[400], log[400];
+    snprintf(out, sizeof out, "%s/h1", fx.root);
+    snprintf(log, sizeof log, "%s/h1.out", fx.root);
+    run(out, log, "--target-gpus", "0", "--drafter-gpus", "0", NULL);
+    said(log, "GPU 0 runs a target and a drafter: they take turns on it (time-slicing); ");
+    said(log, hint);
+    snprintf(out, sizeof out, "%s/h2", fx.root);
+    snprintf(log, sizeof log, "%s/h2.out", fx.root);
+    run(out, log, "--target-gpus", "0", "--drafter-gpus", "0", "--mps", "off", NULL);
+    assert_int_equal(pf_count_in(log, hint), 0);
+    snprintf(out, sizeof out, "%s/h3", fx.root);   /* no shared GPU: nothing to say */
+    snprintf(log, sizeof log, "%s/h3.out", fx.root);
+    run(out, log, "--target-gpus", "0", "--drafter-gpus", "1", NULL);
+    assert_int_equal(pf_count_in(log, hint), 0);
+#endif
+}
+
 #ifdef DL_CUDA
 /* 1 while process pid exists and is not a zombie (/proc/<pid>/stat's state). */
 static int running(int pid) {
@@ -404,6 +430,7 @@ int main(void) {
         cmocka_unit_test(test_resume_takes_mps),
         cmocka_unit_test(test_resume_takes_placement),
         cmocka_unit_test(test_daemon_life_cycle),
+        cmocka_unit_test(test_mps_hint),
         cmocka_unit_test(test_daemon_hangs),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
