@@ -7,12 +7,13 @@
 #   8 GPUs, call 1 (~470 s): tar xJf gpucarry/bundle.tar.xz && . bundle/env.sh && PARTS="g1 g2 g4 g8" bash scripts/gpu_scale.sh
 #   8 GPUs, call 2 (~480 s): tar xJf gpucarry/bundle.tar.xz && . bundle/env.sh && PARTS="auto4 auto8 live" bash scripts/gpu_scale.sh
 #   4 GPUs, call 1 (~330 s): tar xJf gpucarry/bundle.tar.xz && . bundle/env.sh && PARTS="g1 g2 g4 auto4" bash scripts/gpu_scale.sh
+#   4 GPUs, issue 14 item 5 (~200 s): ... && PARTS="auto13" bash scripts/gpu_scale.sh
 #   4 GPUs, call 2 (~220 s): tar xJf gpucarry/bundle.tar.xz && . bundle/env.sh && PARTS="live" bash scripts/gpu_scale.sh
 # (a warm machine keeps $W/qwen3-8b: mk is then skipped; a fresh one makes it again, ~45-70 s)
 # A call without g1 takes the 1-GPU figure for the efficiencies from BASE (call 1's
 # one_gpu_tokens_per_s, e.g. BASE=13137, or a scale.json path).
 #
-# usage: [PARTS="g1 g2 g4 g8 auto4 auto8 live"] [STEPS=12] [BASE=N] [DEVICE=gpu|cpu] [DRY=1]
+# usage: [PARTS="g1 g2 g4 g8 auto4 auto13 auto8 live"] [STEPS=12] [BASE=N] [DEVICE=gpu|cpu] [DRY=1]
 #        bash scripts/gpu_scale.sh
 # Work: the reference (Qwen3-8B-shaped random target from `draftline mkmodel --config qwen3-8b`,
 # $LONG = gpucarry/long.dlc, --token-budget 32768 --max-len 4096 --block-size 16 --num-anchors
@@ -27,6 +28,8 @@
 #   g4     2+2 and 3+1 (SPLITS4), K=4                                                  ~110 s
 #   g8     4+4, 5+3 (the split run by hand), 6+2 (SPLITS8), K=8                        ~200 s
 #   auto4  --balance auto from 2+2 (--balance-every BAL_EVERY=20 s), AUTO_STEPS=24     ~120 s
+#   auto13 --balance auto from 1+3 on 4 GPUs (the deliberately bad split of issue 14 item 5:
+#          the one target is the bottleneck; 2+2 is the best split at these shapes)    ~150 s
 #   auto8  --balance auto from 4+4: where it settles and how long (balance log lines)  ~150 s
 #   live   4+4 -> 5+3 -> 4+4 by `draftline rebalance` (4-GPU host: 2+2 -> 3+1 -> 2+2), K=G:
 #          the rebalances after LIVE_AT (6) and 2 x LIVE_AT steps of LIVE_STEPS (24);
@@ -203,6 +206,7 @@ has g2 && { split 2 1 1 || FAILED=1; }
 if has g4; then for sp in $SPLITS4; do split 4 "${sp%+*}" "${sp#*+}" || FAILED=1; done; fi
 if has g8; then for sp in $SPLITS8; do split 8 "${sp%+*}" "${sp#*+}" || FAILED=1; done; fi
 has auto4 && { one auto4_2p2 4 2 2 "$AUTO_STEPS" "$CAP_LONG" "" --balance auto --balance-every "$BAL_EVERY" || FAILED=1; }
+has auto13 && { one auto13_1p3 4 1 3 "$AUTO_STEPS" "$CAP_LONG" "" --balance auto --balance-every "$BAL_EVERY" || FAILED=1; }
 has auto8 && { one auto8_4p4 8 4 4 "$AUTO_STEPS" "$CAP_LONG" "" --balance auto --balance-every "$BAL_EVERY" || FAILED=1; }
 if has live; then
     if [ "$NGPU" -ge 8 ]; then one live8_4p4 8 4 4 "$LIVE_STEPS" "$CAP_LONG" live || FAILED=1
