@@ -7,13 +7,13 @@
 #   8 GPUs, call 1 (~470 s): tar xJf gpucarry/bundle.tar.xz && . bundle/env.sh && PARTS="g1 g2 g4 g8" bash scripts/gpu_scale.sh
 #   8 GPUs, call 2 (~480 s): tar xJf gpucarry/bundle.tar.xz && . bundle/env.sh && PARTS="auto4 auto8 live" bash scripts/gpu_scale.sh
 #   4 GPUs, call 1 (~330 s): tar xJf gpucarry/bundle.tar.xz && . bundle/env.sh && PARTS="g1 g2 g4 auto4" bash scripts/gpu_scale.sh
-#   4 GPUs, issue 14 item 5 (~200 s): ... && PARTS="auto13" bash scripts/gpu_scale.sh
+#   4+ GPUs, issue 14 item 5 (~220 s): tar xJf gpucarry/bundle.tar.xz && . bundle/env.sh && PARTS="auto13" bash scripts/gpu_scale.sh
 #   4 GPUs, call 2 (~220 s): tar xJf gpucarry/bundle.tar.xz && . bundle/env.sh && PARTS="live" bash scripts/gpu_scale.sh
 # (a warm machine keeps $W/qwen3-8b: mk is then skipped; a fresh one makes it again, ~45-70 s)
 # A call without g1 takes the 1-GPU figure for the efficiencies from BASE (call 1's
 # one_gpu_tokens_per_s, e.g. BASE=13137, or a scale.json path).
 #
-# usage: [PARTS="g1 g2 g4 g8 auto4 auto13 auto8 live"] [STEPS=12] [BASE=N] [DEVICE=gpu|cpu] [DRY=1]
+# usage: [PARTS="g1 g2 g4 g8 auto4 auto8 live" (the default; also auto13)] [STEPS=12] [BASE=N] [DEVICE=gpu|cpu] [DRY=1]
 #        bash scripts/gpu_scale.sh
 # Work: the reference (Qwen3-8B-shaped random target from `draftline mkmodel --config qwen3-8b`,
 # $LONG = gpucarry/long.dlc, --token-budget 32768 --max-len 4096 --block-size 16 --num-anchors

@@ -438,14 +438,16 @@ static int lc_take_dir(launch_t *L) {
  * auto: it is said, and the stages time-slice the GPU as without MPS. */
 static int lc_mps(launch_t *L) {
     if (L->mps_gpu < 0) return 0;
-    if (L->o->mps == SUP_MPS_OFF) {   /* the default: say what the flag would give */
-        if (!L->o->given[RUN_O_MPS - RUN_O_TM])
+    const char *own = getenv("CUDA_MPS_PIPE_DIRECTORY");
+    if (L->o->mps == SUP_MPS_OFF) {
+        /* the default, on a fresh run without a user's MPS: say what the flag would give
+         * (not on --resume: run.json records "off" whether it was given or not) */
+        if (!L->o->given[RUN_O_MPS - RUN_O_TM] && !L->o->resume && !(own && *own))
             printf("GPU %d runs a target and a drafter: they take turns on it (time-slicing); --mps auto "
-                   "runs them side by side under CUDA MPS (about 6%% more tokens/s on one H200, "
-                   "bench/NOTES.md)\n", L->mps_gpu);
+                   "runs them side by side under CUDA MPS (about 6%% more tokens/s on one H200; "
+                   "off by default, see run --help)\n", L->mps_gpu);
         return 0;
     }
-    const char *own = getenv("CUDA_MPS_PIPE_DIRECTORY");
     if (own && *own) {   /* the user's MPS daemon: the stages inherit it */
         printf("CUDA MPS: the stages use yours (CUDA_MPS_PIPE_DIRECTORY=%s); no daemon started\n", own);
         return 0;

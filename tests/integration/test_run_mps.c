@@ -15,6 +15,9 @@
  *  - --mps is recorded in run.json ("mps") and `run --resume` takes it unless given (said
  *    in its "taken from" line); a given --mps wins; a recorded "on" where MPS cannot be
  *    (hand-edited, a CPU run) is refused naming run.json;
+ *  - (CUDA builds) a GPU shared by a target and a drafter without --mps given: the run says
+ *    what --mps auto would give; not with --mps off given, without a shared GPU, or with a
+ *    user's CUDA_MPS_PIPE_DIRECTORY;
  *  - `run --resume` without a placement flag takes the run's placement (CPU counts, GPU
  *    lists) from run.json, said in the same line; a given placement flag wins (said); a
  *    placement draftline does not write, or a multi-node run's, is refused; (CUDA builds,
@@ -353,10 +356,21 @@ static void test_mps_hint(void **state) {
     snprintf(out, sizeof out, "%s/h2", fx.root);
     snprintf(log, sizeof log, "%s/h2.out", fx.root);
     run(out, log, "--target-gpus", "0", "--drafter-gpus", "0", "--mps", "off", NULL);
+    said(log, "GPU mode: target GPUs 0, drafter GPUs 0\n");   /* past lc_mps: its banner */
     assert_int_equal(pf_count_in(log, hint), 0);
     snprintf(out, sizeof out, "%s/h3", fx.root);   /* no shared GPU: nothing to say */
     snprintf(log, sizeof log, "%s/h3.out", fx.root);
     run(out, log, "--target-gpus", "0", "--drafter-gpus", "1", NULL);
+    said(log, "GPU mode: target GPUs 0, drafter GPUs 1\n");
+    assert_int_equal(pf_count_in(log, hint), 0);
+    /* a user's MPS daemon (CUDA_MPS_PIPE_DIRECTORY set): the stages are its clients, not
+     * time-slicing; nothing to say either */
+    char *old = env_swap("CUDA_MPS_PIPE_DIRECTORY", "/tmp/draftline-test-user-mps");
+    snprintf(out, sizeof out, "%s/h4", fx.root);
+    snprintf(log, sizeof log, "%s/h4.out", fx.root);
+    run(out, log, "--target-gpus", "0", "--drafter-gpus", "0", NULL);
+    env_back("CUDA_MPS_PIPE_DIRECTORY", old);
+    said(log, "GPU mode: target GPUs 0, drafter GPUs 0\n");
     assert_int_equal(pf_count_in(log, hint), 0);
 #endif
 }
