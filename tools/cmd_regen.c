@@ -56,8 +56,9 @@ static void regen_usage(FILE *f) {
             "  --seed S               sampling seed (default 0)\n"
             "  --batch K              sequences decoded together (default 8, max %d)\n"
             "  --limit N              stop after N samples in OUT (default: all)\n"
-            "  --max-seconds S        start no new batch after S s of decoding (the batch in\n"
-            "                         flight completes; run again to resume); default 0 = off\n"
+            "  --max-seconds S        start no new batch after S s of decoding (one batch at\n"
+            "                         least; the batch in flight completes; run again to\n"
+            "                         resume); default 0 = off\n"
             "  --device cpu|cuda      (default cpu)    --gpu N   CUDA device (default 0)\n"
             "  --target-precision P   bf16 (default) or fp8: the target's decoder linears in E4M3 with\n"
             "                         per-channel/per-token scales (CUDA: sm_89+; CPU: fp32 emulation;\n"
@@ -488,7 +489,9 @@ static int regen_loop(const regen_opts_t *o, regen_t *r) {
     double t0 = clock_mono_s();
     int eof = 0;
     while (!eof && r->written < o->limit) {
-        if (o->max_seconds > 0 && clock_mono_s() - t0 >= o->max_seconds) {
+        /* --max-seconds: checked between batches, so a run always does its first batch (a
+         * check before it raced the clock: a budget of a microsecond gave 0 or 1 batches) */
+        if (o->max_seconds > 0 && r->written > r->have && clock_mono_s() - t0 >= o->max_seconds) {
             log_info("regen: --max-seconds %g reached; run again with the same flags to resume", o->max_seconds);
             break;
         }
