@@ -253,10 +253,7 @@ attn_varlen_fwd_ws_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v
             const unsigned char *Kt = KV + st * 2 * ABW_TILE_BYTES, *Vt = Kt + ABW_TILE_BYTES;
             float sc[8][4];
             wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < 8; kk++)
-                wg_m64n64k16_ss<0>(&sc[0][0], wg_desc(Qw + kk * 2048, 1024, 128),
-                                   wg_desc(Kt + kk * 2048, 1024, 128), kk > 0);
+            wg_tile_abt128(&sc[0][0], Qw, Kt);
             wg_commit();
             wg_wait<0>();
             abw_fence_acc(&sc[0][0], 32);

@@ -39,14 +39,8 @@ __device__ __forceinline__ void abw_item(float *dk, float *dv, const unsigned ch
                                          int t) {
     float s[32], p[32];  // S^T, dP^T: n-tile j (8 rows) in s[4j .. 4j+3]
     wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < 8; kk++)
-        wg_m64n64k16_ss<0>(s, wg_desc(Kt + kk * 2048, 1024, 128),
-                           wg_desc(Qt + kk * 2048, 1024, 128), kk > 0);
-#pragma unroll
-    for (int kk = 0; kk < 8; kk++)
-        wg_m64n64k16_ss<0>(p, wg_desc(Vt + kk * 2048, 1024, 128),
-                           wg_desc(Ot + kk * 2048, 1024, 128), kk > 0);
+    wg_tile_abt128(s, Kt, Qt);
+    wg_tile_abt128(p, Vt, Ot);
     wg_commit();
     wg_wait<0>();
     abw_fence_acc(s, 32);
@@ -276,16 +270,8 @@ __device__ __forceinline__ void abw_q_tile(float (*acc)[4], float *mrow, float *
     const bool need_mask = klo > 0 || khi < BN;
     float sc[8][4], dp[8][4];
     wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < 8; kk++)
-        wg_m64n64k16_ss<0>(&sc[0][0], wg_desc(Qw + kk * 2048, 1024, 128),
-                           wg_desc(Kt + kk * 2048, 1024, 128), kk > 0);
-    if (BWD) {
-#pragma unroll
-        for (int kk = 0; kk < 8; kk++)
-            wg_m64n64k16_ss<0>(&dp[0][0], wg_desc(Ow + kk * 2048, 1024, 128),
-                               wg_desc(Vt + kk * 2048, 1024, 128), kk > 0);
-    }
+    wg_tile_abt128(&sc[0][0], Qw, Kt);
+    if (BWD) wg_tile_abt128(&dp[0][0], Ow, Vt);
     wg_commit();
     wg_wait<0>();
     abw_fence_acc(&sc[0][0], 32);

@@ -117,6 +117,17 @@ __device__ __forceinline__ void wg_m64n64k16_ss(float *d, uint64_t da, uint64_t 
         : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
 }
 
+// D (64 x 64, d[32]) = A B^T over 128 columns: A and B 64-row core-matrix tiles of 128
+// columns (row r, column c at byte (c/8)*1024 + r*16 + (c%8)*2), both K-major: 8 x
+// m64n64k16. Issued only: the caller fences before (wg_fence), then commits and waits.
+__device__ __forceinline__ void wg_tile_abt128(float *d, const unsigned char *A,
+                                               const unsigned char *B) {
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++)
+        wg_m64n64k16_ss<0>(d, wg_desc(A + kk * 2048, 1024, 128), wg_desc(B + kk * 2048, 1024, 128),
+                           kk > 0);
+}
+
 // ---- 64 x 128 bf16 tiles in the core-matrix layout: element (row r, col d) at byte
 // (d/8)*1024 + r*16 + (d%8)*2; K-major descriptors LBO = 1024, SBO = 128; the MN-major view
 // of rows 16i.. starts at byte 256 i with LBO = 128, SBO = 1024.
