@@ -15,6 +15,9 @@
 #   MPS="off"          draftline's --mps value(s), each run for each precision, e.g. "off auto"
 #                      (target and drafter share GPU 0: with auto/on they run side by side
 #                      under a CUDA MPS daemon; label suffix -mps, -mps-on)
+#   TURNS="on"         draftline's --gpu-turns value(s), each run for each precision and MPS
+#                      value, e.g. "on off" (off: the driver time-slices the shared GPU;
+#                      label suffix -turns-off)
 #   BUDGET_S=570       the whole call's time budget (the device call is limited to 600 s): a
 #                      run that cannot start with PHASE_MIN_S left is skipped, each run gets
 #                      the time that is left as its timeout
@@ -52,7 +55,8 @@ DL=${DL:-$(command -v draftline || echo bundle/bin/draftline)}
 [ -x "$DL" ] || DL=bin/draftline
 PY=${PY:-python3}
 WORK=${WORK:-ref}; STEPS=${STEPS:-40}; WARMUP=${WARMUP:-2}; PRECISION=${PRECISION:-bf16}; MPS=${MPS:-off}
-[ -n "${PRECISION// }" ] && [ -n "${MPS// }" ] || { echo "vs_pytorch.sh: PRECISION and MPS must name at least one value each" >&2; exit 2; }
+TURNS=${TURNS:-on}
+[ -n "${PRECISION// }" ] && [ -n "${MPS// }" ] && [ -n "${TURNS// }" ] || { echo "vs_pytorch.sh: PRECISION, MPS and TURNS must name at least one value each" >&2; exit 2; }
 BUDGET_S=${BUDGET_S:-570}; PHASE_MIN_S=${PHASE_MIN_S:-60}; SF_BUDGETS=${SF_BUDGETS:-16384}
 LONG=${LONG:-gpucarry/long.dlc}; SF=${SF:-gpucarry/sf.dlc}
 OUT=${OUT:-/tmp/vs-out}; W=${W:-/tmp/vs}; MODEL=${MODEL:-$W/qwen3-8b}
@@ -106,8 +110,9 @@ compare() {
     [ $rc = 0 ] || { echo "!! pytorch $label rc=$rc"; grep -E "Error|error" "$W/pt_$label.log" | tail -5; }
     echo "{\"side\":\"pytorch\",\"label\":\"$label\",\"rc\":$rc,\"cmd_wall_s\":$($PY -c "print($e - $s)"),\"report\":$(tail -n 1 "$W/pt_$label.out" | grep '^{' || echo null)}" >> "$OUT/runs.jsonl"
     say "phase $label pytorch done (rc $rc)"
-    for run in $(for p in $PRECISION; do for m in $MPS; do echo "$p/$m"; done; done); do
-        local prec=${run%/*} mps=${run#*/} pflag="" dl_label=$label
+    for run in $(for p in $PRECISION; do for m in $MPS; do for t in $TURNS; do echo "$p/$m/$t"; done; done; done); do
+        local prec=${run%%/*} mps=${run#*/} turns=${run##*/} pflag="" dl_label=$label
+        mps=${mps%/*}
         if [ "$prec" != bf16 ]; then
             if ! $DL run --help 2>&1 | grep -q -- "--target-precision"; then
                 say "SKIP $label $prec: this draftline has no --target-precision"; continue
@@ -119,6 +124,12 @@ compare() {
                 say "SKIP $dl_label --mps $mps: this draftline has no --mps"; continue
             fi
             pflag="$pflag --mps $mps"; dl_label=$dl_label-mps; [ "$mps" = auto ] || dl_label=$dl_label-$mps
+        fi
+        if [ "$turns" != on ]; then
+            if ! $DL run --help 2>&1 | grep -q -- "--gpu-turns"; then
+                say "SKIP $dl_label --gpu-turns $turns: this draftline has no --gpu-turns"; continue
+            fi
+            pflag="$pflag --gpu-turns $turns"; dl_label=$dl_label-turns-$turns
         fi
         lt=$(left)
         if [ "$lt" -lt "$PHASE_MIN_S" ]; then say "SKIP $dl_label draftline: ${lt} s left of BUDGET_S"; continue; fi

@@ -185,6 +185,9 @@ static void work_run(uv_work_t *req) {
     const uint8_t *mask = it->mask;
     if (W->gpu >= 0) {
         int rc = dev_set(W->gpu);   /* per thread: this is a libuv worker */
+        /* the GPU's turn (off unless it is shared): this micro-batch runs alone on it,
+         * given back by work_cb after the sync that ends this function */
+        W->cur_wait_gpu_s = gpu_turn_take(&W->turn, &W->st.stopping);
         /* producer -> consumer ordering on the GPU: our stream waits for the
          * target's writes (no host wait) */
         if (rc == 0 && it->ev) rc = dev_stream_wait(W->ops.stream, it->ev);   /* NULL: by NCCL, in order */
@@ -236,8 +239,9 @@ static void work_run(uv_work_t *req) {
         j0 += n;
     }
     double t1 = clock_mono_s();
-    /* device slab: the writes are done before gradients_ready (this stream only) */
-    if (slab_handle(W->grad)->kind == SLAB_CUDA) W->ops.impl->sync(&W->ops);
+    /* device slab: the writes are done before gradients_ready (this stream only); the
+     * GPU's turn is given back with this micro-batch's work done */
+    if (slab_handle(W->grad)->kind == SLAB_CUDA || W->turn.held) W->ops.impl->sync(&W->ops);
     W->cur_fb_s = t1 - t0;
     W->cur_copy_s = clock_mono_s() - t1;
 }
@@ -247,7 +251,9 @@ static void work_run(uv_work_t *req) {
 static void work_cb(uv_work_t *req) {
     dw_t *W = req->data;
     W->cur_err[0] = 0;
+    W->cur_wait_gpu_s = 0;
     work_run(req);
+    gpu_turn_give(&W->turn);   /* its GPU work is done (or failed): the next stage's turn */
     if (W->cur_rc < 0) snprintf(W->cur_err, sizeof W->cur_err, "%s", dl_errmsg());
 }
 
@@ -287,6 +293,7 @@ static void after_work_cb(uv_work_t *req, int status) {
     item_t *it = &W->cur;
     W->busy = 0;
     stage_phase_add(&W->st, PHASE_BACKWARD, W->cur_fb_s);
+    stage_phase_add(&W->st, PHASE_WAIT_GPU, W->cur_wait_gpu_s);
     stage_phase_add(&W->st, PHASE_COPY, W->cur_copy_s);
     if (W->cur_rc < 0) {
         log_error("micro-batch %llu: drafter forward/backward failed: %s", (unsigned long long)it->mb,
@@ -750,6 +757,7 @@ static void dw_fini(dw_t *W) {
     bus_destroy(&W->srv);
     bus_destroy(&W->opt);
     stage_fini(&W->st);
+    gpu_turn_close(&W->turn);
     hcache_destroy(&W->hc);
     inbox_destroy(&W->ib);
     slab_destroy(&W->tier[0]);
@@ -827,6 +835,7 @@ int main(int argc, char **argv) {
     stage_args_t a;
     if (stage_args(argc, argv, "drafter_worker", PIPE_MAX_DRAFTERS - 1, usage, &a) < 0) return a.exit_code;
     W.index = a.index;
+    gpu_turn_init(&W.turn);
     int64_t inc = (int64_t)a.incarnation;
     char name[32];
     snprintf(name, sizeof name, "drafter%d", W.index);
@@ -880,6 +889,8 @@ int main(int argc, char **argv) {
         rc = dev_uuid(W.gpu, W.st.gpu_uuid, sizeof W.st.gpu_uuid);
         if (rc < 0) return log_rc(rc, "GPU UUID"), 1;
         log_info("on GPU %d (%s): GPU-tier inbox exported by CUDA IPC", W.gpu, W.st.gpu_uuid);
+        if (gpu_turn_setup(&W.turn, &cfg, sid, W.st.run_dir) < 0)
+            log_warn("GPU turns: %s; this drafter time-slices the GPU", dl_errmsg());
     }
     hcache_new(&W.hc, W.gpu);
     W.srv = stage_bus(&W.st, BUS_ROUTER, name);

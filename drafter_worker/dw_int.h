@@ -10,6 +10,7 @@
 #include "common/model/drafter.h"
 #include "common/model/target.h"
 #include "common/ops/ops.h"
+#include "common/pipe/gputurn.h"
 #include "common/pipe/peers.h"
 #include "common/pipe/runcfg.h"
 #include "common/pipe/stage.h"
@@ -86,6 +87,8 @@ typedef struct {
     uint64_t blocks_done;      /* blocks (anchors) and sequences of the computed micro-batches: */
     uint64_t seqs_done;        /* the anchors per sequence actually trained, said in the log */
     double cur_fb_s, cur_copy_s;
+    double cur_wait_gpu_s;     /* the micro-batch in work: its wait for the GPU's turn */
+    gpu_turn_t turn;           /* a GPU shared with a target: one micro-batch at a time (gputurn.h) */
     int32_t *cu, *anchor_buf;
     bus_timer_t *pool_timer, *grant_timer;
     int rr;                    /* round-robin start for grants */

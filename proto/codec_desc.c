@@ -290,6 +290,7 @@ static const field_t F_RUN_CONFIG[] = {
     { F_ARR(K_I64S, run_config, drafter_nodes, n_drafter_nodes, 1, DL_PROTO_MAX_PLACE),
       .slo = 0, .shi = DL_PROTO_MAX_NODES - 1 },
     F_U32(run_config, target_precision, 0, 1),
+    F_U32(run_config, gpu_turns, 0, 1),
 };
 static const field_t F_SLAB_DATA[] = {
     F_STAGE(slab_data, owner_id),

@@ -28,7 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define DL_PROTO_VERSION 2u
+#define DL_PROTO_VERSION 3u
 
 /* ---- limits (all enforced by encoder and decoder) ---- */
 #define DL_PROTO_MAX_BYTES     (16u << 20)  /* whole encoded message, bytes */
@@ -430,6 +430,8 @@ typedef struct {
     const int64_t *drafter_nodes; uint32_t n_drafter_nodes;     /* == n_drafter_gpus */
     uint32_t target_precision;   /* targets' linear weights: 0 = bf16 (the default, zero-initialised),
                                   * 1 = fp8 (--target-precision; common/model/target.h) */
+    uint32_t gpu_turns;          /* 1: targets and drafters sharing a GPU take turns on it
+                                  * (--gpu-turns on, the run's default; common/pipe/gputurn.h), 0: off */
 } proto_run_config_t;
 
 /* Bytes [offset, offset + n_data) of slab `slab_id` owned by stage `owner_id`

@@ -435,17 +435,21 @@ static int lc_take_dir(launch_t *L) {
 
 /* --mps: the MPS daemon for a GPU that a target and a drafter share (mps.h), started
  * before the stages so they inherit its variables. on: a failure ends the run (exit 1);
- * auto: it is said, and the stages time-slice the GPU as without MPS. */
+ * auto: it is said, and the stages share the GPU as without MPS (--gpu-turns). Without
+ * MPS, says how the stages share the GPU. */
 static int lc_mps(launch_t *L) {
     if (L->mps_gpu < 0) return 0;
     const char *own = getenv("CUDA_MPS_PIPE_DIRECTORY");
     if (L->o->mps == SUP_MPS_OFF) {
-        /* the default, on a fresh run without a user's MPS: say what the flag would give
-         * (not on --resume: run.json records "off" whether it was given or not) */
-        if (!L->o->given[RUN_O_MPS - RUN_O_TM] && !L->o->resume && !(own && *own))
-            printf("GPU %d runs a target and a drafter: they take turns on it (time-slicing); --mps auto "
-                   "runs them side by side under CUDA MPS (about 6%% more tokens/s on one H200; "
-                   "off by default, see run --help)\n", L->mps_gpu);
+        /* how the stages share it (not with a user's MPS: they are its clients) */
+        if (!(own && *own)) {
+            if (L->o->gpu_turns)
+                printf("GPU %d runs a target and a drafter: they take turns on it, one micro-batch at a time "
+                       "(--gpu-turns on, the default; off: the driver time-slices them)\n", L->mps_gpu);
+            else
+                printf("GPU %d runs a target and a drafter: the driver time-slices them (--gpu-turns off; on, the "
+                       "default, has them take turns: about 5%% more tokens/s on one H200)\n", L->mps_gpu);
+        }
         return 0;
     }
     if (own && *own) {   /* the user's MPS daemon: the stages inherit it */
@@ -470,12 +474,12 @@ static int lc_mps(launch_t *L) {
             fprintf(stderr, "draftline run: --mps on: %s\n", dl_errmsg());
             return 1;
         }
-        printf("CUDA MPS not started (%s): the stages sharing GPU %d time-slice it (--mps off: not tried)\n",
-               dl_errmsg(), L->mps_gpu);
+        printf("CUDA MPS not started (%s): the stages sharing GPU %d %s (--mps off: not tried)\n",
+               dl_errmsg(), L->mps_gpu, L->o->gpu_turns ? "take turns on it" : "time-slice it (--gpu-turns off)");
         return 0;
     }
     printf("CUDA MPS: on, GPU %d runs a target and a drafter side by side (daemon up in %.1f s; pipe dir %s, "
-           "log %s; --mps off: time-slicing)\n", L->mps_gpu, clock_mono_s() - t0, L->mps.dir, dir);
+           "log %s; --mps off: they take turns, --gpu-turns)\n", L->mps_gpu, clock_mono_s() - t0, L->mps.dir, dir);
     return 0;
 }
 

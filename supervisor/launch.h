@@ -16,7 +16,8 @@ enum {
     RUN_O_TB, RUN_O_ML, RUN_O_BS, RUN_O_NA, RUN_O_DL, RUN_O_LR, RUN_O_WU, RUN_O_MS, RUN_O_EP, RUN_O_K,
     RUN_O_SE, RUN_O_OUT, RUN_O_DET, RUN_O_SEED, RUN_O_RES, RUN_O_IG, RUN_O_HG, RUN_O_MR, RUN_O_CFG,
     RUN_O_WD, RUN_O_CL, RUN_O_TH, RUN_O_RS, RUN_O_PS, RUN_O_PREF, RUN_O_MP, RUN_O_EVD, RUN_O_EVE,
-    RUN_O_EVP, RUN_O_EVM, RUN_O_KC, RUN_O_LISTEN, RUN_O_KEY, RUN_O_NODES, RUN_O_JT, RUN_O_BAL, RUN_O_BALE, RUN_O_TP, RUN_O_MPS
+    RUN_O_EVP, RUN_O_EVM, RUN_O_KC, RUN_O_LISTEN, RUN_O_KEY, RUN_O_NODES, RUN_O_JT, RUN_O_BAL, RUN_O_BALE, RUN_O_TP, RUN_O_MPS,
+    RUN_O_GT
 };
 
 /* The settings of one `draftline run` (units in the flag names: --inbox-gb GiB,
@@ -44,11 +45,12 @@ typedef struct {
     double balance_every_s;     /* --balance-every S */
     int target_precision;       /* --target-precision: TARGET_PRECISION_BF16 (0) | _FP8 */
     int mps;                    /* --mps: SUP_MPS_OFF (default) | _AUTO | _ON (supervisor/mps.h) */
+    int gpu_turns;              /* --gpu-turns: 1 on (default) | 0 off (common/pipe/gputurn.h) */
     uint8_t given[64];          /* given[code - RUN_O_TM]: set by a flag or --config (not a default) */
     char resume_data[4096];     /* --resume: the run's data cache (o.data points here) */
     char resume_tgpus[512], resume_dgpus[512];  /* --resume: the run's GPU lists (o.target_gpus / o.drafter_gpus) */
 } run_opts_t;
-_Static_assert(RUN_O_MPS - RUN_O_TM < 64, "run_opts_t.given holds every option code");
+_Static_assert(RUN_O_GT - RUN_O_TM < 64, "run_opts_t.given holds every option code");
 
 /* The stage executables' dir into out[cap]: $DL_BIN_DIR, else the dir of this
  * executable (/proc/self/exe). 0, or DL_EIO with the error set. */

@@ -368,7 +368,7 @@ static int resume_placement(run_opts_t *o, const rundir_run_t *j, const char *ru
  * the placement when no placement flag was given (GPU runs: --target-gpus / --drafter-gpus
  * of the live topology; CPU runs: --targets / --drafters; multi-node runs: warned, not
  * taken), --save-every, --keep-checkpoints, --deterministic, --target-precision
- * (resume_precision), --mps.
+ * (resume_precision), --mps, --gpu-turns.
  * Explicit settings are left as given (the --resume check compares them). Appends " --flag value" per setting taken to taken (cap bytes). */
 static int resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_hdr_t *h, const char *run_dir,
                            char *taken, size_t cap) {
@@ -430,7 +430,7 @@ static int resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_hd
                 return 2;
             }
             log_warn("--resume: %s: the run's --target-model, --data, --save-every, --keep-checkpoints, "
-                     "--deterministic, --target-precision and --mps are not taken from it (pass them)", dl_errmsg());
+                     "--deterministic, --target-precision, --mps and --gpu-turns are not taken from it (pass them)", dl_errmsg());
         } else if (!placed) {
             log_warn("--resume: %s has no run.json: the placement is the default (CPU, --targets %d --drafters %d) "
                      "unless given", run_dir, o->targets, o->drafters);
@@ -478,6 +478,14 @@ static int resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_hd
         }
         else log_warn("--resume: run.json \"mps\" '%s' is not off, auto or on: ignored (--mps %s)", j->mps,
                       sup_mps_name(o->mps));
+    }
+    if (j->gpu_turns[0] && !o->given[RUN_O_GT - RUN_O_TM]) {
+        if (!strcmp(j->gpu_turns, "on") || !strcmp(j->gpu_turns, "off")) {
+            int g = !strcmp(j->gpu_turns, "on");
+            if (g != o->gpu_turns) TAKE(RUN_O_GT, " --gpu-turns %s", (o->gpu_turns = g) ? "on" : "off");   /* (on: as now) */
+        } else
+            log_warn("--resume: run.json \"gpu_turns\" '%s' is not on or off: ignored (--gpu-turns %s)", j->gpu_turns,
+                     o->gpu_turns ? "on" : "off");
     }
     free(j);
     return 0;

@@ -83,6 +83,7 @@ void sup__fill_run(sup_t *S) {
         snprintf(r->target_precision, sizeof r->target_precision, "%s",
                  target_precision_name(o->cfg->target_precision));
     snprintf(r->mps, sizeof r->mps, "%s", sup_mps_name(o->mps));   /* --resume takes it */
+    snprintf(r->gpu_turns, sizeof r->gpu_turns, "%s", o->gpu_turns ? "on" : "off");   /* and this */
     if (S->rb.id[0]) {
         snprintf(r->rebalance.id, sizeof r->rebalance.id, "%s", S->rb.id);
         snprintf(r->rebalance.status, sizeof r->rebalance.status, "%s", S->rb.status);

@@ -50,6 +50,7 @@ static void fill_opts(launch_t *L) {
     so->keep_checkpoints = o->keep_checkpoints;
     so->deterministic = o->deterministic;
     so->mps = o->mps;
+    so->gpu_turns = o->gpu_turns;
     so->balance_auto = o->balance_auto;
     so->balance_every_s = o->balance_every_s > 0 ? o->balance_every_s : 60;
     if (o->eval_data) {
@@ -116,6 +117,7 @@ void sup__run_config(const launch_t *L, run_config_t *c) {
     c->threads = (uint32_t)L->so.threads_per_stage;
     c->deterministic = o->deterministic ? 1 : 0;
     c->target_precision = o->target_precision;
+    c->gpu_turns = o->gpu_turns ? 1 : 0;
     c->n_targets = o->targets;
     c->n_drafters = o->drafters;
     for (int i = 0; i < o->targets && i < PIPE_MAX_TARGETS; i++) {

@@ -59,6 +59,7 @@ typedef struct {
     int64_t keep_checkpoints;   /* --keep-checkpoints (0: keep all); in run.json */
     int deterministic;
     int mps;                    /* --mps (SUP_MPS_*, supervisor/mps.h): in run.json as "mps" */
+    int gpu_turns;              /* --gpu-turns 1 on / 0 off: in run.json as "gpu_turns" */
     /* --balance auto: the supervisor picks the target/drafter split from measured rates
      * (supervisor/balance.c), first after balance_every_s and 2 applied steps, then every
      * balance_every_s (s) */

@@ -36,6 +36,7 @@
 #include "common/ops/ops.h"
 #include "common/pipe/layout.h"
 #include "common/pipe/model.h"
+#include "common/pipe/gputurn.h"
 #include "common/pipe/runcfg.h"
 #include "common/pipe/slot.h"
 #include "common/pipe/stage.h"
@@ -118,6 +119,8 @@ typedef struct {
     int in_send;               /* inside after_work_cb's xfer_send (its done callback waits) */
     size_t staging_bytes;
     tw_nccl_t nc;              /* GPU drafter on another node: NCCL (nccl_out.c, hook nccl_cross=1) */
+    gpu_turn_t turn;           /* a GPU shared with a drafter: one forward at a time (gputurn.h) */
+    double cur_wait_gpu_s;     /* the forward in flight: its wait for the GPU's turn */
 } tw_t;
 
 static void pump(tw_t *T);
@@ -166,6 +169,9 @@ static void work_run(uv_work_t *req) {
     uint64_t row = (uint64_t)T->dcfg.n_feat * (uint64_t)T->dcfg.D;
     T->cu[0] = 0;
     for (uint32_t s = 0; s < m->n_seqs; s++) T->cu[s + 1] = T->cu[s] + m->seq_lens[s];
+    /* the GPU's turn (off unless it is shared): the forward runs alone on it, given
+     * back after the stream sync below */
+    T->cur_wait_gpu_s = gpu_turn_take(&T->turn, &T->st.stopping);
     double t0 = clock_mono_s();
     if (T->gpu >= 0) {
         /* features by device copies straight into the drafter's GPU slot (peer
@@ -185,6 +191,7 @@ static void work_run(uv_work_t *req) {
         T->ev_next = (T->ev_next + 1) % TW_N_EVENTS;
         if (rc == 0) rc = dev_event_record(T->ev[T->cur_ev], stream);
         if (rc == 0) rc = dev_stream_sync(stream);   /* this stream only */
+        gpu_turn_give(&T->turn);
         /* after the sync: the drafter posts its recv on hidden_states_ready, so the send
          * must not be waited for here; the next forward follows it on the stream */
         if (rc == 0 && nccl) rc = tw_nccl_send(&T->nc, T->scratch, (size_t)m->T * row * T->elem, stream);
@@ -221,6 +228,7 @@ static void after_work_cb(uv_work_t *req, int status) {
     tw_nccl_after_work(&T->nc);
     mb_t *m = &T->cur;
     stage_phase_add(&T->st, PHASE_FORWARD, T->cur_fwd_s);
+    stage_phase_add(&T->st, PHASE_WAIT_GPU, T->cur_wait_gpu_s);
     if (T->cur_rc < 0) {
         log_error("micro-batch %llu: target forward failed: %s", (unsigned long long)m->mb, T->cur_err);
         exit(1); /* the loader re-issues the work to another target */
@@ -700,6 +708,7 @@ int main(int argc, char **argv) {
     static run_config_t cfg;
     T.next_route = -1;
     T.route = -1;
+    gpu_turn_init(&T.turn);
     stage_args_t a;
     if (stage_args(argc, argv, "target_worker", PIPE_MAX_TARGETS - 1, usage, &a) < 0) return a.exit_code;
     T.index = a.index;
@@ -723,6 +732,8 @@ int main(int argc, char **argv) {
         if (rc < 0) return log_rc(rc, "GPU UUID"), 1;
         T.st.gpu_index = T.gpu;
         log_info("on GPU %d (%s)", T.gpu, T.st.gpu_uuid);
+        if (gpu_turn_setup(&T.turn, &cfg, PIPE_ID_TARGET0 + (uint32_t)T.index, T.st.run_dir) < 0)
+            log_warn("GPU turns: %s; this target time-slices the GPU", dl_errmsg());
     }
     T.loader = stage_bus(&T.st, BUS_DEALER, "loader");
     if (!T.loader) return log_rc(DL_EIO, "connect to the loader"), 1;
@@ -747,6 +758,7 @@ int main(int argc, char **argv) {
     bus_destroy(&T.loader);
     bus_destroy(&T.drafter);
     stage_fini(&T.st);
+    gpu_turn_close(&T.turn);
     hcache_destroy(&T.hc);
     for (int i = 0; i < TW_N_EVENTS; i++) dev_event_destroy(T.ev[i]);
     if (T.scratch) T.ops.impl->free_(&T.ops, T.scratch);

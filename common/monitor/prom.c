@@ -52,7 +52,7 @@ void mon_prom_sanitize(const char *prefix, const char *name, char *out, size_t c
 
 static int is_phase(const char *n) {
     static const char *const phases[] = {"wait_input_s", "wait_credit_s", "copy_s",
-                                         "forward_s", "backward_s", "step_s"};
+                                         "forward_s", "backward_s", "step_s", "wait_gpu_s"};
     for (size_t i = 0; i < sizeof phases / sizeof *phases; i++) if (!strcmp(n, phases[i])) return 1;
     return 0;
 }

@@ -17,6 +17,7 @@ _Static_assert(RUNCFG_PATH_MAX == DL_PROTO_PATH_MAX + 1, "paths fit the wire");
 void runcfg_init(run_config_t *c) {
     memset(c, 0, sizeof *c);
     c->n_targets = c->n_drafters = 1;
+    c->gpu_turns = 1;
     runcfg_clear_gpus(c);
 }
 
@@ -183,6 +184,8 @@ int runcfg_validate(const run_config_t *c) {
     if (c->target_precision != 0 && c->target_precision != 1)
         return dl_seterr(DL_ERANGE, "run config: target_precision (--target-precision) %d is not 0 "
                          "(bf16) or 1 (fp8)", c->target_precision);
+    if (c->gpu_turns != 0 && c->gpu_turns != 1)
+        return dl_seterr(DL_ERANGE, "run config: gpu_turns (--gpu-turns) %d is not 0 (off) or 1 (on)", c->gpu_turns);
     if (c->deterministic != 0 && c->deterministic != 1)
         return dl_seterr(DL_ERANGE, "run config: deterministic (--deterministic) %d is not 0 or 1",
                          c->deterministic);
@@ -208,6 +211,16 @@ int runcfg_stage_node(const run_config_t *c, uint32_t id) {
     if (id >= PIPE_ID_DRAFTER0 && id < PIPE_ID_DRAFTER0 + (uint32_t)c->n_drafters)
         return (int)c->drafter_node[id - PIPE_ID_DRAFTER0];
     return 0;
+}
+
+int runcfg_gpu_sharers(const run_config_t *c, uint32_t id) {
+    int gpu = runcfg_stage_gpu(c, id), node = runcfg_stage_node(c, id), n = 0;
+    if (gpu < 0 || id == PIPE_ID_OPTIMIZER || id == PIPE_ID_LOADER) return 0;
+    for (int i = 0; i < c->n_targets + c->n_drafters; i++) {
+        uint32_t other = i < c->n_targets ? PIPE_ID_TARGET0 + (uint32_t)i : PIPE_ID_DRAFTER0 + (uint32_t)(i - c->n_targets);
+        if (other != id && runcfg_stage_gpu(c, other) == gpu && runcfg_stage_node(c, other) == node) n++;
+    }
+    return n;
 }
 
 int runcfg_apply_placement(run_config_t *c, const int64_t *ints, uint32_t n) {
@@ -294,6 +307,7 @@ void runcfg_to_msg(const run_config_t *c, uint32_t stage_id, uint64_t inc, proto
     r->hs_min_ready = c->hs_min_ready; r->prefetch = c->prefetch; r->threads = c->threads;
     r->deterministic = (uint32_t)c->deterministic;
     r->target_precision = (uint32_t)c->target_precision;
+    r->gpu_turns = (uint32_t)c->gpu_turns;
     r->gpu = runcfg_stage_gpu(c, stage_id);
     uint32_t t = stage_id - PIPE_ID_TARGET0;
     r->drafter = stage_id >= PIPE_ID_TARGET0 && t < (uint32_t)c->n_targets ? (int32_t)c->target_drafter[t] : -1;
@@ -337,6 +351,7 @@ int runcfg_from_msg(const proto_run_config_t *r, run_config_t *c) {
     c->hs_min_ready = r->hs_min_ready; c->prefetch = r->prefetch; c->threads = r->threads;
     c->deterministic = (int)r->deterministic;
     c->target_precision = (int)r->target_precision;
+    c->gpu_turns = (int)r->gpu_turns;
     c->n_targets = (int)r->n_target_gpus;
     c->n_drafters = (int)r->n_drafter_gpus;
     for (uint32_t i = 0; i < r->n_target_gpus; i++) {

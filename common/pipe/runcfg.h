@@ -88,10 +88,12 @@ typedef struct run_config {
     int node, loader_node, optimizer_node;
     int64_t target_node[PIPE_MAX_TARGETS], drafter_node[PIPE_MAX_DRAFTERS];
     int target_precision;        /* TARGET_PRECISION_BF16 (0, default) | _FP8 (--target-precision) */
+    int gpu_turns;               /* 1 (runcfg_init's default): targets and drafters that share a GPU
+                                  * take turns on it (--gpu-turns; common/pipe/gputurn.h); 0: off */
 } run_config_t;
 
 /* Zeroes *c and sets what is not 0 by default: every GPU -1 (CPU), one target and one
- * drafter, target i routed to drafter 0. */
+ * drafter, target i routed to drafter 0, gpu_turns 1. */
 void runcfg_init(run_config_t *c);
 
 /* Checks every field against the limits above and the placement rules (1..64 targets
@@ -108,6 +110,12 @@ int runcfg_stage_gpu(const run_config_t *c, uint32_t stage_id);
 /* The node of stage stage_id (PIPE_ID_*): loader_node, optimizer_node, target_node[i],
  * drafter_node[i]; 0 for an id outside the topology. */
 int runcfg_stage_node(const run_config_t *c, uint32_t stage_id);
+
+/* How many other targets and drafters of c's placement run on the GPU of stage
+ * stage_id, on its node: 0 when it runs alone there, or when it is not a GPU stage
+ * or is the optimizer or the loader (neither takes turns: the optimizer's work is
+ * short; it is not counted for the others either). */
+int runcfg_gpu_sharers(const run_config_t *c, uint32_t stage_id);
 
 /* The endpoint of the server `name` ("loader", "optimizer", "drafter<i>", "sup") under
  * c: net_port 0: "ipc://<sock_dir>/<name>.sock" (bus_endpoint); else

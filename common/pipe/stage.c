@@ -116,7 +116,7 @@ void stage_publish_metrics(stage_t *st) {
     m.metrics.ts_ns = (uint64_t)(clock_wall_s() * 1e9);
     snprintf(m.metrics.state, sizeof m.metrics.state, "%s", proto_state_name(st->state));
     static const char *const phase_names[PHASE_N] = {"wait_input_s", "wait_credit_s", "copy_s",
-                                                     "forward_s", "backward_s", "step_s"};
+                                                     "forward_s", "backward_s", "step_s", "wait_gpu_s"};
     for (int p = 0; p < PHASE_N; p++) stage_metric(&m.metrics, phase_names[p], st->phase_s[p]);
     double now = clock_mono_s();
     stage_metric(&m.metrics, "uptime_s", now - st->t_start);

@@ -35,10 +35,12 @@
 #define PIPE_DEAD_MS 3000
 
 /* Phases whose time is published (seconds, cumulative): the monitor's stall
- * diagnosis reads wait_input (starved) against wait_credit (back-pressured). */
+ * diagnosis reads wait_input (starved) against wait_credit (back-pressured);
+ * wait_gpu is the wait for the GPU's turn (common/pipe/gputurn.h) of a stage that
+ * shares its GPU. */
 typedef enum {
     PHASE_WAIT_INPUT = 0, PHASE_WAIT_CREDIT, PHASE_COPY, PHASE_FORWARD, PHASE_BACKWARD,
-    PHASE_STEP, PHASE_N
+    PHASE_STEP, PHASE_WAIT_GPU, PHASE_N
 } pipe_phase_t;
 
 /* Exit status of a stage whose start-up can never succeed as it is (a bad run

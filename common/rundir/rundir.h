@@ -14,6 +14,7 @@
  *    supervisor's control socket, e.g. "ipc://<run>/ctl.sock"), "optimizer_recoveries",
  *    ["target_model"], ["data"], "save_every", "keep_checkpoints", "deterministic",
  *    ["target_precision": "bf16"|"fp8"], ["mps": "off"|"auto"|"on"],
+ *    ["gpu_turns": "on"|"off"],
  *    ["rebalance": {"id", "status", "message", "seconds"}],
  *    "stages": [{"name", "stage_id", "pid" (0: exited), "incarnation", "restarts",
  *                "gpu" (-1 none), ["last_restart_up_s", "last_recovery_s"],
@@ -117,6 +118,7 @@ typedef struct {
     int has_target_precision;           /* the key is there (read; its value may be "") */
     char mps[8];                        /* --mps, "off"|"auto"|"on" as given; "" = not written /
                                          * absent (runs before it was recorded) */
+    char gpu_turns[8];                  /* --gpu-turns, "on"|"off"; "" = not written / absent */
     struct {
         char id[64];                    /* "" = no rebalance yet: the object is not written */
         char status[16];                /* accepted|rejected|done|failed|... */

@@ -86,6 +86,7 @@ static cJSON *run_json(const rundir_run_t *r) {
     cJSON_AddBoolToObject(j, "deterministic", r->deterministic > 0);
     if (r->target_precision[0]) cJSON_AddStringToObject(j, "target_precision", r->target_precision);
     if (r->mps[0]) cJSON_AddStringToObject(j, "mps", r->mps);
+    if (r->gpu_turns[0]) cJSON_AddStringToObject(j, "gpu_turns", r->gpu_turns);
     if (r->throughput.on) {
         cJSON *t = cJSON_AddObjectToObject(j, "throughput");
         cJSON_AddNumberToObject(t, "steady_tokens_per_s", r->throughput.steady_tokens_per_s);
@@ -373,6 +374,7 @@ static int read_obj(const rctx_t *c, const cJSON *o, rundir_run_t *r) {
     DL_TRY(get_str(c, o, "target_precision", r->target_precision, sizeof r->target_precision));
     r->has_target_precision = cJSON_HasObjectItem(o, "target_precision");
     DL_TRY(get_str(c, o, "mps", r->mps, sizeof r->mps));
+    DL_TRY(get_str(c, o, "gpu_turns", r->gpu_turns, sizeof r->gpu_turns));
     DL_TRY(read_rebalance(c, o, r));
     DL_TRY(read_throughput(c, o, r));
     DL_TRY(read_nodes(c, o, r));

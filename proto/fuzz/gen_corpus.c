@@ -161,7 +161,8 @@ int main(int argc, char **argv) {
     m.ctl_reply.id = 7; strcpy(m.ctl_reply.state, "ok"); m.ctl_reply.text = text; m.ctl_reply.n_text = 5;
     emit(dir, &m);
 
-    /* run_config: one host, then three nodes (version 2's node table) */
+    /* run_config: one host, then three nodes (version 2's node table) with fp8 targets and GPU
+     * turns on (version 3's gpu_turns) */
     proto_msg_init(&m, PROTO_RUN_CONFIG);
     proto_run_config_t *c = &m.run_config;
     c->stage_id = 201; c->incarnation = 1; strcpy(c->run_id, "r1");
@@ -175,7 +176,8 @@ int main(int argc, char **argv) {
     c->target_nodes = zeros; c->n_target_nodes = 3; c->drafter_nodes = zeros; c->n_drafter_nodes = 2;
     emit(dir, &m);
     c->net_port = 29500; c->node_addrs = "10.0.0.1\nnode-b\n10.0.0.3\n"; c->n_node_addrs = 25;
-    c->node = 2; c->optimizer_node = 1; c->target_nodes = tnodes; c->drafter_nodes = dnodes; emit(dir, &m);
+    c->node = 2; c->optimizer_node = 1; c->target_nodes = tnodes; c->drafter_nodes = dnodes;
+    c->target_precision = 1; c->gpu_turns = 1; emit(dir, &m);
 
     proto_msg_init(&m, PROTO_SLAB_DATA);
     m.slab_data.owner_id = 101; m.slab_data.owner_inc = 3; m.slab_data.slab_id = 1; m.slab_data.offset = 4096;

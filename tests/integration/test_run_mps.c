@@ -12,12 +12,14 @@
  *  - (the same) a control program that hangs on -d: ended after the bound (test hook
  *    mps.timeout_s=2) with its process group, the run failing with the reason, quit sent,
  *    and with a relative --out the log dir given to it is absolute;
+ *  - --gpu-turns with another value than on/off is refused; it is recorded in run.json
+ *    ("gpu_turns") and `run --resume` takes it unless given;
  *  - --mps is recorded in run.json ("mps") and `run --resume` takes it unless given (said
  *    in its "taken from" line); a given --mps wins; a recorded "on" where MPS cannot be
  *    (hand-edited, a CPU run) is refused naming run.json;
- *  - (CUDA builds) a GPU shared by a target and a drafter without --mps given: the run says
- *    what --mps auto would give; not with --mps off given, without a shared GPU, or with a
- *    user's CUDA_MPS_PIPE_DIRECTORY;
+ *  - (CUDA builds) a GPU shared by a target and a drafter without MPS: the run says how the
+ *    stages share it (taking turns, or time-sliced with --gpu-turns off); not without a
+ *    shared GPU, or with a user's CUDA_MPS_PIPE_DIRECTORY;
  *  - `run --resume` without a placement flag takes the run's placement (CPU counts, GPU
  *    lists) from run.json, said in the same line; a given placement flag wins (said); a
  *    placement draftline does not write, or a multi-node run's, is refused; (CUDA builds,
@@ -154,6 +156,8 @@ static void test_refusals(void **state) {
     said(log, "--mps sometimes: expected auto, on or off");
     assert_int_equal(run(out, log, "--device", "cpu", "--mps", "on", NULL), 2);
     said(log, "--mps on: it is for GPU runs");
+    assert_int_equal(run(out, log, "--device", "cpu", "--gpu-turns", "sometimes", NULL), 2);
+    said(log, "--gpu-turns sometimes: expected on or off");
     /* a malformed GPU list is refused saying what is wrong with it (a --config list joins
      * to the same text: [] is the empty list) */
     assert_int_equal(run(out, log, "--target-gpus", "", "--drafter-gpus", "0", NULL), 2);
@@ -209,6 +213,26 @@ static void test_resume_takes_mps(void **state) {
     assert_int_equal(run_only(log, "--resume", out, "--device", "cpu", "--threads", "1", "--max-steps", "5",
                               NULL), 2);
     said(log, "--mps on (the run's, from run.json): it is for GPU runs");
+}
+
+/* --gpu-turns in run.json and --resume: recorded as given ("on" by default), taken unless
+ * given (said), a given one wins. */
+static void test_resume_takes_gpu_turns(void **state) {
+    (void)state;
+    char out[400], log[400], rj[500];
+    snprintf(out, sizeof out, "%s/gt", fx.root);
+    snprintf(log, sizeof log, "%s/gt.out", fx.root);
+    snprintf(rj, sizeof rj, "%s/run.json", out);
+    assert_int_equal(run(out, log, "--device", "cpu", "--threads", "1", "--gpu-turns", "off", NULL), 0);
+    assert_int_equal(pf_count_in(rj, "\"gpu_turns\":\t\"off\""), 1);
+    assert_int_equal(run_only(log, "--resume", out, "--device", "cpu", "--threads", "1", "--max-steps", "3",
+                              NULL), 0);
+    said(log, " --gpu-turns off");
+    assert_int_equal(pf_count_in(rj, "\"gpu_turns\":\t\"off\""), 1);
+    assert_int_equal(run_only(log, "--resume", out, "--device", "cpu", "--threads", "1", "--max-steps", "4",
+                              "--gpu-turns", "on", NULL), 0);
+    assert_int_equal(pf_count_in(log, " --gpu-turns "), 0);
+    assert_int_equal(pf_count_in(rj, "\"gpu_turns\":\t\"on\""), 1);
 }
 
 /* --resume without a placement flag continues on the run's placement (run.json): a CPU
@@ -338,40 +362,42 @@ static void test_daemon_life_cycle(void **state) {
 #endif
 }
 
-/* A GPU shared by a target and a drafter without --mps: the run says what --mps auto would
- * give (the default stays off); --mps off given: not said. (CUDA builds; without a GPU the
- * stages then fail at start, after the line.) */
-static void test_mps_hint(void **state) {
+/* A GPU shared by a target and a drafter without MPS: the run says how the stages share it,
+ * taking turns (--gpu-turns on, the default) or time-sliced (--gpu-turns off); not without
+ * a shared GPU, nor with a user's CUDA_MPS_PIPE_DIRECTORY (the stages are its clients).
+ * (CUDA builds; without a GPU the stages then fail at start, after the line.) */
+static void test_gpu_share_line(void **state) {
     (void)state;
 #ifndef DL_CUDA
     skip();
 #else
-    const char *hint = "--mps auto runs them side by side under CUDA MPS";
+    const char *turns = "GPU 0 runs a target and a drafter: they take turns on it, one micro-batch at a time "
+                        "(--gpu-turns on, the default; off: the driver time-slices them)\n";
+    const char *sliced = "GPU 0 runs a target and a drafter: the driver time-slices them (--gpu-turns off; ";
     char out[400], log[400];
     snprintf(out, sizeof out, "%s/h1", fx.root);
     snprintf(log, sizeof log, "%s/h1.out", fx.root);
     run(out, log, "--target-gpus", "0", "--drafter-gpus", "0", NULL);
-    said(log, "GPU 0 runs a target and a drafter: they take turns on it (time-slicing); ");
-    said(log, hint);
+    said(log, turns);
+    assert_int_equal(pf_count_in(log, "--mps auto"), 0);   /* the old hint: turns do what MPS did */
     snprintf(out, sizeof out, "%s/h2", fx.root);
     snprintf(log, sizeof log, "%s/h2.out", fx.root);
-    run(out, log, "--target-gpus", "0", "--drafter-gpus", "0", "--mps", "off", NULL);
-    said(log, "GPU mode: target GPUs 0, drafter GPUs 0\n");   /* past lc_mps: its banner */
-    assert_int_equal(pf_count_in(log, hint), 0);
+    run(out, log, "--target-gpus", "0", "--drafter-gpus", "0", "--mps", "off", "--gpu-turns", "off", NULL);
+    said(log, sliced);
+    assert_int_equal(pf_count_in(log, turns), 0);
     snprintf(out, sizeof out, "%s/h3", fx.root);   /* no shared GPU: nothing to say */
     snprintf(log, sizeof log, "%s/h3.out", fx.root);
     run(out, log, "--target-gpus", "0", "--drafter-gpus", "1", NULL);
     said(log, "GPU mode: target GPUs 0, drafter GPUs 1\n");
-    assert_int_equal(pf_count_in(log, hint), 0);
-    /* a user's MPS daemon (CUDA_MPS_PIPE_DIRECTORY set): the stages are its clients, not
-     * time-slicing; nothing to say either */
+    assert_int_equal(pf_count_in(log, "runs a target and a drafter"), 0);
+    /* a user's MPS daemon (CUDA_MPS_PIPE_DIRECTORY set): the stages are its clients */
     char *old = env_swap("CUDA_MPS_PIPE_DIRECTORY", "/tmp/draftline-test-user-mps");
     snprintf(out, sizeof out, "%s/h4", fx.root);
     snprintf(log, sizeof log, "%s/h4.out", fx.root);
     run(out, log, "--target-gpus", "0", "--drafter-gpus", "0", NULL);
     env_back("CUDA_MPS_PIPE_DIRECTORY", old);
     said(log, "GPU mode: target GPUs 0, drafter GPUs 0\n");
-    assert_int_equal(pf_count_in(log, hint), 0);
+    assert_int_equal(pf_count_in(log, "runs a target and a drafter"), 0);
 #endif
 }
 
@@ -442,9 +468,10 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_resume_takes_mps),
+        cmocka_unit_test(test_resume_takes_gpu_turns),
         cmocka_unit_test(test_resume_takes_placement),
         cmocka_unit_test(test_daemon_life_cycle),
-        cmocka_unit_test(test_mps_hint),
+        cmocka_unit_test(test_gpu_share_line),
         cmocka_unit_test(test_daemon_hangs),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -86,7 +86,7 @@ static void assert_msg_equal(const proto_msg_t *x, const proto_msg_t *y) {
         EQA(target_gpus, n_target_gpus); EQA(drafter_gpus, n_drafter_gpus);
         EQA(target_drafters, n_target_drafters); EQ(net_port); EQA(node_addrs, n_node_addrs); EQ(node);
         EQ(loader_node); EQ(optimizer_node); EQA(target_nodes, n_target_nodes);
-        EQA(drafter_nodes, n_drafter_nodes); EQ(target_precision); break; }
+        EQA(drafter_nodes, n_drafter_nodes); EQ(target_precision); EQ(gpu_turns); break; }
     case PROTO_SLAB_DATA: { const proto_slab_data_t *a = &x->slab_data, *b = &y->slab_data;
         EQ(owner_id); EQ(owner_inc); EQ(slab_id); EQ(offset); EQA(data, n_data); break; }
     case PROTO_NODE_HELLO: { const proto_node_hello_t *a = &x->node_hello, *b = &y->node_hello;
@@ -284,8 +284,8 @@ static int sb_pack_done(msgpack_sbuffer *sb, proto_msg_t *out) {
 
 static void test_golden_layout(void **state) {
     (void)state;
-    /* heartbeat [2, version 2, stage 5, incarnation 9, seq 100, state running=3] */
-    static const uint8_t hb[] = { 0x96, 0x02, 0x02, 0x05, 0x09, 0x64, 0x03 };
+    /* heartbeat [2, version 3, stage 5, incarnation 9, seq 100, state running=3] */
+    static const uint8_t hb[] = { 0x96, 0x02, 0x03, 0x05, 0x09, 0x64, 0x03 };
     proto_msg_t d;
     assert_int_equal(proto_decode(hb, sizeof hb, &d), 0);
     assert_int_equal(d.type, PROTO_HEARTBEAT);
@@ -305,7 +305,7 @@ static void test_golden_layout(void **state) {
     msgpack_packer pk;
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
     msgpack_pack_array(&pk, 11);
-    msgpack_pack_uint8(&pk, 4); msgpack_pack_uint8(&pk, 2);
+    msgpack_pack_uint8(&pk, 4); msgpack_pack_uint8(&pk, 3);
     msgpack_pack_uint64(&pk, 70000); msgpack_pack_uint64(&pk, 12); msgpack_pack_uint32(&pk, 1);
     msgpack_pack_uint32(&pk, 0); msgpack_pack_uint32(&pk, 2); msgpack_pack_uint32(&pk, 2);
     static const uint8_t tok[] = { 1, 0, 0, 0, 0x00, 0x01, 0, 0, 0xff, 0xff, 0xff, 0x7f };  /* 1, 256, INT32_MAX */
@@ -336,8 +336,8 @@ static void test_golden_layout(void **state) {
  * bin, node_signal is five small ints; the encoder writes exactly these bytes. */
 static void test_golden_layout_v2(void **state) {
     (void)state;
-    /* slab_data [18, 2, owner 101, owner_inc 7, slab 3, offset 4096, bin "\xde\xad\xbe\xef"] */
-    static const uint8_t sd[] = { 0x97, 0x12, 0x02, 0x65, 0x07, 0x03, 0xcd, 0x10, 0x00,
+    /* slab_data [18, 3, owner 101, owner_inc 7, slab 3, offset 4096, bin "\xde\xad\xbe\xef"] */
+    static const uint8_t sd[] = { 0x97, 0x12, 0x03, 0x65, 0x07, 0x03, 0xcd, 0x10, 0x00,
                                   0xc4, 0x04, 0xde, 0xad, 0xbe, 0xef };
     proto_msg_t d;
     assert_int_equal(proto_decode(sd, sizeof sd, &d), 0);
@@ -356,8 +356,8 @@ static void test_golden_layout_v2(void **state) {
     assert_memory_equal(out, sd, sizeof sd);
     proto_msg_free(&d);
 
-    /* node_signal [22, 2, stage 201, incarnation 3, signum 15] */
-    static const uint8_t sig[] = { 0x95, 0x16, 0x02, 0xcc, 0xc9, 0x03, 0x0f };
+    /* node_signal [22, 3, stage 201, incarnation 3, signum 15] */
+    static const uint8_t sig[] = { 0x95, 0x16, 0x03, 0xcc, 0xc9, 0x03, 0x0f };
     assert_int_equal(proto_decode(sig, sizeof sig, &d), 0);
     assert_int_equal(d.type, PROTO_NODE_SIGNAL);
     assert_int_equal(d.node_signal.stage_id, 201);
@@ -367,8 +367,8 @@ static void test_golden_layout_v2(void **state) {
     assert_int_equal(n, sizeof sig);
     assert_memory_equal(out, sig, sizeof sig);
 
-    /* node_stage [23, 2, stage 201, incarnation 3, exited=2, pid 300, wait_status -1 (negative fixint)] */
-    static const uint8_t st[] = { 0x97, 0x17, 0x02, 0xcc, 0xc9, 0x03, 0x02, 0xcd, 0x01, 0x2c, 0xff };
+    /* node_stage [23, 3, stage 201, incarnation 3, exited=2, pid 300, wait_status -1 (negative fixint)] */
+    static const uint8_t st[] = { 0x97, 0x17, 0x03, 0xcc, 0xc9, 0x03, 0x02, 0xcd, 0x01, 0x2c, 0xff };
     assert_int_equal(proto_decode(st, sizeof st, &d), 0);
     assert_int_equal(d.node_stage.event, PROTO_NODE_EV_EXITED);
     assert_int_equal(d.node_stage.pid, 300);
@@ -377,7 +377,7 @@ static void test_golden_layout_v2(void **state) {
     assert_int_equal(n, sizeof st);
     assert_memory_equal(out, st, sizeof st);
 
-    /* every encoded message says version 2 in its second element */
+    /* every encoded message says version 3 in its second element */
     for (int t = 1; t < PROTO_TYPE_COUNT_; t++) {
         proto_msg_t m;
         make_sample(t, false, &m);
@@ -385,7 +385,7 @@ static void test_golden_layout_v2(void **state) {
         uint8_t *buf = encode_heap(&m, &len);
         size_t h = buf[0] == 0xdc ? 3 : 1;   /* array16 (run_config, hidden_states_ready) or fixarray */
         assert_int_equal(buf[h], t);          /* type: a positive fixint */
-        assert_int_equal(buf[h + 1], 0x02);   /* version: positive fixint 2 */
+        assert_int_equal(buf[h + 1], 0x03);   /* version: positive fixint 3 */
         free(buf);
     }
 }
@@ -401,7 +401,7 @@ static void test_names(void **state) {
         assert_string_equal(proto_type_name((proto_type_t)t), v2[t - PROTO_SLAB_DATA]);
     assert_string_equal(proto_type_name(PROTO_NCCL_ID), "nccl_id");   /* appended within v2 */
     assert_int_equal(PROTO_TYPE_COUNT_, 25);
-    assert_int_equal(DL_PROTO_VERSION, 2);
+    assert_int_equal(DL_PROTO_VERSION, 3);
     assert_string_equal(proto_type_name((proto_type_t)99), "?");
     proto_role_t r;
     for (int i = 1; i < PROTO_ROLE_COUNT_; i++) {

@@ -96,6 +96,7 @@ static inline void make_sample_node(int t, bool big, proto_msg_t *m) {
         c->target_nodes = g_place[3]; c->n_target_nodes = nt;
         c->drafter_nodes = g_place[4]; c->n_drafter_nodes = nd;
         c->target_precision = 1;
+        c->gpu_turns = 1;
         break;
     }
     case PROTO_SLAB_DATA: {

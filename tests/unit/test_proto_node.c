@@ -59,7 +59,7 @@ static void test_node_rules(void **state) {
     expect_invalid(&m, "node_hello.gpu_free_mib[1]: -1 out of range");
     make_sample(PROTO_NODE_HELLO, false, &m);
     m.node_hello.proto_version = 1;
-    expect_invalid(&m, "node_hello.proto_version: 1 out of range [2, 2]");
+    expect_invalid(&m, "node_hello.proto_version: 1 out of range [3, 3]");
     make_sample(PROTO_NODE_HELLO, false, &m);
     m.node_hello.cores = 0;
     expect_invalid(&m, "node_hello.cores: 0 out of range");

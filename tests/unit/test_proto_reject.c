@@ -57,7 +57,7 @@ static const char *const SPEC[PROTO_TYPE_COUNT_][48] = {
                            "host_inbox_gb", "hs_min_ready", "prefetch", "threads", "deterministic", "gpu",
                            "drafter", "target_gpus", "drafter_gpus", "target_drafters", "net_port", "node_addrs",
                            "node", "loader_node", "optimizer_node", "target_nodes", "drafter_nodes",
-                           "target_precision" },
+                           "target_precision", "gpu_turns" },
     [PROTO_SLAB_DATA] = { "owner_id", "owner_inc", "slab_id", "offset", "data" },
     [PROTO_NODE_HELLO] = { "name", "hostname", "addr", "run_dir", "pid", "incarnation", "proto_version", "cores",
                            "gpu_uuids", "gpu_free_mib" },
@@ -176,7 +176,7 @@ static void test_version_and_type(void **state) {
     uint8_t *buf = encode_heap(&m, &len);
     uint64_t v = DL_PROTO_VERSION + 1;
     uint8_t *b2 = repack(buf, len, 1, repl_uint, &v, &l2);
-    expect_reject(b2, l2, "message: protocol version 3, this build speaks 2");
+    expect_reject(b2, l2, "message: protocol version 4, this build speaks 3");
     uint32_t pt, pv;   /* a peer of another version can still be identified to answer it */
     assert_int_equal(proto_peek(b2, l2, &pt, &pv), 0);
     assert_int_equal(pt, PROTO_HELLO);
@@ -188,7 +188,7 @@ static void test_version_and_type(void **state) {
     free(b2);
     /* a peer of version 1 (built before the node messages) is refused, and identified */
     static const uint8_t hb_v1[] = { 0x96, 0x02, 0x01, 0x05, 0x09, 0x64, 0x03 };
-    expect_reject(hb_v1, sizeof hb_v1, "message: protocol version 1, this build speaks 2");
+    expect_reject(hb_v1, sizeof hb_v1, "message: protocol version 1, this build speaks 3");
     assert_int_equal(proto_peek(hb_v1, sizeof hb_v1, &pt, &pv), 0);
     assert_int_equal(pt, PROTO_HEARTBEAT);
     assert_int_equal(pv, 1);
@@ -214,21 +214,21 @@ static void test_version_and_type(void **state) {
     free(buf);
     /* any integer encoding of a non-negative value is a uint (msgpack-c decodes
      * int8..int64 >= 0 as positive integers); peek agrees with decode */
-    static const uint8_t hb_signed[] = { 0x96, 0xd0, 0x02, 0xd1, 0x00, 0x02, 0x05, 0xd3, 0, 0, 0, 0, 0, 0, 0, 9,
+    static const uint8_t hb_signed[] = { 0x96, 0xd0, 0x02, 0xd1, 0x00, 0x03, 0x05, 0xd3, 0, 0, 0, 0, 0, 0, 0, 9,
                                          0x64, 0x03 };
     proto_msg_t d;
     assert_int_equal(proto_decode(hb_signed, sizeof hb_signed, &d), 0);
     assert_int_equal(d.heartbeat.incarnation, 9);
     assert_int_equal(proto_peek(hb_signed, sizeof hb_signed, &pt, &pv), 0);
     assert_int_equal(pt, PROTO_HEARTBEAT);
-    assert_int_equal(pv, 2);
+    assert_int_equal(pv, 3);
     static const uint8_t hb_neg[] = { 0x96, 0x02, 0xd0, 0xff, 0x05, 0x09, 0x64, 0x03 };
     assert_int_equal(proto_peek(hb_neg, sizeof hb_neg, &pt, &pv), DL_EPROTO);
     expect_reject(hb_neg, sizeof hb_neg, "message.version: expected uint, got negative int");
     /* wrong arity */
-    static const uint8_t short_hb[] = { 0x95, 0x02, 0x02, 0x05, 0x09, 0x64 };
+    static const uint8_t short_hb[] = { 0x95, 0x02, 0x03, 0x05, 0x09, 0x64 };
     expect_reject(short_hb, sizeof short_hb, "heartbeat: 3 fields, expected 4");
-    static const uint8_t long_hb[] = { 0x97, 0x02, 0x02, 0x05, 0x09, 0x64, 0x03, 0x00 };
+    static const uint8_t long_hb[] = { 0x97, 0x02, 0x03, 0x05, 0x09, 0x64, 0x03, 0x00 };
     expect_reject(long_hb, sizeof long_hb, "heartbeat: 5 fields, expected 4");
     static const uint8_t env_only[] = { 0x91, 0x02 };
     expect_reject(env_only, sizeof env_only, "message: array of 1 elements");
@@ -252,7 +252,7 @@ static void test_truncated_every_prefix(void **state) {
         }
         free(buf);
     }
-    static const uint8_t hb[] = { 0x96, 0x02, 0x02, 0x05, 0x09, 0x64 };
+    static const uint8_t hb[] = { 0x96, 0x02, 0x03, 0x05, 0x09, 0x64 };
     expect_reject(hb, sizeof hb, "message: truncated");
 }
 
@@ -284,7 +284,7 @@ static void test_trailing_and_structure(void **state) {
     /* array32 claiming 2^32-1 elements in 5 bytes: refused before any allocation */
     static const uint8_t huge[] = { 0xdd, 0xff, 0xff, 0xff, 0xff };
     expect_reject(huge, sizeof huge, "message: truncated");
-    static const uint8_t huge_bin[] = { 0x93, 0x02, 0x02, 0xc6, 0x7f, 0xff, 0xff, 0xff };
+    static const uint8_t huge_bin[] = { 0x93, 0x02, 0x03, 0xc6, 0x7f, 0xff, 0xff, 0xff };
     expect_reject(huge_bin, sizeof huge_bin, "message: truncated");
     /* nesting deeper than DL_PROTO_MAX_DEPTH */
     uint8_t deep[40];
@@ -299,7 +299,7 @@ static void test_trailing_and_structure(void **state) {
     expect_reject(many, 5 + nobj, "message: more than 65536 msgpack objects");
     free(many);
     /* ext objects are well-formed msgpack but no field takes them */
-    static const uint8_t ext[] = { 0x96, 0x02, 0x02, 0xd4, 0x01, 0x02, 0x09, 0x64, 0x03 };
+    static const uint8_t ext[] = { 0x96, 0x02, 0x03, 0xd4, 0x01, 0x02, 0x09, 0x64, 0x03 };
     expect_reject(ext, sizeof ext, "heartbeat.stage_id: expected uint, got ext");
 }
 
@@ -659,6 +659,11 @@ static void test_run_config_rules(void **state) {
     make_sample(PROTO_RUN_CONFIG, false, &m);
     m.run_config.n_drafter_gpus = 0;
     expect_invalid(&m, "run_config.drafter_gpus: ");
+    make_sample(PROTO_RUN_CONFIG, false, &m);
+    m.run_config.gpu_turns = 2;                      /* 0 (off) or 1 (on), version 3 */
+    expect_invalid(&m, "run_config.gpu_turns: 2 out of range [0, 1]");
+    m.run_config.gpu_turns = 0;
+    assert_int_equal(proto_validate(&m), 0);
     /* paths: (pointer, length), at most DL_PROTO_PATH_MAX bytes, no NUL inside */
     static char long_path[DL_PROTO_PATH_MAX + 2];
     memset(long_path, 'a', DL_PROTO_PATH_MAX + 1);

@@ -1,7 +1,8 @@
 /* common/pipe/runcfg: the one run configuration (validation naming the field and its
  * flag, placement lookups, strip_gpu's clear) and its RUN_CONFIG message (every field
  * through encode/decode and back into a run_config_t, each stage's own placement); the
- * node table of a multi-node run (check_nodes, runcfg_stage_node, runcfg_endpoint). */
+ * node table of a multi-node run (check_nodes, runcfg_stage_node, runcfg_endpoint); gpu_turns
+ * and runcfg_gpu_sharers (common/pipe/gputurn.h). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -105,6 +106,57 @@ static void test_validate(void **state) {
     expect_bad(&g_a, "deterministic (--deterministic) 2");
     sample(&g_a); g_a.target_precision = 2;
     expect_bad(&g_a, "target_precision (--target-precision) 2");
+    sample(&g_a); g_a.gpu_turns = 2;
+    expect_bad(&g_a, "gpu_turns (--gpu-turns) 2 is not 0 (off) or 1 (on)");
+    sample(&g_a); g_a.gpu_turns = -1;
+    expect_bad(&g_a, "gpu_turns (--gpu-turns) -1 is not 0 (off) or 1 (on)");
+    sample(&g_a); g_a.gpu_turns = 0;
+    assert_int_equal(runcfg_validate(&g_a), 0);
+}
+
+/* runcfg_gpu_sharers: the other targets and drafters on a stage's GPU and node. */
+static void test_gpu_sharers(void **state) {
+    (void)state;
+    /* 2 targets and 1 drafter on GPU 0 */
+    runcfg_init(&g_a);
+    g_a.n_targets = 2; g_a.n_drafters = 1;
+    g_a.target_gpu[0] = g_a.target_gpu[1] = 0; g_a.drafter_gpu[0] = 0;
+    assert_int_equal(runcfg_gpu_sharers(&g_a, PIPE_ID_TARGET0), 2);
+    assert_int_equal(runcfg_gpu_sharers(&g_a, PIPE_ID_TARGET0 + 1), 2);
+    assert_int_equal(runcfg_gpu_sharers(&g_a, PIPE_ID_DRAFTER0), 2);
+    /* the optimizer on that GPU is never counted */
+    g_a.optimizer_gpu = 0;
+    assert_int_equal(runcfg_gpu_sharers(&g_a, PIPE_ID_TARGET0), 2);
+    assert_int_equal(runcfg_gpu_sharers(&g_a, PIPE_ID_DRAFTER0), 2);
+    /* a CPU stage (-1) shares nothing, even with other CPU stages; nor does the loader */
+    g_a.target_gpu[1] = -1;
+    assert_int_equal(runcfg_gpu_sharers(&g_a, PIPE_ID_TARGET0 + 1), 0);
+    assert_int_equal(runcfg_gpu_sharers(&g_a, PIPE_ID_TARGET0), 1);
+    assert_int_equal(runcfg_gpu_sharers(&g_a, PIPE_ID_LOADER), 0);
+    runcfg_clear_gpus(&g_a);                                           /* a CPU run */
+    assert_int_equal(runcfg_gpu_sharers(&g_a, PIPE_ID_TARGET0), 0);
+    assert_int_equal(runcfg_gpu_sharers(&g_a, PIPE_ID_TARGET0 + 1), 0);
+    assert_int_equal(runcfg_gpu_sharers(&g_a, PIPE_ID_DRAFTER0), 0);
+    /* the sample: targets 0,0,1; drafters 1,2; optimizer 1 */
+    sample(&g_a);
+    assert_int_equal(runcfg_gpu_sharers(&g_a, PIPE_ID_TARGET0), 1);
+    assert_int_equal(runcfg_gpu_sharers(&g_a, PIPE_ID_TARGET0 + 1), 1);
+    assert_int_equal(runcfg_gpu_sharers(&g_a, PIPE_ID_TARGET0 + 2), 1);     /* drafter 0, not the optimizer */
+    assert_int_equal(runcfg_gpu_sharers(&g_a, PIPE_ID_DRAFTER0), 1);
+    assert_int_equal(runcfg_gpu_sharers(&g_a, PIPE_ID_DRAFTER0 + 1), 0);
+    /* entries past n_targets / n_drafters are not the topology's */
+    g_a.target_gpu[3] = 2; g_a.drafter_gpu[2] = 2;
+    assert_int_equal(runcfg_gpu_sharers(&g_a, PIPE_ID_DRAFTER0 + 1), 0);
+    assert_int_equal(runcfg_gpu_sharers(&g_a, PIPE_ID_TARGET0 + 3), 0);
+    /* one GPU index on different nodes is two GPUs (sample_net: targets on nodes 0,2,1,
+     * drafters on 1,2): target 0 and target 1 are both GPU 0, on nodes 0 and 2 */
+    sample_net(&g_a);
+    assert_int_equal(runcfg_gpu_sharers(&g_a, PIPE_ID_TARGET0), 0);
+    assert_int_equal(runcfg_gpu_sharers(&g_a, PIPE_ID_TARGET0 + 1), 0);
+    assert_int_equal(runcfg_gpu_sharers(&g_a, PIPE_ID_TARGET0 + 2), 1);    /* drafter 0: GPU 1, node 1 */
+    assert_int_equal(runcfg_gpu_sharers(&g_a, PIPE_ID_DRAFTER0), 1);
+    g_a.target_node[1] = 0;
+    assert_int_equal(runcfg_gpu_sharers(&g_a, PIPE_ID_TARGET0), 1);
 }
 
 static void test_placement(void **state) {
@@ -168,6 +220,25 @@ static void test_message_round_trip(void **state) {
     g_b.optimizer_gpu = g_a.optimizer_gpu;
     assert_memory_equal(&g_a, &g_b, sizeof g_a);
     proto_msg_free(&d);
+}
+
+/* gpu_turns: on by default, and both values travel in the RUN_CONFIG (version 3). */
+static void test_gpu_turns(void **state) {
+    (void)state;
+    runcfg_init(&g_a);
+    assert_int_equal(g_a.gpu_turns, 1);
+    for (int on = 0; on <= 1; on++) {
+        sample(&g_a);
+        g_a.gpu_turns = on;
+        static const uint32_t ids[] = { PIPE_ID_TARGET0, PIPE_ID_DRAFTER0 + 1, PIPE_ID_OPTIMIZER, PIPE_ID_LOADER };
+        for (unsigned k = 0; k < sizeof ids / sizeof ids[0]; k++) {
+            memset(&g_b, 0xa5, sizeof g_b);
+            proto_msg_t d = send_and_receive(ids[k], 2);
+            assert_int_equal(d.run_config.gpu_turns, (uint32_t)on);
+            assert_int_equal(g_b.gpu_turns, on);
+            proto_msg_free(&d);
+        }
+    }
 }
 
 static void test_own_entry_wins(void **state) {
@@ -367,6 +438,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_validate),
         cmocka_unit_test(test_placement),
+        cmocka_unit_test(test_gpu_turns),
+        cmocka_unit_test(test_gpu_sharers),
         cmocka_unit_test(test_message_round_trip),
         cmocka_unit_test(test_own_entry_wins),
         cmocka_unit_test(test_validate_nodes),
