@@ -77,7 +77,7 @@ double gpu_turn_take(gpu_turn_t *t, const int *stopping) {
         }
         int stop = stop_asked(stopping);
         if (stop || waited >= t->wait_max_s) {
-            if (!stop && !t->warned) {
+            if (!stop && !t->warned && !t->quiet_limit) {
                 log_warn("GPU turn %s: held by another stage for %.1f s: going on without it (this unit of work "
                          "time-slices the GPU; said once)", t->path, waited);
                 t->warned = 1;
@@ -108,6 +108,15 @@ void gpu_turn_close(gpu_turn_t *t) {
 int gpu_turn_setup(gpu_turn_t *t, const run_config_t *c, uint32_t stage_id, const char *run_dir) {
     gpu_turn_init(t);
     int gpu = runcfg_stage_gpu(c, stage_id), n = runcfg_gpu_sharers(c, stage_id);
+    int opt = stage_id == PIPE_ID_OPTIMIZER;
+    if (opt && gpu >= 0) {   /* the targets and drafters on its GPU, on its node */
+        n = 0;
+        for (int i = 0; i < c->n_targets + c->n_drafters; i++) {
+            uint32_t id = i < c->n_targets ? PIPE_ID_TARGET0 + (uint32_t)i : PIPE_ID_DRAFTER0 + (uint32_t)(i - c->n_targets);
+            n += runcfg_stage_gpu(c, id) == gpu && runcfg_stage_node(c, id) == c->optimizer_node;
+        }
+        if (n < 2) n = 0;   /* one stage there does not take turns: nor does the optimizer */
+    }
     if (gpu < 0 || n == 0) return 0;
     const char *mps = getenv("CUDA_MPS_PIPE_DIRECTORY");
     if (mps && *mps) {
@@ -119,6 +128,13 @@ int gpu_turn_setup(gpu_turn_t *t, const run_config_t *c, uint32_t stage_id, cons
         return 0;
     }
     DL_TRY(gpu_turn_open(t, run_dir, gpu));
-    log_info("GPU %d: shared with %d other stage(s): taking turns on it, one unit of work each (%s)", gpu, n, t->path);
+    if (opt) {
+        t->wait_max_s = GPU_TURN_OPT_WAIT_S;
+        t->quiet_limit = 1;
+        log_info("GPU %d: shared with %d stage(s) taking turns: each step applied in a turn (waited for at most "
+                 "%.1f s, then without it) (%s)", gpu, n, t->wait_max_s, t->path);
+    } else
+        log_info("GPU %d: shared with %d other stage(s): taking turns on it, one unit of work each (%s)", gpu, n,
+                 t->path);
     return 0;
 }

@@ -33,12 +33,14 @@
 #define GPU_TURN_NAP_MIN_US 50     /* a waiter polls the turn after 50 us, then 100, ... */
 #define GPU_TURN_NAP_MAX_US 1000   /* ... at most every 1 ms: a hand-over costs at most that */
 #define GPU_TURN_YIELD_US 2000     /* > NAP_MAX: a waiter polls before the yielding stage */
+#define GPU_TURN_OPT_WAIT_S 1.5    /* the optimizer's limit (gpu_turn_setup) */
 
 typedef struct gpu_turn {
     int fd;                /* the open turn file; -1 = turns off (take / give do nothing) */
     int want_fd;           /* the open waiters' file (-1 when off) */
     int held;              /* 1 between a take that got the turn and its give */
     int warned;            /* the go-on-without warning was logged */
+    int quiet_limit;       /* 1: going on at wait_max_s is expected (the optimizer): not warned */
     double wait_max_s;     /* GPU_TURN_WAIT_MAX_S unless a test sets it */
     uint64_t taken;        /* turns taken */
     uint64_t skipped;      /* takes that went on without the turn (limit or stop) */
@@ -67,12 +69,15 @@ double gpu_turn_take(gpu_turn_t *t, const int *stopping);
  * GPU work is done (its stream synchronised). */
 void gpu_turn_give(gpu_turn_t *t);
 
-/* The turns of stage stage_id (a target or a drafter) under its run configuration c:
- * opens "<run_dir>/gpu<N>.turn" (run_dir: the stage's run dir on this host) when
- * c->gpu_turns is 1, the stage is on GPU N, another target or drafter of c runs on GPU
- * N of its node (runcfg_gpu_sharers) and no CUDA MPS server is set for it
- * (CUDA_MPS_PIPE_DIRECTORY: there the stages run side by side). Logs the choice at
- * INFO when the GPU is shared. Returns 0 (t on or off), or the open's error with t
+/* The turns of stage stage_id (a target, a drafter or the optimizer) under its run
+ * configuration c: opens "<run_dir>/gpu<N>.turn" (run_dir: the stage's run dir on this
+ * host) when c->gpu_turns is 1, the stage is on GPU N, the GPU is shared (a target or
+ * drafter: another target or drafter of c runs on GPU N of its node, runcfg_gpu_sharers;
+ * the optimizer: two or more of them do, so they take turns) and no CUDA MPS server is
+ * set for it (CUDA_MPS_PIPE_DIRECTORY: there the stages run side by side). The
+ * optimizer's step is short and ends a step: it waits at most GPU_TURN_OPT_WAIT_S for
+ * the turn (on its event loop: well under PIPE_DEAD_MS), then goes on without it,
+ * quietly (quiet_limit). Logs the choice at INFO when the GPU is shared. Returns 0 (t on or off), or the open's error with t
  * off (logged by the caller: the stage then time-slices, as with --gpu-turns off). */
 int gpu_turn_setup(gpu_turn_t *t, const run_config_t *c, uint32_t stage_id, const char *run_dir);
 

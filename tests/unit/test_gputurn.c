@@ -511,6 +511,22 @@ static void test_setup(void **state) {
     pair(&c, 1, 0);
     c.optimizer_gpu = 0;
     expect_setup(&c, PIPE_ID_DRAFTER0, 0);
+    expect_setup(&c, PIPE_ID_OPTIMIZER, 0);          /* nor the optimizer: one stage there */
+    /* the optimizer on a GPU where a target and a drafter take turns: it takes them too,
+     * waiting at most GPU_TURN_OPT_WAIT_S, quietly */
+    pair(&c, 0, 0);
+    c.optimizer_gpu = 0;
+    expect_setup(&c, PIPE_ID_OPTIMIZER, 1);
+    gpu_turn_t ot;
+    assert_int_equal(gpu_turn_setup(&ot, &c, PIPE_ID_OPTIMIZER, g_dir), 0);
+    assert_true(ot.wait_max_s == GPU_TURN_OPT_WAIT_S);
+    assert_int_equal(ot.quiet_limit, 1);
+    gpu_turn_close(&ot);
+    c.gpu_turns = 0;
+    expect_setup(&c, PIPE_ID_OPTIMIZER, 0);
+    c.gpu_turns = 1;
+    c.optimizer_gpu = 1;                             /* on another GPU */
+    expect_setup(&c, PIPE_ID_OPTIMIZER, 0);
     /* GPU 0 of two nodes is two GPUs */
     pair(&c, 0, 0);
     c.net_port = 29500;
