@@ -282,9 +282,7 @@ static void checkpoint(opt_t *O, int then) {
 }
 
 static void apply_step(opt_t *O) {
-    /* the GPU's turn (off unless targets / drafters take turns on ours): the step runs
-     * alone instead of time-sliced against a target's forward (that took it from 45 ms
-     * to 0.5-1.8 s at start-up, while the target ran ahead) */
+    /* the turn when targets / drafters take turns on our GPU (gputurn.h): not time-sliced */
     stage_phase_add(&O->st, PHASE_WAIT_GPU, gpu_turn_take(&O->turn, &O->st.stopping));
     double t0 = clock_mono_s();
     ockw_pin_hold(O->ck, 1);   /* the writer's pinning waits: our CUDA calls first */
@@ -876,8 +874,7 @@ int main(int argc, char **argv) {
     log_init("optimizer", LOG_INFO);
     static opt_t O;
     static run_config_t cfg;
-    O.b1 = 0.9; O.b2 = 0.999; O.eps = 1e-8;
-    gpu_turn_init(&O.turn);
+    O.b1 = 0.9; O.b2 = 0.999; O.eps = 1e-8; gpu_turn_init(&O.turn);
     stage_args_t a;
     if (stage_args(argc, argv, "optimizer", 0, usage, &a) < 0) return a.exit_code;
     int64_t inc = (int64_t)a.incarnation;
@@ -969,11 +966,9 @@ int main(int argc, char **argv) {
     t_up[5] = clock_mono_s();
     rc = stage_init(&O.st, PROTO_ROLE_OPTIMIZER, PIPE_ID_OPTIMIZER, "optimizer", &a, &cfg);
     if (rc < 0) return slab_destroy(&O.wslab), log_rc(rc, "stage init"), 1;
-    if (O.gpu >= 0) {
-        log_info("on GPU %d: master weights, moments and AdamW on the device", O.gpu);
-        if (gpu_turn_setup(&O.turn, &cfg, PIPE_ID_OPTIMIZER, O.st.run_dir) < 0)
-            log_warn("GPU turns: %s; the optimizer's steps time-slice the GPU", dl_errmsg());
-    }
+    if (O.gpu >= 0) log_info("on GPU %d: master weights, moments and AdamW on the device", O.gpu);
+    if (O.gpu >= 0 && gpu_turn_setup(&O.turn, &cfg, PIPE_ID_OPTIMIZER, O.st.run_dir) < 0)
+        log_warn("GPU turns: %s; the optimizer's steps time-slice the GPU", dl_errmsg());
     O.srv = stage_bus(&O.st, BUS_ROUTER, "optimizer");
     O.loader = stage_bus(&O.st, BUS_DEALER, "loader");
     if (!O.srv || !O.loader) return log_rc(DL_EIO, "optimizer sockets"), 1;
