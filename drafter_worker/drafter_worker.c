@@ -183,11 +183,12 @@ static void work_run(uv_work_t *req) {
     W->cu[0] = 0;
     for (uint32_t s = 0; s < it->n_seqs; s++) W->cu[s + 1] = W->cu[s] + lens[s];
     const uint8_t *mask = it->mask;
+    /* the GPU's turn (gputurn.h; off on CPU but for the gpu_turns.cpu test hook): this
+     * micro-batch runs alone on it, given back by work_cb after the sync that ends this
+     * function */
+    W->cur_wait_gpu_s = gpu_turn_take(&W->turn, &W->st.stopping);
     if (W->gpu >= 0) {
         int rc = dev_set(W->gpu);   /* per thread: this is a libuv worker */
-        /* the GPU's turn (off unless it is shared): this micro-batch runs alone on it,
-         * given back by work_cb after the sync that ends this function */
-        W->cur_wait_gpu_s = gpu_turn_take(&W->turn, &W->st.stopping);
         /* producer -> consumer ordering on the GPU: our stream waits for the
          * target's writes (no host wait) */
         if (rc == 0 && it->ev) rc = dev_stream_wait(W->ops.stream, it->ev);   /* NULL: by NCCL, in order */
@@ -889,9 +890,9 @@ int main(int argc, char **argv) {
         rc = dev_uuid(W.gpu, W.st.gpu_uuid, sizeof W.st.gpu_uuid);
         if (rc < 0) return log_rc(rc, "GPU UUID"), 1;
         log_info("on GPU %d (%s): GPU-tier inbox exported by CUDA IPC", W.gpu, W.st.gpu_uuid);
-        if (gpu_turn_setup(&W.turn, &cfg, sid, W.st.run_dir) < 0)
-            log_warn("GPU turns: %s; this drafter time-slices the GPU", dl_errmsg());
     }
+    if (gpu_turn_setup(&W.turn, &cfg, sid, W.st.run_dir) < 0)
+        log_warn("GPU turns: %s; this drafter time-slices the GPU", dl_errmsg());
     hcache_new(&W.hc, W.gpu);
     W.srv = stage_bus(&W.st, BUS_ROUTER, name);
     W.opt = stage_bus(&W.st, BUS_DEALER, "optimizer");

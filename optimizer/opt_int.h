@@ -21,6 +21,7 @@
 
 #include <stdatomic.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #define ONS_POLL_MS 10           /* the generation's set-up, completions, membership */
@@ -178,5 +179,8 @@ int ockw_busy(const ockw_t *w);
 const char *ockw_last_dir(const ockw_t *w);
 /* Times of the last checkpoint written; 0 (and *t untouched) before any. */
 int ockw_times(const ockw_t *w, ockw_times_t *t);
+
+/* The optimizer's --help text into f (opt_usage.c; stage_args prints it). */
+void opt_usage(FILE *f);
 
 #endif

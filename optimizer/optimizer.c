@@ -161,6 +161,7 @@ static float *wbuf(opt_t *O, uint64_t version) {
 }
 
 static void maybe_apply(opt_t *O);
+static void on_turn(void *arg);
 
 /* Weights handed to the bus: a step that waited for its half of the slab may run. */
 static void on_weights_sent(xfer_t *x, int status, void *arg) {
@@ -282,8 +283,6 @@ static void checkpoint(opt_t *O, int then) {
 }
 
 static void apply_step(opt_t *O) {
-    /* the turn when targets / drafters take turns on our GPU (gputurn.h): not time-sliced */
-    stage_phase_add(&O->st, PHASE_WAIT_GPU, gpu_turn_take(&O->turn, &O->st.stopping));
     double t0 = clock_mono_s();
     ockw_pin_hold(O->ck, 1);   /* the writer's pinning waits: our CUDA calls first */
     size_t P = O->P;
@@ -494,9 +493,20 @@ static void maybe_apply(opt_t *O) {
     for (uint64_t j = 0; j < O->K; j++) if (!O->c[j].present) return;
     if (xfer_pending(O->xf)) return;   /* on_weights_sent calls again */
     if (ons_busy(O->ns)) return;       /* NCCL transfers outstanding: its landed callback calls again */
+    /* the GPU's turn (gputurn.h), waited for off the loop thread: on_turn calls again */
+    if (!gpu_turn_ready(&O->turn, &O->st.loop, &O->st.stopping, on_turn, O)) return;
     O->in_apply = 1;
     apply_step(O);
     O->in_apply = 0;
+}
+
+/* The GPU's turn came (or its take went on without it): the step if it is still due,
+ * else the turn goes back (applied: apply_step gave it). */
+static void on_turn(void *arg) {
+    opt_t *O = arg;
+    stage_phase_add(&O->st, PHASE_WAIT_GPU, O->turn.last_wait_s);
+    if (!O->in_apply) maybe_apply(O);
+    gpu_turn_give(&O->turn);
 }
 
 /* A drafter on another node exported its gradient slab (O->dp[i].grad): its mirror,
@@ -691,20 +701,6 @@ static void on_stop(stage_t *st, void *arg) {
     opt_stop(arg);
 }
 
-static void usage(FILE *f) {
-    fprintf(f,
-        "usage: optimizer --run-dir DIR --incarnation N [--log-level L]\n"
-        "Pipeline stage 4: fp32 master weights, AdamW, exactly-once step ledger, checkpoints.\n"
-        "Started by `draftline run`; every setting (out dir, target model, drafter shape, lr,\n"
-        "schedule, checkpoints, resume dir, GPU, ...) comes from the run configuration the\n"
-        "supervisor sends first (common/pipe/runcfg.h).\n\n"
-        "  --run-dir DIR              sockets directory of the run (holds the supervisor's sup.sock)\n"
-        "  --incarnation N            restart count given by the supervisor (default 1)\n"
-        "  --index I                  accepted for symmetry with the other stages: 0 only\n"
-        "  --log-level L              error|warn|info|debug\n"
-        "  -h, --help                 this help\n");
-}
-
 /* The settings of the run configuration c, as the flags of the same names gave them
  * (the run's token budget, effective max_len, anchors, epochs, target fingerprint,
  * block size and layers only recorded in each checkpoint's state.bin for `draftline
@@ -874,9 +870,10 @@ int main(int argc, char **argv) {
     log_init("optimizer", LOG_INFO);
     static opt_t O;
     static run_config_t cfg;
-    O.b1 = 0.9; O.b2 = 0.999; O.eps = 1e-8; gpu_turn_init(&O.turn);
+    O.b1 = 0.9; O.b2 = 0.999; O.eps = 1e-8;
+    gpu_turn_init(&O.turn);
     stage_args_t a;
-    if (stage_args(argc, argv, "optimizer", 0, usage, &a) < 0) return a.exit_code;
+    if (stage_args(argc, argv, "optimizer", 0, opt_usage, &a) < 0) return a.exit_code;
     int64_t inc = (int64_t)a.incarnation;
     double t_up[8] = {clock_mono_s()};   /* start-up phases, logged once up (issue 14: measure it) */
     int rc = stage_config(PROTO_ROLE_OPTIMIZER, PIPE_ID_OPTIMIZER, "optimizer", &a, STAGE_CONFIG_TIMEOUT_MS, &cfg);
@@ -967,7 +964,7 @@ int main(int argc, char **argv) {
     rc = stage_init(&O.st, PROTO_ROLE_OPTIMIZER, PIPE_ID_OPTIMIZER, "optimizer", &a, &cfg);
     if (rc < 0) return slab_destroy(&O.wslab), log_rc(rc, "stage init"), 1;
     if (O.gpu >= 0) log_info("on GPU %d: master weights, moments and AdamW on the device", O.gpu);
-    if (O.gpu >= 0 && gpu_turn_setup(&O.turn, &cfg, PIPE_ID_OPTIMIZER, O.st.run_dir) < 0)
+    if (gpu_turn_setup(&O.turn, &cfg, PIPE_ID_OPTIMIZER, O.st.run_dir) < 0)
         log_warn("GPU turns: %s; the optimizer's steps time-slice the GPU", dl_errmsg());
     O.srv = stage_bus(&O.st, BUS_ROUTER, "optimizer");
     O.loader = stage_bus(&O.st, BUS_DEALER, "loader");

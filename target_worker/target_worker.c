@@ -191,7 +191,7 @@ static void work_run(uv_work_t *req) {
         T->ev_next = (T->ev_next + 1) % TW_N_EVENTS;
         if (rc == 0) rc = dev_event_record(T->ev[T->cur_ev], stream);
         if (rc == 0) rc = dev_stream_sync(stream);   /* this stream only */
-        gpu_turn_give(&T->turn);
+        gpu_turn_give(&T->turn);                      /* (CPU, test hook: work_cb gives it) */
         /* after the sync: the drafter posts its recv on hidden_states_ready, so the send
          * must not be waited for here; the next forward follows it on the stream */
         if (rc == 0 && nccl) rc = tw_nccl_send(&T->nc, T->scratch, (size_t)m->T * row * T->elem, stream);
@@ -212,6 +212,7 @@ static void work_cb(uv_work_t *req) {
     T->cur_err[0] = 0;
     if (T->fwd_delay_ms > 0) usleep((useconds_t)(T->fwd_delay_ms * 1000));
     work_run(req);
+    gpu_turn_give(&T->turn);   /* the CPU path's (gpu_turns.cpu hook); the GPU path gave it after its sync */
     T->cur_fwd_s += T->fwd_delay_ms > 0 ? (double)T->fwd_delay_ms / 1e3 : 0;   /* counted as forward */
     if (T->cur_rc < 0) snprintf(T->cur_err, sizeof T->cur_err, "%s", dl_errmsg());
 }
@@ -732,9 +733,9 @@ int main(int argc, char **argv) {
         if (rc < 0) return log_rc(rc, "GPU UUID"), 1;
         T.st.gpu_index = T.gpu;
         log_info("on GPU %d (%s)", T.gpu, T.st.gpu_uuid);
-        if (gpu_turn_setup(&T.turn, &cfg, PIPE_ID_TARGET0 + (uint32_t)T.index, T.st.run_dir) < 0)
-            log_warn("GPU turns: %s; this target time-slices the GPU", dl_errmsg());
     }
+    if (gpu_turn_setup(&T.turn, &cfg, PIPE_ID_TARGET0 + (uint32_t)T.index, T.st.run_dir) < 0)
+        log_warn("GPU turns: %s; this target time-slices the GPU", dl_errmsg());
     T.loader = stage_bus(&T.st, BUS_DEALER, "loader");
     if (!T.loader) return log_rc(DL_EIO, "connect to the loader"), 1;
     bus_on_message(T.loader, on_loader_msg, &T);

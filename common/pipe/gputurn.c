@@ -3,6 +3,7 @@
 #include "common/base/clock.h"
 #include "common/base/err.h"
 #include "common/base/log.h"
+#include "common/base/testhook.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -53,11 +54,21 @@ static int others_waiting(const gpu_turn_t *t) {
 double gpu_turn_take(gpu_turn_t *t, const int *stopping) {
     if (t->fd < 0 || t->held) return 0;
     double t0 = clock_mono_s();
+    if (t->hung) {   /* a holder hung before: one try, no wait, until a take gets it again */
+        if (flock(t->fd, LOCK_EX | LOCK_NB) == 0) {
+            t->held = 1;
+            t->hung = 0;
+            t->taken++;
+        } else
+            t->skipped++;
+        return clock_mono_s() - t0;
+    }
     /* fairness: a stage that finds others waiting (often the one that just gave the
      * turn back and wants it again) lets them go first: it joins the waiters and polls
-     * only after GPU_TURN_YIELD_US, longer than a waiter's longest nap */
+     * only after GPU_TURN_YIELD_US, longer than a waiter's longest nap. Joining never
+     * blocks (another's probe holds the file for microseconds: then we do not join) */
     int yield = others_waiting(t);
-    int waiting = flock(t->want_fd, LOCK_SH) == 0;   /* said to the others while we wait */
+    int waiting = flock(t->want_fd, LOCK_SH | LOCK_NB) == 0;
     if (yield) usleep(GPU_TURN_YIELD_US);
     useconds_t nap = GPU_TURN_NAP_MIN_US;
     double waited;
@@ -77,10 +88,13 @@ double gpu_turn_take(gpu_turn_t *t, const int *stopping) {
         }
         int stop = stop_asked(stopping);
         if (stop || waited >= t->wait_max_s) {
-            if (!stop && !t->warned && !t->quiet_limit) {
-                log_warn("GPU turn %s: held by another stage for %.1f s: going on without it (this unit of work "
-                         "time-slices the GPU; said once)", t->path, waited);
+            if (!stop) {
+                if (!t->warned)
+                    log_warn("GPU turn %s: held by another stage for %.1f s: going on without it (this unit of "
+                             "work time-slices the GPU; until the turn comes back, the next ones try once, "
+                             "without waiting; said once)", t->path, waited);
                 t->warned = 1;
+                t->hung = 1;
             }
             t->skipped++;
             break;
@@ -92,7 +106,33 @@ double gpu_turn_take(gpu_turn_t *t, const int *stopping) {
     return clock_mono_s() - t0;
 }
 
+static void ready_take(uv_work_t *req) {
+    gpu_turn_t *t = req->data;
+    t->last_wait_s = gpu_turn_take(t, t->stopping);
+    t->passed = !t->held;
+}
+
+static void ready_after(uv_work_t *req, int status) {
+    gpu_turn_t *t = req->data;
+    t->pending = 0;
+    if (status == UV_ECANCELED) t->passed = 1;   /* not run (the loop is closing): on without it */
+    t->cb(t->cb_arg);
+}
+
+int gpu_turn_ready(gpu_turn_t *t, uv_loop_t *loop, const int *stopping, gpu_turn_cb cb, void *arg) {
+    if (t->fd < 0 || t->held || t->passed) return 1;
+    if (t->pending) return 0;
+    t->stopping = stopping;
+    t->cb = cb;
+    t->cb_arg = arg;
+    t->req.data = t;
+    if (uv_queue_work(loop, &t->req, ready_take, ready_after) != 0) return 1;
+    t->pending = 1;
+    return 0;
+}
+
 void gpu_turn_give(gpu_turn_t *t) {
+    t->passed = 0;
     if (t->fd < 0 || !t->held) return;
     flock(t->fd, LOCK_UN);
     t->held = 0;
@@ -107,34 +147,24 @@ void gpu_turn_close(gpu_turn_t *t) {
 
 int gpu_turn_setup(gpu_turn_t *t, const run_config_t *c, uint32_t stage_id, const char *run_dir) {
     gpu_turn_init(t);
-    int gpu = runcfg_stage_gpu(c, stage_id), n = runcfg_gpu_sharers(c, stage_id);
-    int opt = stage_id == PIPE_ID_OPTIMIZER;
-    if (opt && gpu >= 0) {   /* the targets and drafters on its GPU, on its node */
-        n = 0;
-        for (int i = 0; i < c->n_targets + c->n_drafters; i++) {
-            uint32_t id = i < c->n_targets ? PIPE_ID_TARGET0 + (uint32_t)i : PIPE_ID_DRAFTER0 + (uint32_t)(i - c->n_targets);
-            n += runcfg_stage_gpu(c, id) == gpu && runcfg_stage_node(c, id) == c->optimizer_node;
-        }
-        if (n < 2) n = 0;   /* one stage there does not take turns: nor does the optimizer */
-    }
-    if (gpu < 0 || n == 0) return 0;
+    int gpu = runcfg_stage_gpu(c, stage_id);
+    int64_t cpu = 0;   /* test hook gpu_turns.cpu=1: CPU stages take turns as if on GPU 0 */
+    int all = gpu < 0 && testhook_i64("gpu_turns.cpu", &cpu) && cpu == 1;
+    if (all) gpu = 0;
+    if (gpu < 0) return 0;
+    int n = stage_id == PIPE_ID_OPTIMIZER ? 0 : all ? c->n_targets + c->n_drafters - 1 : runcfg_gpu_sharers(c, stage_id);
     const char *mps = getenv("CUDA_MPS_PIPE_DIRECTORY");
     if (mps && *mps) {
-        log_info("GPU %d: shared with %d other stage(s) under CUDA MPS (%s): side by side, no turns", gpu, n, mps);
+        if (n) log_info("GPU %d: shared with %d other stage(s) under CUDA MPS (%s): side by side, no turns", gpu, n, mps);
         return 0;
     }
     if (!c->gpu_turns) {
-        log_info("GPU %d: shared with %d other stage(s), --gpu-turns off: time-sliced by the driver", gpu, n);
+        if (n) log_info("GPU %d: shared with %d other stage(s), --gpu-turns off: time-sliced by the driver", gpu, n);
         return 0;
     }
     DL_TRY(gpu_turn_open(t, run_dir, gpu));
-    if (opt) {
-        t->wait_max_s = GPU_TURN_OPT_WAIT_S;
-        t->quiet_limit = 1;
-        log_info("GPU %d: shared with %d stage(s) taking turns: each step applied in a turn (waited for at most "
-                 "%.1f s, then without it) (%s)", gpu, n, t->wait_max_s, t->path);
-    } else
-        log_info("GPU %d: shared with %d other stage(s): taking turns on it, one unit of work each (%s)", gpu, n,
-                 t->path);
+    if (n) log_info("GPU %d: shared with %d other stage(s): taking turns on it, one unit of work each (%s)", gpu, n,
+                    t->path);
+    else log_debug("GPU %d: taking turns on it (%s; alone there now)", gpu, t->path);
     return 0;
 }

@@ -113,8 +113,8 @@ int runcfg_stage_node(const run_config_t *c, uint32_t stage_id);
 
 /* How many other targets and drafters of c's placement run on the GPU of stage
  * stage_id, on its node: 0 when it runs alone there, or when it is not a GPU stage
- * or is the optimizer or the loader (neither takes turns: the optimizer's work is
- * short; it is not counted for the others either). */
+ * or is the optimizer or the loader (neither is counted: the loader has no GPU work,
+ * the optimizer's step is short; gpu_turn_setup logs with this count). */
 int runcfg_gpu_sharers(const run_config_t *c, uint32_t stage_id);
 
 /* The endpoint of the server `name` ("loader", "optimizer", "drafter<i>", "sup") under

@@ -14,6 +14,9 @@
  *    and with a relative --out the log dir given to it is absolute;
  *  - --gpu-turns with another value than on/off is refused; it is recorded in run.json
  *    ("gpu_turns") and `run --resume` takes it unless given;
+ *  - the pipeline takes --gpu-turns turns on CPU stages (test hook gpu_turns.cpu=1): the run
+ *    ends with the losses of the run without turns, bitwise (--deterministic); turned off,
+ *    the hook changes nothing;
  *  - --mps is recorded in run.json ("mps") and `run --resume` takes it unless given (said
  *    in its "taken from" line); a given --mps wins; a recorded "on" where MPS cannot be
  *    (hand-edited, a CPU run) is refused naming run.json;
@@ -233,6 +236,43 @@ static void test_resume_takes_gpu_turns(void **state) {
                               "--gpu-turns", "on", NULL), 0);
     assert_int_equal(pf_count_in(log, " --gpu-turns "), 0);
     assert_int_equal(pf_count_in(rj, "\"gpu_turns\":\t\"on\""), 1);
+}
+
+/* The pipeline taking --gpu-turns turns without a GPU (test hook gpu_turns.cpu=1: the CPU
+ * stages take them as if on GPU 0): 2 targets, 1 drafter and the optimizer finish the run
+ * with the losses of the same deterministic run without turns (turns only order the work),
+ * each target and the drafter say they take turns, the turn file is in the run dir and the
+ * stages publish wait_gpu_s; with --gpu-turns off the hook changes nothing. */
+static void test_gpu_turns_cpu(void **state) {
+    (void)state;
+    char out[3][400], log[400], path[1300];
+    double loss[3][8];
+    for (int k = 0; k < 3; k++) {
+        snprintf(out[k], sizeof out[k], "%s/turns%d", fx.root, k);
+        snprintf(log, sizeof log, "%s/turns%d.out", fx.root, k);
+        if (k) assert_int_equal(setenv("DL_TEST_HOOKS", "gpu_turns.cpu=1", 1), 0);
+        int rc = run(out[k], log, "--device", "cpu", "--threads", "1", "--deterministic", "--targets", "2",
+                     "--drafters", "1", "--max-steps", "4", "--gpu-turns", k == 2 ? "off" : "on", NULL);
+        unsetenv("DL_TEST_HOOKS");
+        if (rc != 0) pf_show(log);
+        assert_int_equal(rc, 0);
+        assert_int_equal(pf_step_losses(out[k], loss[k], 8), 4);
+        snprintf(path, sizeof path, "%s/gpu0.turn", out[k]);
+        assert_int_equal(access(path, F_OK) == 0, k == 1);
+    }
+    for (int i = 0; i < 4; i++) {
+        assert_true(loss[1][i] == loss[0][i]);      /* bitwise: --deterministic */
+        assert_true(loss[2][i] == loss[0][i]);
+    }
+    const char *said_by[] = {"target0", "target1", "drafter0"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/logs/%s.log", out[1], said_by[i]);
+        assert_int_equal(pf_count_in(path, "GPU 0: shared with 2 other stage(s): taking turns on it"), 1);
+        snprintf(path, sizeof path, "%s/logs/%s.log", out[2], said_by[i]);
+        assert_int_equal(pf_count_in(path, "--gpu-turns off: time-sliced by the driver"), 1);
+    }
+    snprintf(path, sizeof path, "%s/metrics.jsonl", out[1]);
+    assert_true(pf_count_in(path, "\"wait_gpu_s\":") > 0);
 }
 
 /* --resume without a placement flag continues on the run's placement (run.json): a CPU
@@ -469,6 +509,7 @@ int main(void) {
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_resume_takes_mps),
         cmocka_unit_test(test_resume_takes_gpu_turns),
+        cmocka_unit_test(test_gpu_turns_cpu),
         cmocka_unit_test(test_resume_takes_placement),
         cmocka_unit_test(test_daemon_life_cycle),
         cmocka_unit_test(test_gpu_share_line),

@@ -13,7 +13,11 @@
  *    lets a waiter go first: the waiter gets it within 10 holds, five times in a row;
  *  - turns off (gpu_turn_init): take returns 0, give and close do nothing;
  *  - gpu_turn_open in a missing dir: DL_EIO naming the path;
- *  - gpu_turn_setup: on only for a target / drafter sharing its GPU on its node, with
+ *  - gpu_turn_ready (GPU work on an event loop): the take on the thread pool, the callback
+ *    on the loop with the turn, or after the limit with passed;
+ *  - a holder that hangs: after one wait to the limit, takes try once without waiting
+ *    until one gets the turn;
+ *  - gpu_turn_setup: on for every GPU target / drafter / optimizer, with
  *    gpu_turns 1 and no CUDA MPS server.
  * Every multi-process case runs under proc_watchdog and reaps its children.
  */
@@ -211,9 +215,11 @@ static void test_holder_never_gives(void **state) {
     assert_int_equal(w.taken, 0);
     assert_int_equal(w.skipped, 1);
     assert_int_equal(w.warned, 1);
-    /* the next take waits its limit again; still one warning */
+    assert_int_equal(w.hung, 1);
+    /* the holder hangs: the next takes try once, without waiting; still one warning */
     s = gpu_turn_take(&w, NULL);
-    assert_true(s >= 0.2 && s < 3.0);
+    assert_true(s < 0.1);
+    assert_int_equal(w.held, 0);
     assert_int_equal(w.skipped, 2);
     assert_int_equal(w.warned, 1);
     gpu_turn_give(&w);                               /* not held: nothing to give */
@@ -225,6 +231,7 @@ static void test_holder_never_gives(void **state) {
     assert_true(s < 0.5);
     assert_int_equal(w.held, 1);
     assert_int_equal(w.taken, 1);
+    assert_int_equal(w.hung, 0);                     /* back to waiting takes */
     /* a take while held does not take twice */
     assert_true(gpu_turn_take(&w, NULL) == 0);
     assert_int_equal(w.taken, 1);
@@ -239,6 +246,62 @@ static void test_holder_never_gives(void **state) {
     assert_int_equal(h.skipped, 0);
     gpu_turn_close(&h);
     gpu_turn_close(&h);                              /* harmless twice */
+}
+
+/* ------------------------------------------------------------ on an event loop */
+
+typedef struct { gpu_turn_t *t; int calls; int ready; } loop_user_t;
+
+static void on_ready(void *arg) {
+    loop_user_t *u = arg;
+    u->calls++;
+    u->ready = gpu_turn_ready(u->t, NULL, NULL, NULL, NULL);   /* held or passed: 1, no loop needed */
+}
+
+/* gpu_turn_ready: the take runs on the loop's thread pool (the loop thread never waits),
+ * the callback comes on the loop thread with the turn, the work is done and given back;
+ * a holder that keeps it past the limit: the callback comes with passed, ready says go. */
+static void test_ready_on_loop(void **state) {
+    (void)state;
+    uv_loop_t loop;
+    assert_int_equal(uv_loop_init(&loop), 0);
+    gpu_turn_t h, w;
+    assert_int_equal(gpu_turn_open(&h, g_dir, 4), 0);
+    assert_int_equal(gpu_turn_open(&w, g_dir, 4), 0);
+    loop_user_t u = {&w, 0, 0};
+    /* free: queued, then the callback with the turn held */
+    assert_int_equal(gpu_turn_ready(&w, &loop, NULL, on_ready, &u), 0);
+    assert_int_equal(w.pending, 1);
+    assert_int_equal(gpu_turn_ready(&w, &loop, NULL, on_ready, &u), 0);   /* in flight: not queued again */
+    assert_int_equal(uv_run(&loop, UV_RUN_DEFAULT), 0);
+    assert_int_equal(u.calls, 1);
+    assert_int_equal(u.ready, 1);
+    assert_int_equal(w.held, 1);
+    assert_int_equal(w.pending, 0);
+    gpu_turn_give(&w);
+    /* another holds it: the loop thread runs a timer meanwhile; the callback after the limit */
+    assert_true(gpu_turn_take(&h, NULL) < 0.5);
+    w.wait_max_s = 0.2;
+    u.calls = 0;
+    double t0 = clock_mono_s();
+    assert_int_equal(gpu_turn_ready(&w, &loop, NULL, on_ready, &u), 0);
+    assert_int_equal(uv_run(&loop, UV_RUN_DEFAULT), 0);
+    double el = clock_mono_s() - t0;
+    assert_int_equal(u.calls, 1);
+    assert_int_equal(u.ready, 1);                    /* passed: go on without it */
+    assert_int_equal(w.held, 0);
+    assert_int_equal(w.passed, 1);
+    assert_true(w.last_wait_s >= 0.2 && el >= 0.2 && el < 3.0);
+    gpu_turn_give(&w);                               /* ends passed */
+    assert_int_equal(w.passed, 0);
+    gpu_turn_close(&h);
+    /* off: ready at once, nothing queued */
+    gpu_turn_t off;
+    gpu_turn_init(&off);
+    assert_int_equal(gpu_turn_ready(&off, &loop, NULL, on_ready, &u), 1);
+    assert_int_equal(off.pending, 0);
+    gpu_turn_close(&w);
+    assert_int_equal(uv_loop_close(&loop), 0);
 }
 
 /* ------------------------------------------------------------ stopping */
@@ -499,34 +562,29 @@ static void test_setup(void **state) {
     assert_int_equal(setenv("CUDA_MPS_PIPE_DIRECTORY", "", 1), 0);   /* set but empty: no server */
     expect_setup(&c, PIPE_ID_TARGET0, 1);
     unsetenv("CUDA_MPS_PIPE_DIRECTORY");
-    /* each on its own GPU */
+    /* each on its own GPU: turns too (uncontended), so a live rebalance that brings
+     * stages together finds them taking turns */
     pair(&c, 0, 1);
-    expect_setup(&c, PIPE_ID_TARGET0, 0);
-    expect_setup(&c, PIPE_ID_DRAFTER0, 0);
+    expect_setup(&c, PIPE_ID_TARGET0, 1);
+    expect_setup(&c, PIPE_ID_DRAFTER0, 1);
     /* CPU stages */
     pair(&c, -1, -1);
     assert_int_equal(gpu_turn_setup(&tt, &c, PIPE_ID_TARGET0, g_dir), 0);
     assert_int_equal(tt.fd, -1);
-    /* only the optimizer shares the drafter's GPU: not a turn-taker */
+    /* the optimizer on a GPU: turns as the others (gpu_turn_ready on its loop), off with
+     * --gpu-turns off, under MPS, or on the CPU */
     pair(&c, 1, 0);
     c.optimizer_gpu = 0;
-    expect_setup(&c, PIPE_ID_DRAFTER0, 0);
-    expect_setup(&c, PIPE_ID_OPTIMIZER, 0);          /* nor the optimizer: one stage there */
-    /* the optimizer on a GPU where a target and a drafter take turns: it takes them too,
-     * waiting at most GPU_TURN_OPT_WAIT_S, quietly */
-    pair(&c, 0, 0);
-    c.optimizer_gpu = 0;
     expect_setup(&c, PIPE_ID_OPTIMIZER, 1);
-    gpu_turn_t ot;
-    assert_int_equal(gpu_turn_setup(&ot, &c, PIPE_ID_OPTIMIZER, g_dir), 0);
-    assert_true(ot.wait_max_s == GPU_TURN_OPT_WAIT_S);
-    assert_int_equal(ot.quiet_limit, 1);
-    gpu_turn_close(&ot);
     c.gpu_turns = 0;
     expect_setup(&c, PIPE_ID_OPTIMIZER, 0);
     c.gpu_turns = 1;
-    c.optimizer_gpu = 1;                             /* on another GPU */
+    assert_int_equal(setenv("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps", 1), 0);
     expect_setup(&c, PIPE_ID_OPTIMIZER, 0);
+    unsetenv("CUDA_MPS_PIPE_DIRECTORY");
+    c.optimizer_gpu = -1;
+    assert_int_equal(gpu_turn_setup(&tt, &c, PIPE_ID_OPTIMIZER, g_dir), 0);
+    assert_int_equal(tt.fd, -1);
     /* GPU 0 of two nodes is two GPUs */
     pair(&c, 0, 0);
     c.net_port = 29500;
@@ -534,10 +592,10 @@ static void test_setup(void **state) {
     snprintf(c.node_addr[0], sizeof c.node_addr[0], "10.0.0.1");
     snprintf(c.node_addr[1], sizeof c.node_addr[1], "10.0.0.2");
     c.target_node[0] = 0; c.drafter_node[0] = 1;
-    expect_setup(&c, PIPE_ID_TARGET0, 0);
-    expect_setup(&c, PIPE_ID_DRAFTER0, 0);
+    assert_int_equal(runcfg_gpu_sharers(&c, PIPE_ID_TARGET0), 0);   /* each alone on its node's GPU 0 */
+    expect_setup(&c, PIPE_ID_TARGET0, 1);
     c.drafter_node[0] = 0;                           /* now on one node */
-    expect_setup(&c, PIPE_ID_DRAFTER0, 1);
+    assert_int_equal(runcfg_gpu_sharers(&c, PIPE_ID_TARGET0), 1);
     /* a shared GPU and a run dir that cannot hold the file: the open's error, t off */
     pair(&c, 0, 0);
     char bad[128];
@@ -554,6 +612,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_stopping, setup, teardown),
         cmocka_unit_test_setup_teardown(test_holder_killed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_fair, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ready_on_loop, setup, teardown),
         cmocka_unit_test_setup_teardown(test_off, setup, teardown),
         cmocka_unit_test_setup_teardown(test_open_errors, setup, teardown),
         cmocka_unit_test_setup_teardown(test_setup, setup, teardown),
