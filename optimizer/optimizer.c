@@ -500,12 +500,13 @@ static void maybe_apply(opt_t *O) {
     O->in_apply = 0;
 }
 
-/* The GPU's turn came (or its take went on without it): the step if it is still due,
- * else the turn goes back (applied: apply_step gave it). */
+/* The GPU's turn came (or its take went on without it): the step if it is still due and
+ * the stage is not stopping (stage_fini drains the loop after the buses are gone), else
+ * the turn goes back (applied: apply_step gave it). */
 static void on_turn(void *arg) {
     opt_t *O = arg;
     stage_phase_add(&O->st, PHASE_WAIT_GPU, O->turn.last_wait_s);
-    if (!O->in_apply) maybe_apply(O);
+    if (!O->in_apply && !O->st.stopping) maybe_apply(O);
     gpu_turn_give(&O->turn);
 }
 
