@@ -120,8 +120,11 @@ static void ready_after(uv_work_t *req, int status) {
 }
 
 int gpu_turn_ready(gpu_turn_t *t, uv_loop_t *loop, const int *stopping, gpu_turn_cb cb, void *arg) {
-    if (t->fd < 0 || t->held || t->passed) return 1;
+    if (t->fd < 0) return 1;
+    /* pending first: while a take is in flight its thread writes held / passed; the loop
+     * reads them only after ready_after (libuv orders the two) */
     if (t->pending) return 0;
+    if (t->held || t->passed) return 1;
     t->stopping = stopping;
     t->cb = cb;
     t->cb_arg = arg;
