@@ -58,6 +58,7 @@ double gpu_turn_take(gpu_turn_t *t, const int *stopping) {
         if (flock(t->fd, LOCK_EX | LOCK_NB) == 0) {
             t->held = 1;
             t->hung = 0;
+            t->warned = 0;   /* the turn came back: a later hang is said again */
             t->taken++;
         } else
             t->skipped++;
@@ -158,15 +159,15 @@ int gpu_turn_setup(gpu_turn_t *t, const run_config_t *c, uint32_t stage_id, cons
     int n = stage_id == PIPE_ID_OPTIMIZER ? 0 : all ? c->n_targets + c->n_drafters - 1 : runcfg_gpu_sharers(c, stage_id);
     const char *mps = getenv("CUDA_MPS_PIPE_DIRECTORY");
     if (mps && *mps) {
-        if (n) log_info("GPU %d: shared with %d other stage(s) under CUDA MPS (%s): side by side, no turns", gpu, n, mps);
+        if (n) log_info("GPU %d: shared with %d other target(s) / drafter(s) under CUDA MPS (%s): side by side, no turns", gpu, n, mps);
         return 0;
     }
     if (!c->gpu_turns) {
-        if (n) log_info("GPU %d: shared with %d other stage(s), --gpu-turns off: time-sliced by the driver", gpu, n);
+        if (n) log_info("GPU %d: shared with %d other target(s) / drafter(s), --gpu-turns off: time-sliced by the driver", gpu, n);
         return 0;
     }
     DL_TRY(gpu_turn_open(t, run_dir, gpu));
-    if (n) log_info("GPU %d: shared with %d other stage(s): taking turns on it, one unit of work each (%s)", gpu, n,
+    if (n) log_info("GPU %d: shared with %d other target(s) / drafter(s): taking turns on it, one unit of work each (%s)", gpu, n,
                     t->path);
     else log_debug("GPU %d: taking turns on it (%s; alone there now)", gpu, t->path);
     return 0;

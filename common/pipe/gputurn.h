@@ -77,9 +77,9 @@ int gpu_turn_open(gpu_turn_t *t, const char *dir, int gpu);
  * GPU_TURN_YIELD_US when another stage is waiting (fairness, above). Returns the
  * seconds waited (>= 0). Goes on without the turn (t->skipped counts it; t->held stays
  * 0) when *stopping is non-zero at a poll (read atomically; stopping may be NULL), after
- * t->wait_max_s (logged once per gpu_turn_t at WARN, naming the path; t->hung: the
- * next takes try once without waiting until one gets it), or when flock fails
- * otherwise (logged once). Off (fd -1) or already held: returns 0 at once. */
+ * t->wait_max_s (logged at WARN, naming the path; t->hung: the next takes try once
+ * without waiting until one gets it, and a later hang is logged again), or when flock
+ * fails otherwise (logged once). Off (fd -1) or already held: returns 0 at once. */
 double gpu_turn_take(gpu_turn_t *t, const int *stopping);
 
 /* For GPU work on an event loop: 1 when it may run now (turns off, the turn held, or

@@ -267,7 +267,7 @@ static void test_gpu_turns_cpu(void **state) {
     const char *said_by[] = {"target0", "target1", "drafter0"};
     for (int i = 0; i < 3; i++) {
         snprintf(path, sizeof path, "%s/logs/%s.log", out[1], said_by[i]);
-        assert_int_equal(pf_count_in(path, "GPU 0: shared with 2 other stage(s): taking turns on it"), 1);
+        assert_int_equal(pf_count_in(path, "GPU 0: shared with 2 other target(s) / drafter(s): taking turns on it"), 1);
         snprintf(path, sizeof path, "%s/logs/%s.log", out[2], said_by[i]);
         assert_int_equal(pf_count_in(path, "--gpu-turns off: time-sliced by the driver"), 1);
     }

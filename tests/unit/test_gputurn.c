@@ -232,6 +232,7 @@ static void test_holder_never_gives(void **state) {
     assert_int_equal(w.held, 1);
     assert_int_equal(w.taken, 1);
     assert_int_equal(w.hung, 0);                     /* back to waiting takes */
+    assert_int_equal(w.warned, 0);                   /* a later hang is said again */
     /* a take while held does not take twice */
     assert_true(gpu_turn_take(&w, NULL) == 0);
     assert_int_equal(w.taken, 1);
