@@ -131,6 +131,9 @@ static void print_stage(const rundir_stage_t *e, const rundir_metrics_rec_t *x, 
                      num(x, "reissued"));
         else if ((v = num(x, "done")) >= 0)
             snprintf(detail + dl, sizeof detail - dl, "%g micro-batches, route drafter%g", v, num(x, "route"));
+        double g = num(x, "wait_gpu_s");   /* --gpu-turns: its waits so far for the GPU's turn */
+        dl = strlen(detail);
+        if (g > 0) snprintf(detail + dl, sizeof detail - dl, "%swaited %.1f s for GPU turns", dl ? "; " : "", g);
     }
     double compute = x ? num(x, "forward_s") + num(x, "backward_s") + num(x, "step_s") : 0;
     char rate[32] = "-";

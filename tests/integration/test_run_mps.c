@@ -15,8 +15,8 @@
  *  - --gpu-turns with another value than on/off is refused; it is recorded in run.json
  *    ("gpu_turns") and `run --resume` takes it unless given;
  *  - the pipeline takes --gpu-turns turns on CPU stages (test hook gpu_turns.cpu=1): the run
- *    ends with the losses of the run without turns, bitwise (--deterministic); turned off,
- *    the hook changes nothing;
+ *    ends with the losses of the run without turns, bitwise (--deterministic), and `status`
+ *    says each stage's waits for the turns; turned off, the hook changes nothing;
  *  - --mps is recorded in run.json ("mps") and `run --resume` takes it unless given (said
  *    in its "taken from" line); a given --mps wins; a recorded "on" where MPS cannot be
  *    (hand-edited, a CPU run) is refused naming run.json;
@@ -273,6 +273,18 @@ static void test_gpu_turns_cpu(void **state) {
     }
     snprintf(path, sizeof path, "%s/metrics.jsonl", out[1]);
     assert_true(pf_count_in(path, "\"wait_gpu_s\":") > 0);
+    /* `draftline status` says each stage's waits for the turns; none without turns */
+    for (int k = 0; k < 2; k++) {
+        static pf_run_args_t a;
+        memset(&a, 0, sizeof a);
+        const char *argv[] = {fx.exe, "status", "--run", out[k], NULL};
+        pf_set_argv(&a, argv);
+        snprintf(a.log, sizeof a.log, "%s/status%d.out", fx.root, k);
+        assert_int_equal(pf_run_draftline(&a, NULL, 30, NULL), 0);
+        int n = pf_count_in(a.log, " s for GPU turns");
+        if (n != (k ? 4 : 0)) pf_show(a.log);
+        assert_int_equal(n, k ? 4 : 0);   /* 2 targets, the drafter, the optimizer */
+    }
 }
 
 /* --resume without a placement flag continues on the run's placement (run.json): a CPU
