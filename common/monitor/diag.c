@@ -74,6 +74,7 @@ void mon_stage_view(const mon_stage_t *s, double now, double window_s, mon_stage
     static const char *const busy[] = {"copy_s", "forward_s", "backward_s", "step_s"};
     v->d_wait_input = nz(mon_stage_get(s, 0, "wait_input_s") - mon_stage_get(s, back, "wait_input_s"));
     v->d_wait_credit = nz(mon_stage_get(s, 0, "wait_credit_s") - mon_stage_get(s, back, "wait_credit_s"));
+    v->d_wait_gpu = nz(mon_stage_get(s, 0, "wait_gpu_s") - mon_stage_get(s, back, "wait_gpu_s"));
     for (int i = 0; i < 4; i++)
         v->d_busy += nz(mon_stage_get(s, 0, busy[i]) - mon_stage_get(s, back, busy[i]));
 }
@@ -93,14 +94,15 @@ void mon_diagnose(const mon_stage_view_t *v, const mon_diag_opts_t *o, mon_diag_
     now_t now = now_of(v);
     if (v->dt > 0) {
         double in = pos0(v->d_wait_input / v->dt), cr = pos0(v->d_wait_credit / v->dt);
-        double bu = pos0(v->d_busy / v->dt), sum = in + cr + bu;
+        double bu = pos0(v->d_busy / v->dt), gp = pos0(v->d_wait_gpu / v->dt), sum = in + cr + bu + gp;
         if (sum > 1) {
             /* a phase that began before the window and ended inside it adds all of its
              * time: the window holds no open phase, and the shares are scaled together
-             * (one clamp for all three, so they add up to 100 %) */
+             * (one clamp for all four, so they add up to 100 %) */
             in /= sum;
             cr /= sum;
             bu /= sum;
+            gp /= sum;
         } else if (now == NOW_INPUT) {
             in += 1 - sum;                          /* the phase the stage is in now, once */
         } else if (now == NOW_CREDIT) {
@@ -111,6 +113,7 @@ void mon_diagnose(const mon_stage_view_t *v, const mon_diag_opts_t *o, mon_diag_
         out->share_in = clamp01(in);
         out->share_credit = clamp01(cr);
         out->share_busy = clamp01(bu);
+        out->share_gpu = clamp01(gp);
     }
     /* metrics come every second from a loop that long work never blocks: a few seconds
      * of silence is a frozen or hung process, whatever --stall-s says; a stage loading
@@ -173,7 +176,11 @@ void mon_diagnose(const mon_stage_view_t *v, const mon_diag_opts_t *o, mon_diag_
         fmt(out->why, sizeof out->why, "waits for credit %.0f%% of the time", 100 * out->share_credit);
     } else {
         out->kind = MON_DIAG_OK;
-        fmt(out->why, sizeof out->why, "busy %.0f%%", 100 * out->share_busy);
+        if (out->share_gpu >= 0.05)
+            fmt(out->why, sizeof out->why, "busy %.0f%%, waits for its GPU's turn %.0f%%", 100 * out->share_busy,
+                100 * out->share_gpu);
+        else
+            fmt(out->why, sizeof out->why, "busy %.0f%%", 100 * out->share_busy);
     }
 }
 

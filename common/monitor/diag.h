@@ -6,12 +6,15 @@
  *   share_credit = d(wait_credit_s) / dt     time waiting for credit (slot grants,
  *                                            work requests downstream)
  *   share_busy   = d(copy_s + forward_s + backward_s + step_s) / dt
+ *   share_gpu    = d(wait_gpu_s) / dt        time waiting for its GPU's turn (--gpu-turns)
  * Stages add a phase's time when the phase ends, so the part of the window not yet
- * accounted (1 - the three shares) is the phase the stage is in now, which its
+ * accounted (1 - the four shares) is the phase the stage is in now, which its
  * state says: idle -> waiting for input (the loader: for work requests, i.e.
- * credit), blocked -> waiting for credit, running -> busy. When the three add up to
- * more than 1 (a phase that began before the window ended inside it), they are scaled
- * down together: the shares always add up to at most 1.
+ * credit), blocked -> waiting for credit, running -> busy (a wait for the GPU's turn
+ * in progress is counted busy until it ends). When the four add up to more than 1 (a
+ * phase that began before the window ended inside it), they are scaled down together:
+ * the shares always add up to at most 1. The diagnosis's "why" of an OK stage names a
+ * share_gpu of 5 % or more.
  *
  * Diagnosis (DESIGN.md section 6):
  *   stopping/exited/retired/starting    -> STOPPED / STARTING
@@ -63,6 +66,7 @@ typedef struct {
     char state[MON_STATE_MAX];  /* latest state */
     double dt;                  /* window length, s (0: fewer than 2 samples) */
     double d_wait_input, d_wait_credit, d_busy;     /* seconds inside the window */
+    double d_wait_gpu;                              /* the same, waiting for the GPU's turn */
     double since_progress_s;    /* at `now` (latest since_progress_s + now - its ts); NaN unknown */
     double staleness_s;         /* now - latest sample ts */
     double tokens_per_s;        /* latest; NaN unknown */
@@ -74,6 +78,7 @@ typedef struct {
 typedef struct {
     mon_diag_kind_t kind;
     double share_in, share_credit, share_busy;     /* after attributing the open phase */
+    double share_gpu;                              /* waiting for the GPU's turn (not busy) */
     int stalled;                /* no progress for stall_s (any kind) */
     char why[160];              /* one line, e.g. "no progress for 75 s while running" */
 } mon_diag_t;

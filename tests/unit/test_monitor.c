@@ -350,6 +350,43 @@ static void add(fleet_t *f, const char *name, mon_role_t role, const char *state
     f->n++;
 }
 
+/* --gpu-turns: a stage's waits for its GPU's turn (wait_gpu_s) are not busy time: over a
+ * 10 s window a target that forwarded 4.5 s and waited 5 s for the turn, running now, is
+ * 50 % busy (4.5 s + the 0.5 s open phase) and 50 % waiting for the turn, and its
+ * diagnosis says so; all four shares scaled together when they overrun the window; below
+ * 5 % the "why" stays "busy N%". */
+static void test_gpu_turn_share(void **state) {
+    (void)state;
+    mon_diag_opts_t o = opts(60);
+    mon_diag_t d;
+    mon_stage_view_t v = {.name = "target0", .role = MON_ROLE_TARGET, .state = "running", .dt = 10,
+                          .d_busy = 4.5, .d_wait_gpu = 5, .since_progress_s = 0.5};
+    mon_diagnose(&v, &o, &d);
+    assert_int_equal(d.kind, MON_DIAG_OK);
+    assert_true(fabs(d.share_busy - 0.5) < 1e-9);
+    assert_true(fabs(d.share_gpu - 0.5) < 1e-9);
+    assert_string_equal(d.why, "busy 50%, waits for its GPU's turn 50%");
+    v.d_busy = 8; v.d_wait_gpu = 8;                  /* 16 s in a 10 s window: scaled */
+    mon_diagnose(&v, &o, &d);
+    assert_true(fabs(d.share_busy - 0.5) < 1e-9 && fabs(d.share_gpu - 0.5) < 1e-9);
+    v.d_busy = 9; v.d_wait_gpu = 0.2;
+    mon_diagnose(&v, &o, &d);
+    assert_true(fabs(d.share_gpu - 0.02) < 1e-9);
+    assert_string_equal(d.why, "busy 98%");
+    /* from a metrics stream: wait_gpu_s read like the other phases */
+    mon_run_t *run = mon_run_new();
+    assert_non_null(run);
+    const char *names[] = {"wait_input_s", "wait_gpu_s", "forward_s", "since_progress_s"};
+    for (int t = 0; t <= 10; t++) {
+        double vals[] = {0, 0.6 * t, 0.4 * t, 0.1};
+        assert_int_equal(mon_run_ingest_metrics(run, 1e9 + t, "target0", 200, 1, "running", names, vals, 4), 0);
+    }
+    d = diag_of(run, "target0", 1e9 + 10, &o);
+    assert_true(fabs(d.share_gpu - 0.6) < 1e-9);
+    assert_true(fabs(d.share_busy - 0.4) < 1e-9);
+    mon_run_destroy(&run);
+}
+
 static void test_bottleneck(void **state) {
     (void)state;
     mon_topo_t cpu = {.n_targets = 2, .n_drafters = 2};
@@ -780,6 +817,7 @@ int main(void) {
         cmocka_unit_test(test_stuck_between_samples_and_silent),
         cmocka_unit_test(test_starved_not_stuck),
         cmocka_unit_test(test_backpressured_and_shares),
+        cmocka_unit_test(test_gpu_turn_share),
         cmocka_unit_test(test_bottleneck),
         cmocka_unit_test(test_report_stall_fixture),
         cmocka_unit_test_setup_teardown(test_report_topology_rows, setup_tmp, teardown_tmp),
