@@ -281,9 +281,11 @@ static void test_gpu_turns_cpu(void **state) {
         pf_set_argv(&a, argv);
         snprintf(a.log, sizeof a.log, "%s/status%d.out", fx.root, k);
         assert_int_equal(pf_run_draftline(&a, NULL, 30, NULL), 0);
+        /* the drafter, the optimizer and the targets that forwarded (one of the two may
+         * get no micro-batch under turns: ARCHITECTURE, *Shared GPU, turns*) */
         int n = pf_count_in(a.log, " s for GPU turns");
-        if (n != (k ? 4 : 0)) pf_show(a.log);
-        assert_int_equal(n, k ? 4 : 0);   /* 2 targets, the drafter, the optimizer */
+        if (k ? n < 3 || n > 4 : n != 0) pf_show(a.log);
+        assert_true(k ? n >= 3 && n <= 4 : n == 0);
     }
 }
 
