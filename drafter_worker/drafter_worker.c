@@ -252,7 +252,6 @@ static void work_run(uv_work_t *req) {
 static void work_cb(uv_work_t *req) {
     dw_t *W = req->data;
     W->cur_err[0] = 0;
-    W->cur_wait_gpu_s = 0;
     work_run(req);
     gpu_turn_give(&W->turn);   /* its GPU work is done (or failed): the next stage's turn */
     if (W->cur_rc < 0) snprintf(W->cur_err, sizeof W->cur_err, "%s", dl_errmsg());

@@ -51,17 +51,20 @@ static int others_waiting(const gpu_turn_t *t) {
     return errno == EWOULDBLOCK;
 }
 
+/* One try for the turn, no wait: 1 and held when it was free. */
+static int try_take(gpu_turn_t *t) {
+    if (flock(t->fd, LOCK_EX | LOCK_NB) != 0) return 0;
+    t->held = 1;
+    t->taken++;
+    return 1;
+}
+
 double gpu_turn_take(gpu_turn_t *t, const int *stopping) {
     if (t->fd < 0 || t->held) return 0;
     double t0 = clock_mono_s();
     if (t->hung) {   /* a holder hung before: one try, no wait, until a take gets it again */
-        if (flock(t->fd, LOCK_EX | LOCK_NB) == 0) {
-            t->held = 1;
-            t->hung = 0;
-            t->warned = 0;   /* the turn came back: a later hang is said again */
-            t->taken++;
-        } else
-            t->skipped++;
+        if (try_take(t)) t->hung = t->warned = 0;   /* the turn came back: a later hang is said again */
+        else t->skipped++;
         return clock_mono_s() - t0;
     }
     /* fairness: a stage that finds others waiting (often the one that just gave the
@@ -74,11 +77,7 @@ double gpu_turn_take(gpu_turn_t *t, const int *stopping) {
     useconds_t nap = GPU_TURN_NAP_MIN_US;
     double waited;
     for (;;) {
-        if (flock(t->fd, LOCK_EX | LOCK_NB) == 0) {
-            t->held = 1;
-            t->taken++;
-            break;
-        }
+        if (try_take(t)) break;
         int e = errno;
         waited = clock_mono_s() - t0;
         if (e != EWOULDBLOCK && e != EINTR) {   /* not a busy lock: turns cannot work */
@@ -156,7 +155,7 @@ int gpu_turn_setup(gpu_turn_t *t, const run_config_t *c, uint32_t stage_id, cons
     int all = gpu < 0 && testhook_i64("gpu_turns.cpu", &cpu) && cpu == 1;
     if (all) gpu = 0;
     if (gpu < 0) return 0;
-    int n = stage_id == PIPE_ID_OPTIMIZER ? 0 : all ? c->n_targets + c->n_drafters - 1 : runcfg_gpu_sharers(c, stage_id);
+    int n = stage_id == PIPE_ID_OPTIMIZER ? 0 : all ? c->n_targets + c->n_drafters - 1 : runcfg_gpu_sharers(c, stage_id);   /* (for the log) */
     const char *mps = getenv("CUDA_MPS_PIPE_DIRECTORY");
     if (mps && *mps) {
         if (n) log_info("GPU %d: shared with %d other target(s) / drafter(s) under CUDA MPS (%s): side by side, no turns", gpu, n, mps);

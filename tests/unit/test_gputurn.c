@@ -371,13 +371,18 @@ static int child_hold(void *arg, int report_fd) {
     for (;;) pause();
 }
 
+/* Starts child fn (reporting 'H' once it holds the turn) as *p and waits for that. */
+static void spawn_holding(proc_t *p, const char *name, int (*fn)(void *, int)) {
+    assert_int_equal(proc_spawn(p, name, fn, NULL), 0);
+    char c = 0;
+    if (proc_read(p, &c, 1, 10000) < 0) fail_msg("%s did not take the turn: %s", name, dl_errmsg());
+    assert_int_equal(c, 'H');
+}
+
 static void test_holder_killed(void **state) {
     (void)state;
     proc_t p;
-    assert_int_equal(proc_spawn(&p, "holder", child_hold, NULL), 0);
-    char c = 0;
-    if (proc_read(&p, &c, 1, 10000) < 0) fail_msg("the holder did not take the turn: %s", dl_errmsg());
-    assert_int_equal(c, 'H');
+    spawn_holding(&p, "holder", child_hold);
     gpu_turn_t w;                                    /* opened after the fork: not the child's */
     assert_int_equal(gpu_turn_open(&w, g_dir, 1), 0);
     w.wait_max_s = 0.1;
@@ -425,10 +430,7 @@ static int child_greedy(void *arg, int report_fd) {
 static void test_fair(void **state) {
     (void)state;
     proc_t p;
-    assert_int_equal(proc_spawn(&p, "greedy", child_greedy, NULL), 0);
-    char c = 0;
-    if (proc_read(&p, &c, 1, 10000) < 0) fail_msg("the greedy child did not take the turn: %s", dl_errmsg());
-    assert_int_equal(c, 'H');
+    spawn_holding(&p, "greedy", child_greedy);
     gpu_turn_t w;
     assert_int_equal(gpu_turn_open(&w, g_dir, 2), 0);
     w.wait_max_s = 3.0;
