@@ -108,10 +108,9 @@ typedef struct {
     drafter_config_t dcfg;
     size_t P;
     float *master, *m, *v, *gsum, *norm_sq;  /* on the ops backend (device on GPU) */
-    float *h_master, *h_m, *h_v;  /* CPU: the state itself (== the above). GPU: the start-up
-                                     copies (pageable; h_m, h_v only when resumed), handed to
-                                     the checkpoint writer as its snapshot buffers (then NULL),
-                                     which pins them while the steps run */
+    float *h_master, *h_m, *h_v;  /* CPU: the state itself (== the above). GPU: pageable (a
+                                     resume reads into them), then the checkpoint writer's
+                                     snapshot buffers (NULL here; it pins them) */
     slab_t *wslab;             /* 2 * P f32: weights of versions v%2 (device on GPU) */
     hcache_t *hc;
     peers_t peers;             /* the drafters that said hello (common/pipe/peers.h) */
@@ -739,8 +738,18 @@ static int opt_state_init(opt_t *O, const char *run_id, int64_t inc) {
                       O->P, 4.0 * b / 1073741824.0);
             return DL_ENOMEM;
         }
-        x->upload(&O->ops, O->master, O->h_master, b);
+        /* fresh: the seeded init on the device (~0.1 s, against ~4 s of every host core
+         * that slowed the target's load beside it 2.5x), bitwise the host's */
+        drafter_init_info_t ii;
+        double t0 = clock_mono_s();
+        int rc = O->h_m ? 0 : drafter_init_master_on(O->layout, O->seed, &O->ops, O->master, 0, &ii);
+        if (rc < 0) return log_rc(rc, "drafter init on the GPU");
+        if (!O->h_m)
+            log_info("seeded init on GPU %d: %.2f s, %llu normals (%llu near a float rounding midpoint, "
+                     "recomputed on the host: %llu rewritten)", O->gpu, clock_mono_s() - t0,
+                     (unsigned long long)ii.normals, (unsigned long long)ii.near, (unsigned long long)ii.fixed);
         if (O->h_m) {   /* resumed */
+            x->upload(&O->ops, O->master, O->h_master, b);
             x->upload(&O->ops, O->m, O->h_m, b);
             x->upload(&O->ops, O->v, O->h_v, b);
         } else {        /* fresh moments: zeros, nothing to upload */
@@ -779,13 +788,9 @@ static int opt_ckpt_init(opt_t *O) {
     return rc < 0 ? log_rc(rc, "checkpoint writer") : 0;
 }
 
-/* The host state: on CPU the state itself (h_m, h_v zeros); on GPU pageable start-up
- * copies (h_m, h_v only to resume into). Pinning them here, before the init, took ~1.9 s
- * per 4 GB on the H200's start-up path, and pinning the rest afterwards on the writer's
- * thread in single calls held the driver while the first step waited ~2.8 s: the writer
- * now pins them all in 64 MiB pieces after start-up, pausing while a step is applied
- * (ockw_host_pin, ockw_pin_hold); the one upload
- * from pageable memory costs less. 0 or DL_ENOMEM (logged). */
+/* The host state: on CPU the state itself (h_m, h_v zeros); on GPU pageable buffers (the
+ * master's, h_m and h_v only to resume into) that the checkpoint writer pins in 64 MiB
+ * pieces after start-up (pinning at start-up cost ~1.9 s per 4 GB). 0 or DL_ENOMEM. */
 static int opt_host_alloc(opt_t *O, int resumed) {
     size_t b = O->P * 4;
     if (O->gpu < 0) {
@@ -914,11 +919,9 @@ int main(int argc, char **argv) {
     O.c = calloc(O.K, sizeof *O.c);
     if (!O.c || opt_host_alloc(&O, resume != NULL) < 0) return PIPE_EXIT_PERMANENT;
     t_up[2] = clock_mono_s();
-    /* the seeded init straight into the host state (a resume overwrites all of it); on every
-     * core of the machine, not --threads: it is the start-up's long pole (1B normals: 6 s on
-     * 8 threads), the other stages are still loading, and its bits do not depend on the
-     * thread count (drafter_init_master) */
-    if (!resume) {
+    /* the seeded init (a resume overwrites it). GPU: on the device, in opt_state_init. CPU:
+     * into the host state on every core, not --threads (the bits do not depend on it) */
+    if (!resume && O.gpu < 0) {
 #ifdef _OPENMP
         int thr = omp_get_max_threads();
         if (omp_get_num_procs() > thr) omp_set_num_threads(omp_get_num_procs());
@@ -929,12 +932,10 @@ int main(int argc, char **argv) {
 #endif
         if (rc < 0) return log_rc(rc, "drafter init"), PIPE_EXIT_PERMANENT;
     }
-    if (cursor_base) {
-        FILE *f = fopen(cursor_base, "rb");
-        if (f && fread(O.cursor, 1, sizeof O.cursor, f) == sizeof O.cursor) O.have_cursor = 1;
-        if (f) fclose(f);
-        if (!O.have_cursor) log_warn("--cursor-base %s unreadable: checkpoints carry no cursor", cursor_base);
-    }
+    FILE *cf = cursor_base ? fopen(cursor_base, "rb") : NULL;
+    if (cf && fread(O.cursor, 1, sizeof O.cursor, cf) == sizeof O.cursor) O.have_cursor = 1;
+    if (cf) fclose(cf);
+    if (cursor_base && !O.have_cursor) log_warn("--cursor-base %s unreadable: checkpoints carry no cursor", cursor_base);
     if (resume) {
         char dir[4200];
         ckpt_state_hdr_t h;
@@ -983,7 +984,8 @@ int main(int argc, char **argv) {
     O.t_step0 = t_up[6] = clock_mono_s();
     log_info("start-up %.2f s: configuration and device %.2f, host state %.2f (%s), %s %.2f, device state "
              "%.2f, checkpoint writer %.2f, bus %.2f", t_up[6] - t_up[0], t_up[1] - t_up[0], t_up[2] - t_up[1],
-             O.gpu < 0 ? "host memory" : "pageable", resume ? "resume" : "init", t_up[3] - t_up[2],
+             O.gpu < 0 ? "host memory" : "pageable", resume ? "resume" : O.gpu < 0 ? "init" : "init (on the GPU: "
+             "in device state)", t_up[3] - t_up[2],
              t_up[4] - t_up[3], t_up[5] - t_up[4], t_up[6] - t_up[5]);
     O.st.state = PROTO_STATE_IDLE;
     log_info("drafter: %d layers, block %d, %d features, %zu parameters; step %llu of %llu, %llu micro-batches per step",

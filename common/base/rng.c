@@ -87,10 +87,16 @@ uint64_t rng_below(rng_t *r, uint64_t n) {
 
 float rng_uniform(rng_t *r) { return (float)(rng_u64(r) >> 40) * (1.0f / 16777216.0f); }
 
+double rng_normal_f64(uint64_t a, uint64_t b) {
+    double u1 = ((double)(a >> 11) + 1.0) * (1.0 / 9007199254740993.0);
+    double u2 = (double)(b >> 11) * (1.0 / 9007199254740992.0);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
 float rng_normal(rng_t *r) {
-    double u1 = ((double)(rng_u64(r) >> 11) + 1.0) * (1.0 / 9007199254740993.0);
-    double u2 = (double)(rng_u64(r) >> 11) * (1.0 / 9007199254740992.0);
-    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+    uint64_t a = rng_u64(r);
+    uint64_t b = rng_u64(r);
+    return (float)rng_normal_f64(a, b);
 }
 
 uint64_t rng_mix(uint64_t seed, uint64_t a, uint64_t b) {

@@ -22,6 +22,12 @@ uint64_t rng_below(rng_t *r, uint64_t n);
 float rng_uniform(rng_t *r);
 /* Standard normal (Box-Muller; uses two uniforms per call, discards the second). */
 float rng_normal(rng_t *r);
+/* rng_normal's value before its rounding to float, from its two draws a (first) and b:
+ * rng_normal(r) == (float)rng_normal_f64(a, b). In double: sqrt(-2 log u1) cos(2 pi u2),
+ * u1 = ((a >> 11) + 1) / (2^53 + 1), u2 = (b >> 11) / 2^53, with glibc's log and cos. The
+ * drafter's init on a GPU (drafter_init_master_on) recomputes with it the normals whose
+ * rounding the device's log / cos could have changed. */
+double rng_normal_f64(uint64_t a, uint64_t b);
 /* Jump-ahead (xoshiro256**'s state update is linear over GF(2)): the map of n rng_u64
  * draws as a 256x256 bit matrix (8 KiB, column j the image of state bit j). Made in
  * O(log n) matrix products (a few ms); rng_jump_apply(j, r) then moves r exactly as n

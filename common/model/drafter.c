@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/base/err.h"
+#include "common/base/f32near.h"
 #include "common/base/rng.h"
 #include "common/model/target.h"
 
@@ -234,15 +235,17 @@ void drafter_zero_grad(drafter_t *d) { IMPL->memset0(d->c, d->grad, d->n_params 
 typedef struct { void **slot; size_t bytes; } alloc_req_t;
 
 /* The seeded init as Qwen3PreTrainedModel._init_weights (Linear N(0, 0.02), RMSNorm 1)
- * into dst[n_params] host f32, bitwise as the sequential loop
+ * is, bitwise, the sequential loop
  *     rng_seed(&r, seed); for each tensor, each element e:
  *         dst[off + e] = n_dims == 2 ? 0.02f * rng_normal(&r) : 1.0f;
  * rng_normal takes exactly two rng_u64 draws and 1-D tensors none, so normal number g
  * of the stream (over the 2-D tensors in order) starts at draw 2g: the stream is cut
  * into DRAFTER_INIT_CHUNK normals, chunk k starting from the seeded state jumped
- * 2 * DRAFTER_INIT_CHUNK * k draws (rng_jump_t), and the chunks run on OpenMP threads.
- * 0 or DL_ENOMEM. */
-static int init_weights(const drafter_t *d, uint64_t seed, float *dst) {
+ * 2 * DRAFTER_INIT_CHUNK * k draws (rng_jump_t). init_plan makes that cut: the first
+ * normal of each tensor (gstart, n_tensors + 1; gstart[nt] = G, the normals in all) and
+ * each chunk's start state (*nch of them). 0 or DL_ENOMEM (both freed). */
+static int init_plan(const drafter_t *d, uint64_t seed, size_t **gstart_out, rng_t **st_out,
+                     size_t *nch_out) {
     int nt = d->n_tensors;
     size_t *gstart = malloc(((size_t)nt + 1) * sizeof *gstart);  /* first normal of tensor i */
     if (!gstart) return DL_ENOMEM;
@@ -266,6 +269,19 @@ static int init_weights(const drafter_t *d, uint64_t seed, float *dst) {
         rng_jump_apply(jump, &st[k]);
     }
     free(jump);
+    *gstart_out = gstart;
+    *st_out = st;
+    *nch_out = nch;
+    return 0;
+}
+
+/* The init into dst[n_params] host f32, the chunks on OpenMP threads. 0 or DL_ENOMEM. */
+static int init_weights(const drafter_t *d, uint64_t seed, float *dst) {
+    int nt = d->n_tensors;
+    size_t *gstart, nch;
+    rng_t *st;
+    if (init_plan(d, seed, &gstart, &st, &nch) < 0) return DL_ENOMEM;
+    size_t G = gstart[nt];
     #pragma omp parallel for schedule(dynamic, 1)
     for (size_t k = 0; k < nch; k++) {
         rng_t r = st[k];
@@ -293,6 +309,85 @@ static int init_weights(const drafter_t *d, uint64_t seed, float *dst) {
 
 int drafter_init_master(const drafter_t *d, uint64_t seed, float *host) {
     return init_weights(d, seed, host) < 0 ? dl_seterr(DL_ENOMEM, "drafter init: chunk table") : 0;
+}
+
+/* The device path of drafter_init_master_on: the plan's chunks to the backend's
+ * normal_init, the near-midpoint normals recomputed here (rng_normal_f64: glibc's bits),
+ * the 1-D tensors' ones uploaded. */
+static int init_on_device(const drafter_t *d, uint64_t seed, const ops_ctx_t *c, float *dst,
+                          double near_rel, drafter_init_info_t *info) {
+    int nt = d->n_tensors, rc = 0;
+    size_t *gstart = NULL, nch = 0;
+    rng_t *st = NULL;
+    if (init_plan(d, seed, &gstart, &st, &nch) < 0) return dl_seterr(DL_ENOMEM, "drafter init: chunk table");
+    uint64_t G = gstart[nt];
+    /* the 2-D tensors as segments of the stream. A value is flagged with probability at
+     * most near_rel * 2^25 (f32near.h; 2^-15 at F32NEAR_REL): room for 4 times that */
+    double share = near_rel * 0x1p27 < 1.0 ? near_rel * 0x1p27 : 1.0;
+    size_t near_cap = (size_t)((double)G * share) + 4096;
+    ops_normal_seg_t *seg = malloc(((size_t)nt + 1) * sizeof *seg);
+    ops_normal_near_t *near = malloc(near_cap * sizeof *near);
+    float *ones = NULL;
+    int ns = 0;
+    size_t max1 = 0;
+    if (!seg || !near) { rc = dl_seterr(DL_ENOMEM, "drafter init: device plan"); goto out; }
+    for (int i = 0; i < nt; i++) {
+        const drafter_tensor_t *t = &d->tensors[i];
+        if (t->n_dims != 2) { if (t->numel > max1) max1 = t->numel; continue; }
+        if (!t->numel) continue;
+        seg[ns].gstart = gstart[i];
+        seg[ns].offset = t->offset;
+        seg[ns].numel = t->numel;
+        ns++;
+    }
+    size_t n_near = 0;
+    if (G) {
+        rc = c->impl->normal_init(c, dst, seg, ns, &st[0].s[0], nch, DRAFTER_INIT_CHUNK, G, 0.02f, near_rel,
+                                  near, near_cap, &n_near);
+        if (rc < 0) goto out;
+    }
+    size_t fixed = 0;
+    for (size_t j = 0; j < n_near; j++) {
+        float x = 0.02f * (float)rng_normal_f64(near[j].draw[0], near[j].draw[1]);
+        if (memcmp(&x, &near[j].value, sizeof x) == 0) continue;
+        c->impl->upload(c, dst + near[j].index, &x, sizeof x);
+        fixed++;
+    }
+    ones = malloc((max1 ? max1 : 1) * sizeof *ones);
+    if (!ones) { rc = dl_seterr(DL_ENOMEM, "drafter init: ones"); goto out; }
+    for (size_t e = 0; e < max1; e++) ones[e] = 1.0f;
+    for (int i = 0; i < nt; i++) {
+        const drafter_tensor_t *t = &d->tensors[i];
+        if (t->n_dims != 2 && t->numel) c->impl->upload(c, dst + t->offset, ones, t->numel * sizeof *ones);
+    }
+    c->impl->sync(c);
+    if (info) {
+        info->on_device = 1;
+        info->normals = G;
+        info->near = n_near;
+        info->fixed = fixed;
+    }
+out:
+    free(ones); free(near); free(seg); free(st); free(gstart);
+    return rc;
+}
+
+int drafter_init_master_on(const drafter_t *d, uint64_t seed, const ops_ctx_t *c, float *dst,
+                           double near_rel, drafter_init_info_t *info) {
+    if (info) memset(info, 0, sizeof *info);
+    if (c->backend == OPS_CPU || !c->impl->normal_init) {
+        if (c->backend == OPS_CPU) return drafter_init_master(d, seed, dst);
+        float *h = malloc(d->n_params * sizeof *h);
+        if (!h) return dl_seterr(DL_ENOMEM, "drafter init: %zu host floats", d->n_params);
+        int rc = drafter_init_master(d, seed, h);
+        if (rc == 0) {
+            c->impl->upload(c, dst, h, d->n_params * sizeof *h);
+            c->impl->sync(c);
+        }
+        free(h);
+        return rc;
+    }
+    return init_on_device(d, seed, c, dst, near_rel > 0 ? near_rel : F32NEAR_REL, info);
 }
 
 int drafter_new(const ops_ctx_t *c, const drafter_config_t *cfg, const void *embed,

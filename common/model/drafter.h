@@ -168,6 +168,28 @@ void drafter_destroy(drafter_t **d);
  * d may be layout_only. Runs on OpenMP threads. 0 or DL_ENOMEM (chunk table). */
 int drafter_init_master(const drafter_t *d, uint64_t seed, float *host);
 
+/* What drafter_init_master_on did. */
+typedef struct {
+    int on_device;     /* 1: the normals were drawn on the device (normal_init) */
+    uint64_t normals;  /* normals drawn (the 2-D tensors' elements) */
+    uint64_t near;     /* of them, near a float rounding midpoint: recomputed on the host */
+    uint64_t fixed;    /* of those, where the device's float differed (rewritten) */
+} drafter_init_info_t;
+
+/* drafter_init_master's init, bitwise, into dst[drafter_n_params(d)] f32 on backend c
+ * (d may be layout_only; c need not be d's backend). CPU: the host loop into dst (host
+ * memory). A device with normal_init (CUDA): the normals drawn on the device (about 0.1 s
+ * per billion on an H200, against ~4 s on 16 cores; the host's cores stay free for the
+ * target's load beside it), each one within near_rel of a float rounding midpoint
+ * recomputed on the host and rewritten where the device's log / cos rounded it otherwise
+ * (common/base/f32near.h; near_rel <= 0: F32NEAR_REL; >= 1 recomputes every normal, for
+ * tests); the 1-D tensors' ones uploaded. A device without it: the host init, uploaded.
+ * Synchronous (dst ready on return). info (may be NULL) says what was done. 0, DL_ENOMEM
+ * (host tables, the device's list), DL_ERANGE (more near normals than room: near_rel too
+ * large), DL_ECUDA. */
+int drafter_init_master_on(const drafter_t *d, uint64_t seed, const ops_ctx_t *c, float *dst,
+                           double near_rel, drafter_init_info_t *info);
+
 const drafter_config_t *drafter_config(const drafter_t *d);
 
 /* Forward only (activations kept for drafter_logits). 0 or DL_EINVAL/DL_ERANGE. */

@@ -54,7 +54,20 @@ typedef struct {
     int original_max_position_embeddings;
 } rope_params_t;
 
-/* The backend table. Every entry is required. */
+/* normal_init's segments and near list (see there). */
+typedef struct {
+    uint64_t gstart;   /* the segment's first normal */
+    uint64_t offset;   /* its first element in dst */
+    uint64_t numel;    /* normals (and elements) in it */
+} ops_normal_seg_t;
+typedef struct {
+    uint64_t index;    /* the element of dst */
+    uint64_t draw[2];  /* the normal's two rng_u64 draws, in order */
+    float value;       /* what the device wrote there */
+    uint32_t pad;
+} ops_normal_near_t;
+
+/* The backend table. Every entry is required, but for those that say NULL is allowed. */
 struct ops_impl {
     const char *name;
     /* memory */
@@ -288,6 +301,25 @@ struct ops_impl {
                                        const void *inp, const void *weight, float eps,
                                        const int32_t *pos, const float *inv_freq, int N, int nh,
                                        int hd);
+
+    /* ---- Seeded normal init on the device (added last; NULL on CPU, where the host loop
+     * is the init: common/model/drafter.c). The normals g in [0, G) of one xoshiro256**
+     * stream (rng.h), normal g from draws 2g and 2g+1 as rng_normal: dst[i] = scale *
+     * (float)rng_normal_f64(a, b) (one f32 multiply) at i = seg[s].offset + g -
+     * seg[s].gstart for the segment s holding g. seg (n_seg, host): sorted by gstart,
+     * covering [0, G) end to end. states (n_chunks x 4 u64, host): the stream's state
+     * before normal k * chunk (chunk k's start), n_chunks = ceil(G / chunk). dst (f32) on
+     * the device. The device's log / cos may differ from glibc's by a few double ulps:
+     * every normal whose double lies within near_rel of a float rounding midpoint
+     * (f32_near_midpoint, common/base/f32near.h) is listed in near (host, near_cap
+     * entries; any order) with its index i, its two draws and the value written, for the
+     * caller to recompute on the host. *n_near = the number listed (may exceed near_cap:
+     * then only near_cap were stored). Synchronous. 0, DL_ENOMEM (device list),
+     * DL_ERANGE (*n_near > near_cap), DL_ECUDA. (common/ops/cuda/init.cu) */
+    int (*normal_init)(const ops_ctx_t *c, float *dst, const ops_normal_seg_t *seg, int n_seg,
+                       const uint64_t *states, size_t n_chunks, size_t chunk, uint64_t G,
+                       float scale, double near_rel, ops_normal_near_t *near, size_t near_cap,
+                       size_t *n_near);
 };
 
 /* Backend constructors. ops_cpu_init never fails. ops_cuda_init selects the device,

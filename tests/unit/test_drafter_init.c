@@ -2,15 +2,20 @@
  * sequential loop it replaced, bitwise, on a drafter with odd sizes whose normal stream
  * crosses DRAFTER_INIT_CHUNK boundaries inside tensors (checked); rng_jump_t against
  * n sequential rng_u64 draws; drafter_new_opts no_init: zeros, same layout; layout_only:
- * the same tensor table, no buffer, drafter_init_master bitwise the init. */
+ * the same tensor table, no buffer, drafter_init_master bitwise the init; the device
+ * path of drafter_init_master_on (near-midpoint normals recomputed on the host) through a
+ * fake device on the CPU, and f32_near_midpoint itself. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/base/err.h"
+#include "common/base/f32near.h"
 #include "common/base/rng.h"
 #include "common/model/drafter.h"
 #include "common/ops/ops.h"
@@ -111,10 +116,126 @@ static void test_parallel_init_bitwise(void **state) {
     ops_ctx_destroy(&c);
 }
 
+/* f32_near_midpoint (common/base/f32near.h) on values built from the floats around
+ * them: exactly a float, exactly a midpoint, one double ulp either side, a quarter of the
+ * way; then the property the device init relies on, over 1M of the stream's doubles: any
+ * value within 64 double ulps of v that rounds to another float than v is flagged. */
+static void test_near_midpoint(void **state) {
+    (void)state;
+    float fs[] = {1.0f, 0.75f, 3.0e-3f, 1.9e-24f, 123456.7f, 1.0e30f};
+    for (size_t k = 0; k < sizeof fs / sizeof fs[0]; k++) {
+        for (int sg = -1; sg <= 1; sg += 2) {
+            float f = fs[k] * (float)sg;
+            double lo = f, hi = nextafterf(f, f > 0 ? INFINITY : -INFINITY);
+            double m = (lo + hi) / 2;
+            assert_false(f32_near_midpoint(lo, F32NEAR_REL));
+            assert_true(f32_near_midpoint(m, F32NEAR_REL));
+            assert_true(f32_near_midpoint(nextafter(m, 0), F32NEAR_REL));
+            assert_true(f32_near_midpoint(nextafter(m, 2 * m), F32NEAR_REL));
+            assert_false(f32_near_midpoint(lo + (hi - lo) / 4, F32NEAR_REL));
+            assert_true(f32_near_midpoint(lo + (hi - lo) / 4, 1.0));   /* 1.0: everything */
+        }
+    }
+    assert_false(f32_near_midpoint(0.0, 1.0));
+    assert_false(f32_near_midpoint(NAN, 1.0));
+    rng_t r;
+    rng_seed(&r, 5);
+    int flagged = 0, crossed = 0;
+    for (int i = 0; i < 1000000; i++) {
+        uint64_t a = rng_u64(&r), b = rng_u64(&r);
+        double v = rng_normal_f64(a, b);
+        int near = f32_near_midpoint(v, F32NEAR_REL);
+        flagged += near;
+        double up = v, dn = v;
+        for (int u = 0; u < 64; u++) up = nextafter(up, INFINITY), dn = nextafter(dn, -INFINITY);
+        if ((float)up != (float)v || (float)dn != (float)v) {
+            crossed++;
+            assert_true(near);
+        }
+    }
+    /* expected ~1M * 2^-15.5 = 22 flagged: far below the device list's room, G/1024 + 4096 */
+    assert_true(flagged >= 1 && flagged < 200);
+    assert_true(crossed <= flagged);
+}
+
+/* A fake device for drafter_init_master_on's device path on the CPU: the CPU table with
+ * normal_init, drawing each chunk from its state in host memory, as init.cu does. Its
+ * "log" is off: every value it flags, it writes one float ulp wrong (as a device whose
+ * rounding went the other way), so the host must rewrite exactly those. */
+static ops_impl_t g_fake;
+static int fake_normal_init(const ops_ctx_t *c, float *dst, const ops_normal_seg_t *seg, int n_seg,
+                            const uint64_t *states, size_t n_chunks, size_t chunk, uint64_t G, float scale,
+                            double near_rel, ops_normal_near_t *near, size_t near_cap, size_t *n_near) {
+    (void)c;
+    size_t nn = 0;
+    for (size_t k = 0; k < n_chunks; k++) {
+        rng_t r;
+        memcpy(r.s, states + 4 * k, sizeof r.s);
+        for (uint64_t g = k * chunk; g < (k + 1) * chunk && g < G; g++) {
+            int s = 0;
+            while (s + 1 < n_seg && seg[s + 1].gstart <= g) s++;
+            uint64_t a = rng_u64(&r), b = rng_u64(&r);
+            double v = rng_normal_f64(a, b);
+            float x = scale * (float)v;
+            uint64_t i = seg[s].offset + g - seg[s].gstart;
+            if (f32_near_midpoint(v, near_rel)) {
+                x = nextafterf(x, INFINITY);
+                if (nn < near_cap) near[nn] = (ops_normal_near_t){i, {a, b}, x, 0};
+                nn++;
+            }
+            dst[i] = x;
+        }
+    }
+    *n_near = nn;
+    return nn > near_cap ? DL_ERANGE : 0;
+}
+
+static void test_init_on_device_path(void **state) {
+    (void)state;
+    ops_ctx_t cpu;
+    ops_cpu_init(&cpu, 0);
+    g_fake = *cpu.impl;
+    g_fake.normal_init = fake_normal_init;
+    ops_ctx_t fake = cpu;
+    fake.backend = OPS_CUDA;   /* not the CPU: drafter_init_master_on takes the device path */
+    fake.impl = &g_fake;
+    drafter_config_t cfg;
+    odd_config(&cfg);
+    static const float emb[1] = {0};
+    drafter_t *d = NULL;
+    drafter_new_opts_t lo = {.layout_only = 1};
+    assert_int_equal(drafter_new_opts(&cpu, &cfg, emb, emb, 1, 1, 77, &lo, &d), 0);
+    size_t P = drafter_n_params(d);
+    float *ref = malloc(P * sizeof(float)), *got = malloc(P * sizeof(float));
+    assert_int_equal(drafter_init_master(d, 77, ref), 0);
+    double rels[] = {0, 1e-9, 1.0};   /* the default margin; a wide one; every normal */
+    for (int k = 0; k < 3; k++) {
+        memset(got, 0xff, P * sizeof(float));
+        drafter_init_info_t ii;
+        assert_int_equal(drafter_init_master_on(d, 77, &fake, got, rels[k], &ii), 0);
+        assert_memory_equal(got, ref, P * sizeof(float));
+        assert_int_equal(ii.on_device, 1);
+        assert_true(ii.normals > 4 * DRAFTER_INIT_CHUNK && ii.normals < P);
+        assert_true(ii.fixed == ii.near);   /* the fake got every flagged one wrong */
+        if (k == 1) assert_true(ii.near > 100);
+        if (k == 2) assert_true(ii.near == ii.normals);
+    }
+    /* the CPU backend: the host loop itself */
+    memset(got, 0xff, P * sizeof(float));
+    assert_int_equal(drafter_init_master_on(d, 77, &cpu, got, 0, NULL), 0);
+    assert_memory_equal(got, ref, P * sizeof(float));
+    free(ref);
+    free(got);
+    drafter_destroy(&d);
+    ops_ctx_destroy(&cpu);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_jump),
         cmocka_unit_test(test_parallel_init_bitwise),
+        cmocka_unit_test(test_near_midpoint),
+        cmocka_unit_test(test_init_on_device_path),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

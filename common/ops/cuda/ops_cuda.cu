@@ -252,6 +252,12 @@ void cuda_qk_norm_rope_forward_exact(const ops_ctx_t *c, void *out, float *rstd,
                                      const void *weight, float eps, const int32_t *pos,
                                      const float *inv_freq, int N, int nh, int hd);
 
+// init.cu (the seeded normal init of the drafter's master weights)
+extern "C" int cuda_normal_init(const ops_ctx_t *c, float *dst, const ops_normal_seg_t *seg,
+                                int n_seg, const uint64_t *states, size_t n_chunks, size_t chunk,
+                                uint64_t G, float scale, double near_rel, ops_normal_near_t *near,
+                                size_t near_cap, size_t *n_near);
+
 // ---------------------------------------------------------------- table, life cycle
 static const ops_impl_t cuda_impl_template = {
     "cuda",
@@ -298,6 +304,7 @@ static const ops_impl_t cuda_impl_template = {
     cuda_qk_norm_rope_backward,
     cuda_matmul_forward_res,
     cuda_qk_norm_rope_forward_exact,
+    cuda_normal_init,
 };
 
 #define INIT_TRY(call)                                                                     \
