@@ -305,9 +305,12 @@ int ockw_new(ockw_t **out, uv_loop_t *loop, const ockw_cfg_t *cfg, const ockw_cb
 void ockw_destroy(ockw_t **wp) {
     if (!wp || !*wp) return;
     ockw_t *w = *wp;
+    double t0 = clock_mono_s();
     alloc_join(w, 1);   /* an early stop does not wait for the whole pinning */
     for (int i = 0; i < 3; i++) snap_free(w->snap[i], w->pinned[i], w->cfg.P * sizeof(float));
     dev_stream_destroy(w->stream);
+    /* part of the shutdown that `draftline run`'s wall counts (unpinning GBs takes time) */
+    log_info("checkpoint writer: snapshot buffers released in %.2f s", clock_mono_s() - t0);
     free(w);
     *wp = NULL;
 }
