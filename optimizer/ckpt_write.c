@@ -310,7 +310,7 @@ void ockw_destroy(ockw_t **wp) {
     for (int i = 0; i < 3; i++) snap_free(w->snap[i], w->pinned[i], w->cfg.P * sizeof(float));
     dev_stream_destroy(w->stream);
     /* part of the shutdown that `draftline run`'s wall counts (unpinning GBs takes time) */
-    log_info("checkpoint writer: snapshot buffers released in %.2f s", clock_mono_s() - t0);
+    log_info("checkpoint writer: pinning thread joined, snapshot buffers released in %.2f s", clock_mono_s() - t0);
     free(w);
     *wp = NULL;
 }

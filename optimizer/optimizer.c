@@ -738,15 +738,15 @@ static int opt_state_init(opt_t *O, const char *run_id, int64_t inc) {
                       O->P, 4.0 * b / 1073741824.0);
             return DL_ENOMEM;
         }
-        /* fresh: the seeded init on the device (~0.1 s, against ~4 s of every host core
-         * that slowed the target's load beside it 2.5x), bitwise the host's */
+        /* fresh: the seeded init on the device, bitwise the host's (ARCHITECTURE: Start-up) */
         drafter_init_info_t ii;
         double t0 = clock_mono_s();
         int rc = O->h_m ? 0 : drafter_init_master_on(O->layout, O->seed, &O->ops, O->master, 0, &ii);
         if (rc < 0) return log_rc(rc, "drafter init on the GPU");
         if (!O->h_m)
-            log_info("seeded init on GPU %d: %.2f s, %llu normals (%llu near a float rounding midpoint, "
-                     "recomputed on the host: %llu rewritten)", O->gpu, clock_mono_s() - t0,
+            log_info("seeded init %s GPU %d: %.2f s, %llu normals (%llu near a float rounding midpoint, "
+                     "recomputed on the host: %llu rewritten)", ii.on_device ? "on" : "on the host (the device's "
+                     "near list overflowed), uploaded to", O->gpu, clock_mono_s() - t0,
                      (unsigned long long)ii.normals, (unsigned long long)ii.near, (unsigned long long)ii.fixed);
         if (O->h_m) {   /* resumed */
             x->upload(&O->ops, O->master, O->h_master, b);

@@ -40,7 +40,9 @@ F32NEAR_HD float f32near_step(float f, int away) {
 /* 1 when |v - m| <= rel * |v| for the midpoint m between the two floats around v (v not
  * itself a float), i.e. when a value within rel * |v| of v may round to another float
  * than v does (round to nearest). 0 for v exactly a float, for 0 and for non-finite v.
- * rel in [0, 2^-26]: larger margins flag every value (the tests use 1.0 for that). */
+ * From rel = 2^-24 on every value that is not exactly a float is flagged (tests use 1.0:
+ * such a value rounds the same on any machine, so "every normal" means every one that
+ * could differ). */
 F32NEAR_HD int f32_near_midpoint(double v, double rel) {
     if (!(v == v) || v == 0.0) return 0;
     double a = v < 0 ? -v : v;

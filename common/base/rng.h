@@ -24,9 +24,10 @@ float rng_uniform(rng_t *r);
 float rng_normal(rng_t *r);
 /* rng_normal's value before its rounding to float, from its two draws a (first) and b:
  * rng_normal(r) == (float)rng_normal_f64(a, b). In double: sqrt(-2 log u1) cos(2 pi u2),
- * u1 = ((a >> 11) + 1) / (2^53 + 1), u2 = (b >> 11) / 2^53, with glibc's log and cos. The
- * drafter's init on a GPU (drafter_init_master_on) recomputes with it the normals whose
- * rounding the device's log / cos could have changed. */
+ * u1 = ((a >> 11) + 1) * 2^-53 in [2^-53, 1] (the source's constant 1 / 9007199254740993.0
+ * rounds to 2^-53; u1 = 1 gives +-0), u2 = (b >> 11) * 2^-53, with this machine's libm log
+ * and cos (glibc's). The drafter's init on a GPU (drafter_init_master_on) recomputes with it
+ * the normals whose rounding the device's log / cos could have changed. */
 double rng_normal_f64(uint64_t a, uint64_t b);
 /* Jump-ahead (xoshiro256**'s state update is linear over GF(2)): the map of n rng_u64
  * draws as a 256x256 bit matrix (8 KiB, column j the image of state bit j). Made in

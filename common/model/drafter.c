@@ -375,19 +375,21 @@ out:
 int drafter_init_master_on(const drafter_t *d, uint64_t seed, const ops_ctx_t *c, float *dst,
                            double near_rel, drafter_init_info_t *info) {
     if (info) memset(info, 0, sizeof *info);
-    if (c->backend == OPS_CPU || !c->impl->normal_init) {
-        if (c->backend == OPS_CPU) return drafter_init_master(d, seed, dst);
-        float *h = malloc(d->n_params * sizeof *h);
-        if (!h) return dl_seterr(DL_ENOMEM, "drafter init: %zu host floats", d->n_params);
-        int rc = drafter_init_master(d, seed, h);
-        if (rc == 0) {
-            c->impl->upload(c, dst, h, d->n_params * sizeof *h);
-            c->impl->sync(c);
-        }
-        free(h);
-        return rc;
+    if (c->backend == OPS_CPU) return drafter_init_master(d, seed, dst);
+    int rc = c->impl->normal_init ? init_on_device(d, seed, c, dst, near_rel > 0 ? near_rel : F32NEAR_REL, info)
+                                  : DL_ENOTSUP;
+    if (rc != DL_ERANGE && rc != DL_ENOTSUP) return rc;
+    /* no device init, or more near normals than room: the host init, uploaded */
+    if (info) memset(info, 0, sizeof *info), info->overflow = rc == DL_ERANGE;
+    float *h = malloc(d->n_params * sizeof *h);
+    if (!h) return dl_seterr(DL_ENOMEM, "drafter init: %zu host floats", d->n_params);
+    rc = drafter_init_master(d, seed, h);
+    if (rc == 0) {
+        c->impl->upload(c, dst, h, d->n_params * sizeof *h);
+        c->impl->sync(c);
     }
-    return init_on_device(d, seed, c, dst, near_rel > 0 ? near_rel : F32NEAR_REL, info);
+    free(h);
+    return rc;
 }
 
 int drafter_new(const ops_ctx_t *c, const drafter_config_t *cfg, const void *embed,

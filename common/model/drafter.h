@@ -174,6 +174,7 @@ typedef struct {
     uint64_t normals;  /* normals drawn (the 2-D tensors' elements) */
     uint64_t near;     /* of them, near a float rounding midpoint: recomputed on the host */
     uint64_t fixed;    /* of those, where the device's float differed (rewritten) */
+    int overflow;      /* the device's near list overflowed: the host init was uploaded */
 } drafter_init_info_t;
 
 /* drafter_init_master's init, bitwise, into dst[drafter_n_params(d)] f32 on backend c
@@ -182,11 +183,13 @@ typedef struct {
  * per billion on an H200, against ~4 s on 16 cores; the host's cores stay free for the
  * target's load beside it), each one within near_rel of a float rounding midpoint
  * recomputed on the host and rewritten where the device's log / cos rounded it otherwise
- * (common/base/f32near.h; near_rel <= 0: F32NEAR_REL; >= 1 recomputes every normal, for
- * tests); the 1-D tensors' ones uploaded. A device without it: the host init, uploaded.
- * Synchronous (dst ready on return). info (may be NULL) says what was done. 0, DL_ENOMEM
- * (host tables, the device's list), DL_ERANGE (more near normals than room: near_rel too
- * large), DL_ECUDA. */
+ * (common/base/f32near.h; near_rel <= 0: F32NEAR_REL; >= 1 recomputes every normal that is
+ * not exactly a float, for tests); the 1-D tensors' ones uploaded. A device without it, or
+ * whose list of near normals overflowed (not seen: room for 4x the most expected): the host
+ * init, uploaded (info->on_device 0, info->overflow 1; the caller says so). "The host's
+ * bits": those of this machine's libm, as drafter_init_master's. Synchronous (dst ready on
+ * return). info (may be NULL) says what was done. 0, DL_ENOMEM (host tables, the device's
+ * list), DL_ECUDA. */
 int drafter_init_master_on(const drafter_t *d, uint64_t seed, const ops_ctx_t *c, float *dst,
                            double near_rel, drafter_init_info_t *info);
 

@@ -7,7 +7,10 @@
 // chunks do. The Box-Muller is rng_normal_f64's expression, operation for operation, in
 // double: the draws' conversions, the products by the same constants, IEEE sqrt, and
 // CUDA's log and cos (within 1 and 2 double ulps of the true value; glibc's within about
-// 1). Nothing here can be contracted into an FMA (no product feeds an add).
+// 1). Every product is an explicit __dmul_rn, which nvcc never contracts into an FMA: cos's
+// argument in particular must be the host's bits (near cos's zeros a changed argument
+// changes the value by more than any margin); the float steps are __double2float_rn and
+// __fmul_rn, the host's conversion and multiply.
 #include "common/ops/cuda/cuda_common.cuh"
 
 #include "common/base/f32near.h"
@@ -49,9 +52,9 @@ __global__ void normal_init_kernel(float *dst, const ops_normal_seg_t *seg, int 
         while (g >= seg[si].gstart + seg[si].numel) si++;
         uint64_t a = init_next(s);
         uint64_t b = init_next(s);
-        double u1 = ((double)(a >> 11) + 1.0) * (1.0 / 9007199254740993.0);
-        double u2 = (double)(b >> 11) * (1.0 / 9007199254740992.0);
-        double v = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+        double u1 = __dmul_rn(__dadd_rn((double)(a >> 11), 1.0), 1.0 / 9007199254740993.0);
+        double u2 = __dmul_rn((double)(b >> 11), 1.0 / 9007199254740992.0);
+        double v = __dmul_rn(sqrt(__dmul_rn(-2.0, log(u1))), cos(__dmul_rn(6.283185307179586, u2)));
         float x = __fmul_rn(scale, __double2float_rn(v));
         uint64_t i = seg[si].offset + (g - seg[si].gstart);
         dst[i] = x;
