@@ -275,40 +275,48 @@ static int init_plan(const drafter_t *d, uint64_t seed, size_t **gstart_out, rng
     return 0;
 }
 
-/* The init into dst[n_params] host f32, the chunks on OpenMP threads. 0 or DL_ENOMEM. */
+/* The 2-D tensors of d as segments of the stream (seg: n_tensors entries of room; *ns
+ * used) and the largest 1-D tensor's size (*max1). */
+static void init_segments(const drafter_t *d, const size_t *gstart, ops_normal_seg_t *seg, int *ns,
+                          size_t *max1) {
+    *ns = 0;
+    *max1 = 0;
+    for (int i = 0; i < d->n_tensors; i++) {
+        const drafter_tensor_t *t = &d->tensors[i];
+        if (t->n_dims != 2) { if (t->numel > *max1) *max1 = t->numel; continue; }
+        if (!t->numel) continue;
+        seg[*ns] = (ops_normal_seg_t){gstart[i], t->offset, t->numel};
+        (*ns)++;
+    }
+}
+
+/* The init into dst[n_params] host f32: the normals by the CPU backend's normal_init
+ * (the chunks on OpenMP threads, ops/cpu/init.c), the 1-D tensors' ones. 0 or DL_ENOMEM. */
 static int init_weights(const drafter_t *d, uint64_t seed, float *dst) {
-    int nt = d->n_tensors;
-    size_t *gstart, nch;
+    size_t *gstart, nch, max1, nn;
     rng_t *st;
     if (init_plan(d, seed, &gstart, &st, &nch) < 0) return DL_ENOMEM;
-    size_t G = gstart[nt];
-    #pragma omp parallel for schedule(dynamic, 1)
-    for (size_t k = 0; k < nch; k++) {
-        rng_t r = st[k];
-        size_t g = k * DRAFTER_INIT_CHUNK, g1 = g + DRAFTER_INIT_CHUNK < G ? g + DRAFTER_INIT_CHUNK : G;
-        int i = 0;
-        while (d->tensors[i].n_dims != 2 || gstart[i] + d->tensors[i].numel <= g) i++;
-        for (; g < g1; i++) {
-            const drafter_tensor_t *t = &d->tensors[i];
-            if (t->n_dims != 2) continue;
-            size_t e = g - gstart[i], e1 = g1 - gstart[i] < t->numel ? g1 - gstart[i] : t->numel;
-            float *p = dst + t->offset;
-            for (; e < e1; e++) p[e] = 0.02f * rng_normal(&r);
-            g = gstart[i] + e1;
-        }
-    }
-    for (int i = 0; i < nt; i++) {
+    ops_normal_seg_t *seg = malloc(((size_t)d->n_tensors + 1) * sizeof *seg);
+    if (!seg) { free(st); free(gstart); return DL_ENOMEM; }
+    int ns;
+    init_segments(d, gstart, seg, &ns, &max1);
+    ops_ctx_t cc;
+    ops_cpu_init(&cc, 0);   /* the OpenMP default team, as before */
+    int rc = gstart[d->n_tensors] ? cc.impl->normal_init(&cc, dst, seg, ns, &st[0].s[0], nch, DRAFTER_INIT_CHUNK,
+                                                       gstart[d->n_tensors], 0.02f, 0, NULL, 0, &nn) : 0;
+    ops_ctx_destroy(&cc);
+    for (int i = 0; i < d->n_tensors; i++) {
         const drafter_tensor_t *t = &d->tensors[i];
         if (t->n_dims == 2) continue;
         for (size_t e = 0; e < t->numel; e++) dst[t->offset + e] = 1.0f;
     }
-    free(st);
-    free(gstart);
-    return 0;
+    free(seg); free(st); free(gstart);
+    return rc;
 }
 
 int drafter_init_master(const drafter_t *d, uint64_t seed, float *host) {
-    return init_weights(d, seed, host) < 0 ? dl_seterr(DL_ENOMEM, "drafter init: chunk table") : 0;
+    int rc = init_weights(d, seed, host);
+    return rc == DL_ENOMEM ? dl_seterr(DL_ENOMEM, "drafter init: chunk table") : rc;
 }
 
 /* The device path of drafter_init_master_on: the plan's chunks to the backend's
@@ -321,32 +329,22 @@ static int init_on_device(const drafter_t *d, uint64_t seed, const ops_ctx_t *c,
     rng_t *st = NULL;
     if (init_plan(d, seed, &gstart, &st, &nch) < 0) return dl_seterr(DL_ENOMEM, "drafter init: chunk table");
     uint64_t G = gstart[nt];
-    /* the 2-D tensors as segments of the stream. A value is flagged with probability at
-     * most near_rel * 2^25 (f32near.h; 2^-15 at F32NEAR_REL): room for 4 times that */
+    /* a value is flagged with probability at most near_rel * 2^25 (f32near.h; 2^-15 at
+     * F32NEAR_REL): room for 4 times that */
     double share = near_rel * 0x1p27 < 1.0 ? near_rel * 0x1p27 : 1.0;
     size_t near_cap = (size_t)((double)G * share) + 4096;
     ops_normal_seg_t *seg = malloc(((size_t)nt + 1) * sizeof *seg);
     ops_normal_near_t *near = malloc(near_cap * sizeof *near);
     float *ones = NULL;
     int ns = 0;
-    size_t max1 = 0;
+    size_t max1 = 0, n_near = 0, fixed = 0;
     if (!seg || !near) { rc = dl_seterr(DL_ENOMEM, "drafter init: device plan"); goto out; }
-    for (int i = 0; i < nt; i++) {
-        const drafter_tensor_t *t = &d->tensors[i];
-        if (t->n_dims != 2) { if (t->numel > max1) max1 = t->numel; continue; }
-        if (!t->numel) continue;
-        seg[ns].gstart = gstart[i];
-        seg[ns].offset = t->offset;
-        seg[ns].numel = t->numel;
-        ns++;
-    }
-    size_t n_near = 0;
+    init_segments(d, gstart, seg, &ns, &max1);
     if (G) {
         rc = c->impl->normal_init(c, dst, seg, ns, &st[0].s[0], nch, DRAFTER_INIT_CHUNK, G, 0.02f, near_rel,
                                   near, near_cap, &n_near);
         if (rc < 0) goto out;
     }
-    size_t fixed = 0;
     for (size_t j = 0; j < n_near; j++) {
         float x = 0.02f * (float)rng_normal_f64(near[j].draw[0], near[j].draw[1]);
         if (memcmp(&x, &near[j].value, sizeof x) == 0) continue;

@@ -302,8 +302,8 @@ struct ops_impl {
                                        const int32_t *pos, const float *inv_freq, int N, int nh,
                                        int hd);
 
-    /* ---- Seeded normal init on the device (added last; NULL on CPU, where the host loop
-     * is the init: common/model/drafter.c). The normals g in [0, G) of one xoshiro256**
+    /* ---- Seeded normal init (added last): the drafter's master weights (drafter.c). On
+     * CPU the host init itself, on a device its fast twin. The normals g in [0, G) of one xoshiro256**
      * stream (rng.h), normal g from draws 2g and 2g+1 as rng_normal: dst[i] = scale *
      * (float)rng_normal_f64(a, b) (one f32 multiply) at i = seg[s].offset + g -
      * seg[s].gstart for the segment s holding g. seg (n_seg, host): sorted by gstart,
@@ -313,9 +313,10 @@ struct ops_impl {
      * every normal whose double lies within near_rel of a float rounding midpoint
      * (f32_near_midpoint, common/base/f32near.h) is listed in near (host, near_cap
      * entries; any order) with its index i, its two draws and the value written, for the
-     * caller to recompute on the host. *n_near = the number listed (may exceed near_cap:
-     * then only near_cap were stored). Synchronous. 0, DL_ENOMEM (device list),
-     * DL_ERANGE (*n_near > near_cap), DL_ECUDA. (common/ops/cuda/init.cu) */
+     * caller to recompute on the host (near_rel 0: none). *n_near = the number listed (may
+     * exceed near_cap: then only near_cap were stored). Synchronous. 0, DL_EINVAL (no
+     * segment, chunk 0), DL_ENOMEM (device list), DL_ERANGE (*n_near > near_cap), DL_ECUDA.
+     * (common/ops/cpu/init.c, cuda/init.cu) */
     int (*normal_init)(const ops_ctx_t *c, float *dst, const ops_normal_seg_t *seg, int n_seg,
                        const uint64_t *states, size_t n_chunks, size_t chunk, uint64_t G,
                        float scale, double near_rel, ops_normal_near_t *near, size_t near_cap,

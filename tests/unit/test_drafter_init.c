@@ -176,43 +176,29 @@ static void test_near_midpoint(void **state) {
     assert_true(flagged30 > 10000 && flagged30 < 60000);
 }
 
-/* A fake device for drafter_init_master_on's device path on the CPU: the CPU table with
- * normal_init, drawing each chunk from its state in host memory, as init.cu does. Its
- * "log" is off: every value it flags, it writes one float ulp wrong (as a device whose
- * rounding went the other way), so the host must rewrite exactly those. */
+/* A fake device for drafter_init_master_on's device path on the CPU: the CPU backend's
+ * normal_init (ops/cpu/init.c), then every value it listed written one float ulp off (as a
+ * device whose log / cos rounded it the other way), so the host must rewrite exactly
+ * those. */
 static ops_impl_t g_fake;
+static const ops_impl_t *g_cpu_impl;
 static int g_fake_overflow;   /* the fake says its list overflowed */
 static int fake_normal_init(const ops_ctx_t *c, float *dst, const ops_normal_seg_t *seg, int n_seg,
                             const uint64_t *states, size_t n_chunks, size_t chunk, uint64_t G, float scale,
                             double near_rel, ops_normal_near_t *near, size_t near_cap, size_t *n_near) {
-    (void)c;
-    size_t nn = 0;
-    for (size_t k = 0; k < n_chunks; k++) {
-        rng_t r;
-        memcpy(r.s, states + 4 * k, sizeof r.s);
-        for (uint64_t g = k * chunk; g < (k + 1) * chunk && g < G; g++) {
-            int s = 0;
-            while (s + 1 < n_seg && seg[s + 1].gstart <= g) s++;
-            uint64_t a = rng_u64(&r), b = rng_u64(&r);
-            double v = rng_normal_f64(a, b);
-            float x = scale * (float)v;
-            uint64_t i = seg[s].offset + g - seg[s].gstart;
-            if (f32_near_midpoint(v, near_rel)) {
-                x = nextafterf(x, INFINITY);
-                if (nn < near_cap) near[nn] = (ops_normal_near_t){i, {a, b}, x, 0};
-                nn++;
-            }
-            dst[i] = x;
-        }
-    }
-    *n_near = g_fake_overflow ? near_cap + 1 : nn;
-    return *n_near > near_cap ? DL_ERANGE : 0;
+    int rc = g_cpu_impl->normal_init(c, dst, seg, n_seg, states, n_chunks, chunk, G, scale, near_rel, near,
+                                     near_cap, n_near);
+    for (size_t j = 0; j < *n_near && j < near_cap; j++)
+        dst[near[j].index] = near[j].value = nextafterf(near[j].value, INFINITY);
+    if (g_fake_overflow) *n_near = near_cap + 1, rc = DL_ERANGE;
+    return rc;
 }
 
 static void test_init_on_device_path(void **state) {
     (void)state;
     ops_ctx_t cpu;
     ops_cpu_init(&cpu, 0);
+    g_cpu_impl = cpu.impl;
     g_fake = *cpu.impl;
     g_fake.normal_init = fake_normal_init;
     ops_ctx_t fake = cpu;

@@ -37,6 +37,11 @@ void ops_cpu_download_act(const ops_ctx_t *c, float *dst_host, const void *src_a
 void ops_cpu_act_to_f32(const ops_ctx_t *c, float *dst, const void *src_act, size_t n);
 void ops_cpu_f32_to_act(const ops_ctx_t *c, void *dst_act, const float *src, size_t n);
 
+/* init.c: the seeded normal init (ops.h normal_init; the host init of the drafter) */
+int ops_cpu_normal_init(const ops_ctx_t *c, float *dst, const ops_normal_seg_t *seg, int n_seg,
+                        const uint64_t *states, size_t n_chunks, size_t chunk, uint64_t G, float scale,
+                        double near_rel, ops_normal_near_t *near, size_t near_cap, size_t *n_near);
+
 /* matmul.c */
 void ops_cpu_matmul_forward(const ops_ctx_t *c, void *out, const void *inp, const void *weight,
                             const void *bias, int M, int K, int N);

@@ -46,5 +46,5 @@ const ops_impl_t ops_cpu_impl = {
     .qk_norm_rope_backward = ops_cpu_qk_norm_rope_backward,
     .matmul_forward_res = ops_cpu_matmul_forward_res,
     .qk_norm_rope_forward_exact = ops_cpu_qk_norm_rope_forward,   /* already the composition */
-    .normal_init = NULL,   /* on the host the init is drafter.c's OpenMP loop */
+    .normal_init = ops_cpu_normal_init,
 };
