@@ -290,40 +290,12 @@ static void init_segments(const drafter_t *d, const size_t *gstart, ops_normal_s
     }
 }
 
-/* The init into dst[n_params] host f32: the normals by the CPU backend's normal_init
- * (the chunks on OpenMP threads, ops/cpu/init.c), the 1-D tensors' ones. 0 or DL_ENOMEM. */
-static int init_weights(const drafter_t *d, uint64_t seed, float *dst) {
-    size_t *gstart, nch, max1, nn;
-    rng_t *st;
-    if (init_plan(d, seed, &gstart, &st, &nch) < 0) return DL_ENOMEM;
-    ops_normal_seg_t *seg = malloc(((size_t)d->n_tensors + 1) * sizeof *seg);
-    if (!seg) { free(st); free(gstart); return DL_ENOMEM; }
-    int ns;
-    init_segments(d, gstart, seg, &ns, &max1);
-    ops_ctx_t cc;
-    ops_cpu_init(&cc, 0);   /* the OpenMP default team, as before */
-    int rc = gstart[d->n_tensors] ? cc.impl->normal_init(&cc, dst, seg, ns, &st[0].s[0], nch, DRAFTER_INIT_CHUNK,
-                                                       gstart[d->n_tensors], 0.02f, 0, NULL, 0, &nn) : 0;
-    ops_ctx_destroy(&cc);
-    for (int i = 0; i < d->n_tensors; i++) {
-        const drafter_tensor_t *t = &d->tensors[i];
-        if (t->n_dims == 2) continue;
-        for (size_t e = 0; e < t->numel; e++) dst[t->offset + e] = 1.0f;
-    }
-    free(seg); free(st); free(gstart);
-    return rc;
-}
-
-int drafter_init_master(const drafter_t *d, uint64_t seed, float *host) {
-    int rc = init_weights(d, seed, host);
-    return rc == DL_ENOMEM ? dl_seterr(DL_ENOMEM, "drafter init: chunk table") : rc;
-}
-
-/* The device path of drafter_init_master_on: the plan's chunks to the backend's
- * normal_init, the near-midpoint normals recomputed here (rng_normal_f64: glibc's bits),
- * the 1-D tensors' ones uploaded. */
-static int init_on_device(const drafter_t *d, uint64_t seed, const ops_ctx_t *c, float *dst,
-                          double near_rel, drafter_init_info_t *info) {
+/* The init into dst[n_params] f32 on backend c: the plan's chunks to c's normal_init (on
+ * CPU ops/cpu/init.c, the host init itself), each normal it lists near a rounding midpoint
+ * recomputed here (rng_normal_f64: the host's bits) and rewritten where it differs, the
+ * 1-D tensors' ones uploaded. near_rel 0: nothing listed (the host). */
+static int init_on(const drafter_t *d, uint64_t seed, const ops_ctx_t *c, float *dst, double near_rel,
+                   drafter_init_info_t *info) {
     int nt = d->n_tensors, rc = 0;
     size_t *gstart = NULL, nch = 0;
     rng_t *st = NULL;
@@ -338,7 +310,7 @@ static int init_on_device(const drafter_t *d, uint64_t seed, const ops_ctx_t *c,
     float *ones = NULL;
     int ns = 0;
     size_t max1 = 0, n_near = 0, fixed = 0;
-    if (!seg || !near) { rc = dl_seterr(DL_ENOMEM, "drafter init: device plan"); goto out; }
+    if (!seg || !near) { rc = dl_seterr(DL_ENOMEM, "drafter init: segments, near list"); goto out; }
     init_segments(d, gstart, seg, &ns, &max1);
     if (G) {
         rc = c->impl->normal_init(c, dst, seg, ns, &st[0].s[0], nch, DRAFTER_INIT_CHUNK, G, 0.02f, near_rel,
@@ -360,7 +332,7 @@ static int init_on_device(const drafter_t *d, uint64_t seed, const ops_ctx_t *c,
     }
     c->impl->sync(c);
     if (info) {
-        info->on_device = 1;
+        info->on_device = c->backend != OPS_CPU;
         info->normals = G;
         info->near = n_near;
         info->fixed = fixed;
@@ -370,11 +342,19 @@ out:
     return rc;
 }
 
+int drafter_init_master(const drafter_t *d, uint64_t seed, float *host) {
+    ops_ctx_t cc;
+    ops_cpu_init(&cc, 0);   /* the OpenMP default team */
+    int rc = init_on(d, seed, &cc, host, 0, NULL);
+    ops_ctx_destroy(&cc);
+    return rc;
+}
+
 int drafter_init_master_on(const drafter_t *d, uint64_t seed, const ops_ctx_t *c, float *dst,
                            double near_rel, drafter_init_info_t *info) {
     if (info) memset(info, 0, sizeof *info);
     if (c->backend == OPS_CPU) return drafter_init_master(d, seed, dst);
-    int rc = c->impl->normal_init ? init_on_device(d, seed, c, dst, near_rel > 0 ? near_rel : F32NEAR_REL, info)
+    int rc = c->impl->normal_init ? init_on(d, seed, c, dst, near_rel > 0 ? near_rel : F32NEAR_REL, info)
                                   : DL_ENOTSUP;
     if (rc != DL_ERANGE && rc != DL_ENOTSUP) return rc;
     /* no device init, or more near normals than room: the host init, uploaded */
@@ -491,7 +471,7 @@ int drafter_new_opts(const ops_ctx_t *c, const drafter_config_t *cfg_in, const v
     }
     if (opts && opts->no_init) {
         IMPL->memset0(c, d->master, d->n_params * 4);   /* the caller's weights replace these */
-    } else if (init_weights(d, seed, init) < 0) {
+    } else if (drafter_init_master(d, seed, init) < 0) {
         if (!in_place) free(init);
         drafter_destroy(&d);
         return dl_seterr(DL_ENOMEM, "drafter_new: init chunk table");
