@@ -1,4 +1,5 @@
 #include "common/base/rng.h"
+#include "common/base/xoshiro.h"
 
 #include <math.h>
 #include <string.h>
@@ -10,25 +11,12 @@ static uint64_t splitmix64(uint64_t *x) {
     return z ^ (z >> 31);
 }
 
-static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
 void rng_seed(rng_t *r, uint64_t seed) {
     uint64_t x = seed;
     for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
 }
 
-uint64_t rng_u64(rng_t *r) {
-    uint64_t *s = r->s;
-    uint64_t result = rotl(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
-}
+uint64_t rng_u64(rng_t *r) { return xoshiro_next(r->s); }
 
 /* The GF(2)-linear image of state s under j. */
 static void jump_vec(const rng_jump_t *j, const uint64_t s[4], uint64_t out[4]) {

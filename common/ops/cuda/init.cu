@@ -14,23 +14,9 @@
 #include "common/ops/cuda/cuda_common.cuh"
 
 #include "common/base/f32near.h"
+#include "common/base/xoshiro.h"
 
 #define INIT_THREADS 128
-
-__device__ __forceinline__ uint64_t init_rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-// rng.c's rng_u64 (xoshiro256**)
-__device__ __forceinline__ uint64_t init_next(uint64_t s[4]) {
-    uint64_t result = init_rotl(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = init_rotl(s[3], 45);
-    return result;
-}
 
 __global__ void normal_init_kernel(float *dst, const ops_normal_seg_t *seg, int n_seg,
                                    const uint64_t *states, size_t n_chunks, size_t chunk,
@@ -50,8 +36,8 @@ __global__ void normal_init_kernel(float *dst, const ops_normal_seg_t *seg, int 
     int si = lo;
     while (g < g1) {
         while (g >= seg[si].gstart + seg[si].numel) si++;
-        uint64_t a = init_next(s);
-        uint64_t b = init_next(s);
+        uint64_t a = xoshiro_next(s);
+        uint64_t b = xoshiro_next(s);
         double u1 = __dmul_rn(__dadd_rn((double)(a >> 11), 1.0), 1.0 / 9007199254740993.0);
         double u2 = __dmul_rn((double)(b >> 11), 1.0 / 9007199254740992.0);
         double v = __dmul_rn(sqrt(__dmul_rn(-2.0, log(u1))), cos(__dmul_rn(6.283185307179586, u2)));
