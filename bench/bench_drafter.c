@@ -222,6 +222,10 @@ static void p_xent(const ops_ctx_t *c, void *lg, float *loss, float *corr, const
                    const float *w, float gs, int N, int V) {
     PROF_WRAP("xent fwd+bwd", 0, prof_inner->xent_forward_backward(&prof_ctx, lg, loss, corr, t, w, gs, N, V));
 }
+static void p_copy2d(const ops_ctx_t *c, void *d, size_t dp, const void *s, size_t sp, size_t w,
+                     size_t rows) {
+    PROF_WRAP("copy2d (loss rows)", 0, prof_inner->copy2d(&prof_ctx, d, dp, s, sp, w, rows));
+}
 static void p_sumsq(const ops_ctx_t *c, float *o, const float *x, size_t n, int acc) {
     PROF_WRAP("grad norm (sumsq)", 0, prof_inner->sumsq(&prof_ctx, o, x, n, acc));
 }
@@ -248,6 +252,7 @@ static void prof_install(double sum_ctx) {
     prof_impl.embedding_forward = p_emb, prof_impl.add = p_add;
     prof_impl.attention_block_forward = p_attn_fwd, prof_impl.attention_block_backward = p_attn_bwd;
     prof_impl.xent_forward_backward = p_xent, prof_impl.sumsq = p_sumsq, prof_impl.adamw = p_adamw;
+    prof_impl.copy2d = p_copy2d;
     for (int i = 0; i < PROF_MAX; i++) cudaEventCreate(&prof_e0[i]), cudaEventCreate(&prof_e1[i]);
     prof_attn_sum_ctx = sum_ctx;
     prof_n = 0;

@@ -69,14 +69,17 @@ struct drafter {
     void *a, *da;                 /* (R,F) swiglu output and its grad; in backward also
                                      d gate (in a) and d up (in da, in place) */
     void *logits;                 /* (chunk*B, V) */
-    float *row_loss, *row_correct, *row_w; /* (R) f32 */
-    int32_t *row_target, *row_ids, *row_pos; /* (R) i32 backend */
+    /* The loss rows: every block's rows 1..B-1, in block order (Nb*(B-1) of them); a block's
+     * row 0 is its anchor, which has no target, so the LM head and the loss skip it. */
+    float *row_loss, *row_correct, *row_w; /* (loss rows) f32 */
+    int32_t *row_target;          /* (loss rows) i32 backend */
+    int32_t *row_ids, *row_pos;   /* (R) i32 backend */
     int32_t *ctx_pos, *ctx_start, *ctx_len;  /* (T), (Nb), (Nb) i32 backend */
     float *inv_freq;              /* (hd/2) f32 backend */
     /* host staging */
     int32_t *h_row_target, *h_row_ids, *h_row_pos, *h_ctx_pos, *h_ctx_start, *h_ctx_len;
-    float *h_row_w, *h_row_loss, *h_row_correct;
-    uint8_t *h_row_mask;
+    float *h_row_w, *h_row_loss, *h_row_correct; /* h_row_target, _w, _loss, _correct, _mask: */
+    uint8_t *h_row_mask;                         /* per loss row, as on the backend */
     /* last forward */
     int T, Nb, fwd_ok;
     const void *features;
@@ -562,23 +565,24 @@ static int prepare_batch(drafter_t *d, const drafter_batch_t *b) {
             int row = j * B + k, t = a + k;
             d->h_row_ids[row] = k == 0 ? b->ids[a] : c->mask_token_id;
             d->h_row_pos[row] = d->h_ctx_pos[a] + k;
-            int in = k >= 1 && t < s1;
-            d->h_row_target[row] = in ? b->ids[t] : 0;
-            d->h_row_mask[row] = in && b->loss_mask[t];
-            float w = d->h_row_mask[row] ? (float)exp(-(double)(k - 1) / c->gamma) : 0.0f;
-            d->h_row_w[row] = w;
+            if (k == 0) continue;            /* the anchor: no loss row */
+            int lr = j * (B - 1) + k - 1, in = t < s1;
+            d->h_row_target[lr] = in ? b->ids[t] : 0;
+            d->h_row_mask[lr] = in && b->loss_mask[t];
+            float w = d->h_row_mask[lr] ? (float)exp(-(double)(k - 1) / c->gamma) : 0.0f;
+            d->h_row_w[lr] = w;
             wsum += w;
         }
     }
     const ops_ctx_t *x = d->c;
-    int R = b->n_blocks * B;
+    int R = b->n_blocks * B, Rl = b->n_blocks * (B - 1);
     IMPL->upload(x, d->ctx_pos, d->h_ctx_pos, (size_t)b->T * 4);
     IMPL->upload(x, d->ctx_start, d->h_ctx_start, (size_t)b->n_blocks * 4);
     IMPL->upload(x, d->ctx_len, d->h_ctx_len, (size_t)b->n_blocks * 4);
     IMPL->upload(x, d->row_ids, d->h_row_ids, (size_t)R * 4);
     IMPL->upload(x, d->row_pos, d->h_row_pos, (size_t)R * 4);
-    IMPL->upload(x, d->row_target, d->h_row_target, (size_t)R * 4);
-    IMPL->upload(x, d->row_w, d->h_row_w, (size_t)R * 4);
+    IMPL->upload(x, d->row_target, d->h_row_target, (size_t)Rl * 4);
+    IMPL->upload(x, d->row_w, d->h_row_w, (size_t)Rl * 4);
     d->T = b->T;
     d->Nb = b->n_blocks;
     d->features = b->features;
@@ -685,19 +689,27 @@ int drafter_forward_backward(drafter_t *d, const drafter_batch_t *b, float grad_
     const int Q = H * hd, B = c->B;
     const size_t A = ops_act_bytes(x);
     float gs = grad_scale > 0 ? grad_scale : (d->weight_sum > 0 ? (float)(1.0 / d->weight_sum) : 0);
-    /* chunked loss: logits of a chunk of blocks, CE forward+backward in place,
-     * then dhf rows = dlogits . lm_head */
-    for (int j = 0; j < d->Nb; j += c->loss_chunk_blocks) {
-        int nb = j + c->loss_chunk_blocks <= d->Nb ? c->loss_chunk_blocks : d->Nb - j;
-        int rows = nb * B;
-        size_t r0 = (size_t)j * B;
-        IMPL->matmul_forward(x, d->logits, (char *)d->hf + r0 * D * A, d->lm_head, NULL, rows, D,
-                             c->V);
+    /* chunked loss over the loss rows (each block's rows 1..B-1; its anchor row 0 has no
+     * target, so no logits either): their hf rows gathered into dt1 (Rl, D); per chunk of
+     * loss_chunk_blocks*B loss rows, the logits, CE forward+backward in place, then
+     * d rows = dlogits . lm_head into dt2 (Rl, D); dt2 scattered back into dhf, whose
+     * anchor rows are zero (as the CE's zero gradient for them made them before). */
+    const int Rl = d->Nb * (B - 1), chunk_rows = c->loss_chunk_blocks * B;
+    const size_t row_b = (size_t)D * A;
+    IMPL->copy2d(x, d->dt1, (B - 1) * row_b, (char *)d->hf + row_b, B * row_b, (B - 1) * row_b,
+                 (size_t)d->Nb);
+    for (int r0 = 0; r0 < Rl; r0 += chunk_rows) {
+        int rows = r0 + chunk_rows <= Rl ? chunk_rows : Rl - r0;
+        const void *h = (char *)d->dt1 + (size_t)r0 * row_b;
+        IMPL->matmul_forward(x, d->logits, h, d->lm_head, NULL, rows, D, c->V);
         IMPL->xent_forward_backward(x, d->logits, d->row_loss + r0, d->row_correct + r0,
                                     d->row_target + r0, d->row_w + r0, gs, rows, c->V);
-        IMPL->matmul_backward(x, (char *)d->dhf + r0 * D * A, NULL, NULL, d->logits,
-                              (char *)d->hf + r0 * D * A, d->lm_head, rows, D, c->V, 0);
+        IMPL->matmul_backward(x, (char *)d->dt2 + (size_t)r0 * row_b, NULL, NULL, d->logits, h,
+                              d->lm_head, rows, D, c->V, 0);
     }
+    IMPL->memset0(x, d->dhf, (size_t)R * row_b);
+    IMPL->copy2d(x, (char *)d->dhf + row_b, B * row_b, d->dt2, (B - 1) * row_b, (B - 1) * row_b,
+                 (size_t)d->Nb);
     /* final norm */
     IMPL->rmsnorm_backward(x, d->dh, G(d, tix_fc(d) + 2), d->dhf, d->hout, W(d, tix_fc(d) + 2),
                            d->rstd_f, R, D);
@@ -761,11 +773,11 @@ int drafter_forward_backward(drafter_t *d, const drafter_batch_t *b, float grad_
                           c->n_feat * D, D, 0);
     if (st) {
         memset(st, 0, sizeof(*st));
-        IMPL->download(x, d->h_row_loss, d->row_loss, (size_t)R * 4);
-        IMPL->download(x, d->h_row_correct, d->row_correct, (size_t)R * 4);
+        IMPL->download(x, d->h_row_loss, d->row_loss, (size_t)Rl * 4);
+        IMPL->download(x, d->h_row_correct, d->row_correct, (size_t)Rl * 4);
         st->weight_sum = d->weight_sum;
-        for (int r = 0; r < R; r++) {
-            int k = r % B;
+        for (int r = 0; r < Rl; r++) {
+            int k = 1 + r % (B - 1);
             st->loss_sum += d->h_row_loss[r];
             if (d->h_row_mask[r]) {
                 st->count[k] += 1.0;
@@ -788,7 +800,7 @@ double drafter_step_flops(const drafter_config_t *c, int T, int n_blocks, double
     double ctx_layer = (double)T * 2 * D * KV; /* context k/v projections */
     double trained = L * (R * row_layer + attn_layer + ctx_layer);
     double fc = (double)T * c->n_feat * D * D;
-    double head = R * D * c->V;
+    double head = (double)n_blocks * (B - 1) * D * c->V; /* loss rows only */
     return 2.0 * (3.0 * trained + 2.0 * fc + 2.0 * head);
 }
 

@@ -22,8 +22,9 @@
  *
  * Loss: sum over rows k >= 1 of w_k * CE(logits, token[anchor + k]), with
  * w_k = exp(-(k-1)/gamma) * loss_mask[anchor + k] (0 past the sequence end);
- * the reported loss is loss_sum / weight_sum. Logits are computed in chunks of
- * blocks (cfg.loss_chunk_blocks) so (rows x V) logits never exist at once.
+ * the reported loss is loss_sum / weight_sum. Only the loss rows (k >= 1) go
+ * through the LM head, in chunks of cfg.loss_chunk_blocks * B rows so (rows x V)
+ * logits never exist at once; row 0 (the anchor) has no target and no logits.
  *
  * Memory: weights and every activation live on the ops backend; buffers are
  * sized at drafter_new from max_tokens and max_blocks (no allocation per step).
@@ -70,7 +71,7 @@ typedef struct {
     int B;                    /* block size, default 16 */
     float gamma;              /* loss decay; <= 0 = default for B (drafter_default_gamma) */
     int mask_token_id;
-    int loss_chunk_blocks;    /* blocks per logits chunk; <= 0 = default 64 */
+    int loss_chunk_blocks;    /* logits chunk: this x B loss rows; <= 0 = default 64 */
 } drafter_config_t;
 
 /* Drafter defaults (5 layers, B 16, gamma auto, mask token unset (-1: the
@@ -240,8 +241,9 @@ const drafter_tensor_t *drafter_find_tensor(const drafter_t *d, const char *name
  * exists: fc (features are frozen: weight grad only) and the LM head (frozen:
  * activation grad only). Attention counts the visible keys exactly:
  * sum_ctx_len = sum over blocks of their context rows (ctx_len), B own rows
- * each. Recomputation is not counted. R = n_blocks * B rows; all B rows of a
- * block go through the LM head. */
+ * each. Recomputation is not counted. R = n_blocks * B rows; the LM head
+ * counts the loss rows only, n_blocks * (B - 1): a block's anchor row has no
+ * logits. */
 double drafter_step_flops(const drafter_config_t *cfg, int T, int n_blocks, double sum_ctx_len);
 
 /* Passes of at most max_blocks blocks that n_blocks anchors take (a micro-batch's
