@@ -33,13 +33,15 @@ double mon_report_now(const mon_run_t *run, double wall, double live_s) {
     return wall - run->last_ts <= live_s ? wall : run->last_ts;
 }
 
-/* Integer percents of three shares (s[k] in [0, 1], adding up to at most 1) that add up
- * to at most 100: each is floored, then the points the rounded total has left go to the
- * largest remainders (plain %.0f rounding shows 34 + 34 + 33 for 0.335 + 0.335 + 0.33). */
-static void pct3(const double s[3], int out[3]) {
-    double total = 0, rem[3];
+/* Integer percents of a row's n shares (s[k] in [0, 1], adding up to at most 1; n <=
+ * REPORT_SHARES) that add up to at most 100: each is floored, then the points the rounded
+ * total has left go to the largest remainders (plain %.0f rounding shows 34 + 34 + 33
+ * for 0.335 + 0.335 + 0.33). Non-finite or negative shares count as 0. */
+#define REPORT_SHARES 4     /* BUSY, WAIT-IN, WAIT-CR, WAIT-GPU */
+static void pct_shares(const double *s, int n, int *out) {
+    double total = 0, rem[REPORT_SHARES];
     int sum = 0;
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < n; k++) {
         double x = isfinite(s[k]) && s[k] > 0 ? 100 * s[k] : 0;
         out[k] = (int)floor(x);
         rem[k] = x - out[k];
@@ -50,7 +52,7 @@ static void pct3(const double s[3], int out[3]) {
     if (want > 100) want = 100;
     while (sum < want) {
         int best = 0;
-        for (int k = 1; k < 3; k++) if (rem[k] > rem[best]) best = k;
+        for (int k = 1; k < n; k++) if (rem[k] > rem[best]) best = k;
         out[best]++;
         rem[best] = -1;
         sum++;
@@ -58,43 +60,45 @@ static void pct3(const double s[3], int out[3]) {
 }
 
 /* The STAGE table: one row per stage (the first n have metrics, ms[i], the rest only a
- * run.json entry), a NODE column on multi-node runs. cols > 0: a row wider than cols
- * has its diagnosis on a line of its own. */
+ * run.json entry), a NODE column on multi-node runs. The four shares (BUSY, WAIT-IN,
+ * WAIT-CR, WAIT-GPU) add up to 100 when the diagnosis accounts the whole window. Widths:
+ * a single-node run with stage names of up to 9 characters (the optimizer's; up to 99
+ * targets and drafters) has rows of 80 columns before the diagnosis. cols > 0: a row
+ * wider than cols has its diagnosis on a line of its own. */
 static void report_stages(sbuf_t *bp, const mon_stage_t *const *ms, const mon_topo_t *rt,
                           const mon_stage_view_t *views, const mon_diag_t *diags, int n, int n_all,
                           const char **shown, int cols) {
-    char d1[32], d2[32], d3[32], d4[32];
+    char pc[REPORT_SHARES][32], d4[32];
     int any_node = 0;   /* multi-node runs: a NODE column (run.json's node of each stage) */
     for (int k = 0; k < rt->n_stages; k++) any_node |= rt->stages[k].node[0] != 0;
-    sbuf_printf(bp, "\n%-12s %-9s ", "STAGE", "ROLE");
+    int wn = 5;         /* STAGE: as wide as the longest name, so every row lines up */
+    for (int i = 0; i < n_all; i++)
+        if (views[i].name && (int)strlen(views[i].name) > wn) wn = (int)strlen(views[i].name);
+    sbuf_printf(bp, "\n%-*s %-9s ", wn, "STAGE", "ROLE");
     if (any_node) sbuf_printf(bp, "%-10s ", "NODE");
-    sbuf_printf(bp, "%3s %-9s %9s %5s %7s %7s %9s  %s\n", "INC", "STATE", "TOK/S",
-        "BUSY", "WAIT-IN", "WAIT-CR", "NO-PROGR", "DIAGNOSIS");
+    sbuf_printf(bp, "%3s %-8s %8s %4s %7s %7s %8s %8s  %s\n", "INC", "STATE", "TOK/S",
+        "BUSY", "WAIT-IN", "WAIT-CR", "WAIT-GPU", "NO-PROGR", "DIAGNOSIS");
     for (int i = 0; i < n_all; i++) {
         const mon_stage_t *s = i < n ? ms[i] : NULL;
         const mon_stage_view_t *v = &views[i];
         const mon_diag_t *d = &diags[i];
-        if (v->dt > 0) {
-            double sh[3] = {d->share_busy, d->share_in, d->share_credit};
-            int p[3];
-            pct3(sh, p);
-            snprintf(d1, sizeof d1, "%d%%", p[0]);
-            snprintf(d2, sizeof d2, "%d%%", p[1]);
-            snprintf(d3, sizeof d3, "%d%%", p[2]);
-        } else {
-            snprintf(d1, sizeof d1, "-");
-            snprintf(d2, sizeof d2, "-");
-            snprintf(d3, sizeof d3, "-");
+        double sh[REPORT_SHARES] = {d->share_busy, d->share_in, d->share_credit, d->share_gpu};
+        int p[REPORT_SHARES];
+        pct_shares(sh, REPORT_SHARES, p);
+        for (int k = 0; k < REPORT_SHARES; k++) {
+            if (v->dt > 0) snprintf(pc[k], sizeof pc[k], "%d%%", p[k]);
+            else snprintf(pc[k], sizeof pc[k], "-");
         }
         fmt_dur(v->since_progress_s, d4, sizeof d4);
-        char tps[32], row[256], diag[200];
+        char tps[32], row[320], diag[200];
         if (isfinite(v->tokens_per_s)) snprintf(tps, sizeof tps, "%.1f", v->tokens_per_s);
         else snprintf(tps, sizeof tps, "-");
         const mon_topo_stage_t *tn = mon_topo_stage(rt, v->name);
-        int w = snprintf(row, sizeof row, "%-12s %-9s ", v->name, mon_role_name(v->role));
+        int w = snprintf(row, sizeof row, "%-*s %-9s ", wn, v->name, mon_role_name(v->role));
         if (any_node) w += snprintf(row + w, sizeof row - (size_t)w, "%-10s ", tn && tn->node[0] ? tn->node : "-");
-        snprintf(row + w, sizeof row - (size_t)w, "%3llu %-9s %9s %5s %7s %7s %9s",
-            (unsigned long long)(s ? s->incarnation : tn ? tn->incarnation : 0), shown[i], tps, d1, d2, d3, d4);
+        snprintf(row + w, sizeof row - (size_t)w, "%3llu %-8s %8s %4s %7s %7s %8s %8s",
+            (unsigned long long)(s ? s->incarnation : tn ? tn->incarnation : 0), shown[i], tps,
+            pc[0], pc[1], pc[2], pc[3], d4);
         snprintf(diag, sizeof diag, "%s: %s", mon_diag_name(d->kind), d->why);
         if (cols > 0 && strlen(row) + 2 + strlen(diag) > (size_t)cols)
             sbuf_printf(bp, "%s\n    %s\n", row, diag);

@@ -29,9 +29,11 @@ double mon_report_now(const mon_run_t *run, double wall, double live_s);
 
 /* Renders the snapshot into a malloc'd string of '\n'-terminated lines (*text; the
  * caller frees). Rows: the stages of o->topo (run.json), not names only an earlier run
- * of the same dir left in metrics.jsonl. The BUSY, WAIT-IN and WAIT-CR percents of a
- * row add up to at most 100. A CPU run (o->topo.cpu_run) has no GPU tier column and no
- * GPU section. Returns 0 or DL_ENOMEM. */
+ * of the same dir left in metrics.jsonl. The BUSY, WAIT-IN, WAIT-CR and WAIT-GPU
+ * (--gpu-turns: waiting for the GPU's turn) percents of a row are mon_diag_t's four
+ * shares, rounded to add up to at most 100 (to 100 when the shares fill the window). A
+ * CPU run (o->topo.cpu_run) has no GPU tier column and no GPU section. Returns 0 or
+ * DL_ENOMEM. */
 int mon_report(const mon_run_t *run, const mon_report_opts_t *o, char **text);
 
 #endif

@@ -1,6 +1,9 @@
 /* The monitor's snapshot, issue 15 item 14 (each case failed before its fix):
- *  - a stage's BUSY + WAIT-IN + WAIT-CR add up to at most 100 % (phases ending in the
- *    window that began before it gave 130 %; %.0f rounding gave 101 %);
+ *  - a stage's BUSY + WAIT-IN + WAIT-CR + WAIT-GPU add up to at most 100 % (phases ending
+ *    in the window that began before it gave 130 %; %.0f rounding gave 101 %);
+ *  - --gpu-turns: the wait for the GPU's turn has its own column (WAIT-GPU), so a row's
+ *    four shares add up to 100 % (without it a stage waiting 40 % for turns showed 60 %),
+ *    and the rows stay 80 columns wide before the diagnosis;
  *  - a 1+1 run resumed in the dir of a 2+2 run counts and shows its 4 stages, not the 6
  *    names metrics.jsonl ever saw (nor blames the old run's target1 as silent);
  *  - no ETA on a stopped run or one at max_steps: "finished";
@@ -76,12 +79,26 @@ static char *snapshot(double now, int cols) {
     return text;
 }
 
-/* BUSY, WAIT-IN and WAIT-CR of a row, added up (percent). */
-static int row_share_sum(const char *row) {
-    char name[32], role[16], st[16], tps[16], busy[8], in[8], cr[8];
+/* BUSY, WAIT-IN, WAIT-CR and WAIT-GPU of a row (percent) into p[4]; fails unless the
+ * row has the four, each "N%". */
+static void row_shares(const char *row, int p[4]) {
+    char name[32], role[16], st[16], tps[16], sh[4][8];
     unsigned inc;
-    assert_int_equal(sscanf(row, "%31s %15s %u %15s %15s %7s %7s %7s", name, role, &inc, st, tps, busy, in, cr), 8);
-    return atoi(busy) + atoi(in) + atoi(cr);
+    if (sscanf(row, "%31s %15s %u %15s %15s %7s %7s %7s %7s", name, role, &inc, st, tps, sh[0], sh[1], sh[2],
+               sh[3]) != 9)
+        fail_msg("not a stage row: '%s'", row);
+    for (int k = 0; k < 4; k++) {
+        size_t L = strlen(sh[k]);
+        if (L < 2 || sh[k][L - 1] != '%') fail_msg("share %d is '%s' in '%s'", k, sh[k], row);
+        p[k] = atoi(sh[k]);
+    }
+}
+
+/* The four shares of a row, added up (percent). */
+static int row_share_sum(const char *row) {
+    int p[4];
+    row_shares(row, p);
+    return p[0] + p[1] + p[2] + p[3];
 }
 
 static void test_shares_add_up(void **state) {
@@ -249,6 +266,82 @@ static void test_terminal_width_never_cuts(void **state) {
     free(narrow);
 }
 
+/* --gpu-turns: over a 10 s window (ts 100 -> 110) each stage's phase counters grow by
+ * known seconds; its row shows BUSY, WAIT-IN, WAIT-CR and WAIT-GPU as those seconds'
+ * shares of the window, adding up to 100:
+ *   target0   busy 3 (forward), input 1, credit 2, GPU turn 4 s: 30 / 10 / 20 / 40;
+ *   target1   busy 2.505, input 2.505, credit 2.495, GPU 2.495: 25 each (floors 98,
+ *             the two points to the largest remainders);
+ *   drafter0  idle: busy 2 (copy 0.5 + backward 1.5), GPU 5, the open 3 s are input:
+ *             20 / 30 / 0 / 50;
+ *   optimizer step 4, GPU 8 s (12 s in the 10 s window: phases begun before it), scaled
+ *             together: 4 / 12 and 8 / 12, 33 / 0 / 0 / 67.
+ * The Prometheus text carries the wait as a counter, draftline_wait_gpu_seconds_total. */
+static void test_gpu_turn_column(void **state) {
+    (void)state;
+    write_in("metrics.jsonl",
+        "{\"ts\":100,\"stage\":\"target0\",\"stage_id\":200,\"incarnation\":1,\"state\":\"running\","
+        "\"wait_input_s\":10,\"wait_credit_s\":20,\"forward_s\":30,\"wait_gpu_s\":40,\"since_progress_s\":0}\n"
+        "{\"ts\":100,\"stage\":\"target1\",\"stage_id\":201,\"incarnation\":1,\"state\":\"running\","
+        "\"wait_input_s\":0,\"wait_credit_s\":0,\"forward_s\":0,\"wait_gpu_s\":0,\"since_progress_s\":0}\n"
+        "{\"ts\":100,\"stage\":\"drafter0\",\"stage_id\":100,\"incarnation\":1,\"state\":\"idle\","
+        "\"wait_input_s\":0,\"wait_credit_s\":0,\"copy_s\":0,\"backward_s\":0,\"wait_gpu_s\":0,"
+        "\"since_progress_s\":0}\n"
+        "{\"ts\":100,\"stage\":\"optimizer\",\"stage_id\":2,\"incarnation\":1,\"state\":\"running\","
+        "\"wait_input_s\":0,\"step_s\":0,\"wait_gpu_s\":0,\"since_progress_s\":0}\n"
+        "{\"ts\":110,\"stage\":\"target0\",\"stage_id\":200,\"incarnation\":1,\"state\":\"running\","
+        "\"wait_input_s\":11,\"wait_credit_s\":22,\"forward_s\":33,\"wait_gpu_s\":44,\"since_progress_s\":0}\n"
+        "{\"ts\":110,\"stage\":\"target1\",\"stage_id\":201,\"incarnation\":1,\"state\":\"running\","
+        "\"wait_input_s\":2.505,\"wait_credit_s\":2.495,\"forward_s\":2.505,\"wait_gpu_s\":2.495,"
+        "\"since_progress_s\":0}\n"
+        "{\"ts\":110,\"stage\":\"drafter0\",\"stage_id\":100,\"incarnation\":1,\"state\":\"idle\","
+        "\"wait_input_s\":0,\"wait_credit_s\":0,\"copy_s\":0.5,\"backward_s\":1.5,\"wait_gpu_s\":5,"
+        "\"since_progress_s\":0}\n"
+        "{\"ts\":110,\"stage\":\"optimizer\",\"stage_id\":2,\"incarnation\":1,\"state\":\"running\","
+        "\"wait_input_s\":0,\"step_s\":4,\"wait_gpu_s\":8,\"since_progress_s\":0}\n");
+    write_in("run.json", "{\"device\":\"cuda\",\"max_steps\":100,\"state\":\"running\"}\n");
+    char *wide = snapshot(110, 0), *narrow = snapshot(110, 80), row[256];
+    if (!strstr(wide, " BUSY WAIT-IN WAIT-CR WAIT-GPU NO-PROGR ")) fail_msg("no WAIT-GPU column:\n%s", wide);
+    const struct { const char *stage; int p[4]; } want[] = {
+        {"target0", {30, 10, 20, 40}}, {"target1", {25, 25, 25, 25}},
+        {"drafter0", {20, 30, 0, 50}}, {"optimizer", {33, 0, 0, 67}}};
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        int p[4];
+        stage_row(wide, want[i].stage, row, sizeof row);
+        row_shares(row, p);
+        for (int k = 0; k < 4; k++)
+            if (p[k] != want[i].p[k])
+                fail_msg("%s: share %d is %d%%, expected %d%%: '%s'", want[i].stage, k, p[k], want[i].p[k], row);
+        assert_int_equal(p[0] + p[1] + p[2] + p[3], 100);
+        /* 80 columns: the row whole on its line (not wrapped), its diagnosis on the next */
+        char wrow[256];
+        snprintf(wrow, sizeof wrow, "%s", row);
+        stage_row(narrow, want[i].stage, row, sizeof row);
+        size_t L = strlen(row);
+        if (L > 80 || strncmp(wrow, row, L) || strncmp(wrow + L, "  ", 2))
+            fail_msg("%s at 80 columns: '%s' (wide: '%s')", want[i].stage, row, wrow);
+        char diag[300];
+        snprintf(diag, sizeof diag, "%s\n    %s\n", row, wrow + L + 2);
+        if (!strstr(narrow, diag)) fail_msg("%s's diagnosis not on its own line:\n%s", want[i].stage, narrow);
+    }
+    free(wide);
+    free(narrow);
+    /* the Prometheus text: the wait itself, a counter per stage */
+    mon_run_t *run = mon_run_open(tmpdir);
+    assert_non_null(run);
+    assert_true(mon_run_poll(run) > 0);
+    mon_topo_t t = {0};
+    assert_int_equal(mon_topo_read(tmpdir, &t), 0);
+    char *prom = NULL;
+    size_t len = 0;
+    assert_int_equal(mon_prom_render(run, 110, NULL, &t, &prom, &len), 0);
+    assert_non_null(strstr(prom, "# TYPE draftline_wait_gpu_seconds_total counter\n"));
+    assert_non_null(strstr(prom, "draftline_wait_gpu_seconds_total{stage=\"target0\",role=\"target\"} 44\n"));
+    assert_non_null(strstr(prom, "draftline_wait_gpu_seconds_total{stage=\"optimizer\",role=\"optimizer\"} 8\n"));
+    free(prom);
+    mon_run_destroy(&run);
+}
+
 /* targets busy, drafters starved: the targets need more. */
 static void targets_bottleneck(mon_stage_view_t *v, mon_diag_t *d, int *n) {
     mon_diag_opts_t o;
@@ -317,6 +410,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_shares_add_up, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_resume_counts_live_topology, setup_tmp, teardown_tmp),
+        cmocka_unit_test_setup_teardown(test_gpu_turn_column, setup_tmp, teardown_tmp),
         cmocka_unit_test(test_no_eta_when_finished),
         cmocka_unit_test(test_cpu_run_has_no_gpu_columns),
         cmocka_unit_test(test_terminal_width_never_cuts),
