@@ -182,5 +182,9 @@ int ockw_times(const ockw_t *w, ockw_times_t *t);
 
 /* The optimizer's --help text into f (opt_usage.c; stage_args prints it). */
 void opt_usage(FILE *f);
+/* The learning rate of step `step` (0-based): linear warmup over `warmup` steps to `lr`,
+ * then cosine decay to 10% of it at step max_steps - 1 (held there after); lr itself when
+ * max_steps <= warmup + 1. Pure (opt_usage.c). */
+double opt_lr_at(double lr, uint64_t warmup, uint64_t max_steps, uint64_t step);
 
 #endif

@@ -1,6 +1,7 @@
-/* optimizer: its --help text (opt_int.h). */
+/* optimizer: its --help text and its learning-rate schedule (opt_int.h). */
 #include "optimizer/opt_int.h"
 
+#include <math.h>
 #include <stdio.h>
 
 void opt_usage(FILE *f) {
@@ -15,4 +16,13 @@ void opt_usage(FILE *f) {
         "  --index I                  accepted for symmetry with the other stages: 0 only\n"
         "  --log-level L              error|warn|info|debug\n"
         "  -h, --help                 this help\n");
+}
+
+double opt_lr_at(double lr, uint64_t warmup, uint64_t max_steps, uint64_t step) {
+    if (warmup && step < warmup) return lr * (double)(step + 1) / (double)warmup;
+    if (max_steps <= warmup + 1) return lr;
+    double p = (double)(step - warmup) / (double)(max_steps - warmup - 1);
+    if (p > 1) p = 1;
+    const double min_ratio = 0.1;
+    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + cos(M_PI * p)));
 }

@@ -129,6 +129,8 @@ typedef struct {
     uint64_t rec_tfp;
     rundir_steps_t *steps_log;     /* <out>/steps.jsonl */
     double t_step0;
+    struct { int done; double grads_t, map_s; } first;   /* this incarnation's first step: when its
+                                  gradients were all there, their mapping's time (its line) */
     double last_loss, last_gnorm, last_lr;
     /* --keep-checkpoints (0: keep all) and the checkpoint resumed from (protected from
      * the retention until a newer one is written; "" when not resumed) */
@@ -199,15 +201,6 @@ static void export_slab(bus_t *bus, const char *peer, const slab_handle_t *h) {
     proto_msg_t m;
     stage_slab_export_msg(h, h->slab_id, &m);
     stage_send(bus, peer, &m);
-}
-
-static double lr_at(const opt_t *O, uint64_t step) {
-    if (O->warmup && step < O->warmup) return O->lr * (double)(step + 1) / (double)O->warmup;
-    if (O->max_steps <= O->warmup + 1) return O->lr;
-    double p = (double)(step - O->warmup) / (double)(O->max_steps - O->warmup - 1);
-    if (p > 1) p = 1;
-    const double min_ratio = 0.1;
-    return O->lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + cos(M_PI * p)));
 }
 
 static void publish_step(opt_t *O);
@@ -321,7 +314,7 @@ static void apply_step(opt_t *O) {
     }
     double gnorm = sqrt((double)norm_sq);
     double loss = W > 0 ? L / W : NAN;
-    double lr = lr_at(O, O->step);
+    double lr = opt_lr_at(O->lr, O->warmup, O->max_steps, O->step);
     int skip = !isfinite(loss) || !isfinite(gnorm);
     if (skip) {
         char list[512];
@@ -354,6 +347,10 @@ static void apply_step(opt_t *O) {
     gpu_turn_give(&O->turn);
     ockw_pin_hold(O->ck, 0);
     double dt = clock_mono_s() - t0;
+    if (!O->first.done && (O->first.done = 1))   /* start-up: what the first step waited for */
+        log_info("step %llu, the first: gradients mapped in %.2f s, then %.2f s to the step (%.2f s of it "
+                 "waiting for the GPU's turn), applied in %.2f s", (unsigned long long)applied,
+                 O->first.map_s, t0 - O->first.grads_t, O->turn.last_wait_s, dt);
     stage_phase_add(&O->st, PHASE_STEP, dt);
     stage_progress(&O->st);
     O->last_loss = loss; O->last_gnorm = gnorm; O->last_lr = lr;
@@ -471,8 +468,10 @@ static void on_grads_checked(opt_t *O, int pi, const proto_gradients_ready_t *g)
         return;
     }
     void *base = p->mirror;   /* another node: the mirror its slab_data filled */
+    double t_map = clock_mono_s();
     int rc = p->remote ? ons_take(O->ns, pi, mb % O->K, g->offset, g->bytes, &base)   /* GPU: NCCL */
                        : hcache_get(O->hc, &p->grad, &base);
+    if (!O->first.done) O->first.map_s += clock_mono_s() - t_map, O->first.grads_t = clock_mono_s();
     if (rc < 0) { log_rc(rc, "map drafter gradients"); return; }
     c->present = 1;
     c->peer = pi;
