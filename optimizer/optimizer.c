@@ -197,12 +197,6 @@ static void send_weights(opt_t *O, int i) {
     stage_xfer_moved(&O->st);
 }
 
-static void export_slab(bus_t *bus, const char *peer, const slab_handle_t *h) {
-    proto_msg_t m;
-    stage_slab_export_msg(h, h->slab_id, &m);
-    stage_send(bus, peer, &m);
-}
-
 static void publish_step(opt_t *O);
 static void opt_stop(opt_t *O);
 static void send_hello(opt_t *O);
@@ -348,9 +342,9 @@ static void apply_step(opt_t *O) {
     ockw_pin_hold(O->ck, 0);
     double dt = clock_mono_s() - t0;
     if (!O->first.done && (O->first.done = 1))   /* start-up: what the first step waited for */
-        log_info("step %llu, the first: gradients mapped in %.2f s, then %.2f s to the step (%.2f s of it "
-                 "waiting for the GPU's turn), applied in %.2f s", (unsigned long long)applied,
-                 O->first.map_s, t0 - O->first.grads_t, O->turn.last_wait_s, dt);
+        log_info("step %llu, the first: gradients mapped in %.2f s, then %.2f s to the step%s, applied in %.2f s",
+                 (unsigned long long)applied, O->first.map_s, t0 - O->first.grads_t,
+                 gpu_turn_waited(&O->turn, O->turn.last_wait_s), dt);
     stage_phase_add(&O->st, PHASE_STEP, dt);
     stage_progress(&O->st);
     O->last_loss = loss; O->last_gnorm = gnorm; O->last_lr = lr;
@@ -564,7 +558,9 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
         O->dp[i].retired = 0;
         log_info("hello from %s (drafter %u, incarnation %llu%s)", peer, m.hello.stage_id,
                  (unsigned long long)m.hello.incarnation, O->dp[i].remote ? ", on another node" : "");
-        export_slab(O->srv, peer, slab_handle(O->wslab));
+        proto_msg_t ex;   /* the weights slab, then its version */
+        stage_slab_export_msg(slab_handle(O->wslab), slab_handle(O->wslab)->slab_id, &ex);
+        stage_send(O->srv, peer, &ex);
         send_weights(O, i);
         break;
     }
@@ -580,6 +576,9 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
             break;
         }
         O->dp[i].have_grad = grad_mirror(O, i) == 0;
+        void *gb;   /* a local slab is mapped now (CUDA IPC), off the first step's path */
+        int rc = O->dp[i].have_grad && !O->dp[i].remote ? hcache_get(O->hc, &O->dp[i].grad, &gb) : 0;
+        if (rc < 0) log_rc(rc, "map drafter gradients (tried again at its first gradients)");
         break;
     case PROTO_SLAB_DATA: {   /* a drafter on another node: its gradient slot */
         dpeer_t *p = i >= 0 ? &O->dp[i] : NULL;

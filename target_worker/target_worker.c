@@ -294,8 +294,8 @@ static void after_work_cb(uv_work_t *req, int status) {
         /* the new incarnation's slabs are mapped again on the next grant */
     }
     if (T->done == 0)   /* start-up: how long the first one took (first-use set-up included) */
-        log_info("micro-batch %llu, the first: %u tokens, forward %.2f s (after %.2f s waiting for the "
-                 "GPU's turn)", (unsigned long long)m->mb, m->T, T->cur_fwd_s, T->cur_wait_gpu_s);
+        log_info("micro-batch %llu, the first: %u tokens, forward %.2f s%s", (unsigned long long)m->mb, m->T,
+                 T->cur_fwd_s, gpu_turn_waited(&T->turn, T->cur_wait_gpu_s));
     T->done++;
     T->tokens += m->T;
     stage_progress(&T->st);

@@ -95,6 +95,11 @@ int gpu_turn_ready(gpu_turn_t *t, uv_loop_t *loop, const int *stopping, gpu_turn
  * after the unit's GPU work is done (its stream synchronised). */
 void gpu_turn_give(gpu_turn_t *t);
 
+/* For a log line: " (after W s waiting for the GPU's turn)" with W = waited (seconds) when
+ * t takes turns, "" when turns are off. The text is in a per-thread buffer, valid until
+ * the thread's next call. */
+const char *gpu_turn_waited(const gpu_turn_t *t, double waited);
+
 /* The turns of stage stage_id (a target, a drafter or the optimizer) under its run
  * configuration c: opens "<run_dir>/gpu<N>.turn" (run_dir: the stage's run dir on this
  * host) when c->gpu_turns is 1, the stage is on GPU N and no CUDA MPS server is set for
