@@ -130,7 +130,7 @@ typedef struct {
     rundir_steps_t *steps_log;     /* <out>/steps.jsonl */
     double t_step0;
     struct { int done; double grads_t, map_s; } first;   /* this incarnation's first step: when its
-                                  gradients were all there, their mapping's time (its line) */
+                                  gradients were all taken, their mapping's time (its line) */
     double last_loss, last_gnorm, last_lr;
     /* --keep-checkpoints (0: keep all) and the checkpoint resumed from (protected from
      * the retention until a newer one is written; "" when not resumed) */
@@ -341,10 +341,11 @@ static void apply_step(opt_t *O) {
     gpu_turn_give(&O->turn);
     ockw_pin_hold(O->ck, 0);
     double dt = clock_mono_s() - t0;
+    char tw[64];
     if (!O->first.done && (O->first.done = 1))   /* start-up: what the first step waited for */
-        log_info("step %llu, the first: gradients mapped in %.2f s, then %.2f s to the step%s, applied in %.2f s",
-                 (unsigned long long)applied, O->first.map_s, t0 - O->first.grads_t,
-                 gpu_turn_waited(&O->turn, O->turn.last_wait_s), dt);
+        log_info("step %llu, the first: gradients mapped (or their NCCL receives posted) in %.2f s, then %.2f s "
+                 "to the step%s, applied in %.2f s", (unsigned long long)applied, O->first.map_s,
+                 t0 - O->first.grads_t, gpu_turn_waited(&O->turn, O->turn.last_wait_s, tw, sizeof tw), dt);
     stage_phase_add(&O->st, PHASE_STEP, dt);
     stage_progress(&O->st);
     O->last_loss = loss; O->last_gnorm = gnorm; O->last_lr = lr;
@@ -465,8 +466,8 @@ static void on_grads_checked(opt_t *O, int pi, const proto_gradients_ready_t *g)
     double t_map = clock_mono_s();
     int rc = p->remote ? ons_take(O->ns, pi, mb % O->K, g->offset, g->bytes, &base)   /* GPU: NCCL */
                        : hcache_get(O->hc, &p->grad, &base);
-    if (!O->first.done) O->first.map_s += clock_mono_s() - t_map, O->first.grads_t = clock_mono_s();
     if (rc < 0) { log_rc(rc, "map drafter gradients"); return; }
+    if (!O->first.done) O->first.map_s += clock_mono_s() - t_map, O->first.grads_t = clock_mono_s();
     c->present = 1;
     c->peer = pi;
     c->g = (const float *)((const uint8_t *)base + g->offset);
@@ -502,11 +503,15 @@ static void on_turn(void *arg) {
     gpu_turn_give(&O->turn);
 }
 
-/* A drafter on another node exported its gradient slab (O->dp[i].grad): its mirror,
- * allocated once per incarnation (the hello of a new one freed the old). 0, or
- * DL_ENOMEM logged; a local drafter: 0, nothing to do. */
-static int grad_mirror(opt_t *O, int i) {
+/* A drafter exported its gradient slab (O->dp[i].grad). A local one's is mapped now (CUDA
+ * IPC or shared memory), before the first step needs it: 0 (a failure is logged, and the map
+ * tried again at its first gradients). Another node's: its mirror, allocated once per
+ * incarnation (the hello of a new one freed the old): 0, or DL_ENOMEM logged. */
+static int grad_slab_ready(opt_t *O, int i) {
     dpeer_t *p = &O->dp[i];
+    void *gb;
+    int rc = p->remote ? 0 : hcache_get(O->hc, &p->grad, &gb);
+    if (rc < 0) log_rc(rc, "map drafter gradients (tried again at its first gradients)");
     if (!p->remote || p->mirror || O->gpu >= 0) return 0;   /* GPU: NCCL lands in ons' buffer */
     p->mirror = calloc(1, p->grad.bytes);
     if (!p->mirror)
@@ -575,10 +580,7 @@ static void on_msg(bus_t *bus, const char *peer, const void *data, size_t len, v
             O->dp[i].have_grad = 0;
             break;
         }
-        O->dp[i].have_grad = grad_mirror(O, i) == 0;
-        void *gb;   /* a local slab is mapped now (CUDA IPC), off the first step's path */
-        int rc = O->dp[i].have_grad && !O->dp[i].remote ? hcache_get(O->hc, &O->dp[i].grad, &gb) : 0;
-        if (rc < 0) log_rc(rc, "map drafter gradients (tried again at its first gradients)");
+        O->dp[i].have_grad = grad_slab_ready(O, i) == 0;
         break;
     case PROTO_SLAB_DATA: {   /* a drafter on another node: its gradient slot */
         dpeer_t *p = i >= 0 ? &O->dp[i] : NULL;

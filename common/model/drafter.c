@@ -64,7 +64,8 @@ struct drafter {
     void *us;                     /* (R,F) up projection of the layer at hand (likewise) */
     void *qs, *kbs, *kcs;         /* normed+roped q, kb, kc; reused as d(raw) in backward */
     void *dq, *dkb, *dvb, *dkc, *dvc, *datt;
-    void *dh, *dt1, *dt2, *dhf;   /* (R,D) */
+    void *dh, *dt1, *dt2, *dhf;   /* (R,D); during the loss dt1 holds the loss rows of hf and
+                                     dt2 their gradient, (Nb*(B-1), D) each */
     void *dctx, *dct;             /* (T,D) */
     void *a, *da;                 /* (R,F) swiglu output and its grad; in backward also
                                      d gate (in a) and d up (in da, in place) */
@@ -680,6 +681,15 @@ static void kv_backward(drafter_t *d, int l, void *din, const void *dk, const vo
                           W(d, tix_layer(l, LT_V)), M, D, KV, 1);
 }
 
+/* rows x width bytes from src (rows src_pitch apart) to dst (dst_pitch apart) on the backend:
+ * the ops table's copy2d, or one copy per row where a table has none (ops.h). */
+static void copy_rows(drafter_t *d, void *dst, size_t dst_pitch, const void *src, size_t src_pitch,
+                      size_t width, size_t rows) {
+    if (IMPL->copy2d) { IMPL->copy2d(d->c, dst, dst_pitch, src, src_pitch, width, rows); return; }
+    for (size_t r = 0; r < rows; r++)
+        IMPL->copy(d->c, (char *)dst + r * dst_pitch, (const char *)src + r * src_pitch, width);
+}
+
 int drafter_forward_backward(drafter_t *d, const drafter_batch_t *b, float grad_scale,
                              drafter_stats_t *st) {
     DL_TRY(drafter_forward(d, b));
@@ -696,8 +706,8 @@ int drafter_forward_backward(drafter_t *d, const drafter_batch_t *b, float grad_
      * anchor rows are zero (as the CE's zero gradient for them made them before). */
     const int Rl = d->Nb * (B - 1), chunk_rows = c->loss_chunk_blocks * B;
     const size_t row_b = (size_t)D * A;
-    IMPL->copy2d(x, d->dt1, (B - 1) * row_b, (char *)d->hf + row_b, B * row_b, (B - 1) * row_b,
-                 (size_t)d->Nb);
+    copy_rows(d, d->dt1, (B - 1) * row_b, (char *)d->hf + row_b, B * row_b, (B - 1) * row_b,
+              (size_t)d->Nb);
     for (int r0 = 0; r0 < Rl; r0 += chunk_rows) {
         int rows = r0 + chunk_rows <= Rl ? chunk_rows : Rl - r0;
         const void *h = (char *)d->dt1 + (size_t)r0 * row_b;
@@ -708,8 +718,8 @@ int drafter_forward_backward(drafter_t *d, const drafter_batch_t *b, float grad_
                               d->lm_head, rows, D, c->V, 0);
     }
     IMPL->memset0(x, d->dhf, (size_t)R * row_b);
-    IMPL->copy2d(x, (char *)d->dhf + row_b, B * row_b, d->dt2, (B - 1) * row_b, (B - 1) * row_b,
-                 (size_t)d->Nb);
+    copy_rows(d, (char *)d->dhf + row_b, B * row_b, d->dt2, (B - 1) * row_b, (B - 1) * row_b,
+              (size_t)d->Nb);
     /* final norm */
     IMPL->rmsnorm_backward(x, d->dh, G(d, tix_fc(d) + 2), d->dhf, d->hout, W(d, tix_fc(d) + 2),
                            d->rstd_f, R, D);

@@ -179,7 +179,8 @@ struct ops_impl {
 
     /* Strided 2-D copy on the backend (cudaMemcpy2DAsync semantics): `rows` rows of
      * width_bytes each, src rows dst_pitch/src_pitch bytes apart. Used by the target to
-     * write captured layer outputs into the (T, n_feat*D) feature matrix.
+     * write captured layer outputs into the (T, n_feat*D) feature matrix, and by the
+     * drafter to gather its loss rows (and scatter their gradients back).
      * Added last so positional initialisers of older tables stay valid; model code
      * falls back to per-row copy when NULL. (Model helper; common/ops/cpu/copy2d.c.) */
     void (*copy2d)(const ops_ctx_t *c, void *dst, size_t dst_pitch, const void *src,

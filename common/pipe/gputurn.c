@@ -172,9 +172,8 @@ int gpu_turn_setup(gpu_turn_t *t, const run_config_t *c, uint32_t stage_id, cons
     return 0;
 }
 
-const char *gpu_turn_waited(const gpu_turn_t *t, double waited) {
-    static _Thread_local char buf[64];
+const char *gpu_turn_waited(const gpu_turn_t *t, double waited, char *buf, size_t n) {
     if (t->fd < 0) return "";
-    snprintf(buf, sizeof buf, " (after %.2f s waiting for the GPU's turn)", waited);
+    snprintf(buf, n, " (after %.2f s waiting for the GPU's turn)", waited);
     return buf;
 }

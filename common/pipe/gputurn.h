@@ -95,10 +95,10 @@ int gpu_turn_ready(gpu_turn_t *t, uv_loop_t *loop, const int *stopping, gpu_turn
  * after the unit's GPU work is done (its stream synchronised). */
 void gpu_turn_give(gpu_turn_t *t);
 
-/* For a log line: " (after W s waiting for the GPU's turn)" with W = waited (seconds) when
- * t takes turns, "" when turns are off. The text is in a per-thread buffer, valid until
- * the thread's next call. */
-const char *gpu_turn_waited(const gpu_turn_t *t, double waited);
+/* For a log line: " (after W s waiting for the GPU's turn)" with W = waited (seconds), written
+ * into buf (n bytes; 64 hold it) and returned, when t takes turns; "" (a literal, buf
+ * untouched) when turns are off. */
+const char *gpu_turn_waited(const gpu_turn_t *t, double waited, char *buf, size_t n);
 
 /* The turns of stage stage_id (a target, a drafter or the optimizer) under its run
  * configuration c: opens "<run_dir>/gpu<N>.turn" (run_dir: the stage's run dir on this

@@ -224,8 +224,10 @@ static void force_reference_core(char **argv) {
     if (!strcasecmp(want, openblas_get_corename())) return;
     for (size_t i = 0; i < sizeof isa / sizeof isa[0]; i++)
         if (!strcasecmp(want, isa[i].core) && cpu_has_flags(isa[i].flags)) {
-            printf("OpenBLAS core '%s' here; the CPU runs the reference's '%s': again with "
-                   "OPENBLAS_CORETYPE=%s\n", openblas_get_corename(), want, isa[i].core);
+            const char *env = getenv("OPENBLAS_CORETYPE");
+            printf("OpenBLAS core '%s' here (OPENBLAS_CORETYPE%s%s); the CPU runs the reference's '%s': "
+                   "again with OPENBLAS_CORETYPE=%s\n", openblas_get_corename(), env ? "=" : " unset",
+                   env ? env : "", want, isa[i].core);
             fflush(stdout);
             const char *was = getenv("OPENBLAS_CORETYPE");
             char old[64];

@@ -12,7 +12,8 @@
  * Drafter (shapes of the pipeline test's tiny target: D 64, H 4, Hkv 2, hd 16, F 128,
  * B 4): batch A (T 300, 4 sequences, up to 32 blocks; by default the drafter's full
  * capacity) and batch B (T 110, 3 sequences of other lengths, other anchors, at most
- * 9 blocks, with chunk 3 a last logits chunk of fewer blocks). Drafter 1 (seed 7) runs B, then A, then B
+ * 9 blocks, with chunk 3 a last logits chunk of fewer rows: 9 x 3 loss rows in chunks of
+ * 12). Drafter 1 (seed 7) runs B, then A, then B
  * again (zero_grad before each, grad_scale 1 as drafter_worker); drafter 2 (seed 7,
  * fresh; on CUDA on a second ops context: its own cuBLASLt plan cache and scratch)
  * runs only B. Asserted BITWISE equal: B's loss sum, weight sum, per-position hit
@@ -72,7 +73,7 @@ typedef struct {
 } co_batch_t;
 
 /* Drafter shapes of one case: vocabulary, layers, captured target layers (their ids
- * spread over the target's 4), blocks per logits chunk, and the capacity the drafter
+ * spread over the target's 4), the logits chunk (loss_chunk_blocks: this x B loss rows), and the capacity the drafter
  * is created with (0: batch A's T and blocks, i.e. A fills every buffer). */
 typedef struct {
     int V, n_layers, n_feat, chunk, cap_T, cap_blocks;

@@ -199,6 +199,34 @@ static void test_passes(void **state) {
     tiny_close(&t);
 }
 
+/* An ops table without copy2d (ops.h: optional): the loss rows are gathered and scattered
+ * one row copy at a time, with the same results, bitwise. */
+static void test_no_copy2d(void **state) {
+    (void)state;
+    tiny_t t;
+    tiny_open(&t, 1);
+    size_t np = drafter_n_params(t.d);
+    drafter_stats_t a, b;
+    drafter_zero_grad(t.d);
+    assert_int_equal(drafter_forward_backward(t.d, &t.b, 1.0f, &a), 0);
+    float *ga = malloc(np * 4);
+    memcpy(ga, drafter_grads(t.d), np * 4);
+    const ops_impl_t *cpu = g_ctx.impl;
+    static ops_impl_t bare;
+    bare = *cpu;
+    bare.copy2d = NULL;
+    g_ctx.impl = &bare;   /* the drafter holds &g_ctx */
+    drafter_zero_grad(t.d);
+    assert_int_equal(drafter_forward_backward(t.d, &t.b, 1.0f, &b), 0);
+    g_ctx.impl = cpu;
+    assert_true(a.loss_sum > 0 && a.loss_sum == b.loss_sum && a.weight_sum == b.weight_sum);
+    assert_memory_equal(a.count, b.count, sizeof a.count);
+    assert_memory_equal(a.correct, b.correct, sizeof a.correct);
+    assert_memory_equal(ga, drafter_grads(t.d), np * 4);
+    free(ga);
+    tiny_close(&t);
+}
+
 /* ------------------------------------------------------ finite differences */
 static void test_grad_fd(void **state) {
     (void)state;
@@ -447,7 +475,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults), cmocka_unit_test(test_anchors),
         cmocka_unit_test(test_fixture),  cmocka_unit_test(test_passes), cmocka_unit_test(test_grad_fd),
-        cmocka_unit_test(test_mask),     cmocka_unit_test(test_overfit),
+        cmocka_unit_test(test_mask),     cmocka_unit_test(test_overfit),  cmocka_unit_test(test_no_copy2d),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ops_ctx_destroy(&g_ctx);
