@@ -307,6 +307,29 @@ static void gpu_list(char *out, size_t cap, const int *g, int n) {
     for (int i = 0; i < n && w < cap; i++) w += (size_t)snprintf(out + w, cap - w, i ? ",%d" : "%d", g[i]);
 }
 
+/* 1 when GPU g is in the list (n entries). */
+static int has_gpu(const int *list, int n, int g) {
+    for (int i = 0; i < n; i++) if (list[i] == g) return 1;
+    return 0;
+}
+
+/* GPU mode with every GPU shared by targets and drafters (each GPU of either list is in
+ * the other; a GPU may be listed more than once) that take turns on them: the stages'
+ * busy time per distinct GPU, (targets' + drafters' + optimizer's) / GPUs, from the mean
+ * shares and counts of mon_bottleneck; the distinct GPUs into gpus ("0" or "0,1"). Else -1. */
+static double shared_gpu_busy(const mon_topo_t *t, const mon_bottleneck_t *b, const int *cnt, char *gpus,
+                              size_t cap) {
+    const int T = MON_ROLE_TARGET, D = MON_ROLE_DRAFTER, O = MON_ROLE_OPTIMIZER;
+    int nt = t->n_target_gpus, nd = t->n_drafter_gpus, g[64], n = 0;
+    if (!t->gpu_mode || nt < 1 || nd < 1) return -1;
+    for (int i = 0; i < nt; i++) if (!has_gpu(t->drafter_gpus, nd, t->target_gpus[i])) return -1;
+    for (int i = 0; i < nd; i++) if (!has_gpu(t->target_gpus, nt, t->drafter_gpus[i])) return -1;
+    for (int i = 0; i < nt && n < 64; i++) if (!has_gpu(g, n, t->target_gpus[i])) g[n++] = t->target_gpus[i];
+    if (b->wait_gpu[T] < 0.05 && b->wait_gpu[D] < 0.05) return -1;   /* no turns taken */
+    gpu_list(gpus, cap, g, n);
+    return (b->busy[T] * cnt[T] + b->busy[D] * cnt[D] + b->busy[O] * cnt[O]) / n;
+}
+
 /* "move one GPU (or process) from `from` to `to`" with the rebalance command. */
 static void suggest_move(const mon_topo_t *t, const char *run_dir, int to_targets, char *out, size_t cap) {
     const char *who = to_targets ? "targets" : "drafters";
@@ -367,6 +390,7 @@ void mon_bottleneck(const mon_stage_view_t *views, const mon_diag_t *diags, int 
         out->busy[r] += diags[i].share_busy;
         out->wait_in[r] += diags[i].share_in;
         out->wait_credit[r] += diags[i].share_credit;
+        out->wait_gpu[r] += diags[i].share_gpu;
         if (r == MON_ROLE_DRAFTER && isfinite(views[i].inbox_used) && views[i].inbox_cap > 0) {
             used += views[i].inbox_used;
             cap += views[i].inbox_cap;
@@ -377,6 +401,7 @@ void mon_bottleneck(const mon_stage_view_t *views, const mon_diag_t *diags, int 
             out->busy[r] /= cnt[r];
             out->wait_in[r] /= cnt[r];
             out->wait_credit[r] /= cnt[r];
+            out->wait_gpu[r] /= cnt[r];
         }
     out->inbox_fill = cap > 0 ? used / cap : NAN;
     const int T = MON_ROLE_TARGET, D = MON_ROLE_DRAFTER, O = MON_ROLE_OPTIMIZER;
@@ -415,11 +440,21 @@ void mon_bottleneck(const mon_stage_view_t *views, const mon_diag_t *diags, int 
     int d_starved = out->wait_in[D] >= 0.3 || (isfinite(out->inbox_fill) && out->inbox_fill < 0.25 &&
                                                  out->wait_in[D] >= 0.1);
     int t_pressed = out->wait_credit[T] >= 0.3 || (isfinite(out->inbox_fill) && out->inbox_fill >= 0.75);
+    char gpus[256];
+    double gpu_busy = shared_gpu_busy(&t, out, cnt, gpus, sizeof gpus);
     if (cnt[O] && out->busy[O] >= 0.5) {
         out->kind = MON_ROLE_OPTIMIZER;
         fmt(out->text, sizeof out->text,
                  "the optimizer is the bottleneck (busy %.0f%%): raise --micro-batches-per-step so a "
                  "step carries more tokens, or give it its own GPU", 100 * out->busy[O]);
+    } else if (gpu_busy >= 0.9) {
+        out->kind = MON_ROLE_UNKNOWN;
+        fmt(out->text, sizeof out->text,
+            "the GPU is the bottleneck: targets and drafters take turns on GPU %s and keep it busy %.0f%% "
+            "of the time (targets %.0f%%, drafters %.0f%%, optimizer %.0f%%); moving work between them "
+            "would not help: another GPU would, or --target-precision fp8",
+            gpus, 100 * (gpu_busy > 1 ? 1 : gpu_busy), 100 * out->busy[T], 100 * out->busy[D],
+            100 * out->busy[O]);
     } else if (d_starved && out->busy[T] >= 0.5 && out->wait_in[T] < 0.5) {
         out->kind = MON_ROLE_TARGET;
         suggest_move(&t, run_dir, 1, out->text, sizeof out->text);

@@ -146,6 +146,7 @@ void mon_topo_from_run(const mon_run_t *run, mon_topo_t *t);
 typedef struct {
     mon_role_t kind;            /* MON_ROLE_UNKNOWN: no clear bottleneck / not enough data */
     double busy[MON_ROLE_COUNT_], wait_in[MON_ROLE_COUNT_], wait_credit[MON_ROLE_COUNT_];
+    double wait_gpu[MON_ROLE_COUNT_];   /* mean shares waiting for the GPU's turn */
     double inbox_fill;          /* drafters' (used / capacity), NaN unknown */
     char text[256];             /* "targets are the bottleneck: move one GPU from drafters to targets (...)" */
 } mon_bottleneck_t;
@@ -160,6 +161,11 @@ typedef struct {
  *   drafters  targets back-pressured (share_credit >= 0.3) or inbox fill >= 0.75, while
  *             drafters are busy (>= 0.5);
  *   optimizer optimizer busy >= 0.5 (synchronous step: everyone waits for it);
+ *   the GPUs  every GPU runs targets and drafters (GPU mode, the same GPU lists) that take
+ *             turns on it (share_gpu of targets or drafters >= 0.05), and the stages keep
+ *             them busy: (targets' + drafters' + optimizer's busy time) / GPUs >= 0.9.
+ *             Kind UNKNOWN; the text says that moving work between targets and drafters
+ *             would not help, another GPU or a cheaper target forward would;
  *   loader    targets and drafters both starved (share_in >= 0.5);
  *   otherwise the busiest role if its busy share >= 0.75, else none.
  * The suggestion moves one process (CPU: --targets/--drafters) or one GPU (GPU mode,

@@ -406,8 +406,61 @@ static void test_no_add_without_a_free_core(void **state) {
     assert_int_equal(tn.cores, 66);
 }
 
+/* One GPU shared by a target and a drafter taking turns (the reference run's shares:
+ * target busy 43% and waiting for its turn 52%, drafter busy 55% and waiting for input
+ * 43%, optimizer 2%): the GPU is the bottleneck, not targets or drafters; without turns
+ * (no GPU waits) the rule does not apply; with a GPU each it does not either. */
+static void test_shared_gpu_bottleneck(void **state) {
+    (void)state;
+    mon_diag_opts_t o;
+    mon_diag_opts_default(&o);
+    const struct { const char *name; mon_role_t role; double in, busy, gpu; } f[] = {
+        {"target0", MON_ROLE_TARGET, 0.05, 0.43, 0.52}, {"drafter0", MON_ROLE_DRAFTER, 0.43, 0.55, 0.02},
+        {"optimizer", MON_ROLE_OPTIMIZER, 0.90, 0.02, 0.08}};
+    mon_stage_view_t v[3];
+    mon_diag_t d[3];
+    for (int turns = 1; turns >= 0; turns--) {
+        for (int i = 0; i < 3; i++) {
+            memset(&v[i], 0, sizeof v[i]);
+            v[i].name = f[i].name;
+            v[i].role = f[i].role;
+            snprintf(v[i].state, sizeof v[i].state, "running");
+            v[i].dt = 10;
+            v[i].d_wait_input = 10 * (f[i].in + (turns ? 0 : f[i].gpu));
+            v[i].d_busy = 10 * f[i].busy;
+            v[i].d_wait_gpu = turns ? 10 * f[i].gpu : 0;
+            v[i].since_progress_s = 0.5;
+            v[i].inbox_used = v[i].inbox_cap = NAN;
+            mon_diagnose(&v[i], &o, &d[i]);
+        }
+        mon_topo_t t = {.gpu_mode = 1, .n_targets = 1, .n_drafters = 1, .target_gpus = {0},
+                        .n_target_gpus = 1, .drafter_gpus = {0}, .n_drafter_gpus = 1};
+        mon_bottleneck_t b;
+        mon_bottleneck(v, d, 3, &t, "R", &b);
+        const char *want = "the GPU is the bottleneck: targets and drafters take turns on GPU 0 and keep it busy "
+                           "100% of the time (targets 43%, drafters 55%, optimizer 2%)";
+        if (turns) {
+            if (!strstr(b.text, want)) fail_msg("shared GPU, turns: '%s'", b.text);
+            assert_int_equal(b.kind, MON_ROLE_UNKNOWN);
+            /* three targets and a drafter on GPU 0, listed as 0,0,0 and 0: one GPU */
+            mon_topo_t t3 = t;
+            t3.n_targets = 3, t3.n_target_gpus = 3;
+            mon_bottleneck(v, d, 3, &t3, "R", &b);
+            assert_non_null(strstr(b.text, "take turns on GPU 0 and keep it busy 100%"));
+            /* a GPU each: not shared, so not this rule */
+            mon_topo_t t2 = t;
+            t2.drafter_gpus[0] = 1;
+            mon_bottleneck(v, d, 3, &t2, "R", &b);
+            if (strstr(b.text, "the GPU is the bottleneck")) fail_msg("two GPUs: '%s'", b.text);
+        } else if (strstr(b.text, "the GPU is the bottleneck")) {
+            fail_msg("no turns: '%s'", b.text);
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shared_gpu_bottleneck),
         cmocka_unit_test_setup_teardown(test_shares_add_up, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_resume_counts_live_topology, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_gpu_turn_column, setup_tmp, teardown_tmp),
