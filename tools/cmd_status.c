@@ -135,7 +135,10 @@ static void print_stage(const rundir_stage_t *e, const rundir_metrics_rec_t *x, 
         dl = strlen(detail);
         if (g > 0) snprintf(detail + dl, sizeof detail - dl, "%swaited %.1f s for GPU turns", dl ? "; " : "", g);
     }
-    double compute = x ? num(x, "forward_s") + num(x, "backward_s") + num(x, "step_s") : 0;
+    /* the monitor's busy: copies, forward, backward and step (an absent phase counts 0) */
+    double compute = 0;
+    static const char *const busy_phases[] = {"copy_s", "forward_s", "backward_s", "step_s"};
+    for (int i = 0; x && i < 4; i++) compute += num(x, busy_phases[i]) > 0 ? num(x, busy_phases[i]) : 0;
     char rate[32] = "-";
     if (x && num(x, "tokens_per_s") >= 0) snprintf(rate, sizeof rate, "%.0f", num(x, "tokens_per_s"));
     char pids[24], gpu[16] = "-";
