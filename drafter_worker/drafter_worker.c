@@ -302,13 +302,14 @@ static void after_work_cb(uv_work_t *req, int status) {
     }
     const drafter_stats_t *s = &W->cur_stats;
     if (W->cur_passes > 1) W->multi_pass_mbs++;
-    char tw[64];
-    if (W->seqs_done == 0 && it->n_seqs > 0)   /* the first one: what --num-anchors became */
+    if (W->seqs_done == 0 && it->n_seqs > 0) {   /* the first one: what --num-anchors became */
+        char tw[64];
         log_info("micro-batch %llu: %u sequences, %d blocks = %.1f anchors per sequence (--num-anchors %u; a "
                  "sequence with fewer positions where a block fits takes all it has); the first: forward+"
                  "backward %.2f s%s", (unsigned long long)it->mb, it->n_seqs, W->cur_blocks,
                  (double)W->cur_blocks / it->n_seqs, W->anchors, W->cur_fb_s,
                  gpu_turn_waited(&W->turn, W->cur_wait_gpu_s, tw, sizeof tw));
+    }
     W->blocks_done += (uint64_t)W->cur_blocks;
     W->seqs_done += it->n_seqs;
     if (W->cur_passes > 1 && W->cur_passes != W->logged_passes) {

@@ -341,8 +341,8 @@ static void apply_step(opt_t *O) {
     gpu_turn_give(&O->turn);
     ockw_pin_hold(O->ck, 0);
     double dt = clock_mono_s() - t0;
-    char tw[64];
-    if (!O->first.done && (O->first.done = 1))   /* start-up: what the first step waited for */
+    char tw[64];   /* the first step's line: what it waited for */
+    if (!O->first.done && (O->first.done = 1))
         log_info("step %llu, the first: gradients mapped (or their NCCL receives posted) in %.2f s, then %.2f s "
                  "to the step%s, applied in %.2f s", (unsigned long long)applied, O->first.map_s,
                  t0 - O->first.grads_t, gpu_turn_waited(&O->turn, O->turn.last_wait_s, tw, sizeof tw), dt);
@@ -463,7 +463,7 @@ static void on_grads_checked(opt_t *O, int pi, const proto_gradients_ready_t *g)
         return;
     }
     void *base = p->mirror;   /* another node: the mirror its slab_data filled */
-    double t_map = clock_mono_s();
+    double t_map = O->first.done ? 0 : clock_mono_s();   /* the first step's line only */
     int rc = p->remote ? ons_take(O->ns, pi, mb % O->K, g->offset, g->bytes, &base)   /* GPU: NCCL */
                        : hcache_get(O->hc, &p->grad, &base);
     if (rc < 0) { log_rc(rc, "map drafter gradients"); return; }

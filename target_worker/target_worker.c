@@ -293,10 +293,11 @@ static void after_work_cb(uv_work_t *req, int status) {
         hcache_drop_owner(T->hc, PIPE_ID_DRAFTER0 + (uint32_t)T->route);
         /* the new incarnation's slabs are mapped again on the next grant */
     }
-    char tw[64];
-    if (T->done == 0)   /* start-up: how long the first one took (first-use set-up included) */
+    if (T->done == 0) {   /* start-up: how long the first one took (first-use set-up included) */
+        char tw[64];
         log_info("micro-batch %llu, the first: %u tokens, forward %.2f s%s", (unsigned long long)m->mb, m->T,
                  T->cur_fwd_s, gpu_turn_waited(&T->turn, T->cur_wait_gpu_s, tw, sizeof tw));
+    }
     T->done++;
     T->tokens += m->T;
     stage_progress(&T->st);

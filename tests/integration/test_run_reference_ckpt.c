@@ -176,33 +176,19 @@ static void test_step4_equals_reference(void **state) {
     same_state(got, REF_DIR);
 }
 
-/* 1 if /proc/cpuinfo's first "flags" line lists every flag of `need` (space-separated). */
-static int cpu_has_flags(const char *need) {
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f) return 0;
-    char line[8192];
-    int ok = 0;
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, "flags", 5)) {
-            ok = 1;
-            char want[256];
-            snprintf(want, sizeof want, "%s", need);
-            for (char *sv, *w = strtok_r(want, " ", &sv); w; w = strtok_r(NULL, " ", &sv)) {
-                char pat[64];
-                snprintf(pat, sizeof pat, " %s", w);
-                const char *p = line;
-                int found = 0;
-                while ((p = strstr(p, pat))) {
-                    char e = p[strlen(pat)];
-                    if (e == ' ' || e == '\n' || e == '\0') { found = 1; break; }
-                    p += strlen(pat);
-                }
-                if (!found) { ok = 0; break; }
-            }
-            break;
-        }
-    fclose(f);
-    return ok;
+/* 1 when this CPU has the instructions of OpenBLAS core `core` (Cooperlake, SkylakeX,
+ * Haswell; the compiler's CPU detection), else 0 (another core or another architecture). */
+static int cpu_runs_core(const char *core) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    int avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    if (!strcasecmp(core, "Cooperlake")) return avx512 && __builtin_cpu_supports("avx512bf16");
+    if (!strcasecmp(core, "SkylakeX")) return avx512;
+    if (!strcasecmp(core, "Haswell")) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+    (void)core;
+    return 0;
 }
 
 /* The reference's OpenBLAS core, forced by re-executing this test once with
@@ -210,11 +196,6 @@ static int cpu_has_flags(const char *need) {
  * core here and the CPU has that core's instructions. Returns only if nothing is forced
  * (the test then compares or skips as the header says). */
 static void force_reference_core(char **argv) {
-    static const struct { const char *core, *flags; } isa[] = {
-        {"Cooperlake", "avx512f avx512bw avx512vl avx512dq avx512_bf16"},
-        {"SkylakeX", "avx512f avx512bw avx512vl avx512dq"},
-        {"Haswell", "avx2 fma"},
-    };
     if (getenv("DL_REF_WRITE") || getenv("DL_REF_CORE_FORCED")) return;   /* once */
     size_t n;
     char *c = pf_slurp(REF_DIR "/corename", &n), want[64];
@@ -222,24 +203,19 @@ static void force_reference_core(char **argv) {
     snprintf(want, sizeof want, "%.*s", (int)strcspn(c, "\n"), c);
     free(c);
     if (!strcasecmp(want, openblas_get_corename())) return;
-    for (size_t i = 0; i < sizeof isa / sizeof isa[0]; i++)
-        if (!strcasecmp(want, isa[i].core) && cpu_has_flags(isa[i].flags)) {
-            const char *env = getenv("OPENBLAS_CORETYPE");
-            printf("OpenBLAS core '%s' here (OPENBLAS_CORETYPE%s%s); the CPU runs the reference's '%s': "
-                   "again with OPENBLAS_CORETYPE=%s\n", openblas_get_corename(), env ? "=" : " unset",
-                   env ? env : "", want, isa[i].core);
-            fflush(stdout);
-            const char *was = getenv("OPENBLAS_CORETYPE");
-            char old[64];
-            snprintf(old, sizeof old, "%s", was ? was : "");
-            setenv("OPENBLAS_CORETYPE", isa[i].core, 1);
-            setenv("DL_REF_CORE_FORCED", "1", 1);
-            execv("/proc/self/exe", argv);
-            fprintf(stderr, "re-exec with OPENBLAS_CORETYPE=%s: %s\n", isa[i].core, strerror(errno));
-            if (was) setenv("OPENBLAS_CORETYPE", old, 1); else unsetenv("OPENBLAS_CORETYPE");
-            unsetenv("DL_REF_CORE_FORCED");
-            return;
-        }
+    if (!cpu_runs_core(want)) return;
+    const char *was = getenv("OPENBLAS_CORETYPE");
+    char old[64];
+    snprintf(old, sizeof old, "%s", was ? was : "");
+    printf("OpenBLAS core '%s' here (OPENBLAS_CORETYPE%s%s); the CPU runs the reference's '%s': "
+           "again with OPENBLAS_CORETYPE=%s\n", openblas_get_corename(), was ? "=" : " unset", old, want, want);
+    fflush(stdout);
+    setenv("OPENBLAS_CORETYPE", want, 1);
+    setenv("DL_REF_CORE_FORCED", "1", 1);
+    execv("/proc/self/exe", argv);
+    fprintf(stderr, "re-exec with OPENBLAS_CORETYPE=%s: %s\n", want, strerror(errno));
+    if (was) setenv("OPENBLAS_CORETYPE", old, 1); else unsetenv("OPENBLAS_CORETYPE");
+    unsetenv("DL_REF_CORE_FORCED");
 }
 
 int main(int argc, char **argv) {
