@@ -2,7 +2,7 @@
  *
  * Usage: bench_drafter [--model DIR] [--seqs 8] [--seqlen 4096] [--anchors 512]
  *                      [--layers 5] [--reps 5] [--loss-chunk BLOCKS (default: the drafter's, 64)]
- *                      [--profile] [--attn-variant N]
+ *                      [--profile] [--attn-variant N] [--keep-up]
  *   The drafter's shapes come from the target's config.json (--model, e.g. a dir made
  *   by `draftline mkmodel --config qwen3-8b`), or the qwen3-8b preset without it
  *   (D 4096, H 32/8, hd 128, F 12288, V 151,936, 36 target layers).
@@ -24,6 +24,8 @@
  * AdamW moments). Time: median of --reps CUDA-event-timed steps after one warm-up.
  * --attn-variant N: the block-attention kernels (ops_cuda_attention_block_variant: 1 =
  *   mma.sync, 2 = Hopper wgmma; 0 or absent: the default).
+ * --keep-up: the drafter keeps each layer's MLP up projection for the backward
+ *   (drafter_new_opts keep_up, as the drafter worker runs it) instead of recomputing it.
  * --profile: then one more step with each op timed by CUDA events, printed as a table
  * (op class, calls, ms, % of the step, TFLOP/s of GEMMs and attention). */
 #include <math.h>
@@ -312,7 +314,7 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0); /* lines survive an abort (output to a file) */
     const char *model = NULL;
     int nseq = 8, seqlen = 4096, nanch = 512, layers = 5, reps = 5, chunk = 0, profile = 0,
-        variant = 0;
+        variant = 0, keep_up = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--seqs") && i + 1 < argc) nseq = arg_int("--seqs", argv[++i], 1, 4096);
@@ -323,6 +325,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--loss-chunk") && i + 1 < argc) chunk = arg_int("--loss-chunk", argv[++i], 1, 65536);
         else if (!strcmp(argv[i], "--quick")) reps = 2;
         else if (!strcmp(argv[i], "--profile")) profile = 1;
+        else if (!strcmp(argv[i], "--keep-up")) keep_up = 1;
         else if (!strcmp(argv[i], "--attn-variant") && i + 1 < argc)
             variant = arg_int("--attn-variant", argv[++i], 0, OPS_CUDA_ATTN_BLOCK_VARIANTS);
         else {
@@ -367,7 +370,8 @@ int main(int argc, char **argv) {
     void *embed = rand_act((size_t)cfg.V * cfg.D, 0.05f, 3), *lm = rand_act((size_t)cfg.V * cfg.D, 0.02f, 4);
     void *feat = rand_act((size_t)T * cfg.n_feat * cfg.D, 1.0f, 5);
     drafter_t *d = NULL;
-    if (drafter_new(&C, &cfg, embed, lm, T, maxb, 1, &d)) { fprintf(stderr, "bench_drafter: %s\n", dl_errmsg()); return 1; }
+    drafter_new_opts_t dopts = {.keep_up = keep_up};
+    if (drafter_new_opts(&C, &cfg, embed, lm, T, maxb, 1, &dopts, &d)) { fprintf(stderr, "bench_drafter: %s\n", dl_errmsg()); return 1; }
     size_t np = drafter_n_params(d);
     float *m1 = C.impl->malloc_(&C, np * 4), *m2 = C.impl->malloc_(&C, np * 4), *nsq = C.impl->malloc_(&C, 4);
     if (!m1 || !m2 || !nsq) { fprintf(stderr, "bench_drafter: out of memory (AdamW moments)\n"); return 1; }

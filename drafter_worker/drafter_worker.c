@@ -263,16 +263,12 @@ static void load_weights(dw_t *W, int64_t version, uint64_t offset) {
     int rc;
     double t0 = clock_mono_s();
     const float *src = (const float *)(base + offset);
-    if (W->wslab.kind == SLAB_CUDA) {
-        /* the optimizer's device slab (this GPU or a peer): one device copy, then the
-         * bf16 working weights, both on the compute stream (ordered before the next
-         * micro-batch; the optimizer overwrites this half only two versions later) */
-        rc = dev_copy_async(drafter_master(W->d), src, W->P * sizeof(float), W->ops.stream);
-        if (rc < 0) { log_rc(rc, "copy the optimizer's weights"); exit(1); }
-        drafter_sync_weights(W->d);
-    } else {
-        drafter_upload_master(W->d, src);
-    }
+    /* the optimizer's f32 weights (its device slab on this GPU or a peer, or host
+     * memory) converted into the working weights through a scratch buffer: the drafter
+     * keeps no master copy (no_master). On the compute stream, ordered before the next
+     * micro-batch; the optimizer overwrites this half only two versions later. */
+    rc = drafter_load_master(W->d, src, W->wslab.kind != SLAB_CUDA);
+    if (rc < 0) { log_rc(rc, "load the optimizer's weights"); exit(1); }
     stage_phase_add(&W->st, PHASE_COPY, clock_mono_s() - t0);
     W->version = version;
     memset(W->sent, 0, W->K);
@@ -822,7 +818,11 @@ static int dw_setup(dw_t *W, const run_config_t *c) {
     if (testhook_i64("drafter.max_blocks", &hb) && hb >= 1 && hb < (int64_t)W->max_blocks) W->max_blocks = (uint32_t)hb;
     /* no seeded init: nothing is computed before the optimizer's weights are loaded
      * (try_compute waits for W->version >= 0, which only load_weights sets) */
-    drafter_new_opts_t dopts = {.no_init = 1};
+    /* its gradients go to the slab it exports (external_grads) and its weights come
+     * from the optimizer's (no_master): the 2 x 4 bytes a parameter those would take
+     * (8.4 GB for the Qwen3-8B drafter) hold the MLP's up projections instead, which
+     * the backward then need not recompute (keep_up: one GEMM a layer less) */
+    drafter_new_opts_t dopts = {.no_init = 1, .keep_up = 1, .external_grads = 1, .no_master = 1};
     rc = drafter_new_opts(&W->ops, &W->dcfg, target_embed(W->tgt), target_lm_head(W->tgt), (int)W->token_budget,
                           (int)W->max_blocks, W->seed, &dopts, &W->d);
     if (rc < 0) return log_rc(rc, "drafter"), PIPE_EXIT_PERMANENT;

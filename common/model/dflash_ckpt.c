@@ -437,6 +437,9 @@ static int save_state(const char *dir, const dflash_train_state_t *s) {
 
 int dflash_ckpt_save(drafter_t *d, const char *dir, const char *dtype,
                      const dflash_train_state_t *state) {
+    if (!drafter_master(d))
+        return dl_seterr(DL_ESTATE, "dflash_ckpt_save: the drafter keeps no f32 master weights "
+                         "(no_master)");
     size_t n = drafter_n_params(d);
     float *host = malloc(n * sizeof(float));
     if (!host) return dl_seterr(DL_ENOMEM, "dflash_ckpt_save: %zu params", n);

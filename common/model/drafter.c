@@ -33,10 +33,12 @@ typedef struct {
     void *h1;        /* (R,D) after the attention residual */
     float *rstd_post;/* (R) */
     void *g;         /* (R,F) gate projection */
+    void *u;         /* (R,F) up projection (keep_up), else NULL: recomputed into us */
     /* Not kept per layer (memory: 2 (R,D) + 1 (R,F) per layer, 2.5 GiB a layer for
      * the Qwen3-8B drafter at 65,536 rows): input_layernorm(hin),
-     * post_attention_layernorm(h1) and the up projection; the backward recomputes
-     * them (two RMSNorms and one GEMM per layer) into the shared xs / us. */
+     * post_attention_layernorm(h1) and, without keep_up, the up projection; the
+     * backward recomputes them (two RMSNorms and one GEMM per layer) into the shared
+     * xs / us. */
 } drafter_layer_act_t;
 
 struct drafter {
@@ -49,7 +51,9 @@ struct drafter {
     int n_tensors;
     drafter_tensor_t *tensors;
     float *master, *grad;         /* (n_params) f32; grad: grad_buf or the caller's (drafter_set_grads) */
-    float *grad_buf;              /* (n_params) f32, the drafter's own gradient buffer */
+    float *grad_buf;              /* (n_params) f32, the drafter's own gradient buffer; NULL
+                                     with external_grads */
+    int keep_up;                  /* opts->keep_up: L[l].u kept from the forward */
     void *w;                      /* (n_params) act; == master on CPU */
     /* activations */
     drafter_layer_act_t *L;
@@ -218,21 +222,43 @@ const drafter_tensor_t *drafter_find_tensor(const drafter_t *d, const char *name
 const drafter_config_t *drafter_config(const drafter_t *d) { return &d->cfg; }
 
 void drafter_sync_weights(drafter_t *d) {
-    if ((void *)d->master != d->w) IMPL->f32_to_act(d->c, d->w, d->master, d->n_params);
+    if (d->master && (void *)d->master != d->w)
+        IMPL->f32_to_act(d->c, d->w, d->master, d->n_params);
+}
+
+int drafter_load_master(drafter_t *d, const float *src, int src_host) {
+    if (!d->w) return dl_seterr(DL_ESTATE, "drafter_load_master: a layout-only drafter");
+    const size_t n = d->n_params;
+    if (d->master) {
+        if (src_host) IMPL->upload(d->c, d->master, src, n * sizeof(float));
+        else IMPL->copy(d->c, d->master, src, n * sizeof(float));
+        drafter_sync_weights(d);
+        return 0;
+    }
+    /* no master: through the swiglu scratch (max_R x F act bytes, free between steps) */
+    const size_t A = ops_act_bytes(d->c);
+    size_t chunk = (size_t)d->max_R * d->cfg.F * A / sizeof(float);
+    if (chunk > n) chunk = n;
+    for (size_t off = 0; off < n; off += chunk) {
+        size_t m = n - off < chunk ? n - off : chunk;
+        if (src_host) IMPL->upload(d->c, d->a, src + off, m * sizeof(float));
+        else IMPL->copy(d->c, d->a, src + off, m * sizeof(float));
+        IMPL->f32_to_act(d->c, (char *)d->w + off * A, d->a, m);
+    }
+    return 0;
 }
 
 void drafter_download_master(drafter_t *d, float *host) {
-    IMPL->download(d->c, host, d->master, d->n_params * sizeof(float));
+    if (d->master) IMPL->download(d->c, host, d->master, d->n_params * sizeof(float));
 }
 
-void drafter_upload_master(drafter_t *d, const float *host) {
-    IMPL->upload(d->c, d->master, host, d->n_params * sizeof(float));
-    drafter_sync_weights(d);
-}
+void drafter_upload_master(drafter_t *d, const float *host) { drafter_load_master(d, host, 1); }
 
 void drafter_set_grads(drafter_t *d, float *grads) { d->grad = grads ? grads : d->grad_buf; }
 
-void drafter_zero_grad(drafter_t *d) { IMPL->memset0(d->c, d->grad, d->n_params * sizeof(float)); }
+void drafter_zero_grad(drafter_t *d) {
+    if (d->grad) IMPL->memset0(d->c, d->grad, d->n_params * sizeof(float));
+}
 
 /* ----------------------------------------------------------- construction */
 
@@ -416,9 +442,11 @@ int drafter_new_opts(const ops_ctx_t *c, const drafter_config_t *cfg_in, const v
     alloc_req_t req[64 + 20 * DRAFTER_MAX_LAYERS]; /* 39 global + 18 per layer */
     int nr = 0;
 #define REQ(ptr, nb_) (req[nr].slot = (void **)&(ptr), req[nr].bytes = (nb_), nr++)
-    REQ(d->master, d->n_params * 4);
-    REQ(d->grad_buf, d->n_params * 4);
-    if (c->backend != OPS_CPU) REQ(d->w, d->n_params * A);
+    const int no_master = opts && opts->no_master, keep_up = opts && opts->keep_up;
+    if (!no_master) REQ(d->master, d->n_params * 4);
+    if (!(opts && opts->external_grads)) REQ(d->grad_buf, d->n_params * 4);
+    if (c->backend != OPS_CPU || no_master) REQ(d->w, d->n_params * A);
+    d->keep_up = keep_up;
     for (int l = 0; l < cfg.n_layers; l++) {
         drafter_layer_act_t *a = &d->L[l];
         REQ(a->hin, R * D * A); REQ(a->rstd_in, R * 4);
@@ -428,6 +456,7 @@ int drafter_new_opts(const ops_ctx_t *c, const drafter_config_t *cfg_in, const v
         REQ(a->att, R * Q * A); REQ(a->lse, R * cfg.H * 4);
         REQ(a->h1, R * D * A); REQ(a->rstd_post, R * 4);
         REQ(a->g, R * F * A);
+        if (keep_up) REQ(a->u, R * F * A);
     }
     REQ(d->ctx_fc, T * D * A); REQ(d->ctx, T * D * A); REQ(d->ctx_rstd, T * 4);
     REQ(d->hout, R * D * A); REQ(d->hf, R * D * A); REQ(d->rstd_f, R * 4);
@@ -456,24 +485,26 @@ int drafter_new_opts(const ops_ctx_t *c, const drafter_config_t *cfg_in, const v
         }
     }
     d->grad = d->grad_buf;
-    if (c->backend == OPS_CPU) d->w = d->master;
+    if (c->backend == OPS_CPU && !no_master) d->w = d->master;
     /* host staging */
     d->h_row_target = malloc(R * 4), d->h_row_ids = malloc(R * 4), d->h_row_pos = malloc(R * 4);
     d->h_ctx_pos = malloc(T * 4), d->h_ctx_start = malloc((size_t)max_blocks * 4);
     d->h_ctx_len = malloc((size_t)max_blocks * 4), d->h_row_w = malloc(R * 4);
     d->h_row_loss = malloc(R * 4), d->h_row_correct = malloc(R * 4), d->h_row_mask = malloc(R);
     /* CPU: master is host memory, initialised in place */
-    int in_place = c->backend == OPS_CPU || (opts && opts->no_init);
+    int in_place = c->backend == OPS_CPU || (opts && (opts->no_init || no_master));
     float *init = in_place ? (float *)d->master : malloc(d->n_params * sizeof(float));
     float inv[1024]; /* hd/2 inverse frequencies */
     if (!d->h_row_target || !d->h_row_ids || !d->h_row_pos || !d->h_ctx_pos || !d->h_ctx_start ||
         !d->h_ctx_len || !d->h_row_w || !d->h_row_loss || !d->h_row_correct || !d->h_row_mask ||
-        !init || cfg.hd / 2 > (int)(sizeof inv / sizeof inv[0])) {
+        (!init && !no_master) || cfg.hd / 2 > (int)(sizeof inv / sizeof inv[0])) {
         if (!in_place) free(init);
         drafter_destroy(&d);
         return dl_seterr(DL_ENOMEM, "drafter_new: host staging");
     }
-    if (opts && opts->no_init) {
+    if (no_master) {
+        IMPL->memset0(c, d->w, d->n_params * A);        /* the caller's weights replace these */
+    } else if (opts && opts->no_init) {
         IMPL->memset0(c, d->master, d->n_params * 4);   /* the caller's weights replace these */
     } else if (drafter_init_master(d, seed, init) < 0) {
         if (!in_place) free(init);
@@ -500,7 +531,8 @@ void drafter_destroy(drafter_t **dp) {
         for (int l = 0; l < d->cfg.n_layers; l++) {
             drafter_layer_act_t *a = &d->L[l];
             void *ps[] = {a->hin, a->rstd_in, a->qr, a->q_rstd, a->kbr, a->kb_rstd, a->vb,
-                          a->kcr, a->kc_rstd, a->vc, a->att, a->lse, a->h1, a->rstd_post, a->g};
+                          a->kcr, a->kc_rstd, a->vc, a->att, a->lse, a->h1, a->rstd_post, a->g,
+                          a->u};
             for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++)
                 if (ps[i]) IMPL->free_(c, ps[i]);
         }
@@ -637,9 +669,10 @@ int drafter_forward(drafter_t *d, const drafter_batch_t *b) {
                                  D);
         IMPL->rmsnorm_forward(x, d->xs, a->rstd_post, a->h1, W(d, tix_layer(l, LT_POST)),
                               c->rms_eps, R, D);
+        void *u = d->keep_up ? a->u : d->us;
         IMPL->matmul_forward(x, a->g, d->xs, W(d, tix_layer(l, LT_GATE)), NULL, R, D, F);
-        IMPL->matmul_forward(x, d->us, d->xs, W(d, tix_layer(l, LT_UP)), NULL, R, D, F);
-        IMPL->swiglu_forward(x, d->a, a->g, d->us, (size_t)R * F);
+        IMPL->matmul_forward(x, u, d->xs, W(d, tix_layer(l, LT_UP)), NULL, R, D, F);
+        IMPL->swiglu_forward(x, d->a, a->g, u, (size_t)R * F);
         IMPL->matmul_forward_res(x, next, d->a, W(d, tix_layer(l, LT_DOWN)), NULL, a->h1, R, F,
                                  D);
     }
@@ -692,6 +725,9 @@ static void copy_rows(drafter_t *d, void *dst, size_t dst_pitch, const void *src
 
 int drafter_forward_backward(drafter_t *d, const drafter_batch_t *b, float grad_scale,
                              drafter_stats_t *st) {
+    if (!d->grad)
+        return dl_seterr(DL_ESTATE, "drafter_forward_backward: no gradient buffer (external_grads: "
+                         "drafter_set_grads first)");
     DL_TRY(drafter_forward(d, b));
     const drafter_config_t *c = &d->cfg;
     const ops_ctx_t *x = d->c;
@@ -727,16 +763,18 @@ int drafter_forward_backward(drafter_t *d, const drafter_batch_t *b, float grad_
     for (int l = c->n_layers - 1; l >= 0; l--) {
         drafter_layer_act_t *a = &d->L[l];
         /* MLP: h2 = h1 + down(silu(g) * u); recompute n2 = post_attention_layernorm(h1)
-         * (rstd as saved) and u = up(n2), the same kernels on the same inputs as the
-         * forward, so the same values */
+         * (rstd as saved) and, unless kept (keep_up), u = up(n2): the same kernels on the
+         * same inputs as the forward, so the same values */
         IMPL->rmsnorm_forward(x, d->xs, NULL, a->h1, W(d, tix_layer(l, LT_POST)), c->rms_eps, R,
                               D);
-        IMPL->matmul_forward(x, d->us, d->xs, W(d, tix_layer(l, LT_UP)), NULL, R, D, F);
-        IMPL->swiglu_forward(x, d->a, a->g, d->us, (size_t)R * F);
+        const void *u = d->keep_up ? a->u : d->us;
+        if (!d->keep_up)
+            IMPL->matmul_forward(x, d->us, d->xs, W(d, tix_layer(l, LT_UP)), NULL, R, D, F);
+        IMPL->swiglu_forward(x, d->a, a->g, u, (size_t)R * F);
         IMPL->matmul_backward(x, d->da, G(d, tix_layer(l, LT_DOWN)), NULL, d->dh, d->a,
                               W(d, tix_layer(l, LT_DOWN)), R, F, D, 0);
         /* d gate -> a (no longer needed), d up -> da in place (elementwise) */
-        IMPL->swiglu_backward(x, d->a, d->da, d->da, a->g, d->us, (size_t)R * F);
+        IMPL->swiglu_backward(x, d->a, d->da, d->da, a->g, u, (size_t)R * F);
         IMPL->matmul_backward(x, d->dt1, G(d, tix_layer(l, LT_GATE)), NULL, d->a, d->xs,
                               W(d, tix_layer(l, LT_GATE)), R, D, F, 0);
         IMPL->matmul_backward(x, d->dt1, G(d, tix_layer(l, LT_UP)), NULL, d->da, d->xs,

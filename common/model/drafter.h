@@ -156,6 +156,23 @@ typedef struct {
                       * no forward, backward, download or upload. The optimizer's layout,
                       * which writes the seeded init straight into its own state
                       * (drafter_init_master). seed and no_init unused. */
+    int keep_up;     /* nonzero: each layer keeps its MLP up projection (R, F) act from the
+                      * forward for the backward instead of recomputing it there: one GEMM
+                      * of 2 R D F per layer less (~2% of the Qwen3-8B reference step), for
+                      * max_blocks x B x F act bytes per layer more (8 GB at the reference
+                      * shapes). Same kernels on the same inputs: bitwise the same
+                      * gradients either way. */
+    int external_grads; /* nonzero: no gradient buffer of its own (n_params f32): the
+                      * caller points it at its own with drafter_set_grads before every
+                      * drafter_zero_grad / forward_backward (DL_ESTATE without one). The
+                      * drafter worker, whose gradients live in the slab it exports. */
+    int no_master;   /* nonzero: no f32 master copy (n_params f32) beside the working
+                      * weights: drafter_master returns NULL and the weights come in only
+                      * through drafter_load_master (f32 in chunks through a scratch
+                      * buffer, converted into the working weights; drafter_upload_master
+                      * takes that way too). dflash_ckpt_save of such a drafter is refused
+                      * (DL_ESTATE). The drafter worker, whose f32 weights are the
+                      * optimizer's. Implies no_init. */
 } drafter_new_opts_t;
 
 /* drafter_new with options; opts NULL: as drafter_new. */
@@ -230,6 +247,13 @@ void drafter_sync_weights(drafter_t *d);
  * also refreshes the working weights. */
 void drafter_download_master(drafter_t *d, float *host);
 void drafter_upload_master(drafter_t *d, const float *host);
+/* Loads n_params f32 weights (the flat layout) into the drafter: into master and the
+ * working weights, or, for a drafter made with no_master, straight into the working
+ * weights through a scratch buffer in chunks (bitwise the same working weights).
+ * src: host memory when src_host, else device memory the backend's copy reaches (this
+ * GPU's, or a peer GPU's mapped by CUDA IPC). Ordered on the drafter's stream before
+ * its next forward; src must stay unchanged until then. 0 or DL_ESTATE (layout_only). */
+int drafter_load_master(drafter_t *d, const float *src, int src_host);
 int drafter_n_tensors(const drafter_t *d);
 const drafter_tensor_t *drafter_tensor(const drafter_t *d, int i);
 /* By public name; NULL if absent. */

@@ -10,7 +10,9 @@
  *    512, F 384, V 1000, 3 layers, B 16, 3 sequences of 80..300 tokens, 24 anchors
  *    each): same comparisons, the drafter's own seeded init; then the GPU in passes of
  *    16 blocks (drafter_worker's passes, gradient sums / weight_sum) against the CPU in
- *    one pass: loss, accuracy and gradients at the same tolerances.
+ *    one pass: loss, accuracy and gradients at the same tolerances; and with the
+ *    drafter worker's options (keep_up, external gradients, no master copy) bitwise
+ *    the plain GPU drafter's loss, logits and gradients.
  *
  * Metric: norm_rel = ||a - b||_2 / ||b||_2 per tensor (b = CPU). Stated bf16
  * tolerances: logits 2e-2; loss |a - b| <= 1e-2 |b|; weight sum exact (host
@@ -61,11 +63,14 @@ typedef struct {
     int T, nseq, nb;
     const float *params;                    /* host f32 master to load, or NULL (own init) */
     int pass;                               /* > 0: blocks per pass (drafter_worker's passes) */
+    int worker;                             /* drafter_worker's options: keep_up, external
+                                               gradients, no master (weights loaded) */
 } case_t;
 
 typedef struct {
     drafter_stats_t st;
     float *grads, *logits;                  /* host f32 */
+    size_t np;                              /* parameters (grads' length) */
 } result_t;
 
 static void run_case(const ops_ctx_t *c, const case_t *k, result_t *r) {
@@ -84,14 +89,29 @@ static void run_case(const ops_ctx_t *c, const case_t *k, result_t *r) {
     }
     drafter_t *d = NULL;
     int cap = k->pass > 0 ? k->pass : k->nb;
-    if (drafter_new(c, &k->cfg, embed, lm, k->T, cap, 7, &d)) fail_msg("drafter_new: %s", dl_errmsg());
+    drafter_new_opts_t o = {.keep_up = 1, .external_grads = 1, .no_master = 1};
+    if (drafter_new_opts(c, &k->cfg, embed, lm, k->T, cap, 7, k->worker ? &o : NULL, &d))
+        fail_msg("drafter_new: %s", dl_errmsg());
     size_t np = drafter_n_params(d);
-    if (k->params) drafter_upload_master(d, k->params);
+    float *own = NULL, *init = NULL;
+    if (k->worker) {   /* the seeded init (seed 7, as drafter_new's) loaded as the worker does */
+        own = c->impl->malloc_(c, np * 4);
+        drafter_set_grads(d, own);
+        if (!k->params) {
+            init = malloc(np * 4);
+            assert_int_equal(drafter_init_master(d, 7, init), 0);
+        }
+        assert_int_equal(drafter_load_master(d, k->params ? k->params : init, 1), 0);
+        free(init);
+    } else if (k->params) {
+        drafter_upload_master(d, k->params);
+    }
     drafter_zero_grad(d);
     drafter_batch_t b = {.T = k->T, .nseq = k->nseq, .cu_seqlens = k->cu, .ids = k->ids,
                          .loss_mask = k->mask, .pos = NULL, .features = feat,
                          .n_blocks = k->nb, .anchors = k->anchors};
     r->grads = malloc(np * 4);
+    r->np = np;
     r->logits = NULL;
     if (k->pass > 0) {
         /* as drafter_worker: passes of at most `pass` blocks, gradient sums (grad_scale 1)
@@ -119,6 +139,7 @@ static void run_case(const ops_ctx_t *c, const case_t *k, result_t *r) {
         c->impl->free_(c, feat);
     }
     drafter_destroy(&d);
+    if (own) c->impl->free_(c, own);
 }
 
 /* Compares GPU vs CPU; tensors names from a drafter built on the CPU. */
@@ -260,6 +281,17 @@ static void test_medium_random(void **s) {
     run_case(&g_cpu, &k, &rc);
     run_case(&g_gpu, &k, &rg);
     compare("medium", &k, &rc, &rg);
+    /* drafter_worker's options (keep_up, external gradients, no master copy: weights loaded
+     * through the scratch): bitwise the plain drafter's loss, logits and gradients */
+    result_t rw;
+    k.worker = 1;
+    run_case(&g_gpu, &k, &rw);
+    k.worker = 0;
+    assert_true(rw.st.loss_sum == rg.st.loss_sum && rw.st.weight_sum == rg.st.weight_sum);
+    assert_memory_equal(rw.st.correct, rg.st.correct, sizeof rw.st.correct);
+    assert_memory_equal(rw.logits, rg.logits, (size_t)k.nb * k.cfg.B * k.cfg.V * 4);
+    assert_memory_equal(rw.grads, rg.grads, rg.np * 4);
+    free(rw.grads), free(rw.logits);
     free(rg.grads), free(rg.logits);
     /* the same batch on the GPU in passes of 16 blocks (drafter_worker past its 4,096-block
      * pass) against the CPU in one: the same tolerances */

@@ -23,6 +23,7 @@
 
 #include "common/base/err.h"
 #include "common/base/rng.h"
+#include "common/model/dflash_ckpt.h"
 #include "common/model/drafter.h"
 #include "common/ops/ops.h"
 #include "tests/unit/test_ops_fixture.h"
@@ -224,6 +225,44 @@ static void test_no_copy2d(void **state) {
     assert_memory_equal(a.correct, b.correct, sizeof a.correct);
     assert_memory_equal(ga, drafter_grads(t.d), np * 4);
     free(ga);
+    tiny_close(&t);
+}
+
+/* The drafter worker's options (keep_up, external_grads, no_master): no master copy, the
+ * weights loaded in chunks through the scratch (a 16-block drafter's swiglu scratch holds
+ * 64 x 24 floats: the tiny drafter's parameters take several chunks), the caller's
+ * gradient buffer, the up projections kept from the forward: loss, stats, working weights
+ * and gradients bitwise those of a plain drafter (whose gradients test_fixture checks). */
+static void test_worker_opts(void **state) {
+    (void)state;
+    tiny_t t;
+    tiny_open(&t, 1);
+    const size_t np = drafter_n_params(t.d);
+    drafter_stats_t a, b;
+    drafter_zero_grad(t.d);
+    assert_int_equal(drafter_forward_backward(t.d, &t.b, 1.0f, &a), 0);
+    drafter_new_opts_t o = {.keep_up = 1, .external_grads = 1, .no_master = 1};
+    drafter_t *e = NULL;
+    assert_int_equal(drafter_new_opts(&g_ctx, &t.cfg, t.embed, t.lm_head, 32, 16, 7, &o, &e), 0);
+    assert_null(drafter_master(e));
+    assert_null(drafter_grads(e));
+    assert_true(np > (size_t)2 * 16 * t.cfg.B * t.cfg.F);   /* several chunks */
+    assert_int_equal(drafter_forward_backward(e, &t.b, 1.0f, &b), DL_ESTATE);
+    assert_int_equal(drafter_load_master(e, drafter_master(t.d), 1), 0);
+    assert_memory_equal(drafter_weights(e), drafter_weights(t.d), np * 4);
+    float *g = malloc(np * 4);
+    drafter_set_grads(e, g);
+    drafter_zero_grad(e);
+    assert_int_equal(drafter_forward_backward(e, &t.b, 1.0f, &b), 0);
+    assert_true(a.loss_sum > 0 && a.loss_sum == b.loss_sum && a.weight_sum == b.weight_sum);
+    assert_memory_equal(a.count, b.count, sizeof a.count);
+    assert_memory_equal(a.correct, b.correct, sizeof a.correct);
+    assert_memory_equal(g, drafter_grads(t.d), np * 4);
+    assert_int_equal(dflash_ckpt_save(e, "/nonexistent", "F32", NULL), DL_ESTATE);
+    drafter_set_grads(e, NULL);
+    assert_null(drafter_grads(e));
+    drafter_destroy(&e);
+    free(g);
     tiny_close(&t);
 }
 
@@ -476,6 +515,7 @@ int main(void) {
         cmocka_unit_test(test_defaults), cmocka_unit_test(test_anchors),
         cmocka_unit_test(test_fixture),  cmocka_unit_test(test_passes), cmocka_unit_test(test_grad_fd),
         cmocka_unit_test(test_mask),     cmocka_unit_test(test_overfit),  cmocka_unit_test(test_no_copy2d),
+        cmocka_unit_test(test_worker_opts),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ops_ctx_destroy(&g_ctx);
