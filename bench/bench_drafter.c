@@ -371,7 +371,7 @@ int main(int argc, char **argv) {
     void *feat = rand_act((size_t)T * cfg.n_feat * cfg.D, 1.0f, 5);
     drafter_t *d = NULL;
     drafter_new_opts_t dopts = {.keep_up = keep_up};
-    if (drafter_new_opts(&C, &cfg, embed, lm, T, maxb, 1, &dopts, &d)) { fprintf(stderr, "bench_drafter: %s\n", dl_errmsg()); return 1; }
+    if (drafter_new_opts(&C, &cfg, embed, lm, T, maxb, 1, &dopts, &d)) return fprintf(stderr, "bench_drafter: %s\n", dl_errmsg()), 1;
     size_t np = drafter_n_params(d);
     float *m1 = C.impl->malloc_(&C, np * 4), *m2 = C.impl->malloc_(&C, np * 4), *nsq = C.impl->malloc_(&C, 4);
     if (!m1 || !m2 || !nsq) { fprintf(stderr, "bench_drafter: out of memory (AdamW moments)\n"); return 1; }
