@@ -333,7 +333,6 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (reps < 1 || reps > 50) reps = 5;
     ops_cuda_attention_block_variant(variant);
     printf("block attention kernels: variant %d\n", ops_cuda_attention_block_variant(-1));
     int ndev = 0;
