@@ -239,6 +239,9 @@ int drafter_load_master(drafter_t *d, const float *src, int src_host) {
     const size_t A = ops_act_bytes(d->c);
     size_t chunk = (size_t)d->max_R * d->cfg.F * A / sizeof(float);
     if (chunk > n) chunk = n;
+    if (chunk == 0)   /* a scratch under one float (max_blocks x B x F < 2): never in practice */
+        return dl_seterr(DL_EINVAL, "drafter_load_master: scratch of %zu bytes holds no float",
+                         (size_t)d->max_R * d->cfg.F * A);
     for (size_t off = 0; off < n; off += chunk) {
         size_t m = n - off < chunk ? n - off : chunk;
         if (src_host) IMPL->upload(d->c, d->a, src + off, m * sizeof(float));

@@ -252,7 +252,8 @@ void drafter_upload_master(drafter_t *d, const float *host);
  * weights through a scratch buffer in chunks (bitwise the same working weights).
  * src: host memory when src_host, else device memory the backend's copy reaches (this
  * GPU's, or a peer GPU's mapped by CUDA IPC). Ordered on the drafter's stream before
- * its next forward; src must stay unchanged until then. 0 or DL_ESTATE (layout_only). */
+ * its next forward; src must stay unchanged until then. 0, DL_ESTATE (layout_only) or
+ * DL_EINVAL (no_master with a scratch under 4 bytes). */
 int drafter_load_master(drafter_t *d, const float *src, int src_host);
 int drafter_n_tensors(const drafter_t *d);
 const drafter_tensor_t *drafter_tensor(const drafter_t *d, int i);

@@ -63,7 +63,8 @@ static void pct_shares(const double *s, int n, int *out) {
  * run.json entry), a NODE column on multi-node runs. The four shares (BUSY, WAIT-IN,
  * WAIT-CR, WAIT-GPU) add up to 100 when the diagnosis accounts the whole window. Widths:
  * a single-node run with stage names of up to 9 characters (the optimizer's; up to 99
- * targets and drafters) has rows of 80 columns before the diagnosis. cols > 0: a row
+ * targets and drafters) has rows of 80 columns before the diagnosis (82 while a stage
+ * shows "restarting": the STATE column widens so the rows still line up). cols > 0: a row
  * wider than cols has its diagnosis on a line of its own. */
 static void report_stages(sbuf_t *bp, const mon_stage_t *const *ms, const mon_topo_t *rt,
                           const mon_stage_view_t *views, const mon_diag_t *diags, int n, int n_all,
@@ -72,11 +73,14 @@ static void report_stages(sbuf_t *bp, const mon_stage_t *const *ms, const mon_to
     int any_node = 0;   /* multi-node runs: a NODE column (run.json's node of each stage) */
     for (int k = 0; k < rt->n_stages; k++) any_node |= rt->stages[k].node[0] != 0;
     int wn = 5;         /* STAGE: as wide as the longest name, so every row lines up */
-    for (int i = 0; i < n_all; i++)
+    int ws = 8;         /* STATE: 8, or the longest state shown ("restarting") */
+    for (int i = 0; i < n_all; i++) {
         if (views[i].name && (int)strlen(views[i].name) > wn) wn = (int)strlen(views[i].name);
+        if ((int)strlen(shown[i]) > ws) ws = (int)strlen(shown[i]);
+    }
     sbuf_printf(bp, "\n%-*s %-9s ", wn, "STAGE", "ROLE");
     if (any_node) sbuf_printf(bp, "%-10s ", "NODE");
-    sbuf_printf(bp, "%3s %-8s %8s %4s %7s %7s %8s %8s  %s\n", "INC", "STATE", "TOK/S",
+    sbuf_printf(bp, "%3s %-*s %8s %4s %7s %7s %8s %8s  %s\n", "INC", ws, "STATE", "TOK/S",
         "BUSY", "WAIT-IN", "WAIT-CR", "WAIT-GPU", "NO-PROGR", "DIAGNOSIS");
     for (int i = 0; i < n_all; i++) {
         const mon_stage_t *s = i < n ? ms[i] : NULL;
@@ -96,8 +100,8 @@ static void report_stages(sbuf_t *bp, const mon_stage_t *const *ms, const mon_to
         const mon_topo_stage_t *tn = mon_topo_stage(rt, v->name);
         int w = snprintf(row, sizeof row, "%-*s %-9s ", wn, v->name, mon_role_name(v->role));
         if (any_node) w += snprintf(row + w, sizeof row - (size_t)w, "%-10s ", tn && tn->node[0] ? tn->node : "-");
-        snprintf(row + w, sizeof row - (size_t)w, "%3llu %-8s %8s %4s %7s %7s %8s %8s",
-            (unsigned long long)(s ? s->incarnation : tn ? tn->incarnation : 0), shown[i], tps,
+        snprintf(row + w, sizeof row - (size_t)w, "%3llu %-*s %8s %4s %7s %7s %8s %8s",
+            (unsigned long long)(s ? s->incarnation : tn ? tn->incarnation : 0), ws, shown[i], tps,
             pc[0], pc[1], pc[2], pc[3], d4);
         snprintf(diag, sizeof diag, "%s: %s", mon_diag_name(d->kind), d->why);
         if (cols > 0 && strlen(row) + 2 + strlen(diag) > (size_t)cols)
