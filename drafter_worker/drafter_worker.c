@@ -267,7 +267,11 @@ static void load_weights(dw_t *W, int64_t version, uint64_t offset) {
      * memory) converted into the working weights through a scratch buffer: the drafter
      * keeps no master copy (no_master). On the compute stream, ordered before the next
      * micro-batch; the optimizer overwrites this half only two versions later. */
-    rc = drafter_load_master(W->d, src, W->wslab.kind != SLAB_CUDA);
+    /* a remote optimizer's weights arrive in the mirror: on the device when NCCL brings
+     * them (nstep), else in host memory; a local optimizer's slab is device memory when
+     * it is a CUDA slab */
+    int src_host = W->opt_remote ? W->nstep == NULL : W->wslab.kind != SLAB_CUDA;
+    rc = drafter_load_master(W->d, src, src_host);
     if (rc < 0) { log_rc(rc, "load the optimizer's weights"); exit(1); }
     stage_phase_add(&W->st, PHASE_COPY, clock_mono_s() - t0);
     W->version = version;
@@ -771,6 +775,32 @@ static void dw_fini(dw_t *W) {
     ops_ctx_destroy(&W->ops);
 }
 
+/* The worker's drafter keeps neither an f32 master (its weights are the optimizer's:
+ * no_master) nor gradients of its own (it accumulates into the slab it exports:
+ * external_grads). Whether the MLP up projections (keep_up: one GEMM a layer less in the
+ * backward) fit in what that saves, with the shared up buffer the recomputation would
+ * need: 8 bytes a parameter on a GPU (4 on the CPU, where the working weights were the
+ * master) + one (R, F) act buffer, against one such buffer a layer. The choice is logged. */
+static int keep_up_fits(const dw_t *W) {
+    const drafter_config_t *c = &W->dcfg;
+    drafter_t *lay = NULL;
+    drafter_new_opts_t lo = {.layout_only = 1};
+    if (drafter_new_opts(&W->ops, c, NULL, NULL, 1, 1, 0, &lo, &lay) < 0) return 0;
+    double P = (double)drafter_n_params(lay);
+    drafter_destroy(&lay);
+    double rf = (double)W->max_blocks * c->B * c->F * ops_act_bytes(&W->ops);
+    double saved = (W->gpu >= 0 ? 8.0 : 4.0) * P + rf, cost = c->n_layers * rf;
+    if (cost <= saved)
+        log_info("drafter: keeps the MLP up projections of its %d layers for the backward (%.2f GB, "
+                 "in the %.2f GB of master weights and gradients it does not hold)",
+                 c->n_layers, cost / 1e9, saved / 1e9);
+    else
+        log_info("drafter: recomputes the MLP up projections in the backward (keeping them would take "
+                 "%.2f GB, %.2f GB more than the master weights and gradients it does not hold)",
+                 cost / 1e9, (cost - saved) / 1e9);
+    return cost <= saved;
+}
+
 /* The compute set-up from the run configuration c, as the flags of the same names did:
  * the drafter config, the ops (CUDA device, or CPU threads), the
  * target's embedding / LM head and the drafter. Returns 0, or main's exit status after
@@ -818,11 +848,8 @@ static int dw_setup(dw_t *W, const run_config_t *c) {
     if (testhook_i64("drafter.max_blocks", &hb) && hb >= 1 && hb < (int64_t)W->max_blocks) W->max_blocks = (uint32_t)hb;
     /* no seeded init: nothing is computed before the optimizer's weights are loaded
      * (try_compute waits for W->version >= 0, which only load_weights sets) */
-    /* its gradients go to the slab it exports (external_grads) and its weights come
-     * from the optimizer's (no_master): the 2 x 4 bytes a parameter those would take
-     * (8.4 GB for the Qwen3-8B drafter) hold the MLP's up projections instead, which
-     * the backward then need not recompute (keep_up: one GEMM a layer less) */
-    drafter_new_opts_t dopts = {.no_init = 1, .keep_up = 1, .external_grads = 1, .no_master = 1};
+    drafter_new_opts_t dopts = {.no_init = 1, .external_grads = 1, .no_master = 1};
+    dopts.keep_up = keep_up_fits(W);
     rc = drafter_new_opts(&W->ops, &W->dcfg, target_embed(W->tgt), target_lm_head(W->tgt), (int)W->token_budget,
                           (int)W->max_blocks, W->seed, &dopts, &W->d);
     if (rc < 0) return log_rc(rc, "drafter"), PIPE_EXIT_PERMANENT;

@@ -65,7 +65,8 @@ struct drafter {
     /* scratch */
     void *xs;                     /* (R,D) input_layernorm / post_attention_layernorm output
                                      of the layer at hand (forward; recomputed in backward) */
-    void *us;                     /* (R,F) up projection of the layer at hand (likewise) */
+    void *us;                     /* (R,F) up projection of the layer at hand (likewise);
+                                     NULL with keep_up (each layer's own u) */
     void *qs, *kbs, *kcs;         /* normed+roped q, kb, kc; reused as d(raw) in backward */
     void *dq, *dkb, *dvb, *dkc, *dvc, *datt;
     void *dh, *dt1, *dt2, *dhf;   /* (R,D); during the loss dt1 holds the loss rows of hf and
@@ -238,10 +239,7 @@ int drafter_load_master(drafter_t *d, const float *src, int src_host) {
     /* no master: through the swiglu scratch (max_R x F act bytes, free between steps) */
     const size_t A = ops_act_bytes(d->c);
     size_t chunk = (size_t)d->max_R * d->cfg.F * A / sizeof(float);
-    if (chunk > n) chunk = n;
-    if (chunk == 0)   /* a scratch under one float (max_blocks x B x F < 2): never in practice */
-        return dl_seterr(DL_EINVAL, "drafter_load_master: scratch of %zu bytes holds no float",
-                         (size_t)d->max_R * d->cfg.F * A);
+    if (chunk > n) chunk = n;   /* >= 1: B >= 2 rows of F >= 1 act (>= 2 bytes) */
     for (size_t off = 0; off < n; off += chunk) {
         size_t m = n - off < chunk ? n - off : chunk;
         if (src_host) IMPL->upload(d->c, d->a, src + off, m * sizeof(float));
@@ -251,11 +249,15 @@ int drafter_load_master(drafter_t *d, const float *src, int src_host) {
     return 0;
 }
 
-void drafter_download_master(drafter_t *d, float *host) {
-    if (d->master) IMPL->download(d->c, host, d->master, d->n_params * sizeof(float));
+int drafter_download_master(drafter_t *d, float *host) {
+    if (!d->master)
+        return dl_seterr(DL_ESTATE, "drafter_download_master: the drafter keeps no f32 master "
+                         "(no_master or layout_only)");
+    IMPL->download(d->c, host, d->master, d->n_params * sizeof(float));
+    return 0;
 }
 
-void drafter_upload_master(drafter_t *d, const float *host) { drafter_load_master(d, host, 1); }
+int drafter_upload_master(drafter_t *d, const float *host) { return drafter_load_master(d, host, 1); }
 
 void drafter_set_grads(drafter_t *d, float *grads) { d->grad = grads ? grads : d->grad_buf; }
 
@@ -442,7 +444,7 @@ int drafter_new_opts(const ops_ctx_t *c, const drafter_config_t *cfg_in, const v
     const size_t D = (size_t)cfg.D, F = (size_t)cfg.F, Q = (size_t)cfg.H * cfg.hd;
     const size_t KV = (size_t)cfg.Hkv * cfg.hd, chunk_rows = (size_t)cfg.loss_chunk_blocks * cfg.B;
     /* every backend buffer, allocated below in one loop */
-    alloc_req_t req[64 + 20 * DRAFTER_MAX_LAYERS]; /* 39 global + 18 per layer */
+    alloc_req_t req[64 + 20 * DRAFTER_MAX_LAYERS]; /* <= 39 global + 16 per layer */
     int nr = 0;
 #define REQ(ptr, nb_) (req[nr].slot = (void **)&(ptr), req[nr].bytes = (nb_), nr++)
     const int no_master = opts && opts->no_master, keep_up = opts && opts->keep_up;
@@ -463,7 +465,8 @@ int drafter_new_opts(const ops_ctx_t *c, const drafter_config_t *cfg_in, const v
     }
     REQ(d->ctx_fc, T * D * A); REQ(d->ctx, T * D * A); REQ(d->ctx_rstd, T * 4);
     REQ(d->hout, R * D * A); REQ(d->hf, R * D * A); REQ(d->rstd_f, R * 4);
-    REQ(d->xs, R * D * A); REQ(d->us, R * F * A);
+    REQ(d->xs, R * D * A);
+    if (!keep_up) REQ(d->us, R * F * A);   /* keep_up: the layers' own u instead */
     REQ(d->qs, R * Q * A); REQ(d->kbs, R * KV * A); REQ(d->kcs, T * KV * A);
     REQ(d->dq, R * Q * A); REQ(d->dkb, R * KV * A); REQ(d->dvb, R * KV * A);
     REQ(d->dkc, T * KV * A); REQ(d->dvc, T * KV * A); REQ(d->datt, R * Q * A);

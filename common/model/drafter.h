@@ -158,10 +158,12 @@ typedef struct {
                       * (drafter_init_master). seed and no_init unused. */
     int keep_up;     /* nonzero: each layer keeps its MLP up projection (R, F) act from the
                       * forward for the backward instead of recomputing it there: one GEMM
-                      * of 2 R D F per layer less (~2% of the Qwen3-8B reference step), for
-                      * max_blocks x B x F act bytes per layer more (8 GB at the reference
-                      * shapes). Same kernels on the same inputs: bitwise the same
-                      * gradients either way. */
+                      * of 2 R D F a layer less (4% of the Qwen3-8B drafter's step on an
+                      * H200), for max_blocks x B x F act bytes a layer more, less the one
+                      * shared (R, F) buffer the recomputation needs (the Qwen3-8B drafter
+                      * at 4,096 blocks of 16: 1.5 GiB a layer, 8.05 GB for 5 layers, less
+                      * 1.61 GB). Same kernels on the same inputs: bitwise the same results
+                      * either way. */
     int external_grads; /* nonzero: no gradient buffer of its own (n_params f32): the
                       * caller points it at its own with drafter_set_grads before every
                       * drafter_zero_grad / forward_backward (DL_ESTATE without one). The
@@ -225,35 +227,41 @@ int drafter_logits(drafter_t *d, int j0, int n, float *out_host);
 int drafter_forward_backward(drafter_t *d, const drafter_batch_t *b, float grad_scale,
                              drafter_stats_t *st);
 
+/* Zeroes the gradient accumulator; nothing when there is none (external_grads before
+ * drafter_set_grads). */
 void drafter_zero_grad(drafter_t *d);
 /* Points the f32 gradient accumulator (what drafter_grads returns, zero_grad clears
  * and forward_backward accumulates into) at `grads`: n_params f32 on the drafter's
  * backend (device memory on CUDA), caller-owned, live while in use; NULL: back to
- * the drafter's own buffer. For bitwise the same math as the own buffer, `grads`
+ * the drafter's own buffer (none with external_grads: drafter_grads then returns NULL
+ * and forward_backward refuses). For bitwise the same math as the own buffer, `grads`
  * must be 256-byte aligned like it (the CUDA GEMM plans depend on pointer
  * alignment). No copy: the previous accumulator's contents are not carried over. */
 void drafter_set_grads(drafter_t *d, float *grads);
 
 /* Flat parameter vector: master weights and grads (f32, backend), working
- * weights (act, backend; the same storage as master on CPU). */
+ * weights (act, backend; the same storage as master on CPU). NULL where the drafter
+ * has none: master with no_master, grads with external_grads before drafter_set_grads,
+ * all three with layout_only (on CPU with no_master the working weights are a buffer
+ * of their own). */
 size_t drafter_n_params(const drafter_t *d);
 float *drafter_master(drafter_t *d);
 float *drafter_grads(drafter_t *d);
 void *drafter_weights(drafter_t *d);
 /* Refreshes the act working weights from master (after an optimizer step on
- * CUDA; no-op on CPU). */
+ * CUDA; no-op on CPU and without a master). */
 void drafter_sync_weights(drafter_t *d);
-/* Copies master (f32) to/from a host buffer of drafter_n_params floats; upload
- * also refreshes the working weights. */
-void drafter_download_master(drafter_t *d, float *host);
-void drafter_upload_master(drafter_t *d, const float *host);
+/* Copies master (f32) to a host buffer of drafter_n_params floats: 0, or DL_ESTATE
+ * (nothing written) for a drafter without master (no_master, layout_only). */
+int drafter_download_master(drafter_t *d, float *host);
+/* drafter_load_master from host memory (master, if any, and the working weights). */
+int drafter_upload_master(drafter_t *d, const float *host);
 /* Loads n_params f32 weights (the flat layout) into the drafter: into master and the
  * working weights, or, for a drafter made with no_master, straight into the working
  * weights through a scratch buffer in chunks (bitwise the same working weights).
  * src: host memory when src_host, else device memory the backend's copy reaches (this
  * GPU's, or a peer GPU's mapped by CUDA IPC). Ordered on the drafter's stream before
- * its next forward; src must stay unchanged until then. 0, DL_ESTATE (layout_only) or
- * DL_EINVAL (no_master with a scratch under 4 bytes). */
+ * its next forward; src must stay unchanged until then. 0 or DL_ESTATE (layout_only). */
 int drafter_load_master(drafter_t *d, const float *src, int src_host);
 int drafter_n_tensors(const drafter_t *d);
 const drafter_tensor_t *drafter_tensor(const drafter_t *d, int i);

@@ -93,23 +93,37 @@ static void run_case(const ops_ctx_t *c, const case_t *k, result_t *r) {
     if (drafter_new_opts(c, &k->cfg, embed, lm, k->T, cap, 7, k->worker ? &o : NULL, &d))
         fail_msg("drafter_new: %s", dl_errmsg());
     size_t np = drafter_n_params(d);
-    float *own = NULL, *init = NULL;
-    if (k->worker) {   /* the seeded init (seed 7, as drafter_new's) loaded as the worker does */
+    float *own = NULL;
+    drafter_batch_t b = {.T = k->T, .nseq = k->nseq, .cu_seqlens = k->cu, .ids = k->ids,
+                         .loss_mask = k->mask, .pos = NULL, .features = feat,
+                         .n_blocks = k->nb, .anchors = k->anchors};
+    if (k->worker) {
+        /* as the worker: the weights loaded from device memory (the optimizer's slab), first
+         * other ones and a step on them, then the seeded init (seed 7, as drafter_new's) */
         own = c->impl->malloc_(c, np * 4);
         drafter_set_grads(d, own);
-        if (!k->params) {
-            init = malloc(np * 4);
-            assert_int_equal(drafter_init_master(d, 7, init), 0);
-        }
-        assert_int_equal(drafter_load_master(d, k->params ? k->params : init, 1), 0);
+        float *init = malloc(np * 4), *src = c->impl->malloc_(c, np * 4);
+        if (k->params) memcpy(init, k->params, np * 4);
+        else assert_int_equal(drafter_init_master(d, 7, init), 0);
+        for (size_t i = 0; i < np; i++) init[i] += 0.01f;
+        c->impl->upload(c, src, init, np * 4);
+        assert_int_equal(drafter_load_master(d, src, 0), 0);
+        drafter_zero_grad(d);
+        drafter_stats_t st0;
+        b.n_blocks = k->pass > 0 && k->pass < k->nb ? k->pass : k->nb;
+        assert_int_equal(drafter_forward_backward(d, &b, 0.0f, &st0), 0);
+        b.n_blocks = k->nb;
+        if (k->params) memcpy(init, k->params, np * 4);
+        else assert_int_equal(drafter_init_master(d, 7, init), 0);
+        c->impl->upload(c, src, init, np * 4);
+        assert_int_equal(drafter_load_master(d, src, 0), 0);
+        c->impl->sync(c);
+        c->impl->free_(c, src);
         free(init);
     } else if (k->params) {
         drafter_upload_master(d, k->params);
     }
     drafter_zero_grad(d);
-    drafter_batch_t b = {.T = k->T, .nseq = k->nseq, .cu_seqlens = k->cu, .ids = k->ids,
-                         .loss_mask = k->mask, .pos = NULL, .features = feat,
-                         .n_blocks = k->nb, .anchors = k->anchors};
     r->grads = malloc(np * 4);
     r->np = np;
     r->logits = NULL;
@@ -298,6 +312,13 @@ static void test_medium_random(void **s) {
     k.pass = 16;
     run_case(&g_gpu, &k, &rg);
     compare("passes", &k, &rc, &rg);
+    /* and the worker's options in those passes: bitwise the plain passes */
+    k.worker = 1;
+    run_case(&g_gpu, &k, &rw);
+    k.worker = 0;
+    assert_true(rw.st.loss_sum == rg.st.loss_sum && rw.st.weight_sum == rg.st.weight_sum);
+    assert_memory_equal(rw.grads, rg.grads, rg.np * 4);
+    free(rw.grads), free(rw.logits);
     free(rc.grads), free(rc.logits), free(rg.grads), free(rg.logits);
     free(k.embed), free(k.lm_head), free(k.features), free(k.cu), free(k.ids), free(k.anchors), free(k.mask);
 }

@@ -231,8 +231,10 @@ static void test_no_copy2d(void **state) {
 /* The drafter worker's options (keep_up, external_grads, no_master): no master copy, the
  * weights loaded in chunks through the scratch (a 16-block drafter's swiglu scratch holds
  * 64 x 24 floats: the tiny drafter's parameters take several chunks), the caller's
- * gradient buffer, the up projections kept from the forward: loss, stats, working weights
- * and gradients bitwise those of a plain drafter (whose gradients test_fixture checks). */
+ * gradient buffer, the up projections kept from the forward: loss, stats, logits, working
+ * weights and gradients bitwise those of a plain drafter (whose gradients test_fixture
+ * checks), also after other weights are loaded over a drafter that has run a step (the
+ * worker's order: load, step, load, step). */
 static void test_worker_opts(void **state) {
     (void)state;
     tiny_t t;
@@ -258,6 +260,30 @@ static void test_worker_opts(void **state) {
     assert_memory_equal(a.count, b.count, sizeof a.count);
     assert_memory_equal(a.correct, b.correct, sizeof a.correct);
     assert_memory_equal(g, drafter_grads(t.d), np * 4);
+    const size_t nl = (size_t)t.b.n_blocks * t.cfg.B * t.cfg.V;
+    float *la = malloc(nl * 4), *lb = malloc(nl * 4);
+    assert_int_equal(drafter_logits(t.d, 0, t.b.n_blocks, la), 0);
+    assert_int_equal(drafter_logits(e, 0, t.b.n_blocks, lb), 0);
+    assert_memory_equal(la, lb, nl * 4);
+    /* other weights over both, then a step each: still bitwise equal, and not the first */
+    float *w2 = malloc(np * 4);
+    rng_t r;
+    rng_seed(&r, 11);
+    for (size_t i = 0; i < np; i++) w2[i] = drafter_master(t.d)[i] + 0.05f * rng_normal(&r);
+    drafter_upload_master(t.d, w2);
+    assert_int_equal(drafter_upload_master(e, w2), 0);
+    drafter_zero_grad(t.d);
+    drafter_zero_grad(e);
+    assert_int_equal(drafter_forward_backward(t.d, &t.b, 1.0f, &a), 0);
+    assert_int_equal(drafter_forward_backward(e, &t.b, 1.0f, &b), 0);
+    assert_true(a.loss_sum == b.loss_sum && a.loss_sum != 0);
+    assert_memory_equal(g, drafter_grads(t.d), np * 4);
+    assert_int_equal(drafter_logits(e, 0, t.b.n_blocks, lb), 0);
+    assert_memory_not_equal(la, lb, nl * 4);
+    assert_int_equal(drafter_logits(t.d, 0, t.b.n_blocks, la), 0);
+    assert_memory_equal(la, lb, nl * 4);
+    assert_int_equal(drafter_download_master(e, w2), DL_ESTATE);
+    free(la), free(lb), free(w2);
     assert_int_equal(dflash_ckpt_save(e, "/nonexistent", "F32", NULL), DL_ESTATE);
     drafter_set_grads(e, NULL);
     assert_null(drafter_grads(e));
