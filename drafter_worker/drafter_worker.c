@@ -785,19 +785,23 @@ static int keep_up_fits(const dw_t *W) {
     const drafter_config_t *c = &W->dcfg;
     drafter_t *lay = NULL;
     drafter_new_opts_t lo = {.layout_only = 1};
-    if (drafter_new_opts(&W->ops, c, NULL, NULL, 1, 1, 0, &lo, &lay) < 0) return 0;
+    if (drafter_new_opts(&W->ops, c, target_embed(W->tgt), target_lm_head(W->tgt), 1, 1, 0, &lo,
+                         &lay) < 0) {
+        log_warn("drafter: recomputes the MLP up projections (its layout: %s)", dl_errmsg());
+        return 0;
+    }
     double P = (double)drafter_n_params(lay);
     drafter_destroy(&lay);
     double rf = (double)W->max_blocks * c->B * c->F * ops_act_bytes(&W->ops);
     double saved = (W->gpu >= 0 ? 8.0 : 4.0) * P + rf, cost = c->n_layers * rf;
     if (cost <= saved)
-        log_info("drafter: keeps the MLP up projections of its %d layers for the backward (%.2f GB, "
-                 "in the %.2f GB of master weights and gradients it does not hold)",
-                 c->n_layers, cost / 1e9, saved / 1e9);
+        log_info("drafter: keeps the MLP up projections of its %d layers for the backward (%.1f MB, "
+                 "in the %.1f MB of master weights and gradients it does not hold)",
+                 c->n_layers, cost / 1e6, saved / 1e6);
     else
         log_info("drafter: recomputes the MLP up projections in the backward (keeping them would take "
-                 "%.2f GB, %.2f GB more than the master weights and gradients it does not hold)",
-                 cost / 1e9, (cost - saved) / 1e9);
+                 "%.1f MB, %.1f MB more than the master weights and gradients it does not hold)",
+                 cost / 1e6, (cost - saved) / 1e6);
     return cost <= saved;
 }
 

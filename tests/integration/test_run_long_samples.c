@@ -146,6 +146,15 @@ static void test_resume_packs_as_uninterrupted(void **state) {
     args[NC] = "4"; args[NC + 1] = "--out"; args[NC + 2] = a_dir; args[NC + 3] = NULL;
     snprintf(log, sizeof log, "%s/a.console", fx.root);
     assert_int_equal(run(log, a_dir, args, 240), 0);
+    /* the drafter worker keeps its MLP up projections here (they fit in the gradient memory
+     * it does not hold): A, and B's bits equal to A's, ran that path */
+    char dl[600];
+    snprintf(dl, sizeof dl, "%s/logs/drafter0.log", a_dir);
+    char *dtxt = pf_slurp(dl, NULL);
+    assert_non_null(dtxt);
+    if (!strstr(dtxt, "drafter: keeps the MLP up projections of its 1 layers"))
+        fail_msg("drafter0.log does not say it keeps the up projections:\n%s", dtxt);
+    free(dtxt);
     cut_to_step2(a_dir, b_dir);
     const char *resume[] = {"--resume", b_dir, NULL};
     snprintf(log, sizeof log, "%s/b2.console", fx.root);
