@@ -795,7 +795,7 @@ static int keep_up_fits(const dw_t *W) {
     double rf = (double)W->max_blocks * c->B * c->F * ops_act_bytes(&W->ops);
     double saved = (W->gpu >= 0 ? 8.0 : 4.0) * P + rf, cost = c->n_layers * rf;
     if (cost <= saved)
-        log_info("drafter: keeps the MLP up projections of its %d layers for the backward (%.1f MB, "
+        log_info("drafter: keeps the MLP up projections for the backward (%d layer(s), %.1f MB, "
                  "in the %.1f MB of master weights and gradients it does not hold)",
                  c->n_layers, cost / 1e6, saved / 1e6);
     else
@@ -854,8 +854,13 @@ static int dw_setup(dw_t *W, const run_config_t *c) {
      * (try_compute waits for W->version >= 0, which only load_weights sets) */
     drafter_new_opts_t dopts = {.no_init = 1, .external_grads = 1, .no_master = 1};
     dopts.keep_up = keep_up_fits(W);
-    rc = drafter_new_opts(&W->ops, &W->dcfg, target_embed(W->tgt), target_lm_head(W->tgt), (int)W->token_budget,
-                          (int)W->max_blocks, W->seed, &dopts, &W->d);
+    for (;;) {   /* a device too full for the kept projections: once more, recomputing them */
+        rc = drafter_new_opts(&W->ops, &W->dcfg, target_embed(W->tgt), target_lm_head(W->tgt),
+                              (int)W->token_budget, (int)W->max_blocks, W->seed, &dopts, &W->d);
+        if (rc != DL_ENOMEM || !dopts.keep_up) break;
+        log_warn("drafter: %s; again, recomputing the MLP up projections", dl_errmsg());
+        dopts.keep_up = 0;
+    }
     if (rc < 0) return log_rc(rc, "drafter"), PIPE_EXIT_PERMANENT;
     W->P = drafter_n_params(W->d);
     log_info("target %s loaded for embedding/LM head in %.1f s; drafter %zu parameters",

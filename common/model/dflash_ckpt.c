@@ -537,7 +537,7 @@ int dflash_ckpt_load_weights(drafter_t *d, const char *dir) {
         rc = st_tensor_to_f32(s, host + t->offset);
         if (rc < 0) dl_wraperr(rc, "%s: %s", path, t->name);
     }
-    if (rc == 0) drafter_upload_master(d, host);
+    if (rc == 0) rc = drafter_upload_master(d, host);
     free(host);
     safetensors_close(&st);
     return rc;
