@@ -263,13 +263,12 @@ static void load_weights(dw_t *W, int64_t version, uint64_t offset) {
     int rc;
     double t0 = clock_mono_s();
     const float *src = (const float *)(base + offset);
-    /* the optimizer's f32 weights (its device slab on this GPU or a peer, or host
-     * memory) converted into the working weights through a scratch buffer: the drafter
-     * keeps no master copy (no_master). On the compute stream, ordered before the next
-     * micro-batch; the optimizer overwrites this half only two versions later. */
-    /* a remote optimizer's weights arrive in the mirror: on the device when NCCL brings
-     * them (nstep), else in host memory; a local optimizer's slab is device memory when
-     * it is a CUDA slab */
+    /* the optimizer's f32 weights converted into the working weights through a scratch
+     * buffer (the drafter keeps no master copy: no_master), on the compute stream, ordered
+     * before the next micro-batch; the optimizer overwrites this half only two versions
+     * later. Where they are: a remote optimizer's in the mirror, on the device when NCCL
+     * brings them (nstep), else in host memory; a local one's slab is device memory when
+     * it is a CUDA slab. */
     int src_host = W->opt_remote ? W->nstep == NULL : W->wslab.kind != SLAB_CUDA;
     rc = drafter_load_master(W->d, src, src_host);
     if (rc < 0) { log_rc(rc, "load the optimizer's weights"); exit(1); }

@@ -53,7 +53,6 @@ struct drafter {
     float *master, *grad;         /* (n_params) f32; grad: grad_buf or the caller's (drafter_set_grads) */
     float *grad_buf;              /* (n_params) f32, the drafter's own gradient buffer; NULL
                                      with external_grads */
-    int keep_up;                  /* opts->keep_up: L[l].u kept from the forward */
     void *w;                      /* (n_params) act; == master on CPU */
     /* activations */
     drafter_layer_act_t *L;
@@ -227,12 +226,17 @@ void drafter_sync_weights(drafter_t *d) {
         IMPL->f32_to_act(d->c, d->w, d->master, d->n_params);
 }
 
+/* bytes from src (host memory when src_host, else device memory) to dst on the backend */
+static void put_f32(const drafter_t *d, float *dst, const float *src, size_t n, int src_host) {
+    if (src_host) IMPL->upload(d->c, dst, src, n * sizeof(float));
+    else IMPL->copy(d->c, dst, src, n * sizeof(float));
+}
+
 int drafter_load_master(drafter_t *d, const float *src, int src_host) {
     if (!d->w) return dl_seterr(DL_ESTATE, "drafter_load_master: a layout-only drafter");
     const size_t n = d->n_params;
     if (d->master) {
-        if (src_host) IMPL->upload(d->c, d->master, src, n * sizeof(float));
-        else IMPL->copy(d->c, d->master, src, n * sizeof(float));
+        put_f32(d, d->master, src, n, src_host);
         drafter_sync_weights(d);
         return 0;
     }
@@ -242,8 +246,7 @@ int drafter_load_master(drafter_t *d, const float *src, int src_host) {
     if (chunk > n) chunk = n;   /* >= 1: B >= 2 rows of F >= 1 act (>= 2 bytes) */
     for (size_t off = 0; off < n; off += chunk) {
         size_t m = n - off < chunk ? n - off : chunk;
-        if (src_host) IMPL->upload(d->c, d->a, src + off, m * sizeof(float));
-        else IMPL->copy(d->c, d->a, src + off, m * sizeof(float));
+        put_f32(d, d->a, src + off, m, src_host);
         IMPL->f32_to_act(d->c, (char *)d->w + off * A, d->a, m);
     }
     return 0;
@@ -448,10 +451,10 @@ int drafter_new_opts(const ops_ctx_t *c, const drafter_config_t *cfg_in, const v
     int nr = 0;
 #define REQ(ptr, nb_) (req[nr].slot = (void **)&(ptr), req[nr].bytes = (nb_), nr++)
     const int no_master = opts && opts->no_master, keep_up = opts && opts->keep_up;
+    const int no_init = opts && (opts->no_init || no_master);
     if (!no_master) REQ(d->master, d->n_params * 4);
     if (!(opts && opts->external_grads)) REQ(d->grad_buf, d->n_params * 4);
     if (c->backend != OPS_CPU || no_master) REQ(d->w, d->n_params * A);
-    d->keep_up = keep_up;
     for (int l = 0; l < cfg.n_layers; l++) {
         drafter_layer_act_t *a = &d->L[l];
         REQ(a->hin, R * D * A); REQ(a->rstd_in, R * 4);
@@ -498,20 +501,19 @@ int drafter_new_opts(const ops_ctx_t *c, const drafter_config_t *cfg_in, const v
     d->h_ctx_len = malloc((size_t)max_blocks * 4), d->h_row_w = malloc(R * 4);
     d->h_row_loss = malloc(R * 4), d->h_row_correct = malloc(R * 4), d->h_row_mask = malloc(R);
     /* CPU: master is host memory, initialised in place */
-    int in_place = c->backend == OPS_CPU || (opts && (opts->no_init || no_master));
+    int in_place = c->backend == OPS_CPU || no_init;
     float *init = in_place ? (float *)d->master : malloc(d->n_params * sizeof(float));
     float inv[1024]; /* hd/2 inverse frequencies */
     if (!d->h_row_target || !d->h_row_ids || !d->h_row_pos || !d->h_ctx_pos || !d->h_ctx_start ||
         !d->h_ctx_len || !d->h_row_w || !d->h_row_loss || !d->h_row_correct || !d->h_row_mask ||
-        (!init && !no_master) || cfg.hd / 2 > (int)(sizeof inv / sizeof inv[0])) {
+        (!in_place && !init) || cfg.hd / 2 > (int)(sizeof inv / sizeof inv[0])) {
         if (!in_place) free(init);
         drafter_destroy(&d);
         return dl_seterr(DL_ENOMEM, "drafter_new: host staging");
     }
-    if (no_master) {
-        IMPL->memset0(c, d->w, d->n_params * A);        /* the caller's weights replace these */
-    } else if (opts && opts->no_init) {
-        IMPL->memset0(c, d->master, d->n_params * 4);   /* the caller's weights replace these */
+    if (no_init) {   /* the caller's weights replace these */
+        if (d->master) IMPL->memset0(c, d->master, d->n_params * 4);
+        else IMPL->memset0(c, d->w, d->n_params * A);
     } else if (drafter_init_master(d, seed, init) < 0) {
         if (!in_place) free(init);
         drafter_destroy(&d);
@@ -675,7 +677,7 @@ int drafter_forward(drafter_t *d, const drafter_batch_t *b) {
                                  D);
         IMPL->rmsnorm_forward(x, d->xs, a->rstd_post, a->h1, W(d, tix_layer(l, LT_POST)),
                               c->rms_eps, R, D);
-        void *u = d->keep_up ? a->u : d->us;
+        void *u = a->u ? a->u : d->us;   /* keep_up: this layer's own */
         IMPL->matmul_forward(x, a->g, d->xs, W(d, tix_layer(l, LT_GATE)), NULL, R, D, F);
         IMPL->matmul_forward(x, u, d->xs, W(d, tix_layer(l, LT_UP)), NULL, R, D, F);
         IMPL->swiglu_forward(x, d->a, a->g, u, (size_t)R * F);
@@ -773,8 +775,8 @@ int drafter_forward_backward(drafter_t *d, const drafter_batch_t *b, float grad_
          * same inputs as the forward, so the same values */
         IMPL->rmsnorm_forward(x, d->xs, NULL, a->h1, W(d, tix_layer(l, LT_POST)), c->rms_eps, R,
                               D);
-        const void *u = d->keep_up ? a->u : d->us;
-        if (!d->keep_up)
+        const void *u = a->u ? a->u : d->us;
+        if (!a->u)
             IMPL->matmul_forward(x, d->us, d->xs, W(d, tix_layer(l, LT_UP)), NULL, R, D, F);
         IMPL->swiglu_forward(x, d->a, a->g, u, (size_t)R * F);
         IMPL->matmul_backward(x, d->da, G(d, tix_layer(l, LT_DOWN)), NULL, d->dh, d->a,
