@@ -7,7 +7,8 @@
  *      AdamW, varlen causal attention at T=65536 mixed lengths, DFlash block
  *      attention at Nb*B=65536 (B=16, 8 sequences x 4096 context, 512 anchors).
  * Times are medians of CUDA-event-timed repetitions after warm-up.
- * Usage: bench_ops [--quick]. Prints "SKIP: ..." and exits 0 without a GPU. */
+ * Usage: bench_ops [--quick] [--attention-only] (the last: only the two attention
+ * benchmarks, e.g. under ncu). Prints "SKIP: ..." and exits 0 without a GPU. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -378,7 +379,18 @@ static void bench_qk_norm_rope(int quick) {
 }
 
 int main(int argc, char **argv) {
-    int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    int quick = 0, attention_only = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0) {
+            quick = 1;
+        } else if (strcmp(argv[i], "--attention-only") == 0) {
+            attention_only = 1;
+        } else {
+            fprintf(stderr, "bench_ops: unknown argument '%s' (usage: bench_ops [--quick] "
+                    "[--attention-only])\n", argv[i]);
+            return 2;
+        }
+    }
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
         printf("SKIP: bench_ops: no CUDA device\n");
@@ -394,16 +406,20 @@ int main(int argc, char **argv) {
            prop.totalGlobalMem / 1073741824.0);
     cudaEventCreate(&ev0);
     cudaEventCreate(&ev1);
-    bench_gemm_peak();
-    bench_copy();
+    if (!attention_only) {
+        bench_gemm_peak();
+        bench_copy();
+    }
     printf("per-op timings (Qwen3-8B shapes):\n");
-    bench_linear(65536, 4096, 4096);
-    bench_linear(65536, 4096, 12288);
-    bench_linear(65536, 12288, 4096);
-    bench_pointwise();
+    if (!attention_only) {
+        bench_linear(65536, 4096, 4096);
+        bench_linear(65536, 4096, 12288);
+        bench_linear(65536, 12288, 4096);
+        bench_pointwise();
+    }
     bench_attention_varlen(quick);
     bench_attention_block(quick);
-    bench_qk_norm_rope(quick);
+    if (!attention_only) bench_qk_norm_rope(quick);
     cudaError_t e = cudaDeviceSynchronize();
     if (e != cudaSuccess) {
         fprintf(stderr, "bench_ops: CUDA error: %s\n", cudaGetErrorString(e));

@@ -566,6 +566,20 @@ static void run_block_ctx(int Nb, int B, int Tc, int H, int Hkv, int hd, int nse
     /* no atomics: a second run reproduces the bits */
     assert_memory_equal(hdq, hdq2, nq * sizeof(float));
     assert_memory_equal(hdkc, hdkc2, nkc * sizeof(float));
+    /* B <= 16: variant 2's own-key kernel (attn_block_own_dkv_kernel) sums the same heads in
+     * the same order as variant 1's own tiles: the same bits */
+    if (ops_cuda_attention_block_variant(-1) == 2 && B <= 16) {
+        ops_cuda_attention_block_variant(1);
+        g_gpu.impl->attention_block_backward(&g_gpu, NULL, gdkb, gdvb, NULL, NULL, gdo, go, glse,
+                                             gq, gkb, gvb, gkc, gvc, gcs, gcl, Nb, B, Tc, H, Hkv,
+                                             hd);
+        ops_cuda_attention_block_variant(2);
+        float *h1kb = gget(gdkb, nkb), *h1vb = gget(gdvb, nkb);
+        assert_memory_equal(hdkb, h1kb, nkb * sizeof(float));
+        assert_memory_equal(hdvb, h1vb, nkb * sizeof(float));
+        printf("  dkb, dvb: variant 2's own-key kernel bitwise = variant 1's own tiles\n");
+        free(h1kb); free(h1vb);
+    }
     free(q); free(kb); free(vb); free(kc); free(vc); free(dout);
     free(ho); free(hlse); free(hdq); free(hdkb); free(hdvb); free(hdkc); free(hdvc);
     free(hdq2); free(hdkc2);

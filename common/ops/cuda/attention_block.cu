@@ -12,13 +12,13 @@
 //     sharing each K/V tile), dK/dV on attn_block_dkv_kernel below;
 //   variant 2 (the default), Hopper (sm_90a), head dim 128 (forward / dQ also H = 4 Hkv,
 //     B <= 16): forward, dQ and the dK/dV context tiles on warp-specialized wgmma kernels
-//     (attention_block_wg.cuh), the blocks' own dK/dV tiles on attn_block_dkv_kernel;
-//     elsewhere variant 1 runs.
-// On an H200, 8 x 4096 tokens, 512 anchors, B 16 (bench_ops): forward 10.0 / 7.6 ms, dQ
-// 12.2 / 8.7 ms, dK/dV 30.6 / 13.8 ms for variants 1 / 2; the reference drafter step
-// 1,116 ms with 2 (bench/NOTES.md; in its entries before 2026-12-03's third session, 1 was
-// "variant 2" and 2 "variant 11"; variants 1 and 3-10 there were kernels measured slower,
-// since removed).
+//     (attention_block_wg.cuh; the context tiles by descending work), the blocks' own
+//     dK/dV on attn_block_own_dkv_kernel (B <= 16, any head dim: one warp per block and kv
+//     head; bitwise variant 1's own tiles); elsewhere variant 1 runs.
+// On an H200, 8 x 4096 tokens, 512 anchors, B 16 (bench_ops): forward 10.0 / 7.5 ms, dQ
+// 12.3 / 8.4 ms, dK/dV 30.7 / 12.4 ms for variants 1 / 2 (bench/NOTES.md; in its entries
+// before 2026-12-03's third session, 1 was "variant 2" and 2 "variant 11"; variants 1 and
+// 3-10 there were kernels measured slower, since removed).
 //
 // Forward: online softmax over 64-key tiles staged in shared memory (shared by the
 // group's heads and the pair's two blocks); lse (natural log) saved.
@@ -342,6 +342,89 @@ attn_block_dkv_kernel(bf16 *dkb, bf16 *dvb, bf16 *dkc, bf16 *dvc, const bf16 *do
     store_rows<HDP>(dv, 1.0f, 1.0f, [&](int r) { return dst(dvc, dvb, r); }, hd, g, t);
 }
 
+// The blocks' own dK/dV for B <= 16 (variant 2; variant 1 serves them as own tiles of
+// attn_block_dkv_kernel, 64 keys and 4 warps for B keys). One warp per (block j, kv head
+// hk), AB_OWN_WARPS to a thread block, each on its own: it stages its B own K, V rows (16
+// x LD) once, then each head of the group in turn (its B query rows of Q and dO, lse, D),
+// double-buffered by cp.async, and accumulates dV += P^T dO, dK += dS^T Q with
+// ab_dkv_item. The sums run over the same heads in the same order with the same
+// fragments as attn_block_dkv_kernel's own tiles: the same bits (gpu_test_ops_cuda).
+// Shared memory: AB_OWN_WARPS x (2 + 2 x 2) x 16 x LD bf16 + the lse, D rows.
+#define AB_OWN_WARPS 4
+template <int HDP>
+__device__ __host__ constexpr int ab_own_warp_elems() {
+    return 2 * 16 * (HDP + 8) + 2 * (2 * 16 * (HDP + 8) + 2 * 16 * 2);
+}
+
+template <int HDP>
+__global__ void __launch_bounds__(AB_OWN_WARPS * 32)
+attn_block_own_dkv_kernel(bf16 *dkb, bf16 *dvb, const bf16 *dout, const float *lse_in,
+                          const float *Dvec, const bf16 *q, const bf16 *kb, const bf16 *vb,
+                          int Nb, int B, int H, int Hkv, int hd, float scale, int vec) {
+    constexpr int LD = HDP + 8, TILE = 16 * LD, STAGE = 2 * TILE + 2 * 16 * 2;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const long item = (long)blockIdx.x * AB_OWN_WARPS + warp;  // kv head fastest
+    if (item >= (long)Nb * Hkv) return;                        // uniform over the warp
+    const int j = (int)(item / Hkv), hk = (int)(item % Hkv), group = H / Hkv;
+    bf16 *Ks = (bf16 *)smem_raw + (size_t)warp * ab_own_warp_elems<HDP>(), *Vs = Ks + TILE;
+    bf16 *stage_base = Vs + TILE;
+    auto stQ = [&](int st) { return stage_base + st * STAGE; };
+    auto stO = [&](int st) { return stage_base + st * STAGE + TILE; };
+    auto stL = [&](int st) { return (float *)(stage_base + st * STAGE + 2 * TILE); };
+    auto stD = [&](int st) { return stL(st) + 16; };
+    const size_t qstride = (size_t)H * hd, kstride = (size_t)Hkv * hd;
+    auto own = [&](const bf16 *x, int r) -> const bf16 * {  // row r < B of block j, kv head hk
+        return r < B ? x + ((size_t)j * B + r) * kstride + (size_t)hk * hd : nullptr;
+    };
+    load_rows_async<HDP, 16>(Ks, [&](int r) { return own(kb, r); }, hd, vec, lane, 32, q);
+    load_rows_async<HDP, 16>(Vs, [&](int r) { return own(vb, r); }, hd, vec, lane, 32, q);
+    auto issue = [&](int hl, int st) {  // head hk * group + hl's B query rows into stage st
+        const int h = hk * group + hl;
+        auto qrow = [&](const bf16 *x, int r) -> const bf16 * {
+            return r < B ? x + ((size_t)j * B + r) * qstride + (size_t)h * hd : nullptr;
+        };
+        load_rows_async<HDP, 16>(stQ(st), [&](int r) { return qrow(q, r); }, hd, vec, lane, 32,
+                                 q);
+        load_rows_async<HDP, 16>(stO(st), [&](int r) { return qrow(dout, r); }, hd, vec, lane,
+                                 32, q);
+        if (lane < 16) {
+            long row = (long)j * B + lane;
+            stL(st)[lane] = lane < B ? lse_in[row * H + h] * ATTN_LOG2E : INFINITY;
+            stD(st)[lane] = lane < B ? Dvec[row * H + h] : 0.0f;
+        }
+    };
+    issue(0, 0);
+    cp_async_commit();  // K, V and the first head
+    float dk[HDP / 8][4], dv[HDP / 8][4];
+#pragma unroll
+    for (int i = 0; i < HDP / 8; i++) {
+        dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = 0.0f;
+        dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.0f;
+    }
+    const float scale_log2 = scale * ATTN_LOG2E;
+    const bool ka = g < B, kb_ok = g + 8 < B;  // keys g, g + 8 of the block
+    for (int hl = 0; hl < group; hl++) {
+        if (hl + 1 < group) {
+            issue(hl + 1, (hl + 1) & 1);
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncwarp();  // every lane's copies and lse, D stores of this stage are in
+        const int st = hl & 1;
+        ab_dkv_item<HDP>(dk, dv, Ks, Vs, stQ(st), stO(st), stL(st), stD(st), 0, 1, 0, ka, kb_ok,
+                         scale_log2, lane, t);
+        __syncwarp();  // this stage is read before the next issue refills it
+    }
+    auto dst = [&](bf16 *x, int r) -> bf16 * {
+        return (x && r < B) ? x + ((size_t)j * B + r) * kstride + (size_t)hk * hd : nullptr;
+    };
+    store_rows<HDP>(dk, scale, scale, [&](int r) { return dst(dkb, r); }, hd, g, t);
+    store_rows<HDP>(dv, 1.0f, 1.0f, [&](int r) { return dst(dvb, r); }, hd, g, t);
+}
+
 #include "common/ops/cuda/attention_block_pair.cuh"
 #include "common/ops/cuda/attention_block_wg.cuh"
 
@@ -379,13 +462,30 @@ static void launch_dkv_range(const ops_ctx_t *c, bf16 *dkb, bf16 *dvb, bf16 *dkc
     cuda_check_launch();
 }
 
+// The blocks' own dK/dV, B <= 16 (attn_block_own_dkv_kernel).
+template <int HDP>
+static void launch_dkv_own(const ops_ctx_t *c, bf16 *dkb, bf16 *dvb, const bf16 *dout,
+                           const float *lse, const float *D, const void *q, const void *kb,
+                           const void *vb, int Nb, int B, int H, int Hkv, int hd, int vec) {
+    size_t smem = (size_t)AB_OWN_WARPS * ab_own_warp_elems<HDP>() * sizeof(bf16);
+    cuda_check(cudaFuncSetAttribute(attn_block_own_dkv_kernel<HDP>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    long items = (long)Nb * Hkv;
+    attn_block_own_dkv_kernel<HDP><<<(unsigned)((items + AB_OWN_WARPS - 1) / AB_OWN_WARPS),
+                                     AB_OWN_WARPS * 32, smem, cuda_stream(c)>>>(
+        dkb, dvb, dout, lse, D, (const bf16 *)q, (const bf16 *)kb, (const bf16 *)vb, Nb, B, H,
+        Hkv, hd, 1.0f / sqrtf((float)hd), vec);
+    cuda_check_launch();
+}
+
 // The warp-specialized dK/dV context tiles (variant 2; attention_block_wg.cuh): two
 // consumer warpgroups of 64 keys and a producer warpgroup per thread block, NST stages.
+// tile_scratch: 2 * ((Tc + 127) / 128) ints of device memory (the tile order).
 template <int NST>
 static void launch_dkv_ws(const ops_ctx_t *c, bf16 *dkc, bf16 *dvc, const bf16 *dout,
                           const float *lse, const float *D, const void *q, const void *kc,
                           const void *vc, const int32_t *cs, const int32_t *cl, int Nb, int B,
-                          int Tc, int H, int Hkv) {
+                          int Tc, int H, int Hkv, int *tile_scratch) {
     constexpr int QROWS = AB_GH * 16;
     size_t smem = 2 * 2 * ABW_TILE_BYTES +
                   NST * (2 * ABW_TILE_BYTES + 2 * QROWS * 4 + sizeof(abw_ws_meta)) +
@@ -394,9 +494,15 @@ static void launch_dkv_ws(const ops_ctx_t *c, bf16 *dkc, bf16 *dvc, const bf16 *
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     long nct = (Tc + 127) / 128;
     if (nct <= 0) return;
-    attn_block_dkv_ws_kernel<NST><<<dim3((unsigned)nct, Hkv), 384, smem, cuda_stream(c)>>>(
+    int *cnt = tile_scratch, *order = tile_scratch + nct;
+    abw_tile_count_kernel<<<(unsigned)nct, 256, 0, cuda_stream(c)>>>(cnt, cs, cl, Nb);
+    cuda_check_launch();
+    abw_tile_rank_kernel<<<(unsigned)((nct + 255) / 256), 256, 0, cuda_stream(c)>>>(order, cnt,
+                                                                                   (int)nct);
+    cuda_check_launch();
+    attn_block_dkv_ws_kernel<NST><<<(unsigned)(nct * Hkv), 384, smem, cuda_stream(c)>>>(
         dkc, dvc, dout, lse, D, (const bf16 *)q, (const bf16 *)kc, (const bf16 *)vc, cs, cl, Nb,
-        B, Tc, H, Hkv, 1.0f / sqrtf((float)128));
+        B, Tc, H, Hkv, 1.0f / sqrtf((float)128), order);
     cuda_check_launch();
 }
 
@@ -408,24 +514,28 @@ static bool ab_wg_applies(int hd, const void *q, const void *kb, const void *vb,
            ((uintptr_t)dout & 15) == 0;
 }
 
-// dK/dV: the context tiles on the warp-specialized wgmma kernel (variant 2, where it
-// applies) and the blocks' own tiles (B rows each) on the mma.sync kernel; otherwise
-// (variant 1) every tile on the mma.sync kernel (64 keys, 4 warps).
+// dK/dV. Variant 2: the context tiles on the warp-specialized wgmma kernel (where it
+// applies; else on the mma.sync kernel), the blocks' own keys on attn_block_own_dkv_kernel
+// (B <= 16; else as own tiles of the mma.sync kernel). Variant 1: every tile on the
+// mma.sync kernel (64 keys, 4 warps). tile_scratch: 2 * ((Tc + 127) / 128) ints.
 template <int HDP>
 static void launch_dkv(const ops_ctx_t *c, int variant, bf16 *dkb, bf16 *dvb, bf16 *dkc,
                        bf16 *dvc, const bf16 *dout, const float *lse, const float *D,
                        const void *q, const void *kb, const void *vb, const void *kc,
                        const void *vc, const int32_t *cs, const int32_t *cl, int Nb, int B,
-                       int Tc, int H, int Hkv, int hd) {
+                       int Tc, int H, int Hkv, int hd, int *tile_scratch) {
     long nct4 = (Tc + 63) / 64, nbt4 = (B + 63) / 64, all4 = nct4 + (long)Nb * nbt4;
-    if (variant == 2 && HDP == 128 && ab_wg_applies(hd, q, kb, vb, kc, vc, dout)) {
-        launch_dkv_ws<4>(c, dkc, dvc, dout, lse, D, q, kc, vc, cs, cl, Nb, B, Tc, H, Hkv);
-        launch_dkv_range<HDP, 4>(c, dkb, dvb, NULL, NULL, dout, lse, D, q, kb, vb, kc, vc, cs,
-                                 cl, Nb, B, Tc, H, Hkv, hd, nct4, all4);
-    } else {
-        launch_dkv_range<HDP, 4>(c, dkb, dvb, dkc, dvc, dout, lse, D, q, kb, vb, kc, vc, cs, cl,
-                                 Nb, B, Tc, H, Hkv, hd, 0, all4);
-    }
+    const bool own_kernel = variant == 2 && B <= 16;
+    const bool ws = variant == 2 && HDP == 128 && ab_wg_applies(hd, q, kb, vb, kc, vc, dout);
+    if (ws)
+        launch_dkv_ws<4>(c, dkc, dvc, dout, lse, D, q, kc, vc, cs, cl, Nb, B, Tc, H, Hkv,
+                         tile_scratch);
+    launch_dkv_range<HDP, 4>(c, dkb, dvb, ws ? NULL : dkc, ws ? NULL : dvc, dout, lse, D, q, kb,
+                             vb, kc, vc, cs, cl, Nb, B, Tc, H, Hkv, hd, ws ? nct4 : 0,
+                             own_kernel ? nct4 : all4);
+    if (own_kernel && (dkb || dvb))
+        launch_dkv_own<HDP>(c, dkb, dvb, dout, lse, D, q, kb, vb, Nb, B, H, Hkv, hd,
+                            vec_ok(hd, q, kb, vb, kb, vb) && ((uintptr_t)dout & 15) == 0);
 }
 
 // Forward / dQ with the pair kernel (attention_block_pair.cuh): BN-key tiles, 4 warps.
@@ -521,8 +631,10 @@ void cuda_attention_block_backward(const ops_ctx_t *c, void *dq, void *dkb, void
         if (Tc > 0 && dvc) cuda_check(cudaMemsetAsync(dvc, 0, (size_t)Tc * Hkv * hd * 2, cuda_stream(c)));
         return;
     }
-    long rows = (long)Nb * B * H;
-    float *D = (float *)cuda_scratch(c, (size_t)rows * (lse ? 1 : 2) * sizeof(float));
+    long rows = (long)Nb * B * H, nct128 = (Tc + 127) / 128;
+    float *D = (float *)cuda_scratch(c, ((size_t)rows * (lse ? 1 : 2) + 2 * (size_t)nct128) *
+                                            sizeof(float));
+    int *tile_scratch = (int *)(D + rows * (lse ? 1 : 2));  /* launch_dkv's tile order */
     if (!lse) {  // recompute the log-sum-exp with the forward kernel (no output)
         float *lse_tmp = D + rows;
         AB_DISPATCH(hd, "attention_block_backward",
@@ -543,6 +655,6 @@ void cuda_attention_block_backward(const ops_ctx_t *c, void *dq, void *dkb, void
         AB_DISPATCH(hd, "attention_block_backward",
                     (launch_dkv<HDP_>(c, g_ab_variant, (bf16 *)dkb, (bf16 *)dvb, (bf16 *)dkc,
                                       (bf16 *)dvc, (const bf16 *)dout, lse, D, q, kb, vb, kc, vc,
-                                      ctx_start,
-                                      ctx_len, Nb, B, Tc, H, Hkv, hd)));
+                                      ctx_start, ctx_len, Nb, B, Tc, H, Hkv, hd,
+                                      tile_scratch)));
 }

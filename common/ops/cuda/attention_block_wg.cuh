@@ -94,12 +94,16 @@ struct abw_ws_meta {
     int vlo, vhi, done, pad;
 };
 
+//
+// Grid: one dimension, (context tiles) x Hkv thread blocks; thread block x serves tile
+// tile_order[x / Hkv] (the tiles by descending work: abw_tile_order) of kv head x % Hkv, so
+// the tiles seen by the most blocks start first and the last to start are the shortest.
 template <int NST>
 __global__ void __launch_bounds__(384, 1)
 attn_block_dkv_ws_kernel(bf16 *dkc, bf16 *dvc, const bf16 *dout, const float *lse_in,
                          const float *Dvec, const bf16 *q, const bf16 *kc, const bf16 *vc,
                          const int32_t *ctx_start, const int32_t *ctx_len, int Nb, int B, int Tc,
-                         int H, int Hkv, float scale) {
+                         int H, int Hkv, float scale, const int *tile_order) {
 #ifdef ABW_NO_WGMMA
     __trap();
 #else
@@ -117,11 +121,11 @@ attn_block_dkv_ws_kernel(bf16 *dkc, bf16 *dvc, const bf16 *dout, const float *ls
     auto stL = [&](int st) { return (float *)(stage + st * STAGE_BYTES + 2 * ABW_TILE_BYTES); };
     auto stD = [&](int st) { return stL(st) + QROWS; };
     auto stM = [&](int st) { return (abw_ws_meta *)(stD(st) + QROWS); };
-    const int hk = blockIdx.y, group = H / Hkv, nqc = (B + 15) / 16;
+    const int hk = (int)(blockIdx.x % Hkv), group = H / Hkv, nqc = (B + 15) / 16;
     const int nhb = (group + AB_GH - 1) / AB_GH;
     const int lane = tid & 31, g = lane >> 2, t = lane & 3, wwarp = wtid >> 5;
     const size_t qstride = (size_t)H * hd, kstride = (size_t)Hkv * hd;
-    const int key0 = blockIdx.x * TK;
+    const int key0 = tile_order[blockIdx.x / Hkv] * TK;
     if (tid == 0) {
         for (int i = 0; i < NST; i++) {
             mbar_init(&full[i], 256);       // 128 cp.async arrivals + 128 plain ones
@@ -242,6 +246,43 @@ attn_block_dkv_ws_kernel(bf16 *dkc, bf16 *dvc, const bf16 *dout, const float *ls
     store_rows<128>((const float(*)[4])dv, 1.0f, 1.0f, [&](int r) { return dst(dvc, r); }, hd,
                     g, t);
 #endif
+}
+
+// The dK/dV context tiles (128 keys each, nct of them) by descending work for
+// attn_block_dkv_ws_kernel: cnt[t] = the blocks that see a key of tile t (its work items
+// per head batch), then order[r] = the tile of rank r (more blocks first, ties by tile).
+// Two small kernels (nct thread blocks, then nct threads) on the same stream; cnt and order
+// are nct ints each of device scratch. Any order gives the same bits (each tile's sums stay
+// in one thread block); this one only shortens the kernel's tail.
+__global__ void abw_tile_count_kernel(int *cnt, const int32_t *ctx_start, const int32_t *ctx_len,
+                                      int Nb) {
+    __shared__ int part[8];
+    const int key0 = blockIdx.x * 128;
+    int n = 0;
+    for (int j = threadIdx.x; j < Nb; j += blockDim.x) {
+        int cs = ctx_start[j], cl = ctx_len[j];
+        n += cl > 0 && cs < key0 + 128 && cs + cl > key0;
+    }
+    for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = n;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int sum = 0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) sum += part[w];
+        cnt[blockIdx.x] = sum;
+    }
+}
+
+__global__ void abw_tile_rank_kernel(int *order, const int *cnt, int nct) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= nct) return;
+    const int c = cnt[i];
+    int rank = 0;
+    for (int k = 0; k < nct; k++) {
+        int ck = cnt[k];
+        rank += ck > c || (ck == c && k < i);
+    }
+    order[rank] = i;
 }
 
 // ------------------------------------------------------------------ forward and dQ (wgmma)
