@@ -156,9 +156,21 @@ static void test_resume_packs_as_uninterrupted(void **state) {
         fail_msg("drafter0.log does not say it keeps the up projections:\n%s", dtxt);
     free(dtxt);
     cut_to_step2(a_dir, b_dir);
+    /* B's drafter is told its kept projections do not fit (as a device out of memory would):
+     * it is made again recomputing them, says so, and its steps 2..3 give A's bits */
     const char *resume[] = {"--resume", b_dir, NULL};
     snprintf(log, sizeof log, "%s/b2.console", fx.root);
-    assert_int_equal(run(log, b_dir, resume, 240), 0);
+    setenv("DL_TEST_HOOKS", "drafter.keep_up_enomem=1", 1);
+    int b_rc = run(log, b_dir, resume, 240);
+    unsetenv("DL_TEST_HOOKS");
+    assert_int_equal(b_rc, 0);
+    snprintf(dl, sizeof dl, "%s/logs/drafter0.log", b_dir);
+    dtxt = pf_slurp(dl, NULL);
+    assert_non_null(dtxt);
+    if (!strstr(dtxt, "the kept up projections do not fit (test hook drafter.keep_up_enomem); "
+                      "again, recomputing the MLP up projections"))
+        fail_msg("drafter0.log of the resumed run does not show the retry:\n%s", dtxt);
+    free(dtxt);
     char *txt = pf_slurp(log, NULL);
     assert_non_null(txt);
     assert_non_null(strstr(txt, " --token-budget 2304 --max-len 2304 "));   /* taken from the checkpoint */
