@@ -853,17 +853,10 @@ static int dw_setup(dw_t *W, const run_config_t *c) {
      * (try_compute waits for W->version >= 0, which only load_weights sets) */
     drafter_new_opts_t dopts = {.no_init = 1, .external_grads = 1, .no_master = 1};
     dopts.keep_up = keep_up_fits(W);
-    /* test hook drafter.keep_up_enomem=1: the kept projections "do not fit" (the retry below) */
-    int64_t keep_enomem = 0;
-    testhook_i64("drafter.keep_up_enomem", &keep_enomem);
-    for (;;) {   /* a device too full for the kept projections: once more, recomputing them */
-        if (dopts.keep_up && keep_enomem)
-            rc = dl_seterr(DL_ENOMEM, "drafter_new: the kept up projections do not fit (test hook "
-                           "drafter.keep_up_enomem)");
-        else
-            rc = drafter_new_opts(&W->ops, &W->dcfg, target_embed(W->tgt), target_lm_head(W->tgt),
-                                  (int)W->token_budget, (int)W->max_blocks, W->seed, &dopts,
-                                  &W->d);
+    for (;;) {   /* a device too full for the kept projections: once more, recomputing them
+                  * (test hook drafter.keep_up_enomem, common/model/drafter.c) */
+        rc = drafter_new_opts(&W->ops, &W->dcfg, target_embed(W->tgt), target_lm_head(W->tgt),
+                              (int)W->token_budget, (int)W->max_blocks, W->seed, &dopts, &W->d);
         if (rc != DL_ENOMEM || !dopts.keep_up) break;
         log_warn("drafter: %s; again, recomputing the MLP up projections", dl_errmsg());
         dopts.keep_up = 0;

@@ -9,6 +9,7 @@
 #include "common/base/err.h"
 #include "common/base/f32near.h"
 #include "common/base/rng.h"
+#include "common/base/testhook.h"
 #include "common/model/target.h"
 
 /* Tensor order inside one layer of the flat vector (and of the checkpoint). */
@@ -448,7 +449,7 @@ int drafter_new_opts(const ops_ctx_t *c, const drafter_config_t *cfg_in, const v
     const size_t KV = (size_t)cfg.Hkv * cfg.hd, chunk_rows = (size_t)cfg.loss_chunk_blocks * cfg.B;
     /* every backend buffer, allocated below in one loop */
     alloc_req_t req[64 + 20 * DRAFTER_MAX_LAYERS]; /* <= 39 global + 16 per layer */
-    int nr = 0;
+    int nr = 0, fail_at = -1;
 #define REQ(ptr, nb_) (req[nr].slot = (void **)&(ptr), req[nr].bytes = (nb_), nr++)
     const int no_master = opts && opts->no_master, keep_up = opts && opts->keep_up;
     const int no_init = opts && (opts->no_init || no_master);
@@ -464,7 +465,10 @@ int drafter_new_opts(const ops_ctx_t *c, const drafter_config_t *cfg_in, const v
         REQ(a->att, R * Q * A); REQ(a->lse, R * cfg.H * 4);
         REQ(a->h1, R * D * A); REQ(a->rstd_post, R * 4);
         REQ(a->g, R * F * A);
-        if (keep_up) REQ(a->u, R * F * A);
+        if (keep_up) {
+            if (l == cfg.n_layers - 1) fail_at = nr;   /* (test hook below) */
+            REQ(a->u, R * F * A);
+        }
     }
     REQ(d->ctx_fc, T * D * A); REQ(d->ctx, T * D * A); REQ(d->ctx_rstd, T * 4);
     REQ(d->hout, R * D * A); REQ(d->hf, R * D * A); REQ(d->rstd_f, R * 4);
@@ -482,15 +486,20 @@ int drafter_new_opts(const ops_ctx_t *c, const drafter_config_t *cfg_in, const v
     REQ(d->ctx_pos, T * 4); REQ(d->ctx_start, (size_t)max_blocks * 4);
     REQ(d->ctx_len, (size_t)max_blocks * 4); REQ(d->inv_freq, (size_t)cfg.hd / 2 * 4);
 #undef REQ
+    /* test hook drafter.keep_up_enomem=1: the last layer's kept up projection "does not fit"
+     * (its allocation fails as a full device's would, after the ones before it) */
+    int64_t hook = 0;
+    if (!(testhook_i64("drafter.keep_up_enomem", &hook) && hook)) fail_at = -1;
     size_t total = 0;
     for (int i = 0; i < nr; i++) {
-        *req[i].slot = IMPL->malloc_(c, req[i].bytes);
+        *req[i].slot = i == fail_at ? NULL : IMPL->malloc_(c, req[i].bytes);
         total += req[i].bytes;
-        if (!*req[i].slot) {
+        if (!*req[i].slot) {   /* the message first: IMPL reads d, which destroy frees */
+            int rc = dl_seterr(DL_ENOMEM, "drafter_new: %s allocation of %zu bytes failed (%.2f "
+                               "GiB requested so far; lower the token budget or --num-anchors)",
+                               IMPL->name, req[i].bytes, total / 1073741824.0);
             drafter_destroy(&d);
-            return dl_seterr(DL_ENOMEM, "drafter_new: %s allocation of %zu bytes failed (%.2f GiB "
-                             "requested so far; lower the token budget or --num-anchors)",
-                             IMPL->name, req[i].bytes, total / 1073741824.0);
+            return rc;
         }
     }
     d->grad = d->grad_buf;
