@@ -569,16 +569,19 @@ static void run_block_ctx(int Nb, int B, int Tc, int H, int Hkv, int hd, int nse
     /* B <= 16: variant 2's own-key kernel (attn_block_own_dkv_kernel) sums the same heads in
      * the same order as variant 1's own tiles: the same bits */
     if (ops_cuda_attention_block_variant(-1) == 2 && B <= 16) {
+        /* into fresh buffers poisoned with random values (every row must be written) */
+        void *g1kb = gput(vb, nkb), *g1vb = gput(kb, nkb);
         ops_cuda_attention_block_variant(1);
-        g_gpu.impl->attention_block_backward(&g_gpu, NULL, gdkb, gdvb, NULL, NULL, gdo, go, glse,
+        g_gpu.impl->attention_block_backward(&g_gpu, NULL, g1kb, g1vb, NULL, NULL, gdo, go, glse,
                                              gq, gkb, gvb, gkc, gvc, gcs, gcl, Nb, B, Tc, H, Hkv,
                                              hd);
         ops_cuda_attention_block_variant(2);
-        float *h1kb = gget(gdkb, nkb), *h1vb = gget(gdvb, nkb);
+        float *h1kb = gget(g1kb, nkb), *h1vb = gget(g1vb, nkb);
         assert_memory_equal(hdkb, h1kb, nkb * sizeof(float));
         assert_memory_equal(hdvb, h1vb, nkb * sizeof(float));
         printf("  dkb, dvb: variant 2's own-key kernel bitwise = variant 1's own tiles\n");
         free(h1kb); free(h1vb);
+        gfree(g1kb); gfree(g1vb);
     }
     free(q); free(kb); free(vb); free(kc); free(vc); free(dout);
     free(ho); free(hlse); free(hdq); free(hdkb); free(hdvb); free(hdkc); free(hdvc);
@@ -610,6 +613,9 @@ static void test_attention_block(void **state) {
          * with B 24 (two query chunks), and GQA 2:1 (a partial head batch) */
         run_block(9, 24, 400, 8, 1, 128);
         run_block(10, 16, 300, 4, 2, 128);
+        /* no GQA (H = Hkv) with head dims 96 and 32: the own-key kernel's one-head groups */
+        run_block(7, 5, 120, 2, 2, 96);
+        run_block(4, 16, 64, 4, 4, 32);
     }
     ops_cuda_attention_block_variant(0);
 }

@@ -13,8 +13,8 @@
 //   variant 2 (the default), Hopper (sm_90a), head dim 128 (forward / dQ also H = 4 Hkv,
 //     B <= 16): forward, dQ and the dK/dV context tiles on warp-specialized wgmma kernels
 //     (attention_block_wg.cuh; the context tiles by descending work), the blocks' own
-//     dK/dV on attn_block_own_dkv_kernel (B <= 16, any head dim: one warp per block and kv
-//     head; bitwise variant 1's own tiles); elsewhere variant 1 runs.
+//     dK/dV on attn_block_own_dkv_kernel (B <= 16, any head dim and GPU: one warp per block
+//     and kv head; bitwise variant 1's own tiles); elsewhere variant 1's kernels run.
 // On an H200, 8 x 4096 tokens, 512 anchors, B 16 (bench_ops): forward 10.0 / 7.5 ms, dQ
 // 12.3 / 8.4 ms, dK/dV 30.7 / 12.4 ms for variants 1 / 2 (bench/NOTES.md; in its entries
 // before 2026-12-03's third session, 1 was "variant 2" and 2 "variant 11"; variants 1 and
@@ -23,13 +23,14 @@
 // Forward: online softmax over 64-key tiles staged in shared memory (shared by the
 // group's heads and the pair's two blocks); lse (natural log) saved.
 //
-// Backward, deterministic, no atomics (two kernels plus a row-dot pre-pass):
+// Backward, deterministic, no atomics (a row-dot pre-pass, then dQ, then dK/dV):
 //   D[i] = rowsum(dO_i * O_i)                                  (attn_block_dot)
 //   dQ: query-major, the forward's kernel and grid: recompute P = exp(S - lse),
 //       dP = dO V^T, dS = P (dP - D), dQ = scale dS K over every visible key.
 //   dK, dV: key-major. One thread block per key tile of the context (per kv head; 64
-//       keys in variant 1, 128 in variant 2) or of a block's own rows (64); each warp
-//       owns 16 keys and accumulates
+//       keys in variant 1, 128 in variant 2) or of a block's own rows (64; in variant 2
+//       with B <= 16 one warp per block and kv head instead); each warp owns 16 keys and
+//       accumulates
 //       dV = P^T dO and dK = scale dS^T Q in registers over every block (and
 //       every query head of the group) that sees its keys, found by scanning
 //       ctx_start/ctx_len. A context row seen by many blocks is thus summed by a
@@ -46,7 +47,8 @@ extern "C" {
 }
 
 // Kernel variant used by the ops table (ops_cuda_attention_block_variant): 2, measured
-// fastest (above); it runs variant 1 where the wgmma kernels do not apply.
+// fastest (above); it runs variant 1's kernels where the wgmma kernels do not apply (the
+// own-key kernel excepted: B <= 16 on any GPU and head dim).
 #define AB_DEFAULT_VARIANT 2
 
 // ------------------------------------------------------------------ forward / dQ
@@ -436,9 +438,8 @@ static int vec_ok(int hd, const void *a, const void *b, const void *c2, const vo
 }
 
 // dK/dV tiles x0 .. x1 - 1 of attn_block_dkv_kernel (context tiles first, then each block's
-// own tiles; KW warps = KW * 16 keys per tile). Variant 2 runs the context tiles on the
-// wgmma kernel and this for the own tiles only (x0 = the context tile count, dkc = dvc =
-// NULL).
+// own tiles; KW warps = KW * 16 keys per tile). Variant 2 runs it for the context tiles
+// where the wgmma kernel does not apply and for the own tiles where B > 16 (launch_dkv).
 template <int HDP, int KW>
 static void launch_dkv_range(const ops_ctx_t *c, bf16 *dkb, bf16 *dvb, bf16 *dkc, bf16 *dvc,
                              const bf16 *dout, const float *lse, const float *D, const void *q,
@@ -495,7 +496,7 @@ static void launch_dkv_ws(const ops_ctx_t *c, bf16 *dkc, bf16 *dvc, const bf16 *
     long nct = (Tc + 127) / 128;
     if (nct <= 0) return;
     int *cnt = tile_scratch, *order = tile_scratch + nct;
-    abw_tile_count_kernel<<<(unsigned)nct, 256, 0, cuda_stream(c)>>>(cnt, cs, cl, Nb);
+    abw_tile_count_kernel<<<(unsigned)nct, ABW_CNT_THREADS, 0, cuda_stream(c)>>>(cnt, cs, cl, Nb);
     cuda_check_launch();
     abw_tile_rank_kernel<<<(unsigned)((nct + 255) / 256), 256, 0, cuda_stream(c)>>>(order, cnt,
                                                                                    (int)nct);
@@ -525,15 +526,16 @@ static void launch_dkv(const ops_ctx_t *c, int variant, bf16 *dkb, bf16 *dvb, bf
                        const void *vc, const int32_t *cs, const int32_t *cl, int Nb, int B,
                        int Tc, int H, int Hkv, int hd, int *tile_scratch) {
     long nct4 = (Tc + 63) / 64, nbt4 = (B + 63) / 64, all4 = nct4 + (long)Nb * nbt4;
+    const bool ctx = dkc || dvc, own = dkb || dvb;  // what is asked for: nothing else runs
     const bool own_kernel = variant == 2 && B <= 16;
     const bool ws = variant == 2 && HDP == 128 && ab_wg_applies(hd, q, kb, vb, kc, vc, dout);
-    if (ws)
+    if (ws && ctx)
         launch_dkv_ws<4>(c, dkc, dvc, dout, lse, D, q, kc, vc, cs, cl, Nb, B, Tc, H, Hkv,
                          tile_scratch);
     launch_dkv_range<HDP, 4>(c, dkb, dvb, ws ? NULL : dkc, ws ? NULL : dvc, dout, lse, D, q, kb,
-                             vb, kc, vc, cs, cl, Nb, B, Tc, H, Hkv, hd, ws ? nct4 : 0,
-                             own_kernel ? nct4 : all4);
-    if (own_kernel && (dkb || dvb))
+                             vb, kc, vc, cs, cl, Nb, B, Tc, H, Hkv, hd,
+                             (ws || !ctx) ? nct4 : 0, (own_kernel || !own) ? nct4 : all4);
+    if (own_kernel && own)
         launch_dkv_own<HDP>(c, dkb, dvb, dout, lse, D, q, kb, vb, Nb, B, H, Hkv, hd,
                             vec_ok(hd, q, kb, vb, kb, vb) && ((uintptr_t)dout & 15) == 0);
 }
@@ -631,12 +633,14 @@ void cuda_attention_block_backward(const ops_ctx_t *c, void *dq, void *dkb, void
         if (Tc > 0 && dvc) cuda_check(cudaMemsetAsync(dvc, 0, (size_t)Tc * Hkv * hd * 2, cuda_stream(c)));
         return;
     }
-    long rows = (long)Nb * B * H, nct128 = (Tc + 127) / 128;
-    float *D = (float *)cuda_scratch(c, ((size_t)rows * (lse ? 1 : 2) + 2 * (size_t)nct128) *
-                                            sizeof(float));
-    int *tile_scratch = (int *)(D + rows * (lse ? 1 : 2));  /* launch_dkv's tile order */
+    // scratch: D (rows f32), the recomputed lse where none is given (rows f32), launch_dkv's
+    // tile order (2 * nct128 ints)
+    const long rows = (long)Nb * B * H, nct128 = (Tc + 127) / 128, lse_rows = lse ? 0 : rows;
+    char *scratch = (char *)cuda_scratch(c, (size_t)(rows + lse_rows) * sizeof(float) +
+                                                2 * (size_t)nct128 * sizeof(int));
+    float *D = (float *)scratch, *lse_tmp = D + rows;
+    int *tile_scratch = (int *)(scratch + (size_t)(rows + lse_rows) * sizeof(float));
     if (!lse) {  // recompute the log-sum-exp with the forward kernel (no output)
-        float *lse_tmp = D + rows;
         AB_DISPATCH(hd, "attention_block_backward",
                     (launch_q<HDP_, false>(c, g_ab_variant, NULL, lse_tmp, NULL, NULL, NULL,
                                            NULL, q, kb, vb, kc, vc, ctx_start, ctx_len, Nb, B,

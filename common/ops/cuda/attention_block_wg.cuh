@@ -75,9 +75,13 @@ __device__ __forceinline__ void abw_item(float *dk, float *dv, const unsigned ch
 
 #endif  // !ABW_NO_WGMMA
 
-// The dK/dV context tiles (attention_block.cu's variant 2). Grid: (context tiles of 128
-// keys, Hkv); 384 threads. Arguments as attn_block_dkv_kernel (own tiles are not served
-// here: the caller runs them with that kernel). NWG = 2 consumer warpgroups each own 64
+// The dK/dV context tiles (attention_block.cu's variant 2). Grid: one dimension, (context
+// tiles of 128 keys) x Hkv thread blocks: thread block x serves tile tile_order[x / Hkv]
+// (the tiles by descending work: abw_tile_count_kernel, abw_tile_rank_kernel) of kv head
+// x % Hkv, so the tiles seen by the most blocks start first and the last to start are the
+// shortest; 384 threads. Arguments as attn_block_dkv_kernel (the blocks' own keys are not
+// served here: the caller runs them on attn_block_own_dkv_kernel, or on attn_block_dkv_kernel
+// for B > 16). NWG = 2 consumer warpgroups each own 64
 // consecutive keys of the tile and share every staged work item (its Q, dO, lse and D are
 // read from L2 once for 128 keys); each key sums its items in ascending block order
 // (reproducible bits). Warp-specialized: a third, producer warpgroup lists the blocks that
@@ -94,10 +98,6 @@ struct abw_ws_meta {
     int vlo, vhi, done, pad;
 };
 
-//
-// Grid: one dimension, (context tiles) x Hkv thread blocks; thread block x serves tile
-// tile_order[x / Hkv] (the tiles by descending work: abw_tile_order) of kv head x % Hkv, so
-// the tiles seen by the most blocks start first and the last to start are the shortest.
 template <int NST>
 __global__ void __launch_bounds__(384, 1)
 attn_block_dkv_ws_kernel(bf16 *dkc, bf16 *dvc, const bf16 *dout, const float *lse_in,
@@ -251,12 +251,14 @@ attn_block_dkv_ws_kernel(bf16 *dkc, bf16 *dvc, const bf16 *dout, const float *ls
 // The dK/dV context tiles (128 keys each, nct of them) by descending work for
 // attn_block_dkv_ws_kernel: cnt[t] = the blocks that see a key of tile t (its work items
 // per head batch), then order[r] = the tile of rank r (more blocks first, ties by tile).
-// Two small kernels (nct thread blocks, then nct threads) on the same stream; cnt and order
-// are nct ints each of device scratch. Any order gives the same bits (each tile's sums stay
-// in one thread block); this one only shortens the kernel's tail.
-__global__ void abw_tile_count_kernel(int *cnt, const int32_t *ctx_start, const int32_t *ctx_len,
-                                      int Nb) {
-    __shared__ int part[8];
+// Two small kernels (nct thread blocks of ABW_CNT_THREADS, then nct threads) on the same
+// stream; cnt and order are nct ints each of device scratch. Any order gives the same bits
+// (each tile's sums stay in one thread block); this one only shortens the kernel's tail.
+// The rank is O(nct^2) reads of cnt (L2): 65K at 32K context tokens, 67M at 1M.
+#define ABW_CNT_THREADS 256
+__global__ void __launch_bounds__(ABW_CNT_THREADS)
+abw_tile_count_kernel(int *cnt, const int32_t *ctx_start, const int32_t *ctx_len, int Nb) {
+    __shared__ int part[ABW_CNT_THREADS / 32];
     const int key0 = blockIdx.x * 128;
     int n = 0;
     for (int j = threadIdx.x; j < Nb; j += blockDim.x) {
