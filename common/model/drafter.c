@@ -449,10 +449,14 @@ int drafter_new_opts(const ops_ctx_t *c, const drafter_config_t *cfg_in, const v
     const size_t KV = (size_t)cfg.Hkv * cfg.hd, chunk_rows = (size_t)cfg.loss_chunk_blocks * cfg.B;
     /* every backend buffer, allocated below in one loop */
     alloc_req_t req[64 + 20 * DRAFTER_MAX_LAYERS]; /* <= 39 global + 16 per layer */
-    int nr = 0, fail_at = -1;
+    int nr = 0, fail_at = -1;   /* fail_at: the request the test hook (fail_keep) fails */
 #define REQ(ptr, nb_) (req[nr].slot = (void **)&(ptr), req[nr].bytes = (nb_), nr++)
     const int no_master = opts && opts->no_master, keep_up = opts && opts->keep_up;
     const int no_init = opts && (opts->no_init || no_master);
+    /* test hook drafter.keep_up_enomem=1: the last layer's kept up projection "does not fit"
+     * (its allocation fails as a full device's would, after the ones before it) */
+    int64_t hook = 0;
+    const int fail_keep = keep_up && testhook_i64("drafter.keep_up_enomem", &hook) && hook;
     if (!no_master) REQ(d->master, d->n_params * 4);
     if (!(opts && opts->external_grads)) REQ(d->grad_buf, d->n_params * 4);
     if (c->backend != OPS_CPU || no_master) REQ(d->w, d->n_params * A);
@@ -466,7 +470,7 @@ int drafter_new_opts(const ops_ctx_t *c, const drafter_config_t *cfg_in, const v
         REQ(a->h1, R * D * A); REQ(a->rstd_post, R * 4);
         REQ(a->g, R * F * A);
         if (keep_up) {
-            if (l == cfg.n_layers - 1) fail_at = nr;   /* (test hook below) */
+            if (fail_keep && l == cfg.n_layers - 1) fail_at = nr;
             REQ(a->u, R * F * A);
         }
     }
@@ -486,10 +490,6 @@ int drafter_new_opts(const ops_ctx_t *c, const drafter_config_t *cfg_in, const v
     REQ(d->ctx_pos, T * 4); REQ(d->ctx_start, (size_t)max_blocks * 4);
     REQ(d->ctx_len, (size_t)max_blocks * 4); REQ(d->inv_freq, (size_t)cfg.hd / 2 * 4);
 #undef REQ
-    /* test hook drafter.keep_up_enomem=1: the last layer's kept up projection "does not fit"
-     * (its allocation fails as a full device's would, after the ones before it) */
-    int64_t hook = 0;
-    if (!(testhook_i64("drafter.keep_up_enomem", &hook) && hook)) fail_at = -1;
     size_t total = 0;
     for (int i = 0; i < nr; i++) {
         *req[i].slot = i == fail_at ? NULL : IMPL->malloc_(c, req[i].bytes);

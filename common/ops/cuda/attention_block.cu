@@ -376,8 +376,9 @@ attn_block_own_dkv_kernel(bf16 *dkb, bf16 *dvb, const bf16 *dout, const float *l
     auto stL = [&](int st) { return (float *)(stage_base + st * STAGE + 2 * TILE); };
     auto stD = [&](int st) { return stL(st) + 16; };
     const size_t qstride = (size_t)H * hd, kstride = (size_t)Hkv * hd;
+    auto kv_off = [&](int r) { return ((size_t)j * B + r) * kstride + (size_t)hk * hd; };
     auto own = [&](const bf16 *x, int r) -> const bf16 * {  // row r < B of block j, kv head hk
-        return r < B ? x + ((size_t)j * B + r) * kstride + (size_t)hk * hd : nullptr;
+        return r < B ? x + kv_off(r) : nullptr;
     };
     load_rows_async<HDP, 16>(Ks, [&](int r) { return own(kb, r); }, hd, vec, lane, 32, q);
     load_rows_async<HDP, 16>(Vs, [&](int r) { return own(vb, r); }, hd, vec, lane, 32, q);
@@ -420,9 +421,7 @@ attn_block_own_dkv_kernel(bf16 *dkb, bf16 *dvb, const bf16 *dout, const float *l
                          scale_log2, lane, t);
         __syncwarp();  // this stage is read before the next issue refills it
     }
-    auto dst = [&](bf16 *x, int r) -> bf16 * {
-        return (x && r < B) ? x + ((size_t)j * B + r) * kstride + (size_t)hk * hd : nullptr;
-    };
+    auto dst = [&](bf16 *x, int r) -> bf16 * { return (x && r < B) ? x + kv_off(r) : nullptr; };
     store_rows<HDP>(dk, scale, scale, [&](int r) { return dst(dkb, r); }, hd, g, t);
     store_rows<HDP>(dv, 1.0f, 1.0f, [&](int r) { return dst(dvb, r); }, hd, g, t);
 }
