@@ -46,7 +46,7 @@
  *   FILE's bytes tokenized with the model's tokenizer (real text; needs real weights, e.g.
  *   the embedded SmolLM2 GGUF), in sequences of 2048, else random ids. --device cpu runs
  *   without a GPU (fp32 vs the fp8 emulation; SmolLM2-sized models).
- * --attn-variant N: the causal attention kernel (ops_cuda_attention_varlen_variant: 1, 2;
+ * --attn-variant N: the causal attention kernel (ops_cuda_attention_varlen_variant: 1, 2, 3;
  *   0 or absent: the default); the line "causal attention kernel" says which runs.
  * Prints "SKIP: ..." and exits 0 without CUDA or without --model. */
 #include <math.h>

@@ -4,22 +4,26 @@
 // with f32 accumulation. GQA: head h reads kv head h / (H/Hkv). hd <= 128
 // (padded to 32/64/96/128 in shared memory; any hd, aligned or not).
 //
-// Two kernels (ops_cuda_attention_varlen_forward_variant picks one):
+// Three kernels (ops_cuda_attention_varlen_forward_variant picks one):
 //   variant 1, any hd <= 128, any GPU (attn_varlen_fwd_mma_kernel): one thread block =
 //     128 query rows of one (sequence, head), 4 warps of 32 rows (two 16-row m-tiles
 //     sharing every K/V fragment), mma.sync; the Q tile and double-buffered 64-key K/V
 //     tiles in shared memory (rows padded by 16 bytes; the next K/V tile fetched
 //     by cp.async during the current one's math; fragments read with ldmatrix); scores,
 //     probabilities and the output accumulator in registers;
-//   variant 2 (the default), Hopper (sm_90a), hd 128, 16-byte aligned rows
-//     (attn_varlen_fwd_ws_kernel): 192 query rows as 3 consumer warpgroups on wgmma and a
-//     producer warpgroup filling K/V stages behind mbarriers (warp-specialized, as FA3
-//     without TMA); elsewhere variant 1 runs.
+//   variant 2, Hopper (sm_90a), hd 128, 16-byte aligned rows (attn_varlen_fwd_ws_kernel):
+//     192 query rows as 3 consumer warpgroups on wgmma and a producer warpgroup filling
+//     64-key K/V stages by cp.async behind mbarriers (warp-specialized, as FA3 without TMA);
+//   variant 3 (the default), the same conditions (attn_varlen_fwd_fa3_kernel): FA3's forward,
+//     TMA loads of 128-key tiles, 2 consumer warpgroups taking turns (ping-pong).
+//   Where 2 and 3 do not apply, variant 1 runs.
 // Query tiles are enumerated last-first so the longest causal rows start first.
-// Measured on an H200, H 32 / Hkv 8, hd 128: 8 x 4096 tokens 5.43 ms (1) and 3.43-3.95 ms
-// (2, 278-321 TFLOP/s); T = 65,536 in 33 sequences of 128..4096 7.9 and 5.1-5.8 ms
-// (bench/NOTES.md; in its entries before 2026-12-03's third session, 1 was "variant 3" and 2
-// "variant 7"; variants 1, 2, 4-6 and 8 there were kernels measured slower, since removed).
+// Measured on an H200, H 32 / Hkv 8, hd 128, 8 x 4096 tokens: 5.43 ms (1), 3.43-3.95 ms (2,
+// 278-321 TFLOP/s), 2.16 ms (3, 509 TFLOP/s); T = 65,536 in 33 sequences of 128..4096: 7.9,
+// 5.1-5.8 and 3.47 ms (bench/NOTES.md; in its entries before 2026-12-03's third session, 1
+// was "variant 3" and 2 "variant 7"; variants 1, 2, 4-6 and 8 there were kernels measured
+// slower, since removed).
+#include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled (types only)
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,9 +35,9 @@ extern "C" {
 }
 
 // Kernel used by attention_varlen_forward (ops_cuda_attention_varlen_forward_variant):
-// variant 2 measured fastest on an H200 (bench/NOTES.md); it runs variant 1 where wgmma
-// does not apply.
-#define ATTN_VARLEN_DEFAULT_VARIANT 2
+// variant 3 measured fastest on an H200 (bench/NOTES.md, 2026-12-04); it runs variant 1
+// where wgmma does not apply.
+#define ATTN_VARLEN_DEFAULT_VARIANT 3
 
 // Variant 1: 128 query rows per block, each warp 32 rows (two 16-row m-tiles that share
 // every K/V fragment read), BN keys per tile (64); Q is re-read from shared memory
@@ -289,6 +293,212 @@ attn_varlen_fwd_ws_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v
 #endif
 }
 
+// Variant 3 (the default): FlashAttention-3's forward (Shah et al. 2024) on Hopper: TMA
+// loads, 128-key tiles, two consumer warpgroups taking turns on the tensor cores. A thread
+// block = 2 consumer warpgroups of 64 queries (128) and a producer warpgroup of which one
+// thread issues the TMA copies: K and V each in NST stages of 128 rows x 128 columns (two
+// 128-byte-swizzled panels of 64 columns, tensor maps of (T, Hkv, 128): kv_tensor_map),
+// each with its own full (expect_tx) and empty (one arrival per consumer warp) mbarrier.
+// Per consumer warpgroup and tile j >= 1, one turn (named barriers 3 and 4):
+//   issue S_j = Q K_j^T        (8 x m64n128k16, A = Q (core-matrix tile), B = K, K-major)
+//   issue O += P_{j-1} V_{j-1} (8 x m64n128k16, A = P in registers, B = V MN-major)
+//   let the other warpgroup issue; wait; the online softmax of S_j; O *= its factor; P_j to
+//   bf16 fragments; release K_j, V_{j-1}
+// so that one warpgroup's softmax runs under the other's products (ptxas places the wait
+// for P V before the softmax, so the overlap inside one warpgroup that FA3 also has does not
+// happen here: SASS, 2026-12-04). Nothing is in flight at a loop's back edge or across a
+// branch (ptxas would serialize the products, C7518): the tiles below the diagonal run
+// unmasked in the loop, the diagonal tile (the last one, which also holds key L - 1) after it
+// with the mask. A box's rows past the sequence's end are the next sequence's keys (or TMA's
+// zeros past T): masked, and their V rows weigh 0. Both warpgroups run every tile of the
+// block (one past the sequence's end computes rows it does not store), so the barrier
+// counts and turns match. Shared memory: K, V NST x 32 KB each (1024-aligned), Q 2 x 16 KB.
+// Registers: producer 40, consumers 232 (O 64, S 64, P 32 per thread).
+#ifndef ABW_NO_WGMMA
+// Variant 3's producer, one thread: K (or V) tile it (128 rows from key it * 128 of the
+// sequence starting at row seq0, kv head hk) into stage it % NST of buf (32 KB stages: two
+// panels of 64 columns) once the consumers released the stage's previous tile.
+template <int NST>
+__device__ __forceinline__ void fa3_load_stage(unsigned char *buf, uint64_t *full,
+                                               uint64_t *empty, const CUtensorMap *tm, int it,
+                                               int hk, int seq0) {
+    constexpr int BYTES = 128 * 128 * 2;
+    const int st = it % NST, row = seq0 + it * 128;
+    if (it >= NST) mbar_wait(&empty[st], ((it / NST) - 1) & 1);
+    mbar_expect_tx(&full[st], BYTES);
+    tma_load_3d(buf + st * BYTES, tm, &full[st], 0, hk, row);
+    tma_load_3d(buf + st * BYTES + BYTES / 2, tm, &full[st], 64, hk, row);
+}
+
+// Writes a warp's 16 x 128 output accumulator divided by its rows' softmax sums (lrow: this
+// thread's partial sums of rows g, g + 8); rowptr(r) gives row r's destination or NULL.
+template <typename RowFn>
+__device__ __forceinline__ void fa3_store(const float (*acc)[4], const float *lrow,
+                                          RowFn rowptr, int g, int t) {
+    float l0 = lrow[0], l1 = lrow[1];
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    store_rows<128>(acc, inv0, inv1, rowptr, 128, g, t);
+}
+#endif
+
+template <int NST>
+__global__ void __launch_bounds__(384, 1)
+attn_varlen_fwd_fa3_kernel(bf16 *out, const bf16 *q, const int32_t *cu, int H, int Hkv,
+                           float scale_log2, int ntiles,
+                           const __grid_constant__ CUtensorMap tmk,
+                           const __grid_constant__ CUtensorMap tmv) {
+#ifdef ABW_NO_WGMMA
+    __trap();
+#else
+    constexpr int NWG = 2, hd = 128, BM = 64 * NWG, BN = 128, KV_BYTES = BN * hd * 2;
+    extern __shared__ __align__(16) unsigned char smem_raw[];  // (1024-aligned: the swizzle)
+    unsigned char *Ks = smem_raw, *Vs = Ks + NST * KV_BYTES;  // NST stages each
+    unsigned char *Qt = Vs + NST * KV_BYTES;                 // NWG warpgroups x Q tile
+    uint64_t *fullK = (uint64_t *)(Qt + NWG * ABW_TILE_BYTES), *emptyK = fullK + NST;
+    uint64_t *fullV = emptyK + NST, *emptyV = fullV + NST;
+    const int s = blockIdx.y, h = blockIdx.z;
+    const int seq0 = cu[s], L = cu[s + 1] - seq0;
+    const int q0 = (ntiles - 1 - (int)blockIdx.x) * BM;
+    if (q0 >= L) return;  // uniform over the block
+    const int hk = h / (H / Hkv);
+    const int tid = threadIdx.x, sel = tid >> 7, wtid = tid & 127;
+    const int warp = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const size_t qstride = (size_t)H * hd;
+    const int ntile = (min(L, q0 + BM) + BN - 1) / BN;  // tile ntile - 1 holds the diagonal
+    if (tid == 0) {
+        for (int i = 0; i < NST; i++) {
+            mbar_init(&fullK[i], 1);  // the producer's arrive.expect_tx
+            mbar_init(&fullV[i], 1);
+            mbar_init(&emptyK[i], 4 * NWG);  // one per consumer warp
+            mbar_init(&emptyV[i], 4 * NWG);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (sel == NWG) {  // the producer warpgroup: one thread issues the copies
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (wtid == 0)
+            for (int it = 0; it < ntile; it++) {
+                fa3_load_stage<NST>(Ks, fullK, emptyK, &tmk, it, hk, seq0);
+                fa3_load_stage<NST>(Vs, fullV, emptyV, &tmv, it, hk, seq0);
+            }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    const int qw0 = q0 + 64 * sel;  // this warpgroup's first query
+    unsigned char *Qw = Qt + sel * ABW_TILE_BYTES;
+    abw_load_tile(Qw, [&](int r) -> const bf16 * {
+        return qw0 + r < L ? q + (size_t)(seq0 + qw0 + r) * qstride + (size_t)h * hd : nullptr;
+    }, wtid, q);
+    cp_async_commit();
+    cp_async_wait<0>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    named_bar_sync(1 + sel, 128);  // this warpgroup's Q tile is in
+
+    float acc[16][4];  // O (m64n128 accumulator: n-tile i in acc[i])
+    float sc[16][4];   // S_j, then P_j (f32)
+    uint32_t pa[8][4];  // P_{j-1} as A fragments, keys 16kk .. 16kk + 15
+#pragma unroll
+    for (int i = 0; i < 16; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f}, al[2];
+    const int qa = qw0 + warp * 16 + g;  // positions of this thread's rows g, g + 8
+    auto issue_s = [&](int j) {  // S_j = Q K_j^T (issued, committed)
+        const unsigned char *Kt = Ks + (j % NST) * KV_BYTES;
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++)
+            wg_m64n128k16_ss(&sc[0][0], wg_desc(Qw + kk * 2048, 1024, 128),
+                             wg_desc_sw128(Kt + (kk >> 2) * (KV_BYTES / 2) + (kk & 3) * 32, 1,
+                                           1024),
+                             kk > 0);
+        wg_commit();
+    };
+    auto issue_pv = [&](int j) {  // O += P_j V_j (issued, committed)
+        const unsigned char *Vt = Vs + (j % NST) * KV_BYTES;
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++)
+            wg_m64n128k16_rs<1>(&acc[0][0], pa[kk],
+                                wg_desc_sw128(Vt + kk * 2048, KV_BYTES / 2, 1024));
+        wg_commit();
+    };
+    auto fence_pa = [&]() {  // P's registers stay live until its product is waited for
+#pragma unroll
+        for (int i = 0; i < 32; i++) wg_fence_reg(pa[i / 4][i % 4]);
+    };
+    auto to_a = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++) c_to_a(pa[kk], sc[2 * kk], sc[2 * kk + 1]);
+    };
+    auto wait_full = [&](uint64_t *bar, int j) { mbar_wait(&bar[j % NST], (j / NST) & 1); };
+    auto release = [&](uint64_t *bar, int j) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&bar[j % NST]);  // this warp no longer reads the stage
+    };
+    // Ping-pong: the warpgroups take turns to issue their products (named barriers 3
+    // and 4: a warpgroup waits on its own, then lets the other one go), so that one's
+    // softmax runs while the other's products are on the tensor cores.
+    auto my_turn = [&]() { named_bar_sync(3 + sel, 256); };
+    auto your_turn = [&]() { named_bar_arrive(4 - sel, 256); };
+    if (sel == 1) your_turn();  // warpgroup 0 goes first
+    // One tile j >= 1 (mask: std::true_type for the diagonal tile); nothing is left in flight.
+    auto tile = [&](int j, auto mask) {
+        wait_full(fullK, j);
+        wait_full(fullV, j - 1);
+        my_turn();
+        abw_fence_acc(&acc[0][0], 64);
+        wg_fence();
+        issue_s(j);
+        issue_pv(j - 1);
+        your_turn();
+        wg_wait<1>();
+        abw_fence_acc(&sc[0][0], 64);
+        online_softmax_p<BN, true>(sc, mrow, lrow, al, j * BN, qa, qa + 8, L,
+                                   decltype(mask)::value, scale_log2, t);
+        wg_wait<0>();
+        abw_fence_acc(&acc[0][0], 64);
+        fence_pa();
+        rescale_rows<128>(acc, al);
+        to_a();
+        release(emptyK, j);
+        release(emptyV, j - 1);
+    };
+    // tile 0: S_0 alone
+    wait_full(fullK, 0);
+    my_turn();
+    wg_fence();
+    issue_s(0);
+    your_turn();
+    wg_wait<0>();
+    abw_fence_acc(&sc[0][0], 64);
+    online_softmax_p<BN, true>(sc, mrow, lrow, al, 0, qa, qa + 8, L, ntile == 1, scale_log2, t);
+    to_a();
+    release(emptyK, 0);
+    for (int j = 1; j + 1 < ntile; j++) tile(j, std::false_type());
+    if (ntile > 1) tile(ntile - 1, std::true_type());
+    // the last tile's P V
+    wait_full(fullV, ntile - 1);
+    my_turn();
+    abw_fence_acc(&acc[0][0], 64);
+    wg_fence();
+    issue_pv(ntile - 1);
+    your_turn();
+    if (sel == 0) my_turn();  // warpgroup 1's last arrival (every barrier phase completes)
+    wg_wait<0>();
+    abw_fence_acc(&acc[0][0], 64);
+    fence_pa();
+    release(emptyV, ntile - 1);
+    if (qw0 >= L) return;
+    fa3_store(acc, lrow, [&](int r) -> bf16 * {
+        int qr = qw0 + warp * 16 + r;
+        return qr < L ? out + (size_t)(seq0 + qr) * qstride + (size_t)h * hd : nullptr;
+    }, g, t);
+#endif
+}
+
+
 // Whether the wgmma kernel (variant 2) applies: head dim 128 on a compute capability 9.0
 // device, 16-byte aligned q, k, v.
 static bool varlen_wg_applies(const void *q, const void *k, const void *v, int hd) {
@@ -315,6 +525,56 @@ static bool launch_varlen_ws(const ops_ctx_t *c, void *out, const void *q, const
     return true;
 }
 
+// A tensor map of a (T, Hkv, 128) bf16 tensor for TMA boxes of 128 rows x 64 columns of one
+// head, 128-byte swizzled (wgmma.cuh, wg_desc_sw128). cuTensorMapEncodeTiled is reached
+// through the runtime (no link to libcuda).
+static CUtensorMap kv_tensor_map(const void *base, int T, int Hkv) {
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult qr;
+        cuda_check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&encode,
+                                                    12000, cudaEnableDefault, &qr));
+        if (qr != cudaDriverEntryPointSuccess || !encode) {
+            fprintf(stderr, "ops cuda attention: cuTensorMapEncodeTiled not found in the driver\n");
+            abort();
+        }
+    }
+    CUtensorMap m;
+    cuuint64_t dim[3] = {128, (cuuint64_t)Hkv, (cuuint64_t)T};
+    cuuint64_t stride[2] = {128 * 2, (cuuint64_t)Hkv * 128 * 2};  // bytes, dims 1 and 2
+    cuuint32_t box[3] = {64, 1, 128}, estride[3] = {1, 1, 1};
+    CUresult r = encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)base, dim, stride, box,
+                        estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "ops cuda attention: cuTensorMapEncodeTiled failed (%d) for T %d, Hkv %d\n",
+                (int)r, T, Hkv);
+        abort();
+    }
+    return m;
+}
+
+// Launches variant 3 with NST K and NST V stages (2: 3 measured no faster); false (nothing
+// launched) where it does not apply (varlen_wg_applies). T: rows of k and v (the tensor
+// maps' extent; TMA reads zeros past it).
+template <int NST>
+static bool launch_varlen_fa3(const ops_ctx_t *c, void *out, const void *q, const void *k,
+                              const void *v, const int32_t *cu, int nseq, int max_seqlen, int T,
+                              int H, int Hkv, int hd) {
+    if (!varlen_wg_applies(q, k, v, hd)) return false;
+    const CUtensorMap tmk = kv_tensor_map(k, T, Hkv), tmv = kv_tensor_map(v, T, Hkv);
+    const size_t smem = (size_t)NST * 2 * (128 * 128 * 2) + 2 * ABW_TILE_BYTES +
+                        4 * NST * sizeof(uint64_t);
+    auto kern = attn_varlen_fwd_fa3_kernel<NST>;
+    cuda_check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const int ntiles = (max_seqlen + 127) / 128;
+    const float scale_log2 = (1.0f / sqrtf((float)hd)) * ATTN_LOG2E;
+    kern<<<dim3(ntiles, nseq, H), 384, smem, cuda_stream(c)>>>(
+        (bf16 *)out, (const bf16 *)q, cu, H, Hkv, scale_log2, ntiles, tmk, tmv);
+    cuda_check_launch();
+    return true;
+}
+
 template <int HDP, int BN>
 static void launch_varlen_mma(const ops_ctx_t *c, void *out, const void *q, const void *k,
                            const void *v, const int32_t *cu, int nseq, int max_seqlen, int H,
@@ -334,14 +594,14 @@ static void launch_varlen_mma(const ops_ctx_t *c, void *out, const void *q, cons
     cuda_check_launch();
 }
 
-// variant: 1 = mma.sync (launch_varlen_mma), 2 = wgmma, warp-specialized (launch_varlen_ws;
-// head dim 128 on compute capability 9.0, elsewhere variant 1 runs); 0 = the default.
+// variant: 1 = mma.sync (launch_varlen_mma), 2 = wgmma, warp-specialized (launch_varlen_ws),
+// 3 = FA3-style with TMA (launch_varlen_fa3); 2 and 3 need head dim 128 on compute capability
+// 9.0 (elsewhere variant 1 runs); 0 = the default.
 extern "C" void ops_cuda_attention_varlen_forward_variant(const ops_ctx_t *c, int variant,
                                                           void *out, const void *q, const void *k,
                                                           const void *v, const int32_t *cu,
                                                           int nseq, int max_seqlen, int T, int H,
                                                           int Hkv, int hd) {
-    (void)T;
     if (variant < 0 || variant > OPS_CUDA_ATTN_VARLEN_VARIANTS) {
         fprintf(stderr,
                 "ops cuda attention_varlen_forward: kernel variant %d is not one of 0..%d\n",
@@ -351,6 +611,9 @@ extern "C" void ops_cuda_attention_varlen_forward_variant(const ops_ctx_t *c, in
     if (nseq <= 0 || max_seqlen <= 0 || H <= 0) return;
     if (variant == 0) variant = ATTN_VARLEN_DEFAULT_VARIANT;
     if (variant == 2 && launch_varlen_ws<3>(c, out, q, k, v, cu, nseq, max_seqlen, H, Hkv, hd))
+        return;
+    if (variant == 3 &&
+        launch_varlen_fa3<2>(c, out, q, k, v, cu, nseq, max_seqlen, T, H, Hkv, hd))
         return;
     switch (attn_hdp(hd)) {
     case 32: launch_varlen_mma<32, 64>(c, out, q, k, v, cu, nseq, max_seqlen, H, Hkv, hd); break;
@@ -376,7 +639,7 @@ extern "C" int ops_cuda_attention_varlen_variant(int variant) {
 extern "C" int ops_cuda_attention_varlen_resolve(int variant, int hd) {
     if (variant < 0 || variant > OPS_CUDA_ATTN_VARLEN_VARIANTS) return -1;
     if (variant == 0) variant = ATTN_VARLEN_DEFAULT_VARIANT;
-    return variant == 2 && (hd != 128 || !abw_supported()) ? 1 : variant;
+    return variant >= 2 && (hd != 128 || !abw_supported()) ? 1 : variant;
 }
 
 void cuda_attention_varlen_forward(const ops_ctx_t *c, void *out, const void *q, const void *k,

@@ -197,14 +197,21 @@ __device__ __forceinline__ void load_rows_async(bf16 *dst, RowFn rowptr, int hd,
 }
 
 // One online-softmax step (FlashAttention-2) for a warp's 16 x BN score tile sc
-// (C fragments, raw Q.K^T): scales to the log2 domain, masks key > query (causal;
-// pass INT_MAX as queries for none) and key >= L, updates the running max mrow
-// and (per-thread partial) sum lrow of rows g and g+8, rescales o, and leaves
-// the unnormalised probabilities in sc.
-template <int BN, int HDP>
-__device__ __forceinline__ void online_softmax_tile(float (*sc)[4], float *mrow, float *lrow,
-                                                    float (*o)[4], int k0, int qa, int qb, int L,
-                                                    bool need_mask, float scale_log2, int t) {
+// (C fragments, raw Q.K^T), without the rescale of the output: scales to the log2
+// domain, masks key > query (causal; pass INT_MAX as queries for none) and key >= L,
+// updates the running max mrow and (per-thread partial) sum lrow of rows g and g+8,
+// leaves the unnormalised probabilities in sc and the factors the output accumulator of
+// rows g, g+8 must be multiplied by in al[0], al[1] (exp2 of old max - new max).
+template <int BN, bool FTZ = false>
+__device__ __forceinline__ void online_softmax_p(float (*sc)[4], float *mrow, float *lrow,
+                                                 float *al, int k0, int qa, int qb, int L,
+                                                 bool need_mask, float scale_log2, int t) {
+    auto ex2 = [](float x) {
+        if (!FTZ) return exp2f(x);
+        float y;
+        asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+        return y;
+    };
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
     for (int nt = 0; nt < BN / 8; nt++) {
@@ -227,27 +234,45 @@ __device__ __forceinline__ void online_softmax_tile(float (*sc)[4], float *mrow,
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
     float mn0 = fmaxf(mrow[0], mx0), mn1 = fmaxf(mrow[1], mx1);
     float mu0 = mn0 == -INFINITY ? 0.0f : mn0, mu1 = mn1 == -INFINITY ? 0.0f : mn1;
-    float al0 = exp2f(mrow[0] - mu0), al1 = exp2f(mrow[1] - mu1);
+    float al0 = ex2(mrow[0] - mu0), al1 = ex2(mrow[1] - mu1);
     mrow[0] = mn0;
     mrow[1] = mn1;
     float ls0 = 0.0f, ls1 = 0.0f;
 #pragma unroll
     for (int nt = 0; nt < BN / 8; nt++) {
-        sc[nt][0] = exp2f(sc[nt][0] - mu0);
-        sc[nt][1] = exp2f(sc[nt][1] - mu0);
-        sc[nt][2] = exp2f(sc[nt][2] - mu1);
-        sc[nt][3] = exp2f(sc[nt][3] - mu1);
+        sc[nt][0] = ex2(sc[nt][0] - mu0);
+        sc[nt][1] = ex2(sc[nt][1] - mu0);
+        sc[nt][2] = ex2(sc[nt][2] - mu1);
+        sc[nt][3] = ex2(sc[nt][3] - mu1);
         ls0 += sc[nt][0] + sc[nt][1];
         ls1 += sc[nt][2] + sc[nt][3];
     }
     lrow[0] = lrow[0] * al0 + ls0;
     lrow[1] = lrow[1] * al1 + ls1;
+    al[0] = al0;
+    al[1] = al1;
+}
+
+// Multiplies a warp's 16 x HDP output accumulator (C fragments) by al[0] (row g), al[1]
+// (row g + 8).
+template <int HDP>
+__device__ __forceinline__ void rescale_rows(float (*o)[4], const float *al) {
 #pragma unroll
     for (int nt = 0; nt < HDP / 8; nt++) {
-        o[nt][0] *= al0;
-        o[nt][1] *= al0;
-        o[nt][2] *= al1;
-        o[nt][3] *= al1;
+        o[nt][0] *= al[0];
+        o[nt][1] *= al[0];
+        o[nt][2] *= al[1];
+        o[nt][3] *= al[1];
     }
 }
 
+// One online-softmax step (FlashAttention-2): online_softmax_p, then the output
+// accumulator o rescaled (rescale_rows).
+template <int BN, int HDP>
+__device__ __forceinline__ void online_softmax_tile(float (*sc)[4], float *mrow, float *lrow,
+                                                    float (*o)[4], int k0, int qa, int qb, int L,
+                                                    bool need_mask, float scale_log2, int t) {
+    float al[2];
+    online_softmax_p<BN>(sc, mrow, lrow, al, k0, qa, qb, L, need_mask, scale_log2, t);
+    rescale_rows<HDP>(o, al);
+}

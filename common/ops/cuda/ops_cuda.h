@@ -7,14 +7,16 @@
 
 #include "common/ops/ops.h"
 
-/* attention_varlen_forward with a chosen kernel: 0 = the built-in default (2), 1 = mma.sync
+/* attention_varlen_forward with a chosen kernel: 0 = the built-in default (3), 1 = mma.sync
  * (128 query rows per thread block, 64-key tiles; any head dim <= 128, any GPU), 2 = Hopper
  * wgmma, warp-specialized (3 consumer warpgroups of 64 queries, a producer warpgroup filling
- * K/V stages behind mbarriers); 2 needs head dim 128, a compute capability 9.0 GPU and
- * 16-byte aligned q, k, v, else variant 1 runs (ops_cuda_attention_varlen_resolve says
- * which). A variant outside 0..OPS_CUDA_ATTN_VARLEN_VARIANTS is a programming error:
- * message and abort. Same contract as ops_impl_t.attention_varlen_forward. */
-#define OPS_CUDA_ATTN_VARLEN_VARIANTS 2
+ * 64-key K/V stages by cp.async behind mbarriers), 3 = FlashAttention-3's forward (TMA loads
+ * of 128-key K/V tiles, 2 consumer warpgroups of 64 queries taking turns on the tensor
+ * cores); 2 and 3 need head dim 128, a compute capability 9.0 GPU and 16-byte aligned q, k,
+ * v, else variant 1 runs (ops_cuda_attention_varlen_resolve says which). A variant outside
+ * 0..OPS_CUDA_ATTN_VARLEN_VARIANTS is a programming error: message and abort. Same
+ * contract as ops_impl_t.attention_varlen_forward. */
+#define OPS_CUDA_ATTN_VARLEN_VARIANTS 3
 void ops_cuda_attention_varlen_forward_variant(const ops_ctx_t *c, int variant, void *out,
                                                const void *q, const void *k, const void *v,
                                                const int32_t *cu_seqlens, int nseq,
@@ -29,7 +31,7 @@ int ops_cuda_attention_varlen_variant(int variant);
 
 /* The kernel that ops_cuda_attention_varlen_forward_variant runs for a variant (0: the
  * built-in default) at head dim hd with 16-byte aligned q, k, v on this process's
- * device: the variant itself, or 1 where the wgmma variant does not apply. -1 for a
+ * device: the variant itself, or 1 where the wgmma variants (2, 3) do not apply. -1 for a
  * variant outside 0..OPS_CUDA_ATTN_VARLEN_VARIANTS. */
 int ops_cuda_attention_varlen_resolve(int variant, int hd);
 
