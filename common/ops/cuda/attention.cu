@@ -23,7 +23,6 @@
 // 5.1-5.8 and 3.47 ms (bench/NOTES.md; in its entries before 2026-12-03's third session, 1
 // was "variant 3" and 2 "variant 7"; variants 1, 2, 4-6 and 8 there were kernels measured
 // slower, since removed).
-#include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled (types only)
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -297,7 +296,7 @@ attn_varlen_fwd_ws_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v
 // loads, 128-key tiles, two consumer warpgroups taking turns on the tensor cores. A thread
 // block = 2 consumer warpgroups of 64 queries (128) and a producer warpgroup of which one
 // thread issues the TMA copies: K and V each in NST stages of 128 rows x 128 columns (two
-// 128-byte-swizzled panels of 64 columns, tensor maps of (T, Hkv, 128): kv_tensor_map),
+// 128-byte-swizzled panels of 64 columns, tensor maps of (T, Hkv, 128): abw_kv_tensor_map),
 // each with its own full (expect_tx) and empty (one arrival per consumer warp) mbarrier.
 // Per consumer warpgroup and tile j >= 1, one turn (named barriers 3 and 4):
 //   issue S_j = Q K_j^T        (8 x m64n128k16, A = Q (core-matrix tile), B = K, K-major)
@@ -525,35 +524,6 @@ static bool launch_varlen_ws(const ops_ctx_t *c, void *out, const void *q, const
     return true;
 }
 
-// A tensor map of a (T, Hkv, 128) bf16 tensor for TMA boxes of 128 rows x 64 columns of one
-// head, 128-byte swizzled (wgmma.cuh, wg_desc_sw128). cuTensorMapEncodeTiled is reached
-// through the runtime (no link to libcuda).
-static CUtensorMap kv_tensor_map(const void *base, int T, int Hkv) {
-    static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult qr;
-        cuda_check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&encode,
-                                                    12000, cudaEnableDefault, &qr));
-        if (qr != cudaDriverEntryPointSuccess || !encode) {
-            fprintf(stderr, "ops cuda attention: cuTensorMapEncodeTiled not found in the driver\n");
-            abort();
-        }
-    }
-    CUtensorMap m;
-    cuuint64_t dim[3] = {128, (cuuint64_t)Hkv, (cuuint64_t)T};
-    cuuint64_t stride[2] = {128 * 2, (cuuint64_t)Hkv * 128 * 2};  // bytes, dims 1 and 2
-    cuuint32_t box[3] = {64, 1, 128}, estride[3] = {1, 1, 1};
-    CUresult r = encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)base, dim, stride, box,
-                        estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) {
-        fprintf(stderr, "ops cuda attention: cuTensorMapEncodeTiled failed (%d) for T %d, Hkv %d\n",
-                (int)r, T, Hkv);
-        abort();
-    }
-    return m;
-}
-
 // Launches variant 3 with NST K and NST V stages (2: 3 measured no faster); false (nothing
 // launched) where it does not apply (varlen_wg_applies). T: rows of k and v (the tensor
 // maps' extent; TMA reads zeros past it).
@@ -562,7 +532,8 @@ static bool launch_varlen_fa3(const ops_ctx_t *c, void *out, const void *q, cons
                               const void *v, const int32_t *cu, int nseq, int max_seqlen, int T,
                               int H, int Hkv, int hd) {
     if (!varlen_wg_applies(q, k, v, hd)) return false;
-    const CUtensorMap tmk = kv_tensor_map(k, T, Hkv), tmv = kv_tensor_map(v, T, Hkv);
+    const CUtensorMap tmk = abw_kv_tensor_map(k, T, Hkv, 128);
+    const CUtensorMap tmv = abw_kv_tensor_map(v, T, Hkv, 128);
     const size_t smem = (size_t)NST * 2 * (128 * 128 * 2) + 2 * ABW_TILE_BYTES +
                         4 * NST * sizeof(uint64_t);
     auto kern = attn_varlen_fwd_fa3_kernel<NST>;

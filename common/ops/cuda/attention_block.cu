@@ -567,17 +567,19 @@ template <int HDP, bool BWD>
 static void launch_q(const ops_ctx_t *c, int variant, bf16 *out, float *lse, bf16 *dq,
                      const bf16 *dout, const float *lse_in, const float *D, const void *q,
                      const void *kb, const void *vb, const void *kc, const void *vc,
-                     const int32_t *cs, const int32_t *cl, int Nb, int B, int H, int Hkv,
-                     int hd) {
-    if (variant == 2 && HDP == 128 && H == 4 * Hkv && B <= 16 &&
+                     const int32_t *cs, const int32_t *cl, int Nb, int B, int Tc, int H,
+                     int Hkv, int hd) {
+    if (variant == 2 && HDP == 128 && H == 4 * Hkv && B <= 16 && Tc > 0 &&
         ab_wg_applies(hd, q, kb, vb, kc, vc, BWD ? dout : NULL)) {
         constexpr int NST = 3;
         size_t smem = (size_t)(2 * NST + (BWD ? 4 : 2)) * ABW_TILE_BYTES + 2 * NST * sizeof(uint64_t);
         cuda_check(cudaFuncSetAttribute(attn_block_wgq_ws_kernel<BWD, NST>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        const CUtensorMap tmk = abw_kv_tensor_map(kc, Tc, Hkv, 64);
+        const CUtensorMap tmv = abw_kv_tensor_map(vc, Tc, Hkv, 64);
         attn_block_wgq_ws_kernel<BWD, NST><<<dim3((Nb + 1) / 2, Hkv), 384, smem, cuda_stream(c)>>>(
             out, lse, dq, dout, lse_in, D, (const bf16 *)q, (const bf16 *)kb, (const bf16 *)vb,
-            (const bf16 *)kc, (const bf16 *)vc, cs, cl, Nb, B, H, Hkv, 1.0f / sqrtf((float)hd));
+            cs, cl, Nb, B, H, Hkv, 1.0f / sqrtf((float)hd), tmk, tmv);
         cuda_check_launch();
     } else {
         launch_pair<HDP, BWD, BWD ? 32 : 64>(c, out, lse, dq, dout, lse_in, D, q, kb, vb, kc, vc,
@@ -613,12 +615,11 @@ void cuda_attention_block_forward(const ops_ctx_t *c, void *out, float *lse, con
                                   const void *kb, const void *vb, const void *kc, const void *vc,
                                   const int32_t *ctx_start, const int32_t *ctx_len, int Nb, int B,
                                   int Tc, int H, int Hkv, int hd) {
-    (void)Tc;
     if (Nb <= 0 || B <= 0 || H <= 0) return;
     AB_DISPATCH(hd, "attention_block_forward",
                 (launch_q<HDP_, false>(c, g_ab_variant, (bf16 *)out, lse, NULL, NULL, NULL, NULL,
-                                       q, kb, vb, kc, vc, ctx_start, ctx_len, Nb, B, H, Hkv,
-                                       hd)));
+                                       q, kb, vb, kc, vc, ctx_start, ctx_len, Nb, B, Tc, H,
+                                       Hkv, hd)));
 }
 
 void cuda_attention_block_backward(const ops_ctx_t *c, void *dq, void *dkb, void *dvb, void *dkc,
@@ -643,7 +644,7 @@ void cuda_attention_block_backward(const ops_ctx_t *c, void *dq, void *dkb, void
         AB_DISPATCH(hd, "attention_block_backward",
                     (launch_q<HDP_, false>(c, g_ab_variant, NULL, lse_tmp, NULL, NULL, NULL,
                                            NULL, q, kb, vb, kc, vc, ctx_start, ctx_len, Nb, B,
-                                           H, Hkv, hd)));
+                                           Tc, H, Hkv, hd)));
         lse = lse_tmp;
     }
     attn_block_dot_kernel<<<(unsigned)((rows * 32 + 255) / 256), 256, 0, cuda_stream(c)>>>(
@@ -653,7 +654,7 @@ void cuda_attention_block_backward(const ops_ctx_t *c, void *dq, void *dkb, void
         AB_DISPATCH(hd, "attention_block_backward",
                     (launch_q<HDP_, true>(c, g_ab_variant, NULL, NULL, (bf16 *)dq,
                                           (const bf16 *)dout, lse, D, q, kb, vb, kc, vc,
-                                          ctx_start, ctx_len, Nb, B, H, Hkv, hd)));
+                                          ctx_start, ctx_len, Nb, B, Tc, H, Hkv, hd)));
     if (dkb || dvb || dkc || dvc)
         AB_DISPATCH(hd, "attention_block_backward",
                     (launch_dkv<HDP_>(c, g_ab_variant, (bf16 *)dkb, (bf16 *)dvb, (bf16 *)dkc,

@@ -313,8 +313,8 @@ __device__ __forceinline__ void abw_q_tile(float (*acc)[4], float *mrow, float *
     const bool need_mask = klo > 0 || khi < BN;
     float sc[8][4], dp[8][4];
     wg_fence();
-    wg_tile_abt128(&sc[0][0], Qw, Kt);
-    if (BWD) wg_tile_abt128(&dp[0][0], Ow, Vt);
+    wg_tile_abt128_sw(&sc[0][0], Qw, Kt);
+    if (BWD) wg_tile_abt128_sw(&dp[0][0], Ow, Vt);
     wg_commit();
     wg_wait<0>();
     abw_fence_acc(&sc[0][0], 32);
@@ -343,7 +343,7 @@ __device__ __forceinline__ void abw_q_tile(float (*acc)[4], float *mrow, float *
 #pragma unroll
     for (int kk = 0; kk < 4; kk++)  // B = V (forward) or K (dQ), MN-major
         wg_m64n128k16_rs<1>(&acc[0][0], a[kk],
-                            wg_desc((BWD ? Kt : Vt) + kk * 256, 128, 1024));
+                            wg_desc_sw128((BWD ? Kt : Vt) + kk * 2048, 8192, 1024));
     wg_commit();
     wg_wait<0>();
     abw_fence_acc(&acc[0][0], 64);
@@ -358,9 +358,10 @@ template <bool BWD, int NST>
 __global__ void __launch_bounds__(384, 1)
 attn_block_wgq_ws_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout,
                          const float *lse_in, const float *Dvec, const bf16 *q, const bf16 *kb,
-                         const bf16 *vb, const bf16 *kc, const bf16 *vc,
-                         const int32_t *ctx_start, const int32_t *ctx_len, int Nb, int B, int H,
-                         int Hkv, float scale) {
+                         const bf16 *vb, const int32_t *ctx_start, const int32_t *ctx_len,
+                         int Nb, int B, int H, int Hkv, float scale,
+                         const __grid_constant__ CUtensorMap tmk,
+                         const __grid_constant__ CUtensorMap tmv) {
 #ifdef ABW_NO_WGMMA
     __trap();
 #else
@@ -382,7 +383,7 @@ attn_block_wgq_ws_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout,
     const int ntile = tl.ntile;
     if (tid == 0) {
         for (int i = 0; i < NST; i++) {
-            mbar_init(&full[i], 128);   // the producer's cp.async arrivals
+            mbar_init(&full[i], 128);   // the producer's 128 arrivals (cp.async or plain)
             mbar_init(&empty[i], 8);    // one per consumer warp
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -397,17 +398,25 @@ attn_block_wgq_ws_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout,
             int k0, kend;
             const int own = tl.tile(it, &k0, &kend);
             unsigned char *Kt = KV + st * 2 * ABW_TILE_BYTES, *Vt = Kt + ABW_TILE_BYTES;
-            auto rowp = [&](const bf16 *xc, const bf16 *xb, int r) -> const bf16 * {
-                if (own < 0) {
-                    int cr = k0 + r;
-                    return cr < kend ? xc + (size_t)cr * kstride + (size_t)hk * hd : nullptr;
+            if (own < 0) {  // context rows k0 .. k0 + 63 by TMA (rows past kend: masked)
+                if (wtid == 0) {
+                    mbar_expect_tx(&full[st], 2 * ABW_TILE_BYTES);
+                    tma_load_3d(Kt, &tmk, &full[st], 0, hk, k0);
+                    tma_load_3d(Kt + ABW_TILE_BYTES / 2, &tmk, &full[st], 64, hk, k0);
+                    tma_load_3d(Vt, &tmv, &full[st], 0, hk, k0);
+                    tma_load_3d(Vt + ABW_TILE_BYTES / 2, &tmv, &full[st], 64, hk, k0);
+                } else {
+                    mbar_arrive(&full[st]);
                 }
+                continue;
+            }
+            auto rowp = [&](const bf16 *xb, int r) -> const bf16 * {  // the blocks' own rows
                 int s2 = r / HALF, u = own * HALF + r % HALF;
                 bool ok = u < B && (s2 == 0 ? need0 : need1);
                 return ok ? xb + ((size_t)(ja + s2) * B + u) * kstride + (size_t)hk * hd : nullptr;
             };
-            abw_load_tile<128>(Kt, [&](int r) { return rowp(kc, kb, r); }, wtid, q);
-            abw_load_tile<128>(Vt, [&](int r) { return rowp(vc, vb, r); }, wtid, q);
+            abw_load_tile_sw<128>(Kt, [&](int r) { return rowp(kb, r); }, wtid, q);
+            abw_load_tile_sw<128>(Vt, [&](int r) { return rowp(vb, r); }, wtid, q);
             mbar_arrive_cp_async(&full[st]);
         }
         asm volatile("cp.async.wait_all;\n" ::: "memory");  // exit with nothing in flight

@@ -20,6 +20,7 @@
 // A from registers: warp w's rows 16w.. in the mma.sync m16n8k16 A layout.
 #pragma once
 
+#include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled (types only)
 #include <stdint.h>
 
 #include "common/ops/cuda/attention_common.cuh"  // cp_async16, bf16, cuda_check
@@ -162,6 +163,17 @@ __device__ __forceinline__ void wg_tile_abt128(float *d, const unsigned char *A,
                            kk > 0);
 }
 
+// D (64 x 64, d[32]) = A B^T over 128 columns as wg_tile_abt128, with B a 64-row tile in
+// the 128-byte swizzled layout (two panels of 64 columns, 8 KB each: abw_load_tile_sw or a
+// TMA box of 64 rows). Issued only.
+__device__ __forceinline__ void wg_tile_abt128_sw(float *d, const unsigned char *A,
+                                                  const unsigned char *B) {
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++)
+        wg_m64n64k16_ss<0>(d, wg_desc(A + kk * 2048, 1024, 128),
+                           wg_desc_sw128(B + (kk >> 2) * 8192 + (kk & 3) * 32, 1, 1024), kk > 0);
+}
+
 // ---- 64 x 128 bf16 tiles in the core-matrix layout: element (row r, col d) at byte
 // (d/8)*1024 + r*16 + (d%8)*2; K-major descriptors LBO = 1024, SBO = 128; the MN-major view
 // of rows 16i.. starts at byte 256 i with LBO = 128, SBO = 1024.
@@ -178,6 +190,21 @@ __device__ __forceinline__ void abw_load_tile(unsigned char *dst, RowFn rowptr, 
         int r = (blk & 7) * 8 + (lane & 7), c = (blk >> 3) * 4 + (lane >> 3);
         const bf16 *src = rowptr(r);
         cp_async16(dst + c * 1024 + r * 16, src ? src + c * 8 : safe, src != nullptr);
+    }
+}
+
+// As abw_load_tile, into the 128-byte swizzled layout of a 64-row tile (TMA's, for
+// wg_desc_sw128): element (r, d) at byte (d/64)*8192 + r*128 + ((d%64/8) ^ (r%8))*16 +
+// (d%8)*2 (the dynamic shared-memory base is 1024-aligned, as the swizzle needs). 8 threads
+// write one row's 8 chunks of a panel: 128 contiguous bytes.
+template <int NT = 128, typename RowFn>
+__device__ __forceinline__ void abw_load_tile_sw(unsigned char *dst, RowFn rowptr, int tid,
+                                                 const bf16 *safe) {
+    for (int idx = tid; idx < 64 * 16; idx += NT) {
+        int r = idx >> 4, c = idx & 15;  // row, 16-byte chunk (8 columns)
+        const bf16 *src = rowptr(r);
+        unsigned char *d = dst + (c >> 3) * 8192 + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+        cp_async16(d, src ? src + c * 8 : safe, src != nullptr);
     }
 }
 
@@ -243,6 +270,38 @@ __device__ __forceinline__ void named_bar_arrive(int id, int nthreads) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(nthreads) : "memory");
 }
 #endif
+
+// A tensor map of a (T, Hkv, 128) bf16 tensor (rows of Hkv heads of 128 values: the K or V
+// of attention) for TMA boxes of box_rows rows x 64 columns of one head, 128-byte swizzled
+// (wg_desc_sw128; rows past T read as zeros). base: 16-byte aligned device memory, T >= 1,
+// box_rows <= 256. cuTensorMapEncodeTiled is reached through the runtime (no link to
+// libcuda); a failure is a programming error: message and abort.
+static inline CUtensorMap abw_kv_tensor_map(const void *base, int T, int Hkv, int box_rows) {
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult qr;
+        cuda_check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&encode,
+                                                    12000, cudaEnableDefault, &qr));
+        if (qr != cudaDriverEntryPointSuccess || !encode) {
+            fprintf(stderr, "ops cuda attention: cuTensorMapEncodeTiled not found in the driver\n");
+            abort();
+        }
+    }
+    CUtensorMap m;
+    cuuint64_t dim[3] = {128, (cuuint64_t)Hkv, (cuuint64_t)T};
+    cuuint64_t stride[2] = {128 * 2, (cuuint64_t)Hkv * 128 * 2};  // bytes, dims 1 and 2
+    cuuint32_t box[3] = {64, 1, (cuuint32_t)box_rows}, estride[3] = {1, 1, 1};
+    CUresult r = encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)base, dim, stride, box,
+                        estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr,
+                "ops cuda attention: cuTensorMapEncodeTiled failed (%d) for T %d, Hkv %d, box %d\n",
+                (int)r, T, Hkv, box_rows);
+        abort();
+    }
+    return m;
+}
 
 // Whether the current device runs the sm_90a code of the wgmma kernels (compute capability 9.0).
 static inline bool abw_supported() {
