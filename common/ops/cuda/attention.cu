@@ -296,7 +296,7 @@ attn_varlen_fwd_ws_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v
 // loads, 128-key tiles, two consumer warpgroups taking turns on the tensor cores. A thread
 // block = 2 consumer warpgroups of 64 queries (128) and a producer warpgroup of which one
 // thread issues the TMA copies: K and V each in NST stages of 128 rows x 128 columns (two
-// 128-byte-swizzled panels of 64 columns, tensor maps of (T, Hkv, 128): abw_kv_tensor_map),
+// 128-byte-swizzled panels of 64 columns, tensor maps of (T, Hkv, 128): abw_head_tensor_map),
 // each with its own full (expect_tx) and empty (one arrival per consumer warp) mbarrier.
 // Per consumer warpgroup and tile j >= 1, one turn (named barriers 3 and 4):
 //   issue S_j = Q K_j^T        (8 x m64n128k16, A = Q (core-matrix tile), B = K, K-major)
@@ -532,8 +532,8 @@ static bool launch_varlen_fa3(const ops_ctx_t *c, void *out, const void *q, cons
                               const void *v, const int32_t *cu, int nseq, int max_seqlen, int T,
                               int H, int Hkv, int hd) {
     if (!varlen_wg_applies(q, k, v, hd)) return false;
-    const CUtensorMap tmk = abw_kv_tensor_map(k, T, Hkv, 128);
-    const CUtensorMap tmv = abw_kv_tensor_map(v, T, Hkv, 128);
+    const CUtensorMap tmk = abw_head_tensor_map(k, T, Hkv, 1, 128);
+    const CUtensorMap tmv = abw_head_tensor_map(v, T, Hkv, 1, 128);
     const size_t smem = (size_t)NST * 2 * (128 * 128 * 2) + 2 * ABW_TILE_BYTES +
                         4 * NST * sizeof(uint64_t);
     auto kern = attn_varlen_fwd_fa3_kernel<NST>;

@@ -486,9 +486,7 @@ static void launch_dkv_ws(const ops_ctx_t *c, bf16 *dkc, bf16 *dvc, const bf16 *
                           const float *lse, const float *D, const void *q, const void *kc,
                           const void *vc, const int32_t *cs, const int32_t *cl, int Nb, int B,
                           int Tc, int H, int Hkv, int *tile_scratch) {
-    constexpr int QROWS = AB_GH * 16;
-    size_t smem = 2 * 2 * ABW_TILE_BYTES +
-                  NST * (2 * ABW_TILE_BYTES + 2 * QROWS * 4 + sizeof(abw_ws_meta)) +
+    size_t smem = 2 * 2 * ABW_TILE_BYTES + NST * (size_t)ABW_DKV_STAGE_BYTES +
                   2 * NST * sizeof(uint64_t) + (128 + 4) * sizeof(int);
     cuda_check(cudaFuncSetAttribute(attn_block_dkv_ws_kernel<NST>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
@@ -500,9 +498,11 @@ static void launch_dkv_ws(const ops_ctx_t *c, bf16 *dkc, bf16 *dvc, const bf16 *
     abw_tile_rank_kernel<<<(unsigned)((nct + 255) / 256), 256, 0, cuda_stream(c)>>>(order, cnt,
                                                                                    (int)nct);
     cuda_check_launch();
+    const CUtensorMap tmq = abw_head_tensor_map(q, Nb * B, H, AB_GH, 16);
+    const CUtensorMap tmo = abw_head_tensor_map(dout, Nb * B, H, AB_GH, 16);
     attn_block_dkv_ws_kernel<NST><<<(unsigned)(nct * Hkv), 384, smem, cuda_stream(c)>>>(
-        dkc, dvc, dout, lse, D, (const bf16 *)q, (const bf16 *)kc, (const bf16 *)vc, cs, cl, Nb,
-        B, Tc, H, Hkv, 1.0f / sqrtf((float)128), order);
+        dkc, dvc, lse, D, (const bf16 *)q, (const bf16 *)kc, (const bf16 *)vc, cs, cl, Nb, B,
+        Tc, H, Hkv, 1.0f / sqrtf((float)128), order, tmq, tmo);
     cuda_check_launch();
 }
 
@@ -575,8 +575,8 @@ static void launch_q(const ops_ctx_t *c, int variant, bf16 *out, float *lse, bf1
         size_t smem = (size_t)(2 * NST + (BWD ? 4 : 2)) * ABW_TILE_BYTES + 2 * NST * sizeof(uint64_t);
         cuda_check(cudaFuncSetAttribute(attn_block_wgq_ws_kernel<BWD, NST>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        const CUtensorMap tmk = abw_kv_tensor_map(kc, Tc, Hkv, 64);
-        const CUtensorMap tmv = abw_kv_tensor_map(vc, Tc, Hkv, 64);
+        const CUtensorMap tmk = abw_head_tensor_map(kc, Tc, Hkv, 1, 64);
+        const CUtensorMap tmv = abw_head_tensor_map(vc, Tc, Hkv, 1, 64);
         attn_block_wgq_ws_kernel<BWD, NST><<<dim3((Nb + 1) / 2, Hkv), 384, smem, cuda_stream(c)>>>(
             out, lse, dq, dout, lse_in, D, (const bf16 *)q, (const bf16 *)kb, (const bf16 *)vb,
             cs, cl, Nb, B, H, Hkv, 1.0f / sqrtf((float)hd), tmk, tmv);

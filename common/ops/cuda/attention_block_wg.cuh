@@ -28,9 +28,10 @@
 
 #ifndef ABW_NO_WGMMA
 
-// One work item: the S^T / dP^T products of the staged 64 rows (Qt, Ot: core-matrix
-// tiles; lse (log2 units) Lb, D Db: 64 f32), then dV, dK += (accumulators dv, dk: 64 f32
-// per thread, m64n128 layout). ka / kb_ok: whether keys 16w+g / 16w+g+8 of the tile are
+// One work item: the S^T / dP^T products of the staged 64 rows (Qt, Ot: 128-byte swizzled
+// tiles, a TMA box each; lse (log2 units) Lb, D Db: 64 f32, the same row order), then dV,
+// dK += (accumulators dv, dk: 64 f32 per thread, m64n128 layout; K, V tiles Kt, Vt in the
+// core-matrix layout). ka / kb_ok: whether keys 16w+g / 16w+g+8 of the tile are
 // visible to the item's block. All 128 threads call it (warpgroup instructions).
 __device__ __forceinline__ void abw_item(float *dk, float *dv, const unsigned char *Kt,
                                          const unsigned char *Vt, const unsigned char *Qt,
@@ -39,8 +40,8 @@ __device__ __forceinline__ void abw_item(float *dk, float *dv, const unsigned ch
                                          int t) {
     float s[32], p[32];  // S^T, dP^T: n-tile j (8 rows) in s[4j .. 4j+3]
     wg_fence();
-    wg_tile_abt128(s, Kt, Qt);
-    wg_tile_abt128(p, Vt, Ot);
+    wg_tile_abt128_sw(s, Kt, Qt);
+    wg_tile_abt128_sw(p, Vt, Ot);
     wg_commit();
     wg_wait<0>();
     abw_fence_acc(s, 32);
@@ -55,17 +56,17 @@ __device__ __forceinline__ void abw_item(float *dk, float *dv, const unsigned ch
             p[4 * j + e] = pr * (p[4 * j + e] - Db[r]);
             s[4 * j + e] = pr;
         }
-    uint32_t ap[4][4], ads[4][4];  // per head: P^T, dS^T as A fragments (k = its 16 rows)
+    uint32_t ap[4][4], ads[4][4];  // P^T, dS^T as A fragments, rows 16c .. 16c + 15 (k)
 #pragma unroll
-    for (int hl = 0; hl < 4; hl++) {
-        c_to_a(ap[hl], s + 8 * hl, s + 8 * hl + 4);
-        c_to_a(ads[hl], p + 8 * hl, p + 8 * hl + 4);
+    for (int c = 0; c < 4; c++) {
+        c_to_a(ap[c], s + 8 * c, s + 8 * c + 4);
+        c_to_a(ads[c], p + 8 * c, p + 8 * c + 4);
     }
     wg_fence();
 #pragma unroll
-    for (int hl = 0; hl < 4; hl++) {
-        wg_m64n128k16_rs<1>(dv, ap[hl], wg_desc(Ot + hl * 256, 128, 1024));
-        wg_m64n128k16_rs<1>(dk, ads[hl], wg_desc(Qt + hl * 256, 128, 1024));
+    for (int c = 0; c < 4; c++) {  // B = dO, Q rows 16c.., MN-major
+        wg_m64n128k16_rs<1>(dv, ap[c], wg_desc_sw128(Ot + c * 2048, 8192, 1024));
+        wg_m64n128k16_rs<1>(dk, ads[c], wg_desc_sw128(Qt + c * 2048, 8192, 1024));
     }
     wg_commit();
     wg_wait<0>();
@@ -86,9 +87,13 @@ __device__ __forceinline__ void abw_item(float *dk, float *dv, const unsigned ch
 // read from L2 once for 128 keys); each key sums its items in ascending block order
 // (reproducible bits). Warp-specialized: a third, producer warpgroup lists the blocks that
 // see the tile (128 candidates at a time, its own named barrier), and stages each work
-// item (Q, dO tiles by cp.async; lse, D and the block's visible key range [vlo, vhi) by
-// plain stores) into NST stages; a stage is full when its 128 cp.async arrivals
-// (cp.async.mbarrier.arrive) and 128 plain arrivals (release: the plain stores) are in.
+// item into NST stages: its Q and dO tiles by TMA (one thread; a box of 16 queries x 4
+// heads x 64 columns per panel, 128-byte swizzled, rows in (query, head) order: tensor maps
+// of q and dout as (Nb B, H, 128), abw_head_tensor_map), lse, D (in the same row order) and
+// the block's visible key range [vlo, vhi) by plain stores; a stage is full when its 128
+// arrivals (release: the plain stores; one of them with the TMA's bytes) and the bytes are in.
+// (Until 2026-12-04 the tiles came by cp.async from the 128 producer threads, rows in (head,
+// query) order: 10.5 ms on the reference work.)
 // The consumers wait on it, compute, and release it (one arrival per consumer warp). The
 // producer ends with a stage marked done. No block barrier after start-up: the item math
 // of one warpgroup runs under the other's wgmma, and the staging is off the consumers'
@@ -97,19 +102,24 @@ __device__ __forceinline__ void abw_item(float *dk, float *dv, const unsigned ch
 struct abw_ws_meta {
     int vlo, vhi, done, pad;
 };
+// One stage of attn_block_dkv_ws_kernel: the Q and dO tiles (TMA destinations: 1024-aligned,
+// so the stage is a multiple of 1024 bytes), 64 lse and 64 D, the meta.
+#define ABW_DKV_STAGE_BYTES \
+    ((2 * ABW_TILE_BYTES + 2 * AB_GH * 16 * 4 + (int)sizeof(abw_ws_meta) + 1023) / 1024 * 1024)
 
 template <int NST>
 __global__ void __launch_bounds__(384, 1)
-attn_block_dkv_ws_kernel(bf16 *dkc, bf16 *dvc, const bf16 *dout, const float *lse_in,
-                         const float *Dvec, const bf16 *q, const bf16 *kc, const bf16 *vc,
+attn_block_dkv_ws_kernel(bf16 *dkc, bf16 *dvc, const float *lse_in, const float *Dvec,
+                         const bf16 *q, const bf16 *kc, const bf16 *vc,
                          const int32_t *ctx_start, const int32_t *ctx_len, int Nb, int B, int Tc,
-                         int H, int Hkv, float scale, const int *tile_order) {
+                         int H, int Hkv, float scale, const int *tile_order,
+                         const __grid_constant__ CUtensorMap tmq,
+                         const __grid_constant__ CUtensorMap tmo) {
 #ifdef ABW_NO_WGMMA
     __trap();
 #else
     constexpr int NWG = 2, hd = 128, QROWS = AB_GH * 16, TK = NWG * 64;  // TK: keys per block
-    constexpr int STAGE_BYTES = 2 * ABW_TILE_BYTES + 2 * QROWS * 4 + (int)sizeof(abw_ws_meta);
-    static_assert(STAGE_BYTES % 16 == 0, "stages keep the tiles 16-byte and the mbarriers 8-byte aligned");
+    constexpr int STAGE_BYTES = ABW_DKV_STAGE_BYTES;
     extern __shared__ __align__(16) unsigned char smem_raw[];  // (the dynamic base is 1024-aligned)
     const int tid = threadIdx.x, sel = tid >> 7, wtid = tid & 127;
     unsigned char *stage = smem_raw + NWG * 2 * ABW_TILE_BYTES;  // NST x (Q, dO, lse, D, meta)
@@ -124,11 +134,11 @@ attn_block_dkv_ws_kernel(bf16 *dkc, bf16 *dvc, const bf16 *dout, const float *ls
     const int hk = (int)(blockIdx.x % Hkv), group = H / Hkv, nqc = (B + 15) / 16;
     const int nhb = (group + AB_GH - 1) / AB_GH;
     const int lane = tid & 31, g = lane >> 2, t = lane & 3, wwarp = wtid >> 5;
-    const size_t qstride = (size_t)H * hd, kstride = (size_t)Hkv * hd;
+    const size_t kstride = (size_t)Hkv * hd;
     const int key0 = tile_order[blockIdx.x / Hkv] * TK;
     if (tid == 0) {
         for (int i = 0; i < NST; i++) {
-            mbar_init(&full[i], 256);       // 128 cp.async arrivals + 128 plain ones
+            mbar_init(&full[i], 128);       // the producer's (one with the TMA bytes)
             mbar_init(&empty[i], 4 * NWG);  // one per consumer warp
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -164,41 +174,34 @@ attn_block_dkv_ws_kernel(bf16 *dkc, bf16 *dvc, const bf16 *dout, const float *ls
                 if (it >= NST) mbar_wait(&empty[st], ((it / NST) - 1) & 1);
                 const int li = item / (nqc * nhb), rem = item % (nqc * nhb);
                 const int qc = rem / nhb, hb = rem % nhb, j = list[li];
-                auto qrow = [&](int r, int *hh) -> long {  // r in [0, 64): head batch slot r/16
-                    int hl = r >> 4, rr = qc * 16 + (r & 15), hgi = hb * AB_GH + hl;
-                    *hh = hk * group + hgi;
-                    return (rr < B && hgi < group) ? (long)j * B + rr : -1;
-                };
-                abw_load_tile<128>(stQ(st), [&](int r) -> const bf16 * {
-                    int h;
-                    long row = qrow(r, &h);
-                    return row >= 0 ? q + row * qstride + (size_t)h * hd : nullptr;
-                }, wtid, q);
-                abw_load_tile<128>(stO(st), [&](int r) -> const bf16 * {
-                    int h;
-                    long row = qrow(r, &h);
-                    return row >= 0 ? dout + row * qstride + (size_t)h * hd : nullptr;
-                }, wtid, q);
+                // row r of the item: query qc*16 + r/4 of block j, head slot r%4 of batch hb
+                // (a TMA box's order, head fastest); the rows of queries past B and of heads
+                // past the group get lse = inf: P = 0 whatever the box holds there
                 if (wtid < QROWS) {
-                    int h;
-                    long row = qrow(wtid, &h);
+                    int hgi = hb * AB_GH + (wtid & 3), rr = qc * 16 + (wtid >> 2);
+                    int h = hk * group + hgi;
+                    long row = (rr < B && hgi < group) ? (long)j * B + rr : -1;
                     stL(st)[wtid] = row >= 0 ? lse_in[row * H + h] * ATTN_LOG2E : INFINITY;
                     stD(st)[wtid] = row >= 0 ? Dvec[row * H + h] : 0.0f;
                 }
                 if (wtid == 0) {
                     int vlo = ctx_start[j], vhi = vlo + ctx_len[j];
                     *stM(st) = abw_ws_meta{vlo, vhi > Tc ? Tc : vhi, 0, 0};
+                    const int row0 = j * B + qc * 16, h0 = hk * group + hb * AB_GH;
+                    mbar_expect_tx(&full[st], 2 * ABW_TILE_BYTES);
+                    tma_load_3d(stQ(st), &tmq, &full[st], 0, h0, row0);
+                    tma_load_3d(stQ(st) + ABW_TILE_BYTES / 2, &tmq, &full[st], 64, h0, row0);
+                    tma_load_3d(stO(st), &tmo, &full[st], 0, h0, row0);
+                    tma_load_3d(stO(st) + ABW_TILE_BYTES / 2, &tmo, &full[st], 64, h0, row0);
+                } else {
+                    mbar_arrive(&full[st]);
                 }
-                mbar_arrive_cp_async(&full[st]);
-                mbar_arrive(&full[st]);
             }
         }
         const int st = it % NST;  // the end: a stage marked done
         if (it >= NST) mbar_wait(&empty[st], ((it / NST) - 1) & 1);
         if (wtid == 0) *stM(st) = abw_ws_meta{0, 0, 1, 0};
-        mbar_arrive_cp_async(&full[st]);
         mbar_arrive(&full[st]);
-        asm volatile("cp.async.wait_all;\n" ::: "memory");  // exit with nothing in flight
         return;
     }
 
@@ -227,8 +230,6 @@ attn_block_dkv_ws_kernel(bf16 *dkc, bf16 *dvc, const bf16 *dout, const float *ls
         const abw_ws_meta mt = *stM(st);
         if (mt.done) break;
         if (mt.vlo < wkey0 + 64 && mt.vhi > wkey0) {  // uniform over the warpgroup
-            // cp.async wrote through the generic proxy; wgmma reads through the async one
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             const bool ka = my_key_a >= mt.vlo && my_key_a < mt.vhi;
             const bool kb_ok = my_key_b >= mt.vlo && my_key_b < mt.vhi;
             abw_item(dk, dv, Kt, Vt, stQ(st), stO(st), stL(st), stD(st), ka, kb_ok, scale_log2,

@@ -271,12 +271,14 @@ __device__ __forceinline__ void named_bar_arrive(int id, int nthreads) {
 }
 #endif
 
-// A tensor map of a (T, Hkv, 128) bf16 tensor (rows of Hkv heads of 128 values: the K or V
-// of attention) for TMA boxes of box_rows rows x 64 columns of one head, 128-byte swizzled
-// (wg_desc_sw128; rows past T read as zeros). base: 16-byte aligned device memory, T >= 1,
-// box_rows <= 256. cuTensorMapEncodeTiled is reached through the runtime (no link to
-// libcuda); a failure is a programming error: message and abort.
-static inline CUtensorMap abw_kv_tensor_map(const void *base, int T, int Hkv, int box_rows) {
+// A tensor map of a (T, nh, 128) bf16 tensor (rows of nh heads of 128 values: the Q, K, V
+// or dO of attention) for TMA boxes of box_rows rows x box_heads heads x 64 columns,
+// 128-byte swizzled (wg_desc_sw128; a box lands as box_rows x box_heads rows of 128 bytes,
+// head fastest; rows past T or heads past nh read as zeros). base: 16-byte aligned device
+// memory, T >= 1, box_rows, box_heads <= 256. cuTensorMapEncodeTiled is reached through the
+// runtime (no link to libcuda); a failure is a programming error: message and abort.
+static inline CUtensorMap abw_head_tensor_map(const void *base, int T, int nh, int box_heads,
+                                               int box_rows) {
     static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
     if (!encode) {
         cudaDriverEntryPointQueryResult qr;
@@ -288,16 +290,17 @@ static inline CUtensorMap abw_kv_tensor_map(const void *base, int T, int Hkv, in
         }
     }
     CUtensorMap m;
-    cuuint64_t dim[3] = {128, (cuuint64_t)Hkv, (cuuint64_t)T};
-    cuuint64_t stride[2] = {128 * 2, (cuuint64_t)Hkv * 128 * 2};  // bytes, dims 1 and 2
-    cuuint32_t box[3] = {64, 1, (cuuint32_t)box_rows}, estride[3] = {1, 1, 1};
+    cuuint64_t dim[3] = {128, (cuuint64_t)nh, (cuuint64_t)T};
+    cuuint64_t stride[2] = {128 * 2, (cuuint64_t)nh * 128 * 2};  // bytes, dims 1 and 2
+    cuuint32_t box[3] = {64, (cuuint32_t)box_heads, (cuuint32_t)box_rows}, estride[3] = {1, 1, 1};
     CUresult r = encode(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)base, dim, stride, box,
                         estride, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) {
         fprintf(stderr,
-                "ops cuda attention: cuTensorMapEncodeTiled failed (%d) for T %d, Hkv %d, box %d\n",
-                (int)r, T, Hkv, box_rows);
+                "ops cuda attention: cuTensorMapEncodeTiled failed (%d) for T %d, %d heads, box %d "
+                "x %d\n",
+                (int)r, T, nh, box_rows, box_heads);
         abort();
     }
     return m;
