@@ -117,6 +117,12 @@ int drafter_infer_new(const ops_ctx_t *c, drafter_t *d, const void *embed, const
                              req[i].bytes, total / 1073741824.0, cap);
         }
     }
+    /* the context K/V caches zeroed: the attention reads whole tiles, rows not yet written
+     * included (ops.h) */
+    for (int l = 0; l < nl; l++) {
+        IMPL->memset0(c, di->kc[l], (size_t)cap * KV * A);
+        IMPL->memset0(c, di->vc[l], (size_t)cap * KV * A);
+    }
     float inv[1024];
     if (cf->hd / 2 > (int)(sizeof inv / sizeof inv[0])) {
         drafter_infer_destroy(&di);

@@ -710,6 +710,9 @@ int target_kv_new(target_t *t, int n_slots, int cap, target_kv_t **out) {
             return dl_seterr(DL_ENOMEM, "kv cache: cannot allocate 2 x %d x %zu bytes on the %s backend",
                              t->cfg.L, bytes, t->c->impl->name);
         }
+        /* zeroed: the attention reads whole tiles, rows not yet written included (ops.h) */
+        t->c->impl->memset0(t->c, kv->k[l], bytes);
+        t->c->impl->memset0(t->c, kv->v[l], bytes);
     }
     *out = kv;
     return 0;

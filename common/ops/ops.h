@@ -127,7 +127,9 @@ struct ops_impl {
     /* Causal self-attention over a packed batch of variable-length sequences.
      * q (T,H,hd), k v (T,Hkv,hd) act, out (T,H,hd) act; cu_seqlens (nseq+1) i32 on the
      * backend, token t of sequence s attends to tokens [cu[s], t]. GQA: head h uses
-     * kv head h / (H/Hkv). scale = 1/sqrt(hd). No (T,T) matrix is materialised on CUDA. */
+     * kv head h / (H/Hkv). scale = 1/sqrt(hd). No (T,T) matrix is materialised on CUDA.
+     * cu_seqlens[nseq] <= T, and every k, v row below T must be finite: the CUDA kernels
+     * read whole tiles and weigh the rows past a sequence's end by 0 (0 x NaN is NaN). */
     void (*attention_varlen_forward)(const ops_ctx_t *c, void *out, const void *q, const void *k,
                                      const void *v, const int32_t *cu_seqlens, int nseq,
                                      int max_seqlen, int T, int H, int Hkv, int hd);
@@ -138,7 +140,9 @@ struct ops_impl {
      * Block j sees context rows [ctx_start[j], ctx_start[j] + ctx_len[j]) (ctx_len may be
      * 0) and all B rows of its own block (bidirectional); nothing else.
      * out (Nb*B,H,hd) act; lse (Nb*B,H) f32 log-sum-exp saved for backward (may be NULL).
-     * ctx_start, ctx_len (Nb) i32. scale = 1/sqrt(hd). */
+     * ctx_start, ctx_len (Nb) i32. scale = 1/sqrt(hd). Every kc, vc row below Tc must be
+     * finite, seen or not (the CUDA kernels read whole tiles and weigh the unseen rows by 0:
+     * 0 x NaN is NaN): a KV cache is zeroed when made. */
     void (*attention_block_forward)(const ops_ctx_t *c, void *out, float *lse, const void *q,
                                     const void *kb, const void *vb, const void *kc, const void *vc,
                                     const int32_t *ctx_start, const int32_t *ctx_len,

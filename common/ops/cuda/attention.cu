@@ -324,9 +324,24 @@ __device__ __forceinline__ void fa3_load_stage(unsigned char *buf, uint64_t *ful
     constexpr int BYTES = 128 * 128 * 2;
     const int st = it % NST, row = seq0 + it * 128;
     if (it >= NST) mbar_wait(&empty[st], ((it / NST) - 1) & 1);
-    mbar_expect_tx(&full[st], BYTES);
+    mbar_arrive_expect_tx(&full[st], BYTES);
     tma_load_3d(buf + st * BYTES, tm, &full[st], 0, hk, row);
     tma_load_3d(buf + st * BYTES + BYTES / 2, tm, &full[st], 64, hk, row);
+}
+
+// Variant 3's set-up, thread 0: checks the shared-memory base's alignment and initialises the
+// 4 NST mbarriers at bars: full K, empty K, full V, empty V (NST each); full: one arrival (the
+// producer's, with the bytes), empty: one per consumer warp (nwarps).
+template <int NST>
+__device__ __forceinline__ void fa3_init(const void *smem, uint64_t *bars, int nwarps) {
+    abw_check_align1024(smem);
+    for (int i = 0; i < NST; i++) {
+        mbar_init(&bars[i], 1);
+        mbar_init(&bars[NST + i], nwarps);
+        mbar_init(&bars[2 * NST + i], 1);
+        mbar_init(&bars[3 * NST + i], nwarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 
 // Writes a warp's 16 x 128 output accumulator divided by its rows' softmax sums (lrow: this
@@ -354,6 +369,7 @@ attn_varlen_fwd_fa3_kernel(bf16 *out, const bf16 *q, const int32_t *cu, int H, i
     __trap();
 #else
     constexpr int NWG = 2, hd = 128, BM = 64 * NWG, BN = 128, KV_BYTES = BN * hd * 2;
+    static_assert(BM == BN, "the tiles below the diagonal tile are unmasked only if BM == BN");
     extern __shared__ __align__(16) unsigned char smem_raw[];  // (1024-aligned: the swizzle)
     unsigned char *Ks = smem_raw, *Vs = Ks + NST * KV_BYTES;  // NST stages each
     unsigned char *Qt = Vs + NST * KV_BYTES;                 // NWG warpgroups x Q tile
@@ -368,15 +384,7 @@ attn_varlen_fwd_fa3_kernel(bf16 *out, const bf16 *q, const int32_t *cu, int H, i
     const int warp = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const size_t qstride = (size_t)H * hd;
     const int ntile = (min(L, q0 + BM) + BN - 1) / BN;  // tile ntile - 1 holds the diagonal
-    if (tid == 0) {
-        for (int i = 0; i < NST; i++) {
-            mbar_init(&fullK[i], 1);  // the producer's arrive.expect_tx
-            mbar_init(&fullV[i], 1);
-            mbar_init(&emptyK[i], 4 * NWG);  // one per consumer warp
-            mbar_init(&emptyV[i], 4 * NWG);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
+    if (tid == 0) fa3_init<NST>(smem_raw, fullK, 4 * NWG);
     __syncthreads();
     if (sel == NWG) {  // the producer warpgroup: one thread issues the copies
         asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
@@ -497,8 +505,7 @@ attn_varlen_fwd_fa3_kernel(bf16 *out, const bf16 *q, const int32_t *cu, int H, i
 #endif
 }
 
-
-// Whether the wgmma kernel (variant 2) applies: head dim 128 on a compute capability 9.0
+// Whether the wgmma kernels (variants 2, 3) apply: head dim 128 on a compute capability 9.0
 // device, 16-byte aligned q, k, v.
 static bool varlen_wg_applies(const void *q, const void *k, const void *v, int hd) {
     return hd == 128 && abw_supported() && !((uintptr_t)q & 15) && !((uintptr_t)k & 15) &&

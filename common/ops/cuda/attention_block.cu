@@ -11,12 +11,13 @@
 //     (attention_block_pair.cuh: a thread block = two consecutive blocks of one kv head,
 //     sharing each K/V tile), dK/dV on attn_block_dkv_kernel below;
 //   variant 2 (the default), Hopper (sm_90a), head dim 128 (forward / dQ also H = 4 Hkv,
-//     B <= 16): forward, dQ and the dK/dV context tiles on warp-specialized wgmma kernels
-//     (attention_block_wg.cuh; the context tiles by descending work), the blocks' own
+//     B <= 16, Tc > 0): forward, dQ and the dK/dV context tiles on warp-specialized wgmma
+//     kernels with TMA loads (attention_block_wg.cuh; every kc, vc row below Tc must be
+//     finite; the context tiles by descending work), the blocks' own
 //     dK/dV on attn_block_own_dkv_kernel (B <= 16, any head dim and GPU: one warp per block
 //     and kv head; bitwise variant 1's own tiles); elsewhere variant 1's kernels run.
-// On an H200, 8 x 4096 tokens, 512 anchors, B 16 (bench_ops): forward 10.0 / 7.5 ms, dQ
-// 12.3 / 8.4 ms, dK/dV 30.7 / 12.4 ms for variants 1 / 2 (bench/NOTES.md; in its entries
+// On an H200, 8 x 4096 tokens, 512 anchors, B 16 (bench_ops): forward 10.0 / 5.8 ms, dQ
+// 12.3 / 6.9 ms, dK/dV 30.7 / 10.1 ms for variants 1 / 2 (2026-12-04; bench/NOTES.md; in its entries
 // before 2026-12-03's third session, 1 was "variant 2" and 2 "variant 11"; variants 1 and
 // 3-10 there were kernels measured slower, since removed).
 //
@@ -559,8 +560,9 @@ static void launch_pair(const ops_ctx_t *c, bf16 *out, float *lse, bf16 *dq, con
     cuda_check_launch();
 }
 
-// Forward or dQ: variant 2, where it applies (head dim 128, H = 4 Hkv, B <= 16, Hopper,
-// aligned rows), the warp-specialized wgmma kernel (a pair of blocks per thread block);
+// Forward or dQ: variant 2, where it applies (head dim 128, H = 4 Hkv, B <= 16, Tc > 0 (the
+// tensor maps), Hopper, aligned rows), the warp-specialized wgmma kernel (a pair of blocks
+// per thread block);
 // otherwise (variant 1) the mma.sync pair kernel (64-key tiles forward, 32 in dQ: its f32
 // dP fragments are held in registers).
 template <int HDP, bool BWD>

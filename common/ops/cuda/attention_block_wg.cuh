@@ -14,10 +14,13 @@
 //   dV (64 x 128) += P^T dO               4 x m64n128k16, A = P^T (registers), B = dO
 //                                          (MN-major: the same bytes as dO in dP^T)
 //   dK (64 x 128) += dS^T Q               4 x m64n128k16
-// Shared tiles use the non-swizzled core-matrix layout (wgmma.cuh): element (row r, col d)
-// of a 64-row tile at byte (d/8)*1024 + r*16 + (d%8)*2, so K-major descriptors have
-// LBO = 1024 (8 columns on), SBO = 128 (8 rows on), and the MN-major view of the 16 rows
-// of head hl starts at hl*256 with LBO = 128 (8 rows on), SBO = 1024 (8 columns on).
+// The dK/dV kernel's K, V tiles (loaded once) use the non-swizzled core-matrix layout
+// (wgmma.cuh): element (row r, col d) of a 64-row tile at byte (d/8)*1024 + r*16 + (d%8)*2
+// (K-major descriptors LBO = 1024, SBO = 128). The tiles that stream through stages (its
+// items' Q and dO; the forward's and dQ's K and V) come by TMA, or by cp.async for the
+// blocks' own rows, in the 128-byte swizzled layout (two panels of 64 columns, 8 KB each:
+// K-major SBO = 1024 with the start stepping 32 bytes per k16; the MN-major view of rows
+// 16c.. at c*2048 with LBO 8192 (the panel), SBO 1024).
 //
 // wgmma exists only in sm_90a code: the kernel's body is compiled there alone (the
 // portable compute_90 PTX of the build gets a trap), and the launcher takes this path
@@ -137,6 +140,7 @@ attn_block_dkv_ws_kernel(bf16 *dkc, bf16 *dvc, const float *lse_in, const float 
     const size_t kstride = (size_t)Hkv * hd;
     const int key0 = tile_order[blockIdx.x / Hkv] * TK;
     if (tid == 0) {
+        abw_check_align1024(smem_raw);
         for (int i = 0; i < NST; i++) {
             mbar_init(&full[i], 128);       // the producer's (one with the TMA bytes)
             mbar_init(&empty[i], 4 * NWG);  // one per consumer warp
@@ -188,7 +192,7 @@ attn_block_dkv_ws_kernel(bf16 *dkc, bf16 *dvc, const float *lse_in, const float 
                     int vlo = ctx_start[j], vhi = vlo + ctx_len[j];
                     *stM(st) = abw_ws_meta{vlo, vhi > Tc ? Tc : vhi, 0, 0};
                     const int row0 = j * B + qc * 16, h0 = hk * group + hb * AB_GH;
-                    mbar_expect_tx(&full[st], 2 * ABW_TILE_BYTES);
+                    mbar_arrive_expect_tx(&full[st], 2 * ABW_TILE_BYTES);
                     tma_load_3d(stQ(st), &tmq, &full[st], 0, h0, row0);
                     tma_load_3d(stQ(st) + ABW_TILE_BYTES / 2, &tmq, &full[st], 64, h0, row0);
                     tma_load_3d(stO(st), &tmo, &full[st], 0, h0, row0);
@@ -352,9 +356,12 @@ __device__ __forceinline__ void abw_q_tile(float (*acc)[4], float *mrow, float *
 
 // The forward and dQ kernel: two consumer warpgroups (one per block of the pair, the
 // per-tile math of abw_q_tile) and a third, producer warpgroup filling NST stages of K/V
-// tiles by cp.async behind mbarriers (full: 128 cp.async arrivals; empty: one arrival per
-// consumer warp); no block barrier after start-up, as attn_varlen_fwd_ws_kernel.
-// Registers: producer 40, consumers 232.
+// tiles behind mbarriers: context tiles by TMA (one thread: four boxes of 64 rows x 64
+// columns from the tensor maps tmk, tmv of kc, vc as (Tc, Hkv, 128); the rows of a box past
+// the pair's windows are masked, so every row of kc, vc below Tc must be finite: 0 x NaN is
+// NaN), the blocks' own tiles by cp.async (abw_load_tile_sw); full: 128 arrivals (cp.async,
+// or plain with one carrying the TMA's bytes); empty: one arrival per consumer warp; no block
+// barrier after start-up, as attn_varlen_fwd_ws_kernel. Registers: producer 40, consumers 232.
 template <bool BWD, int NST>
 __global__ void __launch_bounds__(384, 1)
 attn_block_wgq_ws_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout,
@@ -383,6 +390,7 @@ attn_block_wgq_ws_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout,
     const abp_tiles<BN> tl(ctx_start, ctx_len, ja, need0, need1, B);
     const int ntile = tl.ntile;
     if (tid == 0) {
+        abw_check_align1024(smem_raw);
         for (int i = 0; i < NST; i++) {
             mbar_init(&full[i], 128);   // the producer's 128 arrivals (cp.async or plain)
             mbar_init(&empty[i], 8);    // one per consumer warp
@@ -396,12 +404,12 @@ attn_block_wgq_ws_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout,
         for (int it = 0; it < ntile; it++) {
             const int st = it % NST;
             if (it >= NST) mbar_wait(&empty[st], ((it / NST) - 1) & 1);
-            int k0, kend;
+            int k0, kend;  // (kend: the box's rows past it are masked by the consumers)
             const int own = tl.tile(it, &k0, &kend);
             unsigned char *Kt = KV + st * 2 * ABW_TILE_BYTES, *Vt = Kt + ABW_TILE_BYTES;
             if (own < 0) {  // context rows k0 .. k0 + 63 by TMA (rows past kend: masked)
                 if (wtid == 0) {
-                    mbar_expect_tx(&full[st], 2 * ABW_TILE_BYTES);
+                    mbar_arrive_expect_tx(&full[st], 2 * ABW_TILE_BYTES);
                     tma_load_3d(Kt, &tmk, &full[st], 0, hk, k0);
                     tma_load_3d(Kt + ABW_TILE_BYTES / 2, &tmk, &full[st], 64, hk, k0);
                     tma_load_3d(Vt, &tmv, &full[st], 0, hk, k0);
@@ -469,7 +477,8 @@ attn_block_wgq_ws_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout,
         int klo, khi;  // this warpgroup's visible tile columns [klo, khi)
         tl.window(it, sel, vlo, vhi, B, &klo, &khi);
         if (wact && klo < khi) {  // uniform over the warpgroup
-            // cp.async wrote through the generic proxy; wgmma reads through the async one
+            // the own tiles' cp.async wrote through the generic proxy; wgmma reads through
+            // the async one (TMA's writes need no fence)
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             abw_q_tile<BWD>(acc, mrow, lrow, Qw, Ow, KV + st * 2 * ABW_TILE_BYTES,
                             KV + st * 2 * ABW_TILE_BYTES + ABW_TILE_BYTES, klo, khi, lse2, Dr,

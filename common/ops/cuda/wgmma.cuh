@@ -47,9 +47,9 @@ __device__ __forceinline__ uint64_t wg_desc(const void *smem, uint32_t lbo, uint
 
 // Descriptor of a shared-memory operand in the 128-byte swizzled layout (TMA's
 // CU_TENSOR_MAP_SWIZZLE_128B: rows of 128 bytes, 8-row atoms of 1024 bytes, 1024-aligned):
-// K-major: sbo = the stride of 8-row groups (1024), lbo unused (1); the start may step by 32
-// bytes (16 bf16) within a row for the k16 slices. MN-major: lbo = the stride of 64-element
-// panels along N, sbo = the stride of 8-row groups along K (1024).
+// K-major: sbo = the stride of 8-row groups (1024), lbo unused (pass 1: it encodes 0); the
+// start may step by 32 bytes (16 bf16) within a row for the k16 slices. MN-major: lbo = the
+// stride of 64-element panels along N, sbo = the stride of 8-row groups along K (1024).
 __device__ __forceinline__ uint64_t wg_desc_sw128(const void *smem, uint32_t lbo, uint32_t sbo) {
     return wg_desc(smem, lbo, sbo) | (1ull << 62);
 }
@@ -247,11 +247,17 @@ __device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
         "r"(parity)
         : "memory");
 }
+// Traps unless p (shared memory) is 1024-byte aligned, as TMA's and wgmma's 128-byte swizzle
+// need of a tile's start: the kernels that swizzle check their dynamic shared-memory base
+// once (CUDA gives it that alignment when a kernel has no static shared memory).
+__device__ __forceinline__ void abw_check_align1024(const void *p) {
+    if (smem_u32(p) & 1023) __trap();
+}
 __device__ __forceinline__ void named_bar_sync(int id, int nthreads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(nthreads) : "memory");
 }
 // TMA: one 3-D box of a tensor map into shared memory, completing on bar (its expected
-// bytes set by mbar_expect_tx). tmap: the generic address of a __grid_constant__ CUtensorMap.
+// bytes set by mbar_arrive_expect_tx). tmap: the generic address of a __grid_constant__ CUtensorMap.
 __device__ __forceinline__ void tma_load_3d(void *dst, const void *tmap, uint64_t *bar, int c0,
                                             int c1, int c2) {
     asm volatile(
@@ -261,7 +267,7 @@ __device__ __forceinline__ void tma_load_3d(void *dst, const void *tmap, uint64_
         : "memory");
 }
 // Arrives on bar (one arrival) and adds bytes to the transfer count its phase waits for.
-__device__ __forceinline__ void mbar_expect_tx(uint64_t *bar, uint32_t bytes) {
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)),
                  "r"(bytes)
                  : "memory");
