@@ -292,27 +292,6 @@ attn_varlen_fwd_ws_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v
 #endif
 }
 
-// Variant 3 (the default): FlashAttention-3's forward (Shah et al. 2024) on Hopper: TMA
-// loads, 128-key tiles, two consumer warpgroups taking turns on the tensor cores. A thread
-// block = 2 consumer warpgroups of 64 queries (128) and a producer warpgroup of which one
-// thread issues the TMA copies: K and V each in NST stages of 128 rows x 128 columns (two
-// 128-byte-swizzled panels of 64 columns, tensor maps of (T, Hkv, 128): abw_head_tensor_map),
-// each with its own full (expect_tx) and empty (one arrival per consumer warp) mbarrier.
-// Per consumer warpgroup and tile j >= 1, one turn (named barriers 3 and 4):
-//   issue S_j = Q K_j^T        (8 x m64n128k16, A = Q (core-matrix tile), B = K, K-major)
-//   issue O += P_{j-1} V_{j-1} (8 x m64n128k16, A = P in registers, B = V MN-major)
-//   let the other warpgroup issue; wait; the online softmax of S_j; O *= its factor; P_j to
-//   bf16 fragments; release K_j, V_{j-1}
-// so that one warpgroup's softmax runs under the other's products (ptxas places the wait
-// for P V before the softmax, so the overlap inside one warpgroup that FA3 also has does not
-// happen here: SASS, 2026-12-04). Nothing is in flight at a loop's back edge or across a
-// branch (ptxas would serialize the products, C7518): the tiles below the diagonal run
-// unmasked in the loop, the diagonal tile (the last one, which also holds key L - 1) after it
-// with the mask. A box's rows past the sequence's end are the next sequence's keys (or TMA's
-// zeros past T): masked, and their V rows weigh 0. Both warpgroups run every tile of the
-// block (one past the sequence's end computes rows it does not store), so the barrier
-// counts and turns match. Shared memory: K, V NST x 32 KB each (1024-aligned), Q 2 x 16 KB.
-// Registers: producer 40, consumers 232 (O 64, S 64, P 32 per thread).
 #ifndef ABW_NO_WGMMA
 // Variant 3's producer, one thread: K (or V) tile it (128 rows from key it * 128 of the
 // sequence starting at row seq0, kv head hk) into stage it % NST of buf (32 KB stages: two
@@ -359,6 +338,27 @@ __device__ __forceinline__ void fa3_store(const float (*acc)[4], const float *lr
 }
 #endif
 
+// Variant 3 (the default): FlashAttention-3's forward (Shah et al. 2024) on Hopper: TMA
+// loads, 128-key tiles, two consumer warpgroups taking turns on the tensor cores. A thread
+// block = 2 consumer warpgroups of 64 queries (128) and a producer warpgroup of which one
+// thread issues the TMA copies: K and V each in NST stages of 128 rows x 128 columns (two
+// 128-byte-swizzled panels of 64 columns, tensor maps of (T, Hkv, 128): abw_head_tensor_map),
+// each with its own full (expect_tx) and empty (one arrival per consumer warp) mbarrier.
+// Per consumer warpgroup and tile j >= 1, one turn (named barriers 3 and 4):
+//   issue S_j = Q K_j^T        (8 x m64n128k16, A = Q (core-matrix tile), B = K, K-major)
+//   issue O += P_{j-1} V_{j-1} (8 x m64n128k16, A = P in registers, B = V MN-major)
+//   let the other warpgroup issue; wait; the online softmax of S_j; O *= its factor; P_j to
+//   bf16 fragments; release K_j, V_{j-1}
+// so that one warpgroup's softmax runs under the other's products (ptxas places the wait
+// for P V before the softmax, so the overlap inside one warpgroup that FA3 also has does not
+// happen here: SASS, 2026-12-04). Nothing is in flight at a loop's back edge or across a
+// branch (ptxas would serialize the products, C7518): the tiles below the diagonal run
+// unmasked in the loop, the diagonal tile (the last one, which also holds key L - 1) after it
+// with the mask. A box's rows past the sequence's end are the next sequence's keys (or TMA's
+// zeros past T): masked, and their V rows weigh 0. Both warpgroups run every tile of the
+// block (one past the sequence's end computes rows it does not store), so the barrier
+// counts and turns match. Shared memory: K, V NST x 32 KB each (1024-aligned), Q 2 x 16 KB.
+// Registers: producer 40, consumers 232 (O 64, S 64, P 32 per thread).
 template <int NST>
 __global__ void __launch_bounds__(384, 1)
 attn_varlen_fwd_fa3_kernel(bf16 *out, const bf16 *q, const int32_t *cu, int H, int Hkv,
