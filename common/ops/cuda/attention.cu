@@ -162,6 +162,38 @@ attn_varlen_fwd_mma_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *
     }
 }
 
+#ifndef ABW_NO_WGMMA
+// Variants 2 and 3: stages a consumer warpgroup's Q tile (query rows qw0 .. qw0 + 63 of the
+// sequence of L tokens from row seq0 of q (T, H, 128), head h; rows past L as zeros) into the
+// core-matrix tile Qw by cp.async, makes it visible to wgmma, and waits for the warpgroup's
+// 128 threads (named barrier 1 + sel). wtid: the thread's index in the warpgroup.
+__device__ __forceinline__ void varlen_load_q(unsigned char *Qw, const bf16 *q, int seq0,
+                                              int qw0, int L, int h, size_t qstride, int wtid,
+                                              int sel) {
+    abw_load_tile(Qw, [&](int r) -> const bf16 * {
+        return qw0 + r < L ? q + (size_t)(seq0 + qw0 + r) * qstride + (size_t)h * 128 : nullptr;
+    }, wtid, q);
+    cp_async_commit();
+    cp_async_wait<0>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    named_bar_sync(1 + sel, 128);  // this warpgroup's Q tile is in
+}
+
+// Writes a warp's 16 x 128 output accumulator divided by its rows' softmax sums (lrow: this
+// thread's partial sums of rows g, g + 8); rowptr(r) gives row r's destination or NULL.
+template <typename RowFn>
+__device__ __forceinline__ void varlen_store_o(const float (*acc)[4], const float *lrow,
+                                          RowFn rowptr, int g, int t) {
+    float l0 = lrow[0], l1 = lrow[1];
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    store_rows<128>(acc, inv0, inv1, rowptr, 128, g, t);
+}
+#endif
+
 // Variant 2: warpgroups of 64 consecutive queries of one (sequence, head) on wgmma
 // (sm_90a), warp-specialized. A thread block = NWG = 3 consumer warpgroups (192 queries)
 // and a producer warpgroup that fills NST stages of a 64-key K tile and V tile (cp.async
@@ -233,13 +265,7 @@ attn_varlen_fwd_ws_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v
     asm volatile("setmaxnreg.inc.sync.aligned.u32 152;\n" ::: "memory");
     const int qw0 = q0 + 64 * sel;  // this warpgroup's first query
     unsigned char *Qw = Qt + sel * ABW_TILE_BYTES;
-    abw_load_tile(Qw, [&](int r) -> const bf16 * {
-        return qw0 + r < L ? q + (size_t)(seq0 + qw0 + r) * qstride + (size_t)h * hd : nullptr;
-    }, wtid, q);
-    cp_async_commit();
-    cp_async_wait<0>();
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    named_bar_sync(1 + sel, 128);  // this warpgroup's Q tile is in
+    varlen_load_q(Qw, q, seq0, qw0, L, h, qstride, wtid, sel);
 
     float acc[16][4];  // O (m64n128 accumulator: n-tile i in acc[i])
 #pragma unroll
@@ -279,16 +305,10 @@ attn_varlen_fwd_ws_kernel(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v
         if (lane == 0) mbar_arrive(&empty[st]);  // this warp no longer reads the stage
     }
     if (qw0 >= L) return;
-    float l0 = lrow[0], l1 = lrow[1];
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
-    store_rows<128>(acc, inv0, inv1, [&](int r) -> bf16 * {
+    varlen_store_o(acc, lrow, [&](int r) -> bf16 * {
         int qr = qw0 + warp * 16 + r;
         return qr < L ? out + (size_t)(seq0 + qr) * qstride + (size_t)h * hd : nullptr;
-    }, hd, g, t);
+    }, g, t);
 #endif
 }
 
@@ -323,19 +343,6 @@ __device__ __forceinline__ void fa3_init(const void *smem, uint64_t *bars, int n
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 
-// Writes a warp's 16 x 128 output accumulator divided by its rows' softmax sums (lrow: this
-// thread's partial sums of rows g, g + 8); rowptr(r) gives row r's destination or NULL.
-template <typename RowFn>
-__device__ __forceinline__ void fa3_store(const float (*acc)[4], const float *lrow,
-                                          RowFn rowptr, int g, int t) {
-    float l0 = lrow[0], l1 = lrow[1];
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
-    store_rows<128>(acc, inv0, inv1, rowptr, 128, g, t);
-}
 #endif
 
 // Variant 3 (the default): FlashAttention-3's forward (Shah et al. 2024) on Hopper: TMA
@@ -398,13 +405,7 @@ attn_varlen_fwd_fa3_kernel(bf16 *out, const bf16 *q, const int32_t *cu, int H, i
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
     const int qw0 = q0 + 64 * sel;  // this warpgroup's first query
     unsigned char *Qw = Qt + sel * ABW_TILE_BYTES;
-    abw_load_tile(Qw, [&](int r) -> const bf16 * {
-        return qw0 + r < L ? q + (size_t)(seq0 + qw0 + r) * qstride + (size_t)h * hd : nullptr;
-    }, wtid, q);
-    cp_async_commit();
-    cp_async_wait<0>();
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    named_bar_sync(1 + sel, 128);  // this warpgroup's Q tile is in
+    varlen_load_q(Qw, q, seq0, qw0, L, h, qstride, wtid, sel);
 
     float acc[16][4];  // O (m64n128 accumulator: n-tile i in acc[i])
     float sc[16][4];   // S_j, then P_j (f32)
@@ -498,7 +499,7 @@ attn_varlen_fwd_fa3_kernel(bf16 *out, const bf16 *q, const int32_t *cu, int H, i
     fence_pa();
     release(emptyV, ntile - 1);
     if (qw0 >= L) return;
-    fa3_store(acc, lrow, [&](int r) -> bf16 * {
+    varlen_store_o(acc, lrow, [&](int r) -> bf16 * {
         int qr = qw0 + warp * 16 + r;
         return qr < L ? out + (size_t)(seq0 + qr) * qstride + (size_t)h * hd : nullptr;
     }, g, t);
