@@ -328,21 +328,6 @@ __device__ __forceinline__ void fa3_load_stage(unsigned char *buf, uint64_t *ful
     tma_load_3d(buf + st * BYTES + BYTES / 2, tm, &full[st], 64, hk, row);
 }
 
-// Variant 3's set-up, thread 0: checks the shared-memory base's alignment and initialises the
-// 4 NST mbarriers at bars: full K, empty K, full V, empty V (NST each); full: one arrival (the
-// producer's, with the bytes), empty: one per consumer warp (nwarps).
-template <int NST>
-__device__ __forceinline__ void fa3_init(const void *smem, uint64_t *bars, int nwarps) {
-    abw_check_align1024(smem);
-    for (int i = 0; i < NST; i++) {
-        mbar_init(&bars[i], 1);
-        mbar_init(&bars[NST + i], nwarps);
-        mbar_init(&bars[2 * NST + i], 1);
-        mbar_init(&bars[3 * NST + i], nwarps);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-
 #endif
 
 // Variant 3 (the default): FlashAttention-3's forward (Shah et al. 2024) on Hopper: TMA

@@ -15,11 +15,14 @@
 //     kernels with TMA loads (attention_block_wg.cuh; every kc, vc row below Tc must be
 //     finite; the context tiles by descending work), the blocks' own
 //     dK/dV on attn_block_own_dkv_kernel (B <= 16, any head dim and GPU: one warp per block
-//     and kv head; bitwise variant 1's own tiles); elsewhere variant 1's kernels run.
-// On an H200, 8 x 4096 tokens, 512 anchors, B 16 (bench_ops): forward 10.0 / 5.8 ms, dQ
-// 12.3 / 6.9 ms, dK/dV 30.7 / 10.1 ms for variants 1 / 2 (2026-12-04; bench/NOTES.md; in its entries
-// before 2026-12-03's third session, 1 was "variant 2" and 2 "variant 11"; variants 1 and
-// 3-10 there were kernels measured slower, since removed).
+//     and kv head; bitwise variant 1's own tiles); elsewhere variant 1's kernels run;
+//   variant 3 (the default): variant 2 with the forward on attn_block_fwd_fa3_kernel
+//     (attention_block_wg.cuh: 128-key tiles, all loads by TMA, the two warpgroups taking
+//     turns as the causal variant 3), where variant 2's forward applies.
+// On an H200, 8 x 4096 tokens, 512 anchors, B 16 (bench_ops): forward 10.0 / 5.8 / 5.5 ms,
+// dQ 12.3 / 6.9 ms, dK/dV 30.7 / 10.1 ms for variants 1 / 2 / 3 (2026-12-04; bench/NOTES.md;
+// in its entries before 2026-12-03's third session, 1 was "variant 2" and 2 "variant 11";
+// variants 1 and 3-10 there were kernels measured slower, since removed).
 //
 // Forward: online softmax over 64-key tiles staged in shared memory (shared by the
 // group's heads and the pair's two blocks); lse (natural log) saved.
@@ -47,10 +50,11 @@ extern "C" {
 #include "common/ops/cuda/ops_cuda.h"
 }
 
-// Kernel variant used by the ops table (ops_cuda_attention_block_variant): 2, measured
-// fastest (above); it runs variant 1's kernels where the wgmma kernels do not apply (the
-// own-key kernel excepted: B <= 16 on any GPU and head dim).
-#define AB_DEFAULT_VARIANT 2
+// Kernel variant used by the ops table (ops_cuda_attention_block_variant): 3, measured
+// fastest (above: its forward 11% faster than 2's at fixed clocks); it runs variant 1's
+// kernels where the wgmma kernels do not apply (the own-key kernel excepted: B <= 16 on any
+// GPU and head dim).
+#define AB_DEFAULT_VARIANT 3
 
 // ------------------------------------------------------------------ forward / dQ
 // Forward write-out of an active warp: sums lrow over the quad, writes lse[row*H + h]
@@ -527,8 +531,8 @@ static void launch_dkv(const ops_ctx_t *c, int variant, bf16 *dkb, bf16 *dvb, bf
                        int Tc, int H, int Hkv, int hd, int *tile_scratch) {
     long nct4 = (Tc + 63) / 64, nbt4 = (B + 63) / 64, all4 = nct4 + (long)Nb * nbt4;
     const bool ctx = dkc || dvc, own = dkb || dvb;  // what is asked for: nothing else runs
-    const bool own_kernel = variant == 2 && B <= 16;
-    const bool ws = variant == 2 && HDP == 128 && ab_wg_applies(hd, q, kb, vb, kc, vc, dout);
+    const bool own_kernel = variant >= 2 && B <= 16;
+    const bool ws = variant >= 2 && HDP == 128 && ab_wg_applies(hd, q, kb, vb, kc, vc, dout);
     if (ws && ctx)
         launch_dkv_ws<4>(c, dkc, dvc, dout, lse, D, q, kc, vc, cs, cl, Nb, B, Tc, H, Hkv,
                          tile_scratch);
@@ -560,9 +564,30 @@ static void launch_pair(const ops_ctx_t *c, bf16 *out, float *lse, bf16 *dq, con
     cuda_check_launch();
 }
 
-// Forward or dQ: variant 2, where it applies (head dim 128, H = 4 Hkv, B <= 16, Tc > 0 (the
-// tensor maps), Hopper, aligned rows), the warp-specialized wgmma kernel (a pair of blocks
-// per thread block);
+// The FA3-style forward (variant 3; attention_block_wg.cuh): NST K and NST V stages of 128
+// keys; tensor maps of kc, vc (128-row boxes) and kb, vb (64-row boxes).
+template <int NST>
+static void launch_fwd_fa3(const ops_ctx_t *c, bf16 *out, float *lse, const void *q,
+                           const void *kb, const void *vb, const void *kc, const void *vc,
+                           const int32_t *cs, const int32_t *cl, int Nb, int B, int Tc, int H,
+                           int Hkv) {
+    const size_t smem = (size_t)NST * 2 * (128 * 128 * 2) + 2 * ABW_TILE_BYTES +
+                        4 * NST * sizeof(uint64_t);
+    auto kern = attn_block_fwd_fa3_kernel<NST>;
+    cuda_check(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const CUtensorMap tmkc = abw_head_tensor_map(kc, Tc, Hkv, 1, 128);
+    const CUtensorMap tmvc = abw_head_tensor_map(vc, Tc, Hkv, 1, 128);
+    const CUtensorMap tmkb = abw_head_tensor_map(kb, Nb * B, Hkv, 1, 64);
+    const CUtensorMap tmvb = abw_head_tensor_map(vb, Nb * B, Hkv, 1, 64);
+    kern<<<dim3((Nb + 1) / 2, Hkv), 384, smem, cuda_stream(c)>>>(
+        out, lse, (const bf16 *)q, cs, cl, Nb, B, H, Hkv, 1.0f / sqrtf(128.0f), tmkc, tmvc,
+        tmkb, tmvb);
+    cuda_check_launch();
+}
+
+// Forward or dQ: variants 2 and 3, where they apply (head dim 128, H = 4 Hkv, B <= 16, Tc > 0
+// (the tensor maps), Hopper, aligned rows), the warp-specialized wgmma kernel (a pair of
+// blocks per thread block; variant 3's forward: launch_fwd_fa3);
 // otherwise (variant 1) the mma.sync pair kernel (64-key tiles forward, 32 in dQ: its f32
 // dP fragments are held in registers).
 template <int HDP, bool BWD>
@@ -571,8 +596,11 @@ static void launch_q(const ops_ctx_t *c, int variant, bf16 *out, float *lse, bf1
                      const void *kb, const void *vb, const void *kc, const void *vc,
                      const int32_t *cs, const int32_t *cl, int Nb, int B, int Tc, int H,
                      int Hkv, int hd) {
-    if (variant == 2 && HDP == 128 && H == 4 * Hkv && B <= 16 && Tc > 0 &&
-        ab_wg_applies(hd, q, kb, vb, kc, vc, BWD ? dout : NULL)) {
+    const bool wg = variant >= 2 && HDP == 128 && H == 4 * Hkv && B <= 16 && Tc > 0 &&
+                    ab_wg_applies(hd, q, kb, vb, kc, vc, BWD ? dout : NULL);
+    if (wg && !BWD && variant == 3) {
+        launch_fwd_fa3<2>(c, out, lse, q, kb, vb, kc, vc, cs, cl, Nb, B, Tc, H, Hkv);
+    } else if (wg) {
         constexpr int NST = 3;
         size_t smem = (size_t)(2 * NST + (BWD ? 4 : 2)) * ABW_TILE_BYTES + 2 * NST * sizeof(uint64_t);
         cuda_check(cudaFuncSetAttribute(attn_block_wgq_ws_kernel<BWD, NST>,

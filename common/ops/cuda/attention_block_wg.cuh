@@ -1,5 +1,6 @@
 // DFlash block attention with Hopper warpgroup MMA (wgmma, sm_90a; attention_block.cu's
-// variant 2; included there): the dK/dV context tiles, then the forward and dQ. Head dim
+// variants 2 and 3; included there): the dK/dV context tiles, then the forward and dQ, then
+// variant 3's forward (attn_block_fwd_fa3_kernel, at the end). Head dim
 // 128 only. dK/dV: the same work items and the same deterministic key-major scheme as
 // attn_block_dkv_kernel: a warpgroup (4 warps) owns 64 context keys of one kv head and
 // sums over every block that sees them in a fixed order (no atomics).
@@ -497,5 +498,195 @@ attn_block_wgq_ws_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout,
             return row >= 0 ? dq + row * qstride + (size_t)h * hd : nullptr;
         }, hd, g, t);
     }
+#endif
+}
+
+#ifndef ABW_NO_WGMMA
+// The FA3-style forward's producer, one thread: K (or V) tile it of the pair into stage
+// it % NST of buf (32 KB stages: two 128-byte-swizzled panels of 64 columns x 128 rows),
+// once the consumers released the stage's previous tile. A context tile: rows k0 .. k0 + 127
+// of kc (vc) by two boxes of 128 rows (tensor map tmc); the own tile: the pair's blocks'
+// rows ja*B .. and (ja+1)*B .. of kb (vb) by four boxes of 64 rows (tmb) at rows 0 and 64 of
+// each panel (the rows past a block's B, and TMA's zeros past Nb*B, are masked).
+template <int NST>
+__device__ __forceinline__ void abf_load_stage(unsigned char *buf, uint64_t *full,
+                                               uint64_t *empty, const CUtensorMap *tmc,
+                                               const CUtensorMap *tmb, int it, int own, int k0,
+                                               int hk, int ja, int B) {
+    constexpr int BYTES = 128 * 128 * 2, PANEL = BYTES / 2;
+    const int st = it % NST;
+    unsigned char *dst = buf + st * BYTES;
+    if (it >= NST) mbar_wait(&empty[st], ((it / NST) - 1) & 1);
+    mbar_arrive_expect_tx(&full[st], BYTES);
+    if (own < 0) {
+        tma_load_3d(dst, tmc, &full[st], 0, hk, k0);
+        tma_load_3d(dst + PANEL, tmc, &full[st], 64, hk, k0);
+    } else {
+        for (int p = 0; p < 2; p++)
+            for (int s2 = 0; s2 < 2; s2++)
+                tma_load_3d(dst + p * PANEL + s2 * (PANEL / 2), tmb, &full[st], 64 * p, hk,
+                            (ja + s2) * B);
+    }
+}
+#endif  // !ABW_NO_WGMMA
+
+// The forward, FlashAttention-3's way (attention_block.cu's variant 3; the math of
+// attn_block_wgq_ws_kernel<false>, 128-key tiles): a thread block = a pair of blocks ja, ja+1
+// of one kv head; two consumer warpgroups (one per block: its 16 queries x 4 heads = 64 rows)
+// and a producer warpgroup of which one thread issues every load by TMA (abf_load_stage: the
+// context tiles of abp_tiles<128>, then the pair's own tile), K and V in NST stages each with
+// their own full (expect_tx) and empty (one arrival per consumer warp) mbarriers. Per
+// warpgroup and tile j >= 1, one turn (named barriers 3 and 4, as attn_varlen_fwd_fa3_kernel):
+// issue S_j = Q K_j^T and O += P_{j-1} V_{j-1}, let the other warpgroup issue, wait for S_j,
+// mask it to the block's window of the tile (branch-free: nothing in flight crosses a
+// branch), the online softmax, wait for P V, rescale O, P_j to bf16 fragments. Both
+// warpgroups run every tile of the pair (a tile outside a block's window is all masked, a
+// block past Nb computes rows it does not store), so the turns match. Every row of kc, vc
+// below Tc and of kb, vb must be finite (0 x NaN is NaN). Shared memory: K, V NST x 32 KB
+// each, Q 2 x 16 KB. Registers: producer 40, consumers 232 (O 64, S 64, P 32 per thread).
+template <int NST>
+__global__ void __launch_bounds__(384, 1)
+attn_block_fwd_fa3_kernel(bf16 *out, float *lse, const bf16 *q, const int32_t *ctx_start,
+                          const int32_t *ctx_len, int Nb, int B, int H, int Hkv, float scale,
+                          const __grid_constant__ CUtensorMap tmkc,
+                          const __grid_constant__ CUtensorMap tmvc,
+                          const __grid_constant__ CUtensorMap tmkb,
+                          const __grid_constant__ CUtensorMap tmvb) {
+#ifdef ABW_NO_WGMMA
+    __trap();
+#else
+    constexpr int hd = 128, BN = 128, KV_BYTES = BN * hd * 2;
+    extern __shared__ __align__(16) unsigned char smem_raw[];  // (1024-aligned: the swizzle)
+    unsigned char *Ks = smem_raw, *Vs = Ks + NST * KV_BYTES;  // NST stages each
+    unsigned char *Qt = Vs + NST * KV_BYTES;                 // 2 warpgroups x Q tile
+    uint64_t *fullK = (uint64_t *)(Qt + 2 * ABW_TILE_BYTES), *emptyK = fullK + NST;
+    uint64_t *fullV = emptyK + NST, *emptyV = fullV + NST;
+    const int hk = blockIdx.y, tid = threadIdx.x, sel = tid >> 7, wtid = tid & 127;
+    const int warp = wtid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int ja = 2 * blockIdx.x, j = ja + sel;
+    const bool wact = j < Nb;
+    const size_t qstride = (size_t)H * hd;
+    const abp_tiles<BN> tl(ctx_start, ctx_len, ja, true, ja + 1 < Nb, B);
+    const int ntile = tl.ntile;  // >= 1: the own tile is last
+    if (tid == 0) fa3_init<NST>(smem_raw, fullK, 8);
+    __syncthreads();
+    if (sel == 2) {  // the producer warpgroup: one thread issues the copies
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        if (wtid == 0)
+            for (int it = 0; it < ntile; it++) {
+                int k0, kend;
+                const int own = tl.tile(it, &k0, &kend);
+                abf_load_stage<NST>(Ks, fullK, emptyK, &tmkc, &tmkb, it, own, k0, hk, ja, B);
+                abf_load_stage<NST>(Vs, fullV, emptyV, &tmvc, &tmvb, it, own, k0, hk, ja, B);
+            }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+    // this warpgroup's 64 query rows: r = 16 hl + qi -> row j*B + qi of head hk*4 + hl
+    unsigned char *Qw = Qt + sel * ABW_TILE_BYTES;
+    abw_load_tile(Qw, [&](int r) -> const bf16 * {
+        int hl = r >> 4, qi = r & 15;
+        return (wact && qi < B) ? q + ((size_t)j * B + qi) * qstride + (size_t)(hk * 4 + hl) * hd
+                                : nullptr;
+    }, wtid, q);
+    cp_async_commit();
+    cp_async_wait<0>();
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    named_bar_sync(1 + sel, 128);  // this warpgroup's Q tile is in
+    const int vlo = wact ? ctx_start[j] : 0, vhi = wact ? vlo + ctx_len[j] : 0;
+    const float scale_log2 = scale * ATTN_LOG2E;
+
+    float acc[16][4];   // O (m64n128 accumulator: n-tile i in acc[i])
+    float sc[16][4];    // S_j, then P_j (f32)
+    uint32_t pa[8][4];  // P_{j-1} as A fragments, keys 16kk .. 16kk + 15
+#pragma unroll
+    for (int i = 0; i < 16; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+    float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f}, al[2];
+    auto issue_s = [&](int jt) {  // S = Q K_jt^T (issued, committed)
+        const unsigned char *Kt = Ks + (jt % NST) * KV_BYTES;
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++)
+            wg_m64n128k16_ss(&sc[0][0], wg_desc(Qw + kk * 2048, 1024, 128),
+                             wg_desc_sw128(Kt + (kk >> 2) * (KV_BYTES / 2) + (kk & 3) * 32, 1,
+                                           1024),
+                             kk > 0);
+        wg_commit();
+    };
+    auto issue_pv = [&](int jt) {  // O += P V_jt (issued, committed)
+        const unsigned char *Vt = Vs + (jt % NST) * KV_BYTES;
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++)
+            wg_m64n128k16_rs<1>(&acc[0][0], pa[kk],
+                                wg_desc_sw128(Vt + kk * 2048, KV_BYTES / 2, 1024));
+        wg_commit();
+    };
+    auto fence_pa = [&]() {  // P's registers stay live until its product is waited for
+#pragma unroll
+        for (int i = 0; i < 32; i++) wg_fence_reg(pa[i / 4][i % 4]);
+    };
+    auto to_a = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < 8; kk++) c_to_a(pa[kk], sc[2 * kk], sc[2 * kk + 1]);
+    };
+    // S of tile jt masked to this block's window [klo, khi) of it, then the softmax step
+    auto softmax = [&](int klo, int khi) {
+        abw_fence_acc(&sc[0][0], 64);
+        abp_mask<16>(sc, klo, khi, -INFINITY, t);
+        online_softmax_p<BN>(sc, mrow, lrow, al, 0, 0, 0, INT_MAX, false, scale_log2, t);
+    };
+    auto wait_full = [&](uint64_t *bar, int jt) { mbar_wait(&bar[jt % NST], (jt / NST) & 1); };
+    auto release = [&](uint64_t *bar, int jt) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&bar[jt % NST]);  // this warp no longer reads the stage
+    };
+    auto my_turn = [&]() { named_bar_sync(3 + sel, 256); };
+    auto your_turn = [&]() { named_bar_arrive(4 - sel, 256); };
+    if (sel == 1) your_turn();  // warpgroup 0 goes first
+    int klo, khi;
+    tl.window(0, sel, vlo, vhi, B, &klo, &khi);
+    wait_full(fullK, 0);
+    my_turn();
+    wg_fence();
+    issue_s(0);
+    your_turn();
+    wg_wait<0>();
+    softmax(klo, khi);
+    to_a();
+    release(emptyK, 0);
+    for (int jt = 1; jt < ntile; jt++) {
+        tl.window(jt, sel, vlo, vhi, B, &klo, &khi);
+        wait_full(fullK, jt);
+        wait_full(fullV, jt - 1);
+        my_turn();
+        abw_fence_acc(&acc[0][0], 64);
+        wg_fence();
+        issue_s(jt);
+        issue_pv(jt - 1);
+        your_turn();
+        wg_wait<1>();
+        softmax(klo, khi);
+        wg_wait<0>();
+        abw_fence_acc(&acc[0][0], 64);
+        fence_pa();
+        rescale_rows<128>(acc, al);
+        to_a();
+        release(emptyK, jt);
+        release(emptyV, jt - 1);
+    }
+    wait_full(fullV, ntile - 1);  // the last tile's P V
+    my_turn();
+    abw_fence_acc(&acc[0][0], 64);
+    wg_fence();
+    issue_pv(ntile - 1);
+    your_turn();
+    if (sel == 0) my_turn();  // warpgroup 1's last arrival (every barrier phase completes)
+    wg_wait<0>();
+    abw_fence_acc(&acc[0][0], 64);
+    fence_pa();
+    release(emptyV, ntile - 1);
+    if (!wact) return;
+    const int h = hk * 4 + warp;  // this warp's query head
+    auto rowi = [&](int r) -> long { return r < B ? (long)j * B + r : -1; };
+    ab_q_write_fwd<128>(out, lse, acc, mrow, lrow, rowi, H, h, hd, qstride, g, t);
 #endif
 }

@@ -42,13 +42,14 @@ int ops_cuda_attention_varlen_resolve(int variant, int hd);
  * dK/dV in 64-key tiles; any head dim <= 128, any GPU); 2 = Hopper wgmma, warp-specialized
  * (forward, dQ and the dK/dV context tiles; head dim 128 on a compute capability 9.0 GPU,
  * forward and dQ also H = 4 Hkv, B <= 16 and Tc > 0; elsewhere as 1), the blocks' own dK/dV
- * on a warp per block and kv head (B <= 16, any head dim and GPU); 0 = the default (2:
- * forward 5.8, dQ 6.9, dK/dV 10.1 ms against 10.0, 12.3, 30.7 for 1 on an H200,
- * bench/NOTES.md).
+ * on a warp per block and kv head (B <= 16, any head dim and GPU); 3 = 2 with the forward
+ * FlashAttention-3's way (128-key tiles by TMA, the two warpgroups taking turns; where 2's
+ * forward applies); 0 = the default (3: forward 5.5, dQ 6.9, dK/dV 10.1 ms against 10.0,
+ * 12.3, 30.7 for 1 and a forward of 5.8 for 2 on an H200, bench/NOTES.md).
  * Values outside 0..OPS_CUDA_ATTN_BLOCK_VARIANTS change nothing. Same results within
  * rounding (f32 sums in another order); each variant is deterministic. variant < 0 only
  * queries. Returns the variant in use before the call. */
-#define OPS_CUDA_ATTN_BLOCK_VARIANTS 2
+#define OPS_CUDA_ATTN_BLOCK_VARIANTS 3
 int ops_cuda_attention_block_variant(int variant);
 
 /* The MoE experts' forward GEMMs: for each expert e with rows [off_h[e], off_h[e+1]),

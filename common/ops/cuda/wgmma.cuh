@@ -258,6 +258,22 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t by
 __device__ __forceinline__ void named_bar_arrive(int id, int nthreads) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(nthreads) : "memory");
 }
+
+// The set-up of the FA3-style kernels (attention.cu's variant 3, attention_block_wg.cuh's
+// forward), thread 0: checks the shared-memory base's alignment and initialises the
+// 4 NST mbarriers at bars: full K, empty K, full V, empty V (NST each); full: one arrival (the
+// producer's, with the bytes), empty: one per consumer warp (nwarps).
+template <int NST>
+__device__ __forceinline__ void fa3_init(const void *smem, uint64_t *bars, int nwarps) {
+    abw_check_align1024(smem);
+    for (int i = 0; i < NST; i++) {
+        mbar_init(&bars[i], 1);
+        mbar_init(&bars[NST + i], nwarps);
+        mbar_init(&bars[2 * NST + i], 1);
+        mbar_init(&bars[3 * NST + i], nwarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
 #endif
 
 // A tensor map of a (T, nh, 128) bf16 tensor (rows of nh heads of 128 values: the Q, K, V
