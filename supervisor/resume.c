@@ -462,6 +462,12 @@ static int resume_defaults(run_opts_t *o, const char *ckdir, const ckpt_state_hd
         free(j);
         return 2;
     }
+    if (!h && rrc == 0) {   /* no checkpoint: the step settings run.json records */
+        if (j->max_steps > 0)
+            TAKE(RUN_O_MS, " --max-steps %lld", (long long)(o->max_steps = j->max_steps));
+        if (j->micro_batches_per_step > 0 && j->micro_batches_per_step <= 4096)
+            TAKE(RUN_O_K, " --micro-batches-per-step %d", (o->mbs_per_step = (int)j->micro_batches_per_step));
+    }
     if (j->save_every >= 0)
         TAKE(RUN_O_SE, " --save-every %lld", (long long)(o->save_every = j->save_every));
     if (j->keep_checkpoints > 0 && j->keep_checkpoints <= INT32_MAX)
@@ -580,6 +586,33 @@ int sup__resume_take_defaults(launch_t *L) {
     return 0;
 }
 
+/* A fresh start under --resume: the training settings only a checkpoint records (the
+ * recipe) fall back to their defaults where not given now; said on the console with their
+ * values, so that a run restarted without its flags does not train another recipe silently. */
+static void recipe_warn(const run_opts_t *o) {
+    char s[640] = "";
+    size_t n = 0;
+#define RW(code, ...) do { if (!o->given[(code) - RUN_O_TM] && n < sizeof s) {                     \
+        int w_ = snprintf(s + n, sizeof s - n, __VA_ARGS__); if (w_ > 0) n += (size_t)w_; } } while (0)
+    RW(RUN_O_TB, " --token-budget %d", o->token_budget);
+    if (o->max_len > 0) RW(RUN_O_ML, " --max-len %d", o->max_len);
+    else RW(RUN_O_ML, " --max-len (the token budget)");
+    RW(RUN_O_NA, " --num-anchors %d", o->num_anchors);
+    RW(RUN_O_BS, " --block-size %d", o->block_size);
+    RW(RUN_O_DL, " --drafter-layers %d", o->drafter_layers);
+    RW(RUN_O_EP, " --epochs %d", o->epochs);
+    RW(RUN_O_LR, " --lr %g", o->lr);
+    RW(RUN_O_WU, " --warmup-steps %lld", (long long)o->warmup_steps);
+    RW(RUN_O_WD, " --weight-decay %g", o->weight_decay);
+    RW(RUN_O_CL, " --clip %g", o->clip);
+    RW(RUN_O_SEED, " --seed %lld", (long long)o->seed);
+#undef RW
+    if (s[0])
+        log_warn("--resume %s: a run's training settings are recorded in its checkpoints, and this one saved "
+                 "none: not given now, these are the defaults, not necessarily the run's (stop and pass the "
+                 "run's own if they differ):%s", o->resume, s);
+}
+
 /* A dir whose run saved no checkpoint and applied no step (e.g. Ctrl-C while the
  * stages were starting) holds nothing to continue: it is reused as a fresh run,
  * with or without --resume (its steps.jsonl and metrics.jsonl are started anew). */
@@ -597,6 +630,7 @@ int sup__resume_fresh(launch_t *L) {
         if (!has_steps && (!strcmp(o->resume, out) || has_prev)) {
             log_info("--resume %s: the run saved no checkpoint and applied no step: starting it fresh in %s",
                      o->resume, out);
+            recipe_warn(o);
             o->resume = NULL;
             L->reuse_fresh = has_prev;
         } else if (ckpt_resolve(o->resume, cp, sizeof cp) < 0 &&

@@ -284,7 +284,8 @@ static void test_fresh_reuse_and_sweeps(void **state) {
     snprintf(p, sizeof p, "%s/run.json", out);
     FILE *f = fopen(p, "w");
     assert_non_null(f);
-    fprintf(f, "{\"run_id\":\"0badc0de\",\"state\":\"running\",\"supervisor_pid\":999999}\n");
+    fprintf(f, "{\"run_id\":\"0badc0de\",\"state\":\"running\",\"supervisor_pid\":999999,"
+               "\"max_steps\":2}\n");
     fclose(f);
     snprintf(p, sizeof p, "%s/steps.jsonl", out);
     f = fopen(p, "w");
@@ -301,13 +302,20 @@ static void test_fresh_reuse_and_sweeps(void **state) {
     assert_int_equal(utimensat(AT_FDCWD, "/dev/shm/dl-0ldd0ead-drafter0-1-ibg", old, 0), 0);
     make_shm("dl-y0un9000-drafter0-1-ibg");
     static pf_run_args_t a;
-    const char *extra[] = {"--out", out, "--resume", out, "--max-steps", "2", NULL};
+    /* --max-steps not given: run.json's 2 is taken; the recipe settings not given now are
+     * named with their default values (a checkpoint would have held the run's) */
+    const char *extra[] = {"--out", out, "--resume", out, NULL};
     run_argv(&a, log, extra);
     int code = pf_run_draftline(&a, NULL, 60, NULL);
     char *txt = pf_slurp(log, NULL);
     if (code != 0) fprintf(stderr, "%s\n", txt);
     assert_int_equal(code, 0);
     assert_non_null(strstr(txt, "starting it fresh"));
+    assert_non_null(strstr(txt, "--max-steps 2"));
+    assert_non_null(strstr(txt, "these are the defaults"));
+    assert_non_null(strstr(txt, "--max-len"));
+    assert_non_null(strstr(txt, "--epochs"));
+    assert_null(strstr(txt, "the run's own if they differ): --token-budget"));
     assert_non_null(strstr(txt, "stale"));
     assert_null(strstr(txt, "rebalance rb-stale"));
     free(txt);
