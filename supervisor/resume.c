@@ -8,6 +8,7 @@
 #include "common/pipe/rbplan.h"
 #include "common/rundir/rundir.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stddef.h>
@@ -660,6 +661,38 @@ int sup__resume_fresh(launch_t *L) {
     return 0;
 }
 
+/* Resumed from step `step` into run dir `out`: checkpoints of higher steps there are the
+ * run's training past it, which this run rewinds. Said on the console: they are kept
+ * (ckpt_prune leaves steps past `latest`), a checkpoint this run writes at one of their
+ * steps replaces it, and steps.jsonl loses the lines past `step` (the optimizer's log). */
+static void newer_ckpts_say(const char *out, uint64_t step) {
+    char root[4200];
+    snprintf(root, sizeof root, "%s/checkpoints", out);
+    DIR *d = opendir(root);
+    if (!d) return;
+    unsigned long long hi = 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        unsigned long long s;
+        char tail;
+        char sb[4480];
+        struct stat st;
+        if (sscanf(e->d_name, "step_%llu%c", &s, &tail) != 1 || s <= step) continue;
+        snprintf(sb, sizeof sb, "%s/%s/state.bin", root, e->d_name);
+        if (stat(sb, &st) == 0 && S_ISREG(st.st_mode)) {   /* a checkpoint, not a stray dir */
+            n++;
+            if (s > hi) hi = s;
+        }
+    }
+    closedir(d);
+    if (n > 0)
+        log_warn("--resume: step %llu is behind %d newer checkpoint(s) in %s (up to step_%llu): training goes on "
+                 "from step %llu; they are kept, except that a checkpoint this run writes at the same step "
+                 "replaces one, and steps.jsonl's lines past step %llu are dropped",
+                 (unsigned long long)step, n, root, hi, (unsigned long long)step, (unsigned long long)step);
+}
+
 /* the checkpoint to resume: read (and checked) before anything is written */
 int sup__resume_read(launch_t *L) {
     run_opts_t *o = L->o;
@@ -678,6 +711,7 @@ int sup__resume_read(launch_t *L) {
     L->start_step = h.step;
     L->resume_hdr = h;
     L->have_resume_hdr = 1;
+    newer_ckpts_say(L->out, h.step);
     return 0;
 }
 

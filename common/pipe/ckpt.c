@@ -756,7 +756,9 @@ int ckpt_prune(const char *out_dir, int64_t keep, uint64_t expected_params, cons
     int removed = 0;
     size_t left = n;
     for (size_t i = 0; i < n && left > (uint64_t)keep; i++) {
-        if (steps[i] == latest) continue;
+        /* a step past latest is a run's own future before it was resumed from an older
+         * checkpoint: not older, so kept (a checkpoint written at its step replaces it) */
+        if (steps[i] >= latest) continue;
         char dir[4200], del[4300], real[PATH_MAX];
         snprintf(dir, sizeof dir, "%s/step_%llu", root, (unsigned long long)steps[i]);
         if (protect_real[0] && realpath(dir, real) && !strcmp(real, protect_real)) continue;

@@ -157,7 +157,9 @@ int ckpt_resolve(const char *path, char *out, size_t cap);
 /* Checkpoint retention (`--keep-checkpoints N`, like HF Trainer's save_total_limit), run
  * by the optimizer right after ckpt_write made `latest` name a new checkpoint: removes the
  * oldest (lowest step) complete checkpoint dirs of <out_dir>/checkpoints until at most
- * `keep` remain. Never removes the one `latest` names, nor `protect` (the dir the run
+ * `keep` remain. Never removes the one `latest` names, nor one of a higher step (left by
+ * the run's training before it was resumed from an older checkpoint: the furthest-trained
+ * weights stay until this run writes that step, which replaces them), nor `protect` (the dir the run
  * was resumed from, compared by real path; may be NULL; the caller passes it until a
  * newer checkpoint exists). Conservative: only a directory (not a link) named exactly
  * step_<digits> that holds state.bin (magic ok, header step == <digits>, n_params ==

@@ -9,6 +9,8 @@
  *  - `run --resume OUT --max-steps 7` without the flag takes --keep-checkpoints 2 from
  *    run.json (listed in the "taken" line) and ends with exactly step_6 and step_7, latest
  *    step_7, steps.jsonl 0..6;
+ *  - `run --resume OUT/checkpoints/step_6 --max-steps 7 --keep-checkpoints 1` names the newer
+ *    step_7 on the console (a stray dir is not counted) and ends with its own step_7 only;
  *  - --keep-checkpoints -1 / abc, and the YAML key keep_checkpoints: abc, are refused
  *    (exit 2) naming --keep-checkpoints.
  * Every child has a hard timeout and is killed and reaped. */
@@ -147,6 +149,26 @@ static void test_keep_two_and_resume(void **state) {
     snprintf(p, sizeof p, "%s/checkpoints", out);
     list_dir(p, ls, sizeof ls);
     assert_string_equal(ls, "latest step_1x step_6 step_7 step_8 step_9");
+    expect_latest(out, "step_7");
+    snprintf(p, sizeof p, "%s/steps.jsonl", out);
+    assert_int_equal(pf_count_lines(p), 7);
+    {   /* resumed from the older step_6: the console names the newer step_7 (the stray
+         * step_8 / step_9 are not checkpoints); the run's own step_7 replaces it */
+        char ck[500];
+        snprintf(ck, sizeof ck, "%s/checkpoints/step_6", out);
+        const char *extra[] = {"--resume", ck, "--max-steps", "7", "--keep-checkpoints", "1", NULL};
+        run_argv(&a, log, 0, extra);
+        int code = pf_run_draftline(&a, NULL, 60, NULL);
+        char *txt = pf_slurp(log, NULL);
+        if (code != 0) fprintf(stderr, "%s\n", txt);
+        assert_int_equal(code, 0);
+        assert_non_null(strstr(txt, "step 6 is behind 1 newer checkpoint(s)"));
+        assert_non_null(strstr(txt, "(up to step_7)"));
+        free(txt);
+    }
+    snprintf(p, sizeof p, "%s/checkpoints", out);
+    list_dir(p, ls, sizeof ls);
+    assert_string_equal(ls, "latest step_1x step_7 step_8 step_9");
     expect_latest(out, "step_7");
     snprintf(p, sizeof p, "%s/steps.jsonl", out);
     assert_int_equal(pf_count_lines(p), 7);

@@ -1,7 +1,7 @@
 /* ckpt_prune (checkpoint retention, --keep-checkpoints) on hand-made checkpoint dirs:
  * which dirs are candidates (complete: step_<digits>, a dir, state.bin whose header step is
  * the name's and whose n_params is the layout's, config.json, model.safetensors, nothing
- * else), that the oldest go first, that `latest` and the protected (resumed-from) dir
+ * else), that the oldest go first, that `latest`, the checkpoints past it and the protected (resumed-from) dir
  * stay, that leftovers of a failed removal (step_N.deleting) are cleaned, and that keep 0
  * or an unreadable `latest` removes nothing. */
 #include <setjmp.h>
@@ -108,12 +108,18 @@ static void test_prune(void **state) {
     /* at the limit: nothing more */
     assert_int_equal(ckpt_prune(out, 1, 10, NULL), 0);
     assert_true(exists(out, "step_6"));
-    /* latest is never removed, even when it is the oldest (a run resumed from step_6 of a
-     * run that had gone on to step_8): step_8 goes */
+    /* latest is never removed, even when it is the oldest, nor a checkpoint past it (a run
+     * resumed from step_6 of a run that had gone on to step_8: step_8 holds the
+     * furthest-trained weights until the resumed run writes its own step_8) */
     make_ckpt(out, "step_8", 8, 10, 1);
-    assert_int_equal(ckpt_prune(out, 1, 10, NULL), 1);
+    assert_int_equal(ckpt_prune(out, 1, 10, NULL), 0);
     assert_true(exists(out, "step_6"));
-    assert_false(exists(out, "step_8"));
+    assert_true(exists(out, "step_8"));
+    /* the resumed run's step_8 (latest now): step_6 goes */
+    set_latest(out, "step_8");
+    assert_int_equal(ckpt_prune(out, 1, 10, NULL), 1);
+    assert_false(exists(out, "step_6"));
+    assert_true(exists(out, "step_8"));
 }
 
 static int setup(void **state) {
