@@ -144,15 +144,17 @@ static int data_trainable(const run_opts_t *o, const dlc_t *dc) {
 
 int sup__data_prepare(launch_t *L) {
     const run_opts_t *o = L->o;
+    /* the data as given cannot be used (unreadable, corrupt, no trainable record): refused
+     * before any stage started, as a bad flag (exit 2, run --help) */
     if (prepare_data(o, L->out, L->cache, sizeof L->cache) < 0) {
         fprintf(stderr, "draftline run: %s\n", dl_errmsg());
-        return 1;
+        return 2;
     }
     /* the cache's token ids must be the target's: ids < V, and the target's tokenizer
      * (a cache of another tokenizer trained silently on ids that mean other tokens) */
     const char *cache = L->cache;
     dlc_t *dc = NULL;
-    if (dlc_open(cache, &dc) < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 1; }
+    if (dlc_open(cache, &dc) < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 2; }
     const dlc_header_t *dh = dlc_header(dc);
     int bad = 0;
     tok_t *tk = NULL;

@@ -392,7 +392,8 @@ static int lc_bins(launch_t *L) {
 static int lc_take_dir(launch_t *L) {
     const run_opts_t *o = L->o;
     const char *out = L->out;
-    if (bus_run_dir_create(out) < 0) { fprintf(stderr, "draftline run: --out %s: %s\n", out, dl_errmsg()); return 1; }
+    /* an --out that cannot be made a run dir (a file, a read-only filesystem): refused (2) */
+    if (bus_run_dir_create(out) < 0) { fprintf(stderr, "draftline run: --out %s: %s\n", out, dl_errmsg()); return 2; }
     if (run_lock_take(out, &L->lock_fd) < 0) { fprintf(stderr, "draftline run: %s\n", dl_errmsg()); return 1; }
     {   /* the dir as it is now that it is ours: another run may have trained in it (and
          * exited) between the checks above and the lock */

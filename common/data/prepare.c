@@ -514,10 +514,13 @@ int dlc_open(const char *path, dlc_t **out) {
     if (h->n_vocab <= 0) BAD("%s: n_vocab %d (corrupt)", path, h->n_vocab);
     if (h->n_assistant > h->n_tokens) BAD("%s: n_assistant %llu more than the %llu tokens (corrupt)", path,
                                           (unsigned long long)h->n_assistant, (unsigned long long)h->n_tokens);
-    if (h->n_tokens > size / 5 || h->n_samples > size / 8) BAD("%s: counts larger than the file", path);
+    if (h->n_tokens > size / 5 || h->n_samples > size / 8) BAD("%s: %llu tokens and %llu samples in its header, more than its %zu bytes hold: truncated or "
+            "corrupt (run `draftline prepare` again)", path, (unsigned long long)h->n_tokens,
+            (unsigned long long)h->n_samples, size);
     /* each offset within the file first, so the sums below cannot wrap */
     if (h->ids_off > size || h->mask_off > size || h->index_off > size)
-        BAD("%s: section offsets out of bounds (ids %llu, mask %llu, index %llu, size %zu)", path,
+        BAD("%s: section offsets out of bounds (ids %llu, mask %llu, index %llu, size %zu): truncated or corrupt "
+            "(run `draftline prepare` again)", path,
             (unsigned long long)h->ids_off, (unsigned long long)h->mask_off, (unsigned long long)h->index_off, size);
     if (h->ids_off < sizeof *h || h->ids_off % 4 || h->ids_off + h->n_tokens * 4 > h->mask_off ||
         h->mask_off + h->n_tokens > h->index_off || h->index_off % 8 ||

@@ -449,6 +449,35 @@ static void test_stop_racing_max_steps(void **state) {
 /* <out>/data.dlc is reused only when it was prepared from the same --data: a dir that
  * holds a cache of other data (here the 60 GSM8K samples, with no record of its source)
  * gets --data prepared again (7 samples), instead of silently training on the old one. */
+/* Data that cannot be used and an --out that cannot be a run dir are refused before
+ * anything starts: exit 2 (run --help's "refused"), naming the file and what to do. */
+static void test_refused_data_and_out(void **state) {
+    (void)state;
+    char out[400], log[500], trunc[500];
+    snprintf(out, sizeof out, "%s/truncdata", fx.root);
+    snprintf(log, sizeof log, "%s/truncdata.out", fx.root);
+    snprintf(trunc, sizeof trunc, "%s/trunc.dlc", fx.root);
+    FILE *in = fopen(fx.cache, "rb"), *o = fopen(trunc, "wb");
+    assert_non_null(in);
+    assert_non_null(o);
+    char buf[4096];
+    size_t k = fread(buf, 1, sizeof buf, in);   /* the header and a little more */
+    assert_true(k > 512);
+    assert_int_equal(fwrite(buf, 1, k, o), k);
+    fclose(in);
+    fclose(o);
+    const char *extra[] = {"--out", out, "--data", trunc, "--max-steps", "1", NULL};
+    char *txt = run_expect(log, extra, 30, 2);
+    assert_non_null(strstr(txt, "trunc.dlc"));
+    assert_non_null(strstr(txt, "truncated or corrupt"));
+    free(txt);
+    /* --out is a regular file */
+    const char *extra2[] = {"--out", trunc, "--max-steps", "1", NULL};
+    txt = run_expect(log, extra2, 30, 2);
+    assert_non_null(strstr(txt, "--out"));
+    free(txt);
+}
+
 static void test_data_cache_source(void **state) {
     (void)state;
     char out[400], log[500], p[600], data[500], gguf[1024];
@@ -626,6 +655,7 @@ int main(void) {
         cmocka_unit_test(test_fresh_reuse_and_sweeps),
         cmocka_unit_test(test_run_dir_lock),
         cmocka_unit_test(test_final_checkpoint_unwritten),
+        cmocka_unit_test(test_refused_data_and_out),
         cmocka_unit_test(test_data_cache_source),
         cmocka_unit_test(test_cache_of_another_tokenizer),
         cmocka_unit_test(test_stop_racing_max_steps),
