@@ -526,9 +526,13 @@ static int lc_supervise(launch_t *L) {
         if (sum.final_ckpt_s > 0)
             snprintf(ck, sizeof ck, ", final checkpoint %.1f s%s", sum.final_ckpt_s,
                      sum.final_ckpt_with_stop ? " with the stop" : "");
-        printf("\nsummary: %llu steps%s, loss %.4f (mean of the first %d) -> %.4f (mean of the last %d), %s, "
+        char resumed[96] = "";
+        if (L->start_step > 0 && sum.steps >= L->start_step)
+            snprintf(resumed, sizeof resumed, " (%llu in this run, from step %llu)",
+                     (unsigned long long)(sum.steps - L->start_step), (unsigned long long)L->start_step);
+        printf("\nsummary: %llu steps%s%s, loss %.4f (mean of the first %d) -> %.4f (mean of the last %d), %s, "
                "wall %.0f target tokens/s over %.1f s (start-up %.1f s to step %llu%s), %d restart(s)\n",
-               (unsigned long long)sum.steps, sum.interrupted ? " (interrupted)" : "", sum.loss_first10,
+               (unsigned long long)sum.steps, resumed, sum.interrupted ? " (interrupted)" : "", sum.loss_first10,
                sum.n_first, sum.loss_last10, sum.n_last, steady, sum.wall_tokens_per_s, sum.wall_s, sum.startup_s,
                (unsigned long long)L->start_step, ck, sum.restarts);
     } else

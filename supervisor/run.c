@@ -120,8 +120,10 @@ static void on_tick(uv_timer_t *t) {
 
 /* The summary's loss means and throughput (steady, wall: sup__rates) at the run's end. */
 static void sum_figures(const sup_t *S, sup_summary_t *sum) {
+    /* the first and last 10 losses; under 20 steps, halves that do not overlap (one step:
+     * both are it) */
     uint64_t n = S->n_losses;
-    uint64_t k = n < 10 ? n : 10;
+    uint64_t k = n >= 20 ? 10 : n >= 2 ? n / 2 : n;
     sum->loss_first10 = sup__mean_range(S->losses, 0, k);
     sum->loss_last10 = sup__mean_range(S->losses, n - k, n);
     sum->n_first = sum->n_last = (int)k;
