@@ -223,6 +223,10 @@ static int lc_validate(launch_t *L) {
             return 2;
         }
     }
+    if (o->warmup_steps > 0 && o->max_steps > 0 && o->warmup_steps > o->max_steps)
+        log_warn("--warmup-steps %lld is more than --max-steps %lld: the learning rate never reaches --lr %g "
+                 "(it ends at %.3g)", (long long)o->warmup_steps, (long long)o->max_steps, o->lr,
+                 o->lr * (double)o->max_steps / (double)o->warmup_steps);
     if (!o->data) {
         if (o->resume)
             fprintf(stderr, "draftline run: --data is required: the run of --resume %s records no readable data "

@@ -548,8 +548,14 @@ static int resume_remote(launch_t *L) {
 int sup__resume_take_defaults(launch_t *L) {
     run_opts_t *o = L->o;
     if (!o->resume) return 0;
-    if (access(o->resume, F_OK) != 0) {
+    struct stat rs;
+    if (stat(o->resume, &rs) != 0) {
         fprintf(stderr, "draftline run: --resume %s: %s\n", o->resume, strerror(errno));
+        return 2;
+    }
+    if (!S_ISDIR(rs.st_mode)) {
+        fprintf(stderr, "draftline run: --resume %s: a file, not a run dir or a checkpoint dir (runs/<run> or "
+                        "runs/<run>/checkpoints/step_<N>)\n", o->resume);
         return 2;
     }
     const char *asked = o->resume;   /* a multi-node run dir: its run.json, not the checkpoint's dir */

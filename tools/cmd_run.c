@@ -94,7 +94,7 @@ static void run_usage(FILE *f) {
         "                             wait ends). off: the driver time-slices a shared GPU. One H200, 8B\n"
         "                             target + 5-layer drafter on one GPU: on is 5-6%% more tokens/s.\n"
         "                             Recorded in run.json: --resume takes it unless given\n"
-        "  --threads N                threads per compute stage (default: CPU cores / (targets+drafters);\n"
+        "  --threads N                threads per compute stage (0 or absent: CPU cores / (targets+drafters);\n"
         "                             GPU runs: cores / 4, at least 2, for host-side work; the\n"
         "                             optimizer's one-off weight init at start-up uses every core)\n"
         "training\n"

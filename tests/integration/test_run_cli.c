@@ -449,8 +449,9 @@ static void test_stop_racing_max_steps(void **state) {
 /* <out>/data.dlc is reused only when it was prepared from the same --data: a dir that
  * holds a cache of other data (here the 60 GSM8K samples, with no record of its source)
  * gets --data prepared again (7 samples), instead of silently training on the old one. */
-/* Data that cannot be used and an --out that cannot be a run dir are refused before
- * anything starts: exit 2 (run --help's "refused"), naming the file and what to do. */
+/* Data that cannot be used, an --out that cannot be a run dir and a --resume of a file are
+ * refused before anything starts: exit 2 (run --help's "refused"), naming the file and what
+ * to do. */
 static void test_refused_data_and_out(void **state) {
     (void)state;
     char out[400], log[500], trunc[500];
@@ -475,6 +476,11 @@ static void test_refused_data_and_out(void **state) {
     const char *extra2[] = {"--out", trunc, "--max-steps", "1", NULL};
     txt = run_expect(log, extra2, 30, 2);
     assert_non_null(strstr(txt, "--out"));
+    free(txt);
+    /* --resume of a file */
+    const char *extra3[] = {"--resume", trunc, NULL};
+    txt = run_expect(log, extra3, 30, 2);
+    assert_non_null(strstr(txt, "a file, not a run dir or a checkpoint dir"));
     free(txt);
 }
 
