@@ -16,7 +16,7 @@
 static void plot_usage(FILE *f) {
     fprintf(f,
             "usage: draftline plot --run DIR [--out FILE.png] [--width PX] [--height PX]\n"
-            "                      [--loss-scale auto|log|linear]\n\n"
+            "                      [--loss-scale auto|log|linear] [--title TEXT]\n\n"
             "Draws loss, per-position accuracy and target tokens/s over steps of a run\n"
             "(from DIR/steps.jsonl and DIR/metrics.jsonl) into a PNG, with its events marked:\n"
             "eval results (tau), the end of the lr warm-up, restarts, resumes, rebalances,\n"
