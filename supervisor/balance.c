@@ -5,10 +5,14 @@
  * beats the live one by 15 %, moves there with the live rebalance (rebalance.c), as
  * `draftline rebalance` would. Every decision is logged and printed with its numbers.
  *
+ * CPU runs cap every prediction by what the host's cores allow (bal_cpu_cap: CPU seconds
+ * per target token of each role from /proc, over the time between checks).
+ *
  * What it moves: CPU runs share the run's compute processes (N + M stays); GPU runs
  * share their GPUs when each GPU runs one stage (the optimizer sits with drafter 0,
  * which never moves): a GPU goes from the last drafter to a new target or back. A GPU
  * run whose stages share GPUs, and a multi-node run, are refused at start (launch.c). */
+#define _GNU_SOURCE 1   /* sched_getaffinity, CPU_COUNT */
 #include "supervisor/sup_int.h"
 
 #include "common/base/clock.h"
@@ -18,8 +22,10 @@
 #include "common/pipe/rbplan.h"
 
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #define BALANCE_MIN_GAIN 0.15
 #define BALANCE_BUSY_FLOOR 0.5
@@ -73,6 +79,58 @@ static int bal_role_rate(const sup_t *S, int r, double window_s, int *n, double 
     return 0;
 }
 
+/* CPU seconds (user + system) process pid has used (/proc/<pid>/stat); -1 if unreadable. */
+static double proc_cpu_s(pid_t pid) {
+    char p[64], buf[1024];
+    snprintf(p, sizeof p, "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(p, "r");
+    if (!f) return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *r = strrchr(buf, ')');   /* after the command name, which may hold spaces */
+    unsigned long long ut, st;
+    if (!r || sscanf(r + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2) return -1;
+    long hz = sysconf(_SC_CLK_TCK);
+    return hz > 0 ? (double)(ut + st) / (double)hz : -1;
+}
+
+/* CPU runs: the target tokens/s the host's cores allow, from the CPU time each live target
+ * and drafter used since the last check per target token it processed (a stage counts
+ * when the same process was there then: restarts and moves start afresh):
+ *   cap = cores / (CPU s per token of the targets + CPU s per token of the drafters)
+ * cores: those this process may run on (sched_getaffinity). 0 when not known (the first
+ * check, no tokens, unreadable /proc); the samples are kept for the next check. */
+static double bal_cpu_cap(sup_t *S) {
+    double cpu[2] = {0, 0}, tok[2] = {0, 0};
+    int seen[2] = {0, 0}, n = 0;
+    __typeof__(S->bal.cpu[0]) cur[RUNDIR_MAX_STAGES];
+    for (int i = 0; i < S->n && n < RUNDIR_MAX_STAGES; i++) {
+        const sstage_t *x = &S->st[i];
+        int r = is_target(x) ? 1 : is_drafter(x) ? 0 : -1;
+        if (r < 0 || !x->active || x->retiring || x->exited || x->pid <= 0) continue;
+        mon_stage_t *s = S->mon && x->peer[0] ? mon_run_stage(S->mon, x->peer) : NULL;
+        double c = proc_cpu_s(x->pid);
+        double t = s && s->count > 0 && s->incarnation == x->incarnation ? mon_stage_get(s, 0, "tokens") : NAN;
+        if (!(c >= 0) || !isfinite(t)) continue;
+        cur[n++] = (__typeof__(cur[0])){x->pid, r, c, t};
+        for (int k = 0; k < S->bal.n_cpu; k++)
+            if (S->bal.cpu[k].pid == x->pid && S->bal.cpu[k].target == r && c >= S->bal.cpu[k].cpu_s &&
+                t >= S->bal.cpu[k].tokens) {
+                cpu[r] += c - S->bal.cpu[k].cpu_s;
+                tok[r] += t - S->bal.cpu[k].tokens;
+                seen[r] = 1;
+            }
+    }
+    memcpy(S->bal.cpu, cur, (size_t)n * sizeof cur[0]);
+    S->bal.n_cpu = n;
+    cpu_set_t set;
+    int cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+    if (!seen[0] || !seen[1] || !(tok[0] > 0) || !(tok[1] > 0) || cores < 1) return 0;
+    double per_token = cpu[1] / tok[1] + cpu[0] / tok[0];
+    return per_token > 0 ? cores / per_token : 0;
+}
+
 /* GPU runs: the new lists for N targets and M drafters from the live ones (each GPU one
  * stage): GPUs of retired drafters (from the last) become targets, GPUs of retired
  * targets (from the last) become drafters. 0, or -1 when the live placement is not one
@@ -106,17 +164,23 @@ static void say(sup_t *S, const char *what, const char *why) {
 
 void sup__balance_tick(sup_t *S, double now) {
     if (!S->o->balance_auto || S->bal.off || S->stopping || S->rb.running) return;
+    if (!S->gpu_mode && S->bal.n_cpu == 0) bal_cpu_cap(S);   /* CPU time's first baseline */
     if (S->bal.next_check == 0) S->bal.next_check = now + S->o->balance_every_s;
     if (now < S->bal.next_check || S->last_applied < S->bal.change_step + BALANCE_MIN_STEPS) return;
     S->bal.next_check = now + S->o->balance_every_s;
     double window = S->o->balance_every_s < 100 ? S->o->balance_every_s : 100;
-    balance_in_t in = {.min_gain = BALANCE_MIN_GAIN, .busy_floor = BALANCE_BUSY_FLOOR};
+    balance_in_t in = {.min_gain = BALANCE_MIN_GAIN, .busy_floor = BALANCE_BUSY_FLOOR,
+                       .cpu_cap = S->gpu_mode ? 0 : bal_cpu_cap(S)};
     int kt = bal_role_rate(S, 1, window, &in.n_targets, &in.target_rate, &in.target_busy);
     int kd = bal_role_rate(S, 0, window, &in.n_drafters, &in.drafter_rate, &in.drafter_busy);
     in.units = in.n_targets + in.n_drafters;
     balance_plan_t p;
     if (kt < 0 || kd < 0) {
         log_debug("balance: no rate measured yet for the %s", kt < 0 ? "targets" : "drafters");
+        return;
+    }
+    if (!S->gpu_mode && !(in.cpu_cap > 0)) {   /* the cores' cap is part of a CPU run's model */
+        log_debug("balance: no CPU time per token measured yet");
         return;
     }
     if (balance_plan(&in, &p) < 0) { log_warn("%s", dl_errmsg()); return; }

@@ -173,8 +173,15 @@ typedef struct {
     } rb;
     /* --balance auto (balance.c): next check (monotonic s; 0: not scheduled yet), the step
      * of the last move (the next check waits for 2 more), checks and moves made, off (a
-     * move could not be made: said once), the last verdict and split said on the console */
-    struct { double next_check; int64_t change_step; int checks, moves, off; char last_said[64]; } bal;
+     * move could not be made: said once), the last verdict and split said on the console,
+     * CPU runs' CPU time per stage */
+    struct {
+        double next_check; int64_t change_step; int checks, moves, off; char last_said[64];
+        /* CPU runs: each live target's / drafter's CPU seconds and tokens at the last check
+         * (the cores' cap: balance.c bal_cpu_cap) */
+        struct { pid_t pid; int target; double cpu_s, tokens; } cpu[RUNDIR_MAX_STAGES];
+        int n_cpu;
+    } bal;
     char resume_ckpt[4200];     /* the optimizer restarts from here ("" = its first args) */
     int opt_recoveries;
     double t_opt_died, last_recovery_s;

@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 const char *balance_verdict_name(balance_verdict_t v) {
     switch (v) {
@@ -20,7 +21,8 @@ const char *balance_verdict_name(balance_verdict_t v) {
  * i mod M), so they count as min(N, M) */
 static double pred(const balance_in_t *in, int n, int m) {
     double t = n * in->target_rate, d = (m < n ? m : n) * in->drafter_rate;
-    return t < d ? t : d;
+    double p = t < d ? t : d;
+    return in->cpu_cap > 0 && in->cpu_cap < p ? in->cpu_cap : p;
 }
 
 int balance_plan(const balance_in_t *in, balance_plan_t *out) {
@@ -61,11 +63,16 @@ int balance_plan(const balance_in_t *in, balance_plan_t *out) {
         out->n_drafters = bm;
     }
     int m_fed = in->n_drafters < in->n_targets ? in->n_drafters : in->n_targets;
-    const char *limit = in->n_targets * in->target_rate < m_fed * in->drafter_rate ? "targets" : "drafters";
+    double tl = in->n_targets * in->target_rate, dl = m_fed * in->drafter_rate;
+    const char *limit = in->cpu_cap > 0 && in->cpu_cap < (tl < dl ? tl : dl) ? "the cores" : tl < dl ? "targets" : "drafters";
     snprintf(out->why, sizeof out->why,
              "targets %.0f tok/s per busy s (%.0f%% busy), drafters %.0f (%.0f%% busy): %d+%d predicts %.0f tok/s "
              "(%s limit), %d+%d %.0f tok/s%s", in->target_rate, 100 * in->target_busy, in->drafter_rate,
              100 * in->drafter_busy, in->n_targets, in->n_drafters, out->now_pred, limit, bn, bm, best,
              move ? "" : (bn == in->n_targets && bm == in->n_drafters ? " (the best)" : " (gain below the threshold)"));
+    if (in->cpu_cap > 0) {
+        size_t w = strlen(out->why);
+        snprintf(out->why + w, sizeof out->why - w, "; the cores allow %.0f tok/s", in->cpu_cap);
+    }
     return 0;
 }

@@ -15,7 +15,10 @@
  * the current split's prediction by min_gain (relative; e.g. 0.15), so noise does not
  * make it oscillate. It decides nothing when a rate is unknown, or when neither role is
  * busy (mean busy share < busy_floor: the loader or the optimizer limits the run and
- * no split of targets and drafters helps). */
+ * no split of targets and drafters helps). CPU runs, whose stages share the host's cores,
+ * also cap every prediction by cpu_cap: the cores over the CPU-seconds one target token costs
+ * the targets and the drafters together (a split moves work between processes, not cores,
+ * so the rates per busy second over-promise once the cores are all in use). */
 #ifndef DL_PIPE_BALANCE_H
 #define DL_PIPE_BALANCE_H
 
@@ -30,6 +33,7 @@ typedef struct {
     double drafter_busy;
     double min_gain;               /* relative gain needed to move (>= 0) */
     double busy_floor;             /* below this on both roles: decide nothing (0..1) */
+    double cpu_cap;                /* target tokens/s the cores allow; <= 0 or NaN: no cap */
 } balance_in_t;
 
 typedef enum {

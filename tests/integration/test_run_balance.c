@@ -5,7 +5,8 @@
  *    whatever the machine), the supervisor measures the rates, prints its decision with
  *    the numbers, rebalances live to more targets (2+2 or 3+1: both predict more than
  *    1+3 when targets are slow), and the run finishes every step once (steps.jsonl 0..N-1,
- *    no step twice) with exit 0;
+ *    no step twice) with exit 0; the decision also names what the cores allow (CPU time per
+ *    token from /proc: above the predictions here, as the targets' delay is a sleep);
  *  - the refusals: --balance with a value other than auto/off, --balance-every without
  *    --balance auto, and --balance auto with a GPU placement
  *    whose GPUs are shared (checked before anything starts; CUDA builds only).
@@ -92,6 +93,8 @@ static void test_bad_split_moves(void **state) {
     assert_true(nt >= 2 && nt + nd == 4 && nd >= 1);
     assert_non_null(strstr(mv, "1+3 predicts"));
     assert_non_null(strstr(mv, "(targets limit)"));
+    /* the cores' cap is measured (the slow targets sleep: it does not bind) */
+    assert_non_null(strstr(mv, "the cores allow"));
     char want[64];
     snprintf(want, sizeof want, "1+3 -> %d+%d in", nt, nd);
     assert_non_null(strstr(mv, want));

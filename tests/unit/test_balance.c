@@ -49,6 +49,35 @@ static void test_slow_targets_move(void **state) {
     assert_int_equal(p.n_drafters, 2);
 }
 
+/* CPU runs: the cores cap every prediction. 2+2 with targets 160 and drafters 400 tok/s per
+ * busy s: 2+2 = min(320, 800) = 320, 3+1 = min(480, 400) = 400 (+25%: a move); with the
+ * cores allowing 330 tok/s both are at most 330 (+3%): kept, the cores named. */
+static void test_cpu_cap(void **state) {
+    (void)state;
+    balance_plan_t p;
+    balance_in_t in = in_of(2, 2, 160, 400, 0.95, 0.6);
+    assert_int_equal(balance_plan(&in, &p), 0);
+    assert_int_equal(p.verdict, BALANCE_MOVE);
+    assert_int_equal(p.n_targets, 3);
+    in.cpu_cap = 330;
+    assert_int_equal(balance_plan(&in, &p), 0);
+    assert_int_equal(p.verdict, BALANCE_KEEP);
+    assert_int_equal(p.n_targets, 2);
+    assert_true(fabs(p.now_pred - 320) < 1e-9 && fabs(p.best_pred - 330) < 1e-9);
+    assert_non_null(strstr(p.why, "the cores allow 330 tok/s"));
+    /* a cap above every prediction changes nothing */
+    in.cpu_cap = 1000;
+    assert_int_equal(balance_plan(&in, &p), 0);
+    assert_int_equal(p.verdict, BALANCE_MOVE);
+    assert_true(fabs(p.best_pred - 400) < 1e-9);
+    /* the cap is the limit named when it binds the live split */
+    in = in_of(1, 3, 100, 300, 0.98, 0.30);
+    in.cpu_cap = 80;
+    assert_int_equal(balance_plan(&in, &p), 0);
+    assert_int_equal(p.verdict, BALANCE_KEEP);
+    assert_non_null(strstr(p.why, "(the cores limit)"));
+}
+
 static void test_keep(void **state) {
     (void)state;
     balance_plan_t p;
@@ -120,7 +149,8 @@ static void test_invalid(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_slow_targets_move), cmocka_unit_test(test_keep),
+        cmocka_unit_test(test_slow_targets_move), cmocka_unit_test(test_cpu_cap),
+        cmocka_unit_test(test_keep),
         cmocka_unit_test(test_drafters_limit),    cmocka_unit_test(test_no_decision),
         cmocka_unit_test(test_invalid),
     };
