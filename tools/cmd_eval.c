@@ -328,10 +328,12 @@ static void eval_free(eval_t *e) {
 int cmd_eval(int argc, char **argv) {
     eval_opts_t o;          /* o.drafter_arg may point into o.resolved */
     int ret = eval_parse_flags(argc, argv, &o);
+    /* passive OpenMP waits on shared cores (argv - 1: main passes argv + 1); the re-exec
+     * comes before the checks, so that their lines are said once */
+    if (ret < 0 && !strcmp(o.device, "cpu") && ompwait_reexec_passive("/proc/self/exe", argv - 1) < 0)
+        dl_clearerr();
     if (ret < 0) ret = eval_check_flags(&o);
     if (ret >= 0) return ret;
-    /* passive OpenMP waits on shared cores; argv - 1: main passes argv + 1 */
-    if (!strcmp(o.device, "cpu") && ompwait_reexec_passive("/proc/self/exe", argv - 1) < 0) dl_clearerr();
 
     eval_t e;
     memset(&e, 0, sizeof e);
