@@ -162,15 +162,15 @@ static void report_training(sbuf_t *b, const mon_run_t *run, const mon_topo_t *t
     }
 }
 
-/* The drafters' inbox fill per tier (a CPU run has no GPU tier: no such column) and
- * the GPUs (none on a CPU run). */
+/* The drafters' inbox fill per tier (a CPU run's inbox is host memory whichever tier
+ * holds it: one used / cap column, both tiers summed) and the GPUs (none on a CPU run). */
 static void report_inbox_gpus(sbuf_t *b, const mon_report_opts_t *o, const mon_stage_view_t *views, int n) {
     char d1[32], d2[32];
     int any = 0, cpu = o->topo.cpu_run;
     for (int i = 0; i < n; i++) {
         const mon_stage_view_t *v = &views[i];
         if (v->role != MON_ROLE_DRAFTER || !isfinite(v->inbox_used)) continue;
-        if (!any && cpu) sbuf_printf(b, "\n%-12s %-26s %6s\n", "INBOX", "HOST (used / cap)", "FILL");
+        if (!any && cpu) sbuf_printf(b, "\n%-12s %-26s %6s\n", "INBOX", "USED / CAP", "FILL");
         else if (!any) sbuf_printf(b, "\n%-12s %-26s %-26s %6s\n", "INBOX", "GPU TIER (used / cap)", "HOST TIER (used / cap)", "FILL");
         any = 1;
         char g[80], h[80];
@@ -183,7 +183,12 @@ static void report_inbox_gpus(sbuf_t *b, const mon_report_opts_t *o, const mon_s
         char fill[16];
         if (v->inbox_cap > 0) snprintf(fill, sizeof fill, "%.1f%%", 100 * v->inbox_used / v->inbox_cap);
         else snprintf(fill, sizeof fill, "-");
-        if (cpu) sbuf_printf(b, "%-12s %-26s %6s\n", v->name, h, fill);
+        if (cpu) {
+            fmt_bytes(v->inbox_used, d1, sizeof d1);
+            fmt_bytes(v->inbox_cap, d2, sizeof d2);
+            snprintf(h, sizeof h, "%s / %s", d1, d2);
+            sbuf_printf(b, "%-12s %-26s %6s\n", v->name, h, fill);
+        }
         else sbuf_printf(b, "%-12s %-26s %-26s %6s\n", v->name, g, h, fill);
     }
     if (!any) sbuf_printf(b, "\nINBOX        n/a (no drafter has published inbox bytes yet)\n");
