@@ -399,32 +399,10 @@ attn_varlen_fwd_fa3_kernel(bf16 *out, const bf16 *q, const int32_t *cu, int H, i
     for (int i = 0; i < 16; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f}, al[2];
     const int qa = qw0 + warp * 16 + g;  // positions of this thread's rows g, g + 8
-    auto issue_s = [&](int j) {  // S_j = Q K_j^T (issued, committed)
-        const unsigned char *Kt = Ks + (j % NST) * KV_BYTES;
-#pragma unroll
-        for (int kk = 0; kk < 8; kk++)
-            wg_m64n128k16_ss(&sc[0][0], wg_desc(Qw + kk * 2048, 1024, 128),
-                             wg_desc_sw128(Kt + (kk >> 2) * (KV_BYTES / 2) + (kk & 3) * 32, 1,
-                                           1024),
-                             kk > 0);
-        wg_commit();
-    };
-    auto issue_pv = [&](int j) {  // O += P_j V_j (issued, committed)
-        const unsigned char *Vt = Vs + (j % NST) * KV_BYTES;
-#pragma unroll
-        for (int kk = 0; kk < 8; kk++)
-            wg_m64n128k16_rs<1>(&acc[0][0], pa[kk],
-                                wg_desc_sw128(Vt + kk * 2048, KV_BYTES / 2, 1024));
-        wg_commit();
-    };
-    auto fence_pa = [&]() {  // P's registers stay live until its product is waited for
-#pragma unroll
-        for (int i = 0; i < 32; i++) wg_fence_reg(pa[i / 4][i % 4]);
-    };
-    auto to_a = [&]() {
-#pragma unroll
-        for (int kk = 0; kk < 8; kk++) c_to_a(pa[kk], sc[2 * kk], sc[2 * kk + 1]);
-    };
+    auto issue_s = [&](int j) { fa3_issue_s(&sc[0][0], Qw, Ks + (j % NST) * KV_BYTES); };
+    auto issue_pv = [&](int j) { fa3_issue_pv(&acc[0][0], pa, Vs + (j % NST) * KV_BYTES); };
+    auto fence_pa = [&]() { fa3_fence_pa(pa); };
+    auto to_a = [&]() { fa3_to_a(pa, sc); };
     auto wait_full = [&](uint64_t *bar, int j) { mbar_wait(&bar[j % NST], (j / NST) & 1); };
     auto release = [&](uint64_t *bar, int j) {
         __syncwarp();

@@ -602,32 +602,10 @@ attn_block_fwd_fa3_kernel(bf16 *out, float *lse, const bf16 *q, const int32_t *c
 #pragma unroll
     for (int i = 0; i < 16; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
     float mrow[2] = {-INFINITY, -INFINITY}, lrow[2] = {0.0f, 0.0f}, al[2];
-    auto issue_s = [&](int jt) {  // S = Q K_jt^T (issued, committed)
-        const unsigned char *Kt = Ks + (jt % NST) * KV_BYTES;
-#pragma unroll
-        for (int kk = 0; kk < 8; kk++)
-            wg_m64n128k16_ss(&sc[0][0], wg_desc(Qw + kk * 2048, 1024, 128),
-                             wg_desc_sw128(Kt + (kk >> 2) * (KV_BYTES / 2) + (kk & 3) * 32, 1,
-                                           1024),
-                             kk > 0);
-        wg_commit();
-    };
-    auto issue_pv = [&](int jt) {  // O += P V_jt (issued, committed)
-        const unsigned char *Vt = Vs + (jt % NST) * KV_BYTES;
-#pragma unroll
-        for (int kk = 0; kk < 8; kk++)
-            wg_m64n128k16_rs<1>(&acc[0][0], pa[kk],
-                                wg_desc_sw128(Vt + kk * 2048, KV_BYTES / 2, 1024));
-        wg_commit();
-    };
-    auto fence_pa = [&]() {  // P's registers stay live until its product is waited for
-#pragma unroll
-        for (int i = 0; i < 32; i++) wg_fence_reg(pa[i / 4][i % 4]);
-    };
-    auto to_a = [&]() {
-#pragma unroll
-        for (int kk = 0; kk < 8; kk++) c_to_a(pa[kk], sc[2 * kk], sc[2 * kk + 1]);
-    };
+    auto issue_s = [&](int jt) { fa3_issue_s(&sc[0][0], Qw, Ks + (jt % NST) * KV_BYTES); };
+    auto issue_pv = [&](int jt) { fa3_issue_pv(&acc[0][0], pa, Vs + (jt % NST) * KV_BYTES); };
+    auto fence_pa = [&]() { fa3_fence_pa(pa); };
+    auto to_a = [&]() { fa3_to_a(pa, sc); };
     // S of tile jt masked to this block's window [klo, khi) of it, then the softmax step
     auto softmax = [&](int klo, int khi) {
         abw_fence_acc(&sc[0][0], 64);

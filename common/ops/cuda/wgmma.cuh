@@ -274,6 +274,40 @@ __device__ __forceinline__ void fa3_init(const void *smem, uint64_t *bars, int n
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
+
+// The FA3-style kernels' per-tile pieces (the same two callers). K and V tiles: 128 rows x
+// 128 columns in two 128-byte-swizzled panels of 16 KB; Qw: a 64 x 128 core-matrix tile.
+#define FA3_TILE_BYTES (128 * 128 * 2)
+// S (m64n128 f32 accumulator sc, 64 per thread) = Qw Kt^T: issued and committed.
+__device__ __forceinline__ void fa3_issue_s(float *sc, const unsigned char *Qw,
+                                            const unsigned char *Kt) {
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++)
+        wg_m64n128k16_ss(sc, wg_desc(Qw + kk * 2048, 1024, 128),
+                         wg_desc_sw128(Kt + (kk >> 2) * (FA3_TILE_BYTES / 2) + (kk & 3) * 32, 1,
+                                       1024),
+                         kk > 0);
+    wg_commit();
+}
+// O (m64n128 f32 accumulator acc) += P Vt, P as 8 A fragments pa (keys 16kk ..): issued
+// and committed.
+__device__ __forceinline__ void fa3_issue_pv(float *acc, uint32_t (*pa)[4],
+                                             const unsigned char *Vt) {
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++)
+        wg_m64n128k16_rs<1>(acc, pa[kk], wg_desc_sw128(Vt + kk * 2048, FA3_TILE_BYTES / 2, 1024));
+    wg_commit();
+}
+// P's registers stay live until its product is waited for.
+__device__ __forceinline__ void fa3_fence_pa(uint32_t (*pa)[4]) {
+#pragma unroll
+    for (int i = 0; i < 32; i++) wg_fence_reg(pa[i / 4][i % 4]);
+}
+// P (f32 C fragments sc, 16 n-tiles) to bf16 A fragments pa (8 k-steps of 16 keys).
+__device__ __forceinline__ void fa3_to_a(uint32_t (*pa)[4], float (*sc)[4]) {
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++) c_to_a(pa[kk], sc[2 * kk], sc[2 * kk + 1]);
+}
 #endif
 
 // A tensor map of a (T, nh, 128) bf16 tensor (rows of nh heads of 128 values: the Q, K, V
