@@ -104,7 +104,7 @@ static double proc_cpu_s(pid_t pid) {
 static double bal_cpu_cap(sup_t *S) {
     double cpu[2] = {0, 0}, tok[2] = {0, 0};
     int seen[2] = {0, 0}, n = 0;
-    __typeof__(S->bal.cpu[0]) cur[RUNDIR_MAX_STAGES];
+    sup_bal_cpu_t cur[RUNDIR_MAX_STAGES];
     for (int i = 0; i < S->n && n < RUNDIR_MAX_STAGES; i++) {
         const sstage_t *x = &S->st[i];
         int r = is_target(x) ? 1 : is_drafter(x) ? 0 : -1;
@@ -113,7 +113,7 @@ static double bal_cpu_cap(sup_t *S) {
         double c = proc_cpu_s(x->pid);
         double t = s && s->count > 0 && s->incarnation == x->incarnation ? mon_stage_get(s, 0, "tokens") : NAN;
         if (!(c >= 0) || !isfinite(t)) continue;
-        cur[n++] = (__typeof__(cur[0])){x->pid, r, c, t};
+        cur[n++] = (sup_bal_cpu_t){x->pid, r, c, t};
         for (int k = 0; k < S->bal.n_cpu; k++)
             if (S->bal.cpu[k].pid == x->pid && S->bal.cpu[k].target == r && c >= S->bal.cpu[k].cpu_s &&
                 t >= S->bal.cpu[k].tokens) {

@@ -42,6 +42,14 @@ typedef struct {
     uint64_t id;                /* its request's id */
 } sup_ctl_client_t;
 
+/* --balance auto, CPU runs: a live target's (target 1) or drafter's CPU seconds and tokens
+ * at the last check (balance.c bal_cpu_cap) */
+typedef struct {
+    pid_t pid;
+    int target;
+    double cpu_s, tokens;
+} sup_bal_cpu_t;
+
 typedef struct {
     const sup_stage_spec_t *spec;
     pid_t pid;
@@ -179,7 +187,7 @@ typedef struct {
         double next_check; int64_t change_step; int checks, moves, off; char last_said[64];
         /* CPU runs: each live target's / drafter's CPU seconds and tokens at the last check
          * (the cores' cap: balance.c bal_cpu_cap) */
-        struct { pid_t pid; int target; double cpu_s, tokens; } cpu[RUNDIR_MAX_STAGES];
+        sup_bal_cpu_t cpu[RUNDIR_MAX_STAGES];
         int n_cpu;
     } bal;
     char resume_ckpt[4200];     /* the optimizer restarts from here ("" = its first args) */
