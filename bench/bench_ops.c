@@ -191,8 +191,25 @@ static void bench_pointwise(void) {
     TIME_MS(ms, 2, 10,
             C.impl->adamw(&C, ms_, work, gr, m, v, np, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.01f, 1, ns, 1.0f));
     report("adamw (100M params, bf16 work copy)", ms, 0, np * (4.0 * 4 + 3 * 4 + 2));
+    /* the optimizer's step on one micro-batch (K = 1), per 100M parameters: the passes it
+     * made until 2026-12-04 (gradient * 1/W into a sum buffer, its norm, AdamW, the copy to
+     * the published weights) against the fused ones (norm of the scaled gradient, AdamW
+     * writing the published weights): the same bits (gpu_test_ops_cuda test_adamw_pub) */
+    float *gs = dev_f32(np, 0.0f), *pub = dev_f32(np, 0.0f);
+    TIME_MS(ms, 2, 10,
+            (C.impl->f32_add_scale(&C, gs, gr, NULL, 0.5f, np), C.impl->sumsq(&C, ns, gs, np, 0),
+             C.impl->adamw(&C, ms_, NULL, gs, m, v, np, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.01f, 1, ns, 1.0f),
+             C.impl->copy(&C, pub, ms_, np * 4)));
+    report("optimizer step, 4 passes (100M)", ms, 0, np * 4.0 * (2 + 1 + 7 + 2));
+    TIME_MS(ms, 2, 10,
+            (C.impl->sumsq_scaled(&C, ns, gr, 0.5f, np),
+             C.impl->adamw_pub(&C, ms_, pub, gr, 0.5f, m, v, np, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.01f, 1,
+                               ns, 1.0f)));
+    report("optimizer step, fused (100M)", ms, 0, np * 4.0 * (1 + 8));
+    TIME_MS(ms, 2, 10, C.impl->f32_to_act(&C, work, pub, np));
+    report("f32_to_act (100M, the drafter's new weights)", ms, 0, np * 6.0);
     C.impl->free_(&C, ms_); C.impl->free_(&C, gr); C.impl->free_(&C, m); C.impl->free_(&C, v);
-    C.impl->free_(&C, ns); C.impl->free_(&C, work);
+    C.impl->free_(&C, ns); C.impl->free_(&C, work); C.impl->free_(&C, gs); C.impl->free_(&C, pub);
 }
 
 static void bench_attention_varlen(int quick) {

@@ -171,7 +171,7 @@ static void profile_layer(const model_config_t *m, int T, int mlp_chunk, const i
     float ms[32];   /* at most 32 PROF lines */
     int n = 0;
     size_t rowb = (size_t)D * 2;
-    PROF("input rmsnorm", o->rmsnorm_forward(&C, xn, NULL, x, wn, m->eps, T, D));
+    PROF("residual add + input rmsnorm", o->add_rmsnorm_forward(&C, x, xn, NULL, xn, wn, m->eps, T, D));
     PROF("q_proj", o->matmul_forward(&C, q, xn, wq, NULL, T, D, qd));
     PROF("k_proj", o->matmul_forward(&C, k, xn, wk, NULL, T, D, kd));
     PROF("v_proj", o->matmul_forward(&C, v, xn, wv, NULL, T, D, kd));
@@ -185,8 +185,10 @@ static void profile_layer(const model_config_t *m, int T, int mlp_chunk, const i
     PROF("attention varlen", o->attention_varlen_forward(&C, att, q, k, v, d_cu, nseq, maxlen, T, H,
                                                          Hkv, hd));
     PROF("o_proj", o->matmul_forward(&C, xn, att, wo, NULL, T, qd, D));
-    PROF("residual add x2", (o->add(&C, x, x, xn, t * D), o->add(&C, x, x, xn, t * D)));
-    PROF("post rmsnorm", o->rmsnorm_forward(&C, xn, NULL, x, wn, m->eps, T, D));
+    PROF("residual add + post rmsnorm", o->add_rmsnorm_forward(&C, x, xn, NULL, xn, wn, m->eps, T, D));
+    /* the two ops each replaces, for reference (not in the sum) */
+    PROF("  unfused: add (ref.)", o->add(&C, x, x, xn, t * D));
+    PROF("  unfused: rmsnorm (ref.)", o->rmsnorm_forward(&C, xn, NULL, x, wn, m->eps, T, D));
     PROF("gate_proj (chunks)", for (int r0 = 0; r0 < T; r0 += mlp_chunk)
              o->matmul_forward(&C, g, (char *)xn + (size_t)r0 * rowb, wg, NULL,
                                T - r0 < mlp_chunk ? T - r0 : mlp_chunk, D, F));

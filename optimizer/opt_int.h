@@ -187,4 +187,31 @@ void opt_usage(FILE *f);
  * max_steps <= warmup + 1. Pure (opt_usage.c). */
 double opt_lr_at(double lr, uint64_t warmup, uint64_t max_steps, uint64_t step);
 
+/* ---- The step's math (step_math.c). */
+/* The step's gradient and its squared norm. g[0..K): the micro-batches' gradients (P f32
+ * each; on the device when gpu, else host), summed in micro-batch order and times inv_w
+ * as f32_add_scale does (bitwise reproducible). Where that takes a pass over the
+ * parameters, into gs (P f32, the backend's); with K == 1 on a GPU whose memory holds
+ * g[0] (g0_here) no pass: the sum is g[0] * inv_w, read where it is. *gsrc, *gscale: what
+ * AdamW reads (gs and 1, or g[0] and inv_w: adamw_pub's gscale). norm_sq: 1 f32 of the
+ * backend, left holding the squared norm (adamw's clip reads it there). Returns the
+ * squared norm (a GPU: after a download, which waits for the stream). */
+float opt_step_grad(const ops_ctx_t *ops, int gpu, const float *const *g, uint64_t K, float inv_w,
+                    size_t P, int g0_here, float *gs, float *norm_sq, const float **gsrc,
+                    float *gscale);
+
+/* AdamW's settings of one step. */
+typedef struct {
+    float lr, b1, b2, eps, wd;   /* wd on the 2-D tensors only */
+    int t;                       /* the step, from 1 */
+    float clip;                  /* max global norm (<= 0: none) */
+} opt_adamw_t;
+
+/* AdamW over every tensor of the layout (ops adamw_pub): master, m, v (P f32) updated,
+ * the new weights also into pub (P f32); the gradient read from gsrc times gscale;
+ * norm_sq (1 f32) as opt_step_grad left it. All on the backend; queued, not waited for. */
+void opt_step_adamw(const ops_ctx_t *ops, const drafter_t *layout, const opt_adamw_t *a,
+                    float *master, float *pub, const float *gsrc, float gscale, float *m, float *v,
+                    const float *norm_sq);
+
 #endif

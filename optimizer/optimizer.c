@@ -30,7 +30,10 @@
  * device memory exported by CUDA IPC; the drafters' gradient slabs are device memory
  * mapped here once per drafter incarnation (a drafter on another GPU is read over
  * NVLink/PCIe peer access). The in-order sum (ops f32_add_scale), the norm (sumsq)
- * and AdamW run on the device; bitwise the same arithmetic as the CPU path. Only the
+ * and AdamW run on the device; bitwise the same arithmetic as the CPU path. AdamW
+ * writes the published weights as it goes (adamw_pub), and one micro-batch in this
+ * GPU's memory is read where it is, scaled on the fly (sumsq_scaled; step_math.c): 5
+ * passes over the parameters become 2, the same bits. Only the
  * gradient norm (4 bytes) comes to the host per step, and the state at checkpoints.
  * Cross-GPU gradients use peer reads of IPC mappings rather than NCCL: a drafter can
  * die, restart or leave at any step, and a mapping per drafter incarnation follows
@@ -119,6 +122,7 @@ typedef struct {
     uint64_t step, max_steps, K, save_every, warmup, seed, tokens, skipped, last_ckpt;
     double lr, wd, clip, b1, b2, eps;
     contrib_t *c;              /* (K) contributions of the current step */
+    const float **gk;          /* (K) their gradients, for opt_step_grad */
     uint64_t dup_dropped, stale_dropped;
     const char *out;
     uint8_t cursor[BATCHER_CURSOR_BYTES];
@@ -286,26 +290,13 @@ static void apply_step(opt_t *O) {
     }
     /* Fixed-order sum (mb order) per element: bitwise reproducible. */
     float inv_w = W > 0 ? (float)(1.0 / W) : 0.0f;
-    const contrib_t *c = O->c;
-    float *gs = O->gsum;
-    const ops_impl_t *x = O->ops.impl;
-    float norm_sq;
-    if (O->gpu >= 0) {
-        /* gs = ((g0 + g1) + g2 ...) * inv_w, one pass per micro-batch, on the device */
-        x->f32_add_scale(&O->ops, gs, c[0].g, K > 1 ? c[1].g : NULL, K <= 2 ? inv_w : 1.0f, P);
-        for (uint64_t j = 2; j < K; j++) x->f32_add_scale(&O->ops, gs, gs, c[j].g, j == K - 1 ? inv_w : 1.0f, P);
-        x->sumsq(&O->ops, O->norm_sq, gs, P, 0);
-        x->download(&O->ops, &norm_sq, O->norm_sq, sizeof norm_sq);
-    } else {
-#pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < P; i++) {
-            float s = c[0].g[i];
-            for (uint64_t j = 1; j < K; j++) s += c[j].g[i];
-            gs[i] = s * inv_w;
-        }
-        x->sumsq(&O->ops, O->norm_sq, gs, P, 0);
-        norm_sq = O->norm_sq[0];
-    }
+    const float *gsrc;
+    for (uint64_t j = 0; j < K; j++) O->gk[j] = O->c[j].g;
+    const dpeer_t *p0 = &O->dp[O->c[0].peer];
+    int g0_here = O->gpu >= 0 && (p0->remote ||   /* remote: NCCL landed it on this GPU */
+                  !strcmp(p0->grad.gpu_uuid, slab_handle(O->wslab)->gpu_uuid));
+    float gscale, norm_sq = opt_step_grad(&O->ops, O->gpu >= 0, O->gk, K, inv_w, P, g0_here, O->gsum,
+                                          O->norm_sq, &gsrc, &gscale);
     double gnorm = sqrt((double)norm_sq);
     double loss = W > 0 ? L / W : NAN;
     double lr = opt_lr_at(O->lr, O->warmup, O->max_steps, O->step);
@@ -320,23 +311,21 @@ static void apply_step(opt_t *O) {
                  (unsigned long long)O->step, loss, gnorm, list);
         O->skipped++;
     } else {
-        int nt = drafter_n_tensors(O->layout);
-        for (int t = 0; t < nt; t++) {
-            const drafter_tensor_t *x = drafter_tensor(O->layout, t);
-            float wd = x->n_dims == 2 ? (float)O->wd : 0.0f;
-            O->ops.impl->adamw(&O->ops, O->master + x->offset, NULL, O->gsum + x->offset,
-                               O->m + x->offset, O->v + x->offset, x->numel, (float)lr,
-                               (float)O->b1, (float)O->b2, (float)O->eps, wd, (int)(O->step + 1),
-                               O->norm_sq, (float)O->clip);
-        }
+        /* the new weights also into the slab half of the next version (published below) */
+        opt_adamw_t a = {(float)lr, (float)O->b1, (float)O->b2, (float)O->eps, (float)O->wd,
+                         (int)(O->step + 1), (float)O->clip};
+        opt_step_adamw(&O->ops, O->layout, &a, O->master, wbuf(O, O->step + 1), gsrc, gscale, O->m, O->v,
+                       O->norm_sq);
     }
     uint64_t applied = O->step;
     O->step++;
     O->tokens += toks;
     memset(O->c, 0, K * sizeof *O->c);
     /* publish: the drafters read the slab once weights_version arrives (GPU: the
-     * copy is complete before the message leaves) */
-    x->copy(&O->ops, wbuf(O, O->step), O->master, P * sizeof(float));
+     * writes are complete before the message leaves); a skipped step publishes the
+     * weights unchanged */
+    const ops_impl_t *x = O->ops.impl;
+    if (skip) x->copy(&O->ops, wbuf(O, O->step), O->master, P * sizeof(float));
     x->sync(&O->ops);
     gpu_turn_give(&O->turn);
     ockw_pin_hold(O->ck, 0);
@@ -869,7 +858,7 @@ static void opt_fini(opt_t *O) {
     }
     ops_ctx_destroy(&O->ops);
     ops_ctx_destroy(&O->lops);
-    free(O->h_master); free(O->h_m); free(O->h_v); free(O->c);   /* GPU: NULL (the writer's) */
+    free(O->h_master); free(O->h_m); free(O->h_v); free(O->c); free(O->gk);   /* GPU: NULL (the writer's) */
 }
 
 int main(int argc, char **argv) {
@@ -917,7 +906,8 @@ int main(int argc, char **argv) {
     if (rc < 0) return log_rc(rc, "drafter layout"), PIPE_EXIT_PERMANENT;
     O.P = drafter_n_params(O.layout);
     O.c = calloc(O.K, sizeof *O.c);
-    if (!O.c || opt_host_alloc(&O, resume != NULL) < 0) return PIPE_EXIT_PERMANENT;
+    O.gk = calloc(O.K, sizeof *O.gk);
+    if (!O.c || !O.gk || opt_host_alloc(&O, resume != NULL) < 0) return PIPE_EXIT_PERMANENT;
     t_up[2] = clock_mono_s();
     /* the seeded init (a resume overwrites it). GPU: on the device, in opt_state_init. CPU:
      * into the host state on every core, not --threads (the bits do not depend on it) */

@@ -241,8 +241,13 @@ int drafter_load_master(drafter_t *d, const float *src, int src_host) {
         drafter_sync_weights(d);
         return 0;
     }
-    /* no master: through the swiglu scratch (max_R x F act bytes, free between steps) */
     const size_t A = ops_act_bytes(d->c);
+    if (!src_host) {   /* on the backend (a device slab, or this GPU's / a peer's mapping) */
+        IMPL->f32_to_act(d->c, d->w, src, n);
+        return 0;
+    }
+    /* no master, from the host: through the swiglu scratch (max_R x F act bytes, free
+     * between steps) */
     size_t chunk = (size_t)d->max_R * d->cfg.F * A / sizeof(float);
     if (chunk > n) chunk = n;   /* >= 1: B >= 2 rows of F >= 1 act (>= 2 bytes) */
     for (size_t off = 0; off < n; off += chunk) {

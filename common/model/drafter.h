@@ -170,9 +170,9 @@ typedef struct {
                       * drafter worker, whose gradients live in the slab it exports. */
     int no_master;   /* nonzero: no f32 master copy (n_params f32) beside the working
                       * weights: drafter_master returns NULL and the weights come in only
-                      * through drafter_load_master (f32 in chunks through a scratch
-                      * buffer, converted into the working weights; drafter_upload_master
-                      * takes that way too). dflash_ckpt_save of such a drafter is refused
+                      * through drafter_load_master (converted into the working weights:
+                      * from host memory in chunks through a scratch buffer, from device
+                      * memory in one pass; drafter_upload_master takes the host way). dflash_ckpt_save of such a drafter is refused
                       * (DL_ESTATE). The drafter worker, whose f32 weights are the
                       * optimizer's. Implies no_init. */
 } drafter_new_opts_t;
@@ -258,8 +258,9 @@ int drafter_download_master(drafter_t *d, float *host);
 int drafter_upload_master(drafter_t *d, const float *host);
 /* Loads n_params f32 weights (the flat layout) into the drafter: into master and the
  * working weights, or, for a drafter made with no_master, straight into the working
- * weights through a scratch buffer in chunks (bitwise the same working weights).
- * src: host memory when src_host, else device memory the backend's copy reaches (this
+ * weights (bitwise the same working weights): from host memory through a scratch buffer
+ * in chunks, from device memory in one conversion pass.
+ * src: host memory when src_host, else device memory the backend's kernels read (this
  * GPU's, or a peer GPU's mapped by CUDA IPC). Ordered on the drafter's stream before
  * its next forward; src must stay unchanged until then. 0 or DL_ESTATE (layout_only). */
 int drafter_load_master(drafter_t *d, const float *src, int src_host);

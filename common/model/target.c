@@ -546,14 +546,20 @@ static void linear(target_t *t, const tlayer_t *y, int i, const void *w, void *o
         t->c->impl->matmul_forward(t->c, out, in, w, b, M, K, N);
 }
 
-static void layer_forward(target_t *t, int l, int T, const int32_t *pos, const attn_mode_t *am) {
+/* One decoder layer on the residual stream t->x (T, D). pending: the previous layer's
+ * MLP output is still in t->xn, to be added to x here (fused with this layer's first
+ * norm). Returns with this layer's MLP output in t->xn, not yet added: the caller adds
+ * it (run_layers) or passes it on as pending. */
+static void layer_forward(target_t *t, int l, int T, const int32_t *pos, const attn_mode_t *am,
+                          int pending) {
     const ops_ctx_t *c = t->c;
     const ops_impl_t *o = c->impl;
     const model_config_t *m = &t->cfg;
     const tlayer_t *y = &t->layers[l];
     int D = m->D, H = m->H, Hkv = m->Hkv, hd = m->hd, qd = H * hd, kd = Hkv * hd;
 
-    o->rmsnorm_forward(c, t->xn, NULL, t->x, y->attn_norm, m->eps, T, D);
+    if (pending) o->add_rmsnorm_forward(c, t->x, t->xn, NULL, t->xn, y->attn_norm, m->eps, T, D);
+    else o->rmsnorm_forward(c, t->xn, NULL, t->x, y->attn_norm, m->eps, T, D);
     linear(t, y, TFP8_Q, y->wq, t->q, t->xn, 1, y->bq, T, D, qd);
     linear(t, y, TFP8_K, y->wk, t->k, t->xn, 0, y->bk, T, D, kd);
     linear(t, y, TFP8_V, y->wv, t->v, t->xn, 0, y->bv, T, D, kd);
@@ -588,9 +594,8 @@ static void layer_forward(target_t *t, int l, int T, const int32_t *pos, const a
                                         H, Hkv, hd);
     }
     linear(t, y, TFP8_O, y->wo, t->xn, t->att, 1, y->bo, T, qd, D);
-    o->add(c, t->x, t->x, t->xn, (size_t)T * D);
-
-    o->rmsnorm_forward(c, t->xn, NULL, t->x, y->mlp_norm, m->eps, T, D);
+    /* x += o_proj(att), then the MLP's norm of x (into xn, over the o_proj output) */
+    o->add_rmsnorm_forward(c, t->x, t->xn, NULL, t->xn, y->mlp_norm, m->eps, T, D);
     int moe = model_config_layer_moe(m, l);
     for (int r0 = 0; r0 < T; r0 += t->mlp_chunk) {
         int n = T - r0 < t->mlp_chunk ? T - r0 : t->mlp_chunk;
@@ -605,7 +610,6 @@ static void layer_forward(target_t *t, int l, int T, const int32_t *pos, const a
         /* down projection overwrites this chunk of xn, which is no longer needed */
         linear(t, y, TFP8_D, y->wd, xin, t->hmlp, 1, y->bd, n, m->F, D);
     }
-    o->add(c, t->x, t->x, t->xn, (size_t)T * D);
 }
 
 static void run_layers(target_t *t, const int32_t *ids, const int32_t *pos, int T, int n_layers,
@@ -614,11 +618,19 @@ static void run_layers(target_t *t, const int32_t *ids, const int32_t *pos, int 
     const model_config_t *m = &t->cfg;
     c->impl->embedding_forward(c, t->x, ids, t->embed, T, m->D);
     size_t width = (size_t)t->opts.n_capture * m->D;
+    int pending = 0;   /* the last layer's MLP output is in t->xn, not yet added to x */
     for (int l = 0; l < n_layers; l++) {
-        layer_forward(t, l, T, pos, am);
+        layer_forward(t, l, T, pos, am, pending);
+        int captured = 0;
         if (feat)
-            for (int i = 0; i < t->opts.n_capture; i++)
-                if (t->opts.capture_ids[i] == l) copy_cols(t, feat, width, (size_t)i * m->D, t->x, T, m->D);
+            for (int i = 0; i < t->opts.n_capture; i++) captured |= t->opts.capture_ids[i] == l;
+        /* x is needed now (captured, or the last layer): added here; else the next layer
+         * adds it with its first norm (add_rmsnorm_forward: the same bits) */
+        pending = !captured && l + 1 < n_layers;
+        if (pending) continue;
+        c->impl->add(c, t->x, t->x, t->xn, (size_t)T * m->D);
+        for (int i = 0; captured && i < t->opts.n_capture; i++)
+            if (t->opts.capture_ids[i] == l) copy_cols(t, feat, width, (size_t)i * m->D, t->x, T, m->D);
     }
 }
 

@@ -326,6 +326,28 @@ struct ops_impl {
                        const uint64_t *states, size_t n_chunks, size_t chunk, uint64_t G,
                        float scale, double near_rel, ops_normal_near_t *near, size_t near_cap,
                        size_t *n_near);
+
+    /* ---- The optimizer's step in fewer passes over the parameters (added last).
+     * sumsq_scaled: out[0] f32 = sum over x (n) f32 of y^2, y = x * scale (one rounded f32
+     * multiply): the bits of f32_add_scale(y, x, NULL, scale, n) then sumsq(out, y, n, 0).
+     * adamw_pub: adamw (above; no work) on g = grad * gscale (one rounded f32 multiply, as
+     * f32_add_scale), and the new weights also into pub (n) f32 (NULL: not written): the
+     * bits of f32_add_scale, adamw, then copy(pub, master). master, grad, m, v, pub (n)
+     * f32 on the backend, pub not overlapping the others; grad may be IPC-mapped memory of
+     * a peer GPU. (common/ops/cpu/adamw.c, cuda/adamw.cu) */
+    void (*sumsq_scaled)(const ops_ctx_t *c, float *out, const float *x, float scale, size_t n);
+    void (*adamw_pub)(const ops_ctx_t *c, float *master, float *pub, const float *grad,
+                      float gscale, float *m, float *v, size_t n, float lr, float b1, float b2,
+                      float eps, float wd, int t, const float *norm_sq, float max_norm);
+
+    /* ---- The residual add and the next RMSNorm in one pass (the target's layers; added
+     * last): x (N,C) act = x + res (as add), then out (N,C) act = rmsnorm(x) as
+     * rmsnorm_forward(out, rstd, x, weight, eps, N, C): the bits of those two ops on every
+     * backend. out may alias res (not x); rstd (N) f32 or NULL. CUDA: one pass where
+     * rmsnorm_forward takes its vector path (C % 8 == 0, 256 <= C <= 8192, 16-byte
+     * aligned pointers), else the two ops. (common/ops/cpu/rmsnorm.c, cuda/rmsnorm.cu) */
+    void (*add_rmsnorm_forward)(const ops_ctx_t *c, void *x, void *out, float *rstd,
+                                const void *res, const void *weight, float eps, int N, int C);
 };
 
 /* Backend constructors. ops_cpu_init never fails. ops_cuda_init selects the device,

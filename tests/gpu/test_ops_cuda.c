@@ -253,6 +253,49 @@ static void test_rmsnorm(void **state) {
     run_rmsnorm(5, 13000); /* dweight partials too large for shared memory */
 }
 
+/* add_rmsnorm_forward (the target's residual add with the next norm): bitwise add then
+ * rmsnorm_forward on the GPU, out over res as the target calls it; the x it leaves is the
+ * add's; and near the CPU backend's. The vector path and the fallback (C % 8 != 0). */
+static void run_add_rmsnorm(int N, int C) {
+    size_t n = (size_t)N * C;
+    float *x = rnd(n, 2.0f), *r = rnd(n, 1.0f), *w = rnd((size_t)C, 1.0f);
+    void *ax = gput(x, n), *ar = gput(r, n), *ao = gput(x, n), *bx = gput(x, n), *br = gput(r, n);
+    void *gw = gput(w, (size_t)C);
+    float *ars = gput_raw(x, (size_t)N * 4), *brs = gput_raw(r, (size_t)N * 4);
+    g_gpu.impl->add(&g_gpu, ax, ax, ar, n);
+    g_gpu.impl->rmsnorm_forward(&g_gpu, ao, ars, ax, gw, 1e-6f, N, C);
+    g_gpu.impl->add_rmsnorm_forward(&g_gpu, bx, br, brs, br, gw, 1e-6f, N, C);
+    uint16_t *h[4];
+    void *dv[4] = {ax, ao, bx, br};
+    for (int i = 0; i < 4; i++) {
+        h[i] = malloc(n * 2);
+        g_gpu.impl->download(&g_gpu, h[i], dv[i], n * 2);
+    }
+    float *hrs_a = gget_f32(ars, (size_t)N), *hrs_b = gget_f32(brs, (size_t)N);
+    assert_memory_equal(h[0], h[2], n * 2);   /* x = x + res */
+    assert_memory_equal(h[1], h[3], n * 2);   /* the norm */
+    assert_memory_equal(hrs_a, hrs_b, (size_t)N * 4);
+    float *cx = cput(x, n), *cr = cput(r, n), *cw = cput(w, (size_t)C);
+    g_cpu.impl->add_rmsnorm_forward(&g_cpu, cx, cr, NULL, cr, cw, 1e-6f, N, C);
+    float *gx = gget(bx, n), *go = gget(br, n);
+    char name[96];
+    snprintf(name, sizeof name, "add_rmsnorm x N=%d C=%d vs CPU", N, C);
+    check(name, cx, gx, n, 1e-2);
+    snprintf(name, sizeof name, "add_rmsnorm out N=%d C=%d vs CPU", N, C);
+    check(name, cr, go, n, 2e-2);
+    for (int i = 0; i < 4; i++) free(h[i]);
+    free(x); free(r); free(w); free(hrs_a); free(hrs_b); free(gx); free(go);
+    cfree(cx); cfree(cr); cfree(cw);
+    gfree(ax); gfree(ar); gfree(ao); gfree(bx); gfree(br); gfree(gw); gfree(ars); gfree(brs);
+}
+
+static void test_add_rmsnorm(void **state) {
+    (void)state;
+    run_add_rmsnorm(3001, 4096);   /* vector path, 128 threads per row (the 8B target) */
+    run_add_rmsnorm(37, 256);      /* vector path, a warp per row, a partial block */
+    run_add_rmsnorm(16, 4100);     /* C % 8 != 0: the two ops */
+}
+
 /* ------------------------------------------------------------ rope */
 static void test_rope(void **state) {
     (void)state;
@@ -437,6 +480,82 @@ static void test_f32_add_scale(void **state) {
     free(g0); free(g1); free(g2); free(ref); free(ref1); free(h); free(h1);
     cfree(c0); cfree(c1); cfree(c2); cfree(cout);
     gfree(d0); gfree(d1); gfree(d2); gfree(dout);
+}
+
+/* The optimizer's fused step (sumsq_scaled, adamw_pub) against the passes it replaces on
+ * the same device (f32_add_scale into a sum buffer, sumsq, adamw, copy to the published
+ * weights): bitwise equal, 3 steps with the clip active; once at 16-byte aligned pointers
+ * (the 4-wide kernel and the tail of n % 4), once 4 bytes off (the element-wise kernel).
+ * And against the CPU backend's twins. */
+static void run_adamw_pub(size_t off) {
+    const size_t n = 100003, N = n + 4;
+    float *master = rnd(N, 1.0f), *grad = rnd(N, 3.0f), *m = rnd(N, 0.01f), *v = rnd(N, 0.01f);
+    for (size_t i = 0; i < N; i++) v[i] = fabsf(v[i]);
+    const float inv_w = 1.0f / 3.7f;
+    float ns0 = 0;
+    /* a: the passes; b: fused; each its own copy of the state */
+    float *am = gput_raw(master, N * 4), *a1 = gput_raw(m, N * 4), *a2 = gput_raw(v, N * 4);
+    float *bm = gput_raw(master, N * 4), *b1 = gput_raw(m, N * 4), *b2 = gput_raw(v, N * 4);
+    float *gr = gput_raw(grad, N * 4), *gs = gput_raw(grad, N * 4);
+    float *apub = gput_raw(master, N * 4), *bpub = gput_raw(master, N * 4);
+    float *ans = gput_raw(&ns0, 4), *bns = gput_raw(&ns0, 4);
+    float *cm = cput(master, N), *c1 = cput(m, N), *c2 = cput(v, N), *cg = cput(grad, N);
+    float *cpub = cput(master, N), cns[1];
+    for (int t = 1; t <= 3; t++) {
+        g_gpu.impl->f32_add_scale(&g_gpu, gs + off, gr + off, NULL, inv_w, n);
+        g_gpu.impl->sumsq(&g_gpu, ans, gs + off, n, 0);
+        g_gpu.impl->adamw(&g_gpu, am + off, NULL, gs + off, a1 + off, a2 + off, n, 1e-3f, 0.9f,
+                          0.95f, 1e-8f, 0.1f, t, ans, 1.0f);
+        g_gpu.impl->copy(&g_gpu, apub + off, am + off, n * 4);
+        g_gpu.impl->sumsq_scaled(&g_gpu, bns, gr + off, inv_w, n);
+        g_gpu.impl->adamw_pub(&g_gpu, bm + off, bpub + off, gr + off, inv_w, b1 + off, b2 + off,
+                              n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, bns, 1.0f);
+        g_cpu.impl->sumsq_scaled(&g_cpu, cns, cg + off, inv_w, n);
+        g_cpu.impl->adamw_pub(&g_cpu, cm + off, cpub + off, cg + off, inv_w, c1 + off, c2 + off,
+                              n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, cns, 1.0f);
+    }
+    float *ha[] = {gget_f32(ans, 1), gget_f32(am, N), gget_f32(a1, N), gget_f32(a2, N), gget_f32(apub, N)};
+    float *hb[] = {gget_f32(bns, 1), gget_f32(bm, N), gget_f32(b1, N), gget_f32(b2, N), gget_f32(bpub, N)};
+    assert_true(ha[0][0] > 1.0f);   /* the clip (max_norm 1) is active */
+    assert_memory_equal(ha[0], hb[0], 4);
+    for (int i = 1; i < 5; i++) assert_memory_equal(ha[i], hb[i], N * 4);
+    assert_memory_equal(hb[1], hb[4], N * 4);   /* published = master */
+    check("adamw_pub norm_sq vs CPU", cns, hb[0], 1, 1e-5);
+    check("adamw_pub master vs CPU", cm, hb[1], N, 1e-5);
+    check("adamw_pub m vs CPU", c1, hb[2], N, 1e-5);
+    check("adamw_pub v vs CPU", c2, hb[3], N, 1e-5);
+    check("adamw_pub pub vs CPU", cpub, hb[4], N, 1e-5);
+    for (int i = 0; i < 5; i++) { free(ha[i]); free(hb[i]); }
+    free(master); free(grad); free(m); free(v);
+    cfree(cm); cfree(c1); cfree(c2); cfree(cg); cfree(cpub);
+    gfree(am); gfree(a1); gfree(a2); gfree(bm); gfree(b1); gfree(b2); gfree(gr); gfree(gs);
+    gfree(apub); gfree(bpub); gfree(ans); gfree(bns);
+}
+
+/* f32_to_act (the drafter's weights from the optimizer's slab): bitwise the host's
+ * conversion (upload_act), 16-byte aligned (4 a thread, then the tail) and 4 bytes off. */
+static void test_f32_to_act(void **state) {
+    (void)state;
+    const size_t n = 100003;
+    float *h = rnd(n + 1, 7.0f);
+    for (size_t i = 0; i < n + 1; i++) h[i] *= 1.0f + 1e-3f * (float)(i % 97);   /* not bf16 */
+    float *src = gput_raw(h, (n + 1) * 4);
+    for (size_t off = 0; off < 2; off++) {
+        void *ref = gput(h + off, n), *got = gput(h, n + 1);
+        g_gpu.impl->f32_to_act(&g_gpu, got, src + off, n);
+        uint16_t *a = malloc(n * 2), *b = malloc(n * 2);
+        g_gpu.impl->download(&g_gpu, a, ref, n * 2);
+        g_gpu.impl->download(&g_gpu, b, got, n * 2);
+        assert_memory_equal(a, b, n * 2);
+        free(a); free(b); gfree(ref); gfree(got);
+    }
+    free(h); gfree(src);
+}
+
+static void test_adamw_pub(void **state) {
+    (void)state;
+    run_adamw_pub(0);
+    run_adamw_pub(1);
 }
 
 /* ------------------------------------------------------------ attention (varlen, causal) */
@@ -648,9 +767,10 @@ int main(void) {
         cmocka_unit_test(test_matmul_fallback), cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rope),            cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_embedding),       cmocka_unit_test(test_xent),
-        cmocka_unit_test(test_adamw),           cmocka_unit_test(test_attention_varlen),
-        cmocka_unit_test(test_attention_block), cmocka_unit_test(test_f32_add_scale),
-        cmocka_unit_test(test_qk_norm_rope),
+        cmocka_unit_test(test_adamw),           cmocka_unit_test(test_adamw_pub),
+        cmocka_unit_test(test_attention_varlen), cmocka_unit_test(test_attention_block),
+        cmocka_unit_test(test_f32_add_scale),   cmocka_unit_test(test_qk_norm_rope),
+        cmocka_unit_test(test_f32_to_act),      cmocka_unit_test(test_add_rmsnorm),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     ops_ctx_destroy(&g_gpu);

@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <cmocka.h>
 
 #include "common/base/err.h"
@@ -430,9 +431,13 @@ static void test_adamw(void **state) {
     float *params = fx_f32(j, "params", NULL), *norms = fx_f32(j, "norms", NULL);
     float *wm = fx_f32(j, "m", NULL), *wv = fx_f32(j, "v", NULL);
     float *m = calloc((size_t)n, 4), *v = calloc((size_t)n, 4), *work = malloc((size_t)n * 4);
+    /* the fused twin (sumsq_scaled, adamw_pub) on 4 g scaled by 1/4 (exact): the same bits */
+    float *p2 = malloc((size_t)n * 4), *m2 = calloc((size_t)n, 4), *v2 = calloc((size_t)n, 4);
+    float *pub = malloc((size_t)n * 4), *g4 = malloc((size_t)n * 4);
+    memcpy(p2, p, (size_t)n * 4);
     for (int t = 1; t <= 3; t++) {
         const float *g = grads + (size_t)(t - 1) * n;
-        float nsq = 0.0f;
+        float nsq = 0.0f, nsq2 = 0.0f;
         /* two calls to exercise accumulate: the global norm spans tensors */
         OPS->sumsq(&g_ctx, &nsq, g, (size_t)n / 2, 0);
         OPS->sumsq(&g_ctx, &nsq, g + n / 2, (size_t)(n - n / 2), 1);
@@ -441,7 +446,17 @@ static void test_adamw(void **state) {
         assert_true(fx_check("adamw params", p, params + (size_t)(t - 1) * n, (size_t)n, 1e-6,
                              1e-5) <= 1.0);
         assert_memory_equal(work, p, (size_t)n * 4);
+        for (int i = 0; i < n; i++) g4[i] = 4.0f * g[i];
+        OPS->sumsq_scaled(&g_ctx, &nsq2, g4, 0.25f, (size_t)n);
+        assert_true(fabsf(nsq2 - nsq) <= 1e-6f * nsq);   /* one call against two: rounding */
+        OPS->adamw_pub(&g_ctx, p2, pub, g4, 0.25f, m2, v2, (size_t)n, lr, b1, b2, eps, wd, t,
+                       &nsq, mx);
+        assert_memory_equal(p2, p, (size_t)n * 4);
+        assert_memory_equal(pub, p, (size_t)n * 4);
     }
+    assert_memory_equal(m2, m, (size_t)n * 4);
+    assert_memory_equal(v2, v, (size_t)n * 4);
+    free(p2), free(m2), free(v2), free(pub), free(g4);
     assert_true(fx_check("adamw m", m, wm, (size_t)n, 1e-7, 1e-5) <= 1.0);
     assert_true(fx_check("adamw v", v, wv, (size_t)n, 1e-8, 1e-5) <= 1.0);
     free(p), free(grads), free(params), free(norms), free(wm), free(wv), free(m), free(v), free(work);

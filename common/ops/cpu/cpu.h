@@ -53,6 +53,8 @@ void ops_cpu_matmul_backward(const ops_ctx_t *c, void *dinp, float *dweight, flo
                              int M, int K, int N, int dinp_acc);
 /* rmsnorm.c; _rstd: 1 / sqrt(mean(x[0..C)^2) + eps), the rstd rmsnorm_forward saves */
 float ops_cpu__rmsnorm_rstd(const float *x, int C, float eps);
+void ops_cpu_add_rmsnorm_forward(const ops_ctx_t *c, void *x, void *out, float *rstd,
+                                 const void *res, const void *weight, float eps, int N, int C);
 void ops_cpu_rmsnorm_forward(const ops_ctx_t *c, void *out, float *rstd, const void *inp,
                              const void *weight, float eps, int N, int C);
 void ops_cpu_rmsnorm_backward(const ops_ctx_t *c, void *dinp, float *dweight, const void *dout,
@@ -107,6 +109,10 @@ void ops_cpu_sumsq(const ops_ctx_t *c, float *out, const float *x, size_t n, int
 void ops_cpu_adamw(const ops_ctx_t *c, float *master, void *work, const float *grad, float *m,
                    float *v, size_t n, float lr, float b1, float b2, float eps, float wd, int t,
                    const float *norm_sq, float max_norm);
+void ops_cpu_sumsq_scaled(const ops_ctx_t *c, float *out, const float *x, float scale, size_t n);
+void ops_cpu_adamw_pub(const ops_ctx_t *c, float *master, float *pub, const float *grad,
+                       float gscale, float *m, float *v, size_t n, float lr, float b1, float b2,
+                       float eps, float wd, int t, const float *norm_sq, float max_norm);
 /* moe.c (target MoE layers) */
 void ops_cpu_moe_route(const ops_ctx_t *c, int32_t *idx, float *w, const void *logits, int T,
                        int E, int k, int norm);

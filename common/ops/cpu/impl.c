@@ -47,4 +47,7 @@ const ops_impl_t ops_cpu_impl = {
     .matmul_forward_res = ops_cpu_matmul_forward_res,
     .qk_norm_rope_forward_exact = ops_cpu_qk_norm_rope_forward,   /* already the composition */
     .normal_init = ops_cpu_normal_init,
+    .sumsq_scaled = ops_cpu_sumsq_scaled,
+    .adamw_pub = ops_cpu_adamw_pub,
+    .add_rmsnorm_forward = ops_cpu_add_rmsnorm_forward,
 };

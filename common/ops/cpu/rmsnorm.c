@@ -68,3 +68,10 @@ void ops_cpu_rmsnorm_backward(const ops_ctx_t *c, void *dinp_, float *dweight, c
         free(part);
     }
 }
+
+/* x = x + res, then out = rmsnorm(x): the two ops (ops.h add_rmsnorm_forward). */
+void ops_cpu_add_rmsnorm_forward(const ops_ctx_t *c, void *x, void *out, float *rstd,
+                                 const void *res, const void *weight, float eps, int N, int C) {
+    ops_cpu_add(c, x, x, res, (size_t)N * C);
+    ops_cpu_rmsnorm_forward(c, out, rstd, x, weight, eps, N, C);
+}

@@ -89,6 +89,8 @@ void cuda_matmul_backward(const ops_ctx_t *c, void *dinp, float *dweight, float 
 void cuda_gemm_plans_destroy(ops_cuda_state *st);
 void cuda_rmsnorm_forward(const ops_ctx_t *c, void *out, float *rstd, const void *inp,
                           const void *weight, float eps, int N, int C);
+void cuda_add_rmsnorm_forward(const ops_ctx_t *c, void *x, void *out, float *rstd,
+                              const void *res, const void *weight, float eps, int N, int C);
 void cuda_rmsnorm_backward(const ops_ctx_t *c, void *dinp, float *dweight, const void *dout,
                            const void *inp, const void *weight, const float *rstd, int N, int C);
 void cuda_rope_forward(const ops_ctx_t *c, void *x, const int32_t *pos, const float *inv_freq,
@@ -120,6 +122,10 @@ void cuda_f32_add_scale(const ops_ctx_t *c, float *out, const float *a, const fl
 void cuda_adamw(const ops_ctx_t *c, float *master, void *work, const float *grad, float *m,
                 float *v, size_t n, float lr, float b1, float b2, float eps, float wd, int t,
                 const float *norm_sq, float max_norm);
+void cuda_sumsq_scaled(const ops_ctx_t *c, float *out, const float *x, float scale, size_t n);
+void cuda_adamw_pub(const ops_ctx_t *c, float *master, float *pub, const float *grad,
+                    float gscale, float *m, float *v, size_t n, float lr, float b1, float b2,
+                    float eps, float wd, int t, const float *norm_sq, float max_norm);
 // moe.cu (target MoE layers)
 void cuda_moe_route(const ops_ctx_t *c, int32_t *idx, float *w, const void *logits, int T, int E,
                     int k, int norm);

@@ -175,10 +175,13 @@ __device__ __forceinline__ float rms_team_sum(float v, float *sh) {
     }
 }
 
-template <int TEAM>
+// ADD (add_rmsnorm_forward): the row is first inp + res, rounded to bf16 as cuda_add and
+// stored back to xo, then normalised. Each thread reads its own chunks of inp and res
+// before it writes the same chunks of xo and out, so xo may alias inp and out res.
+template <int TEAM, bool ADD>
 __global__ void __launch_bounds__(256)
 rmsnorm_fwd_vec(uint4 *out, float *rstd, const uint4 *inp, const uint4 *w, float eps, int N,
-                int C) {
+                int C, uint4 *xo, const uint4 *res) {
     __shared__ float sh[8];
     const int C8 = C / 8, teams = 256 / TEAM, team = threadIdx.x / TEAM, lt = threadIdx.x % TEAM;
     for (int n0 = blockIdx.x * teams; n0 < N; n0 += gridDim.x * teams) {
@@ -192,6 +195,15 @@ rmsnorm_fwd_vec(uint4 *out, float *rstd, const uint4 *inp, const uint4 *w, float
             xv[c] = (row_ok && i < C8) ? inp[(size_t)n * C8 + i] : make_uint4(0, 0, 0, 0);
             float f[8];
             bf16x8_unpack(f, xv[c]);
+            if (ADD && row_ok && i < C8) {
+                float r[8];
+                bf16x8_unpack(r, res[(size_t)n * C8 + i]);
+#pragma unroll
+                for (int k = 0; k < 8; k++) f[k] += r[k];
+                xv[c] = bf16x8_pack(f);   // the bits of add_vec_kernel
+                xo[(size_t)n * C8 + i] = xv[c];
+                bf16x8_unpack(f, xv[c]);
+            }
 #pragma unroll
             for (int k = 0; k < 8; k++) ss += f[k] * f[k];
         }
@@ -322,12 +334,18 @@ static int rms_vec_team(int C, const void *a, const void *b, const void *c2, con
 // Launches of the vector path (blocks: a few resident waves at most; the loops stride).
 template <int TEAM>
 static void rms_fwd_vec_launch(const ops_ctx_t *c, void *out, float *rstd, const void *inp,
-                               const void *weight, float eps, int N, int C) {
+                               const void *weight, float eps, int N, int C, void *xo = NULL,
+                               const void *res = NULL) {
     const int teams = 256 / TEAM, cap = 8 * cuda_state(c)->num_sms;
     int blocks = (N + teams - 1) / teams;
     if (blocks > cap) blocks = cap;
-    rmsnorm_fwd_vec<TEAM><<<blocks, 256, 0, cuda_stream(c)>>>(
-        (uint4 *)out, rstd, (const uint4 *)inp, (const uint4 *)weight, eps, N, C);
+    if (res)
+        rmsnorm_fwd_vec<TEAM, true><<<blocks, 256, 0, cuda_stream(c)>>>(
+            (uint4 *)out, rstd, (const uint4 *)inp, (const uint4 *)weight, eps, N, C,
+            (uint4 *)xo, (const uint4 *)res);
+    else
+        rmsnorm_fwd_vec<TEAM, false><<<blocks, 256, 0, cuda_stream(c)>>>(
+            (uint4 *)out, rstd, (const uint4 *)inp, (const uint4 *)weight, eps, N, C, NULL, NULL);
     cuda_check_launch();
 }
 
@@ -388,6 +406,23 @@ void cuda_rmsnorm_forward(const ops_ctx_t *c, void *out, float *rstd, const void
     rmsnorm_fwd_kernel<<<blocks, RMS_WARPS * 32, 0, cuda_stream(c)>>>(
         (bf16 *)out, rstd, (const bf16 *)inp, (const bf16 *)weight, eps, N, C);
     cuda_check_launch();
+}
+
+// x = x + res (as cuda_add), then out = rmsnorm(x): one pass on the vector path (the same
+// team as cuda_rmsnorm_forward's, hence its bits), else the two ops.
+void cuda_add_rmsnorm_forward(const ops_ctx_t *c, void *x, void *out, float *rstd,
+                              const void *res, const void *weight, float eps, int N, int C) {
+    if (N <= 0 || C <= 0) return;
+    const void *p = (const void *)((uintptr_t)x | (uintptr_t)res);
+    switch (rms_vec_team(C, out, x, weight, p)) {
+    case 32: rms_fwd_vec_launch<32>(c, out, rstd, x, weight, eps, N, C, x, res); return;
+    case 64: rms_fwd_vec_launch<64>(c, out, rstd, x, weight, eps, N, C, x, res); return;
+    case 128: rms_fwd_vec_launch<128>(c, out, rstd, x, weight, eps, N, C, x, res); return;
+    case 256: rms_fwd_vec_launch<256>(c, out, rstd, x, weight, eps, N, C, x, res); return;
+    default: break;
+    }
+    c->impl->add(c, x, x, res, (size_t)N * C);
+    cuda_rmsnorm_forward(c, out, rstd, x, weight, eps, N, C);
 }
 
 // part: (gridDim.x, C) f32 partial dweight sums (NULL: no dweight); when
