@@ -212,8 +212,8 @@ static void profile_layer(const model_config_t *m, int T, int mlp_chunk, const i
     for (int i = 0; i < n; i++)
         if (!strstr(names[i], "ref") && strncmp(names[i], "capture", 7)) tot += ms[i];
     printf("profile: one layer's ops at T = %d (MLP chunk %d rows), each timed alone:\n", T, mlp_chunk);
-    for (int i = 0; i < n; i++) printf("  %-26s %8.3f ms  %5.1f%%\n", names[i], ms[i], 100 * ms[i] / tot);
-    printf("  %-26s %8.3f ms (layer ops; shares are of this)\n", "sum", tot);
+    for (int i = 0; i < n; i++) printf("  %-30s %8.3f ms  %5.1f%%\n", names[i], ms[i], 100 * ms[i] / tot);
+    printf("  %-30s %8.3f ms (layer ops; shares are of this)\n", "sum", tot);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
     void *bufs[] = {x, xn, q, k, v, att, g, u, hm, wn, whd, wq, wk, wv, wo, wg, wu, wd, inv};

@@ -32,8 +32,9 @@
  * NVLink/PCIe peer access). The in-order sum (ops f32_add_scale), the norm (sumsq)
  * and AdamW run on the device; bitwise the same arithmetic as the CPU path. AdamW
  * writes the published weights as it goes (adamw_pub), and one micro-batch in this
- * GPU's memory is read where it is, scaled on the fly (sumsq_scaled; step_math.c): 5
- * passes over the parameters become 2, the same bits. Only the
+ * GPU's memory is read where it is, scaled on the fly (sumsq_scaled; step_math.c): with
+ * one micro-batch 4 passes over the parameters become 2 (else K + 2 instead of K + 3),
+ * the same bits. Only the
  * gradient norm (4 bytes) comes to the host per step, and the state at checkpoints.
  * Cross-GPU gradients use peer reads of IPC mappings rather than NCCL: a drafter can
  * die, restart or leave at any step, and a mapping per drafter incarnation follows

@@ -334,7 +334,9 @@ struct ops_impl {
      * f32_add_scale), and the new weights also into pub (n) f32 (NULL: not written): the
      * bits of f32_add_scale, adamw, then copy(pub, master). master, grad, m, v, pub (n)
      * f32 on the backend, pub not overlapping the others; grad may be IPC-mapped memory of
-     * a peer GPU. (common/ops/cpu/adamw.c, cuda/adamw.cu) */
+     * a peer GPU. CUDA: 16-byte loads where master, grad, m, v and pub are all 16-byte
+     * aligned, else element-wise (the same bits, slower). (common/ops/cpu/adamw.c,
+     * cuda/adamw.cu) */
     void (*sumsq_scaled)(const ops_ctx_t *c, float *out, const float *x, float scale, size_t n);
     void (*adamw_pub)(const ops_ctx_t *c, float *master, float *pub, const float *grad,
                       float gscale, float *m, float *v, size_t n, float lr, float b1, float b2,

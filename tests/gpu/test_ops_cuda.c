@@ -293,6 +293,8 @@ static void test_add_rmsnorm(void **state) {
     (void)state;
     run_add_rmsnorm(3001, 4096);   /* vector path, 128 threads per row (the 8B target) */
     run_add_rmsnorm(37, 256);      /* vector path, a warp per row, a partial block */
+    run_add_rmsnorm(33, 2048);     /* vector path, 64 threads per row */
+    run_add_rmsnorm(7, 8192);      /* vector path, 256 threads per row (the block reduction) */
     run_add_rmsnorm(16, 4100);     /* C % 8 != 0: the two ops */
 }
 
@@ -552,10 +554,43 @@ static void test_f32_to_act(void **state) {
     free(h); gfree(src);
 }
 
+/* adamw_pub's 4-wide kernel against its element-wise one on the same values: the state at
+ * a 16-byte aligned address, then 4 bytes off; 3 steps; bitwise equal. */
+static void adamw_pub_at(size_t off, const float *const *h, size_t n, float **out) {
+    float *d[5], ns = 0;
+    for (int i = 0; i < 5; i++) {
+        d[i] = g_gpu.impl->malloc_(&g_gpu, (n + 1) * 4);
+        assert_non_null(d[i]);
+        g_gpu.impl->upload(&g_gpu, d[i] + off, h[i < 4 ? i : 0], n * 4);
+    }
+    float *dns = gput_raw(&ns, 4);
+    g_gpu.impl->sumsq_scaled(&g_gpu, dns, d[1] + off, 0.5f, n);
+    for (int t = 1; t <= 3; t++)
+        g_gpu.impl->adamw_pub(&g_gpu, d[0] + off, d[4] + off, d[1] + off, 0.5f, d[2] + off,
+                              d[3] + off, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, t, dns, 1.0f);
+    for (int i = 0; i < 5; i++) {
+        out[i] = malloc(n * 4);
+        g_gpu.impl->download(&g_gpu, out[i], d[i] + off, n * 4);
+        gfree(d[i]);
+    }
+    gfree(dns);
+}
+
 static void test_adamw_pub(void **state) {
     (void)state;
     run_adamw_pub(0);
     run_adamw_pub(1);
+    const size_t n = 4099;
+    float *h[4] = {rnd(n, 1.0f), rnd(n, 3.0f), rnd(n, 0.01f), rnd(n, 0.01f)};
+    for (size_t i = 0; i < n; i++) h[3][i] = fabsf(h[3][i]);
+    float *a[5], *b[5];
+    adamw_pub_at(0, (const float *const *)h, n, a);
+    adamw_pub_at(1, (const float *const *)h, n, b);
+    for (int i = 0; i < 5; i++) {
+        assert_memory_equal(a[i], b[i], n * 4);
+        free(a[i]); free(b[i]);
+    }
+    for (int i = 0; i < 4; i++) free(h[i]);
 }
 
 /* ------------------------------------------------------------ attention (varlen, causal) */

@@ -61,7 +61,8 @@ void cuda_sumsq_scaled(const ops_ctx_t *c, float *out, const float *x, float sca
 }
 
 // The AdamW constants of one step: step = lr / (1 - b1^t), bc2s = sqrt(1 - b2^t)
-// (host-computed in double), sc = the clip scale (from norm_sq, on the device).
+// (host-computed in double), gscale the gradient's scale (adamw_pub; 1 for adamw). The
+// clip scale sc comes from norm_sq on the device (adamw_clip).
 struct adamw_k {
     float lr, b1, b2, eps, wd, step, bc2s, gscale;
 };
