@@ -12,30 +12,12 @@
  * threads' sums in arrival order: a 1-ulp run-to-run difference in the gradient norm,
  * hence in the clip scale and the weights). */
 #define SUMSQ_CHUNK 65536
-void ops_cpu_sumsq(const ops_ctx_t *c, float *out, const float *x, size_t n, int accumulate) {
+/* sum of (x * scale)^2 over x (n), the product rounded to f32 first (scale 1: x itself,
+ * exactly), in double, in that fixed chunk order. */
+static double sumsq_chunks(const ops_ctx_t *c, const float *x, float scale, size_t n) {
     size_t nc = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
     double one, *part = nc > 1 ? malloc(nc * sizeof *part) : &one;
     if (!part) abort();   /* a few KB per GB of parameters; ops errors abort (ops.h) */
-#pragma omp parallel for num_threads(ops_cpu__threads(c)) schedule(static) if (nc > 1)
-    for (size_t k = 0; k < nc; k++) {
-        size_t i1 = (k + 1) * SUMSQ_CHUNK < n ? (k + 1) * SUMSQ_CHUNK : n;
-        double p = 0.0;
-        for (size_t i = k * SUMSQ_CHUNK; i < i1; i++) p += (double)x[i] * x[i];
-        part[k] = p;
-    }
-    double s = 0.0;
-    for (size_t k = 0; k < nc; k++) s += part[k];
-    if (part != &one) free(part);
-    out[0] = accumulate ? (float)(out[0] + s) : (float)s;
-}
-
-/* out[0] = sum (x * scale)^2, the product rounded to f32 first (as f32_add_scale), then
- * as ops_cpu_sumsq. */
-void ops_cpu_sumsq_scaled(const ops_ctx_t *c, float *out, const float *x, float scale,
-                          size_t n) {
-    size_t nc = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
-    double one, *part = nc > 1 ? malloc(nc * sizeof *part) : &one;
-    if (!part) abort();
 #pragma omp parallel for num_threads(ops_cpu__threads(c)) schedule(static) if (nc > 1)
     for (size_t k = 0; k < nc; k++) {
         size_t i1 = (k + 1) * SUMSQ_CHUNK < n ? (k + 1) * SUMSQ_CHUNK : n;
@@ -49,7 +31,18 @@ void ops_cpu_sumsq_scaled(const ops_ctx_t *c, float *out, const float *x, float 
     double s = 0.0;
     for (size_t k = 0; k < nc; k++) s += part[k];
     if (part != &one) free(part);
-    out[0] = (float)s;
+    return s;
+}
+
+void ops_cpu_sumsq(const ops_ctx_t *c, float *out, const float *x, size_t n, int accumulate) {
+    double s = sumsq_chunks(c, x, 1.0f, n);
+    out[0] = accumulate ? (float)(out[0] + s) : (float)s;
+}
+
+/* out[0] = sum (x * scale)^2, the product rounded to f32 first (as f32_add_scale). */
+void ops_cpu_sumsq_scaled(const ops_ctx_t *c, float *out, const float *x, float scale,
+                          size_t n) {
+    out[0] = (float)sumsq_chunks(c, x, scale, n);
 }
 
 static void adamw_cpu(const ops_ctx_t *c, float *master, float *work, float *pub,

@@ -128,8 +128,6 @@ __global__ void adamw4_kernel(float4 *master, float4 *pub, bf16 *work, const flo
     }
 }
 
-static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
-
 static void adamw_launch(const ops_ctx_t *c, float *master, float *pub, void *work,
                          const float *grad, float gscale, float *m, float *v, size_t n,
                          float lr, float b1, float b2, float eps, float wd, int t,

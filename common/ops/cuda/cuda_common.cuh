@@ -70,6 +70,9 @@ __device__ __forceinline__ uint4 bf16x8_pack(const float *f) {
     return u;
 }
 
+// Whether p may be read or written by 16-byte vector accesses.
+static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
 // Launch configuration helpers.
 static inline unsigned cuda_blocks(size_t n, int threads, size_t cap = 65535u * 32u) {
     size_t b = (n + threads - 1) / threads;

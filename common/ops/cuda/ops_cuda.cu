@@ -119,7 +119,7 @@ __global__ void f32_to_bf16x4_kernel(uint2 *dst, const float4 *src, size_t n4) {
 }
 static void cuda_f32_to_act(const ops_ctx_t *c, void *dst, const float *src, size_t n) {
     if (!n) return;
-    size_t n4 = ((uintptr_t)src & 15) == 0 && ((uintptr_t)dst & 7) == 0 ? n / 4 : 0;
+    size_t n4 = aligned16(src) && ((uintptr_t)dst & 7) == 0 ? n / 4 : 0;
     if (n4) {
         f32_to_bf16x4_kernel<<<cuda_blocks(n4, 256), 256, 0, cuda_stream(c)>>>(
             (uint2 *)dst, (const float4 *)src, n4);
@@ -173,7 +173,6 @@ static void cuda_download_act(const ops_ctx_t *c, float *dst_host, const void *s
 // ---------------------------------------------------------------- add, axpy
 // 8 bf16 per 16-byte access when every pointer is 16-byte aligned and n % 8 == 0,
 // else one element per thread.
-static inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 __global__ void add_vec_kernel(uint4 *out, const uint4 *a, const uint4 *b, size_t n8) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n8;

@@ -4,8 +4,6 @@
 // f32 math, bf16 storage; 16-byte accesses when aligned.
 #include "common/ops/cuda/cuda_common.cuh"
 
-static inline bool al16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
-
 __device__ __forceinline__ float sigm(float g) { return 1.0f / (1.0f + __expf(-g)); }
 
 __global__ void swiglu_fwd_vec(uint4 *out, const uint4 *gate, const uint4 *up, size_t n8) {
@@ -33,7 +31,7 @@ __global__ void swiglu_fwd(bf16 *out, const bf16 *gate, const bf16 *up, size_t n
 void cuda_swiglu_forward(const ops_ctx_t *c, void *out, const void *gate, const void *up,
                          size_t n) {
     if (!n) return;
-    if (n % 8 == 0 && al16(out) && al16(gate) && al16(up))
+    if (n % 8 == 0 && aligned16(out) && aligned16(gate) && aligned16(up))
         swiglu_fwd_vec<<<cuda_blocks(n / 8, 256), 256, 0, cuda_stream(c)>>>(
             (uint4 *)out, (const uint4 *)gate, (const uint4 *)up, n / 8);
     else
@@ -76,8 +74,8 @@ __global__ void swiglu_bwd_vec(uint4 *dgate, uint4 *dup, const uint4 *dout, cons
 void cuda_swiglu_backward(const ops_ctx_t *c, void *dgate, void *dup, const void *dout,
                           const void *gate, const void *up, size_t n) {
     if (!n || (!dgate && !dup)) return;
-    if (n % 8 == 0 && al16(dout) && al16(gate) && al16(up) && (!dgate || al16(dgate)) &&
-        (!dup || al16(dup))) {
+    if (n % 8 == 0 && aligned16(dout) && aligned16(gate) && aligned16(up) && (!dgate || aligned16(dgate)) &&
+        (!dup || aligned16(dup))) {
         swiglu_bwd_vec<<<cuda_blocks(n / 8, 256), 256, 0, cuda_stream(c)>>>(
             (uint4 *)dgate, (uint4 *)dup, (const uint4 *)dout, (const uint4 *)gate,
             (const uint4 *)up, n / 8);
