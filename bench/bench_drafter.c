@@ -23,7 +23,8 @@
  * includes the CUDA context, cuBLASLt workspace, embedding and LM head, features,
  * AdamW moments). Time: median of --reps CUDA-event-timed steps after one warm-up.
  * --attn-variant N: the block-attention kernels (ops_cuda_attention_block_variant: 1 =
- *   mma.sync, 2 = Hopper wgmma, 3 = 2 with the FA3-style forward; 0 or absent: the default).
+ *   mma.sync, 2 = Hopper wgmma, 3 = 2 with the FA3-style forward, 4 = 3 with Q and dO in
+ *   registers in dQ; 0 or absent: the default).
  * --keep-up: the drafter keeps each layer's MLP up projection for the backward
  *   (drafter_new_opts keep_up, as the drafter worker runs it) instead of recomputing it.
  * --profile: then one more step with each op timed by CUDA events, printed as a table

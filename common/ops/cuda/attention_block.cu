@@ -10,17 +10,20 @@
 //   variant 1, any head dim <= 128, any GPU: forward and dQ on the mma.sync "pair" kernel
 //     (attention_block_pair.cuh: a thread block = two consecutive blocks of one kv head,
 //     sharing each K/V tile), dK/dV on attn_block_dkv_kernel below;
-//   variant 2 (the default), Hopper (sm_90a), head dim 128 (forward / dQ also H = 4 Hkv,
+//   variant 2, Hopper (sm_90a), head dim 128 (forward / dQ also H = 4 Hkv,
 //     B <= 16, Tc > 0): forward, dQ and the dK/dV context tiles on warp-specialized wgmma
 //     kernels with TMA loads (attention_block_wg.cuh; every kc, vc row below Tc must be
 //     finite; the context tiles by descending work), the blocks' own
 //     dK/dV on attn_block_own_dkv_kernel (B <= 16, any head dim and GPU: one warp per block
 //     and kv head; bitwise variant 1's own tiles); elsewhere variant 1's kernels run;
-//   variant 3 (the default): variant 2 with the forward on attn_block_fwd_fa3_kernel
+//   variant 3: variant 2 with the forward on attn_block_fwd_fa3_kernel
 //     (attention_block_wg.cuh: 128-key tiles, all loads by TMA, the two warpgroups taking
-//     turns as the causal variant 3), where variant 2's forward applies.
+//     turns as the causal variant 3), where variant 2's forward applies;
+//   variant 4 (the default): variant 3 with dQ's S = Q K^T and dP = dO V^T reading Q and dO
+//     from registers (each warp's rows as A fragments), not from shared memory.
 // On an H200, 8 x 4096 tokens, 512 anchors, B 16 (bench_ops): forward 10.0 / 5.8 / 5.5 ms,
-// dQ 12.3 / 6.9 ms, dK/dV 30.7 / 10.1 ms for variants 1 / 2 / 3 (2026-12-04; bench/NOTES.md;
+// dQ 12.3 / 6.9 / 6.5 ms, dK/dV 30.7 / 10.1 ms for variants 1 / 2-3 / 4; dQ at base clocks
+// (ncu) 8.81 ms in variant 3, 7.60 in 4 (2026-12-04; bench/NOTES.md;
 // in its entries before 2026-12-03's third session, 1 was "variant 2" and 2 "variant 11";
 // variants 1 and 3-10 there were kernels measured slower, since removed).
 //
@@ -50,11 +53,12 @@ extern "C" {
 #include "common/ops/cuda/ops_cuda.h"
 }
 
-// Kernel variant used by the ops table (ops_cuda_attention_block_variant): 3, measured
-// fastest (above: its forward 11% faster than 2's at fixed clocks); it runs variant 1's
+// Kernel variant used by the ops table (ops_cuda_attention_block_variant): 4, measured
+// fastest (above: its forward 11% faster than 2's, its dQ 14% faster than 3's at fixed
+// clocks); it runs variant 1's
 // kernels where the wgmma kernels do not apply (the own-key kernel excepted: B <= 16 on any
 // GPU and head dim).
-#define AB_DEFAULT_VARIANT 3
+#define AB_DEFAULT_VARIANT 4
 
 // ------------------------------------------------------------------ forward / dQ
 // Forward write-out of an active warp: sums lrow over the quad, writes lse[row*H + h]
@@ -598,16 +602,18 @@ static void launch_q(const ops_ctx_t *c, int variant, bf16 *out, float *lse, bf1
                      int Hkv, int hd) {
     const bool wg = variant >= 2 && HDP == 128 && H == 4 * Hkv && B <= 16 && Tc > 0 &&
                     ab_wg_applies(hd, q, kb, vb, kc, vc, BWD ? dout : NULL);
-    if (wg && !BWD && variant == 3) {
+    if (wg && !BWD && variant >= 3) {
         launch_fwd_fa3<2>(c, out, lse, q, kb, vb, kc, vc, cs, cl, Nb, B, Tc, H, Hkv);
     } else if (wg) {
         constexpr int NST = 3;
         size_t smem = (size_t)(2 * NST + (BWD ? 4 : 2)) * ABW_TILE_BYTES + 2 * NST * sizeof(uint64_t);
-        cuda_check(cudaFuncSetAttribute(attn_block_wgq_ws_kernel<BWD, NST>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        auto kern = variant == 4 ? attn_block_wgq_ws_kernel<BWD, NST, BWD>
+                                 : attn_block_wgq_ws_kernel<BWD, NST, false>;
+        cuda_check(
+            cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         const CUtensorMap tmk = abw_head_tensor_map(kc, Tc, Hkv, 1, 64);
         const CUtensorMap tmv = abw_head_tensor_map(vc, Tc, Hkv, 1, 64);
-        attn_block_wgq_ws_kernel<BWD, NST><<<dim3((Nb + 1) / 2, Hkv), 384, smem, cuda_stream(c)>>>(
+        kern<<<dim3((Nb + 1) / 2, Hkv), 384, smem, cuda_stream(c)>>>(
             out, lse, dq, dout, lse_in, D, (const bf16 *)q, (const bf16 *)kb, (const bf16 *)vb,
             cs, cl, Nb, B, H, Hkv, 1.0f / sqrtf((float)hd), tmk, tmv);
         cuda_check_launch();

@@ -309,9 +309,12 @@ __global__ void abw_tile_rank_kernel(int *order, const int *cnt, int nct) {
 // [klo, khi) of the K, V tiles Kt, Vt against its Q (and dO) tiles Qw, Ow; forward: the
 // online softmax state mrow, lrow and O in acc; dQ (BWD): dQ += dS K in acc, with the rows'
 // lse (log2 units) lse2 and D Dr. All 128 threads of the warpgroup call it.
-template <bool BWD>
+// RSQ (dQ only): Q and dO come as register fragments qa, oa (wg_tile_frags_a) instead of
+// from Qw, Ow.
+template <bool BWD, bool RSQ = false>
 __device__ __forceinline__ void abw_q_tile(float (*acc)[4], float *mrow, float *lrow,
                                            const unsigned char *Qw, const unsigned char *Ow,
+                                           const uint32_t (*qa)[4], const uint32_t (*oa)[4],
                                            const unsigned char *Kt, const unsigned char *Vt,
                                            int klo, int khi, const float *lse2, const float *Dr,
                                            float scale_log2, int t) {
@@ -319,8 +322,13 @@ __device__ __forceinline__ void abw_q_tile(float (*acc)[4], float *mrow, float *
     const bool need_mask = klo > 0 || khi < BN;
     float sc[8][4], dp[8][4];
     wg_fence();
-    wg_tile_abt128_sw(&sc[0][0], Qw, Kt);
-    if (BWD) wg_tile_abt128_sw(&dp[0][0], Ow, Vt);
+    if (BWD && RSQ) {
+        wg_tile_abt128_rs_sw(&sc[0][0], qa, Kt);
+        wg_tile_abt128_rs_sw(&dp[0][0], oa, Vt);
+    } else {
+        wg_tile_abt128_sw(&sc[0][0], Qw, Kt);
+        if (BWD) wg_tile_abt128_sw(&dp[0][0], Ow, Vt);
+    }
     wg_commit();
     wg_wait<0>();
     abw_fence_acc(&sc[0][0], 32);
@@ -363,7 +371,9 @@ __device__ __forceinline__ void abw_q_tile(float (*acc)[4], float *mrow, float *
 // NaN), the blocks' own tiles by cp.async (abw_load_tile_sw); full: 128 arrivals (cp.async,
 // or plain with one carrying the TMA's bytes); empty: one arrival per consumer warp; no block
 // barrier after start-up, as attn_varlen_fwd_ws_kernel. Registers: producer 40, consumers 232.
-template <bool BWD, int NST>
+// RSQ (dQ only; block variant 4): each warp holds its rows of Q and dO as A fragments (64
+// registers) and the S, dP products read only K, V from shared memory.
+template <bool BWD, int NST, bool RSQ = false>
 __global__ void __launch_bounds__(384, 1)
 attn_block_wgq_ws_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout,
                          const float *lse_in, const float *Dvec, const bf16 *q, const bf16 *kb,
@@ -466,6 +476,11 @@ attn_block_wgq_ws_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout,
     cp_async_wait<0>();
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     named_bar_sync(1 + sel, 128);  // this warpgroup's Q (dO) tile is in
+    uint32_t qa[8][4], oa[8][4];   // RSQ: this warp's rows of Q, dO as A fragments
+    if (BWD && RSQ) {
+        wg_tile_frags_a(qa, Qw, warp, lane);
+        wg_tile_frags_a(oa, Ow, warp, lane);
+    }
     const int vlo = wact ? ctx_start[j] : 0, vhi = wact ? vlo + ctx_len[j] : 0;
     float acc[16][4];  // O or dQ (m64n128 accumulator: n-tile i in acc[i])
 #pragma unroll
@@ -481,9 +496,9 @@ attn_block_wgq_ws_kernel(bf16 *out, float *lse, bf16 *dq, const bf16 *dout,
             // the own tiles' cp.async wrote through the generic proxy; wgmma reads through
             // the async one (TMA's writes need no fence)
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            abw_q_tile<BWD>(acc, mrow, lrow, Qw, Ow, KV + st * 2 * ABW_TILE_BYTES,
-                            KV + st * 2 * ABW_TILE_BYTES + ABW_TILE_BYTES, klo, khi, lse2, Dr,
-                            scale_log2, t);
+            abw_q_tile<BWD, RSQ>(acc, mrow, lrow, Qw, Ow, qa, oa, KV + st * 2 * ABW_TILE_BYTES,
+                                 KV + st * 2 * ABW_TILE_BYTES + ABW_TILE_BYTES, klo, khi, lse2,
+                                 Dr, scale_log2, t);
         }
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[st]);  // this warp no longer reads the stage

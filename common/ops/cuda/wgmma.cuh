@@ -135,6 +135,22 @@ __device__ __forceinline__ void wg_m64n64k16_ss(float *d, uint64_t da, uint64_t 
         : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
 }
 
+// D (64 x 64) (+)= A (64 x 16, registers: a[4], mma.sync A layout per warp) * B (16 x 64,
+// descriptor); d[32]. scale_d 0: D = A B (D's input ignored), 1: D += A B. TB: 1 when B is
+// MN-major.
+template <int TB>
+__device__ __forceinline__ void wg_m64n64k16_rs(float *d, const uint32_t *a, uint64_t db,
+                                                int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+        "{%32,%33,%34,%35}, %36, p, 1, 1, %38;\n}\n"
+        : WG_ACC8(d, 0), WG_ACC8(d, 8), WG_ACC8(d, 16), WG_ACC8(d, 24)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d), "n"(TB));
+}
+
 // D (64 x 64, d[32]) = A B^T over 128 columns: A and B 64-row core-matrix tiles of 128
 // columns (row r, column c at byte (c/8)*1024 + r*16 + (c%8)*2), both K-major: 8 x
 // m64n64k16. Issued only: the caller fences before (wg_fence), then commits and waits.
@@ -155,6 +171,19 @@ __device__ __forceinline__ void wg_tile_abt128_sw(float *d, const unsigned char 
     for (int kk = 0; kk < 8; kk++)
         wg_m64n64k16_ss<0>(d, wg_desc(A + kk * 2048, 1024, 128),
                            wg_desc_sw128(B + (kk >> 2) * 8192 + (kk & 3) * 32, 1, 1024), kk > 0);
+}
+
+// D (64 x 64, d[32]) = A B^T over 128 columns as wg_tile_abt128_sw, with A held in
+// registers: a[kk] the A fragment of columns 16kk .. 16kk+15 (wg_tile_frags_a). Reading A
+// from registers halves the shared-memory bytes of an m64n64 product (an SS one reads 4 KB
+// per 65,536 MACs: the 128 bytes a clock shared memory delivers at the tensor cores' full
+// rate). Issued only.
+__device__ __forceinline__ void wg_tile_abt128_rs_sw(float *d, const uint32_t (*a)[4],
+                                                     const unsigned char *B) {
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++)
+        wg_m64n64k16_rs<0>(d, a[kk], wg_desc_sw128(B + (kk >> 2) * 8192 + (kk & 3) * 32, 1, 1024),
+                           kk > 0);
 }
 
 // ---- 64 x 128 bf16 tiles in the core-matrix layout: element (row r, col d) at byte
@@ -194,6 +223,19 @@ __device__ __forceinline__ void abw_load_tile_sw(unsigned char *dst, RowFn rowpt
 __device__ __forceinline__ void abw_fence_acc(float *d, int n) {
 #pragma unroll
     for (int i = 0; i < n; i++) wg_fence_reg(d[i]);
+}
+
+// The A fragments of a 64 x 128 core-matrix tile for a warpgroup's RS products: warp w
+// (0..3) of the warpgroup gets rows 16w .. 16w+15, a[kk] columns 16kk .. 16kk+15 in the
+// mma.sync m16n8k16 A layout (the layout wgmma takes A in registers; ldsm_a's matrices:
+// lanes 8i .. 8i+7 address matrix i's 8 rows, 16 contiguous bytes each: no bank
+// conflict). 32 registers per thread; the tile must be complete and visible to the warp.
+__device__ __forceinline__ void wg_tile_frags_a(uint32_t (*a)[4], const unsigned char *tile,
+                                                int warp, int lane) {
+    const int r = 16 * warp + 8 * ((lane >> 3) & 1) + (lane & 7), c8 = lane >> 4;
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++)
+        ldsm_x4(a[kk], (const bf16 *)(tile + (2 * kk + c8) * 1024 + r * 16));
 }
 #endif  // !ABW_NO_WGMMA
 
