@@ -6,7 +6,7 @@
 // context row ctx_start[j] + u, u in [ctx_len[j], ctx_len[j] + B) -> the block's
 // own row j*B + (u - ctx_len[j]). No mask inside that range (bidirectional).
 //
-// Two kernel sets (ops_cuda_attention_block_variant):
+// Four kernel variants (ops_cuda_attention_block_variant):
 //   variant 1, any head dim <= 128, any GPU: forward and dQ on the mma.sync "pair" kernel
 //     (attention_block_pair.cuh: a thread block = two consecutive blocks of one kv head,
 //     sharing each K/V tile), dK/dV on attn_block_dkv_kernel below;
@@ -21,9 +21,10 @@
 //     turns as the causal variant 3), where variant 2's forward applies;
 //   variant 4 (the default): variant 3 with dQ's S = Q K^T and dP = dO V^T reading Q and dO
 //     from registers (each warp's rows as A fragments), not from shared memory.
-// On an H200, 8 x 4096 tokens, 512 anchors, B 16 (bench_ops): forward 10.0 / 5.8 / 5.5 ms,
-// dQ 12.3 / 6.9 / 6.5 ms, dK/dV 30.7 / 10.1 ms for variants 1 / 2-3 / 4; dQ at base clocks
-// (ncu) 8.81 ms in variant 3, 7.60 in 4 (2026-12-04; bench/NOTES.md;
+// On an H200, 8 x 4096 tokens, 512 anchors, B 16 (bench_ops): forward 10.0 / 5.8 / 5.5 ms
+// for variants 1 / 2 / 3-4, dQ 12.3 / 6.9 ms for 1 / 2-3, dK/dV 30.7 / 10.1 ms for 1 / 2-4;
+// dQ at ncu's base clocks 8.81 ms in variant 3, 7.60 in 4 (the same call; 7.28-7.48 against
+// 6.51 in bench_ops) (2026-12-04; bench/NOTES.md;
 // in its entries before 2026-12-03's third session, 1 was "variant 2" and 2 "variant 11";
 // variants 1 and 3-10 there were kernels measured slower, since removed).
 //
@@ -589,9 +590,10 @@ static void launch_fwd_fa3(const ops_ctx_t *c, bf16 *out, float *lse, const void
     cuda_check_launch();
 }
 
-// Forward or dQ: variants 2 and 3, where they apply (head dim 128, H = 4 Hkv, B <= 16, Tc > 0
+// Forward or dQ: variants 2-4, where they apply (head dim 128, H = 4 Hkv, B <= 16, Tc > 0
 // (the tensor maps), Hopper, aligned rows), the warp-specialized wgmma kernel (a pair of
-// blocks per thread block; variant 3's forward: launch_fwd_fa3);
+// blocks per thread block; variants 3 and 4's forward: launch_fwd_fa3; variant 4's dQ: the
+// kernel's RSQ instance, Q and dO in registers);
 // otherwise (variant 1) the mma.sync pair kernel (64-key tiles forward, 32 in dQ: its f32
 // dP fragments are held in registers).
 template <int HDP, bool BWD>
@@ -607,7 +609,7 @@ static void launch_q(const ops_ctx_t *c, int variant, bf16 *out, float *lse, bf1
     } else if (wg) {
         constexpr int NST = 3;
         size_t smem = (size_t)(2 * NST + (BWD ? 4 : 2)) * ABW_TILE_BYTES + 2 * NST * sizeof(uint64_t);
-        auto kern = variant == 4 ? attn_block_wgq_ws_kernel<BWD, NST, BWD>
+        auto kern = variant >= 4 ? attn_block_wgq_ws_kernel<BWD, NST, BWD>
                                  : attn_block_wgq_ws_kernel<BWD, NST, false>;
         cuda_check(
             cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));

@@ -294,11 +294,11 @@ __global__ void abw_tile_rank_kernel(int *order, const int *cnt, int nct) {
 }
 
 // ------------------------------------------------------------------ forward and dQ (wgmma)
-// attention_block.cu's variant 2: the pair scheme of attention_block_pair.cuh (a thread
-// block serves blocks ja = 2x and ja+1 of one kv head, walking the union of their context
-// and then their own rows in 64-key tiles) with one warpgroup per block: its 64 query rows
-// are the 4 heads of the GQA group x 16 queries (warp w = head hk*4 + w), so it needs
-// H = 4 Hkv, B <= 16 and head dim 128. Per tile and warpgroup:
+// attention_block.cu's variant 2 (and the dQ of 3, and with RSQ of 4): the pair scheme of
+// attention_block_pair.cuh (a thread block serves blocks ja = 2x and ja+1 of one kv head,
+// walking the union of their context and then their own rows in 64-key tiles) with one
+// warpgroup per block: its 64 query rows are the 4 heads of the GQA group x 16 queries (warp
+// w = head hk*4 + w), so it needs H = 4 Hkv, B <= 16 and head dim 128. Per tile and warpgroup:
 //   forward: S = Q K^T (8 x m64n64k16, A = Q, B = K, both K-major), online softmax on the
 //            accumulator (its layout is the mma.sync one), O += P V (4 x m64n128k16, A = P
 //            in registers, B = V MN-major);

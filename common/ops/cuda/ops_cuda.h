@@ -45,9 +45,9 @@ int ops_cuda_attention_varlen_resolve(int variant, int hd);
  * on a warp per block and kv head (B <= 16, any head dim and GPU); 3 = 2 with the forward
  * FlashAttention-3's way (128-key tiles by TMA, the two warpgroups taking turns; where 2's
  * forward applies); 4 = 3 with dQ's S = Q K^T and dP = dO V^T taking Q and dO from
- * registers (A fragments) instead of shared memory; 0 = the default (4:
- * forward 5.5, dQ 6.5, dK/dV 10.1 ms against 10.0, 12.3, 30.7 for 1, a forward of 5.8 for 2
- * and a dQ of 6.9 for 2 and 3 on an H200, bench/NOTES.md).
+ * registers (A fragments) instead of shared memory; 0 = the default (4). On an H200
+ * (bench/NOTES.md): forward 10.0 / 5.8 / 5.5 ms for 1 / 2 / 3-4, dK/dV 30.7 / 10.1 for 1 /
+ * 2-4, dQ 12.3 for 1 and, in one call at ncu's base clocks, 8.81 for 2-3 and 7.60 for 4.
  * Values outside 0..OPS_CUDA_ATTN_BLOCK_VARIANTS change nothing. Same results within
  * rounding (f32 sums in another order); each variant is deterministic. variant < 0 only
  * queries. Returns the variant in use before the call. */

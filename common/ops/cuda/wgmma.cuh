@@ -177,7 +177,8 @@ __device__ __forceinline__ void wg_tile_abt128_sw(float *d, const unsigned char 
 // registers: a[kk] the A fragment of columns 16kk .. 16kk+15 (wg_tile_frags_a). Reading A
 // from registers halves the shared-memory bytes of an m64n64 product (an SS one reads 4 KB
 // per 65,536 MACs: the 128 bytes a clock shared memory delivers at the tensor cores' full
-// rate). Issued only.
+// rate). Issued only: a wg_fence() must come between the last write of a's registers (or of
+// d's) and this call, and a must stay unchanged until the products are waited for.
 __device__ __forceinline__ void wg_tile_abt128_rs_sw(float *d, const uint32_t (*a)[4],
                                                      const unsigned char *B) {
 #pragma unroll
