@@ -108,9 +108,19 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
+# ptxas says "(C7510-C7519) Potential Performance Loss: wgmma.mma_async instructions are
+# serialized" (an "info" line, which -Werror does not catch) when a Hopper kernel's tensor-core
+# products lose their overlap, e.g. for want of registers: a silent slowdown of several x, so
+# the build stops there (2026-12-04: a register-A trial in the dK/dV kernel did it at 232
+# registers per thread).
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+	@echo '$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@'
+	@$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@ 2> $@.log; rc=$$?; cat $@.log >&2; \
+	  if grep -q 'wgmma.mma_async instructions are serialized' $@.log; then \
+	    echo "$<: ptxas serialized the wgmma products of a kernel (above): fix its register use" >&2; \
+	    rm -f $@; exit 1; \
+	  fi; exit $$rc
 
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
