@@ -296,8 +296,8 @@ static void apply_step(opt_t *O) {
     const dpeer_t *p0 = &O->dp[O->c[0].peer];
     int g0_here = O->gpu >= 0 && (p0->remote ||   /* remote: NCCL landed it on this GPU */
                   !strcmp(p0->grad.gpu_uuid, slab_handle(O->wslab)->gpu_uuid));
-    float gscale, norm_sq = opt_step_grad(&O->ops, O->gpu >= 0, O->gk, K, inv_w, P, g0_here, O->gsum,
-                                          O->norm_sq, &gsrc, &gscale);
+    float gscale, norm_sq = opt_step_grad(&O->ops, O->gpu >= 0, O->gk, K, inv_w, P, g0_here,
+                                          O->gsum, O->norm_sq, &gsrc, &gscale);
     double gnorm = sqrt((double)norm_sq);
     double loss = W > 0 ? L / W : NAN;
     double lr = opt_lr_at(O->lr, O->warmup, O->max_steps, O->step);
@@ -315,8 +315,8 @@ static void apply_step(opt_t *O) {
         /* the new weights also into the slab half of the next version (published below) */
         opt_adamw_t a = {(float)lr, (float)O->b1, (float)O->b2, (float)O->eps, (float)O->wd,
                          (int)(O->step + 1), (float)O->clip};
-        opt_step_adamw(&O->ops, O->layout, &a, O->master, wbuf(O, O->step + 1), gsrc, gscale, O->m, O->v,
-                       O->norm_sq);
+        opt_step_adamw(&O->ops, O->layout, &a, O->master, wbuf(O, O->step + 1), gsrc, gscale,
+                       O->m, O->v, O->norm_sq);
     }
     uint64_t applied = O->step;
     O->step++;
@@ -859,7 +859,8 @@ static void opt_fini(opt_t *O) {
     }
     ops_ctx_destroy(&O->ops);
     ops_ctx_destroy(&O->lops);
-    free(O->h_master); free(O->h_m); free(O->h_v); free(O->c); free(O->gk);   /* GPU: NULL (the writer's) */
+    free(O->h_master); free(O->h_m); free(O->h_v);   /* GPU: NULL (the writer's) */
+    free(O->c); free(O->gk);
 }
 
 int main(int argc, char **argv) {

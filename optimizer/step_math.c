@@ -20,7 +20,8 @@ float opt_step_grad(const ops_ctx_t *ops, int gpu, const float *const *g, uint64
     } else if (gpu) {
         /* gs = ((g0 + g1) + g2 ...) * inv_w, one pass per micro-batch, on the device */
         x->f32_add_scale(ops, gs, g[0], K > 1 ? g[1] : NULL, K <= 2 ? inv_w : 1.0f, P);
-        for (uint64_t j = 2; j < K; j++) x->f32_add_scale(ops, gs, gs, g[j], j == K - 1 ? inv_w : 1.0f, P);
+        for (uint64_t j = 2; j < K; j++)
+            x->f32_add_scale(ops, gs, gs, g[j], j == K - 1 ? inv_w : 1.0f, P);
         x->sumsq(ops, norm_sq, gs, P, 0);
         x->download(ops, &nsq, norm_sq, sizeof nsq);
     } else {

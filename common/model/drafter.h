@@ -173,8 +173,9 @@ typedef struct {
                       * through drafter_load_master (converted into the working weights:
                       * from host memory in chunks through a scratch buffer, from device
                       * memory in one pass; drafter_upload_master takes the host way).
-                      * dflash_ckpt_save of such a drafter is refused (DL_ESTATE). The drafter worker, whose f32 weights are the
-                      * optimizer's. Implies no_init. */
+                      * dflash_ckpt_save of such a drafter is refused (DL_ESTATE). The
+                      * drafter worker, whose f32 weights are the optimizer's. Implies
+                      * no_init. */
 } drafter_new_opts_t;
 
 /* drafter_new with options; opts NULL: as drafter_new. */

@@ -622,15 +622,16 @@ static void run_layers(target_t *t, const int32_t *ids, const int32_t *pos, int 
     for (int l = 0; l < n_layers; l++) {
         layer_forward(t, l, T, pos, am, pending);
         int captured = 0;
-        if (feat)
-            for (int i = 0; i < t->opts.n_capture; i++) captured |= t->opts.capture_ids[i] == l;
+        for (int i = 0; feat && i < t->opts.n_capture; i++) captured |= t->opts.capture_ids[i] == l;
         /* x is needed now (captured, or the last layer): added here; else the next layer
          * adds it with its first norm (add_rmsnorm_forward: the same bits) */
         pending = !captured && l + 1 < n_layers;
         if (pending) continue;
         c->impl->add(c, t->x, t->x, t->xn, (size_t)T * m->D);
-        for (int i = 0; captured && i < t->opts.n_capture; i++)
-            if (t->opts.capture_ids[i] == l) copy_cols(t, feat, width, (size_t)i * m->D, t->x, T, m->D);
+        if (!captured) continue;
+        for (int i = 0; i < t->opts.n_capture; i++)
+            if (t->opts.capture_ids[i] == l)
+                copy_cols(t, feat, width, (size_t)i * m->D, t->x, T, m->D);
     }
 }
 

@@ -173,7 +173,6 @@ static void cuda_download_act(const ops_ctx_t *c, float *dst_host, const void *s
 // ---------------------------------------------------------------- add, axpy
 // 8 bf16 per 16-byte access when every pointer is 16-byte aligned and n % 8 == 0,
 // else one element per thread.
-
 __global__ void add_vec_kernel(uint4 *out, const uint4 *a, const uint4 *b, size_t n8) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n8;
          i += (size_t)gridDim.x * blockDim.x) {

@@ -74,8 +74,8 @@ __global__ void swiglu_bwd_vec(uint4 *dgate, uint4 *dup, const uint4 *dout, cons
 void cuda_swiglu_backward(const ops_ctx_t *c, void *dgate, void *dup, const void *dout,
                           const void *gate, const void *up, size_t n) {
     if (!n || (!dgate && !dup)) return;
-    if (n % 8 == 0 && aligned16(dout) && aligned16(gate) && aligned16(up) && (!dgate || aligned16(dgate)) &&
-        (!dup || aligned16(dup))) {
+    if (n % 8 == 0 && aligned16(dout) && aligned16(gate) && aligned16(up) &&
+        (!dgate || aligned16(dgate)) && (!dup || aligned16(dup))) {
         swiglu_bwd_vec<<<cuda_blocks(n / 8, 256), 256, 0, cuda_stream(c)>>>(
             (uint4 *)dgate, (uint4 *)dup, (const uint4 *)dout, (const uint4 *)gate,
             (const uint4 *)up, n / 8);
