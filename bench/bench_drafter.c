@@ -2,7 +2,7 @@
  *
  * Usage: bench_drafter [--model DIR] [--seqs 8] [--seqlen 4096] [--anchors 512]
  *                      [--layers 5] [--reps 5] [--loss-chunk BLOCKS (default: the drafter's, 64)]
- *                      [--profile] [--attn-variant N] [--keep-up]
+ *                      [--profile] [--attn-variant N] [--keep-up] [--gemm-picks 0|1]
  *   The drafter's shapes come from the target's config.json (--model, e.g. a dir made
  *   by `draftline mkmodel --config qwen3-8b`), or the qwen3-8b preset without it
  *   (D 4096, H 32/8, hd 128, F 12288, V 151,936, 36 target layers).
@@ -25,6 +25,8 @@
  * --attn-variant N: the block-attention kernels (ops_cuda_attention_block_variant: 1 =
  *   mma.sync, 2 = Hopper wgmma, 3 = 2 with the FA3-style forward, 4 = 3 with Q and dO in
  *   registers in dQ; 0 or absent: the default).
+ * --gemm-picks 0|1: cuBLASLt's per-shape picks (ops_cuda_gemm_picks; 1, the default) or
+ *   always the heuristic's first choice (0).
  * --keep-up: the drafter keeps each layer's MLP up projection for the backward
  *   (drafter_new_opts keep_up, as the drafter worker runs it) instead of recomputing it.
  * --profile: then one more step with each op timed by CUDA events, printed as a table
@@ -329,13 +331,16 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--keep-up")) keep_up = 1;
         else if (!strcmp(argv[i], "--attn-variant") && i + 1 < argc)
             variant = arg_int("--attn-variant", argv[++i], 0, OPS_CUDA_ATTN_BLOCK_VARIANTS);
+        else if (!strcmp(argv[i], "--gemm-picks") && i + 1 < argc)
+            ops_cuda_gemm_picks(arg_int("--gemm-picks", argv[++i], 0, 1));
         else {
             fprintf(stderr, "bench_drafter: unknown argument '%s' (see the header of bench/bench_drafter.c)\n", argv[i]);
             return 2;
         }
     }
     ops_cuda_attention_block_variant(variant);
-    printf("block attention kernels: variant %d\n", ops_cuda_attention_block_variant(-1));
+    printf("block attention kernels: variant %d; GEMM picks %s\n",
+           ops_cuda_attention_block_variant(-1), ops_cuda_gemm_picks(-1) ? "on" : "off");
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
         printf("SKIP: bench_drafter: no CUDA device\n");

@@ -48,6 +48,8 @@
  *   without a GPU (fp32 vs the fp8 emulation; SmolLM2-sized models).
  * --attn-variant N: the causal attention kernel (ops_cuda_attention_varlen_variant: 1, 2, 3;
  *   0 or absent: the default); the line "causal attention kernel" says which runs.
+ * --gemm-picks 0|1: cuBLASLt's per-shape picks (ops_cuda_gemm_picks; 1, the default) or
+ *   always the heuristic's first choice (0); the line "causal attention kernel" says which.
  * Prints "SKIP: ..." and exits 0 without CUDA or without --model. */
 #include <math.h>
 #include <stdint.h>
@@ -568,7 +570,14 @@ int main(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--feature-error")) ferr = 1;
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
         else if (!strcmp(argv[i], "--text") && i + 1 < argc) text = argv[++i];
-        else if (!strcmp(argv[i], "--attn-variant") && i + 1 < argc) {
+        else if (!strcmp(argv[i], "--gemm-picks") && i + 1 < argc) {
+            const char *a = argv[++i];
+            if (strcmp(a, "0") && strcmp(a, "1")) {
+                fprintf(stderr, "bench_target: --gemm-picks '%s': expected 0 or 1\n", a);
+                return 2;
+            }
+            ops_cuda_gemm_picks(a[0] == '1');
+        } else if (!strcmp(argv[i], "--attn-variant") && i + 1 < argc) {
             const char *a = argv[++i];
             char *end;
             long n = strtol(a, &end, 10);
@@ -609,6 +618,7 @@ int main(int argc, char **argv) {
         int runs = ops_cuda_attention_varlen_resolve(want, cfg.hd);
         printf("causal attention kernel: variant %d", want);
         if (runs != want) printf(" (head dim %d or this GPU: variant %d runs)", cfg.hd, runs);
+        printf("; GEMM picks %s", ops_cuda_gemm_picks(-1) ? "on" : "off");
         printf("\n");
     }
     target_opts_t o = {.max_tokens = T, .max_seqs = T / 128 + 1, .n_capture = ncap, .precision = prec};

@@ -193,6 +193,23 @@ static void test_matmul_acc(void **state) {
 /* The fallback GEMM kernel on every shape (test hook ops.gemm_fallback=1, read when a plan
  * is made): test_matmul and test_matmul_acc again in a child with the hook set, so this
  * process keeps its cuBLASLt plans. */
+/* matmul.cu's per-shape picks (GEMM_PICKS): a Qwen3-8B-sized forward (K 4096, N 4096) and
+ * k/v dinp (K 4096, N 1024) at 8,192 rows take the picked cuBLASLt candidate on a Hopper
+ * GPU (where the heuristic offers it) and agree with the CPU as any algorithm must. */
+static void test_gemm_picks(void **state) {
+    (void)state;
+    int before = ops_cuda_gemm_picks_taken();
+    assert_int_equal(ops_cuda_gemm_picks(-1), 1);  /* the default */
+    run_matmul(8192, 4096, 4096, 0);
+    run_matmul(8192, 4096, 1024, 0);
+    int taken = ops_cuda_gemm_picks_taken() - before;
+    struct cudaDeviceProp prop;
+    assert_int_equal(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+    printf("  GEMM picks taken: %d (%s, compute capability %d.%d)\n", taken, prop.name,
+           prop.major, prop.minor);
+    if (prop.major == 9) assert_true(taken >= 2);  /* forward and dinp */
+}
+
 static void test_matmul_fallback(void **state) {
     (void)state;
     if (getenv("DL_GEMM_FALLBACK_CHILD")) skip();
@@ -799,7 +816,8 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul),          cmocka_unit_test(test_matmul_acc),
-        cmocka_unit_test(test_matmul_fallback), cmocka_unit_test(test_rmsnorm),
+        cmocka_unit_test(test_gemm_picks),      cmocka_unit_test(test_matmul_fallback),
+        cmocka_unit_test(test_rmsnorm),
         cmocka_unit_test(test_rope),            cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_embedding),       cmocka_unit_test(test_xent),
         cmocka_unit_test(test_adamw),           cmocka_unit_test(test_adamw_pub),

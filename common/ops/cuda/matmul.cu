@@ -20,6 +20,7 @@
 
 #include "common/ops/cuda/cuda_common.cuh"
 extern "C" {
+#include "common/base/log.h"
 #include "common/base/testhook.h"
 #include "common/ops/cuda/ops_cuda.h"
 }
@@ -86,6 +87,95 @@ static cublasStatus_t rows_plan_check(const ops_ctx_t *c, cuda_gemm_plan *p,
     if (s == CUBLAS_STATUS_SUCCESS && chk.workspaceSize > c->workspace_bytes)
         s = CUBLAS_STATUS_NOT_SUPPORTED;
     return s;
+}
+
+void ops_cuda_gemm_algo_config(const void *algo, int32_t cfg[OPS_CUDA_GEMM_CFG]) {
+    static const cublasLtMatmulAlgoConfigAttributes_t at[OPS_CUDA_GEMM_CFG] = {
+        CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID, CUBLASLT_ALGO_CONFIG_STAGES_ID,
+        CUBLASLT_ALGO_CONFIG_SPLITK_NUM, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+        CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION,
+        CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID};
+    const cublasLtMatmulAlgo_t *a = (const cublasLtMatmulAlgo_t *)algo;
+    for (int i = 0; i < OPS_CUDA_GEMM_CFG; i++) {
+        // each attribute is read at its own size (2 or 4 bytes: the call checks it)
+        size_t sz = 0;
+        uint32_t u32 = 0;
+        uint16_t u16 = 0;
+        cfg[i] = -1;
+        if (cublasLtMatmulAlgoConfigGetAttribute(a, at[i], NULL, 0, &sz) != CUBLAS_STATUS_SUCCESS)
+            continue;
+        if (sz == 4 && cublasLtMatmulAlgoConfigGetAttribute(a, at[i], &u32, 4, &sz) ==
+                           CUBLAS_STATUS_SUCCESS)
+            cfg[i] = (int32_t)u32;
+        else if (sz == 2 && cublasLtMatmulAlgoConfigGetAttribute(a, at[i], &u16, 2, &sz) ==
+                                CUBLAS_STATUS_SUCCESS)
+            cfg[i] = u16;
+    }
+}
+
+// Per-shape picks among the heuristic's candidates (measured, bench/NOTES.md 2026-12-04,
+// thirteenth session). On an H200 at its 700 W cap, every GEMM of a training step runs
+// power-bound; `bench_gemm --sustained 250` ran each of the heuristic's first 8 candidates
+// back to back for 250 ms (the clock it holds at the cap), then the first and the best in
+// turns 3 times each: for these shapes another tile / cluster shape of the same kernel
+// (algo 66, no split-K: deterministic, like the first) did 2-9% more work per second than
+// the first choice, the same pick on two machines. A plan whose (kind, K, N, M range) is
+// here takes the candidate with that configuration when the heuristic offers it, else
+// the first as always (another GPU or cuBLASLt: the same algorithm as before).
+// ops_cuda_gemm_picks(0) turns the picks off (benchmarks' A/B).
+struct gemm_pick {
+    int kind, m_lo, m_hi, K, N;
+    int32_t cfg[OPS_CUDA_GEMM_CFG];  // ops_cuda_gemm_algo_config's order
+};
+#define PICK_T29 {66, 29, 35, 1, 0, 0, 1, 0, 3}
+#define PICK_T24 {66, 24, 35, 1, 0, 0, 7, 0, 5}
+#define PICK_T201 {66, 201, 35, 1, 0, 0, 2, 0, 5}
+#define PICK_T23 {66, 23, 35, 1, 0, 0, 4, 0, 3}
+static const gemm_pick GEMM_PICKS[] = {
+    // Qwen3-8B-sized layers (D 4096, F 12288) at >= 8,192 rows: the target's forward
+    // (T, and its MLP chunks) and the drafter's block / context rows. gain: in turns, sustained
+    {GEMM_FWD, 8192, 1 << 30, 4096, 4096, PICK_T29},     // q, o: target 2.9%, drafter 5.2%
+    {GEMM_FWD, 8192, 1 << 30, 4096, 12288, PICK_T201},   // gate, up: 3.5%, 3.8%
+    {GEMM_FWD, 8192, 1 << 30, 12288, 4096, PICK_T24},    // down: 2.2%, 2.2%
+    {GEMM_FWD, 8192, 1 << 30, 20480, 4096, PICK_T29},    // the drafter's fc (5 layers): 2.2%
+    {GEMM_DINP, 8192, 1 << 30, 4096, 12288, PICK_T24},   // d gate, d up -> d x: 3.2%
+    {GEMM_DINP, 8192, 1 << 30, 12288, 4096, PICK_T29},   // d down -> d h: 4.9%
+    {GEMM_DINP, 8192, 1 << 30, 4096, 4096, PICK_T24},    // q, o: 3.3%
+    {GEMM_DINP, 8192, 1 << 30, 4096, 1024, PICK_T29},    // k, v: 9.1%
+    // the drafter's LM head over 1,024-row chunks of its loss rows (V 151,936): 3.0%
+    {GEMM_FWD, 512, 4096, 4096, 151936, PICK_T23},
+};
+static int g_gemm_picks = 1, g_gemm_picks_taken = 0;
+
+int ops_cuda_gemm_picks(int on) {
+    int was = g_gemm_picks;
+    if (on >= 0) g_gemm_picks = on ? 1 : 0;
+    return was;
+}
+
+int ops_cuda_gemm_picks_taken(void) { return __atomic_load_n(&g_gemm_picks_taken, __ATOMIC_RELAXED); }
+
+// The candidate of res[0..n) the table picks for this shape; 0 (the first) otherwise.
+static int pick_candidate(int kind, int M, int K, int N, const cublasLtMatmulHeuristicResult_t *res,
+                          int n) {
+    if (!g_gemm_picks) return 0;
+    for (size_t i = 0; i < sizeof(GEMM_PICKS) / sizeof(GEMM_PICKS[0]); i++) {
+        const gemm_pick *e = &GEMM_PICKS[i];
+        if (e->kind != kind || e->K != K || e->N != N || M < e->m_lo || M > e->m_hi) continue;
+        for (int a = 0; a < n; a++) {
+            int32_t cfg[OPS_CUDA_GEMM_CFG];
+            ops_cuda_gemm_algo_config(&res[a].algo, cfg);
+            if (!memcmp(cfg, e->cfg, sizeof(cfg))) {
+                __atomic_add_fetch(&g_gemm_picks_taken, 1, __ATOMIC_RELAXED);
+                log_debug("cuBLASLt %s M %d K %d N %d: candidate %d of %d (matmul.cu's pick, "
+                          "tile %d, cluster shape %d)", kind == GEMM_DINP ? "dinp" : "forward",
+                          M, K, N, a, n, cfg[1], cfg[8]);
+                return a;
+            }
+        }
+        return 0;
+    }
+    return 0;
 }
 
 // Returns the cached plan, making it on first use; NULL when cuBLASLt has no
@@ -157,11 +247,16 @@ static cuda_gemm_plan *get_plan(const ops_ctx_t *c, int kind, int M, int K, int 
         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &c32, sizeof(c32)));
     cublas_check(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &c32, sizeof(c32)));
-    cublasLtMatmulHeuristicResult_t res;
+    // up to 16 candidates, best first by the heuristic's estimate (GEMM_PICKS may take another)
+    cublasLtMatmulHeuristicResult_t cand[16];
     int nres = 0;
     cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)c->blas, p->op, p->la,
-                                                      p->lb, p->lc, p->lc, pref, 1, &res, &nres);
+                                                      p->lb, p->lc, p->lc, pref,
+                                                      kind == GEMM_FWD_ROWS ? 1 : 16, cand, &nres);
     cublasLtMatmulPreferenceDestroy(pref);
+    const cublasLtMatmulHeuristicResult_t res =
+        cand[s == CUBLAS_STATUS_SUCCESS && nres > 0 && !bias
+                 ? pick_candidate(kind, M, K, N, cand, nres) : 0];
     if (s == CUBLAS_STATUS_SUCCESS && nres > 0 && kind == GEMM_FWD_ROWS)
         s = rows_plan_check(c, p, &res.algo, rows_bucket_lo(M));
     if (s != CUBLAS_STATUS_SUCCESS || nres == 0) {

@@ -64,4 +64,22 @@ int ops_cuda_attention_block_variant(int variant);
 void ops_cuda_moe_gemm(const ops_ctx_t *c, void *out, const void *x, void *const *w,
                        const int32_t *off_h, int E, int K, int N);
 
+/* The configuration of a cuBLASLt algorithm (algo: a cublasLtMatmulAlgo_t *), as
+ * cublasLtMatmulAlgoConfigGetAttribute reads it, into cfg[OPS_CUDA_GEMM_CFG]: ALGO_ID,
+ * TILE_ID, STAGES_ID, SPLITK_NUM, REDUCTION_SCHEME, CTA_SWIZZLING, CUSTOM_OPTION,
+ * INNER_SHAPE_ID, CLUSTER_SHAPE_ID (an attribute this cuBLASLt lacks reads -1). For the
+ * per-shape picks of common/ops/cuda/matmul.cu and bench_gemm, which prints them. */
+#define OPS_CUDA_GEMM_CFG 9
+void ops_cuda_gemm_algo_config(const void *algo, int32_t cfg[OPS_CUDA_GEMM_CFG]);
+
+/* Whether GEMM plans made from then on take matmul.cu's per-shape picks (GEMM_PICKS:
+ * another of cuBLASLt's candidates for the Qwen3-8B-sized layers and the drafter's LM head,
+ * measured faster on an H200 at its power cap) or always the heuristic's first: 1 (the
+ * default) / 0; -1 only queries. Process-wide; plans already made keep their algorithm,
+ * so set it before the first GEMM (benchmarks' A/B). Returns the setting before the call. */
+int ops_cuda_gemm_picks(int on);
+
+/* How many GEMM plans of this process took a GEMM_PICKS candidate (tests). */
+int ops_cuda_gemm_picks_taken(void);
+
 #endif
