@@ -313,6 +313,19 @@ static int arg_int(const char *flag, const char *v, int lo, int hi) {
     return (int)x;
 }
 
+/* The kernel choices among the arguments: --attn-variant N (into *variant) and
+ * --gemm-picks 0|1 (ops_cuda_gemm_picks). 1 when argv[*i] was one of them (*i past its value). */
+static int kernel_arg(int argc, char **argv, int *i, int *variant) {
+    if (*i + 1 >= argc) return 0;
+    if (!strcmp(argv[*i], "--attn-variant"))
+        *variant = arg_int("--attn-variant", argv[++*i], 0, OPS_CUDA_ATTN_BLOCK_VARIANTS);
+    else if (!strcmp(argv[*i], "--gemm-picks"))
+        ops_cuda_gemm_picks(arg_int("--gemm-picks", argv[++*i], 0, 1));
+    else
+        return 0;
+    return 1;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0); /* lines survive an abort (output to a file) */
     const char *model = NULL;
@@ -329,11 +342,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--quick")) reps = 2;
         else if (!strcmp(argv[i], "--profile")) profile = 1;
         else if (!strcmp(argv[i], "--keep-up")) keep_up = 1;
-        else if (!strcmp(argv[i], "--attn-variant") && i + 1 < argc)
-            variant = arg_int("--attn-variant", argv[++i], 0, OPS_CUDA_ATTN_BLOCK_VARIANTS);
-        else if (!strcmp(argv[i], "--gemm-picks") && i + 1 < argc)
-            ops_cuda_gemm_picks(arg_int("--gemm-picks", argv[++i], 0, 1));
-        else {
+        else if (!kernel_arg(argc, argv, &i, &variant)) {
             fprintf(stderr, "bench_drafter: unknown argument '%s' (see the header of bench/bench_drafter.c)\n", argv[i]);
             return 2;
         }
