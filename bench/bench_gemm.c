@@ -6,7 +6,7 @@
  * the heuristic is asked for up to 16 algorithms, and each is timed (CUDA events, median of
  * 5 after 2 warm-ups, random bf16 operands). One line per shape: the first choice's time and
  * TFLOP/s, the best candidate's, and the gain a per-shape autotune would give; a last line
- * sums them weighted by the calls per drafter step.
+ * sums them weighted by the calls per drafter step (per target forward with --target).
  * Measured on an H200 (2026-12-02, bench/NOTES.md): the picks are 4.2% faster here, but a
  * drafter step with them (per-shape tuning at first use, tried and not kept) was not: the
  * gain of a GEMM timed alone did not carry into the step.
@@ -212,18 +212,32 @@ static float time_algo(gemm_t *g, const cublasLtMatmulAlgo_t *algo) {
     return t[2];
 }
 
+/* The value v of flag, a number in [lo, hi] (an integer when integer); exits 2 otherwise. */
+static double arg_num(const char *flag, const char *v, double lo, double hi, int integer) {
+    char *end = NULL;
+    double x = strtod(v, &end);
+    if (!*v || *end || !(x >= lo && x <= hi) || (integer && x != (double)(long)x)) {
+        fprintf(stderr, "bench_gemm: %s '%s': expected %s in [%g, %g]\n", flag, v,
+                integer ? "an integer" : "a number", lo, hi);
+        exit(2);
+    }
+    return x;
+}
+
 int main(int argc, char **argv) {
     int nalgo = 16, target = 0;
     float sustained = 0.0f;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--algos") == 0 && i + 1 < argc) nalgo = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--sustained") == 0 && i + 1 < argc) sustained = (float)atof(argv[++i]);
+        if (strcmp(argv[i], "--algos") == 0 && i + 1 < argc)
+            nalgo = (int)arg_num("--algos", argv[++i], 1, 64, 1);
+        else if (strcmp(argv[i], "--sustained") == 0 && i + 1 < argc)
+            sustained = (float)arg_num("--sustained", argv[++i], 0, 10000, 0);
         else if (strcmp(argv[i], "--target") == 0) target = 1;
-        else nalgo = 0;
-    }
-    if (nalgo < 1 || nalgo > 64 || sustained < 0.0f || sustained > 10000.0f) {
-        fprintf(stderr, "usage: bench_gemm [--algos 1..64] [--sustained MS] [--target]\n");
-        return 2;
+        else {
+            fprintf(stderr, "bench_gemm: unknown argument '%s'; usage: bench_gemm [--algos 1..64] "
+                            "[--sustained MS] [--target]\n", argv[i]);
+            return 2;
+        }
     }
     const shape_t *shapes = target ? TSHAPES : SHAPES;
     size_t nshapes = target ? sizeof(TSHAPES) / sizeof(TSHAPES[0]) : sizeof(SHAPES) / sizeof(SHAPES[0]);
@@ -279,7 +293,7 @@ int main(int argc, char **argv) {
                        ms > 0 ? fl / (ms * 1e-3) / 1e12 : 0.0, d);
             }
         }
-        if (sustained > 0 && n > 1 && best_i > 0) {
+        if (sustained > 0 && n > 1 && best_i > 0 && first > 0) {
             /* the first and the best taken in turns, 3 times each: a best of 8 picked from
              * noisy times is biased; this is the gain to believe */
             double t0 = 0, tb = 0;
@@ -307,8 +321,9 @@ int main(int argc, char **argv) {
         cublasLtMatrixLayoutDestroy(g.lc);
         cudaFree(inp), cudaFree(w), cudaFree(out);
     }
-    printf("reference step, these GEMMs x their calls: first choices %.1f ms, best %.1f ms "
-           "(%.1f ms, %.1f%% less)\n", step_first, step_best, step_first - step_best,
+    printf("%s, these GEMMs x their calls: first choices %.1f ms, best %.1f ms "
+           "(%.1f ms, %.1f%% less)\n", target ? "target forward" : "reference step", step_first,
+           step_best, step_first - step_best,
            100.0 * (step_first - step_best) / (step_first > 0 ? step_first : 1));
     free(res);
     check_cuda(cudaDeviceSynchronize(), "sync");

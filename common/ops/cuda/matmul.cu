@@ -119,9 +119,13 @@ void ops_cuda_gemm_algo_config(const void *algo, int32_t cfg[OPS_CUDA_GEMM_CFG])
 // back to back for 250 ms (the clock it holds at the cap), then the first and the best in
 // turns 3 times each: for these shapes another tile / cluster shape of the same kernel
 // (algo 66, no split-K: deterministic, like the first) did 2-9% more work per second than
-// the first choice, the same pick on two machines. A plan whose (kind, K, N, M range) is
-// here takes the candidate with that configuration when the heuristic offers it, else
-// the first as always (another GPU or cuBLASLt: the same algorithm as before).
+// the first choice (a second machine ranked the same best first for 9 of the 12 shapes). A
+// plan whose (kind, K, N, M range) is here takes the candidate with that configuration when
+// the heuristic offers it, else the first as always. Only with the cuBLASLt they were
+// measured with (13.1, GEMM_PICKS_CUBLASLT): another version ranks and builds its kernels
+// its own way, and takes its first choice as before. Matched by configuration, not by GPU:
+// another Hopper GPU takes them unmeasured (candidates the heuristic offered for the call all
+// the same); where none is offered (another architecture), the first as before.
 // ops_cuda_gemm_picks(0) turns the picks off (benchmarks' A/B).
 struct gemm_pick {
     int kind, m_lo, m_hi, K, N;
@@ -145,7 +149,12 @@ static const gemm_pick GEMM_PICKS[] = {
     // the drafter's LM head over 1,024-row chunks of its loss rows (V 151,936): 3.0%
     {GEMM_FWD, 512, 4096, 4096, 151936, PICK_T23},
 };
+#define GEMM_PICKS_CUBLASLT 1301   // cublasLtGetVersion() / 100: major * 100 + minor
 static int g_gemm_picks = 1, g_gemm_picks_taken = 0;
+
+int ops_cuda_gemm_picks_measured(void) {
+    return (int)(cublasLtGetVersion() / 100) == GEMM_PICKS_CUBLASLT;
+}
 
 int ops_cuda_gemm_picks(int on) {
     int was = g_gemm_picks;
@@ -153,12 +162,14 @@ int ops_cuda_gemm_picks(int on) {
     return was;
 }
 
-int ops_cuda_gemm_picks_taken(void) { return __atomic_load_n(&g_gemm_picks_taken, __ATOMIC_RELAXED); }
+int ops_cuda_gemm_picks_taken(void) {
+    return __atomic_load_n(&g_gemm_picks_taken, __ATOMIC_RELAXED);
+}
 
 // The candidate of res[0..n) the table picks for this shape; 0 (the first) otherwise.
 static int pick_candidate(int kind, int M, int K, int N, const cublasLtMatmulHeuristicResult_t *res,
                           int n) {
-    if (!g_gemm_picks) return 0;
+    if (!g_gemm_picks || !ops_cuda_gemm_picks_measured()) return 0;
     for (size_t i = 0; i < sizeof(GEMM_PICKS) / sizeof(GEMM_PICKS[0]); i++) {
         const gemm_pick *e = &GEMM_PICKS[i];
         if (e->kind != kind || e->K != K || e->N != N || M < e->m_lo || M > e->m_hi) continue;
@@ -254,17 +265,16 @@ static cuda_gemm_plan *get_plan(const ops_ctx_t *c, int kind, int M, int K, int 
                                                       p->lb, p->lc, p->lc, pref,
                                                       kind == GEMM_FWD_ROWS ? 1 : 16, cand, &nres);
     cublasLtMatmulPreferenceDestroy(pref);
-    const cublasLtMatmulHeuristicResult_t res =
-        cand[s == CUBLAS_STATUS_SUCCESS && nres > 0 && !bias
-                 ? pick_candidate(kind, M, K, N, cand, nres) : 0];
+    int pick = s == CUBLAS_STATUS_SUCCESS && nres > 0 && !bias
+                   ? pick_candidate(kind, M, K, N, cand, nres) : 0;
     if (s == CUBLAS_STATUS_SUCCESS && nres > 0 && kind == GEMM_FWD_ROWS)
-        s = rows_plan_check(c, p, &res.algo, rows_bucket_lo(M));
+        s = rows_plan_check(c, p, &cand[pick].algo, rows_bucket_lo(M));
     if (s != CUBLAS_STATUS_SUCCESS || nres == 0) {
         cublasLtMatmulDescDestroy(p->op);  // remembered as "no algorithm": p->op = NULL
         p->op = NULL;
         return NULL;
     }
-    p->algo = res.algo;
+    p->algo = cand[pick].algo;
     return p;
 }
 

@@ -74,10 +74,15 @@ void ops_cuda_gemm_algo_config(const void *algo, int32_t cfg[OPS_CUDA_GEMM_CFG])
 
 /* Whether GEMM plans made from then on take matmul.cu's per-shape picks (GEMM_PICKS:
  * another of cuBLASLt's candidates for the Qwen3-8B-sized layers and the drafter's LM head,
- * measured faster on an H200 at its power cap) or always the heuristic's first: 1 (the
+ * measured faster on an H200 at its power cap, with cuBLASLt 13.1 only:
+ * ops_cuda_gemm_picks_measured) or always the heuristic's first: 1 (the
  * default) / 0; -1 only queries. Process-wide; plans already made keep their algorithm,
  * so set it before the first GEMM (benchmarks' A/B). Returns the setting before the call. */
 int ops_cuda_gemm_picks(int on);
+
+/* 1 when this process's cuBLASLt is the version GEMM_PICKS was measured with (13.1): only
+ * then are the picks taken; elsewhere every plan takes the heuristic's first choice. */
+int ops_cuda_gemm_picks_measured(void);
 
 /* How many GEMM plans of this process took a GEMM_PICKS candidate (tests). */
 int ops_cuda_gemm_picks_taken(void);
