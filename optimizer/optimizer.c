@@ -156,7 +156,7 @@ typedef struct {
     int64_t ck_delay_ms;       /* test hook optimizer.ckpt_delay_ms: each write that much slower */
     int64_t ck_fail_step;      /* test hook optimizer.ckpt_fail_step: that step's write fails (-1 none) */
     int ckpt_failures;         /* checkpoints that could not be written (ckpt_failures metric) */
-    uint64_t ckpt_failed_step;
+    uint64_t ckpt_failed_step, loader_told;   /* loader_told: steps below it sent it (send_applied) */
     /* the applied step whose news wait for the final checkpoint (publish_step) */
     struct { uint64_t applied, toks; double loss, gnorm, lr; int skip; uint32_t n_acc;
              double acc[DL_PROTO_MAX_BLOCK]; } pub;
@@ -273,6 +273,22 @@ static void checkpoint(opt_t *O, int then) {
     ockw_start(O->ck, &h, O->have_cursor ? cur : NULL, O->master, O->m, O->v, then);
 }
 
+/* APPLIED of `step` to the loader (after a hello: it takes applied from a member only, a
+ * restarted optimizer too; once a step) and / or the supervisor. */
+static void send_applied(opt_t *O, uint64_t step, int loader, int sup) {
+    uint64_t mbs[DL_PROTO_MAX_MBS];
+    for (uint64_t j = 0; j < O->K; j++) mbs[j] = step * O->K + j;
+    proto_msg_t a;
+    proto_msg_init(&a, PROTO_APPLIED);
+    a.applied = (proto_applied_t){.step = step, .mbs = mbs, .n_mbs = (uint32_t)O->K};
+    if (loader && step >= O->loader_told) {
+        O->loader_told = step + 1;
+        send_hello(O);
+        stage_send(O->loader, NULL, &a);
+    }
+    if (sup) stage_send(O->st.sup, NULL, &a);
+}
+
 static void apply_step(opt_t *O) {
     double t0 = clock_mono_s();
     ockw_pin_hold(O->ck, 1);   /* the writer's pinning waits: our CUDA calls first */
@@ -339,13 +355,14 @@ static void apply_step(opt_t *O) {
     stage_phase_add(&O->st, PHASE_STEP, dt);
     stage_progress(&O->st);
     O->last_loss = loss; O->last_gnorm = gnorm; O->last_lr = lr;
-    /* The last step is checkpointed BEFORE anyone hears of it: its `applied` starts the
-     * supervisor's stop, so a death during the final checkpoint write is then an
-     * ordinary optimizer death mid-run (restarted from the previous checkpoint, the steps
-     * since recomputed), never a run that stops without its final checkpoint. */
+    /* The last step is checkpointed BEFORE anyone but the loader hears of it: its `applied`
+     * starts the supervisor's stop (a death during the final write is then an ordinary death
+     * mid-run). The loader only forgets the step's work; told after the write, its stall
+     * watchdog re-issued it (a --save-every write that holds the steps alike: not handled). */
     O->pub.applied = applied; O->pub.toks = toks; O->pub.loss = loss; O->pub.gnorm = gnorm; O->pub.lr = lr;
     O->pub.skip = skip; O->pub.n_acc = n_acc;
     memcpy(O->pub.acc, acc, sizeof acc);
+    if (O->step == O->max_steps) send_applied(O, applied, 1, 0);     /* the loader first */
     if (O->step == O->max_steps) checkpoint(O, OCKW_THEN_PUBLISH);   /* ck_done publishes */
     else publish_step(O);
 }
@@ -354,24 +371,15 @@ static void apply_step(opt_t *O) {
  * loader and the supervisor, its metrics, its steps.jsonl line; then the --save-every
  * checkpoint. The final step comes here after its checkpoint (ck_after). */
 static void publish_step(opt_t *O) {
-    uint64_t K = O->K, applied = O->pub.applied, toks = O->pub.toks;
+    uint64_t applied = O->pub.applied, toks = O->pub.toks;
     double loss = O->pub.loss, gnorm = O->pub.gnorm, lr = O->pub.lr;
     int skip = O->pub.skip;
     uint32_t n_acc = O->pub.n_acc;
     const double *acc = O->pub.acc;
-    uint64_t mbs[DL_PROTO_MAX_MBS];
-    for (uint64_t j = 0; j < K; j++) mbs[j] = applied * K + j;
     int final = O->step == O->max_steps;
-    /* new weights to every drafter, then the ledger news */
+    /* new weights to every drafter, then the ledger news (apply_step: the final step's first) */
     for (int i = 0; i < O->peers.n; i++) if (O->peers.p[i].alive) send_weights(O, i);
-    proto_msg_t a;
-    proto_msg_init(&a, PROTO_APPLIED);
-    a.applied.step = applied;
-    a.applied.mbs = mbs;
-    a.applied.n_mbs = (uint32_t)K;
-    send_hello(O);   /* the loader takes applied from a member only: a restarted one too */
-    stage_send(O->loader, NULL, &a);
-    stage_send(O->st.sup, NULL, &a);
+    send_applied(O, applied, 1, 1);
     /* per-step metrics: loss and per-position accuracy for the supervisor's progress */
     double now = clock_mono_s();
     proto_msg_t mm;
