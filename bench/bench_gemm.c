@@ -194,14 +194,11 @@ static void algo_desc(const cublasLtMatmulAlgo_t *a, char *buf, size_t n) {
 
 /* Median ms of 5 runs of one algorithm after 2 warm-ups; -1 when cuBLASLt refuses it. */
 static float time_algo(gemm_t *g, const cublasLtMatmulAlgo_t *algo) {
-    float alpha = 1.0f, t[5];
+    float t[5];
     cudaStream_t st = (cudaStream_t)C.stream;
     for (int r = 0; r < 7; r++) {
         if (r >= 2) cudaEventRecord(ev0, st);
-        cublasStatus_t s = cublasLtMatmul((cublasLtHandle_t)C.blas, g->op, &alpha, g->A, g->la,
-                                          g->B, g->lb, &g->beta, g->D, g->lc, g->D, g->lc, algo,
-                                          C.workspace, C.workspace_bytes, st);
-        if (s != CUBLAS_STATUS_SUCCESS) return -1.0f;
+        if (run_once(g, algo) != CUBLAS_STATUS_SUCCESS) return -1.0f;
         if (r >= 2) {
             cudaEventRecord(ev1, st);
             cudaEventSynchronize(ev1);

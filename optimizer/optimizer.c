@@ -156,7 +156,7 @@ typedef struct {
     int64_t ck_delay_ms;       /* test hook optimizer.ckpt_delay_ms: each write that much slower */
     int64_t ck_fail_step;      /* test hook optimizer.ckpt_fail_step: that step's write fails (-1 none) */
     int ckpt_failures;         /* checkpoints that could not be written (ckpt_failures metric) */
-    uint64_t ckpt_failed_step, loader_told;   /* loader_told: steps below it sent it (send_applied) */
+    uint64_t ckpt_failed_step;
     /* the applied step whose news wait for the final checkpoint (publish_step) */
     struct { uint64_t applied, toks; double loss, gnorm, lr; int skip; uint32_t n_acc;
              double acc[DL_PROTO_MAX_BLOCK]; } pub;
@@ -274,15 +274,14 @@ static void checkpoint(opt_t *O, int then) {
 }
 
 /* APPLIED of `step` to the loader (after a hello: it takes applied from a member only, a
- * restarted optimizer too; once a step) and / or the supervisor. */
+ * restarted optimizer too) and / or the supervisor. */
 static void send_applied(opt_t *O, uint64_t step, int loader, int sup) {
     uint64_t mbs[DL_PROTO_MAX_MBS];
     for (uint64_t j = 0; j < O->K; j++) mbs[j] = step * O->K + j;
     proto_msg_t a;
     proto_msg_init(&a, PROTO_APPLIED);
     a.applied = (proto_applied_t){.step = step, .mbs = mbs, .n_mbs = (uint32_t)O->K};
-    if (loader && step >= O->loader_told) {
-        O->loader_told = step + 1;
+    if (loader) {
         send_hello(O);
         stage_send(O->loader, NULL, &a);
     }
@@ -377,9 +376,9 @@ static void publish_step(opt_t *O) {
     uint32_t n_acc = O->pub.n_acc;
     const double *acc = O->pub.acc;
     int final = O->step == O->max_steps;
-    /* new weights to every drafter, then the ledger news (apply_step: the final step's first) */
+    /* new weights to every drafter, then the ledger news */
     for (int i = 0; i < O->peers.n; i++) if (O->peers.p[i].alive) send_weights(O, i);
-    send_applied(O, applied, 1, 1);
+    send_applied(O, applied, !final, 1);   /* the final step's reached the loader already */
     /* per-step metrics: loss and per-position accuracy for the supervisor's progress */
     double now = clock_mono_s();
     proto_msg_t mm;
